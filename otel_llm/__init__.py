@@ -1,0 +1,86 @@
+"""otel-llm: OpenTelemetry tracing for LLM inference engines.
+
+    import otel_llm
+    otel_llm.instrument(slo="ttft=0.5,tpot=0.05")
+
+``instrument`` detects the installed engines and clients and instruments each; every
+option also reads from an ``OTEL_LLM_*`` variable (see ``otel_llm.core.config``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from .core.config import Config, Detail
+from .core.slo import SLO, SLOTable
+from .version import __version__
+
+__all__ = ["instrument", "uninstrument", "instrumented", "SLO", "SLOTable", "Detail", "Config", "__version__"]
+
+# import package -> "module:Instrumentor"; checked in this order
+_INSTRUMENTORS: dict[str, str] = {
+    "vllm": "otel_llm.instrumentation.vllm:VLLMInstrumentor",
+}
+
+
+def _available(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _instrumentor(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+def instrument(
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    slo: SLO | SLOTable | dict | str | None = None,
+    sample_rate: float | None = None,
+    detail: Detail | str | None = None,
+    baseline_detail: Detail | str | None = None,
+    tail_quantile: float | None = None,
+    capture_content: bool | None = None,
+    engine_steps: bool | None = None,
+    max_steps: int | None = None,
+    max_requests: int | None = None,
+) -> list[str]:
+    """Instrument every supported engine and client that is installed; returns their names.
+
+    Idempotent: a second call changes nothing (call ``uninstrument`` first to change options).
+    Explicit arguments win over ``OTEL_LLM_*`` variables; with no providers given, the
+    global ones are used, or providers built from the standard ``OTEL_*`` variables.
+    """
+    config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
+                                 tail_quantile=tail_quantile, capture_content=capture_content,
+                                 engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests))
+    done = []
+    for package, path in _INSTRUMENTORS.items():
+        if not _available(package):
+            continue
+        inst = _instrumentor(path)
+        if not inst.is_instrumented_by_opentelemetry:
+            inst.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, config=config)
+        if inst.is_instrumented_by_opentelemetry:
+            done.append(package)
+    return done
+
+
+def uninstrument() -> None:
+    """Remove every patch ``instrument`` made; safe to call when nothing is instrumented."""
+    for package, path in _INSTRUMENTORS.items():
+        if not _available(package):
+            continue
+        inst = _instrumentor(path)
+        if inst.is_instrumented_by_opentelemetry:
+            inst.uninstrument()
+
+
+def instrumented() -> list[str]:
+    return [p for p, path in _INSTRUMENTORS.items() if _available(p) and _instrumentor(path).is_instrumented_by_opentelemetry]

@@ -1,0 +1,140 @@
+"""Resolved configuration: explicit arguments win over ``OTEL_LLM_*`` variables, which win over defaults.
+
+Every option is one row of ``OPTIONS`` (argument name, variable, parser, default,
+description); the README's table is generated from the same rows.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .slo import SLOTable
+
+
+class Detail(enum.IntEnum):
+    """How much of a kept request becomes spans."""
+
+    REQUEST = 1  # the request span only
+    PHASES = 2  # plus queue / prefill (and chunks) / decode, preemptions
+    STEPS = 3  # plus one span per decode step
+
+    @classmethod
+    def parse(cls, value: "Detail | str | int") -> "Detail":
+        if isinstance(value, Detail):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[str(value).strip().upper()]
+        except KeyError:
+            raise ValueError(f"detail must be one of request, phases, steps; got {value!r}") from None
+
+
+def _bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
+
+
+def _rate(raw: str | float) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"expected a rate within [0, 1], got {raw!r}")
+    return value
+
+
+def _quantile(raw: str | float) -> float:
+    value = float(raw)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"expected a quantile within [0, 1) (0 turns the policy off), got {raw!r}")
+    return value
+
+
+def _positive_int(raw: str | int) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    env: str
+    parse: Callable[[Any], Any]
+    default: Any
+    doc: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("slo", "OTEL_LLM_SLO", SLOTable.coerce, SLOTable(),
+           'SLOs in seconds: `ttft=0.5,tpot=0.05,e2e=10`, per model `model-a: ttft=1; model-b: ttft=2`'),
+    Option("sample_rate", "OTEL_LLM_SAMPLE_RATE", _rate, 0.05,
+           "Baseline share of unremarkable requests that get spans (by trace id, consistent across processes)"),
+    Option("detail", "OTEL_LLM_DETAIL", Detail.parse, Detail.STEPS,
+           "Detail for requests kept for a cause (SLO breach, error, abort, slow): `request`, `phases`, `steps`"),
+    Option("baseline_detail", "OTEL_LLM_BASELINE_DETAIL", Detail.parse, Detail.PHASES,
+           "Detail for requests kept by the baseline rate"),
+    Option("tail_quantile", "OTEL_LLM_TAIL_QUANTILE", _quantile, 0.99,
+           "Keep requests slower (end-to-end) than this running quantile of their model; 0 turns it off"),
+    Option("capture_content", "OTEL_LLM_CAPTURE_CONTENT", _bool, False,
+           "Record prompts and completions on spans (sensitive: off by default)"),
+    Option("engine_steps", "OTEL_LLM_ENGINE_STEPS", _bool, True,
+           "Record engine steps (batch composition) and emit `llm.engine.step` spans for kept requests"),
+    Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
+           "Engine-step records held while their requests run (oldest are settled early past this)"),
+    Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
+           "In-flight request timelines held; past this new requests get metrics only"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    slo: SLOTable = SLOTable()
+    sample_rate: float = 0.05
+    detail: Detail = Detail.STEPS
+    baseline_detail: Detail = Detail.PHASES
+    tail_quantile: float = 0.99
+    capture_content: bool = False
+    engine_steps: bool = True
+    max_steps: int = 8192
+    max_requests: int = 65536
+
+    @classmethod
+    def resolve(cls, explicit: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "Config":
+        """Build from explicit arguments (``None`` means unset), then the environment, then defaults."""
+        explicit = dict(explicit or {})
+        env = os.environ if environ is None else environ
+        unknown = set(explicit) - {o.name for o in OPTIONS}
+        if unknown:
+            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            given = explicit.get(opt.name)
+            if given is not None:
+                values[opt.name] = opt.parse(given)
+            elif env.get(opt.env, "").strip():
+                try:
+                    values[opt.name] = opt.parse(env[opt.env])
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{opt.env}: {exc}") from None
+            else:
+                values[opt.name] = opt.default
+        return cls(**values)
+
+
+def options_table() -> str:
+    """The README's configuration table, from the same rows the code reads."""
+    rows = ["| argument | variable | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        default = o.default.name.lower() if isinstance(o.default, Detail) else o.default
+        if isinstance(default, SLOTable):
+            default = "none"
+        rows.append(f"| `{o.name}` | `{o.env}` | `{default}` | {o.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,122 @@
+"""Server-side request metrics, declared as a table and recorded from a ``RequestSummary``.
+
+The SDK records them for 100% of requests, whatever the sampling; the collector records
+the same table from spans. Bucket boundaries are the GenAI semantic conventions' where
+they define the metric. Exemplars: pass the request span's context and the SDK's
+trace-based exemplar filter attaches its trace id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from opentelemetry.context import Context
+from opentelemetry.metrics import Meter
+
+from . import semconv as sc
+from .slo import SLOTable
+from .summary import RequestSummary
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+# Phase durations are often sub-millisecond on a fast engine: TTFT's fine low end, then the duration scale.
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                 20.48, 40.96, 81.92)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+@dataclass(frozen=True)
+class HistogramSpec:
+    name: str
+    unit: str
+    buckets: tuple[float, ...]
+    description: str
+    value: Callable[[RequestSummary], float | None]
+
+
+SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
+    HistogramSpec("gen_ai.server.time_to_first_token", "s", TTFT_BUCKETS,
+                  "Time from arrival to the first output token (queue + prefill)", lambda s: s.ttft),
+    HistogramSpec("gen_ai.server.time_per_output_token", "s", TPOT_BUCKETS,
+                  "Mean time per output token after the first (decode time / (output tokens - 1))",
+                  lambda s: s.tpot),
+    HistogramSpec("gen_ai.server.request.duration", "s", DURATION_BUCKETS,
+                  "End-to-end request duration", lambda s: s.e2e),
+    HistogramSpec("llm.server.queue.duration", "s", PHASE_BUCKETS,
+                  "Time waiting in the engine's queue before first scheduled", lambda s: s.queue),
+    HistogramSpec("llm.server.prefill.duration", "s", PHASE_BUCKETS,
+                  "Time from first scheduled to the first token", lambda s: s.prefill),
+    HistogramSpec("llm.server.decode.duration", "s", PHASE_BUCKETS,
+                  "Time from the first to the last token", lambda s: s.decode),
+    HistogramSpec("llm.server.output.tokens_per_second", "{token}/s", RATE_BUCKETS,
+                  "Output tokens over end-to-end time, per request", lambda s: s.output_tokens_per_second),
+    HistogramSpec("llm.server.output.characters_per_second", "{character}/s", RATE_BUCKETS,
+                  "Output characters over end-to-end time, per request (tokenizer-independent)",
+                  lambda s: s.output_characters_per_second),
+)
+TOKEN_USAGE = "llm.server.token.usage"
+OUTPUT_CHARACTERS = "llm.server.output.characters"
+REQUESTS = "llm.server.requests"
+GOOD_REQUESTS = "llm.server.requests.good"
+
+
+class ServerMetrics:
+    """The instruments, built once per meter; ``record`` is called once per finished request."""
+
+    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None) -> None:
+        self._slos = slos
+        self._extra = dict(extra_attributes or {})
+        self._histograms = [
+            (spec, meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                          explicit_bucket_boundaries_advisory=list(spec.buckets)))
+            for spec in SERVER_HISTOGRAMS
+        ]
+        self._tokens = meter.create_histogram(
+            TOKEN_USAGE, unit="{token}", description="Input and output tokens per request",
+            explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS))
+        self._chars = meter.create_counter(OUTPUT_CHARACTERS, unit="{character}",
+                                           description="Output characters (tokenizer-independent)")
+        self._requests = meter.create_counter(REQUESTS, unit="{request}", description="Finished requests")
+        self._good = meter.create_counter(
+            GOOD_REQUESTS, unit="{request}",
+            description="Finished requests that met every SLO at once (goodput = good / all)")
+        self._attr_cache: dict[tuple, tuple[dict, dict, dict]] = {}
+
+    def record(self, s: RequestSummary, context: Context | None = None) -> bool:
+        """Record one request; returns whether it met every SLO (and did not fail)."""
+        attrs, input_attrs, output_attrs = self._attributes(s)
+        for spec, hist in self._histograms:
+            value = spec.value(s)
+            if value is not None:
+                hist.record(value, attrs, context=context)
+        if s.input_tokens is not None:
+            self._tokens.record(s.input_tokens, input_attrs, context=context)
+        if s.output_tokens is not None:
+            self._tokens.record(s.output_tokens, output_attrs, context=context)
+        if s.output_characters is not None:
+            self._chars.add(s.output_characters, attrs, context=context)
+        good = not s.failed and not self._slos.for_model(s.model).breaches(s)
+        self._requests.add(1, attrs, context=context)
+        if good:
+            self._good.add(1, attrs, context=context)
+        return good
+
+    def _attributes(self, s: RequestSummary) -> tuple[dict, dict, dict]:
+        key = (s.model, s.operation, s.provider, s.error_type)
+        found = self._attr_cache.get(key)
+        if found is None:
+            attrs = dict(self._extra)
+            attrs[sc.OPERATION_NAME] = s.operation
+            if s.provider:
+                attrs[sc.PROVIDER_NAME] = s.provider
+            if s.model:
+                attrs[sc.REQUEST_MODEL] = s.model
+            if s.error_type:
+                attrs[sc.ERROR_TYPE] = s.error_type
+            found = (attrs, {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"})
+            if len(self._attr_cache) < 4096:  # bounded: model names come from users
+                self._attr_cache[key] = found
+        return found

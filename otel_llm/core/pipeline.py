@@ -1,0 +1,151 @@
+"""The cold path, shared by every engine adapter: finish -> decide -> spans -> metrics -> steps.
+
+Adapters keep a ``RequestTimeline`` per in-flight request (through ``start``), append
+engine stamps to it on the hot path, feed engine steps to ``add_step``, and call
+``finish`` once with the engine's own numbers in a ``RequestSummary``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.metrics import Meter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Tracer
+
+from .clock import WallClock
+from .config import Config, Detail
+from .guard import GUARD
+from .metrics import ServerMetrics
+from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
+                       SLOPolicy, TraceView, Verdict, first_match)
+from .spans import SpanBuilder, request_attributes
+from .summary import RequestSummary
+from .timeline import PrefillChunk, RequestTimeline, StepRecord
+
+
+@dataclass
+class Counts:
+    requests_started: int = 0
+    requests_finished: int = 0
+    requests_untracked: int = 0  # over max_requests: metrics only
+    requests_kept: int = 0
+    steps_recorded: int = 0
+    steps_emitted: int = 0
+    steps_settled_early: int = 0
+
+
+class Telemetry:
+    def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
+        self.config = config
+        self.engine = engine
+        self.spans = SpanBuilder(tracer)
+        self.metrics = ServerMetrics(meter, config.slo)
+        causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
+        if config.tail_quantile > 0:
+            causes.append(LatencyPercentilePolicy(config.tail_quantile))
+        self.causes = causes
+        self.baseline = ProbabilisticPolicy(config.sample_rate)
+        self.requests: dict[str, RequestTimeline] = {}
+        self.steps: OrderedDict[int, StepRecord] = OrderedDict()
+        self.counts = Counts()
+
+    # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
+
+    def start(self, timeline: RequestTimeline) -> bool:
+        if len(self.requests) >= self.config.max_requests:
+            self.counts.requests_untracked += 1
+            return False
+        self.requests[timeline.request_id] = timeline
+        self.counts.requests_started += 1
+        return True
+
+    def add_step(self, step: StepRecord) -> None:
+        """An engine step, as the scheduler saw it; ties it to the requests it served."""
+        self.counts.steps_recorded += 1
+        requests = self.requests
+        pending = 0
+        for share in step.requests:
+            t = requests.get(share.request_id)
+            if t is None:
+                continue
+            pending += 1
+            t.steps.append(step.step_id)
+            if share.prefill:
+                t.chunks.append(PrefillChunk(step.step_id, step.start, step.end, share.tokens))
+        if not pending or not self.config.engine_steps:
+            return
+        step.pending = pending
+        self.steps[step.step_id] = step
+        while len(self.steps) > self.config.max_steps:
+            _, old = self.steps.popitem(last=False)
+            self.counts.steps_settled_early += 1
+            self._emit_step(old)
+
+    # -- cold path ---------------------------------------------------------------------------
+
+    def decide(self, t: RequestTimeline, s: RequestSummary) -> tuple[Decision, Detail]:
+        parent = trace.get_current_span(t.parent).get_span_context() if t.parent is not None else None
+        if parent is not None and parent.is_valid and not parent.trace_flags.sampled:
+            # the caller chose not to trace: no spans; still evaluate so rolling quantiles see it
+            first_match(self.causes, TraceView(parent.trace_id, (s,)), _policy_failed)
+            return Decision(Verdict.NOT_SAMPLED, "parent_not_sampled"), Detail.REQUEST
+        trace_id = parent.trace_id if parent is not None and parent.is_valid else random.getrandbits(128)
+        view = TraceView(trace_id, (s,))
+        cause = first_match(self.causes, view, _policy_failed)
+        if cause.sampled:
+            return cause, self.config.detail
+        base = self.baseline.evaluate(view)
+        if base.sampled:
+            return base, self.config.baseline_detail
+        return NOT_SAMPLED, Detail.REQUEST
+
+    def finish(self, request_id: str, s: RequestSummary, timeline: RequestTimeline | None = None) -> Decision:
+        """Settle a finished (or aborted, or failed) request; releases everything held for it."""
+        t = self.requests.pop(request_id, None) or timeline
+        self.counts.requests_finished += 1
+        if t is None:  # untracked: metrics only
+            self.metrics.record(s)
+            return NOT_SAMPLED
+        decision, detail = self.decide(t, s)
+        span_ctx: SpanContext | None = None
+        if decision.sampled:
+            breached = self.config.slo.for_model(s.model).breaches(s)
+            attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
+                                       self.config.capture_content)
+            span_ctx = self.spans.request(t, s, attrs, detail, WallClock())
+            if span_ctx is not None:
+                self.counts.requests_kept += 1
+        self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
+        self._settle_steps(t, span_ctx)
+        return decision
+
+    def _settle_steps(self, t: RequestTimeline, span_ctx: SpanContext | None) -> None:
+        steps = self.steps
+        for step_id in t.steps:
+            step = steps.get(step_id)
+            if step is None:
+                continue
+            if span_ctx is not None:
+                step.links.append(span_ctx)
+            step.pending -= 1
+            if step.pending <= 0:
+                del steps[step_id]
+                self._emit_step(step)
+
+    def _emit_step(self, step: StepRecord) -> None:
+        if step.links:
+            self.spans.engine_step(step, WallClock(), self.engine)
+            self.counts.steps_emitted += 1
+
+    def flush_steps(self) -> None:
+        """Emit every held step that already serves a kept request (at shutdown)."""
+        while self.steps:
+            _, step = self.steps.popitem(last=False)
+            self._emit_step(step)
+
+
+def _policy_failed(policy: Policy, exc: BaseException) -> None:
+    GUARD.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)

@@ -1,0 +1,170 @@
+"""Materialize a finished request's timeline as spans, at the detail its sampling decision earned.
+
+Runs once per kept request, after it finished: every span is built with explicit start
+and end times from the engine's stamps. Layout (the README's trace contract):
+
+    {operation} {model}                 request span, [arrival, arrival + e2e]
+      llm.queue                         [arrival, first scheduled]   event llm.engine.queued
+      llm.prefill                       [first scheduled, first token]
+        llm.prefill.chunk (each)        the engine steps that computed the prompt
+      llm.decode                        [first token, end]
+        llm.decode.step (each)          [previous token, this token]
+      llm.requeue / llm.reprefill       per preemption, under the phase it hit; event llm.preemption
+
+Children tile the request span: the queue span starts at arrival, so it includes the
+frontend's input processing and the hop to the engine (the engine's own queue time is
+the attribute ``llm.latency.queue`` and the event ``llm.engine.queued``); the decode
+span ends when the frontend received the last output, as the engine's e2e does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, Tracer
+
+from . import semconv as sc
+from .clock import WallClock
+from .config import Detail
+from .timeline import PREEMPTED, QUEUED, SCHEDULED, RequestTimeline, StepRecord
+from .summary import RequestSummary
+
+
+def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_met: bool,
+                       breached: tuple[str, ...], capture_content: bool) -> dict[str, Any]:
+    a: dict[str, Any] = {sc.OPERATION_NAME: t.operation}
+    if t.provider:
+        a[sc.PROVIDER_NAME] = t.provider
+    if t.model:
+        a[sc.REQUEST_MODEL] = t.model
+    a.update(t.request_attributes)
+    if t.response_id:
+        a[sc.RESPONSE_ID] = t.response_id
+    if t.finish_reason:
+        a[sc.RESPONSE_FINISH_REASONS] = (t.finish_reason,)
+    for key, value in (
+        (sc.USAGE_INPUT_TOKENS, s.input_tokens), (sc.USAGE_OUTPUT_TOKENS, s.output_tokens),
+        (sc.LATENCY_TTFT, s.ttft), (sc.LATENCY_TPOT, s.tpot), (sc.LATENCY_E2E, s.e2e),
+        (sc.LATENCY_QUEUE, s.queue), (sc.LATENCY_PREFILL, s.prefill), (sc.LATENCY_DECODE, s.decode),
+        (sc.PREFIX_CACHE_HIT_TOKENS, s.prefix_cache_hit_tokens), (sc.OUTPUT_CHARACTERS, s.output_characters),
+    ):
+        if value is not None:
+            a[key] = value
+    a[sc.NUM_PREEMPTIONS] = s.num_preemptions
+    a[sc.SLO_MET] = slo_met
+    if breached:
+        a[sc.SLO_BREACHED] = breached
+    a[sc.SAMPLING_REASON] = reason
+    if s.error_type:
+        a[sc.ERROR_TYPE] = s.error_type
+    if capture_content:
+        if t.prompt_text is not None:
+            a[sc.INPUT_MESSAGES] = t.prompt_text
+        if t.output_text is not None:
+            a[sc.OUTPUT_MESSAGES] = t.output_text
+    return a
+
+
+class SpanBuilder:
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def request(self, t: RequestTimeline, s: RequestSummary, attributes: dict[str, Any], detail: Detail,
+                clock: WallClock) -> SpanContext | None:
+        start = clock.wall_ns(t.arrival)
+        end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
+        name = f"{t.operation} {t.model}" if t.model else t.operation
+        root = self._tracer.start_span(name, context=t.parent, kind=t.kind, start_time=start, attributes=attributes)
+        if not root.is_recording():  # the provider's own sampler said no (e.g. an unsampled parent)
+            root.end(end_time=end)
+            return None
+        if s.error_type:
+            root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
+        if detail >= Detail.PHASES:
+            self._phases(root, t, start, end, detail, clock)
+        root.end(end_time=end)
+        return root.get_span_context()
+
+    def _phases(self, root: Span, t: RequestTimeline, start: int, end: int, detail: Detail,
+                clock: WallClock) -> None:
+        ctx = trace.set_span_in_context(root)
+        queued = t.first(QUEUED)
+        scheduled = t.first(SCHEDULED)
+        sched_ns = _clamp(clock.mono_ns(scheduled), start, end) if scheduled is not None else end
+        first_ns = _clamp(clock.mono_ns(t.token_ts[0]), sched_ns, end) if t.token_ts else end
+
+        queue = self._child(sc.SPAN_QUEUE, ctx, start)
+        if queued is not None:
+            queue.add_event(sc.EVENT_ENGINE_QUEUED, timestamp=_clamp(clock.mono_ns(queued), start, sched_ns))
+        queue.end(end_time=sched_ns)
+        if scheduled is None:
+            return
+        prefill = self._child(sc.SPAN_PREFILL, ctx, sched_ns)
+        decode = self._child(sc.SPAN_DECODE, ctx, first_ns) if t.token_ts else None
+        if t.chunks:
+            pctx = trace.set_span_in_context(prefill)
+            for i, c in enumerate(t.chunks):
+                c_start = _clamp(clock.mono_ns(c.start), sched_ns, end)
+                c_end = _clamp(clock.mono_ns(c.end), c_start, end)
+                self._child(sc.SPAN_PREFILL_CHUNK, pctx, c_start,
+                            {sc.CHUNK_INDEX: i, sc.CHUNK_TOKENS: c.tokens, sc.ENGINE_STEP_ID: c.step_id}
+                            ).end(end_time=c_end)
+        for preempted, rescheduled in t.preemptions():
+            p_ns = _clamp(clock.mono_ns(preempted), sched_ns, end)
+            phase = prefill if p_ns < first_ns or decode is None else decode
+            phase.add_event(sc.EVENT_PREEMPTION, timestamp=p_ns)
+            pctx = trace.set_span_in_context(phase)
+            back_ns = _clamp(clock.mono_ns(rescheduled), p_ns, end) if rescheduled is not None else end
+            self._child(sc.SPAN_REQUEUE, pctx, p_ns).end(end_time=back_ns)
+            if rescheduled is not None:
+                resumed = next((ts for ts in t.token_ts if ts >= rescheduled), None)
+                done_ns = _clamp(clock.mono_ns(resumed), back_ns, end) if resumed is not None else end
+                self._child(sc.SPAN_REPREFILL, pctx, back_ns).end(end_time=done_ns)
+        prefill.end(end_time=first_ns)
+        if decode is None:
+            return
+        if detail >= Detail.STEPS:
+            dctx = trace.set_span_in_context(decode)
+            prev = first_ns
+            ts = t.token_ts
+            for i in range(1, len(ts)):
+                now = _clamp(clock.mono_ns(ts[i]), prev, end)
+                self._child(sc.SPAN_DECODE_STEP, dctx, prev,
+                            {sc.STEP_INDEX: i, sc.STEP_TOKENS: t.tokens_at(i)}).end(end_time=now)
+                prev = now
+        decode.end(end_time=end)
+
+    def engine_step(self, step: StepRecord, clock: WallClock, engine: str) -> None:
+        start = clock.mono_ns(step.start)
+        end = max(start, clock.mono_ns(step.end))
+        attrs: dict[str, Any] = {
+            sc.ENGINE: engine,
+            sc.ENGINE_STEP_ID: step.step_id,
+            sc.STEP_PHASE: step.phase,
+            sc.STEP_NUM_PREFILL_REQS: step.prefill_requests,
+            sc.STEP_NUM_PREFILL_TOKENS: step.prefill_tokens,
+            sc.STEP_NUM_DECODE_REQS: step.decode_requests,
+            sc.STEP_NUM_DECODE_TOKENS: step.decode_tokens,
+            sc.STEP_BATCH_SIZE: len(step.requests),
+            sc.STEP_NUM_RUNNING: step.running,
+            sc.STEP_NUM_WAITING: step.waiting,
+            sc.STEP_NUM_PREEMPTED: step.preempted,
+            sc.SAMPLING_REASON: "served_kept_request",
+        }
+        if step.kv_cache_usage is not None:
+            attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
+        links = [trace.Link(c) for c in step.links]
+        span = self._tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
+                                       start_time=start, attributes=attrs, links=links)
+        span.end(end_time=end)
+
+    def _child(self, name: str, ctx: Any, start: int, attributes: dict | None = None) -> Span:
+        return self._tracer.start_span(name, context=ctx, start_time=start, attributes=attributes)
+
+
+_ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return lo if v < lo else hi if v > hi else v

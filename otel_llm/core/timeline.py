@@ -1,0 +1,131 @@
+"""Compact per-request and per-engine-step records: the only thing the hot path touches.
+
+Engine stamps stay on the engine's monotonic clock (``float`` seconds) until a request
+finishes; ``clock.py`` converts them once. Appending a token stamp is one list append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext, SpanKind
+
+QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # same values as vLLM's EngineCoreEventType
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    step_id: int
+    start: float  # engine monotonic
+    end: float
+    tokens: int
+
+
+@dataclass(slots=True)
+class RequestTimeline:
+    request_id: str
+    arrival: float  # wall clock, seconds since the epoch
+    model: str | None = None
+    operation: str = "text_completion"
+    provider: str | None = None
+    kind: SpanKind = SpanKind.INTERNAL
+    parent: Context | None = None
+    response_id: str | None = None
+    request_attributes: dict[str, Any] = field(default_factory=dict)
+    input_tokens: int | None = None
+    # hot path: engine monotonic stamps
+    events: list[tuple[int, float]] = field(default_factory=list)
+    token_ts: list[float] = field(default_factory=list)
+    multi_token_steps: dict[int, int] | None = None  # index in token_ts -> tokens, only when > 1 (spec decode)
+    steps: list[int] = field(default_factory=list)
+    chunks: list[PrefillChunk] = field(default_factory=list)
+    # filled at finish
+    finish_reason: str | None = None
+    error_type: str | None = None
+    output_text: str | None = None
+    prompt_text: str | None = None
+    native: Any = None  # the engine's own per-request object, held until finish
+
+    def add_tokens(self, ts: float, count: int) -> None:
+        if count > 1:
+            if self.multi_token_steps is None:
+                self.multi_token_steps = {}
+            self.multi_token_steps[len(self.token_ts)] = count
+        self.token_ts.append(ts)
+
+    def tokens_at(self, index: int) -> int:
+        if self.multi_token_steps is None:
+            return 1
+        return self.multi_token_steps.get(index, 1)
+
+    def first(self, kind: int) -> float | None:
+        for k, ts in self.events:
+            if k == kind:
+                return ts
+        return None
+
+    def preemptions(self) -> list[tuple[float, float | None]]:
+        """(preempted, rescheduled) pairs; rescheduled is None if it never came back."""
+        out: list[tuple[float, float | None]] = []
+        pending: float | None = None
+        for k, ts in self.events:
+            if k == PREEMPTED:
+                if pending is not None:
+                    out.append((pending, None))
+                pending = ts
+            elif k == SCHEDULED and pending is not None:
+                out.append((pending, ts))
+                pending = None
+        if pending is not None:
+            out.append((pending, None))
+        return out
+
+
+@dataclass(slots=True)
+class RequestShare:
+    """One request's part in an engine step."""
+
+    request_id: str
+    tokens: int
+    prefill: bool
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step_id: int
+    start: float  # engine monotonic: the scheduler was entered
+    end: float  # engine monotonic: the step's outputs were built
+    requests: list[RequestShare]
+    running: int = 0
+    waiting: int = 0
+    preempted: int = 0
+    kv_cache_usage: float | None = None
+    # settlement: requests still running, and the kept request spans to link to
+    pending: int = 0
+    links: list[SpanContext] = field(default_factory=list)
+
+    @property
+    def prefill_requests(self) -> int:
+        return sum(1 for r in self.requests if r.prefill)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(r.tokens for r in self.requests if r.prefill)
+
+    @property
+    def decode_requests(self) -> int:
+        return sum(1 for r in self.requests if not r.prefill)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(r.tokens for r in self.requests if not r.prefill)
+
+    @property
+    def phase(self) -> str:
+        has_prefill = any(r.prefill for r in self.requests)
+        has_decode = any(not r.prefill for r in self.requests)
+        if has_prefill and has_decode:
+            return "mixed"
+        return "prefill" if has_prefill else "decode"

