@@ -7,7 +7,6 @@ step hooks arrive through the ``vllm.general_plugins`` entry point.
 
 from __future__ import annotations
 
-import os
 from importlib import metadata
 from typing import Any, Collection
 
@@ -52,9 +51,9 @@ class VLLMInstrumentor(BaseInstrumentor):
         self._receiver = None
         if config.engine_steps:
             try:
-                self._receiver = steps.StepReceiver()
-                # Inherited by the EngineCore process spawned later; its plugin reports here.
-                os.environ[steps.STEP_SOCKET_ENV] = self._receiver.path
+                # Its path, in OTEL_LLM_STEP_SOCKET, is inherited by EngineCore processes spawned
+                # later; their plugin reports there.
+                self._receiver = steps.shared_receiver()
                 steps.set_sink(lambda payload: telemetry.add_step(steps.decode(payload)))
             except Exception as exc:
                 GUARD.failed("vllm step hooks", exc)
@@ -79,11 +78,7 @@ class VLLMInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
         steps.remove_hooks()
-        if os.environ.get(steps.STEP_SOCKET_ENV) == getattr(self._receiver, "path", None):
-            os.environ.pop(steps.STEP_SOCKET_ENV, None)
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
+        self._receiver = None
         if self.telemetry is not None:
             try:
                 self.telemetry.flush_steps()

@@ -18,6 +18,7 @@ always holds a step's record before it sees the step's tokens.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -95,6 +96,20 @@ def decode(payload: tuple) -> StepRecord:
     step_id, start, end, running, waiting, preempted, kv, shares = payload
     return StepRecord(step_id, start, end, [RequestShare(r, n, p) for r, n, p in shares],
                       running, waiting, preempted, kv)
+
+
+_receiver: StepReceiver | None = None
+
+
+def shared_receiver() -> StepReceiver:
+    """The process's one receiver. It outlives instrument/uninstrument cycles because an
+    EngineCore spawned earlier keeps sending to the path it inherited."""
+    global _receiver
+    if _receiver is None:
+        _receiver = StepReceiver()
+        os.environ[STEP_SOCKET_ENV] = _receiver.path
+        atexit.register(_receiver.close)
+    return _receiver
 
 
 # -- the scheduler hooks (whichever process the scheduler runs in) ---------------------------

@@ -1,0 +1,1 @@
+"""otel-llm collector: an OTLP gateway that derives LLM latency metrics from spans and tail-samples traces."""
