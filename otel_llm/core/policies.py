@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .quantile import QuantileSketch
 from .slo import SLOTable
@@ -187,3 +187,183 @@ def first_match(policies: Sequence[Policy], trace: TraceView, on_error: "callabl
         if decision.sampled and not chosen.sampled:
             chosen = decision
     return chosen
+
+
+# --- Policies added for the collector (the upstream tail_sampling vocabulary) -------------------
+# Each is a small evaluator behind the same ``evaluate(trace) -> Decision`` interface; the config
+# names that map to them live in ``policy_registry``.
+
+
+class LatencyPolicy:
+    """Keep traces whose trace-wide duration is at least ``threshold`` (and below ``upper``, if given).
+
+    Same meaning as upstream ``latency`` (``threshold_ms`` / ``upper_threshold_ms``); a trace of
+    unknown duration cannot match.
+    """
+
+    def __init__(self, threshold: float, upper: float | None = None, name: str = "latency") -> None:
+        if threshold < 0 or (upper is not None and upper <= threshold):
+            raise ValueError(f"latency needs 0 <= threshold < upper_threshold, got {threshold}, {upper}")
+        self.name = name
+        self.threshold = threshold
+        self.upper = upper
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        d = trace.duration
+        if d is not None and d >= self.threshold and (self.upper is None or d <= self.upper):
+            return Decision(Verdict.SAMPLED, self.name)
+        return NOT_SAMPLED
+
+
+class StatusCodePolicy:
+    """Keep traces with a span of one of ``codes`` (``ERROR``, ``OK``, ``UNSET``), as upstream ``status_code``.
+
+    The trace view only says whether a span errored (or a request failed), so ``OK``/``UNSET``
+    match traces with no error at all.
+    """
+
+    _CODES = ("ERROR", "OK", "UNSET")
+
+    def __init__(self, codes: Sequence[str], name: str = "status_code") -> None:
+        bad = [c for c in codes if str(c).upper() not in self._CODES]
+        if not codes or bad:
+            raise ValueError(f"status_codes must be a non-empty list of {', '.join(self._CODES)}; got {list(codes)}")
+        self.name = name
+        self.codes = frozenset(str(c).upper() for c in codes)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        error = trace.has_error or any(s.failed for s in trace.summaries)
+        if ("ERROR" in self.codes) if error else bool(self.codes & {"OK", "UNSET"}):
+            return Decision(Verdict.SAMPLED, self.name)
+        return NOT_SAMPLED
+
+
+class RecordedReasonPolicy:
+    """Honour the decision the SDK recorded: keep a trace whose request span carries ``llm.sampling.reason``.
+
+    ``reasons`` limits it to some reasons (prefix match, so ``slo_breach`` matches
+    ``slo_breach:ttft``); empty means any recorded reason.
+    """
+
+    def __init__(self, reasons: Sequence[str] = (), name: str = "sdk_decision") -> None:
+        self.name = name
+        self.reasons = tuple(reasons)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        for r in trace.recorded_reasons:
+            if not self.reasons or any(r.startswith(p) for p in self.reasons):
+                return Decision(Verdict.SAMPLED, f"{self.name}:{r}")
+        return NOT_SAMPLED
+
+
+class RateLimitingPolicy:
+    """Keep traces while fewer than ``spans_per_second`` spans were kept in the current second (upstream
+    ``rate_limiting``). Time comes from ``clock`` (seconds), so tests drive it.
+
+    It votes SAMPLED only when it has budget, and charges the budget when it does, so put it last
+    or inside ``and`` (where it is asked only when the others agreed).
+    """
+
+    def __init__(self, spans_per_second: int, clock: "Callable[[], float]", name: str = "rate_limiting") -> None:
+        if spans_per_second <= 0:
+            raise ValueError(f"spans_per_second must be positive, got {spans_per_second}")
+        self.name = name
+        self.limit = spans_per_second
+        self._clock = clock
+        self._second = -1
+        self._spent = 0
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        second = int(self._clock())
+        if second != self._second:
+            self._second, self._spent = second, 0
+        if self._spent + trace.span_count <= self.limit:
+            self._spent += trace.span_count
+            return Decision(Verdict.SAMPLED, self.name)
+        return NOT_SAMPLED
+
+
+class AndPolicy:
+    """Keep only if every sub-policy votes SAMPLED (upstream ``and``); evaluation stops at the first no."""
+
+    def __init__(self, policies: Sequence[Policy], name: str = "and") -> None:
+        if not policies:
+            raise ValueError("and needs at least one sub-policy")
+        self.name = name
+        self.policies = tuple(policies)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        for p in self.policies:
+            d = p.evaluate(trace)
+            if not d.sampled:
+                return NOT_SAMPLED
+        return Decision(Verdict.SAMPLED, self.name)
+
+
+class NotPolicy:
+    """Invert one sub-policy (upstream ``not``): SAMPLED becomes NOT_SAMPLED and back; a drop stays a drop."""
+
+    def __init__(self, policy: Policy, name: str = "not") -> None:
+        self.name = name
+        self.policy = policy
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        d = self.policy.evaluate(trace)
+        if d.verdict is Verdict.DROPPED:
+            return d
+        return NOT_SAMPLED if d.sampled else Decision(Verdict.SAMPLED, self.name)
+
+
+class DropPolicy:
+    """Explicitly drop when every sub-policy votes SAMPLED (upstream ``drop``); a drop wins over any keep."""
+
+    def __init__(self, policies: Sequence[Policy], name: str = "drop") -> None:
+        self.name = name
+        self.match = AndPolicy(policies, name)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        if self.match.evaluate(trace).sampled:
+            return Decision(Verdict.DROPPED, self.name)
+        return NOT_SAMPLED
+
+
+class FirstMatchPolicy:
+    """Composite: run sub-policies in order, first SAMPLED wins, an explicit drop wins over all."""
+
+    def __init__(self, policies: Sequence[Policy], name: str = "first_match") -> None:
+        if not policies:
+            raise ValueError("first_match needs at least one sub-policy")
+        self.name = name
+        self.policies = tuple(policies)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        return first_match(self.policies, trace)
+
+
+class CompositePolicy:
+    """Upstream ``composite``: sub-policies in order, each with a share of ``max_total_spans_per_second``.
+
+    A trace is kept by the first sub-policy that votes SAMPLED and still has budget in the
+    current second; unused budget is not lent to others (simpler than upstream, and stated).
+    """
+
+    def __init__(self, max_total_spans_per_second: int, policies: Sequence[Policy], percents: Sequence[float],
+                 clock: "Callable[[], float]", name: str = "composite") -> None:
+        if len(policies) != len(percents) or not policies:
+            raise ValueError("composite needs one rate_allocation percent per sub-policy")
+        if any(p < 0 for p in percents) or sum(percents) > 100:
+            raise ValueError(f"composite rate_allocation percents must be >= 0 and sum to <= 100, got {list(percents)}")
+        self.name = name
+        self.policies = tuple(policies)
+        self.limits = tuple(
+            RateLimitingPolicy(max(1, int(max_total_spans_per_second * p / 100)), clock, f"{name}:{pol.name}")
+            for pol, p in zip(policies, percents))
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        for policy, limit in zip(self.policies, self.limits):
+            d = policy.evaluate(trace)
+            if d.verdict is Verdict.DROPPED:
+                return d
+            if d.sampled and limit.evaluate(trace).sampled:
+                return Decision(Verdict.SAMPLED, f"{self.name}:{d.reason}")
+        return NOT_SAMPLED
