@@ -22,6 +22,7 @@ __all__ = ["instrument", "uninstrument", "instrumented", "SLO", "SLOTable", "Det
 # import package -> "module:Instrumentor"; checked in this order
 _INSTRUMENTORS: dict[str, str] = {
     "vllm": "otel_llm.instrumentation.vllm:VLLMInstrumentor",
+    "openai": "otel_llm.instrumentation.openai:OpenAIInstrumentor",
 }
 
 

@@ -1,0 +1,58 @@
+"""OpenTelemetry instrumentation for the ``openai`` Python client: the caller's side of a generation.
+
+Wraps ``chat.completions.create``, ``completions.create`` and ``responses.create``, sync and
+async, streaming and not. Each call gets a CLIENT span ``{gen_ai.operation.name} {model}``
+whose W3C ``traceparent`` travels in the request's headers, so an instrumented server (our
+vLLM adapter) makes its request span a child. Streams are timed per chunk on a monotonic
+clock (time to the first content chunk, chunk gaps) and end their span exactly once.
+Registered under the ``opentelemetry_instrumentor`` entry point as ``openai``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from ...core.client_metrics import ClientMetrics
+from ...core.config import Config
+from ...core.providers import meter_provider_from, tracer_provider_from
+from ...version import __version__
+from ..wraps import Target, WrapTable
+from .ops import Chat, Responses, TextCompletion
+from .wrappers import ClientTelemetry, OpenAIWrappers
+
+__all__ = ["OpenAIInstrumentor"]
+
+
+class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    telemetry: ClientTelemetry | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("openai >= 1.0",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from openai import AsyncStream, Stream
+
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        meter_provider = kwargs.pop("meter_provider", None)
+        config = kwargs.pop("config", None) or Config.resolve(kwargs)
+        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.openai", __version__)
+        meter = meter_provider_from(meter_provider).get_meter("otel_llm.openai", __version__)
+        self.telemetry = ClientTelemetry(config, tracer, ClientMetrics(meter, config.slo))
+        w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream))
+        chat, completions, responses = ("openai.resources.chat.completions.completions",
+                                         "openai.resources.completions", "openai.resources.responses.responses")
+        self._table = WrapTable([
+            Target(chat, "Completions.create", w.sync(Chat)),
+            Target(chat, "AsyncCompletions.create", w.asynchronous(Chat)),
+            Target(completions, "Completions.create", w.sync(TextCompletion)),
+            Target(completions, "AsyncCompletions.create", w.asynchronous(TextCompletion)),
+            Target(responses, "Responses.create", w.sync(Responses)),
+            Target(responses, "AsyncResponses.create", w.asynchronous(Responses)),
+        ])
+        self._table.wrap()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._table.unwrap()
+        self.telemetry = None
