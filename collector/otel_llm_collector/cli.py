@@ -1,0 +1,94 @@
+"""``otel-llm-collector``: run the gateway, check a config, or generate scale-out configs."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Sequence
+
+from otel_llm.core.slo import SLOTable
+
+from .config import DEFAULTS_YAML, CollectorConfig, ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="otel-llm-collector",
+                                description="OTLP gateway deriving LLM latency metrics and tail-sampling traces")
+    p.add_argument("--config", help="YAML config file (merged over the embedded defaults)")
+    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--print-defaults", action="store_true", help="print the embedded default config and exit")
+    sub = p.add_subparsers(dest="command")
+    s = sub.add_parser("scale-config", help="generate the two-tier and all-upstream Collector configs")
+    s.add_argument("--out", required=True, help="directory to write the YAML files into")
+    s.add_argument("--mode", choices=("two-tier", "upstream", "both"), default="both")
+    s.add_argument("--gateways", default="otel-llm-gateway-0:4317,otel-llm-gateway-1:4317",
+                   help="comma-separated host:port of the gateways (static resolver)")
+    s.add_argument("--dns", help="host[:port] for the dns resolver instead of a static list")
+    s.add_argument("--backend", default="tempo:4317", help="OTLP/gRPC endpoint for kept traces")
+    s.add_argument("--slo", default="", help='SLOs, e.g. "ttft=0.5,tpot=0.05; big-model: ttft=2"')
+    s.add_argument("--baseline-percent", type=float, default=5.0)
+    s.add_argument("--slow-threshold-ms", type=int, default=10_000)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.print_defaults:
+        print(DEFAULTS_YAML.strip())
+        return 0
+    if args.command == "scale-config":
+        return _scale_config(args)
+    try:
+        config = CollectorConfig.from_file(args.config) if args.config else CollectorConfig.from_yaml("")
+    except ConfigError as exc:
+        print(f"otel-llm-collector: bad config: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print("config OK")
+        return 0
+    from .gateway import Gateway
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        gateway = Gateway(config).start()
+    except OSError as exc:
+        print(f"otel-llm-collector: cannot start: {exc}", file=sys.stderr)
+        return 1
+    parts = []
+    if gateway.grpc:
+        parts.append(f"OTLP/gRPC {gateway.grpc_endpoint}")
+    if gateway.http:
+        parts.append(f"OTLP/HTTP {gateway.http_endpoint}")
+    if gateway.prometheus:
+        parts.append(f"Prometheus http://{gateway.prometheus_endpoint}/metrics")
+    print("otel-llm-collector listening: " + ", ".join(parts), flush=True)
+    stop.wait()
+    gateway.shutdown()
+    return 0
+
+
+def _scale_config(args: argparse.Namespace) -> int:
+    from .scale_config import ScaleOptions, write
+
+    try:
+        slo = SLOTable.parse(args.slo) if args.slo else SLOTable()
+    except ValueError as exc:
+        print(f"otel-llm-collector scale-config: --slo: {exc}", file=sys.stderr)
+        return 2
+    gateways = tuple(g.strip() for g in args.gateways.split(",") if g.strip())
+    if not gateways and not args.dns:
+        print("otel-llm-collector scale-config: give --gateways or --dns", file=sys.stderr)
+        return 2
+    options = ScaleOptions(gateways=gateways, dns_hostname=args.dns, backend=args.backend, slo=slo,
+                           baseline_percent=args.baseline_percent, slow_threshold_ms=args.slow_threshold_ms)
+    for path in write(args.out, options, args.mode):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""The collector's YAML config: embedded defaults, upstream key names, clear errors.
+
+Shape (keys follow the upstream Collector where the concept is the same)::
+
+    receivers:
+      otlp:
+        protocols:
+          grpc: {endpoint: 127.0.0.1:4317, max_recv_msg_size_mib: 4}
+          http: {endpoint: 127.0.0.1:4318, max_request_body_size: 4194304}
+    processors:
+      llm_metrics: {slo: "ttft=0.5,tpot=0.05; big-model: ttft=2"}
+      tail_sampling:
+        decision_wait: 30s
+        decision_wait_after_root_received: 1s
+        num_traces: 50000
+        max_buffer_bytes: 64MiB
+        decision_cache: {sampled_cache_size: 100000, non_sampled_cache_size: 100000}
+        policies: [{name: errors, type: status_code, status_code: {status_codes: [ERROR]}}, ...]
+    exporters:
+      otlp: {endpoint: 127.0.0.1:14317}            # gRPC; also otlphttp, file, prometheus
+      prometheus: {endpoint: 127.0.0.1:8889}
+
+A receiver or exporter is on when its section is present; ``null`` turns a default one off.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from otel_llm.core.policy_registry import PolicyConfigError, build_policies
+from otel_llm.core.slo import SLOTable
+
+DEFAULTS_YAML = """
+receivers:
+  otlp:
+    protocols:
+      grpc: {endpoint: "127.0.0.1:4317", max_recv_msg_size_mib: 4}
+      http: {endpoint: "127.0.0.1:4318", max_request_body_size: 4194304, max_concurrent_requests: 64}
+processors:
+  llm_metrics: {slo: ""}
+  tail_sampling:
+    decision_wait: 30s
+    decision_wait_after_root_received: 1s
+    num_traces: 50000
+    max_buffer_bytes: 64MiB
+    expected_new_traces_per_sec: 0
+    tick_interval: 200ms
+    decision_cache: {sampled_cache_size: 100000, non_sampled_cache_size: 100000}
+    policies:
+      - {name: errors, type: error}
+      - {name: sdk_decision, type: sdk_decision}
+      - {name: slo_breach, type: slo}
+      - {name: slow_p99, type: latency_percentile, latency_percentile: {quantile: 0.99, measure: e2e}}
+      - {name: baseline, type: probabilistic, probabilistic: {sampling_percentage: 5}}
+exporters:
+  prometheus: {endpoint: "127.0.0.1:8889"}
+"""
+
+EXPORTER_TYPES = ("otlp", "otlphttp", "file", "prometheus")
+
+
+class ConfigError(ValueError):
+    """A config problem, with the path of the offending key in the message."""
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def duration(value: Any, where: str) -> float:
+    """``30s``, ``500ms``, ``2m``, ``1h`` or a number of seconds -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    m = _DURATION.match(str(value)) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f"{where}: expected a duration like 30s or 500ms, got {value!r}")
+    return float(m.group(1)) * {None: 1, "s": 1, "ms": 1e-3, "m": 60, "h": 3600}[m.group(2)]
+
+
+def size(value: Any, where: str) -> int:
+    """``64MiB``, ``4MB``, ``1024`` (bytes) -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = _SIZE.match(str(value)) if isinstance(value, str) else None
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"{where}: expected a positive size like 64MiB or 4194304, got {value!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def positive_int(value: Any, where: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{where}: expected a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
+    return value
+
+
+def endpoint(value: Any, where: str) -> tuple[str, int]:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{where}: expected host:port, got {value!r}")
+    host, _, port = value.rpartition(":")
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"{where}: bad port in {value!r}") from None
+    if not 0 <= p <= 65535:
+        raise ConfigError(f"{where}: port out of range in {value!r}")
+    return host.strip("[]") or "127.0.0.1", p
+
+
+@dataclass(frozen=True)
+class GrpcReceiverConfig:
+    host: str = "127.0.0.1"
+    port: int = 4317
+    max_message_bytes: int = 4 << 20
+
+
+@dataclass(frozen=True)
+class HttpReceiverConfig:
+    host: str = "127.0.0.1"
+    port: int = 4318
+    max_body_bytes: int = 4 << 20
+    max_concurrent_requests: int = 64
+
+
+@dataclass(frozen=True)
+class TailSamplingConfig:
+    decision_wait: float = 30.0
+    decision_wait_after_root_received: float = 1.0
+    num_traces: int = 50_000
+    max_buffer_bytes: int = 64 << 20
+    expected_new_traces_per_sec: int = 0
+    tick_interval: float = 0.2
+    sampled_cache_size: int = 100_000
+    non_sampled_cache_size: int = 100_000
+    policies: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    enabled: bool = True
+    initial_interval: float = 0.1
+    max_interval: float = 5.0
+    max_elapsed_time: float = 30.0
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    name: str  # "otlp", "otlp/tempo", "file", ...
+    type: str
+    endpoint: str = ""
+    path: str = ""
+    timeout: float = 5.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    compression: str = "none"
+    queue_size: int = 1000
+    retry: RetryConfig = RetryConfig()
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    grpc: GrpcReceiverConfig | None = GrpcReceiverConfig()
+    http: HttpReceiverConfig | None = HttpReceiverConfig()
+    llm_metrics: bool = True
+    slo: SLOTable = SLOTable()
+    tail_sampling: TailSamplingConfig | None = TailSamplingConfig()
+    exporters: tuple[ExporterConfig, ...] = ()
+    prometheus: tuple[str, int] | None = ("127.0.0.1", 8889)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "CollectorConfig":
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config is not valid YAML: {exc}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"config must be a mapping at the top level, got {type(raw).__name__}")
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_file(cls, path: str) -> "CollectorConfig":
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls.from_yaml(f.read())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "CollectorConfig":
+        """Merge ``raw`` over the embedded defaults and validate every key."""
+        merged = _merge(yaml.safe_load(DEFAULTS_YAML), raw)
+        _only(merged, ("receivers", "processors", "exporters"), "")
+        protocols = ((merged.get("receivers") or {}).get("otlp") or {}).get("protocols") or {}
+        _only(protocols, ("grpc", "http"), "receivers.otlp.protocols")
+        procs = merged.get("processors") or {}
+        _only(procs, ("llm_metrics", "tail_sampling"), "processors")
+        exps = merged.get("exporters") or {}
+        return cls(
+            grpc=_grpc(protocols.get("grpc")),
+            http=_http(protocols.get("http")),
+            llm_metrics=procs.get("llm_metrics") is not None,
+            slo=_slo(procs.get("llm_metrics")),
+            tail_sampling=_tail(procs.get("tail_sampling")),
+            exporters=tuple(_exporter(k, v) for k, v in exps.items()
+                            if v is not None and k.split("/")[0] != "prometheus"),
+            prometheus=_prometheus(exps),
+        )
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """Deep-merge mappings; ``over`` wins; lists are replaced whole (as upstream does)."""
+    if isinstance(base, dict) and isinstance(over, Mapping):
+        out = copy.deepcopy(base)
+        for k, v in over.items():
+            out[k] = _merge(base.get(k), v) if k in base and v is not None else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(over)
+
+
+def _only(m: Any, allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(m, Mapping):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {m!r}")
+    unknown = [k for k in m if str(k).split("/")[0] not in allowed]
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
+
+
+def _grpc(m: Any) -> GrpcReceiverConfig | None:
+    if m is None:
+        return None
+    w = "receivers.otlp.protocols.grpc"
+    _only(m, ("endpoint", "max_recv_msg_size_mib"), w)
+    host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
+    return GrpcReceiverConfig(host, port, positive_int(m.get("max_recv_msg_size_mib"), f"{w}.max_recv_msg_size_mib") << 20)
+
+
+def _http(m: Any) -> HttpReceiverConfig | None:
+    if m is None:
+        return None
+    w = "receivers.otlp.protocols.http"
+    _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests"), w)
+    host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
+    return HttpReceiverConfig(host, port, size(m.get("max_request_body_size"), f"{w}.max_request_body_size"),
+                              positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"))
+
+
+def _slo(m: Any) -> SLOTable:
+    if not m:
+        return SLOTable()
+    _only(m, ("slo",), "processors.llm_metrics")
+    try:
+        return SLOTable.coerce(m.get("slo") or None)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"processors.llm_metrics.slo: {exc}") from None
+
+
+def _tail(m: Any) -> TailSamplingConfig | None:
+    if m is None:
+        return None
+    w = "processors.tail_sampling"
+    _only(m, ("decision_wait", "decision_wait_after_root_received", "num_traces", "max_buffer_bytes",
+              "expected_new_traces_per_sec", "tick_interval", "decision_cache", "policies"), w)
+    cache = m.get("decision_cache") or {}
+    _only(cache, ("sampled_cache_size", "non_sampled_cache_size"), f"{w}.decision_cache")
+    policies = m.get("policies")
+    if not isinstance(policies, list) or not policies:
+        raise ConfigError(f"{w}.policies: expected a non-empty list of policies")
+    cfg = TailSamplingConfig(
+        decision_wait=duration(m.get("decision_wait"), f"{w}.decision_wait"),
+        decision_wait_after_root_received=duration(m.get("decision_wait_after_root_received"),
+                                                   f"{w}.decision_wait_after_root_received"),
+        num_traces=positive_int(m.get("num_traces"), f"{w}.num_traces"),
+        max_buffer_bytes=size(m.get("max_buffer_bytes"), f"{w}.max_buffer_bytes"),
+        expected_new_traces_per_sec=positive_int(m.get("expected_new_traces_per_sec"),
+                                                 f"{w}.expected_new_traces_per_sec", allow_zero=True),
+        tick_interval=duration(m.get("tick_interval"), f"{w}.tick_interval"),
+        sampled_cache_size=positive_int(cache.get("sampled_cache_size"), f"{w}.decision_cache.sampled_cache_size",
+                                        allow_zero=True),
+        non_sampled_cache_size=positive_int(cache.get("non_sampled_cache_size"),
+                                            f"{w}.decision_cache.non_sampled_cache_size", allow_zero=True),
+        policies=tuple(policies),
+    )
+    if cfg.tick_interval <= 0:
+        raise ConfigError(f"{w}.tick_interval must be positive")
+    try:  # validate policies now, so a bad one fails at load with its name
+        build_policies(list(cfg.policies), default_slo=SLOTable.parse("ttft=1"))
+    except PolicyConfigError as exc:
+        raise ConfigError(f"{w}.policies: {exc}") from None
+    return cfg
+
+
+def _exporter(key: str, m: Any) -> ExporterConfig:
+    kind = key.split("/")[0]
+    w = f"exporters.{key}"
+    if kind not in EXPORTER_TYPES:
+        raise ConfigError(f"{w}: unknown exporter type {kind!r}; known: {', '.join(EXPORTER_TYPES)}")
+    if not isinstance(m, Mapping):
+        raise ConfigError(f"{w}: expected a mapping")
+    _only(m, ("endpoint", "path", "timeout", "headers", "compression", "sending_queue", "retry_on_failure",
+              "tls"), w)
+    if kind == "file":
+        if not isinstance(m.get("path"), str) or not m.get("path"):
+            raise ConfigError(f"{w}.path: the file exporter needs a path")
+    elif not isinstance(m.get("endpoint"), str) or not m.get("endpoint"):
+        raise ConfigError(f"{w}.endpoint: the {kind} exporter needs an endpoint")
+    if kind == "otlp":
+        endpoint(m["endpoint"].removeprefix("http://"), f"{w}.endpoint")
+    queue = m.get("sending_queue") or {}
+    retry = m.get("retry_on_failure") or {}
+    _only(queue, ("enabled", "queue_size"), f"{w}.sending_queue")
+    _only(retry, ("enabled", "initial_interval", "max_interval", "max_elapsed_time"), f"{w}.retry_on_failure")
+    compression = m.get("compression", "none")
+    if compression not in ("none", "gzip"):
+        raise ConfigError(f"{w}.compression: expected none or gzip, got {compression!r}")
+    headers = m.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        raise ConfigError(f"{w}.headers: expected a mapping")
+    return ExporterConfig(
+        name=key, type=kind, endpoint=str(m.get("endpoint") or ""), path=str(m.get("path") or ""),
+        timeout=duration(m.get("timeout", 5), f"{w}.timeout"),
+        headers={str(k): str(v) for k, v in headers.items()}, compression=compression,
+        queue_size=positive_int(queue.get("queue_size", 1000), f"{w}.sending_queue.queue_size"),
+        retry=RetryConfig(
+            enabled=bool(retry.get("enabled", True)),
+            initial_interval=duration(retry.get("initial_interval", 0.1), f"{w}.retry_on_failure.initial_interval"),
+            max_interval=duration(retry.get("max_interval", 5), f"{w}.retry_on_failure.max_interval"),
+            max_elapsed_time=duration(retry.get("max_elapsed_time", 30), f"{w}.retry_on_failure.max_elapsed_time"),
+        ),
+    )
+
+
+def _prometheus(exps: Mapping[str, Any]) -> tuple[str, int] | None:
+    m = exps.get("prometheus")
+    if m is None:
+        return None
+    _only(m, ("endpoint",), "exporters.prometheus")
+    return endpoint(m.get("endpoint"), "exporters.prometheus.endpoint")

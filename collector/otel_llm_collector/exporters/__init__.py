@@ -1,0 +1,24 @@
+"""Exporters: a bounded queue and retry loop (``queue.py``) in front of one sender per protocol."""
+
+from __future__ import annotations
+
+from ..config import ExporterConfig
+from ..telemetry import SelfTelemetry
+from .queue import Clock, QueuedExporter, Sleep
+from .senders import FileSender, GrpcSender, HttpSender, Sender
+
+
+def make_exporter(cfg: ExporterConfig, telemetry: SelfTelemetry) -> QueuedExporter:
+    sender: Sender
+    if cfg.type == "otlp":
+        sender = GrpcSender(cfg)
+    elif cfg.type == "otlphttp":
+        sender = HttpSender(cfg)
+    elif cfg.type == "file":
+        sender = FileSender(cfg)
+    else:
+        raise ValueError(f"unknown exporter type {cfg.type!r}")
+    return QueuedExporter(cfg, sender, telemetry)
+
+
+__all__ = ["make_exporter", "QueuedExporter", "Sender", "GrpcSender", "HttpSender", "FileSender", "Clock", "Sleep"]

@@ -1,0 +1,161 @@
+"""The gateway: receivers -> llm_metrics -> tail_sampling -> exporters, plus the Prometheus endpoint.
+
+One object owns the pipeline. ``clock`` is injected (the tail sampler's windows and the
+rate limiters read it); with ``manual_ticks=True`` no ticker thread runs and the caller
+decides when time passes by calling ``tick()`` - that is how tests drive decisions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Sequence
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry
+
+from otel_llm.core.policies import Policy
+from otel_llm.core.policy_registry import build_policies
+
+from .config import CollectorConfig
+from .exporters import QueuedExporter, make_exporter
+from .llm_metrics import LLMMetricsProcessor
+from .prometheus import OtelBridge, PrometheusEndpoint
+from .receivers.grpc_receiver import GrpcReceiver
+from .receivers.http_receiver import HttpReceiver
+from .spans import build_request, extract
+from .tail_sampling import Item, TailSampler
+from .telemetry import SelfTelemetry
+
+Clock = Callable[[], float]
+
+
+class Gateway:
+    def __init__(self, config: CollectorConfig, clock: Clock = time.monotonic, manual_ticks: bool = False,
+                 policies: Sequence[Policy] | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.manual_ticks = manual_ticks
+        self.telemetry = SelfTelemetry()
+        self.registry: CollectorRegistry = self.telemetry.registry
+        # derived metrics: an OpenTelemetry MeterProvider, read on scrape (cumulative, as Prometheus wants)
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader],
+                                            resource=Resource.create({"service.name": "otel-llm-collector"}))
+        self.registry.register(OtelBridge(self.metric_reader))
+        self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry) \
+            if config.llm_metrics else None
+        self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
+        ts = config.tail_sampling
+        self.sampler: TailSampler | None = None
+        if ts is not None:
+            built = list(policies) if policies is not None else build_policies(list(ts.policies), clock, config.slo)
+            self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
+        self.grpc: GrpcReceiver | None = None
+        self.http: HttpReceiver | None = None
+        self.prometheus: PrometheusEndpoint | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> "Gateway":
+        cfg = self.config
+        try:
+            if cfg.prometheus is not None:
+                self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.registry)
+            if cfg.grpc is not None:
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry)
+                self.grpc.start()
+            if cfg.http is not None:
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry)
+                self.http.start()
+        except Exception:
+            self.shutdown()
+            raise
+        if self.sampler is not None and not self.manual_ticks:
+            self._ticker = threading.Thread(target=self._tick_loop, name="tail-sampling-ticker", daemon=True)
+            self._ticker.start()
+        return self
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop receiving, decide what is buffered, deliver what can be delivered in ``timeout``."""
+        self._stop.set()
+        if self.grpc is not None:
+            self.grpc.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self._ticker is not None:
+            self._ticker.join(timeout)
+        if self.sampler is not None:
+            self.sampler.decide_all()
+        for e in self.exporters:
+            e.close(timeout)
+        if self.prometheus is not None:
+            self.prometheus.close()
+        self.meter_provider.shutdown()
+
+    def __enter__(self) -> "Gateway":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- pipeline ------------------------------------------------------------------------------
+
+    def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct") -> int:
+        """Process one export request; returns the number of spans refused (invalid trace id)."""
+        facts, rejected = extract(request)
+        if facts:
+            self.telemetry.inc("receiver_accepted_spans", len(facts), transport=transport)
+        if rejected:
+            self.telemetry.inc("receiver_refused_spans", rejected, transport=transport, reason="invalid_trace_id")
+        if self.metrics is not None:
+            self.metrics.process(facts)
+        if self.sampler is not None:
+            self.sampler.add(facts)
+        elif facts:
+            self._emit([(f.resource, f.scope, f.span) for f in facts])
+        return rejected
+
+    def tick(self) -> int:
+        return self.sampler.tick() if self.sampler is not None else 0
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every exporter has sent (or given up on) what it was handed."""
+        return all([e.flush(timeout) for e in self.exporters])
+
+    def _emit(self, items: list[Item]) -> None:
+        if not self.exporters or not items:
+            return
+        payload = build_request(items).SerializeToString()  # encoded once for every exporter
+        for e in self.exporters:
+            e.submit(payload, len(items))
+
+    def _tick_loop(self) -> None:
+        interval = self.config.tail_sampling.tick_interval if self.config.tail_sampling else 1.0
+        while not self._stop.wait(interval):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - keep deciding; the policy errors are counted inside
+                pass
+
+    # -- addresses, for tests and logs -----------------------------------------------------------
+
+    @property
+    def grpc_endpoint(self) -> str:
+        assert self.grpc is not None and self.config.grpc is not None
+        return f"{self.config.grpc.host}:{self.grpc.port}"
+
+    @property
+    def http_endpoint(self) -> str:
+        assert self.http is not None and self.config.http is not None
+        return f"http://{self.config.http.host}:{self.http.port}"
+
+    @property
+    def prometheus_endpoint(self) -> str:
+        assert self.prometheus is not None and self.config.prometheus is not None
+        return f"{self.config.prometheus[0]}:{self.prometheus.port}"
