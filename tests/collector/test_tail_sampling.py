@@ -1,0 +1,131 @@
+"""Acceptance 5 (buffering): decision timing on an injected clock, late spans, evictions under a tiny cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector_testkit import FakeClock, export_request, request_attrs, span
+from otel_llm.core.policies import ErrorPolicy, SLOPolicy
+from otel_llm.core.slo import SLOTable
+from otel_llm_collector.config import TailSamplingConfig
+from otel_llm_collector.spans import extract
+from otel_llm_collector.tail_sampling import TailSampler
+from otel_llm_collector.telemetry import SelfTelemetry
+
+SLOS = SLOTable.parse("ttft=0.5")
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def __call__(self, items) -> None:
+        self.spans.extend(s for _, _, s in items)
+
+    def traces(self) -> set[int]:
+        return {int.from_bytes(s.trace_id, "big") for s in self.spans}
+
+
+def sampler(clock: FakeClock, **cfg: Any) -> tuple[TailSampler, Sink, SelfTelemetry]:
+    base = dict(decision_wait=30.0, decision_wait_after_root_received=1.0)
+    base.update(cfg)
+    sink, t = Sink(), SelfTelemetry()
+    return TailSampler(TailSamplingConfig(**base), [ErrorPolicy(), SLOPolicy(SLOS)], clock, t, sink), sink, t
+
+
+def add(s: TailSampler, *spans) -> None:
+    s.add(extract(export_request(*spans))[0])
+
+
+def test_decides_after_request_span_plus_wait_not_before(clock: FakeClock) -> None:
+    s, sink, t = sampler(clock)
+    add(s, span(1, 2, parent=1, name="llm.decode"))  # child first
+    add(s, span(1, 1, attrs=request_attrs(ttft=0.9)))  # the request span: breaches ttft
+    clock.advance(0.9)
+    assert s.tick() == 0 and not sink.spans
+    add(s, span(1, 3, parent=1, name="llm.decode.step"))  # straggler inside the wait
+    clock.advance(0.2)
+    assert s.tick() == 1
+    assert sorted(int.from_bytes(x.span_id, "big") for x in sink.spans) == [1, 2, 3]
+    assert t.value("count_traces_sampled", policy="slo_breach", decision="sampled") == 1
+
+
+def test_trace_without_request_span_waits_for_decision_wait(clock: FakeClock) -> None:
+    s, sink, _ = sampler(clock)
+    add(s, span(7, 2, parent=1, error=True))
+    clock.advance(29.9)
+    assert s.tick() == 0
+    clock.advance(0.2)
+    assert s.tick() == 1 and sink.traces() == {7}
+
+
+def test_drops_unremarkable_traces(clock: FakeClock) -> None:
+    s, sink, t = sampler(clock)
+    add(s, span(1, 1, attrs=request_attrs(ttft=0.1)), span(1, 2, parent=1))
+    clock.advance(2)
+    assert s.tick() == 1 and not sink.spans
+    assert s.traces_on_memory == 0 and s.bytes_on_memory == 0
+    assert t.value("count_traces_sampled", policy="none", decision="not_sampled") == 1
+
+
+def test_late_spans_follow_their_trace_decision(clock: FakeClock) -> None:
+    s, sink, t = sampler(clock)
+    add(s, span(1, 1, attrs=request_attrs(ttft=0.9)))  # kept
+    add(s, span(2, 1, attrs=request_attrs(ttft=0.1)))  # dropped
+    clock.advance(2)
+    s.tick()
+    before = len(sink.spans)
+    add(s, span(1, 9, parent=1), span(2, 9, parent=1))
+    assert len(sink.spans) == before + 1 and sink.spans[-1].trace_id == (1).to_bytes(16, "big")
+    assert s.traces_on_memory == 0  # late spans are not buffered again
+    assert t.value("sampling_late_spans", decision="sampled") == 1
+    assert t.value("sampling_late_spans", decision="not_sampled") == 1
+
+
+def test_decision_cache_is_bounded(clock: FakeClock) -> None:
+    s, sink, _ = sampler(clock, sampled_cache_size=1)
+    add(s, span(1, 1, attrs=request_attrs(ttft=0.9)), span(2, 1, attrs=request_attrs(ttft=0.9)))
+    clock.advance(2)
+    s.tick()
+    n = len(sink.spans)
+    add(s, span(1, 5, parent=1))  # trace 1 fell out of the 1-entry cache: buffered as a new trace
+    assert len(sink.spans) == n and s.traces_on_memory == 1
+
+
+def test_num_traces_cap_evicts_oldest_by_deciding_early(clock: FakeClock) -> None:
+    s, sink, t = sampler(clock, num_traces=2)
+    add(s, span(1, 1, error=True))
+    add(s, span(2, 1))
+    add(s, span(3, 1))  # over the cap: trace 1 is decided now, and kept (error)
+    assert s.traces_on_memory == 2
+    assert t.value("sampling_evictions", reason="num_traces") == 1
+    assert sink.traces() == {1}
+    add(s, span(1, 2, parent=1))  # a late span of the evicted trace follows its decision
+    assert len([x for x in sink.spans if x.trace_id == (1).to_bytes(16, "big")]) == 2
+
+
+def test_byte_cap_bounds_memory(clock: FakeClock) -> None:
+    s, _, t = sampler(clock, max_buffer_bytes=2000)
+    for i in range(1, 200):
+        add(s, span(i, 1, attrs={"payload": "x" * 100}))
+        assert s.bytes_on_memory <= 2000
+    assert t.value("sampling_evictions", reason="max_buffer_bytes") > 150
+    assert t.value("sampling_bytes_on_memory") == s.bytes_on_memory
+
+
+def test_decide_all_at_shutdown(clock: FakeClock) -> None:
+    s, sink, _ = sampler(clock)
+    add(s, span(1, 1, error=True), span(2, 1))
+    assert s.decide_all() == 2 and sink.traces() == {1} and s.traces_on_memory == 0
+
+
+def test_sdk_recorded_reason_is_honoured(clock: FakeClock) -> None:
+    from otel_llm.core.policies import RecordedReasonPolicy
+
+    sink, t = Sink(), SelfTelemetry()
+    s = TailSampler(TailSamplingConfig(decision_wait_after_root_received=0.5), [RecordedReasonPolicy()], clock, t, sink)
+    add(s, span(1, 1, attrs=request_attrs(**{"llm.sampling.reason": "baseline"})))
+    add(s, span(2, 1, attrs=request_attrs()))
+    clock.advance(1)
+    s.tick()
+    assert sink.traces() == {1}
