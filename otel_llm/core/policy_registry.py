@@ -119,9 +119,8 @@ def _slo(e, name, clock, slo):
     raw = e.get("slo")
     if isinstance(raw, Mapping) and "slo" in raw and "default" not in raw:
         raw = raw["slo"]
-    table = _slo_table(raw, name) if raw not in (None, {}) else (default_slo or SLOTable())
-    if table.empty:
-        raise PolicyConfigError(f"policy {name!r}: no SLO given (set slo: 'ttft=0.5,tpot=0.05' or the top-level slo)")
+    # no SLO of its own: the collector's top-level one (an empty table never matches, which is stated in the docs)
+    table = _slo_table(raw, name) if raw not in (None, {}, "") else (slo or SLOTable())
     return SLOPolicy(table, name)
 
 

@@ -31,7 +31,7 @@ class WrapTable:
                 owner, attr = _resolve(module, t.name)
             except (ImportError, AttributeError):
                 continue  # not in this engine version: nothing to wrap
-            if isinstance(getattr(owner, attr), wrapt.ObjectProxy):
+            if is_wrapped(owner, attr):
                 continue
             wrapt.wrap_function_wrapper(owner, attr, t.wrapper)
             self.applied.append(t)
@@ -40,12 +40,21 @@ class WrapTable:
         for t in reversed(self.applied):
             try:
                 owner, attr = _resolve(importlib.import_module(t.module), t.name)
-                current = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
-                if isinstance(current, wrapt.ObjectProxy):
-                    setattr(owner, attr, current.__wrapped__)
+                if is_wrapped(owner, attr):
+                    setattr(owner, attr, _own(owner, attr).__wrapped__)
             except Exception as exc:  # a module never imported was never wrapped
                 GUARD.failed(f"unwrap {t.module}.{t.name}", exc)
         self.applied.clear()
+
+
+def _own(owner: Any, attr: str) -> Any:
+    # a class's own attribute, not what its descriptor returns (a bound wrapper)
+    return owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+
+
+def is_wrapped(owner: Any, attr: str) -> bool:
+    # FunctionWrapper, not ObjectProxy: under wrapt 2 the public ObjectProxy is not its base
+    return isinstance(_own(owner, attr), wrapt.FunctionWrapper)
 
 
 def _resolve(module: Any, dotted: str) -> tuple[Any, str]:

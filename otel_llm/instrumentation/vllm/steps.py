@@ -19,6 +19,7 @@ always holds a step's record before it sees the step's tokens.
 from __future__ import annotations
 
 import atexit
+import importlib
 import itertools
 import logging
 import os
@@ -32,6 +33,7 @@ import wrapt
 
 from ...core.guard import GUARD
 from ...core.timeline import RequestShare, StepRecord
+from ..wraps import is_wrapped
 
 STEP_SOCKET_ENV = "OTEL_LLM_STEP_SOCKET"
 logger = logging.getLogger("otel_llm")
@@ -140,11 +142,12 @@ def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             req = requests.get(req_id)
             if req is None:
                 continue
-            # num_computed_tokens has already advanced by this step's n; a request is
-            # prefilling (first time, or recomputing after preemption) until all but its
-            # last sampled token are computed.
+            # num_computed_tokens has already advanced by this step's n. A request is
+            # prefilling until its prompt is computed (it has no output yet), or, when it
+            # recomputes after a preemption, until all but its last sampled token are.
             before = req.num_computed_tokens - n
-            shares.append((req_id, n, before < req.num_tokens - 1))
+            todo = req.num_tokens - 1 if req.num_output_tokens else req.num_tokens
+            shares.append((req_id, n, before < todo))
         preempted = getattr(out, "preempted_req_ids", None)
         kv = instance.kv_cache_manager.usage
         if len(_pending) > 64:  # update_from_output never came (engine error): don't grow
@@ -190,13 +193,10 @@ def remove_hooks() -> None:
     _sink = None
     if not _installed:
         return
-    import importlib
-
     cls = importlib.import_module(_SCHEDULER_MODULE).Scheduler
     for name in ("schedule", "update_from_output"):
-        current = cls.__dict__.get(name)
-        if isinstance(current, wrapt.ObjectProxy):
-            setattr(cls, name, current.__wrapped__)
+        if is_wrapped(cls, name):
+            setattr(cls, name, cls.__dict__[name].__wrapped__)
     _installed = False
     _pending.clear()
 

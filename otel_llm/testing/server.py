@@ -1,0 +1,109 @@
+"""A real ``vllm serve`` (the tiny model, loopback) under ``opentelemetry-instrument``, for tests,
+benchmarks and the client-server example.
+
+The server is instrumented with zero code, as users would: ``opentelemetry-instrument``
+loads our ``vllm`` entry point, and its spans go over OTLP/HTTP to ``otlp_endpoint`` (an
+``OTLPSink`` in tests, a collector or Jaeger otherwise). Every request is kept at the
+baseline detail (``OTEL_LLM_SAMPLE_RATE=1``) unless ``env`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .engine import ENV, serve_command
+from .tiny_model import ensure_tiny_model
+
+# The tiny model's tokenizer has no chat template; chat endpoints need one.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+                 "{% endfor %}assistant:")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """``with VLLMServer(otlp_endpoint=sink.endpoint) as server: OpenAI(base_url=server.base_url)``."""
+
+    def __init__(self, otlp_endpoint: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
+                 instrumented: bool = True, service_name: str = "vllm-server", **engine_overrides: Any) -> None:
+        self.port = port or free_port()
+        self.model = ensure_tiny_model()
+        self._dir = tempfile.TemporaryDirectory(prefix="otel-llm-serve-")
+        template = Path(self._dir.name) / "chat_template.jinja"
+        template.write_text(CHAT_TEMPLATE)
+        self.log_path = Path(self._dir.name) / "server.log"
+        cmd = [sys.executable, *serve_command(self.port, **engine_overrides), "--chat-template", str(template)]
+        if instrumented:
+            cmd = [str(Path(sys.executable).parent / "opentelemetry-instrument"), *cmd]
+        self.command = cmd
+        self.env = {**os.environ, **ENV, "VLLM_LOGGING_LEVEL": "WARNING", "OTEL_SERVICE_NAME": service_name,
+                    "OTEL_LLM_SAMPLE_RATE": "1", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+                    "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        if otlp_endpoint:
+            self.env.update({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
+                             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        else:
+            self.env["OTEL_TRACES_EXPORTER"] = "none"
+        self.env.update(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 240.0) -> "VLLMServer":
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its own group: stop() ends the EngineCore too
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"vllm serve not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the group we started: server and EngineCore
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        self._dir.cleanup()

@@ -1,0 +1,198 @@
+"""Acceptance on the real vLLM engine (EngineCore in its own process): offline LLM.generate."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from otel_llm.core import semconv as sc
+from traces import MS, engine_steps, request_trees
+
+pytestmark = pytest.mark.engine
+
+# 18 prompts from 1 to 290 tokens: short ones decode while long ones prefill in 64-token chunks
+PROMPTS = [{"prompt_token_ids": [3 + (j * 7) % 500 for j in range(1 + 17 * i)]} for i in range(18)]
+MAX_TOKENS = 12
+
+
+def _params(**kw):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0, **kw)
+
+
+@pytest.fixture(scope="module")
+def full_run(llm, otel):
+    """Every request kept at full detail."""
+    with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
+        outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+        spans = otel.finished()
+        held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+        ttft_points = otel.histogram("gen_ai.server.time_to_first_token")
+    return outputs, spans, held, ttft_points
+
+
+def test_one_request_span_each_with_engine_timings(full_run):
+    outputs, spans, held, _ = full_run
+    trees = request_trees(spans)
+    assert len(trees) == len(PROMPTS) == len(outputs)
+    for out in outputs:
+        t = trees[out.request_id]
+        m = out.metrics
+        a = t.attributes
+        assert t.span.name == f"text_completion {a[sc.REQUEST_MODEL]}"
+        assert a[sc.PROVIDER_NAME] == "vllm" and a[sc.OPERATION_NAME] == "text_completion"
+        assert a[sc.USAGE_INPUT_TOKENS] == len(out.prompt_token_ids)
+        assert a[sc.USAGE_OUTPUT_TOKENS] == len(out.outputs[0].token_ids) == m.num_generation_tokens
+        assert a[sc.RESPONSE_FINISH_REASONS] == ("length",)
+        assert a[sc.LATENCY_TTFT] == pytest.approx(m.first_token_latency, abs=1e-3)
+        assert a[sc.LATENCY_QUEUE] == pytest.approx(m.scheduled_ts - m.queued_ts, abs=1e-3)
+        assert a[sc.LATENCY_PREFILL] == pytest.approx(m.first_token_ts - m.scheduled_ts, abs=1e-3)
+        assert a[sc.LATENCY_DECODE] == pytest.approx(m.last_token_ts - m.first_token_ts, abs=1e-3)
+        assert a[sc.LATENCY_TPOT] == pytest.approx((m.last_token_ts - m.first_token_ts) / (MAX_TOKENS - 1), abs=1e-6)
+        # e2e ends where the frontend received the last token: after the engine stamped it
+        assert a[sc.LATENCY_E2E] >= a[sc.LATENCY_TTFT]
+        assert a[sc.LATENCY_E2E] == pytest.approx((t.span.end_time - t.span.start_time) / 1e9, abs=1e-3)
+        assert a[sc.SAMPLING_REASON] == "baseline"
+    assert held == (0, 0), "nothing is held for finished requests"
+
+
+def test_phases_tile_the_request_span(full_run):
+    outputs, spans, _, _ = full_run
+    for out in outputs:
+        t = request_trees(spans)[out.request_id]
+        q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
+        assert abs(q.start_time - t.span.start_time) <= MS
+        assert abs(p.start_time - q.end_time) <= MS
+        assert abs(d.start_time - p.end_time) <= MS
+        assert abs(t.span.end_time - d.end_time) <= MS
+        m = out.metrics
+        assert (d.start_time - p.start_time) / 1e9 == pytest.approx(m.first_token_ts - m.scheduled_ts, abs=1e-3)
+        steps = t.grandchildren[sc.SPAN_DECODE_STEP]
+        assert len(steps) == MAX_TOKENS - 1
+        steps.sort(key=lambda s: s.start_time)
+        for a, b in zip(steps, steps[1:]):
+            assert a.end_time == b.start_time
+        assert steps[0].start_time == d.start_time
+        assert (steps[-1].end_time - steps[0].start_time) / 1e9 == pytest.approx(
+            m.last_token_ts - m.first_token_ts, abs=1e-3)
+
+
+def test_chunked_prefill_is_visible(full_run):
+    outputs, spans, _, _ = full_run
+    trees = request_trees(spans)
+    long = [o for o in outputs if len(o.prompt_token_ids) > 64]
+    assert long, "the workload has prompts longer than max_num_batched_tokens=64"
+    for out in outputs:
+        chunks = sorted(trees[out.request_id].grandchildren[sc.SPAN_PREFILL_CHUNK], key=lambda s: s.start_time)
+        tokens = [c.attributes[sc.CHUNK_TOKENS] for c in chunks]
+        assert sum(tokens) == len(out.prompt_token_ids)
+        assert all(n <= 64 for n in tokens)
+        assert [c.attributes[sc.CHUNK_INDEX] for c in chunks] == list(range(len(chunks)))
+        if len(out.prompt_token_ids) > 64:
+            assert len(chunks) >= -(-len(out.prompt_token_ids) // 64)
+        prefill = trees[out.request_id].one(sc.SPAN_PREFILL)
+        assert chunks[0].start_time >= prefill.start_time - MS
+        assert abs(chunks[-1].end_time - prefill.end_time) <= MS  # the last chunk produced the first token
+
+
+def test_engine_steps_match_the_scheduler_and_link_requests(full_run):
+    outputs, spans, _, _ = full_run
+    trees = request_trees(spans)
+    steps = engine_steps(spans)
+    assert steps
+    span_of = {t.span.context.span_id: rid for rid, t in trees.items()}
+    served: dict[str, int] = {rid: 0 for rid in trees}
+    prefill_tokens = decode_tokens = 0
+    for s in steps:
+        a = s.attributes
+        assert a[sc.STEP_NUM_PREFILL_TOKENS] + a[sc.STEP_NUM_DECODE_TOKENS] <= 64  # the token budget per step
+        assert a[sc.STEP_BATCH_SIZE] == a[sc.STEP_NUM_PREFILL_REQS] + a[sc.STEP_NUM_DECODE_REQS]
+        expected = ("mixed" if a[sc.STEP_NUM_PREFILL_REQS] and a[sc.STEP_NUM_DECODE_REQS]
+                    else "prefill" if a[sc.STEP_NUM_PREFILL_REQS] else "decode")
+        assert a[sc.STEP_PHASE] == expected
+        assert 0.0 <= a[sc.STEP_KV_CACHE_USAGE] <= 1.0
+        assert len(s.links) == a[sc.STEP_BATCH_SIZE]  # every request kept in this run
+        for link in s.links:
+            served[span_of[link.context.span_id]] += 1
+        prefill_tokens += a[sc.STEP_NUM_PREFILL_TOKENS]
+        decode_tokens += a[sc.STEP_NUM_DECODE_TOKENS]
+    # the scheduler computed every prompt token once (no prefix cache) and one token per decode step
+    assert prefill_tokens == sum(len(o.prompt_token_ids) for o in outputs)
+    assert decode_tokens == sum(len(o.outputs[0].token_ids) - 1 for o in outputs)
+    for out in outputs:
+        chunks = len(trees[out.request_id].grandchildren[sc.SPAN_PREFILL_CHUNK])
+        assert served[out.request_id] == chunks + MAX_TOKENS - 1
+
+
+def test_ttft_histogram_counts_every_request_with_engine_sum(full_run):
+    outputs, _, _, points = full_run
+    assert sum(p.count for p in points) == len(outputs)
+    assert sum(p.sum for p in points) == pytest.approx(sum(o.metrics.first_token_latency for o in outputs), abs=1e-6)
+    assert list(points[0].explicit_bounds)[:3] == [0.001, 0.005, 0.01]  # GenAI semantic-convention buckets
+
+
+def test_tail_decision_keeps_breaches_whole_and_baseline_for_the_rest(llm, otel, full_run):
+    # a third of the first run's TTFTs: requests submitted together queue behind each other,
+    # so the early ones meet it and the late ones do not
+    slo = sorted(o.metrics.first_token_latency for o in full_run[0])[len(PROMPTS) // 3]
+    with otel.instrumented(slo=f"ttft={slo}", sample_rate=0.0, tail_quantile=0):
+        outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+        spans = otel.finished()
+        requests = otel.counter("llm.server.requests")
+        good = otel.counter("llm.server.requests.good")
+    trees = request_trees(spans)
+    breached = {o.request_id for o in outputs if o.metrics.first_token_latency > slo}
+    assert breached and len(breached) < len(outputs), "the SLO splits the workload"
+    assert set(trees) == breached, {r: t.attributes[sc.SAMPLING_REASON] for r, t in trees.items()}
+    for rid in breached:
+        t = trees[rid]
+        assert t.attributes[sc.SAMPLING_REASON] == "slo_breach:ttft"
+        assert t.attributes[sc.SLO_MET] is False
+        assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == MAX_TOKENS - 1  # full detail
+    assert requests == len(outputs)  # metrics cover 100% whatever the sampling
+    assert good == len(outputs) - len(breached)
+
+
+def test_baseline_rate_keeps_about_its_share(llm, otel):
+    with otel.instrumented(sample_rate=0.5, tail_quantile=0):
+        outputs = llm.generate(PROMPTS * 3, _params(), use_tqdm=False)
+        spans = otel.finished()
+        points = otel.histogram("gen_ai.server.time_to_first_token")
+    kept = request_trees(spans)
+    assert 0 < len(kept) < len(outputs), {r: t.attributes[sc.SAMPLING_REASON] for r, t in kept.items()}
+    for t in kept.values():
+        assert t.attributes[sc.SAMPLING_REASON] == "baseline"
+        assert t.children[sc.SPAN_PREFILL] and not t.grandchildren[sc.SPAN_DECODE_STEP]  # baseline detail: phases
+    assert sum(p.count for p in points) == len(outputs)
+
+
+def test_unsampled_parent_gets_no_spans_but_metrics(llm, otel):
+    from opentelemetry import context, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    parent = NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(0)))
+    with otel.instrumented(sample_rate=1.0, slo="ttft=0.000001"):
+        token = context.attach(trace.set_span_in_context(parent))
+        try:
+            outputs = llm.generate(PROMPTS[:4], _params(), use_tqdm=False)
+        finally:
+            context.detach(token)
+        assert request_trees(otel.finished()) == {}
+        assert otel.counter("llm.server.requests") == len(outputs)
+
+
+def test_request_span_joins_the_callers_trace(llm, otel):
+    from opentelemetry import trace
+
+    tracer = otel.tracer_provider.get_tracer("test")
+    with otel.instrumented(sample_rate=1.0):
+        with tracer.start_as_current_span("caller") as caller:
+            outputs = llm.generate(PROMPTS[:2], _params(), use_tqdm=False)
+        trees = request_trees(otel.finished())
+    for o in outputs:
+        span = trees[o.request_id].span
+        assert span.context.trace_id == caller.get_span_context().trace_id
+        assert span.parent.span_id == caller.get_span_context().span_id
+        assert span.kind == trace.SpanKind.INTERNAL
+        assert span.status.status_code != StatusCode.ERROR
