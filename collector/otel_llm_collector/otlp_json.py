@@ -31,7 +31,8 @@ def _walk_ids(spans: Any, convert) -> None:
         for key in _ID_KEYS:
             if isinstance(span.get(key), str):
                 span[key] = convert(span[key], key)
-        for link in span.get("links") or ():
+        links = span.get("links")
+        for link in links if isinstance(links, list) else ():
             if isinstance(link, dict):
                 for key in ("traceId", "spanId"):
                     if isinstance(link.get(key), str):
@@ -41,11 +42,13 @@ def _walk_ids(spans: Any, convert) -> None:
 def _each_span_list(doc: Any):
     if not isinstance(doc, dict):
         raise OtlpJsonError("OTLP/JSON body must be an object with resourceSpans")
-    for rs in doc.get("resourceSpans") or ():
-        if isinstance(rs, dict):
-            for ss in rs.get("scopeSpans") or ():
-                if isinstance(ss, dict):
-                    yield ss.get("spans")
+    # only walk well-formed parts; json_format reports the malformed ones with a reason
+    resource_spans = doc.get("resourceSpans")
+    for rs in resource_spans if isinstance(resource_spans, list) else ():
+        scope_spans = rs.get("scopeSpans") if isinstance(rs, dict) else None
+        for ss in scope_spans if isinstance(scope_spans, list) else ():
+            if isinstance(ss, dict):
+                yield ss.get("spans")
 
 
 def _hex_to_b64(value: str, key: str) -> str:
