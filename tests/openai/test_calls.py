@@ -208,7 +208,7 @@ def test_traceparent_travels_and_caller_headers_survive(client: Any, server: VLL
     sent = raw.http_request.headers
     span = only_span(client)
     ctx = span.get_span_context()
-    assert sent["traceparent"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01"
+    assert sent["traceparent"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
     assert sent["x-caller"] == "kept"
 
 
