@@ -1,0 +1,76 @@
+"""AsyncLLM streaming, and an abort mid-stream, on the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from otel_llm.core import semconv as sc
+from traces import request_trees
+
+pytestmark = pytest.mark.engine
+
+
+async def _drive(engine):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    prompt = {"prompt_token_ids": list(range(5, 45))}
+    delta = dict(ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+    streamed = 0
+    async for out in engine.generate(prompt, SamplingParams(max_tokens=16, **delta), "complete-1"):
+        streamed += len(out.outputs[0].token_ids)
+    seen = 0
+    gen = engine.generate(prompt, SamplingParams(max_tokens=400, **delta), "abort-1")
+    async for out in gen:
+        seen += 1
+        if seen == 3:
+            break  # the caller walks away mid-stream
+    await gen.aclose()  # what the event loop does to an abandoned generator: vLLM aborts the request
+    for _ in range(50):  # the abort reaches the output processor asynchronously
+        if not engine.output_processor.has_unfinished_requests():
+            break
+        await asyncio.sleep(0.05)
+    return streamed
+
+
+@pytest.fixture(scope="module")
+def run(otel):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from otel_llm.testing.engine import engine_args
+
+    with otel.instrumented(sample_rate=1.0, tail_quantile=0) as inst:
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))
+        try:
+            streamed = asyncio.run(_drive(engine))
+        finally:
+            engine.shutdown()
+        spans = otel.finished()
+        held = set(inst.telemetry.requests)
+        requests = otel.counter("llm.server.requests")
+    return streamed, spans, held, requests
+
+
+def test_streamed_request_is_traced(run):
+    streamed, spans, _, _ = run
+    t = request_trees(spans)["complete-1"]
+    assert streamed == 16 == t.attributes[sc.USAGE_OUTPUT_TOKENS]
+    assert t.span.status.status_code != StatusCode.ERROR
+    assert t.attributes[sc.RESPONSE_FINISH_REASONS] == ("length",)
+    assert t.children[sc.SPAN_DECODE]
+
+
+def test_abort_mid_stream_ends_in_error_and_releases_state(run):
+    _, spans, held, requests = run
+    t = request_trees(spans)["abort-1"]
+    assert t.span.status.status_code == StatusCode.ERROR
+    assert t.attributes[sc.RESPONSE_FINISH_REASONS] == ("abort",)
+    assert t.attributes[sc.ERROR_TYPE] == "aborted"
+    assert t.attributes[sc.SAMPLING_REASON] == "error"
+    assert 0 < t.attributes[sc.USAGE_OUTPUT_TOKENS] < 400
+    assert held == set(), "the adapter holds no state for finished or aborted requests"
+    assert requests == 2

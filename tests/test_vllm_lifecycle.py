@@ -1,0 +1,129 @@
+"""instrument/uninstrument, and faults: telemetry never changes what vLLM computes or breaks the process."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+import otel_llm
+from otel_llm.core.guard import GUARD
+from otel_llm.core.pipeline import Telemetry
+from otel_llm.instrumentation.vllm import VLLMInstrumentor
+from otel_llm.instrumentation.wraps import _resolve, is_wrapped
+from traces import request_trees
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [{"prompt_token_ids": [7 + (i * 11 + j) % 300 for j in range(8 + 9 * i)]} for i in range(8)]
+
+
+def _tokens(llm) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _targets():
+    import importlib
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    inst = VLLMInstrumentor()
+    for t in inst._table.targets:
+        try:
+            yield _resolve(importlib.import_module(t.module), t.name)
+        except (ImportError, AttributeError):
+            continue
+    yield Scheduler, "schedule"
+    yield Scheduler, "update_from_output"
+
+
+@contextlib.contextmanager
+def _with_provider(provider: TracerProvider, **options) -> Iterator[None]:
+    otel_llm.uninstrument()
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider(), sample_rate=1.0, **options)
+    try:
+        yield
+    finally:
+        otel_llm.uninstrument()
+
+
+@pytest.fixture(scope="module")
+def reference(llm) -> list[list[int]]:
+    otel_llm.uninstrument()
+    return _tokens(llm)
+
+
+def test_instrument_is_idempotent_and_uninstrument_removes_every_patch(llm, otel, reference):
+    assert "vllm" in otel_llm.instrument(tracer_provider=otel.tracer_provider, sample_rate=1.0)
+    first = VLLMInstrumentor().telemetry
+    otel_llm.instrument(tracer_provider=otel.tracer_provider, sample_rate=0.0)  # a second call changes nothing
+    assert VLLMInstrumentor().telemetry is first
+    wrapped = [(o, a) for o, a in _targets() if is_wrapped(o, a)]
+    assert len(wrapped) >= 6
+    for owner, attr in wrapped:  # wrapped once, not twice
+        assert not isinstance(owner.__dict__[attr].__wrapped__, type(owner.__dict__[attr]))
+    otel_llm.uninstrument()
+    otel_llm.uninstrument()  # harmless when nothing is instrumented
+    assert [(o, a) for o, a in _targets() if is_wrapped(o, a)] == []
+    assert "vllm" not in otel_llm.instrumented()
+    otel.spans.clear()
+    assert _tokens(llm) == reference
+    assert otel.finished() == []
+
+
+class Raising(SpanExporter):
+    def export(self, spans):
+        raise RuntimeError("collector is on fire")
+
+
+class Hanging(SpanExporter):
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def export(self, spans):
+        self.release.wait(60)
+        return SpanExportResult.SUCCESS
+
+
+def test_an_exporter_that_raises_changes_nothing(llm, reference):
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Raising()))
+    with _with_provider(provider):
+        assert _tokens(llm) == reference
+
+
+def test_an_exporter_that_hangs_changes_nothing(llm, reference):
+    hanging = Hanging()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(hanging, max_queue_size=64, max_export_batch_size=8))
+    try:
+        with _with_provider(provider, baseline_detail="steps"):
+            assert _tokens(llm) == reference  # spans past the queue are dropped by the SDK, not waited for
+            assert _tokens(llm) == reference
+    finally:
+        hanging.release.set()
+        provider.shutdown()
+
+
+def test_an_exception_inside_the_adapter_changes_nothing(llm, otel, reference, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("bug in otel-llm")
+
+    before = GUARD.errors["OutputProcessor.process_outputs"]
+    with otel.instrumented(sample_rate=1.0):
+        monkeypatch.setattr(Telemetry, "finish", broken)
+        assert _tokens(llm) == reference
+        monkeypatch.undo()
+        assert GUARD.errors["OutputProcessor.process_outputs"] > before  # counted, not raised
+        # and the process is healthy: the next requests are traced normally
+        otel.spans.clear()
+        assert _tokens(llm) == reference
+        assert len(request_trees(otel.finished())) == len(PROMPTS)

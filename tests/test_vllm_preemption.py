@@ -1,0 +1,83 @@
+"""Forced preemption on a tiny KV cache, with the EngineCore in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_llm.core import semconv as sc
+from traces import MS, engine_steps, request_trees
+
+pytestmark = pytest.mark.engine
+
+PROMPT_LEN, MAX_TOKENS, N = 100, 60, 6
+
+
+@pytest.fixture(scope="module")
+def run(otel):
+    from vllm import SamplingParams
+
+    from otel_llm.testing.engine import make_llm
+
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
+            # 128-token blocks: 6 requests of 100 + 60 tokens each need 2 blocks past token 128; 6 blocks can't hold them
+            llm = make_llm(num_gpu_blocks_override=6, max_num_batched_tokens=256)
+            prompts = [{"prompt_token_ids": [5 + (i * 13 + j) % 400 for j in range(PROMPT_LEN)]} for i in range(N)]
+            outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0),
+                                   use_tqdm=False)
+            spans = otel.finished()
+            held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+        del llm
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+    return outputs, spans, held
+
+
+def test_preemptions_show_as_events_and_requeue_spans(run):
+    outputs, spans, held = run
+    trees = request_trees(spans)
+    total = sum(o.metrics.num_preemptions for o in outputs)
+    assert total > 0, "the tiny KV cache forced preemptions"
+    for o in outputs:
+        t = trees[o.request_id]
+        n = o.metrics.num_preemptions
+        assert t.attributes[sc.NUM_PREEMPTIONS] == n
+        events = [e for phase in (sc.SPAN_PREFILL, sc.SPAN_DECODE) for s in t.children[phase] for e in s.events
+                  if e.name == sc.EVENT_PREEMPTION]
+        assert len(events) == n
+        requeues = t.grandchildren[sc.SPAN_REQUEUE]
+        reprefills = t.grandchildren[sc.SPAN_REPREFILL]
+        assert len(requeues) == len(reprefills) == n
+        for rq, rp in zip(sorted(requeues, key=lambda s: s.start_time), sorted(reprefills, key=lambda s: s.start_time)):
+            assert rq.end_time == rp.start_time  # re-prefill starts when it is scheduled again
+            assert rq.start_time in {e.timestamp for e in events}
+    assert held == (0, 0)
+
+
+def test_phases_still_tile_and_match_the_engine(run):
+    outputs, spans, _ = run
+    trees = request_trees(spans)
+    for o in outputs:
+        t = trees[o.request_id]
+        m = o.metrics
+        q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
+        assert abs(p.start_time - q.end_time) <= MS and abs(d.start_time - p.end_time) <= MS
+        assert abs(t.span.end_time - d.end_time) <= MS
+        assert t.attributes[sc.LATENCY_DECODE] == pytest.approx(m.last_token_ts - m.first_token_ts, abs=1e-3)
+        assert t.attributes[sc.LATENCY_TTFT] == pytest.approx(m.first_token_latency, abs=1e-3)
+        assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == MAX_TOKENS - 1
+
+
+def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
+    outputs, spans, _ = run
+    steps = engine_steps(spans)
+    assert sum(s.attributes[sc.STEP_NUM_PREEMPTED] for s in steps) == sum(o.metrics.num_preemptions for o in outputs)
+    # recomputation after a preemption is prefill work: more prefill tokens than the prompts alone
+    assert sum(s.attributes[sc.STEP_NUM_PREFILL_TOKENS] for s in steps) > N * PROMPT_LEN
