@@ -115,7 +115,8 @@ class LatencyPercentilePolicy:
         sketch = self._sketches.get(model)
         if sketch is None or sketch.count < self.min_samples:
             return None
-        return sketch.quantile(self.quantile)
+        # the bucket's upper edge, not its midpoint: a request as fast as the quantile is not "slower"
+        return sketch.upper_bound(self.quantile)
 
     def evaluate(self, trace: TraceView) -> Decision:
         keep = False

@@ -49,19 +49,33 @@ class QuantileSketch:
                 self._halve()
 
     def quantile(self, q: float) -> float | None:
-        """The q-quantile (0..1), or None while empty."""
+        """The q-quantile (0..1), within relative error alpha; None while empty."""
+        key = self._key_at(q)
+        if key is None:
+            return None if self._count <= 0 else 0.0
+        # the bucket's representative value, within alpha of every value in it
+        return 2 * math.exp(key * self._gamma_log) / (1 + math.exp(self._gamma_log))
+
+    def upper_bound(self, q: float) -> float | None:
+        """The upper edge of the q-quantile's bucket: a value above it is surely above the quantile."""
+        key = self._key_at(q)
+        if key is None:
+            return None if self._count <= 0 else 0.0
+        return math.exp(key * self._gamma_log)
+
+    def _key_at(self, q: float) -> int | None:
         if self._count <= 0:
             return None
         rank = q * (self._count - 1)
         seen = self._zeros
-        if rank < seen:
-            return 0.0
-        for key in sorted(self._buckets):
+        if rank < seen or not self._buckets:
+            return None
+        keys = sorted(self._buckets)
+        for key in keys:
             seen += self._buckets[key]
             if seen > rank:
-                # the bucket's representative value, within alpha of every value in it
-                return 2 * math.exp(key * self._gamma_log) / (1 + math.exp(self._gamma_log))
-        return 2 * math.exp(max(self._buckets) * self._gamma_log) / (1 + math.exp(self._gamma_log))
+                return key
+        return keys[-1]
 
     def _collapse_lowest(self) -> None:
         keys = sorted(self._buckets)

@@ -1,0 +1,247 @@
+"""The engine-agnostic core on constructed timelines: fast, no engine."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from otel_llm.core import semconv as sc
+from otel_llm.core.config import Config, Detail
+from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.quantile import QuantileSketch
+from otel_llm.core.slo import SLO, SLOTable
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import PREEMPTED, QUEUED, SCHEDULED, RequestShare, RequestTimeline, StepRecord
+from traces import MS, engine_steps, request_trees
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def test_slo_table_parses_default_and_per_model():
+    t = SLOTable.parse("ttft=0.5,tpot=50ms; big-model: ttft=2, e2e=30")
+    assert t.default == SLO(ttft=0.5, tpot=0.05)
+    assert t.for_model("big-model") == SLO(ttft=2.0, e2e=30.0)
+    assert t.for_model("other") == t.default
+
+
+@pytest.mark.parametrize("bad", ["ttft", "latency=1", "ttft=fast", "ttft=-1", "ttft=0"])
+def test_bad_slo_text_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="SLO"):
+        SLOTable.parse(bad)
+
+
+def test_explicit_arguments_win_over_environment_over_defaults():
+    env = {"OTEL_LLM_SAMPLE_RATE": "0.25", "OTEL_LLM_DETAIL": "phases", "OTEL_LLM_SLO": "ttft=1"}
+    c = Config.resolve({"sample_rate": 0.5}, environ=env)
+    assert c.sample_rate == 0.5 and c.detail is Detail.PHASES and c.slo.default.ttft == 1.0
+    assert Config.resolve({}, environ={}).capture_content is False
+
+
+@pytest.mark.parametrize("var,value", [("OTEL_LLM_SAMPLE_RATE", "2"), ("OTEL_LLM_DETAIL", "everything"),
+                                       ("OTEL_LLM_CAPTURE_CONTENT", "maybe"), ("OTEL_LLM_MAX_STEPS", "0")])
+def test_bad_environment_names_the_variable(var, value):
+    with pytest.raises(ValueError, match=var):
+        Config.resolve({}, environ={var: value})
+
+
+def test_unknown_option_is_refused():
+    with pytest.raises(TypeError, match="unknown option"):
+        Config.resolve({"sampel_rate": 0.1})
+
+
+# -- the quantile sketch ----------------------------------------------------------------------
+
+
+def test_sketch_quantiles_are_within_the_stated_relative_error():
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-3, 1.2) for _ in range(20_000)]
+    sketch = QuantileSketch(alpha=0.01)
+    for v in values:
+        sketch.add(v)
+    ordered = sorted(values)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        true = ordered[int(q * (len(ordered) - 1))]
+        assert abs(sketch.quantile(q) - true) <= 0.0101 * true
+
+
+def test_sketch_memory_is_bounded():
+    sketch = QuantileSketch(alpha=0.01, max_buckets=64)
+    for i in range(1, 100_000, 7):
+        sketch.add(i * 1e-6)
+    assert len(sketch._buckets) <= 64
+    assert sketch.quantile(0.99) == pytest.approx(0.099, rel=0.05)
+
+
+# -- the pipeline on constructed timelines ----------------------------------------------------
+
+
+class Harness:
+    def __init__(self, **options) -> None:
+        self.exporter = InMemorySpanExporter()
+        tp = TracerProvider()
+        tp.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        mp = MeterProvider(metric_readers=[self.reader])
+        self.telemetry = Telemetry(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "test")
+
+    def request(self, rid: str, *, queue=0.01, prefill=0.05, tokens=5, itl=0.01, preempt_at=None,
+                chunks=(), error=None) -> RequestSummary:
+        """A request as an engine would report it, on this process's monotonic clock."""
+        base = time.monotonic() - 5.0
+        arrival = time.time() - 5.0 - 0.002
+        t = RequestTimeline(rid, arrival, model="m", response_id=rid, input_tokens=100)
+        assert self.telemetry.start(t)
+        t.events += [(QUEUED, base), (SCHEDULED, base + queue)]
+        first = base + queue + prefill
+        for i, (start, end, n) in enumerate(chunks):
+            self.telemetry.add_step(StepRecord(hash((rid, i)) & 0xFFFF, base + start, base + end,
+                                               [RequestShare(rid, n, True)]))
+        for i in range(tokens):
+            t.token_ts.append(first + i * itl)
+        if preempt_at is not None:
+            t.events += [(PREEMPTED, first + preempt_at), (SCHEDULED, first + preempt_at + 0.02)]
+        decode = (tokens - 1) * itl
+        s = RequestSummary(model="m", ttft=0.002 + queue + prefill, e2e=0.002 + queue + prefill + decode,
+                           queue=queue, prefill=prefill, decode=decode, tpot=RequestSummary.mean_tpot(decode, tokens),
+                           input_tokens=100, output_tokens=tokens, output_characters=4 * tokens,
+                           num_preemptions=0 if preempt_at is None else 1, error_type=error)
+        t.finish_reason = "abort" if error else "length"
+        self.telemetry.finish(rid, s)
+        return s
+
+    def trees(self):
+        return request_trees(list(self.exporter.get_finished_spans()))
+
+
+def test_full_detail_tiles_and_counts_decode_steps():
+    h = Harness(sample_rate=1.0, baseline_detail="steps")
+    h.request("r1", tokens=6, chunks=[(0.01, 0.03, 64), (0.03, 0.06, 36)])
+    t = h.trees()["r1"]
+    q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
+    assert q.start_time == t.span.start_time and q.end_time == p.start_time
+    assert p.end_time == d.start_time and d.end_time == t.span.end_time
+    assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == 5
+    assert [c.attributes[sc.CHUNK_TOKENS] for c in t.grandchildren[sc.SPAN_PREFILL_CHUNK]] == [64, 36]
+    assert [e.name for e in q.events] == [sc.EVENT_ENGINE_QUEUED]
+    assert (p.end_time - p.start_time) == pytest.approx(0.05e9, abs=MS)
+
+
+def test_detail_levels():
+    for detail, has_phases, has_steps in (("request", False, False), ("phases", True, False), ("steps", True, True)):
+        h = Harness(sample_rate=1.0, baseline_detail=detail)
+        h.request("r")
+        t = h.trees()["r"]
+        assert bool(t.children[sc.SPAN_DECODE]) is has_phases
+        assert bool(t.grandchildren[sc.SPAN_DECODE_STEP]) is has_steps
+
+
+def test_preemption_in_decode_adds_event_requeue_and_reprefill():
+    h = Harness(sample_rate=1.0)
+    h.request("r", tokens=8, preempt_at=0.025)
+    t = h.trees()["r"]
+    decode = t.one(sc.SPAN_DECODE)
+    assert [e.name for e in decode.events] == [sc.EVENT_PREEMPTION]
+    (rq,), (rp,) = t.grandchildren[sc.SPAN_REQUEUE], t.grandchildren[sc.SPAN_REPREFILL]
+    assert rq.end_time - rq.start_time == pytest.approx(0.02e9, abs=MS)
+    assert rp.start_time == rq.end_time
+    assert t.attributes[sc.NUM_PREEMPTIONS] == 1
+
+
+def test_aborted_request_is_error_and_kept_for_cause():
+    h = Harness(sample_rate=0.0)
+    h.request("ok")
+    h.request("bad", error="aborted")
+    trees = h.trees()
+    assert set(trees) == {"bad"}
+    t = trees["bad"]
+    assert t.span.status.status_code == StatusCode.ERROR
+    assert t.attributes[sc.SAMPLING_REASON] == "error"
+    assert t.attributes[sc.ERROR_TYPE] == "aborted"
+
+
+def test_slow_requests_are_kept_by_the_running_quantile():
+    h = Harness(sample_rate=0.0, tail_quantile=0.9)
+    rng = random.Random(3)
+    slow = set()
+    for i in range(400):
+        itl = 0.01 if rng.random() > 0.05 else 0.2
+        h.request(f"r{i}", itl=itl)
+        if itl == 0.2 and i >= 60:
+            slow.add(f"r{i}")
+    kept = set(h.trees())
+    assert slow <= kept  # every slow one after warm-up
+    assert len(kept) < 0.15 * 400  # and few of the others
+    assert all(t.attributes[sc.SAMPLING_REASON] == "slow_p90" for t in h.trees().values())
+
+
+def test_engine_steps_wait_for_their_requests_then_link_only_kept_ones():
+    h = Harness(sample_rate=0.0, slo="ttft=0.1")
+    tele = h.telemetry
+    base = time.monotonic()
+    for rid in ("fast", "slow"):
+        tele.start(RequestTimeline(rid, time.time(), model="m", response_id=rid))
+    tele.add_step(StepRecord(1, base, base + 0.01, [RequestShare("fast", 10, True), RequestShare("slow", 30, True)]))
+    tele.add_step(StepRecord(2, base + 0.01, base + 0.02, [RequestShare("unknown", 1, False)]))
+    assert list(tele.steps) == [1]  # a step serving no tracked request is not held
+    tele.finish("fast", RequestSummary(model="m", ttft=0.01, e2e=0.02))
+    assert engine_steps(list(h.exporter.get_finished_spans())) == []  # still waiting for "slow"
+    tele.finish("slow", RequestSummary(model="m", ttft=0.5, e2e=0.6))
+    (step,) = engine_steps(list(h.exporter.get_finished_spans()))
+    (link,) = step.links
+    assert link.context.span_id == h.trees()["slow"].span.context.span_id
+    assert step.attributes[sc.STEP_PHASE] == "prefill" and step.attributes[sc.STEP_NUM_PREFILL_TOKENS] == 40
+    assert not tele.steps and not tele.requests
+
+
+def test_memory_stays_bounded():
+    h = Harness(sample_rate=0.0, max_requests=10, max_steps=5)
+    tele = h.telemetry
+    for i in range(20):
+        tele.start(RequestTimeline(f"r{i}", time.time()))
+    assert len(tele.requests) == 10 and tele.counts.requests_untracked == 10
+    for i in range(50):
+        tele.add_step(StepRecord(i, 0.0, 0.001, [RequestShare("r0", 1, False)]))
+    assert len(tele.steps) == 5 and tele.counts.steps_settled_early == 45
+    tele.finish("r15", RequestSummary(ttft=0.1))  # untracked: metrics only, no error
+    assert tele.counts.requests_finished == 1
+
+
+def test_metrics_cover_every_request_and_goodput():
+    h = Harness(sample_rate=0.0, slo="ttft=0.06")
+    h.request("a", queue=0.01, prefill=0.02)
+    h.request("b", queue=0.01, prefill=0.2)
+    h.request("c", error="aborted")
+    data = h.reader.get_metrics_data()
+    got = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 3
+    assert sum(p.value for p in got["llm.server.requests"]) == 3
+    assert sum(p.value for p in got["llm.server.requests.good"]) == 1
+    assert sum(p.value for p in got["llm.server.output.characters"]) == 60
+    errors = [p for p in got["llm.server.requests"] if p.attributes.get(sc.ERROR_TYPE) == "aborted"]
+    assert errors and errors[0].value == 1
+
+
+def test_exemplars_point_at_kept_traces():
+    h = Harness(sample_rate=1.0)
+    h.request("r")
+    data = h.reader.get_metrics_data()
+    (ttft,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+               if m.name == "gen_ai.server.time_to_first_token"]
+    exemplars = [e for p in ttft.data.data_points for e in p.exemplars]
+    assert exemplars and exemplars[0].trace_id == h.trees()["r"].span.context.trace_id
+
+
+def test_summary_from_native_vllm_span_attributes():
+    s = RequestSummary.from_attributes({sc.VLLM_TTFT: 0.1, sc.VLLM_E2E: 1.1, sc.VLLM_DECODE: 0.9,
+                                        sc.VLLM_COMPLETION_TOKENS: 10, sc.VLLM_PROMPT_TOKENS: 5})
+    assert s.ttft == 0.1 and s.output_tokens == 10 and math.isclose(s.tpot, 0.1)
+    assert RequestSummary.from_attributes({"http.method": "GET"}) is None
