@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceResponse)
 
 from ..config import HttpReceiverConfig
-from ..otlp_json import OtlpJsonError, parse_request, to_dict
+from otel_llm.otlp_json import OtlpJsonError, parse_request, to_dict
 from ..telemetry import SelfTelemetry
 from . import Ingest
 
