@@ -8,6 +8,7 @@ only work is in ``process_outputs``: one dict lookup and one list append per out
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import time
 from typing import Any, Callable
@@ -90,7 +91,7 @@ class VLLMWrappers:
             # Not reset afterwards: a streamed response's generation runs after the handler
             # returns, in this request's task (or a copy of its context).
             _OPERATION.set((operation, SpanKind.SERVER))
-            return wrapped(*args, **kwargs)
+            return _streams_keep_operation(wrapped(*args, **kwargs), operation)
         return wrapper
 
     def offline(self, operation: str) -> Callable[..., Any]:
@@ -219,6 +220,24 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+async def _streams_keep_operation(call: Any, operation: str) -> Any:
+    result = await call
+    if inspect.isasyncgen(result):
+        return _with_operation(result, operation)
+    return result
+
+
+async def _with_operation(gen: Any, operation: str) -> Any:
+    """A streamed response adds its request to the engine on its first iteration, in the task
+    that streams the body (Starlette's), whose context lacks what the handler set: set it there too."""
+    _OPERATION.set((operation, SpanKind.SERVER))
+    try:
+        async for item in gen:
+            yield item
+    finally:
+        await gen.aclose()
 
 
 def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary:
