@@ -1,0 +1,224 @@
+"""What otel-llm costs a real vLLM engine (CPU build, tiny model), against no telemetry and vLLM's own tracing.
+
+Workload: 64 requests x 128 output tokens through offline ``LLM.generate``, repeated in
+interleaved rounds over four modes:
+
+    none      no telemetry (vLLM's per-request statistics on, as our instrumentation turns them on)
+    default   otel_llm.instrument() defaults (tail decision + 5% baseline at phase detail)
+    full      every request kept at full detail (one span per decode step, engine-step spans)
+    native    vLLM's own tracing (--otlp-traces-endpoint), one span per request
+
+Spans go over real OTLP/HTTP to a sink in another process (it discards them), through the
+SDK's BatchSpanProcessor. Measured per run: output tokens/s; frontend CPU time (all
+threads of this process, so span building and OTLP encoding count); the p99 gap between
+consecutive batches of tokens reaching the frontend (the inter-token latency a streaming
+client would see, which GC stalls from telemetry would inflate; one probe, identical in all
+modes, stamps each ``process_outputs`` call). Plus a microbenchmark of the per-token hot path.
+
+Run: ./run bench benchmarks/vllm_overhead.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+N_REQUESTS, OUTPUT_TOKENS = 64, 128
+RESULTS = Path(__file__).parent / "results"
+
+SINK = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200); self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+s = ThreadingHTTPServer(("127.0.0.1", 0), H); print(s.server_address[1], flush=True); s.serve_forever()
+"""
+
+
+def start_sink() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}"
+
+
+class Probe:
+    """Stamps every process_outputs call: the frontend's view of token arrival."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def install(self) -> None:
+        import wrapt
+
+        def probe(wrapped, instance, args, kwargs):
+            self.stamps.append(time.perf_counter())
+            return wrapped(*args, **kwargs)
+
+        wrapt.wrap_function_wrapper("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", probe)
+
+    def p99_gap_ms(self, start: int) -> float:
+        s = self.stamps[start:]
+        gaps = sorted(b - a for a, b in zip(s, s[1:]))
+        return 1000 * gaps[int(0.99 * (len(gaps) - 1))] if gaps else float("nan")
+
+
+def providers(endpoint: str):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+    return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
+
+
+def run_once(llm, prompts, params, probe: Probe, flush=None) -> dict:
+    start = len(probe.stamps)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    if flush is not None:
+        flush()  # the spans' export (encoding, sending) is part of what this run cost in CPU
+    cpu = time.process_time() - cpu0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == N_REQUESTS * OUTPUT_TOKENS
+    return {"tokens_per_s": tokens / wall, "cpu_s": cpu, "wall_s": wall, "tokens": tokens,
+            "p99_gap_ms": probe.p99_gap_ms(start)}
+
+
+def hot_path_ns_per_token() -> float:
+    """The per-token bookkeeping in process_outputs, on vLLM's own EngineCoreOutput structs."""
+    from vllm.v1.engine import EngineCoreOutput
+
+    from otel_llm.core.timeline import RequestTimeline
+
+    batch = 64
+    requests = {str(i): RequestTimeline(str(i), 0.0) for i in range(batch)}
+    outputs = [EngineCoreOutput(request_id=str(i), new_token_ids=[7]) for i in range(batch)]
+    states: dict = {str(i): None for i in range(batch)}
+    steps = 2000
+
+    def loop(ts: float) -> None:  # the body of VLLMWrappers.process_outputs' loop, verbatim
+        for o in outputs:
+            t = requests.get(o.request_id)
+            if t is None:
+                continue
+            n = len(o.new_token_ids)
+            if n == 1:
+                t.token_ts.append(ts)
+            elif n:
+                t.add_tokens(ts, n)
+            if o.events:
+                t.events.extend((int(e.type), e.timestamp) for e in o.events)
+            if o.request_id not in states:
+                pass
+
+    samples = []
+    for _ in range(5):
+        for t in requests.values():
+            t.token_ts.clear()
+        t0 = time.perf_counter_ns()
+        for i in range(steps):
+            loop(float(i))
+        samples.append((time.perf_counter_ns() - t0) / (steps * batch))
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+
+    from otel_llm.testing.engine import engine_args, prepare_env
+
+    prepare_env()
+    os.environ.pop("OTEL_LLM_STEP_SOCKET", None)
+    sink, endpoint = start_sink()
+    try:
+        from vllm import LLM, SamplingParams
+
+        import otel_llm
+
+        probe = Probe()
+        probe.install()
+        base = dict(max_num_seqs=64, max_num_batched_tokens=512)
+        # vLLM's own tracing: its own engine, built with no step hooks armed
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"  # vLLM's exporter defaults to gRPC
+        native = LLM(**engine_args(otlp_traces_endpoint=f"{endpoint}/v1/traces", **base))
+        tp, mp = providers(endpoint)
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # arms the step hooks for the next engine
+        llm = LLM(**engine_args(**base))
+        otel_llm.uninstrument()
+        prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
+                   for i in range(N_REQUESTS)]
+        params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
+        modes = {
+            "none": (llm, None),
+            "default": (llm, {}),
+            "full": (llm, {"sample_rate": 1.0, "baseline_detail": "steps"}),
+            "native": (native, None),
+        }
+        for engine in (llm, native):  # warm-up
+            run_once(engine, prompts, params, probe)
+        results: dict[str, list[dict]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode, (engine, options) in modes.items():
+                if options is not None:
+                    otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
+                res = run_once(engine, prompts, params, probe, tp.force_flush if options is not None else None)
+                if options is not None:
+                    otel_llm.uninstrument()
+                results[mode].append(res)
+                print(f"round {r + 1} {mode:8s} {res['tokens_per_s']:8.0f} tok/s  cpu {res['cpu_s']:.2f}s  "
+                      f"p99 gap {res['p99_gap_ms']:.2f} ms", flush=True)
+        hot = hot_path_ns_per_token()
+    finally:
+        sink.terminate()
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[mode])
+
+    def ratio(mode: str) -> float:  # median of per-round ratios: rounds are interleaved, so paired
+        return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(results[mode], results["none"]))
+
+    tokens = results["none"][0]["tokens"]
+    table = []
+    for mode in modes:
+        table.append({
+            "mode": mode,
+            "tokens_per_s": round(med(mode, "tokens_per_s")),
+            "throughput_vs_none": round(ratio(mode), 4),
+            "frontend_cpu_us_per_token_over_none": round(
+                1e6 * (med(mode, "cpu_s") - med("none", "cpu_s")) / tokens, 2),
+            "p99_itl_ms": round(med(mode, "p99_gap_ms"), 2),
+            "p99_itl_vs_none": round(med(mode, "p99_gap_ms") / med("none", "p99_gap_ms"), 3),
+        })
+    print()
+    print(f"{'mode':8s} {'tok/s':>8s} {'vs none':>8s} {'CPU us/tok':>11s} {'p99 ITL ms':>11s} {'vs none':>8s}")
+    for row in table:
+        print(f"{row['mode']:8s} {row['tokens_per_s']:8d} {row['throughput_vs_none']:8.3f} "
+              f"{row['frontend_cpu_us_per_token_over_none']:11.2f} {row['p99_itl_ms']:11.2f} {row['p99_itl_vs_none']:8.3f}")
+    print(f"\nhot path: {hot:.0f} ns per token (vLLM EngineCoreOutput structs, batch 64)")
+    RESULTS.mkdir(exist_ok=True)
+    out = {"workload": f"{N_REQUESTS} requests x {OUTPUT_TOKENS} output tokens, offline LLM.generate, tiny model, CPU",
+           "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
+           "date": time.strftime("%Y-%m-%d"), "table": table, "hot_path_ns_per_token": round(hot),
+           "raw": results}
+    (RESULTS / "vllm_overhead.json").write_text(json.dumps(out, indent=1))
+    print(f"wrote {RESULTS / 'vllm_overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""otel-llm demo: a real vLLM engine (CPU, tiny random-weights model), instrumented, on a mixed workload.
+
+Requests arrive over time, mostly short chats plus a few long documents whose prefill
+stalls everyone's decode. Prints TTFT / TPOT / end-to-end percentiles (from the metrics,
+as Prometheus would compute them), goodput against the SLOs, what the tail sampler kept
+and why, and the slowest requests with their phase breakdown and the engine steps that
+stretched them. Traces go to an OTLP/JSON file (or, with --otlp, to an OTLP endpoint).
+
+    ./run demo                      # writes out/demo-traces.jsonl
+    ./run demo --otlp               # sends to $OTEL_EXPORTER_OTLP_ENDPOINT (default localhost:4318)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_llm
+from otel_llm.core import semconv as sc
+from otel_llm.export import OTLPJsonFileExporter
+from otel_llm.testing.engine import make_llm
+
+SLO = "ttft=0.25,tpot=0.02,e2e=2"
+
+
+def workload(n: int, rng: random.Random) -> list[tuple[float, dict, int]]:
+    """(arrival offset s, prompt, max_tokens): chats at ~40 req/s, every 8th a long document."""
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(40.0)
+        long = i % 8 == 5
+        length = rng.randint(300, 420) if long else rng.randint(12, 64)
+        prompt = {"prompt_token_ids": [3 + rng.randrange(500) for _ in range(length)]}
+        out.append((t, prompt, rng.randint(8, 24) if long else rng.randint(24, 96)))
+    return out
+
+
+def run(llm, plan) -> int:
+    """Feed requests at their arrival times and step the engine (what LLM.generate does, over time)."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    start, i, done = time.monotonic(), 0, 0
+    while i < len(plan) or engine.has_unfinished_requests():
+        now = time.monotonic() - start
+        while i < len(plan) and plan[i][0] <= now:
+            _, prompt, max_tokens = plan[i]
+            engine.add_request(f"req-{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            i += 1
+        if engine.has_unfinished_requests():
+            done += sum(1 for o in engine.step() if o.finished)
+        else:
+            time.sleep(0.001)
+    return done
+
+
+def quantile_from_histogram(point, q: float) -> float:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
+    rank = q * point.count
+    seen, lower = 0, 0.0
+    for upper, count in zip(list(point.explicit_bounds) + [float("inf")], point.bucket_counts):
+        if count and seen + count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - seen) / count
+        seen += count
+        lower = upper
+    return lower
+
+
+def metrics(reader) -> dict[str, list]:
+    data = reader.get_metrics_data()
+    out: dict[str, list] = collections.defaultdict(list)
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name].extend(m.data.data_points)
+    return out
+
+
+def report(spans, reader, wall: float, finished: int) -> None:
+    got = metrics(reader)
+    print(f"\n{finished} requests in {wall:.1f} s; SLOs: {SLO}\n")
+    print(f"{'':22s} {'p50':>9s} {'p95':>9s} {'p99':>9s}   (from the metrics, as Prometheus computes them)")
+    for label, name in (("time to first token", "gen_ai.server.time_to_first_token"),
+                        ("time per output token", "gen_ai.server.time_per_output_token"),
+                        ("end to end", "gen_ai.server.request.duration")):
+        (point,) = got[name]
+        print(f"{label:22s} " + " ".join(f"{1000 * quantile_from_histogram(point, q):7.1f}ms" for q in (.5, .95, .99)))
+    total = sum(p.value for p in got["llm.server.requests"])
+    good = sum(p.value for p in got["llm.server.requests.good"])
+    print(f"\ngoodput: {good:.0f} of {total:.0f} requests met every SLO at once ({100 * good / total:.0f}%)")
+
+    requests = [s for s in spans if s.attributes and sc.LATENCY_E2E in s.attributes]
+    reasons = collections.Counter(str(s.attributes[sc.SAMPLING_REASON]) for s in requests)
+    steps = [s for s in spans if s.name == sc.SPAN_ENGINE_STEP]
+    print(f"tail sampling kept {len(requests)} of {finished} requests ({dict(reasons)}), "
+          f"{len(steps)} engine steps, {len(spans)} spans in all")
+
+    children = collections.defaultdict(list)
+    for s in spans:
+        if s.parent:
+            children[s.parent.span_id].append(s)
+    linked = collections.defaultdict(list)
+    for st in steps:
+        for link in st.links:
+            linked[link.context.span_id].append(st)
+    print("\nslowest kept requests:")
+    for r in sorted(requests, key=lambda s: -s.attributes[sc.LATENCY_E2E])[:5]:
+        a = r.attributes
+        print(f"  {a[sc.RESPONSE_ID]:8s} e2e {1000 * a[sc.LATENCY_E2E]:6.1f}ms = queue+frontend "
+              f"{(children_ms(children, r, sc.SPAN_QUEUE)):5.1f} + prefill {1000 * a.get(sc.LATENCY_PREFILL, 0):5.1f} "
+              f"+ decode {1000 * a.get(sc.LATENCY_DECODE, 0):6.1f}   in {a[sc.USAGE_INPUT_TOKENS]} / out "
+              f"{a[sc.USAGE_OUTPUT_TOKENS]} tokens, preemptions {a[sc.NUM_PREEMPTIONS]}, kept for {a[sc.SAMPLING_REASON]}")
+        worst = sorted(linked[r.context.span_id], key=lambda s: s.start_time - s.end_time)[:3]
+        for st in worst:
+            sa = st.attributes
+            print(f"      engine step {1000 * (st.end_time - st.start_time) / 1e9:5.1f}ms {sa[sc.STEP_PHASE]:7s} "
+                  f"batch {sa[sc.STEP_BATCH_SIZE]:2d}: prefill {sa[sc.STEP_NUM_PREFILL_TOKENS]:3d} tokens "
+                  f"({sa[sc.STEP_NUM_PREFILL_REQS]} req), decode {sa[sc.STEP_NUM_DECODE_TOKENS]:2d} tokens, "
+                  f"KV cache {100 * sa[sc.STEP_KV_CACHE_USAGE]:.0f}%")
+
+
+def children_ms(children, span, name: str) -> float:
+    found = [c for c in children[span.context.span_id] if c.name == name]
+    return (found[0].end_time - found[0].start_time) / 1e6 if found else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--out", default="out/demo-traces.jsonl", help="OTLP/JSON lines file for the traces")
+    ap.add_argument("--otlp", action="store_true", help="send traces over OTLP/HTTP instead of to a file")
+    args = ap.parse_args()
+
+    tracer_provider = TracerProvider(resource=Resource.create({"service.name": "otel-llm-demo"}))
+    if args.otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        where = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
+    else:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).unlink(missing_ok=True)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPJsonFileExporter(args.out)))
+        where = args.out
+    memory = InMemorySpanExporter()  # to print the report from the same spans
+    tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
+    reader = InMemoryMetricReader()
+
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
+                        slo=SLO, sample_rate=0.1)
+    print("starting vLLM (CPU, tiny random-weights model; ~30 s)...", flush=True)
+    llm = make_llm(max_num_seqs=32, max_num_batched_tokens=512)
+    plan = workload(args.requests, random.Random(1))
+    run(llm, plan[:8])  # warm-up: first-call costs are not the story here
+    memory.clear()
+    reader = InMemoryMetricReader()
+    otel_llm.uninstrument()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
+                        slo=SLO, sample_rate=0.1)
+    t0 = time.monotonic()
+    finished = run(llm, plan)
+    wall = time.monotonic() - t0
+    otel_llm.uninstrument()
+    tracer_provider.force_flush()
+    report(list(memory.get_finished_spans()), reader, wall, finished)
+    print(f"\ntraces: {where}")
+    if not args.otlp:
+        print("  to see them in Jaeger instead: run Jaeger (docker run -p 16686:16686 -p 4318:4318 "
+              "jaegertracing/jaeger:latest),\n  then `./run demo --otlp` (OTEL_EXPORTER_OTLP_ENDPOINT picks another "
+              "endpoint, e.g. Tempo's or otel-llm-collector's) and open http://localhost:16686")
+    tracer_provider.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""A span exporter that writes OTLP/JSON lines to a file: one ``ExportTraceServiceRequest`` per line.
+
+The format the upstream Collector's file exporter writes and its ``otlpjsonfile``
+receiver reads, so a file can be replayed into Jaeger or Tempo later (see README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Sequence
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from .otlp_json import to_dict
+
+
+class OTLPJsonFileExporter(SpanExporter):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json.dumps(to_dict(encode_spans(spans)), separators=(",", ":"))
+        with self._lock:
+            if self._file.closed:
+                return SpanExportResult.FAILURE
+            self._file.write(line + "\n")
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
