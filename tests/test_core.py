@@ -245,3 +245,27 @@ def test_summary_from_native_vllm_span_attributes():
                                         sc.VLLM_COMPLETION_TOKENS: 10, sc.VLLM_PROMPT_TOKENS: 5})
     assert s.ttft == 0.1 and s.output_tokens == 10 and math.isclose(s.tpot, 0.1)
     assert RequestSummary.from_attributes({"http.method": "GET"}) is None
+
+
+def test_any_tracer_works_not_only_the_sdks():
+    """Decode steps take a fast path with the SDK's own Tracer; any other tracer gets the public API."""
+    from opentelemetry import trace
+
+    h = Harness(sample_rate=1.0, baseline_detail="steps")
+    inner = h.telemetry.spans._tracer
+
+    class Delegating(trace.Tracer):
+        def start_span(self, *args, **kwargs):
+            return inner.start_span(*args, **kwargs)
+
+        def start_as_current_span(self, *args, **kwargs):
+            return inner.start_as_current_span(*args, **kwargs)
+
+    from otel_llm.core.spans import SpanBuilder
+
+    h.telemetry.spans = SpanBuilder(Delegating())
+    assert h.telemetry.spans._direct is None
+    h.request("r", tokens=7)
+    t = h.trees()["r"]
+    steps = t.grandchildren[sc.SPAN_DECODE_STEP]
+    assert len(steps) == 6 and all(s.parent.span_id == t.one(sc.SPAN_DECODE).context.span_id for s in steps)
