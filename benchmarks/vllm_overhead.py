@@ -99,39 +99,23 @@ def run_once(llm, prompts, params, probe: Probe, flush=None) -> dict:
 
 
 def hot_path_ns_per_token() -> float:
-    """The per-token bookkeeping in process_outputs, on vLLM's own EngineCoreOutput structs."""
+    """The per-token bookkeeping (``record_outputs``) on vLLM's own EngineCoreOutput structs."""
     from vllm.v1.engine import EngineCoreOutput
 
     from otel_llm.core.timeline import RequestTimeline
+    from otel_llm.instrumentation.vllm.wrappers import record_outputs
 
-    batch = 64
+    batch, steps = 64, 2000
     requests = {str(i): RequestTimeline(str(i), 0.0) for i in range(batch)}
     outputs = [EngineCoreOutput(request_id=str(i), new_token_ids=[7]) for i in range(batch)]
-    states: dict = {str(i): None for i in range(batch)}
-    steps = 2000
-
-    def loop(ts: float) -> None:  # the body of VLLMWrappers.process_outputs' loop, verbatim
-        for o in outputs:
-            t = requests.get(o.request_id)
-            if t is None:
-                continue
-            n = len(o.new_token_ids)
-            if n == 1:
-                t.token_ts.append(ts)
-            elif n:
-                t.add_tokens(ts, n)
-            if o.events:
-                t.events.extend((int(e.type), e.timestamp) for e in o.events)
-            if o.request_id not in states:
-                pass
-
+    states = dict.fromkeys(requests)  # all still running
     samples = []
     for _ in range(5):
         for t in requests.values():
             t.token_ts.clear()
         t0 = time.perf_counter_ns()
         for i in range(steps):
-            loop(float(i))
+            record_outputs(requests, states, outputs, float(i))
         samples.append((time.perf_counter_ns() - t0) / (steps * batch))
     return statistics.median(samples)
 

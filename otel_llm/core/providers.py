@@ -8,8 +8,10 @@ allows that once per process. We do not take that slot from them.
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -45,26 +47,33 @@ def _protocol(signal: str) -> str:
             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
 
 
+def _exporters(var: str, signal: str, console: Any) -> list[Any]:
+    """The exporters ``OTEL_{TRACES,METRICS}_EXPORTER`` names (default otlp), OTLP over the
+    protocol ``OTEL_EXPORTER_OTLP[_SIGNAL]_PROTOCOL`` names (default http/protobuf)."""
+    out = []
+    for name in _exporter_names(var):
+        if name == "none":
+            continue
+        if name == "console":
+            out.append(console())
+        elif name == "otlp":
+            transport = "grpc" if _protocol(signal) == "grpc" else "http"
+            kind = "trace_exporter" if signal == "TRACES" else "metric_exporter"
+            cls = "OTLPSpanExporter" if signal == "TRACES" else "OTLPMetricExporter"
+            module = importlib.import_module(f"opentelemetry.exporter.otlp.proto.{transport}.{kind}")
+            out.append(getattr(module, cls)())
+        else:
+            logger.warning("otel-llm: %s=%s is not supported here; ignored", var, name)
+    return out
+
+
 def _sdk_tracer_provider() -> TracerProvider:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
     provider = SDKTracerProvider(resource=Resource.create())
-    for name in _exporter_names("OTEL_TRACES_EXPORTER"):
-        if name == "none":
-            continue
-        if name == "console":
-            exporter = ConsoleSpanExporter()
-        elif name == "otlp":
-            if _protocol("TRACES") == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore
-            exporter = OTLPSpanExporter()
-        else:
-            logger.warning("otel-llm: OTEL_TRACES_EXPORTER=%s is not supported here; ignored", name)
-            continue
+    for exporter in _exporters("OTEL_TRACES_EXPORTER", "TRACES", ConsoleSpanExporter):
         provider.add_span_processor(BatchSpanProcessor(exporter))
     atexit.register(provider.shutdown)
     return provider
@@ -75,22 +84,8 @@ def _sdk_meter_provider() -> MeterProvider:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
 
-    readers = []
-    for name in _exporter_names("OTEL_METRICS_EXPORTER"):
-        if name == "none":
-            continue
-        if name == "console":
-            exporter = ConsoleMetricExporter()
-        elif name == "otlp":
-            if _protocol("METRICS") == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # type: ignore
-            exporter = OTLPMetricExporter()
-        else:
-            logger.warning("otel-llm: OTEL_METRICS_EXPORTER=%s is not supported here; ignored", name)
-            continue
-        readers.append(PeriodicExportingMetricReader(exporter))
+    readers = [PeriodicExportingMetricReader(e)
+               for e in _exporters("OTEL_METRICS_EXPORTER", "METRICS", ConsoleMetricExporter)]
     provider = SDKMeterProvider(resource=Resource.create(), metric_readers=readers)
     atexit.register(provider.shutdown)
     return provider

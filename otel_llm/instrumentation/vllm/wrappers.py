@@ -170,22 +170,8 @@ class VLLMWrappers:
         try:
             b = self.bind(wrapped)
             ts = b.get(args, kwargs, "engine_core_timestamp") or time.monotonic()
-            requests = self.telemetry.requests
-            states = instance.request_states
-            finished = None
-            for o in b.get(args, kwargs, "engine_core_outputs"):
-                t = requests.get(o.request_id)
-                if t is None:
-                    continue
-                n = len(o.new_token_ids)
-                if n == 1:
-                    t.token_ts.append(ts)
-                elif n:
-                    t.add_tokens(ts, n)
-                if o.events:
-                    t.events.extend((int(e.type), e.timestamp) for e in o.events)
-                if o.request_id not in states:
-                    (finished := finished or []).append((t, o.finish_reason))
+            finished = record_outputs(self.telemetry.requests, instance.request_states,
+                                      b.get(args, kwargs, "engine_core_outputs"), ts)
             if finished:
                 stats = b.get(args, kwargs, "iteration_stats")
                 now = stats.iteration_timestamp if stats is not None else time.time()
@@ -238,6 +224,29 @@ async def _with_operation(gen: Any, operation: str) -> Any:
             yield item
     finally:
         await gen.aclose()
+
+
+def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: Any,
+                   ts: float) -> list[tuple[RequestTimeline, Any]] | None:
+    """The hot path: per output, stamp its tokens and engine events on its timeline.
+
+    Returns the (timeline, finish reason) of requests vLLM has just let go of, or None.
+    """
+    finished = None
+    for o in outputs:
+        t = requests.get(o.request_id)
+        if t is None:
+            continue
+        n = len(o.new_token_ids)
+        if n == 1:
+            t.token_ts.append(ts)
+        elif n:
+            t.add_tokens(ts, n)
+        if o.events:
+            t.events.extend((int(e.type), e.timestamp) for e in o.events)
+        if o.request_id not in states:
+            (finished := finished or []).append((t, o.finish_reason))
+    return finished
 
 
 def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary:
