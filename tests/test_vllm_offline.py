@@ -133,17 +133,22 @@ def test_ttft_histogram_counts_every_request_with_engine_sum(full_run):
 
 
 def test_tail_decision_keeps_breaches_whole_and_baseline_for_the_rest(llm, otel, full_run):
-    # a third of the first run's TTFTs: requests submitted together queue behind each other,
-    # so the early ones meet it and the late ones do not
-    slo = sorted(o.metrics.first_token_latency for o in full_run[0])[len(PROMPTS) // 3]
-    with otel.instrumented(slo=f"ttft={slo}", sample_rate=0.0, tail_quantile=0):
-        outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
-        spans = otel.finished()
-        requests = otel.counter("llm.server.requests")
-        good = otel.counter("llm.server.requests.good")
-    trees = request_trees(spans)
-    breached = {o.request_id for o in outputs if o.metrics.first_token_latency > slo}
+    # Requests submitted together queue behind each other, so an SLO inside the spread of their
+    # TTFTs splits them. The spread moves with machine load: re-aim at the last run's, if needed.
+    ttfts = sorted(o.metrics.first_token_latency for o in full_run[0])
+    for _ in range(3):
+        slo = ttfts[len(ttfts) // 3]
+        with otel.instrumented(slo=f"ttft={slo}", sample_rate=0.0, tail_quantile=0):
+            outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+            spans = otel.finished()
+            requests = otel.counter("llm.server.requests")
+            good = otel.counter("llm.server.requests.good")
+        breached = {o.request_id for o in outputs if o.metrics.first_token_latency > slo}
+        if breached and len(breached) < len(outputs):
+            break
+        ttfts = sorted(o.metrics.first_token_latency for o in outputs)
     assert breached and len(breached) < len(outputs), "the SLO splits the workload"
+    trees = request_trees(spans)
     assert set(trees) == breached, {r: t.attributes[sc.SAMPLING_REASON] for r, t in trees.items()}
     for rid in breached:
         t = trees[rid]
