@@ -27,7 +27,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from . import semconv as sc
 from .clock import WallClock
 from .config import Detail
-from .timeline import PREEMPTED, QUEUED, SCHEDULED, RequestTimeline, StepRecord
+from .timeline import QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
 
@@ -126,7 +126,7 @@ class SpanBuilder:
                 clock: WallClock) -> None:
         ctx = trace.set_span_in_context(root)
         queued = t.first(QUEUED)
-        scheduled = t.first(SCHEDULED)
+        scheduled = t.first_scheduled()
         sched_ns = _clamp(clock.mono_ns(scheduled), start, end) if scheduled is not None else end
         first_ns = _clamp(clock.mono_ns(t.token_ts[0]), sched_ns, end) if t.token_ts else end
 

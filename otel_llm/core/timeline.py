@@ -66,6 +66,13 @@ class RequestTimeline:
                 return ts
         return None
 
+    def first_scheduled(self) -> float | None:
+        """The engine's SCHEDULED event, else the start of the first step that computed its prompt."""
+        ts = self.first(SCHEDULED)
+        if ts is None and self.chunks:
+            return self.chunks[0].start
+        return ts
+
     def preemptions(self) -> list[tuple[float, float | None]]:
         """(preempted, rescheduled) pairs; rescheduled is None if it never came back."""
         out: list[tuple[float, float | None]] = []

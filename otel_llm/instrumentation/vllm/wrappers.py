@@ -18,10 +18,11 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ...core.clock import WallClock
 from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.summary import RequestSummary
-from ...core.timeline import RequestTimeline
+from ...core.timeline import PREEMPTED, QUEUED, RequestTimeline
 from ..wraps import ArgBinder
 from .steps import StepReceiver
 
@@ -266,11 +267,16 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
             s.decode = st.last_token_ts - st.first_token_ts
         s.output_tokens = st.num_generation_tokens
         s.num_preemptions = getattr(st, "num_preemptions", None) or _count_preemptions(t)
-    else:  # stats were off after all: derive the same numbers from our own stamps
-        queued, scheduled = t.first(1), t.first(2)
+    else:
+        # The engine was built before instrument() (statistics off, no engine events): derive
+        # what our own stamps allow. TTFT then ends when the engine produced the token, not
+        # when the frontend received it.
+        _warn_no_stats()
+        queued, scheduled = t.first(QUEUED), t.first_scheduled()
         if queued is not None and scheduled is not None:
             s.queue = scheduled - queued
         if t.token_ts:
+            s.ttft = WallClock().mono_ns(t.token_ts[0]) / 1e9 - t.arrival
             if scheduled is not None:
                 s.prefill = t.token_ts[0] - scheduled
             s.decode = t.token_ts[-1] - t.token_ts[0]
@@ -280,8 +286,20 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
     return s
 
 
+_warned_no_stats = False
+
+
+def _warn_no_stats() -> None:
+    global _warned_no_stats
+    if not _warned_no_stats:
+        _warned_no_stats = True
+        logger.warning("otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
+                       "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
+                       "or engine steps. Call instrument() before building the engine.")
+
+
 def _count_preemptions(t: RequestTimeline) -> int:
-    return sum(1 for k, _ in t.events if k == 3)
+    return sum(1 for k, _ in t.events if k == PREEMPTED)
 
 
 def _parent_context(request: Any) -> otel_context.Context | None:
