@@ -12,21 +12,20 @@ import time
 from typing import Callable, Sequence
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from otel_llm.core.policies import Policy
 from otel_llm.core.policy_registry import build_policies
 
+from .aggregation import AggregationBackend
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
 from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
-from .spans import build_request, extract
+from .spans import encode_request, extract
 from .tail_sampling import Item, TailSampler
 from .telemetry import SelfTelemetry
 
@@ -41,10 +40,10 @@ class Gateway:
         self.manual_ticks = manual_ticks
         self.telemetry = SelfTelemetry()
         self.registry: CollectorRegistry = self.telemetry.registry
-        # derived metrics: an OpenTelemetry MeterProvider, read on scrape (cumulative, as Prometheus wants)
-        self.metric_reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader],
-                                            resource=Resource.create({"service.name": "otel-llm-collector"}))
+        # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
+        # scrape; it is both the meter provider the core records into and the reader the bridge reads
+        self.meter_provider = AggregationBackend(Resource.create({"service.name": "otel-llm-collector"}))
+        self.metric_reader = self.meter_provider
         self.registry.register(OtelBridge(self.metric_reader))
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry) \
             if config.llm_metrics else None
@@ -108,18 +107,19 @@ class Gateway:
 
     def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct") -> int:
         """Process one export request; returns the number of spans refused (invalid trace id)."""
-        facts, rejected = extract(request)
-        if facts:
-            self.telemetry.inc("receiver_accepted_spans", len(facts), transport=transport)
-        if rejected:
-            self.telemetry.inc("receiver_refused_spans", rejected, transport=transport, reason="invalid_trace_id")
-        if self.metrics is not None:
-            self.metrics.process(facts)
+        batch = extract(request)
+        if batch.spans:
+            self.telemetry.inc("receiver_accepted_spans", len(batch.spans), transport=transport)
+        if batch.rejected:
+            self.telemetry.inc("receiver_refused_spans", batch.rejected, transport=transport,
+                               reason="invalid_trace_id")
+        if self.metrics is not None and batch.requests:
+            self.metrics.process(batch.requests)
         if self.sampler is not None:
-            self.sampler.add(facts)
-        elif facts:
-            self._emit([(f.resource, f.scope, f.span) for f in facts])
-        return rejected
+            self.sampler.add(batch)
+        elif batch.spans:
+            self._emit([(group, raw) for _, group, raw, *_ in batch.spans])
+        return batch.rejected
 
     def tick(self) -> int:
         return self.sampler.tick() if self.sampler is not None else 0
@@ -131,7 +131,7 @@ class Gateway:
     def _emit(self, items: list[Item]) -> None:
         if not self.exporters or not items:
             return
-        payload = build_request(items).SerializeToString()  # encoded once for every exporter
+        payload = encode_request(items)  # encoded once for every exporter
         for e in self.exporters:
             e.submit(payload, len(items))
 

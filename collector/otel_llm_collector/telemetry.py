@@ -47,17 +47,26 @@ class SelfTelemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self._m = {s.name: s.kind(PREFIX + s.name, s.doc, s.labels, registry=self.registry) for s in SPECS}
+        self._children: dict[tuple, object] = {}
 
     def metric(self, name: str):
         return self._m[name]
 
+    def _child(self, name: str, labels: dict[str, str]):
+        # prometheus_client's labels() costs a few microseconds a call: remember the children
+        key = (name, *labels.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._m[name].labels(**labels)
+            if len(self._children) < 10_000:  # label values are from small sets; bound it anyway
+                self._children[key] = child
+        return child
+
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
-        m = self._m[name]
-        (m.labels(**labels) if labels else m).inc(amount)
+        (self._child(name, labels) if labels else self._m[name]).inc(amount)
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        m = self._m[name]
-        (m.labels(**labels) if labels else m).set(value)
+        (self._child(name, labels) if labels else self._m[name]).set(value)
 
     def value(self, name: str, **labels: str) -> float:
         """Current value (0 when never touched), for tests and the benchmark."""

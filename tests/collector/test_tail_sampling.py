@@ -8,7 +8,7 @@ from collector_testkit import FakeClock, export_request, request_attrs, span
 from otel_llm.core.policies import ErrorPolicy, SLOPolicy
 from otel_llm.core.slo import SLOTable
 from otel_llm_collector.config import TailSamplingConfig
-from otel_llm_collector.spans import extract
+from otel_llm_collector.spans import extract, spans_of
 from otel_llm_collector.tail_sampling import TailSampler
 from otel_llm_collector.telemetry import SelfTelemetry
 
@@ -20,7 +20,7 @@ class Sink:
         self.spans: list[Any] = []
 
     def __call__(self, items) -> None:
-        self.spans.extend(s for _, _, s in items)
+        self.spans.extend(spans_of(items))
 
     def traces(self) -> set[int]:
         return {int.from_bytes(s.trace_id, "big") for s in self.spans}
@@ -34,7 +34,7 @@ def sampler(clock: FakeClock, **cfg: Any) -> tuple[TailSampler, Sink, SelfTeleme
 
 
 def add(s: TailSampler, *spans) -> None:
-    s.add(extract(export_request(*spans))[0])
+    s.add(extract(export_request(*spans)))
 
 
 def test_decides_after_request_span_plus_wait_not_before(clock: FakeClock) -> None:

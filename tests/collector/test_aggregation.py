@@ -1,0 +1,154 @@
+"""The collector's aggregation backend against the OpenTelemetry SDK on the same inputs.
+
+The core's ``ServerMetrics`` records the same requests into both; the data points (counts,
+sums, bucket counts, min/max, label sets) and the rendered Prometheus exposition must match.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry, generate_latest
+
+from otel_llm.core.metrics import ServerMetrics
+from otel_llm.core.slo import SLOTable
+from otel_llm.core.summary import RequestSummary
+from otel_llm_collector.aggregation import CARDINALITY_LIMIT, AggregationBackend
+from otel_llm_collector.prometheus import OtelBridge
+
+SLOS = SLOTable.parse("ttft=0.5,tpot=0.05; big: ttft=2")
+
+
+def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        e2e = rng.lognormvariate(0, 1)
+        out.append(RequestSummary(
+            model=rng.choice(["llama", "big", None]), provider=rng.choice(["vllm", None]),
+            operation=rng.choice(["text_completion", "chat"]),
+            ttft=rng.choice([rng.lognormvariate(-2.5, 1), 0.5, 0.0, None]),  # 0.5: exactly on a bound
+            tpot=rng.choice([rng.uniform(0, 0.2), None]), e2e=e2e,
+            queue=rng.choice([rng.uniform(0, 0.01), None]), prefill=rng.uniform(0, 0.1),
+            decode=rng.uniform(0, 5), input_tokens=rng.randint(0, 5000),
+            output_tokens=rng.choice([rng.randint(0, 2000), None]),
+            output_characters=rng.choice([rng.randint(0, 9000), None]),
+            error_type=rng.choice([None] * 9 + ["timeout"])))
+    return out
+
+
+def record_both(items: list[RequestSummary], services=("a", "b")):
+    reader = InMemoryMetricReader()
+    sdk = MeterProvider(metric_readers=[reader])
+    fast = AggregationBackend()
+    for provider in (sdk, fast):
+        meter = provider.get_meter("otel_llm_collector.llm_metrics")
+        per_service = [ServerMetrics(meter, SLOS, {"service.name": s}) for s in services]
+        for i, s in enumerate(items):
+            per_service[i % len(per_service)].record(s)
+    return reader, fast
+
+
+def points(reader) -> dict:
+    """(metric, sorted labels) -> comparable point values."""
+    out = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    key = (m.name, m.unit, m.description, tuple(sorted(p.attributes.items())))
+                    if hasattr(p, "bucket_counts"):
+                        out[key] = (p.count, round(p.sum, 9), tuple(p.bucket_counts), tuple(p.explicit_bounds),
+                                    p.min, p.max)
+                    else:
+                        out[key] = (p.value,)
+    return out
+
+
+def exposition(reader) -> str:
+    reg = CollectorRegistry(auto_describe=True)
+    reg.register(OtelBridge(reader))
+    return generate_latest(reg).decode()
+
+
+def test_same_points_as_the_sdk() -> None:
+    reader, fast = record_both(summaries(3000))
+    expected, got = points(reader), points(fast)
+    assert got.keys() == expected.keys() and len(got) > 50
+    for key, value in expected.items():
+        if len(value) == 1:  # a counter
+            assert got[key] == value, key
+        else:  # a histogram: sums added in the same order, compared with a tolerance anyway
+            assert got[key][:1] + got[key][2:] == value[:1] + value[2:], key
+            assert math.isclose(got[key][1], value[1], rel_tol=1e-9), key
+
+
+def test_same_prometheus_exposition_as_the_sdk() -> None:
+    reader, fast = record_both(summaries(1000))
+    lines = lambda text: sorted(line for line in text.splitlines() if "_created" not in line)  # noqa: E731
+    sdk, ours = lines(exposition(reader)), lines(exposition(fast))
+    assert len(ours) > 200
+    if sdk != ours:  # sums may differ in the last digit (float addition order is the same, but be explicit)
+        strip = lambda ls: [ln.rsplit(" ", 1)[0] if "_sum" in ln else ln for ln in ls]  # noqa: E731
+        assert strip(sdk) == strip(ours)
+
+
+def test_ignores_what_the_sdk_ignores() -> None:
+    backend = AggregationBackend()
+    meter = backend.get_meter("m")
+    h = meter.create_histogram("h", explicit_bucket_boundaries_advisory=[1.0, 2.0])
+    c = meter.create_counter("c")
+    for v in (-1.0, math.nan, math.inf, -math.inf):
+        h.record(v, {"k": "v"})
+        c.add(v, {"k": "v"})
+    assert backend.get_metrics_data() is None
+    h.record(1.0, {"k": "v"})  # on the bound: its bucket (le=1.0), as bisect_left in the SDK
+    h.record(2.5)
+    point = {tuple(p.attributes.items()): p for p in
+             backend.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points}
+    assert point[(("k", "v"),)].bucket_counts == (1, 0, 0) and point[()].bucket_counts == (0, 0, 1)
+    assert meter.create_histogram("h") is h  # same name, same instrument
+
+
+def test_label_sets_by_value_not_identity_and_cardinality_overflow() -> None:
+    reader = InMemoryMetricReader()
+    sdk, fast = MeterProvider(metric_readers=[reader]), AggregationBackend()
+    for provider in (sdk, fast):
+        c = provider.get_meter("m").create_counter("c")
+        c.add(1, {"a": "x"})
+        c.add(2, {"a": "x"})  # a different dict with the same labels: the same series
+        c.add(1, {"a": 1})  # int 1 and True are different label values
+        c.add(1, {"a": True})
+        for i in range(CARDINALITY_LIMIT + 10):
+            c.add(1, {"i": i})
+
+    def series(r) -> list:
+        pts = r.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+        return sorted(repr(sorted((k, type(v).__name__, v) for k, v in p.attributes.items())) + f"={p.value}"
+                      for p in pts)
+
+    ours = series(fast)
+    assert ours == series(reader)
+    assert len(ours) == CARDINALITY_LIMIT + 1 and "[('otel.metric.overflow', 'bool', True)]=13" in ours
+
+
+def test_concurrent_records_are_not_lost() -> None:
+    backend = AggregationBackend()
+    h = backend.get_meter("m").create_histogram("h", explicit_bucket_boundaries_advisory=[1.0])
+    attrs = {"k": "v"}
+
+    def work() -> None:
+        for _ in range(20_000):
+            h.record(0.5, attrs)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    p = backend.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0]
+    assert p.count == 80_000 and p.sum == 40_000.0

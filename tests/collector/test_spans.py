@@ -1,0 +1,45 @@
+"""Spans are buffered as encoded bytes and framed back into an export request at the byte level."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector_testkit import export_request, request_attrs, span
+from otel_llm_collector.spans import ENCODED, ERROR, GROUP, REQUEST, ROOT, encode_request, extract
+
+
+def test_encode_request_round_trips_spans_resources_scopes_and_schema_urls() -> None:
+    a = export_request(span(1, 1, attrs=request_attrs()), span(1, 2, parent=1, attrs={"x": "y" * 300}), service="a")
+    a.resource_spans[0].schema_url = "https://opentelemetry.io/schemas/1.26.0"
+    a.resource_spans[0].scope_spans[0].schema_url = "scope-schema"
+    a.resource_spans[0].scope_spans[0].scope.version = "1.2"
+    b = export_request(span(2, 1, error=True), service="b")
+    c = export_request(span(3, 1), service="a")  # same resource and scope as `a`, another request: merged
+    c.resource_spans[0].schema_url = "https://opentelemetry.io/schemas/1.26.0"
+    c.resource_spans[0].scope_spans[0].schema_url = "scope-schema"
+    c.resource_spans[0].scope_spans[0].scope.version = "1.2"
+    items = [(rec[GROUP], rec[ENCODED]) for req in (a, b, c) for rec in extract(req).spans]
+    out = ExportTraceServiceRequest.FromString(encode_request(items))
+    assert len(out.resource_spans) == 2
+    ra, rb = out.resource_spans
+    assert ra.resource == a.resource_spans[0].resource and ra.schema_url == a.resource_spans[0].schema_url
+    assert len(ra.scope_spans) == 1 and ra.scope_spans[0].scope == a.resource_spans[0].scope_spans[0].scope
+    assert ra.scope_spans[0].schema_url == "scope-schema"
+    assert list(ra.scope_spans[0].spans) == list(a.resource_spans[0].scope_spans[0].spans) + \
+        list(c.resource_spans[0].scope_spans[0].spans)
+    assert rb.resource == b.resource_spans[0].resource and list(rb.scope_spans[0].spans) == \
+        list(b.resource_spans[0].scope_spans[0].spans)
+    assert encode_request([]) == b""
+
+
+def test_extract_marks_request_spans_and_rejects_bad_trace_ids() -> None:
+    req = export_request(span(1, 1, attrs=request_attrs(model="llama")), span(1, 2, parent=1, error=True))
+    bad = req.resource_spans[0].scope_spans[0].spans.add()
+    bad.trace_id = b"\0" * 16
+    got = extract(req)
+    assert got.rejected == 1 and len(got.spans) == 2 and len(got.requests) == 1
+    (first, second) = got.spans
+    assert first[REQUEST] and first[ROOT] and not first[ERROR]  # request, root, no error
+    assert not second[REQUEST] and not second[ROOT] and second[ERROR]
+    r = got.requests[0]
+    assert r.summary.model == "llama" and r.source == "otel_llm" and r.service == "svc"
