@@ -32,7 +32,9 @@ def sink() -> Iterator[OTLPSink]:
 
 @pytest.fixture(scope="session")
 def server(sink: OTLPSink) -> Iterator[VLLMServer]:
-    with VLLMServer(otlp_endpoint=sink.endpoint) as s:
+    # Engine-step spans off: the joined trace needs the request and its phases, and thousands of step
+    # spans decoded by the in-test receiver would compete for this process's GIL with the client we time.
+    with VLLMServer(otlp_endpoint=sink.endpoint, env={"OTEL_LLM_ENGINE_STEPS": "false"}) as s:
         yield s
 
 

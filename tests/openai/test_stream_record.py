@@ -1,0 +1,116 @@
+"""Unit tier, no server: the chunk record's gap profile and the stream proxy's end-exactly-once contract,
+over real ``openai`` chunk objects and a real SDK tracer and meter."""
+
+from __future__ import annotations
+
+import gc
+import math
+from typing import Any, Iterator
+
+import pytest
+from openai.types.chat import ChatCompletionChunk
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from otel_llm.core.client_metrics import ClientMetrics
+from otel_llm.core.config import Config
+from otel_llm.core.guard import GUARD
+from otel_llm.instrumentation.openai.ops import Chat
+from otel_llm.instrumentation.openai.record import CallRecord
+from otel_llm.instrumentation.openai.stream import StreamProxy
+from otel_llm.instrumentation.openai.wrappers import ClientTelemetry
+
+
+def chunk(text: str | None, finish: str | None = None, usage: dict | None = None) -> ChatCompletionChunk:
+    choices = [] if usage else [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]
+    return ChatCompletionChunk.model_validate({"id": "c1", "object": "chat.completion.chunk", "created": 0,
+                                               "model": "m", "choices": choices, "usage": usage})
+
+
+CHUNKS = [chunk(""), chunk("Hello"), chunk(" wor"), chunk("ld", "length"),
+          chunk(None, usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8})]
+
+
+@pytest.fixture
+def setup() -> Iterator[tuple[ClientTelemetry, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    config = Config.resolve({"slo": "tpot=0.01"})
+    metrics = ClientMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), config.slo)
+    yield ClientTelemetry(config, tp.get_tracer("t"), metrics), exporter
+
+
+def record(t: ClientTelemetry) -> CallRecord:
+    return CallRecord(t, t.tracer.start_span("chat m"), "chat", "m", True, ("h", 1), 0, False)
+
+
+def test_gap_profile_counts_only_text_chunks(setup: Any) -> None:
+    t, _ = setup
+    rec = record(t)
+    for now, n in [(1.0, 0), (1.1, 5), (1.105, 0), (1.108, 4), (1.15, 2)]:
+        rec.chunk(now, n)
+    assert (rec.first, rec.last, rec.n, rec.chars) == (1.1, 1.15, 3, 11)
+    assert rec.max_gap == pytest.approx(0.042) and rec.over == 1  # 8 ms is under the 10 ms SLO, 42 ms over
+    assert record(ClientTelemetry(Config(), t.tracer, ClientMetrics(
+        MeterProvider().get_meter("x"), Config().slo))).tpot_limit == math.inf  # no SLO: nothing is "over"
+
+
+def test_exhausted_stream_ends_once_with_usage(setup: Any) -> None:
+    t, exporter = setup
+    proxy = StreamProxy((c for c in CHUNKS), record(t), Chat.chunk)
+    assert list(proxy) == CHUNKS  # the caller's chunks, unchanged
+    proxy.close()
+    del proxy
+    gc.collect()
+    (span,) = exporter.get_finished_spans()
+    a = span.attributes
+    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == 3
+    assert a["llm.client.output_characters"] == len("Hello world")
+    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (5, 3)
+    assert a["gen_ai.response.finish_reasons"] == ("length",) and a["gen_ai.response.id"] == "c1"
+
+
+def test_dropped_stream_is_abandoned_once(setup: Any) -> None:
+    t, exporter = setup
+    proxy = StreamProxy(iter(CHUNKS), record(t), Chat.chunk)
+    next(proxy), next(proxy)
+    del proxy  # never closed, never drained
+    gc.collect()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["llm.client.stream.end"] == "abandoned"
+    assert span.status.status_code == StatusCode.UNSET
+
+
+def test_error_while_reading_is_an_error_span(setup: Any) -> None:
+    t, exporter = setup
+
+    def broken() -> Iterator[ChatCompletionChunk]:
+        yield CHUNKS[1]
+        raise TimeoutError("read timed out")
+
+    proxy = StreamProxy(broken(), record(t), Chat.chunk)
+    with pytest.raises(TimeoutError):
+        list(proxy)
+    proxy.close()
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "TimeoutError" and span.attributes["llm.client.stream.end"] == "error"
+
+
+def test_instrumentation_error_never_reaches_the_caller(setup: Any) -> None:
+    t, exporter = setup
+
+    def bad_reader(rec: CallRecord, c: Any) -> int:
+        raise RuntimeError("bug in our chunk reader")
+
+    before = GUARD.errors["openai stream chunk"]
+    proxy = StreamProxy(iter(CHUNKS), record(t), bad_reader)
+    assert list(proxy) == CHUNKS
+    assert GUARD.errors["openai stream chunk"] == before + len(CHUNKS)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["llm.client.stream.end"] == "complete"
