@@ -1,14 +1,20 @@
 """Collector throughput, memory per buffered span, and 10x overload behaviour.
 
-    .venv/bin/python benchmarks/collector_throughput.py [--seconds 8]
+    .venv/bin/python benchmarks/collector_throughput.py [--seconds 6] [--only ingest,loopback,memory,overload]
+                                                        [--root OTHER_CHECKOUT]
 
-Prints a table and writes benchmarks/results/collector_throughput.json.
+Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only).
 * ingest: receive-path work without sockets (protobuf parse + extract + llm_metrics + tail_sampling add
-  + decisions + export encoding), per CPU-second of this process = spans/s per core.
-* loopback: the same through the OTLP/gRPC receiver, with a load client and an export sink in a child
-  process; gateway CPU time only.
+  + decisions + export encoding of the kept spans), per CPU-second of this process = spans/s per core.
+  Measured in rounds of 20 requests (~20k spans), each on a fresh gateway, so every trace id is new to
+  the sampler (repeating payloads on one gateway would turn them into cheap "late" spans of decided
+  traces); the median round is reported with the spread.
+* loopback: the same through the OTLP/gRPC receiver, with a load client and an export sink in child
+  processes; gateway CPU time only. The client sends unique trace ids (copies with fresh ids).
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
+* --root: import the collector and the core from another checkout (e.g. a `git worktree` of an older
+  commit), to compare before/after in one session on this noisy shared machine.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -26,8 +33,11 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
+ROOT = Path(__file__).resolve().parents[1]
+if "--root" in sys.argv:  # before the imports below: which checkout's collector and core to measure
+    ROOT = Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "collector"))
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
@@ -82,6 +92,44 @@ def build_requests(shape: int, n_requests: int, seed: int = 1) -> list[bytes]:
     return out
 
 
+def unique_copies(payloads: list[bytes], n: int, seed: int) -> list[bytes]:
+    """``n`` requests cycling through ``payloads``, each trace given a fresh random trace id."""
+    rng = random.Random(seed)
+    templates = [ExportTraceServiceRequest.FromString(p) for p in payloads]
+    out = []
+    for i in range(n):
+        req = templates[i % len(templates)]
+        fresh: dict[bytes, bytes] = {}
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    tid = fresh.get(span.trace_id)
+                    if tid is None:
+                        tid = fresh[span.trace_id] = rng.getrandbits(128).to_bytes(16, "big")
+                    span.trace_id = tid
+        out.append(req.SerializeToString())
+    return out
+
+
+def span_count(payload: bytes) -> int:
+    req = ExportTraceServiceRequest.FromString(payload)
+    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+class NullExporter:
+    """Takes the encoded export payload and drops it: the encoding is measured, no socket."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def submit(self, payload: bytes, spans: int) -> bool:
+        self.spans += spans
+        return True
+
+    def close(self, timeout: float = 0) -> None:
+        pass
+
+
 def config(sink: str | None, grpc_on: bool = False, **tail) -> CollectorConfig:
     ts = {"decision_wait_after_root_received": 0, "tick_interval": "50ms"}
     ts.update(tail)
@@ -112,8 +160,15 @@ def _sink_server(port_q) -> None:
     threading.Event().wait()
 
 
-def _load(target: str, payloads: list[bytes], seconds: float, rate: float, result_q) -> None:
-    """Send payloads round-robin for `seconds`; `rate` requests/s (0 = as fast as 4 in-flight allow)."""
+def _load(target: str, payloads: list[bytes], seconds: float, rate: float, result_q, unique: int = 0,
+          ready=None) -> None:
+    """Send payloads round-robin for `seconds`; `rate` requests/s (0 = as fast as 4 in-flight allow).
+
+    ``unique``: first make that many copies with fresh trace ids (sent in turn; after them, repeats)."""
+    if unique:
+        payloads = unique_copies(payloads, unique, seed=len(payloads) + unique)
+    if ready is not None:
+        ready.set()
     ch = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
     call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
     ok = refused = other = 0
@@ -149,35 +204,47 @@ def _load(target: str, payloads: list[bytes], seconds: float, rate: float, resul
         i += 1
     for _ in range(64 if rate else 4):
         sem.acquire(timeout=30)
-    result_q.put({"ok": ok, "refused": refused, "client_shed_or_error": other, "sent": i})
+    result_q.put({"ok": ok, "refused": refused, "client_shed_or_error": other, "sent": i,
+                  "repeated_payloads": max(0, i - len(payloads)) if unique else i})
 
 
 # -- measurements ---------------------------------------------------------------------------------------
 
 def bench_ingest(shape: int, seconds: float) -> dict:
     payloads = build_requests(shape, 20, seed=shape)
-    g = Gateway(config(None), manual_ticks=True)
-    spans = 0
-    c0, t0 = time.process_time(), time.monotonic()
-    i = 0
-    while time.monotonic() - t0 < seconds:
-        req = ExportTraceServiceRequest.FromString(payloads[i % len(payloads)])
-        g.ingest(req)
-        g.tick()
-        spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-        i += 1
-    cpu = time.process_time() - c0
-    g.shutdown()
-    return {"shape": shape, "spans": spans, "cpu_s": round(cpu, 2), "spans_per_cpu_s": round(spans / cpu)}
+    n_spans = sum(span_count(p) for p in payloads)
+    rates, spans, cpu_total, kept = [], 0, 0.0, 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds or len(rates) < 5:
+        g = Gateway(config(None), manual_ticks=True)
+        sink = NullExporter()
+        g.exporters = [sink]
+        c0 = time.process_time()
+        for p in payloads:
+            g.ingest(ExportTraceServiceRequest.FromString(p))
+            g.tick()
+        cpu = time.process_time() - c0
+        g.exporters = []
+        g.shutdown()
+        rates.append(n_spans / cpu)
+        spans += n_spans
+        cpu_total += cpu
+        kept += sink.spans
+    q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
+    return {"shape": shape, "spans": spans, "rounds": len(rates), "cpu_s": round(cpu_total, 2),
+            "kept_share": round(kept / spans, 3), "spans_per_cpu_s": round(statistics.median(rates)),
+            "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates))}
 
 
-def bench_loopback(shape: int, seconds: float, ctx, sink: str) -> dict:
+def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float) -> dict:
     payloads = build_requests(shape, 20, seed=shape)
     g = Gateway(config(sink, grpc_on=True)).start()
-    q = ctx.Queue()
-    c0 = time.process_time()
-    p = ctx.Process(target=_load, args=(g.grpc_endpoint, payloads, seconds, 0, q))
+    q, ready = ctx.Queue(), ctx.Event()
+    unique = int(expected_spans_s * seconds * 1.5 / SPANS_PER_REQUEST) + 20
+    p = ctx.Process(target=_load, args=(g.grpc_endpoint, payloads, seconds, 0, q, unique, ready))
     p.start()
+    ready.wait()
+    c0 = time.process_time()
     res = q.get()
     p.join()
     g.flush(30)
@@ -213,10 +280,13 @@ def bench_overload(capacity_spans_s: float, seconds: float, ctx, sink: str) -> d
     rate = 10 * capacity_spans_s / SPANS_PER_REQUEST  # requests/s
     g = Gateway(config(sink, grpc_on=True, decision_wait="5s", decision_wait_after_root_received="1s",
                        num_traces=5000, max_buffer_bytes="8MiB")).start()
-    q = ctx.Queue()
-    p = ctx.Process(target=_load, args=(g.grpc_endpoint, payloads, seconds, rate, q))
+    q, ready = ctx.Queue(), ctx.Event()
+    # about what can be accepted (bounded: the copies live in the client's memory); then repeats
+    unique = min(int(1.2 * capacity_spans_s * seconds / SPANS_PER_REQUEST) + 20, 2000)
+    p = ctx.Process(target=_load, args=(g.grpc_endpoint, payloads, seconds, rate, q, unique, ready))
     samples = []
     p.start()
+    ready.wait()
     start = time.monotonic()
     while p.is_alive() and time.monotonic() - start < seconds + 30:
         samples.append(round(rss_mb(), 1))
@@ -241,34 +311,56 @@ def bench_overload(capacity_spans_s: float, seconds: float, ctx, sink: str) -> d
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--only", default="ingest,loopback,memory,overload")
+    ap.add_argument("--root", default=None, help="measure the collector and core of another checkout")
     args = ap.parse_args()
+    phases = set(args.only.split(","))
     ctx = mp.get_context("spawn")
-    port_q = ctx.Queue()
-    sink_proc = ctx.Process(target=_sink_server, args=(port_q,), daemon=True)
-    sink_proc.start()
-    sink = f"127.0.0.1:{port_q.get()}"
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
-    results["ingest"] = [bench_ingest(s, args.seconds) for s in (1, 10, 200)]
-    results["loopback_grpc"] = [bench_loopback(s, args.seconds, ctx, sink) for s in (1, 10, 200)]
-    results["memory"] = bench_memory()
-    cap = next(r["wall_spans_per_s"] for r in results["loopback_grpc"] if r["shape"] == 10)
-    results["overload_10x"] = bench_overload(cap, 2 * args.seconds, ctx, sink)
-    sink_proc.terminate()
+    results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                 "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
+                     "code": str(ROOT)}
+    sink_proc = None
+    if phases & {"loopback", "overload"}:
+        port_q = ctx.Queue()
+        sink_proc = ctx.Process(target=_sink_server, args=(port_q,), daemon=True)
+        sink_proc.start()
+        sink = f"127.0.0.1:{port_q.get()}"
+    if "ingest" in phases or "loopback" in phases:
+        results["ingest"] = [bench_ingest(s, args.seconds) for s in (1, 10, 200)]
+    if "loopback" in phases:
+        results["loopback_grpc"] = [bench_loopback(s, args.seconds, ctx, sink, r["spans_per_cpu_s"])
+                                    for s, r in zip((1, 10, 200), results["ingest"])]
+    if "memory" in phases:
+        results["memory"] = bench_memory()
+    if "overload" in phases:
+        cap = next((r["wall_spans_per_s"] for r in results.get("loopback_grpc", []) if r["shape"] == 10), 60_000)
+        results["overload_10x"] = bench_overload(cap, 2 * args.seconds, ctx, sink)
+    if sink_proc is not None:
+        sink_proc.terminate()
+    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    print(f"{'path':<14}{'shape':>6}{'spans':>10}{'spans/s/core':>14}")
-    for key in ("ingest", "loopback_grpc"):
-        for r in results[key]:
-            print(f"{key:<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}")
-    m = results["memory"]
-    print(f"memory: {m['rss_bytes_per_span']} B RSS per buffered span ({m['encoded_bytes_per_span']} B encoded)")
-    o = results["overload_10x"]
-    print(f"overload 10x: offered {o['offered_spans_per_s']} spans/s, accepted {o['accepted_spans']}, "
-          f"refused requests {o['client']['refused']}, evictions {o['evictions']}, "
-          f"export drops {o['export_dropped_spans']}, RSS {o['rss_mb_second_half_min']}-"
-          f"{o['rss_mb_second_half_max']} MB (2nd half), peak {o['peak_rss_mb']} MB")
-    out = Path(__file__).resolve().parent / "results" / "collector_throughput.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written {out}")
+    print(f"{'path':<14}{'shape':>6}{'spans':>10}{'spans/s/core':>14}  spread")
+    for r in results.get("ingest", []):
+        print(f"{'ingest':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}  median of {r['rounds']} "
+              f"rounds, p25-p75 {r['p25']}-{r['p75']}, min-max {r['min']}-{r['max']}")
+    for r in results.get("loopback_grpc", []):
+        print(f"{'loopback_grpc':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}  one run, "
+              f"wall {r['wall_spans_per_s']} spans/s, repeated payloads {r['repeated_payloads']}")
+    if "memory" in results:
+        m = results["memory"]
+        print(f"memory: {m['rss_bytes_per_span']} B RSS per buffered span ({m['encoded_bytes_per_span']} B encoded)")
+    if "overload_10x" in results:
+        o = results["overload_10x"]
+        print(f"overload 10x: offered {o['offered_spans_per_s']} spans/s, accepted {o['accepted_spans']}, "
+              f"refused requests {o['client']['refused']}, evictions {o['evictions']}, "
+              f"export drops {o['export_dropped_spans']}, RSS {o['rss_mb_second_half_min']}-"
+              f"{o['rss_mb_second_half_max']} MB (2nd half), peak {o['peak_rss_mb']} MB")
+    print(f"load average (1, 5, 15 min): start {results['machine']['loadavg_at_start']}, "
+          f"end {results['machine']['loadavg_at_end']}")
+    if args.root is None and phases == {"ingest", "loopback", "memory", "overload"}:
+        out = Path(__file__).resolve().parent / "results" / "collector_throughput.json"
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"written {out}")
 
 
 if __name__ == "__main__":
