@@ -1,8 +1,9 @@
 """The Prometheus pull endpoint: derived OpenTelemetry metrics plus the collector's own telemetry.
 
-The derived metrics live in an OpenTelemetry ``MeterProvider`` (the core records into
-it); a small bridge renders the reader's cumulative data in Prometheus form on every
-scrape, with the usual name translation (dots to underscores, ``s`` -> ``_seconds``).
+The derived metrics live in the gateway's ``AggregationBackend`` (the core records into
+it; an OpenTelemetry ``InMemoryMetricReader`` reads the same way); a small bridge renders the
+reader's cumulative data in Prometheus form on every scrape, with the usual name
+translation (dots to underscores, ``s`` -> ``_seconds``).
 """
 
 from __future__ import annotations
