@@ -269,3 +269,25 @@ def test_any_tracer_works_not_only_the_sdks():
     t = h.trees()["r"]
     steps = t.grandchildren[sc.SPAN_DECODE_STEP]
     assert len(steps) == 6 and all(s.parent.span_id == t.one(sc.SPAN_DECODE).context.span_id for s in steps)
+
+
+def test_sketch_walks_agree_from_either_end_through_decay_and_collapse():
+    rng = random.Random(11)
+    sketch = QuantileSketch(alpha=0.02, max_buckets=40, window=500)
+    values = []
+    for i in range(3000):
+        v = rng.expovariate(1.0) if i % 10 else 0.0
+        sketch.add(v)
+        values.append(v)
+    # reference: the bottom-up definition, computed here from the buckets directly
+    keys = sorted(sketch._buckets)
+    for q in (0.1, 0.3, 0.5, 0.7, 0.9, 0.99):
+        rank, seen, ref = q * (sketch.count - 1), sketch._zeros, None
+        if rank >= seen:
+            for k in keys:
+                seen += sketch._buckets[k]
+                if seen > rank:
+                    ref = k
+                    break
+        assert sketch._key_at(q) == ref
+    assert sketch._keys == keys

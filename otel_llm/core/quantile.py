@@ -10,11 +10,13 @@ changing distribution: every ``window`` additions all counts are halved.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 
 class QuantileSketch:
-    __slots__ = ("alpha", "_gamma_log", "_buckets", "_count", "_zeros", "_max_buckets", "_window", "_since_decay")
+    __slots__ = ("alpha", "_gamma_log", "_buckets", "_keys", "_count", "_zeros", "_max_buckets", "_window",
+                 "_since_decay")
 
     def __init__(self, alpha: float = 0.01, max_buckets: int = 2048, window: int = 0) -> None:
         if not 0 < alpha < 1:
@@ -22,6 +24,7 @@ class QuantileSketch:
         self.alpha = alpha
         self._gamma_log = math.log((1 + alpha) / (1 - alpha))
         self._buckets: dict[int, float] = {}
+        self._keys: list[int] = []  # sorted bucket keys: new keys are rare once the range is covered
         self._count = 0.0
         self._zeros = 0.0
         self._max_buckets = max_buckets
@@ -39,9 +42,14 @@ class QuantileSketch:
             self._zeros += 1
         else:
             key = math.ceil(math.log(value) / self._gamma_log)
-            self._buckets[key] = self._buckets.get(key, 0.0) + 1
-            if len(self._buckets) > self._max_buckets:
-                self._collapse_lowest()
+            found = self._buckets.get(key)
+            if found is None:
+                self._buckets[key] = 1.0
+                bisect.insort(self._keys, key)
+                if len(self._keys) > self._max_buckets:
+                    self._collapse_lowest()
+            else:
+                self._buckets[key] = found + 1
         self._count += 1
         if self._window:
             self._since_decay += 1
@@ -67,23 +75,31 @@ class QuantileSketch:
         if self._count <= 0:
             return None
         rank = q * (self._count - 1)
-        seen = self._zeros
-        if rank < seen or not self._buckets:
+        if rank < self._zeros or not self._keys:
             return None
-        keys = sorted(self._buckets)
-        for key in keys:
-            seen += self._buckets[key]
-            if seen > rank:
+        buckets = self._buckets
+        if q < 0.5:
+            seen = self._zeros
+            for key in self._keys:
+                seen += buckets[key]
+                if seen > rank:
+                    return key
+            return self._keys[-1]
+        # high quantiles (what the tail policy asks for): walk down from the top, a few buckets
+        above = self._count
+        for key in reversed(self._keys):
+            above -= buckets[key]  # now: how many lie below this bucket
+            if above <= rank:
                 return key
-        return keys[-1]
+        return self._keys[0]
 
     def _collapse_lowest(self) -> None:
-        keys = sorted(self._buckets)
-        low, nxt = keys[0], keys[1]
-        self._buckets[nxt] += self._buckets.pop(low)
+        low = self._keys.pop(0)
+        self._buckets[self._keys[0]] += self._buckets.pop(low)
 
     def _halve(self) -> None:
         self._since_decay = 0
         self._zeros /= 2
         self._buckets = {k: c / 2 for k, c in self._buckets.items() if c / 2 >= 0.01}
+        self._keys = sorted(self._buckets)
         self._count = self._zeros + sum(self._buckets.values())
