@@ -37,6 +37,7 @@ from otel_llm.instrumentation.openai import OpenAIInstrumentor
 from otel_llm.instrumentation.openai.ops import Chat
 from otel_llm.instrumentation.openai.record import CallRecord
 from otel_llm.instrumentation.openai.stream import StreamProxy
+from otel_llm.instrumentation.openai.wrappers import OpenAIWrappers
 from otel_llm.testing.server import VLLMServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_overhead.json"
@@ -80,6 +81,31 @@ def hot_path(chunks: list[Any], inst: OpenAIInstrumentor, repeats: int = 41) -> 
             "finish_us_per_stream": statistics.median(finish), "chunks": n}
 
 
+def per_call(completion: Any, client: openai.OpenAI, inst: OpenAIInstrumentor, n: int = 2000) -> dict[str, float]:
+    """CPU µs the wrapper adds to one non-streamed call: the real wrapper around a ``create`` that
+    returns a real ``ChatCompletion`` at once (span, headers, attributes, metrics, span end)."""
+    telemetry = inst.telemetry
+    assert telemetry is not None
+    wrapper = OpenAIWrappers(telemetry, (openai.Stream, openai.AsyncStream)).sync(Chat)
+    resource = client.chat.completions
+    kwargs = {"model": completion.model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+
+    def create(**kw: Any) -> Any:
+        return completion
+
+    samples = []
+    for _ in range(5):
+        t0 = time.process_time_ns()
+        for _i in range(n):
+            create(**kwargs)
+        bare = time.process_time_ns() - t0
+        t0 = time.process_time_ns()
+        for _i in range(n):
+            wrapper(create, resource, (), kwargs)
+        samples.append((time.process_time_ns() - t0 - bare) / n / 1e3)
+    return {"wrapper_us_per_call": statistics.median(samples)}
+
+
 def one_round(client: openai.OpenAI, model: str, streams: int, calls: int, tokens: int) -> dict[str, float]:
     cpu0, wall0, chunks = time.process_time(), time.perf_counter(), 0
     for i in range(streams):
@@ -119,6 +145,8 @@ def main() -> None:
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
         inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
         hot = hot_path(chunks, inst)
+        hot.update(per_call(client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4), client, inst))
         inst.uninstrument()
         one_round(client, model, 2, 4, args.tokens)  # warm-up
         rows: dict[str, list[dict[str, float]]] = {"plain": [], "instrumented": []}
@@ -127,6 +155,7 @@ def main() -> None:
             for mode in order:
                 if mode == "instrumented":
                     inst.instrument(tracer_provider=tp, meter_provider=mp, config=config)
+                one_round(client, model, 1, 1, 8)  # untimed: first-call costs (instruments, caches) are not per call
                 rows[mode].append(one_round(client, model, args.streams, args.calls, args.tokens))
                 if mode == "instrumented":
                     inst.uninstrument()
@@ -156,6 +185,8 @@ def main() -> None:
           f"   overhead {hot['overhead_ns_per_chunk']:6.0f} ns/chunk"
           f"  = {hot_us * 100 / 1e6 * 100:.4f}% of wall time at 100 chunks/s")
     print(f"  end of stream (span attributes + end, metrics), once per stream: {hot['finish_us_per_stream']:.0f} µs")
+    print(f"  one non-streamed call through the wrapper (span, traceparent, attributes, metrics): "
+          f"{hot['wrapper_us_per_call']:.0f} µs CPU")
     print(f"\nend to end vs vllm serve, {args.rounds} interleaved rounds (median per round):")
     print(f"  {'measure':28s} {'plain':>10s} {'instrumented':>13s} {'ratio':>7s} {'delta':>9s}")
     for k in keys:

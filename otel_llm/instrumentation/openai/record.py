@@ -130,7 +130,8 @@ class CallRecord:
     def _finish(self, how: str, exc: BaseException | None, end: float) -> None:
         s = ClientSummary(model=self.model, operation=self.operation, provider=self.owner.provider,
                           input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-                          output_characters=self.chars, e2e=end - self.start)
+                          output_characters=self.chars if self.chars or exc is None else None,
+                          e2e=end - self.start)
         if self.finish_reasons:
             s.finish_reason = self.finish_reasons[0]
         if exc is not None:
@@ -153,7 +154,9 @@ class CallRecord:
         span.end(end_time=self.wall_ns(end))
 
     def _attributes(self, s: ClientSummary, how: str, good: bool, breached: tuple[str, ...]) -> dict[str, Any]:
-        a: dict[str, Any] = {DURATION: s.e2e, OUTPUT_CHARACTERS: self.chars, SLO_MET: good}
+        a: dict[str, Any] = {DURATION: s.e2e, SLO_MET: good}
+        if s.output_characters is not None:
+            a[OUTPUT_CHARACTERS] = s.output_characters
         if breached:
             a[SLO_BREACHED] = breached
         for key, value in ((sc.RESPONSE_ID, self.response_id), (sc.RESPONSE_MODEL, self.response_model),
