@@ -291,3 +291,19 @@ def test_sketch_walks_agree_from_either_end_through_decay_and_collapse():
                     break
         assert sketch._key_at(q) == ref
     assert sketch._keys == keys
+
+
+def test_boolean_options_take_python_bools_and_strings():
+    assert Config.resolve({"capture_content": True}, environ={}).capture_content is True
+    assert Config.resolve({"engine_steps": False}, environ={}).engine_steps is False
+    assert Config.resolve({}, environ={"OTEL_LLM_CAPTURE_CONTENT": "true"}).capture_content is True
+
+
+def test_instrument_imports_no_engine_the_process_does_not_use():
+    import subprocess
+    import sys
+
+    code = ("import sys, otel_llm; done = otel_llm.instrument(); "
+            "print('vllm' in done, 'vllm' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr[-2000:]

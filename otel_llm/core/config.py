@@ -33,8 +33,10 @@ class Detail(enum.IntEnum):
             raise ValueError(f"detail must be one of request, phases, steps; got {value!r}") from None
 
 
-def _bool(raw: str) -> bool:
-    v = raw.strip().lower()
+def _bool(raw: str | bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    v = str(raw).strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off", ""):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,29 +20,49 @@ class Target:
 
 
 class WrapTable:
+    """Wraps each target when its module is imported (now, if it already is), so instrumenting
+    never imports an engine the process does not use; ``unwrap`` undoes exactly what was done."""
+
     def __init__(self, targets: list[Target]) -> None:
         self.targets = targets
         self.applied: list[Target] = []
+        self._active = False
+        self._hooked: set[str] = set()
 
     def wrap(self) -> None:
+        self._active = True
+        for module in dict.fromkeys(t.module for t in self.targets):
+            if module not in self._hooked:
+                self._hooked.add(module)
+                # runs at once if the module is already imported, else right after its import
+                wrapt.register_post_import_hook(lambda _m, name=module: self._wrap_module(name), module)
+            elif module in sys.modules:  # hooks fire once per import: a second wrap() applies directly
+                self._wrap_module(module)
+
+    def _wrap_module(self, module_name: str) -> None:
+        if not self._active:
+            return
         for t in self.targets:
-            try:
-                module = importlib.import_module(t.module)
-                owner, attr = _resolve(module, t.name)
-            except (ImportError, AttributeError):
-                continue  # not in this engine version: nothing to wrap
-            if is_wrapped(owner, attr):
+            if t.module != module_name:
                 continue
-            wrapt.wrap_function_wrapper(owner, attr, t.wrapper)
-            self.applied.append(t)
+            try:  # inside an import hook: an error here must never break the host's import
+                owner, attr = _resolve(sys.modules[module_name], t.name)
+                if not is_wrapped(owner, attr):
+                    wrapt.wrap_function_wrapper(owner, attr, t.wrapper)
+                    self.applied.append(t)
+            except AttributeError:
+                continue  # not in this engine version: nothing to wrap
+            except Exception as exc:
+                GUARD.failed(f"wrap {t.module}.{t.name}", exc)
 
     def unwrap(self) -> None:
+        self._active = False
         for t in reversed(self.applied):
             try:
-                owner, attr = _resolve(importlib.import_module(t.module), t.name)
+                owner, attr = _resolve(sys.modules[t.module], t.name)
                 if is_wrapped(owner, attr):
                     setattr(owner, attr, _own(owner, attr).__wrapped__)
-            except Exception as exc:  # a module never imported was never wrapped
+            except Exception as exc:
                 GUARD.failed(f"unwrap {t.module}.{t.name}", exc)
         self.applied.clear()
 

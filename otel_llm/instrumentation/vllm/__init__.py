@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any, Collection
 
+import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
@@ -48,16 +49,11 @@ class VLLMInstrumentor(BaseInstrumentor):
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Telemetry(config, tracer, meter, engine="vllm")
-        self._receiver = None
+        w = VLLMWrappers(telemetry)
         if config.engine_steps:
-            try:
-                # Its path, in OTEL_LLM_STEP_SOCKET, is inherited by EngineCore processes spawned
-                # later; their plugin reports there.
-                self._receiver = steps.shared_receiver()
-                steps.set_sink(lambda payload: telemetry.add_step(steps.decode(payload)))
-            except Exception as exc:
-                GUARD.failed("vllm step hooks", exc)
-        w = VLLMWrappers(telemetry, self._receiver)
+            # once vLLM is imported (now, if it is): nothing of vLLM's is imported for a process that
+            # only has it installed
+            wrapt.register_post_import_hook(lambda _m: self._arm_steps(w), "vllm")
         self._table = WrapTable([
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", w.engine_init),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", w.engine_init),
@@ -75,10 +71,20 @@ class VLLMInstrumentor(BaseInstrumentor):
         ])
         self._table.wrap()
 
+    def _arm_steps(self, w: VLLMWrappers) -> None:
+        if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
+            return
+        try:
+            # Its path, in OTEL_LLM_STEP_SOCKET, is inherited by EngineCore processes spawned
+            # later; their plugin reports there. In-process engines report straight to us.
+            w.receiver = steps.shared_receiver()
+            steps.set_sink(lambda payload: w.telemetry.add_step(steps.decode(payload)))
+        except Exception as exc:
+            GUARD.failed("vllm step hooks", exc)
+
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
         steps.remove_hooks()
-        self._receiver = None
         if self.telemetry is not None:
             try:
                 self.telemetry.flush_steps()

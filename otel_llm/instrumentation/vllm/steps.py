@@ -19,7 +19,6 @@ always holds a step's record before it sees the step's tokens.
 from __future__ import annotations
 
 import atexit
-import importlib
 import itertools
 import logging
 import os
@@ -29,11 +28,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
-import wrapt
-
 from ...core.guard import GUARD
 from ...core.timeline import RequestShare, StepRecord
-from ..wraps import is_wrapped
+from ..wraps import Target, WrapTable
 
 STEP_SOCKET_ENV = "OTEL_LLM_STEP_SOCKET"
 logger = logging.getLogger("otel_llm")
@@ -127,7 +124,7 @@ def set_sink(sink: Callable[[tuple], None] | None) -> None:
     _sink = sink
     _prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
     if sink is not None:
-        _install_hooks()
+        _HOOKS.wrap()
 
 
 def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -176,28 +173,16 @@ def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     return result
 
 
-_installed = False
-
-
-def _install_hooks() -> None:
-    global _installed
-    if _installed:
-        return
-    wrapt.wrap_function_wrapper(_SCHEDULER_MODULE, "Scheduler.schedule", _schedule)
-    wrapt.wrap_function_wrapper(_SCHEDULER_MODULE, "Scheduler.update_from_output", _update_from_output)
-    _installed = True
+_HOOKS = WrapTable([
+    Target(_SCHEDULER_MODULE, "Scheduler.schedule", _schedule),
+    Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", _update_from_output),
+])
 
 
 def remove_hooks() -> None:
-    global _installed, _sink
+    global _sink
     _sink = None
-    if not _installed:
-        return
-    cls = importlib.import_module(_SCHEDULER_MODULE).Scheduler
-    for name in ("schedule", "update_from_output"):
-        if is_wrapped(cls, name):
-            setattr(cls, name, cls.__dict__[name].__wrapped__)
-    _installed = False
+    _HOOKS.unwrap()
     _pending.clear()
 
 

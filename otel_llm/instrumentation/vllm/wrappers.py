@@ -54,7 +54,7 @@ class _Binders:
 
 
 class VLLMWrappers:
-    def __init__(self, telemetry: Telemetry, receiver: StepReceiver | None) -> None:
+    def __init__(self, telemetry: Telemetry, receiver: StepReceiver | None = None) -> None:
         self.telemetry = telemetry
         self.receiver = receiver
         self.bind = _Binders()
