@@ -307,3 +307,22 @@ def test_instrument_imports_no_engine_the_process_does_not_use():
             "print('vllm' in done, 'vllm' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "False", "False"], out.stderr[-2000:]
+
+
+def test_content_is_captured_only_when_asked_in_the_conventions_shape():
+    import json
+
+    for capture in (False, True):
+        h = Harness(sample_rate=1.0, capture_content=capture)
+        tele = h.telemetry
+        t = RequestTimeline("r", time.time(), model="m", response_id="r", prompt_text="Hi there")
+        tele.start(t)
+        t.output_text, t.finish_reason = "Hello!", "stop"
+        tele.finish("r", RequestSummary(model="m", ttft=0.01, e2e=0.02))
+        a = h.trees()["r"].attributes
+        if not capture:
+            assert sc.INPUT_MESSAGES not in a and sc.OUTPUT_MESSAGES not in a
+            continue
+        assert json.loads(a[sc.INPUT_MESSAGES]) == [{"role": "user", "parts": [{"type": "text", "content": "Hi there"}]}]
+        assert json.loads(a[sc.OUTPUT_MESSAGES]) == [
+            {"role": "assistant", "parts": [{"type": "text", "content": "Hello!"}], "finish_reason": "stop"}]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import otel_llm
@@ -16,12 +14,10 @@ pytestmark = pytest.mark.engine
 def test_engine_built_before_instrument_still_gets_request_spans(otel):
     from vllm import SamplingParams
 
-    from otel_llm.testing.engine import make_llm
+    from otel_llm.testing.engine import in_process, make_llm
 
     otel_llm.uninstrument()
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    try:
+    with in_process():
         llm = make_llm(disable_log_stats=True)  # vLLM's default for LLM(): no per-request statistics
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps") as inst:
             prompts = [{"prompt_token_ids": list(range(10, 10 + 20 * (i + 1)))} for i in range(3)]
@@ -29,11 +25,6 @@ def test_engine_built_before_instrument_still_gets_request_spans(otel):
             trees = request_trees(otel.finished())
             held = len(inst.telemetry.requests)
         del llm
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
     assert all(o.metrics is None for o in outs)  # the engine keeps no statistics of its own
     for o in outs:
         a = trees[o.request_id].attributes

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from otel_llm.core import semconv as sc
@@ -18,11 +16,9 @@ PROMPT_LEN, MAX_TOKENS, N = 100, 60, 6
 def run(otel):
     from vllm import SamplingParams
 
-    from otel_llm.testing.engine import make_llm
+    from otel_llm.testing.engine import in_process, make_llm
 
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    try:
+    with in_process():
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
             # 128-token blocks: 6 requests of 100 + 60 tokens each need 2 blocks past token 128; 6 blocks can't hold them
             llm = make_llm(num_gpu_blocks_override=6, max_num_batched_tokens=256)
@@ -32,11 +28,6 @@ def run(otel):
             spans = otel.finished()
             held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
         del llm
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
     return outputs, spans, held
 
 

@@ -63,31 +63,53 @@ REQUESTS = "llm.server.requests"
 GOOD_REQUESTS = "llm.server.requests.good"
 
 
-class ServerMetrics:
-    """The instruments, built once per meter; ``record`` is called once per finished request."""
+@dataclass(frozen=True)
+class MetricSet:
+    """One side's metrics (server, client): the histogram table, token usage and the goodput counters."""
 
-    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None) -> None:
+    histograms: tuple[HistogramSpec, ...]
+    token_usage: str
+    requests: str
+    good_requests: str
+    characters: str | None = None
+    noun: str = "request"
+
+
+SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS)
+
+
+class RequestMetrics:
+    """A metric set's instruments, built once per meter; ``record`` is called once per finished request."""
+
+    def __init__(self, meter: Meter, slos: SLOTable, metric_set: MetricSet,
+                 extra_attributes: dict[str, Any] | None = None) -> None:
         self._slos = slos
         self._extra = dict(extra_attributes or {})
+        noun = metric_set.noun
         self._histograms = [
             (spec, meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
                                           explicit_bucket_boundaries_advisory=list(spec.buckets)))
-            for spec in SERVER_HISTOGRAMS
+            for spec in metric_set.histograms
         ]
         self._tokens = meter.create_histogram(
-            TOKEN_USAGE, unit="{token}", description="Input and output tokens per request",
+            metric_set.token_usage, unit="{token}", description=f"Input and output tokens per {noun}",
             explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS))
-        self._chars = meter.create_counter(OUTPUT_CHARACTERS, unit="{character}",
-                                           description="Output characters (tokenizer-independent)")
-        self._requests = meter.create_counter(REQUESTS, unit="{request}", description="Finished requests")
+        self._chars = meter.create_counter(metric_set.characters, unit="{character}",
+                                           description="Output characters (tokenizer-independent)"
+                                           ) if metric_set.characters else None
+        self._requests = meter.create_counter(metric_set.requests, unit="{request}", description=f"Finished {noun}s")
         self._good = meter.create_counter(
-            GOOD_REQUESTS, unit="{request}",
-            description="Finished requests that met every SLO at once (goodput = good / all)")
+            metric_set.good_requests, unit="{request}",
+            description=f"Finished {noun}s that met every SLO at once (goodput = good / all)")
         self._attr_cache: dict[tuple, tuple[dict, dict, dict]] = {}
 
-    def record(self, s: RequestSummary, context: Context | None = None) -> bool:
+    def breaches(self, s: RequestSummary) -> tuple[str, ...]:
+        return self._slos.for_model(s.model).breaches(s)
+
+    def record(self, s: RequestSummary, context: Context | None = None,
+               extra: tuple[tuple[str, Any], ...] = ()) -> bool:
         """Record one request; returns whether it met every SLO (and did not fail)."""
-        attrs, input_attrs, output_attrs = self._attributes(s)
+        attrs, input_attrs, output_attrs = self._attributes(s, extra)
         for spec, hist in self._histograms:
             value = spec.value(s)
             if value is not None:
@@ -96,16 +118,16 @@ class ServerMetrics:
             self._tokens.record(s.input_tokens, input_attrs, context=context)
         if s.output_tokens is not None:
             self._tokens.record(s.output_tokens, output_attrs, context=context)
-        if s.output_characters is not None:
+        if self._chars is not None and s.output_characters is not None:
             self._chars.add(s.output_characters, attrs, context=context)
-        good = not s.failed and not self._slos.for_model(s.model).breaches(s)
+        good = not s.failed and not self.breaches(s)
         self._requests.add(1, attrs, context=context)
         if good:
             self._good.add(1, attrs, context=context)
         return good
 
-    def _attributes(self, s: RequestSummary) -> tuple[dict, dict, dict]:
-        key = (s.model, s.operation, s.provider, s.error_type)
+    def _attributes(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> tuple[dict, dict, dict]:
+        key = (s.model, s.operation, s.provider, s.error_type, extra)
         found = self._attr_cache.get(key)
         if found is None:
             attrs = dict(self._extra)
@@ -116,7 +138,13 @@ class ServerMetrics:
                 attrs[sc.REQUEST_MODEL] = s.model
             if s.error_type:
                 attrs[sc.ERROR_TYPE] = s.error_type
+            attrs.update(extra)
             found = (attrs, {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"})
             if len(self._attr_cache) < 4096:  # bounded: model names come from users
                 self._attr_cache[key] = found
         return found
+
+
+class ServerMetrics(RequestMetrics):
+    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None) -> None:
+        super().__init__(meter, slos, SERVER_METRICS, extra_attributes)

@@ -27,6 +27,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from . import semconv as sc
 from .clock import WallClock
 from .config import Detail
+from .content import input_messages, output_messages
 from .timeline import QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
@@ -59,10 +60,11 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     if s.error_type:
         a[sc.ERROR_TYPE] = s.error_type
     if capture_content:
+        # the engine sees the prompt as rendered (a chat template already applied): one user message
         if t.prompt_text is not None:
-            a[sc.INPUT_MESSAGES] = t.prompt_text
+            a[sc.INPUT_MESSAGES] = input_messages([("user", t.prompt_text)])
         if t.output_text is not None:
-            a[sc.OUTPUT_MESSAGES] = t.output_text
+            a[sc.OUTPUT_MESSAGES] = output_messages({0: [t.output_text]}, [t.finish_reason] if t.finish_reason else [])
     return a
 
 

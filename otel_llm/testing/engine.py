@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from .tiny_model import ensure_tiny_model
 
@@ -56,3 +57,17 @@ def serve_command(port: int, **overrides: Any) -> list[str]:
            "--kv-cache-memory-bytes", str(a["kv_cache_memory_bytes"]), "--no-enable-prefix-caching",
            "--host", "127.0.0.1", "--port", str(port)]
     return cmd
+
+
+@contextlib.contextmanager
+def in_process() -> Iterator[None]:
+    """Engines built inside run their EngineCore in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved

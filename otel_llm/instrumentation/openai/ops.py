@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from ...core import semconv as sc
+from ...core.content import input_messages
 from .record import CallRecord
 
 _OMIT_TYPES = ("Omit", "NotGiven")
@@ -42,23 +43,53 @@ def request_attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
     return a
 
 
-def _text_messages(items: list[tuple[str, Any]]) -> str:
-    """``gen_ai.input.messages`` in the GenAI conventions' shape (role + parts), JSON-encoded."""
-    out = []
-    for role, content in items:
-        if isinstance(content, str):
-            parts = [{"type": "text", "content": content}]
-        elif isinstance(content, list):  # content parts: keep text parts, name the others
-            parts = [{"type": "text", "content": p.get("text", "")} if isinstance(p, dict) and "text" in p
-                     else {"type": str(p.get("type", "unknown")) if isinstance(p, dict) else "unknown"}
-                     for p in content]
-        else:
-            parts = []
-        out.append({"role": str(role), "parts": parts})
-    return json.dumps(out, ensure_ascii=False)
+class _Choices:
+    """Chat and text completions differ only in where a choice keeps its text."""
+
+    operation = ""
+
+    @staticmethod
+    def delta_text(choice: Any) -> str | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def message_text(choice: Any) -> str | None:
+        raise NotImplementedError
+
+    @classmethod
+    def chunk(cls, rec: CallRecord, chunk: Any) -> int:
+        n = 0
+        for c in chunk.choices:
+            text = cls.delta_text(c)
+            if text:
+                n += len(text)
+                if rec.texts is not None:
+                    rec.add_text(c.index, text)
+            if c.finish_reason:
+                rec.finish_reasons.append(c.finish_reason)
+        usage = chunk.usage
+        if usage is not None:
+            rec.input_tokens = usage.prompt_tokens
+            rec.output_tokens = usage.completion_tokens
+        if rec.response_id is None:
+            rec.response_id = chunk.id
+            rec.response_model = chunk.model
+        return n
+
+    @classmethod
+    def response(cls, rec: CallRecord, r: Any) -> None:
+        rec.response_id, rec.response_model = r.id, r.model
+        for c in r.choices:
+            if c.finish_reason:
+                rec.finish_reasons.append(c.finish_reason)
+            text = cls.message_text(c)
+            if text:
+                rec.chars += len(text)
+                rec.add_text(c.index, text)
+        _usage(rec, r.usage, "prompt_tokens", "completion_tokens")
 
 
-class Chat:
+class Chat(_Choices):
     operation = "chat"
 
     @staticmethod
@@ -66,82 +97,35 @@ class Chat:
         messages = kwargs.get("messages")
         if given(messages):
             items = [(m.get("role", "user"), m.get("content")) for m in messages if isinstance(m, dict)]
-            rec.input_messages = _text_messages(items)
+            rec.input_messages = input_messages(items)
 
     @staticmethod
-    def chunk(rec: CallRecord, chunk: Any) -> int:
-        n = 0
-        for c in chunk.choices:
-            text = c.delta.content
-            if text:
-                n += len(text)
-                if rec.texts is not None:
-                    rec.add_text(c.index, text)
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
-        usage = chunk.usage
-        if usage is not None:
-            rec.input_tokens = usage.prompt_tokens
-            rec.output_tokens = usage.completion_tokens
-        if rec.response_id is None:
-            rec.response_id = chunk.id
-            rec.response_model = chunk.model
-        return n
+    def delta_text(choice: Any) -> str | None:
+        return choice.delta.content
 
     @staticmethod
-    def response(rec: CallRecord, r: Any) -> None:
-        rec.response_id, rec.response_model = r.id, r.model
-        for c in r.choices:
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
-            text = c.message.content
-            if text:
-                rec.chars += len(text)
-                rec.add_text(c.index, text)
-        _usage(rec, r.usage, "prompt_tokens", "completion_tokens")
+    def message_text(choice: Any) -> str | None:
+        return choice.message.content
 
 
-class TextCompletion:
+class TextCompletion(_Choices):
     operation = "text_completion"
 
     @staticmethod
     def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
         prompt = kwargs.get("prompt")
         if isinstance(prompt, str):
-            rec.input_messages = _text_messages([("user", prompt)])
+            rec.input_messages = input_messages([("user", prompt)])
         elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            rec.input_messages = _text_messages([("user", p) for p in prompt])
+            rec.input_messages = input_messages([("user", p) for p in prompt])
 
     @staticmethod
-    def chunk(rec: CallRecord, chunk: Any) -> int:
-        n = 0
-        for c in chunk.choices:
-            text = c.text
-            if text:
-                n += len(text)
-                if rec.texts is not None:
-                    rec.add_text(c.index, text)
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
-        usage = chunk.usage
-        if usage is not None:
-            rec.input_tokens = usage.prompt_tokens
-            rec.output_tokens = usage.completion_tokens
-        if rec.response_id is None:
-            rec.response_id = chunk.id
-            rec.response_model = chunk.model
-        return n
+    def delta_text(choice: Any) -> str | None:
+        return choice.text
 
     @staticmethod
-    def response(rec: CallRecord, r: Any) -> None:
-        rec.response_id, rec.response_model = r.id, r.model
-        for c in r.choices:
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
-            if c.text:
-                rec.chars += len(c.text)
-                rec.add_text(c.index, c.text)
-        _usage(rec, r.usage, "prompt_tokens", "completion_tokens")
+    def message_text(choice: Any) -> str | None:
+        return choice.text
 
 
 class Responses:
@@ -152,9 +136,9 @@ class Responses:
     def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
         value = kwargs.get("input")
         if isinstance(value, str):
-            rec.input_messages = _text_messages([("user", value)])
+            rec.input_messages = input_messages([("user", value)])
         elif isinstance(value, list):
-            rec.input_messages = _text_messages([(m.get("role", "user"), m.get("content")) for m in value
+            rec.input_messages = input_messages([(m.get("role", "user"), m.get("content")) for m in value
                                                  if isinstance(m, dict)])
         instructions = kwargs.get("instructions")
         if isinstance(instructions, str):

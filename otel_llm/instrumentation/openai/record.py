@@ -8,7 +8,6 @@ times and the latency attributes never disagree.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from ...core import semconv as sc
 from ...core.guard import GUARD
 from ...core.client_metrics import ClientSummary
+from ...core.content import output_messages
 
 if TYPE_CHECKING:
     from .wrappers import ClientTelemetry
@@ -190,15 +190,3 @@ class CallRecord:
 def error_type(exc: BaseException) -> str:
     """The exception's class name (``APIConnectionError``, ``NotFoundError``, ``APITimeoutError``...)."""
     return type(exc).__name__
-
-
-def output_messages(texts: dict[int, list[str]], finish_reasons: list[str]) -> str:
-    """``gen_ai.output.messages`` in the GenAI conventions' shape, JSON-encoded for a span attribute."""
-    out = []
-    for i in sorted(texts) or [0]:
-        msg: dict[str, Any] = {"role": "assistant",
-                               "parts": [{"type": "text", "content": "".join(texts.get(i, ()))}]}
-        if i < len(finish_reasons):
-            msg["finish_reason"] = finish_reasons[i]
-        out.append(msg)
-    return json.dumps(out, ensure_ascii=False)
