@@ -326,3 +326,42 @@ def test_content_is_captured_only_when_asked_in_the_conventions_shape():
         assert json.loads(a[sc.INPUT_MESSAGES]) == [{"role": "user", "parts": [{"type": "text", "content": "Hi there"}]}]
         assert json.loads(a[sc.OUTPUT_MESSAGES]) == [
             {"role": "assistant", "parts": [{"type": "text", "content": "Hello!"}], "finish_reason": "stop"}]
+
+
+def test_wrap_table_coexists_with_other_wrappers():
+    """Another library's wrapper, under or over ours, never makes us skip or double-wrap."""
+    import types
+
+    import wrapt
+
+    from otel_llm.instrumentation.wraps import Target, WrapTable
+
+    mod = types.ModuleType("otel_llm_fake_engine")
+
+    class Engine:
+        def step(self) -> list:
+            return ["engine"]
+
+    mod.Engine = Engine
+    import sys
+
+    sys.modules[mod.__name__] = mod
+    try:
+        def theirs(wrapped, instance, args, kwargs):
+            return wrapped(*args, **kwargs) + ["theirs"]
+
+        def ours(wrapped, instance, args, kwargs):
+            return wrapped(*args, **kwargs) + ["ours"]
+
+        wrapt.wrap_function_wrapper(Engine, "step", theirs)  # someone was first
+        table = WrapTable([Target(mod.__name__, "Engine.step", ours)])
+        table.wrap()
+        table.wrap()
+        assert Engine().step() == ["engine", "theirs", "ours"]
+        wrapt.wrap_function_wrapper(Engine, "step", theirs)  # someone wraps on top of us
+        table.unwrap()
+        assert Engine().step() == ["engine", "theirs", "theirs"]  # ours is switched off in their chain
+        table.wrap()
+        assert Engine().step() == ["engine", "theirs", "ours", "theirs"]  # on again, not twice
+    finally:
+        del sys.modules[mod.__name__]

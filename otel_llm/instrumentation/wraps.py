@@ -21,11 +21,16 @@ class Target:
 
 class WrapTable:
     """Wraps each target when its module is imported (now, if it already is), so instrumenting
-    never imports an engine the process does not use; ``unwrap`` undoes exactly what was done."""
+    never imports an engine the process does not use; ``unwrap`` undoes exactly what was done.
+
+    Another library may wrap the same methods (before or after us): we wrap on top of
+    whatever is there and recognise only our own wrappers. If someone wrapped on top of ours,
+    ``unwrap`` cannot take ours out of the middle of their chain; it stays, switched off.
+    """
 
     def __init__(self, targets: list[Target]) -> None:
         self.targets = targets
-        self.applied: list[Target] = []
+        self.applied: list[tuple[Any, str, Any]] = []  # (owner, attribute, our FunctionWrapper)
         self._active = False
         self._hooked: set[str] = set()
 
@@ -47,24 +52,31 @@ class WrapTable:
                 continue
             try:  # inside an import hook: an error here must never break the host's import
                 owner, attr = _resolve(sys.modules[module_name], t.name)
-                if not is_wrapped(owner, attr):
-                    wrapt.wrap_function_wrapper(owner, attr, t.wrapper)
-                    self.applied.append(t)
+                if any(o is owner and a == attr for o, a, _ in self.applied):
+                    continue  # ours is in place (switched on again if it was left in someone's chain)
+                wrapt.wrap_function_wrapper(owner, attr, self._switchable(t.wrapper))
+                self.applied.append((owner, attr, _own(owner, attr)))
             except AttributeError:
                 continue  # not in this engine version: nothing to wrap
             except Exception as exc:
                 GUARD.failed(f"wrap {t.module}.{t.name}", exc)
 
+    def _switchable(self, wrapper: Callable[..., Any]) -> Callable[..., Any]:
+        def call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            if not self._active:
+                return wrapped(*args, **kwargs)
+            return wrapper(wrapped, instance, args, kwargs)
+        return call
+
     def unwrap(self) -> None:
         self._active = False
-        for t in reversed(self.applied):
-            try:
-                owner, attr = _resolve(sys.modules[t.module], t.name)
-                if is_wrapped(owner, attr):
-                    setattr(owner, attr, _own(owner, attr).__wrapped__)
-            except Exception as exc:
-                GUARD.failed(f"unwrap {t.module}.{t.name}", exc)
-        self.applied.clear()
+        kept = []
+        for owner, attr, ours in reversed(self.applied):
+            if _own(owner, attr) is ours:
+                setattr(owner, attr, ours.__wrapped__)
+            else:  # wrapped again on top of ours by someone else: leave it in their chain, switched off
+                kept.append((owner, attr, ours))
+        self.applied = kept
 
 
 def _own(owner: Any, attr: str) -> Any:
