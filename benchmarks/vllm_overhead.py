@@ -6,7 +6,8 @@ interleaved rounds over four modes:
     none      no telemetry (vLLM's per-request statistics on, as our instrumentation turns them on)
     default   otel_llm.instrument() defaults (tail decision + 5% baseline at phase detail)
     full      every request kept at full detail (one span per decode step, engine-step spans)
-    native    vLLM's own tracing (--otlp-traces-endpoint), one span per request
+    native    vLLM's own tracing, one span per request: what --otlp-traces-endpoint turns on (vLLM's
+              global tracer provider, OutputProcessor.do_tracing), switched on for the same engine
 
 Spans go over real OTLP/HTTP to a sink in another process (it discards them), through the
 SDK's BatchSpanProcessor. Measured per run: output tokens/s; frontend CPU time (all
@@ -135,34 +136,44 @@ def main() -> None:
 
         import otel_llm
 
+        from opentelemetry import trace
+        from vllm.tracing import init_tracer
+
         probe = Probe()
         probe.install()
-        base = dict(max_num_seqs=64, max_num_batched_tokens=512)
-        # vLLM's own tracing: its own engine, built with no step hooks armed
-        os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"  # vLLM's exporter defaults to gRPC
-        native = LLM(**engine_args(otlp_traces_endpoint=f"{endpoint}/v1/traces", **base))
         tp, mp = providers(endpoint)
-        otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # arms the step hooks for the next engine
-        llm = LLM(**engine_args(**base))
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # arms the step hooks for the engine
+        llm = LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512))
         otel_llm.uninstrument()
+        # vLLM's own tracing on the same engine (one engine alive: a second one's idle worker steals
+        # CPU): what --otlp-traces-endpoint sets up, i.e. vLLM's global tracer provider with an OTLP
+        # exporter, and the output processor's switch that makes it call do_tracing per request.
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"  # vLLM's exporter defaults to gRPC
+        init_tracer("vllm.llm_engine", f"{endpoint}/v1/traces")
+        processor = llm.llm_engine.output_processor
         prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
                    for i in range(N_REQUESTS)]
         params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
+        native_tp = trace.get_tracer_provider()  # the one vLLM's init_tracer installed
         modes = {
-            "none": (llm, None),
-            "default": (llm, {}),
-            "full": (llm, {"sample_rate": 1.0, "baseline_detail": "steps"}),
-            "native": (native, None),
+            "none": None,
+            "default": {},
+            "full": {"sample_rate": 1.0, "baseline_detail": "steps"},
+            "native": "native",
         }
-        for engine in (llm, native):  # warm-up
-            run_once(engine, prompts, params, probe)
+        run_once(llm, prompts, params, probe)  # warm-up
         results: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(args.rounds):
-            for mode, (engine, options) in modes.items():
-                if options is not None:
+            for mode, options in modes.items():
+                flush = None
+                if options == "native":
+                    processor.tracing_enabled, flush = True, native_tp.force_flush
+                elif options is not None:
                     otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
-                res = run_once(engine, prompts, params, probe, tp.force_flush if options is not None else None)
-                if options is not None:
+                    flush = tp.force_flush
+                res = run_once(llm, prompts, params, probe, flush)
+                processor.tracing_enabled = False
+                if isinstance(options, dict):
                     otel_llm.uninstrument()
                 results[mode].append(res)
                 print(f"round {r + 1} {mode:8s} {res['tokens_per_s']:8.0f} tok/s  cpu {res['cpu_s']:.2f}s  "

@@ -365,3 +365,15 @@ def test_wrap_table_coexists_with_other_wrappers():
         assert Engine().step() == ["engine", "theirs", "ours", "theirs"]  # on again, not twice
     finally:
         del sys.modules[mod.__name__]
+
+
+def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
+    h = Harness(sample_rate=1.0, baseline_detail="steps")
+    assert h.telemetry.spans._direct is not None
+    h.request("r", tokens=4)
+    t = h.trees()["r"]
+    steps = t.grandchildren[sc.SPAN_DECODE_STEP]
+    assert len(steps) == 3
+    s = steps[0]
+    assert s.resource is h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
+    assert s.context.trace_id == t.span.context.trace_id and s.context.trace_flags.sampled

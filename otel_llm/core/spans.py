@@ -78,9 +78,9 @@ class _DirectEmitter:
     """
 
     def __init__(self, tracer: Any) -> None:
-        self._processor = tracer._span_processor
+        self._processor = tracer.span_processor
         self._resource = tracer.resource
-        self._scope = tracer.instrumentation_scope
+        self._scope = tracer._instrumentation_scope
         self._ids = tracer.id_generator
 
     @classmethod
@@ -89,9 +89,12 @@ class _DirectEmitter:
             from opentelemetry.sdk.trace import Tracer as SDKTracer
         except ImportError:
             return None
-        if isinstance(tracer, SDKTracer) and hasattr(tracer, "_span_processor"):
+        if not isinstance(tracer, SDKTracer):
+            return None
+        try:
             return cls(tracer)
-        return None
+        except AttributeError:  # another SDK release: the public API path still works
+            return None
 
     def emit(self, name: str, parent: SpanContext, start: int, end: int, attributes: dict[str, Any]) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
