@@ -170,7 +170,7 @@ def main() -> None:
                     processor.tracing_enabled, flush = True, native_tp.force_flush
                 elif options is not None:
                     otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
-                    flush = tp.force_flush
+                    flush = lambda: otel_llm.flush() and tp.force_flush()  # noqa: E731
                 res = run_once(llm, prompts, params, probe, flush)
                 processor.tracing_enabled = False
                 if isinstance(options, dict):

@@ -165,6 +165,7 @@ def main() -> None:
     llm = make_llm(max_num_seqs=32, max_num_batched_tokens=512)
     plan = workload(args.requests, random.Random(1))
     run(llm, plan[:8])  # warm-up: first-call costs are not the story here
+    otel_llm.flush()
     memory.clear()
     reader = InMemoryMetricReader()
     otel_llm.uninstrument()
@@ -173,7 +174,7 @@ def main() -> None:
     t0 = time.monotonic()
     finished = run(llm, plan)
     wall = time.monotonic() - t0
-    otel_llm.uninstrument()
+    otel_llm.uninstrument()  # waits for the spans of finished requests (built on a background thread)
     tracer_provider.force_flush()
     report(list(memory.get_finished_spans()), reader, wall, finished)
     print(f"\ntraces: {where}")

@@ -17,7 +17,7 @@ from .core.config import Config, Detail
 from .core.slo import SLO, SLOTable
 from .version import __version__
 
-__all__ = ["instrument", "uninstrument", "instrumented", "SLO", "SLOTable", "Detail", "Config", "__version__"]
+__all__ = ["instrument", "uninstrument", "instrumented", "flush", "SLO", "SLOTable", "Detail", "Config", "__version__"]
 
 # import package -> "module:Instrumentor"; checked in this order
 _INSTRUMENTORS: dict[str, str] = {
@@ -85,3 +85,20 @@ def uninstrument() -> None:
 
 def instrumented() -> list[str]:
     return [p for p, path in _INSTRUMENTORS.items() if _available(p) and _instrumentor(path).is_instrumented_by_opentelemetry]
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Wait until the spans of every request finished so far were handed to the span processors.
+
+    Spans are built on a background thread; call this before reading an in-memory exporter or
+    before the process exits (uninstrument() and interpreter exit do it too). Then call your
+    tracer provider's ``force_flush`` to push them out of its processors.
+    """
+    done = True
+    for package, path in _INSTRUMENTORS.items():
+        if not _available(package):
+            continue
+        telemetry = getattr(_instrumentor(path), "telemetry", None)
+        if telemetry is not None and hasattr(telemetry, "flush"):
+            done = telemetry.flush(timeout) and done
+    return done

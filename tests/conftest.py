@@ -29,10 +29,12 @@ class Otel:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
 
     def finished(self) -> list[ReadableSpan]:
+        assert otel_llm.flush(10)  # spans are built on a background thread
         return list(self.spans.get_finished_spans())
 
     def histogram(self, name: str) -> list[Any]:
         """Data points of one histogram, across all attribute sets."""
+        assert otel_llm.flush(10)  # kept requests record their metrics with their spans
         data = self.reader.get_metrics_data()
         points = []
         for rm in data.resource_metrics if data else ():

@@ -118,8 +118,16 @@ class Harness:
         self.telemetry.finish(rid, s)
         return s
 
+    def spans(self):
+        assert self.telemetry.flush(10)  # spans are built on the materializer thread
+        return list(self.exporter.get_finished_spans())
+
+    def metric_data(self):
+        assert self.telemetry.flush(10)
+        return self.reader.get_metrics_data()
+
     def trees(self):
-        return request_trees(list(self.exporter.get_finished_spans()))
+        return request_trees(self.spans())
 
 
 def test_full_detail_tiles_and_counts_decode_steps():
@@ -193,9 +201,9 @@ def test_engine_steps_wait_for_their_requests_then_link_only_kept_ones():
     tele.add_step(StepRecord(2, base + 0.01, base + 0.02, [RequestShare("unknown", 1, False)]))
     assert list(tele.steps) == [1]  # a step serving no tracked request is not held
     tele.finish("fast", RequestSummary(model="m", ttft=0.01, e2e=0.02))
-    assert engine_steps(list(h.exporter.get_finished_spans())) == []  # still waiting for "slow"
+    assert engine_steps(h.spans()) == []  # still waiting for "slow"
     tele.finish("slow", RequestSummary(model="m", ttft=0.5, e2e=0.6))
-    (step,) = engine_steps(list(h.exporter.get_finished_spans()))
+    (step,) = engine_steps(h.spans())
     (link,) = step.links
     assert link.context.span_id == h.trees()["slow"].span.context.span_id
     assert step.attributes[sc.STEP_PHASE] == "prefill" and step.attributes[sc.STEP_NUM_PREFILL_TOKENS] == 40
@@ -220,7 +228,7 @@ def test_metrics_cover_every_request_and_goodput():
     h.request("a", queue=0.01, prefill=0.02)
     h.request("b", queue=0.01, prefill=0.2)
     h.request("c", error="aborted")
-    data = h.reader.get_metrics_data()
+    data = h.metric_data()
     got = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 3
     assert sum(p.value for p in got["llm.server.requests"]) == 3
@@ -233,7 +241,7 @@ def test_metrics_cover_every_request_and_goodput():
 def test_exemplars_point_at_kept_traces():
     h = Harness(sample_rate=1.0)
     h.request("r")
-    data = h.reader.get_metrics_data()
+    data = h.metric_data()
     (ttft,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
                if m.name == "gen_ai.server.time_to_first_token"]
     exemplars = [e for p in ttft.data.data_points for e in p.exemplars]
@@ -377,3 +385,40 @@ def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
     s = steps[0]
     assert s.resource is h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
     assert s.context.trace_id == t.span.context.trace_id and s.context.trace_flags.sampled
+
+
+def test_materializer_is_bounded_never_blocks_and_survives_errors():
+    import threading
+
+    from otel_llm.core.guard import GUARD
+    from otel_llm.core.materializer import Materializer
+
+    gate, done = threading.Event(), []
+
+    def work(job):
+        if job == "boom":
+            raise RuntimeError("bug")
+        gate.wait(5)
+        done.append(job)
+
+    m = Materializer(work, max_jobs=2)
+    accepted = [m.submit(i) for i in range(1, 8)]  # one may be running, two queued: the rest refused
+    assert accepted[:2] == [True, True] and not all(accepted) and m.refused == accepted.count(False)
+    assert m.flush(0.1) is False  # stuck behind the gate: flush times out, nothing blocks
+    before = GUARD.errors["span materializer"]
+    gate.set()
+    assert m.flush(5)
+    assert m.submit("boom") and m.flush(5)
+    assert GUARD.errors["span materializer"] == before + 1
+    assert m.submit(9) and m.flush(5) and done[-1] == 9  # still working after the error
+
+
+def test_a_full_materializer_drops_spans_but_not_metrics():
+    h = Harness(sample_rate=1.0)
+    h.telemetry.materializer._max = 0  # refuses everything, as when span building falls far behind
+    h.request("a")
+    h.request("b")
+    assert h.telemetry.counts.spans_dropped == 2 and h.trees() == {}
+    got = {m.name: m.data.data_points for rm in h.metric_data().resource_metrics
+           for sm in rm.scope_metrics for m in sm.metrics}
+    assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 2

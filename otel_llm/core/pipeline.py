@@ -8,6 +8,7 @@ engine stamps to it on the hot path, feed engine steps to ``add_step``, and call
 from __future__ import annotations
 
 import random
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Tracer
 from .clock import WallClock
 from .config import Config, Detail
 from .guard import GUARD
+from .materializer import Materializer
 from .metrics import ServerMetrics
 from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
@@ -32,12 +34,16 @@ class Counts:
     requests_finished: int = 0
     requests_untracked: int = 0  # over max_requests: metrics only
     requests_kept: int = 0
+    spans_dropped: int = 0  # kept requests whose spans the full materializer queue refused
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
 
 
 class Telemetry:
+    """Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
+    settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
+
     def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
         self.config = config
         self.engine = engine
@@ -50,7 +56,9 @@ class Telemetry:
         self.baseline = ProbabilisticPolicy(config.sample_rate)
         self.requests: dict[str, RequestTimeline] = {}
         self.steps: OrderedDict[int, StepRecord] = OrderedDict()
+        self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
+        self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
 
     # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
 
@@ -78,11 +86,14 @@ class Telemetry:
         if not pending or not self.config.engine_steps:
             return
         step.pending = pending
-        self.steps[step.step_id] = step
-        while len(self.steps) > self.config.max_steps:
-            _, old = self.steps.popitem(last=False)
+        evicted = []
+        with self._steps_lock:
+            self.steps[step.step_id] = step
+            while len(self.steps) > self.config.max_steps:
+                evicted.append(self.steps.popitem(last=False)[1])
+        for old in evicted:
             self.counts.steps_settled_early += 1
-            self._emit_step(old)
+            self.materializer.submit((old, None, None, None))
 
     # -- cold path ---------------------------------------------------------------------------
 
@@ -110,41 +121,77 @@ class Telemetry:
             self.metrics.record(s)
             return NOT_SAMPLED
         decision, detail = self.decide(t, s)
-        span_ctx: SpanContext | None = None
         if decision.sampled:
-            breached = self.config.slo.for_model(s.model).breaches(s)
-            attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
-                                       self.config.capture_content)
-            span_ctx = self.spans.request(t, s, attrs, detail, WallClock())
-            if span_ctx is not None:
-                self.counts.requests_kept += 1
-        self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
-        self._settle_steps(t, span_ctx)
+            if self.materializer.submit((t, s, decision, detail)):
+                return decision  # its metrics are recorded with its span, for the exemplar
+            self.counts.spans_dropped += 1
+            self.metrics.record(s)
+            self._settle_steps(t, None)
+            return decision
+        self.metrics.record(s)
+        if t.steps and not self.materializer.submit((t, None, None, None)):
+            self._settle_steps(t, None)
         return decision
 
-    def _settle_steps(self, t: RequestTimeline, span_ctx: SpanContext | None) -> None:
-        steps = self.steps
-        for step_id in t.steps:
-            step = steps.get(step_id)
-            if step is None:
-                continue
-            if span_ctx is not None:
-                step.links.append(span_ctx)
-            step.pending -= 1
-            if step.pending <= 0:
-                del steps[step_id]
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until every finished request's spans were handed to the span processors."""
+        return self.materializer.flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Emit what is held (steps serving kept requests) and stop the materializer."""
+        self.materializer.submit((None, None, None, None))
+        self.materializer.close(timeout)
+
+    # -- on the materializer thread ------------------------------------------------------------
+
+    def _materialize(self, job: tuple) -> None:
+        t, s, decision, detail = job
+        if isinstance(t, StepRecord):  # settled early: its requests outlived the step buffer
+            self._emit_step(t)
+            return
+        if t is None:  # close(): emit the steps still held
+            with self._steps_lock:
+                held = list(self.steps.values())
+                self.steps.clear()
+            for step in held:
                 self._emit_step(step)
+            return
+        span_ctx: SpanContext | None = None
+        if s is not None:
+            try:
+                breached = self.config.slo.for_model(s.model).breaches(s)
+                attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
+                                           self.config.capture_content)
+                span_ctx = self.spans.request(t, s, attrs, detail, WallClock())
+                if span_ctx is not None:
+                    self.counts.requests_kept += 1
+            except Exception as exc:  # a bug of ours (or a span processor's) costs these spans only
+                GUARD.failed("request spans", exc)
+            # metrics cover every request, whatever happened to its spans
+            self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
+        self._settle_steps(t, span_ctx)
+
+    def _settle_steps(self, t: RequestTimeline, span_ctx: SpanContext | None) -> None:
+        done = []
+        with self._steps_lock:
+            steps = self.steps
+            for step_id in t.steps:
+                step = steps.get(step_id)
+                if step is None:
+                    continue
+                if span_ctx is not None:
+                    step.links.append(span_ctx)
+                step.pending -= 1
+                if step.pending <= 0:
+                    del steps[step_id]
+                    done.append(step)
+        for step in done:
+            self._emit_step(step)
 
     def _emit_step(self, step: StepRecord) -> None:
         if step.links:
             self.spans.engine_step(step, WallClock(), self.engine)
             self.counts.steps_emitted += 1
-
-    def flush_steps(self) -> None:
-        """Emit every held step that already serves a kept request (at shutdown)."""
-        while self.steps:
-            _, step = self.steps.popitem(last=False)
-            self._emit_step(step)
 
 
 def _policy_failed(policy: Policy, exc: BaseException) -> None:

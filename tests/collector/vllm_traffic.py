@@ -41,6 +41,7 @@ def main(native_endpoint: str, sdk_endpoint: str, out_path: str) -> None:
     for m in llm.get_metrics():
         if m.name == "vllm:time_to_first_token_seconds":
             vllm_ttft = {"count": float(m.count), "sum": float(m.sum)}
+    otel_llm.flush()  # our spans are built on a background thread
     native_tp = trace.get_tracer_provider()
     if hasattr(native_tp, "force_flush"):
         native_tp.force_flush()

@@ -87,7 +87,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         steps.remove_hooks()
         if self.telemetry is not None:
             try:
-                self.telemetry.flush_steps()
+                self.telemetry.close()  # spans of requests already finished still go out
             except Exception as exc:
                 GUARD.failed("vllm uninstrument", exc)
         self.telemetry = None
