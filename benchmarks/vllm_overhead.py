@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -85,16 +86,19 @@ def providers(endpoint: str):
     return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
 
 
-def run_once(llm, prompts, params, probe: Probe, flush=None) -> dict:
+def run_once(llm, prompts, params, probe: Probe, flush=None, repeat: int = 1) -> dict:
+    """The workload ``repeat`` times back to back (one measurement; longer ones are less noisy)."""
     start = len(probe.stamps)
     cpu0, t0 = time.process_time(), time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    tokens = 0
+    for _ in range(repeat):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     wall = time.perf_counter() - t0
     if flush is not None:
         flush()  # the spans' export (encoding, sending) is part of what this run cost in CPU
     cpu = time.process_time() - cpu0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert tokens == N_REQUESTS * OUTPUT_TOKENS
+    assert tokens == repeat * N_REQUESTS * OUTPUT_TOKENS
     return {"tokens_per_s": tokens / wall, "cpu_s": cpu, "wall_s": wall, "tokens": tokens,
             "p99_gap_ms": probe.p99_gap_ms(start)}
 
@@ -124,6 +128,7 @@ def hot_path_ns_per_token() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--repeat", type=int, default=3, help="workload repetitions per measurement")
     args = ap.parse_args()
 
     from otel_llm.testing.engine import engine_args, prepare_env
@@ -163,15 +168,19 @@ def main() -> None:
         }
         run_once(llm, prompts, params, probe)  # warm-up
         results: dict[str, list[dict]] = {m: [] for m in modes}
+        order = list(modes)
+        rng = random.Random(0)
         for r in range(args.rounds):
-            for mode, options in modes.items():
+            rng.shuffle(order)  # no mode always runs first (or right after another)
+            for mode in order:
+                options = modes[mode]
                 flush = None
                 if options == "native":
                     processor.tracing_enabled, flush = True, native_tp.force_flush
                 elif options is not None:
                     otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
                     flush = lambda: otel_llm.flush() and tp.force_flush()  # noqa: E731
-                res = run_once(llm, prompts, params, probe, flush)
+                res = run_once(llm, prompts, params, probe, flush, args.repeat)
                 processor.tracing_enabled = False
                 if isinstance(options, dict):
                     otel_llm.uninstrument()
@@ -188,7 +197,7 @@ def main() -> None:
     def ratio(mode: str) -> float:  # median of per-round ratios: rounds are interleaved, so paired
         return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(results[mode], results["none"]))
 
-    tokens = results["none"][0]["tokens"]
+    tokens = results["none"][0]["tokens"]  # per measurement
     table = []
     for mode in modes:
         table.append({
@@ -208,7 +217,7 @@ def main() -> None:
     print(f"\nhot path: {hot:.0f} ns per token (vLLM EngineCoreOutput structs, batch 64)")
     RESULTS.mkdir(exist_ok=True)
     out = {"workload": f"{N_REQUESTS} requests x {OUTPUT_TOKENS} output tokens, offline LLM.generate, tiny model, CPU",
-           "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
+           "rounds": args.rounds, "repeat_per_measurement": args.repeat, "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "date": time.strftime("%Y-%m-%d"), "table": table, "hot_path_ns_per_token": round(hot),
            "raw": results}
     (RESULTS / "vllm_overhead.json").write_text(json.dumps(out, indent=1))

@@ -75,14 +75,14 @@ class Telemetry:
         self.counts.steps_recorded += 1
         requests = self.requests
         pending = 0
-        for share in step.requests:
-            t = requests.get(share.request_id)
+        for rid, tokens, prefill in step.requests:
+            t = requests.get(rid)
             if t is None:
                 continue
             pending += 1
             t.steps.append(step.step_id)
-            if share.prefill:
-                t.chunks.append(PrefillChunk(step.step_id, step.start, step.end, share.tokens))
+            if prefill:
+                t.chunks.append(PrefillChunk(step.step_id, step.start, step.end, tokens))
         if not pending or not self.config.engine_steps:
             return
         step.pending = pending
@@ -121,16 +121,13 @@ class Telemetry:
             self.metrics.record(s)
             return NOT_SAMPLED
         decision, detail = self.decide(t, s)
-        if decision.sampled:
-            if self.materializer.submit((t, s, decision, detail)):
-                return decision  # its metrics are recorded with its span, for the exemplar
-            self.counts.spans_dropped += 1
-            self.metrics.record(s)
-            self._settle_steps(t, None)
+        # spans, metrics and step settlement: all off this (the engine's) thread, in order
+        if self.materializer.submit((t, s, decision if decision.sampled else None, detail)):
             return decision
+        if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
+            self.counts.spans_dropped += 1
         self.metrics.record(s)
-        if t.steps and not self.materializer.submit((t, None, None, None)):
-            self._settle_steps(t, None)
+        self._settle_steps(t, None)
         return decision
 
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -157,7 +154,7 @@ class Telemetry:
                 self._emit_step(step)
             return
         span_ctx: SpanContext | None = None
-        if s is not None:
+        if decision is not None:
             try:
                 breached = self.config.slo.for_model(s.model).breaches(s)
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -167,9 +164,10 @@ class Telemetry:
                     self.counts.requests_kept += 1
             except Exception as exc:  # a bug of ours (or a span processor's) costs these spans only
                 GUARD.failed("request spans", exc)
-            # metrics cover every request, whatever happened to its spans
-            self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
-        self._settle_steps(t, span_ctx)
+        # metrics cover every request, whatever happened to its spans; the exemplar points at it
+        self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
+        # engine steps are the most detailed layer: kept for requests kept at full detail
+        self._settle_steps(t, span_ctx if detail >= Detail.STEPS else None)
 
     def _settle_steps(self, t: RequestTimeline, span_ctx: SpanContext | None) -> None:
         done = []

@@ -7,7 +7,7 @@ finishes; ``clock.py`` converts them once. Appending a token stamp is one list a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind
@@ -90,9 +90,8 @@ class RequestTimeline:
         return out
 
 
-@dataclass(slots=True)
-class RequestShare:
-    """One request's part in an engine step."""
+class RequestShare(NamedTuple):
+    """One request's part in an engine step (a plain tuple on the wire: no object per share)."""
 
     request_id: str
     tokens: int
@@ -104,7 +103,7 @@ class StepRecord:
     step_id: int
     start: float  # engine monotonic: the scheduler was entered
     end: float  # engine monotonic: the step's outputs were built
-    requests: list[RequestShare]
+    requests: list[tuple[str, int, bool]]  # RequestShare-shaped: (request_id, tokens, prefill)
     running: int = 0
     waiting: int = 0
     preempted: int = 0
@@ -115,24 +114,24 @@ class StepRecord:
 
     @property
     def prefill_requests(self) -> int:
-        return sum(1 for r in self.requests if r.prefill)
+        return sum(1 for _, _, prefill in self.requests if prefill)
 
     @property
     def prefill_tokens(self) -> int:
-        return sum(r.tokens for r in self.requests if r.prefill)
+        return sum(n for _, n, prefill in self.requests if prefill)
 
     @property
     def decode_requests(self) -> int:
-        return sum(1 for r in self.requests if not r.prefill)
+        return sum(1 for _, _, prefill in self.requests if not prefill)
 
     @property
     def decode_tokens(self) -> int:
-        return sum(r.tokens for r in self.requests if not r.prefill)
+        return sum(n for _, n, prefill in self.requests if not prefill)
 
     @property
     def phase(self) -> str:
-        has_prefill = any(r.prefill for r in self.requests)
-        has_decode = any(not r.prefill for r in self.requests)
+        has_prefill = any(prefill for _, _, prefill in self.requests)
+        has_decode = any(not prefill for _, _, prefill in self.requests)
         if has_prefill and has_decode:
             return "mixed"
         return "prefill" if has_prefill else "decode"

@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable
 
 from ...core.guard import GUARD
-from ...core.timeline import RequestShare, StepRecord
+from ...core.timeline import StepRecord
 from ..wraps import Target, WrapTable
 
 STEP_SOCKET_ENV = "OTEL_LLM_STEP_SOCKET"
@@ -93,8 +93,7 @@ class StepReceiver:
 
 def decode(payload: tuple) -> StepRecord:
     step_id, start, end, running, waiting, preempted, kv, shares = payload
-    return StepRecord(step_id, start, end, [RequestShare(r, n, p) for r, n, p in shares],
-                      running, waiting, preempted, kv)
+    return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv)
 
 
 _receiver: StepReceiver | None = None
