@@ -19,6 +19,7 @@ from otel_llm.core.policies import Policy
 from otel_llm.core.policy_registry import build_policies
 
 from .aggregation import AggregationBackend
+from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
 from .llm_metrics import LLMMetricsProcessor
@@ -47,6 +48,7 @@ class Gateway:
         self.registry.register(OtelBridge(self.metric_reader))
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry) \
             if config.llm_metrics else None
+        self.ttft_join = TTFTJoin(self.meter_provider, self.telemetry) if config.llm_metrics else None
         self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
@@ -115,6 +117,8 @@ class Gateway:
                                reason="invalid_trace_id")
         if self.metrics is not None and batch.requests:
             self.metrics.process(batch.requests)
+        if self.ttft_join is not None and (batch.clients or batch.requests):
+            self.ttft_join.process(batch)
         if self.sampler is not None:
             self.sampler.add(batch)
         elif batch.spans:

@@ -32,6 +32,8 @@ _SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", 
 SERVICE_NAME = "service.name"
 _ERROR = Status.STATUS_CODE_ERROR
 _NO_TRACE = b"\0" * 16
+_TTFC = sc.RESPONSE_TIME_TO_FIRST_CHUNK
+_CLIENT = 3  # Span.SPAN_KIND_CLIENT
 
 
 def any_value(v: AnyValue) -> Any:
@@ -86,12 +88,23 @@ TRACE_ID, GROUP, ENCODED, START, END, ERROR, ROOT, REQUEST = range(8)
 
 
 @dataclass(slots=True)
+class ClientFacts:
+    """A streamed client call's time to first chunk (``gen_ai.response.time_to_first_chunk``)."""
+
+    trace_id: bytes
+    service: str
+    model: str | None
+    ttfc: float
+
+
+@dataclass(slots=True)
 class Extracted:
     """Everything taken from one export request."""
 
     spans: list[SpanRecord]
     requests: list[RequestFacts]
     rejected: int = 0  # spans without a valid trace id
+    clients: list[ClientFacts] | None = None
 
 
 def is_request_span(span: Any) -> bool:
@@ -116,6 +129,7 @@ def extract(request: ExportTraceServiceRequest) -> Extracted:
     """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries."""
     spans: list[SpanRecord] = []
     requests: list[RequestFacts] = []
+    clients: list[ClientFacts] | None = None
     rejected = 0
     triggers = _TRIGGERS
     for rs in request.resource_spans:
@@ -136,10 +150,17 @@ def extract(request: ExportTraceServiceRequest) -> Extracted:
                         if facts is not None:
                             requests.append(facts)
                         break
+                    if kv.key == _TTFC and span.kind == _CLIENT:
+                        attrs = attributes(span.attributes)
+                        ttfc, model = attrs.get(_TTFC), attrs.get(sc.REQUEST_MODEL)
+                        if isinstance(ttfc, float):
+                            (clients := clients if clients is not None else []).append(
+                                ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                        break
                 spans.append((tid, group, span.SerializeToString(), span.start_time_unix_nano,
                               span.end_time_unix_nano, span.status.code == _ERROR, not span.parent_span_id,
                               facts is not None))
-    return Extracted(spans, requests, rejected)
+    return Extracted(spans, requests, rejected, clients)
 
 
 # -- encoding back to OTLP, at the byte level --------------------------------------------------------

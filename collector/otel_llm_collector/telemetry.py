@@ -27,6 +27,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("receiver_bad_requests", Counter, ("transport", "reason"),
          "Requests rejected as bad input (malformed, wrong type, too large, gzip bomb, busy)"),
     Spec("llm_metrics_requests", Counter, ("source",), "Request spans the llm_metrics processor derived metrics from"),
+    Spec("ttft_join_joined", Counter, (), "Client calls joined with their server request (TTFT overhead recorded)"),
+    Spec("ttft_join_forgotten", Counter, (), "Unjoined halves forgotten to stay under the join table's bound"),
     Spec("count_traces_sampled", Counter, ("policy", "decision"), "Traces decided, by deciding policy and verdict"),
     Spec("sampling_late_spans", Counter, ("decision",), "Spans that arrived after their trace was decided"),
     Spec("sampling_evictions", Counter, ("reason",), "Traces decided early to stay under num_traces / max_buffer_bytes"),

@@ -1,0 +1,70 @@
+"""Processor ``ttft_join``: what the caller waited beyond the engine's time to first token.
+
+A streamed client call (our openai adapter) reports its time to the first chunk; the server
+request span in the same trace (``vllm serve`` under our SDK, or vLLM's native span) reports
+the engine's time to first token. Neither process knows the other's number; the gateway sees
+both spans of the trace. Their difference — transport, HTTP and serving-layer overhead — is
+recorded as the histogram ``llm.client.overhead.time_to_first_chunk`` for 100% of traffic
+(before sampling), by model and client service.
+
+Halves wait for their partner in a bounded table (oldest forgotten first, counted): the two
+spans come from different processes, in either order, usually within seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from otel_llm.core import semconv as sc
+from otel_llm.core.metrics import TTFT_BUCKETS
+
+from .spans import Extracted
+from .telemetry import SelfTelemetry
+
+OVERHEAD = "llm.client.overhead.time_to_first_chunk"
+
+
+class TTFTJoin:
+    def __init__(self, meter_provider: Any, telemetry: SelfTelemetry, max_pending: int = 100_000) -> None:
+        meter = meter_provider.get_meter("otel_llm_collector.ttft_join")
+        self._hist = meter.create_histogram(
+            OVERHEAD, unit="s", explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS),
+            description="Client time to first chunk minus the engine's time to first token, same trace")
+        self._t = telemetry
+        self._max = max_pending
+        self._clients: OrderedDict[bytes, tuple[float, str | None, str]] = OrderedDict()
+        self._servers: OrderedDict[bytes, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def process(self, batch: Extracted) -> None:
+        joined: list[tuple[float, str | None, str]] = []
+        with self._lock:
+            for c in batch.clients or ():
+                server_ttft = self._servers.pop(c.trace_id, None)
+                if server_ttft is None:
+                    self._remember(self._clients, c.trace_id, (c.ttfc, c.model, c.service))
+                else:
+                    joined.append((c.ttfc - server_ttft, c.model, c.service))
+            for r in batch.requests:
+                if r.summary.ttft is None:
+                    continue
+                client = self._clients.pop(r.trace_id, None)
+                if client is None:
+                    self._remember(self._servers, r.trace_id, r.summary.ttft)
+                else:
+                    joined.append((client[0] - r.summary.ttft, client[1], client[2]))
+        for overhead, model, service in joined:
+            attrs = {"service.name": service}
+            if model:
+                attrs[sc.REQUEST_MODEL] = model
+            self._hist.record(overhead, attrs)
+        if joined:
+            self._t.inc("ttft_join_joined", len(joined))
+
+    def _remember(self, table: OrderedDict, key: bytes, value: Any) -> None:
+        table[key] = value
+        if len(table) > self._max:
+            table.popitem(last=False)
+            self._t.inc("ttft_join_forgotten")
