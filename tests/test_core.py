@@ -422,3 +422,15 @@ def test_a_full_materializer_drops_spans_but_not_metrics():
     got = {m.name: m.data.data_points for rm in h.metric_data().resource_metrics
            for sm in rm.scope_metrics for m in sm.metrics}
     assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 2
+
+
+def test_percentile_policy_caps_its_share_under_correlated_slowness():
+    from otel_llm.core.policies import LatencyPercentilePolicy, TraceView
+
+    policy = LatencyPercentilePolicy(quantile=0.99, min_samples=50)
+    kept = 0
+    for i in range(2000):
+        slow_batch = (i // 64) % 4 == 3  # every fourth batch of 64 is uniformly slower
+        value = (0.2 if slow_batch else 0.1) * (1 + (i % 7) / 100)
+        kept += policy.evaluate(TraceView(i, (RequestSummary(model="m", e2e=value),))).sampled
+    assert 0 < kept <= 0.03 * 2000  # about its 2% cap, not the quarter of requests in slow batches

@@ -15,6 +15,7 @@ import atexit
 import collections
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from .guard import GUARD
@@ -78,3 +79,4 @@ class Materializer:
                 self._work(job)
             except Exception as exc:  # a bug of ours costs this request's spans, nothing more
                 GUARD.failed("span materializer", exc)
+            time.sleep(0)  # between jobs, the engine's thread gets the GIL back at once (see spans.yield_gil)

@@ -23,7 +23,7 @@ from .materializer import Materializer
 from .metrics import ServerMetrics
 from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
-from .spans import SpanBuilder, request_attributes
+from .spans import SpanBuilder, request_attributes, yield_gil
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestTimeline, StepRecord
 
@@ -185,6 +185,7 @@ class Telemetry:
                     done.append(step)
         for step in done:
             self._emit_step(step)
+            yield_gil()
 
     def _emit_step(self, step: StepRecord) -> None:
         if step.links:

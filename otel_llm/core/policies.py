@@ -85,7 +85,10 @@ class LatencyPercentilePolicy:
 
     Each model has its own sketch (relative error ``alpha``); a value is compared before
     it is added. Until ``min_samples`` requests of a model were seen the policy abstains,
-    so a cold start does not keep everything.
+    so a cold start does not keep everything. Latencies of requests served together are
+    correlated (a slow batch is slow for all of them), so "slower than p99" can hold for
+    far more than 1% at a time: the policy keeps at most ``max_share`` of what it evaluates
+    (default twice its nominal share, over a decaying window of about ``1/decay`` requests).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class LatencyPercentilePolicy:
         alpha: float = 0.01,
         window: int = 10_000,
         max_models: int = 256,
+        max_share: float | None = None,
         name: str | None = None,
     ) -> None:
         if not 0 < quantile < 1:
@@ -108,8 +112,14 @@ class LatencyPercentilePolicy:
         self.alpha = alpha
         self.window = window
         self.max_models = max_models
+        self.max_share = 2 * (1 - quantile) if max_share is None else max_share
+        if not 0 < self.max_share <= 1:
+            raise ValueError(f"max_share must be within (0, 1], got {self.max_share}")
         self.name = name or f"slow_p{quantile * 100:g}"
         self._sketches: dict[str | None, QuantileSketch] = {}
+        self._seen = 0.0  # decayed counts of evaluated and kept traces, for the share cap
+        self._kept = 0.0
+        self._decay = 1.0 - 1.0 / max(100.0, 10.0 / self.max_share)
 
     def threshold(self, model: str | None) -> float | None:
         sketch = self._sketches.get(model)
@@ -128,6 +138,10 @@ class LatencyPercentilePolicy:
             if limit is not None and value > limit:
                 keep = True
             self._sketch(s.model).add(value)
+        self._seen = self._seen * self._decay + 1.0
+        if keep and self._kept + 1.0 > self.max_share * self._seen:
+            keep = False  # over its share: a correlated burst, already represented by what was kept
+        self._kept = self._kept * self._decay + (1.0 if keep else 0.0)
         return Decision(Verdict.SAMPLED, self.name) if keep else NOT_SAMPLED
 
     def _sketch(self, model: str | None) -> QuantileSketch:

@@ -126,7 +126,7 @@ def _slo(e, name, clock, slo):
 
 def _percentile(e, name, clock, slo):
     o = dict(_opts(e, "latency_percentile"))
-    known = {"quantile", "measure", "min_samples", "alpha", "window", "max_models"}
+    known = {"quantile", "measure", "min_samples", "alpha", "window", "max_models", "max_share"}
     unknown = set(o) - known
     if unknown:
         raise PolicyConfigError(f"policy {name!r}: unknown latency_percentile keys {sorted(unknown)}")
