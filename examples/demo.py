@@ -31,7 +31,7 @@ from otel_llm.core import semconv as sc
 from otel_llm.export import OTLPJsonFileExporter
 from otel_llm.testing.engine import make_llm
 
-SLO = "ttft=0.25,tpot=0.02,e2e=2"
+SLO = "ttft=0.1,tpot=0.008,e2e=1"
 
 
 def workload(n: int, rng: random.Random) -> list[tuple[float, dict, int]]:
