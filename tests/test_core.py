@@ -383,7 +383,7 @@ def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
     steps = t.grandchildren[sc.SPAN_DECODE_STEP]
     assert len(steps) == 3
     s = steps[0]
-    assert s.resource is h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
+    assert s.resource == h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
     assert s.context.trace_id == t.span.context.trace_id and s.context.trace_flags.sampled
 
 
@@ -434,3 +434,14 @@ def test_percentile_policy_caps_its_share_under_correlated_slowness():
         value = (0.2 if slow_batch else 0.1) * (1 + (i % 7) / 100)
         kept += policy.evaluate(TraceView(i, (RequestSummary(model="m", e2e=value),))).sampled
     assert 0 < kept <= 0.03 * 2000  # about its 2% cap, not the quarter of requests in slow batches
+
+
+def test_fast_path_spans_encode_under_the_providers_one_resource():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    h = Harness(sample_rate=1.0, baseline_detail="steps")
+    h.request("r", tokens=5)
+    spans = h.spans()
+    request = encode_spans(spans)
+    assert len(request.resource_spans) == 1  # decode steps and the SDK-built spans share one group
+    assert sum(len(ss.spans) for ss in request.resource_spans[0].scope_spans) == len(spans)

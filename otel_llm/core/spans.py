@@ -80,7 +80,7 @@ class _DirectEmitter:
 
     def __init__(self, tracer: Any) -> None:
         self._processor = tracer.span_processor
-        self._resource = tracer.resource
+        self._resource = _hash_once(tracer.resource)
         self._scope = tracer._instrumentation_scope
         self._ids = tracer.id_generator
 
@@ -105,6 +105,26 @@ class _DirectEmitter:
         self._processor.on_end(ReadableSpan(name=name, context=context, parent=parent, resource=self._resource,
                                             attributes=attributes, start_time=start, end_time=end,
                                             instrumentation_scope=self._scope))
+
+
+def _hash_once(resource: Any) -> Any:
+    """The same resource, hashing in O(1): the SDK's OTLP encoder groups spans by resource and
+    ``Resource.__hash__`` JSON-encodes every attribute on each call, ~20% of encoding a small span.
+    Equal to the original and with the same hash, so the encoder puts both in one group."""
+    from opentelemetry.sdk.resources import Resource
+
+    class _HashedOnce(Resource):
+        def __init__(self, original: Resource) -> None:
+            super().__init__(original.attributes, original.schema_url)
+            self._hash = hash(original)
+
+        def __hash__(self) -> int:
+            return self._hash
+
+    try:
+        return _HashedOnce(resource)
+    except Exception:  # not the SDK's Resource as we know it: use it as it is
+        return resource
 
 
 class SpanBuilder:
