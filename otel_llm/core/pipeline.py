@@ -113,9 +113,9 @@ class Telemetry:
             return base, self.config.baseline_detail
         return NOT_SAMPLED, Detail.REQUEST
 
-    def finish(self, request_id: str, s: RequestSummary, timeline: RequestTimeline | None = None) -> Decision:
+    def finish(self, request_id: str, s: RequestSummary) -> Decision:
         """Settle a finished (or aborted, or failed) request; releases everything held for it."""
-        t = self.requests.pop(request_id, None) or timeline
+        t = self.requests.pop(request_id, None)
         self.counts.requests_finished += 1
         if t is None:  # untracked: metrics only
             self.metrics.record(s)
