@@ -74,6 +74,10 @@ class VLLMInstrumentor(BaseInstrumentor):
     def _arm_steps(self, w: VLLMWrappers) -> None:
         if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
             return
+        if steps.in_engine_process():
+            # auto-instrumented (opentelemetry-instrument) EngineCore: its steps belong to the
+            # frontend that spawned it, reached through the plugin and the inherited socket path
+            return
         try:
             # Its path, in OTEL_LLM_STEP_SOCKET, is inherited by EngineCore processes spawned
             # later; their plugin reports there. In-process engines report straight to us.

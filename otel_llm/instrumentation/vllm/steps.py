@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import multiprocessing
 import logging
 import os
 import pickle
@@ -185,10 +186,20 @@ def remove_hooks() -> None:
     _pending.clear()
 
 
+def in_engine_process() -> bool:
+    """Whether this is an EngineCore process vLLM spawned (``EngineCore``, ``EngineCore_DP<n>``)."""
+    return multiprocessing.current_process().name.startswith("EngineCore")
+
+
 def plugin() -> None:
-    """``vllm.general_plugins`` entry point: runs in every vLLM process, first thing in EngineCore."""
+    """``vllm.general_plugins`` entry point: runs in every vLLM process, first thing in EngineCore.
+
+    Only a spawned EngineCore reports over the socket its frontend named. A frontend, and an
+    engine running inside it, is fed by ``instrument()`` directly; an inherited variable there
+    names some *parent's* socket (a server started by an instrumented test, say) and is ignored.
+    """
     path = os.environ.get(STEP_SOCKET_ENV)
-    if not path or _sink is not None:  # not asked for, or this process's frontend already feeds itself
+    if not path or not in_engine_process():
         return
     try:
         set_sink(SocketSink(path))

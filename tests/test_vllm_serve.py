@@ -1,0 +1,35 @@
+"""``vllm serve`` under ``opentelemetry-instrument`` (zero code): engine steps and prefill chunks reach the
+API server from its EngineCore process, even though that process is auto-instrumented too."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_llm.core import semconv as sc
+from otel_llm.testing.otlp_sink import OTLPSink
+from otel_llm.testing.server import VLLMServer
+
+pytestmark = pytest.mark.engine
+
+
+def test_serve_reports_engine_steps_and_chunks():
+    import openai
+
+    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env={"OTEL_LLM_BASELINE_DETAIL": "steps"}) as s:
+        client = openai.OpenAI(base_url=s.base_url, api_key="unused")
+        prompt = [3 + j % 400 for j in range(150)]  # > max_num_batched_tokens (64): prefilled in chunks
+        client.completions.create(model=s.model, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
+
+        def ready(spans):  # exporters batch: wait until the request and all its steps are in
+            chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
+            steps = sum(1 for x in spans if x.name == sc.SPAN_ENGINE_STEP)
+            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and steps >= chunks + 7
+        spans = sink.wait_for(ready, timeout=30)
+    (request,) = [x for x in spans if x.kind == "SERVER"]
+    assert request.attributes[sc.USAGE_INPUT_TOKENS] == 150
+    prefill = [x for x in spans if x.name == sc.SPAN_PREFILL and x.parent_span_id == request.span_id]
+    chunks = [x for x in spans if x.name == sc.SPAN_PREFILL_CHUNK and x.parent_span_id == prefill[0].span_id]
+    assert len(chunks) >= 3 and sum(c.attributes[sc.CHUNK_TOKENS] for c in chunks) == 150
+    steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
+    assert len(steps) >= len(chunks) + 7  # every prefill chunk and decode step was an engine step
+    assert all((request.trace_id, request.span_id) in x.links for x in steps)
