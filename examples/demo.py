@@ -30,6 +30,7 @@ import otel_llm
 from otel_llm.core import semconv as sc
 from otel_llm.export import OTLPJsonFileExporter
 from otel_llm.testing.engine import make_llm
+from otel_llm.testing.metrics import points_by_name
 
 SLO = "ttft=0.1,tpot=0.008,e2e=1"
 
@@ -79,18 +80,8 @@ def quantile_from_histogram(point, q: float) -> float:
     return lower
 
 
-def metrics(reader) -> dict[str, list]:
-    data = reader.get_metrics_data()
-    out: dict[str, list] = collections.defaultdict(list)
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out[m.name].extend(m.data.data_points)
-    return out
-
-
 def report(spans, reader, wall: float, finished: int) -> None:
-    got = metrics(reader)
+    got = points_by_name(reader.get_metrics_data())
     print(f"\n{finished} requests in {wall:.1f} s; SLOs: {SLO}\n")
     print(f"{'':22s} {'p50':>9s} {'p95':>9s} {'p99':>9s}   (from the metrics, as Prometheus computes them)")
     for label, name in (("time to first token", "gen_ai.server.time_to_first_token"),
@@ -146,7 +137,9 @@ def main() -> None:
 
     tracer_provider = TracerProvider(resource=Resource.create({"service.name": "otel-llm-demo"}))
     if args.otlp:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         where = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_llm
 from otel_llm.testing.engine import prepare_env
+from otel_llm.testing.metrics import points_by_name
 
 prepare_env()
 
@@ -35,14 +36,7 @@ class Otel:
     def histogram(self, name: str) -> list[Any]:
         """Data points of one histogram, across all attribute sets."""
         assert otel_llm.flush(10)  # kept requests record their metrics with their spans
-        data = self.reader.get_metrics_data()
-        points = []
-        for rm in data.resource_metrics if data else ():
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        points.extend(m.data.data_points)
-        return points
+        return points_by_name(self.reader.get_metrics_data())[name]
 
     def counter(self, name: str) -> float:
         return sum(p.value for p in self.histogram(name))

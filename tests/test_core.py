@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from traces import MS, engine_steps, request_trees
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config, Detail
@@ -20,8 +21,15 @@ from otel_llm.core.pipeline import Telemetry
 from otel_llm.core.quantile import QuantileSketch
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
-from otel_llm.core.timeline import PREEMPTED, QUEUED, SCHEDULED, RequestShare, RequestTimeline, StepRecord
-from traces import MS, engine_steps, request_trees
+from otel_llm.core.timeline import (
+    PREEMPTED,
+    QUEUED,
+    SCHEDULED,
+    RequestShare,
+    RequestTimeline,
+    StepRecord,
+)
+from otel_llm.testing.metrics import points_by_name
 
 # -- configuration ----------------------------------------------------------------------------
 
@@ -228,8 +236,7 @@ def test_metrics_cover_every_request_and_goodput():
     h.request("a", queue=0.01, prefill=0.02)
     h.request("b", queue=0.01, prefill=0.2)
     h.request("c", error="aborted")
-    data = h.metric_data()
-    got = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    got = points_by_name(h.metric_data())
     assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 3
     assert sum(p.value for p in got["llm.server.requests"]) == 3
     assert sum(p.value for p in got["llm.server.requests.good"]) == 1
@@ -241,10 +248,8 @@ def test_metrics_cover_every_request_and_goodput():
 def test_exemplars_point_at_kept_traces():
     h = Harness(sample_rate=1.0)
     h.request("r")
-    data = h.metric_data()
-    (ttft,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-               if m.name == "gen_ai.server.time_to_first_token"]
-    exemplars = [e for p in ttft.data.data_points for e in p.exemplars]
+    points = points_by_name(h.metric_data())["gen_ai.server.time_to_first_token"]
+    exemplars = [e for p in points for e in p.exemplars]
     assert exemplars and exemplars[0].trace_id == h.trees()["r"].span.context.trace_id
 
 
@@ -419,8 +424,7 @@ def test_a_full_materializer_drops_spans_but_not_metrics():
     h.request("a")
     h.request("b")
     assert h.telemetry.counts.spans_dropped == 2 and h.trees() == {}
-    got = {m.name: m.data.data_points for rm in h.metric_data().resource_metrics
-           for sm in rm.scope_metrics for m in sm.metrics}
+    got = points_by_name(h.metric_data())
     assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 2
 
 

@@ -57,6 +57,7 @@ class Materializer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        atexit.unregister(self.flush)  # else every instrument/uninstrument cycle would keep one alive
         return done
 
     def _start(self) -> None:

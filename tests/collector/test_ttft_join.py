@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
-
 from collector_testkit import export_request, loopback_config, request_attrs, span
-from otel_llm.core import semconv as sc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.ttft_join import OVERHEAD, TTFTJoin
+
+from otel_llm.core import semconv as sc
+from otel_llm.testing.metrics import points_by_name
 
 
 def client_span(trace: int, ttfc: float, model: str = "m") -> Span:
@@ -18,9 +19,7 @@ def client_span(trace: int, ttfc: float, model: str = "m") -> Span:
 
 
 def overhead_points(g: Gateway) -> list:
-    data = g.metric_reader.get_metrics_data()
-    return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == OVERHEAD for p in m.data.data_points]
+    return points_by_name(g.metric_reader.get_metrics_data())[OVERHEAD]
 
 
 def test_client_and_server_halves_join_in_either_order():

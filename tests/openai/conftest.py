@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm.core.config import Config
 from otel_llm.instrumentation.openai import OpenAIInstrumentor
+from otel_llm.testing.metrics import points_by_name
 from otel_llm.testing.otlp_sink import OTLPSink
 from otel_llm.testing.server import VLLMServer
 
@@ -51,14 +52,7 @@ class Client:
         return list(self.spans.get_finished_spans())
 
     def metric_points(self, name: str) -> list[Any]:
-        data = self.metrics.get_metrics_data()
-        out: list[Any] = []
-        for rm in data.resource_metrics if data else ():
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        out.extend(m.data.data_points)
-        return out
+        return points_by_name(self.metrics.get_metrics_data())[name]
 
     def reinstrument(self, **options: Any) -> None:
         self.instrumentor.uninstrument()
