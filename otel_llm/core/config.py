@@ -93,6 +93,10 @@ OPTIONS: tuple[Option, ...] = (
            "Engine-step records held while their requests run (oldest are settled early past this)"),
     Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
            "In-flight request timelines held; past this new requests get metrics only"),
+    Option("direct_export", "OTEL_LLM_DIRECT_EXPORT", _bool, True,
+           "Encode decode-step spans ourselves and send them with the provider's own OTLP exporters "
+           "(~10x cheaper; only when every span processor is the SDK's batch/simple processor around an "
+           "OTLP exporter, else they go through the processors)"),
 )
 
 
@@ -107,6 +111,7 @@ class Config:
     engine_steps: bool = True
     max_steps: int = 8192
     max_requests: int = 65536
+    direct_export: bool = True
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "Config":

@@ -47,7 +47,7 @@ class Telemetry:
     def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
         self.config = config
         self.engine = engine
-        self.spans = SpanBuilder(tracer)
+        self.spans = SpanBuilder(tracer, config.direct_export)
         self.metrics = ServerMetrics(meter, config.slo)
         causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
         if config.tail_quantile > 0:
@@ -131,13 +131,15 @@ class Telemetry:
         return decision
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Wait until every finished request's spans were handed to the span processors."""
-        return self.materializer.flush(timeout)
+        """Wait until every finished request's spans were handed to the span processors (and the
+        decode steps we encode ourselves were sent)."""
+        return self.materializer.flush(timeout) and self.spans.flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
         self.materializer.submit((None, None, None, None))
         self.materializer.close(timeout)
+        self.spans.close(timeout)
 
     # -- on the materializer thread ------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""Decode-step spans written as OTLP wire bytes and sent with the provider's own exporters."""
+
+from __future__ import annotations
+
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                       ExportTraceServiceResponse)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+from otel_llm.core import otlp_wire as wire
+from otel_llm.core import semconv as sc
+from otel_llm.core.config import Config
+from otel_llm.core.direct_export import DirectExport
+from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
+from otel_llm.testing.otlp_sink import OTLPSink, decode
+
+RESOURCE = Resource.create({"service.name": "wire-test", "deployment": "ci", "replicas": 3})
+SCOPE = InstrumentationScope("otel_llm", "9.9", "https://example.test/schema")
+
+
+@pytest.mark.parametrize("state", [TraceState(), TraceState([("vendor", "x1")])])
+@pytest.mark.parametrize("remote", [False, True])
+def test_wire_bytes_equal_the_sdk_encoders_for_the_same_spans(state, remote):
+    parent = SpanContext(0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA9876543210, remote, TraceFlags(1), state)
+    ids = wire.span_ids(300)
+    index, tokens = wire.IntAttribute(sc.STEP_INDEX, cache_below=100), wire.IntAttribute(sc.STEP_TOKENS)
+    steps = [(ids[i], 1_700_000_000_000_000_000 + 7 * i, 1_700_000_000_000_000_000 + 7 * i + 5, i + 1,
+              1 + (i % 3 == 0)) for i in range(300)]  # indices past the attribute cache, multi-token steps
+    sdk = [ReadableSpan(name=sc.SPAN_DECODE_STEP, parent=parent, resource=RESOURCE, instrumentation_scope=SCOPE,
+                        context=SpanContext(parent.trace_id, int.from_bytes(sid, "big"), False, parent.trace_flags,
+                                            parent.trace_state),
+                        attributes={sc.STEP_INDEX: i, sc.STEP_TOKENS: n}, start_time=start, end_time=end)
+           for sid, start, end, i, n in steps]
+    encoder = wire.SiblingSpans(parent, sc.SPAN_DECODE_STEP)
+    ours = wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request(
+        encoder.encode(sid, start, end, index(i) + tokens(n)) for sid, start, end, i, n in steps)
+    if not remote:  # decode steps always have a local parent (the decode span): byte for byte
+        assert ours == encode_spans(sdk).SerializeToString()
+    else:  # our encoder always says "local parent"; everything else identical
+        expected = encode_spans(sdk)
+        for span in expected.resource_spans[0].scope_spans[0].spans:
+            span.flags = 0x100
+        assert ExportTraceServiceRequest.FromString(ours) == expected
+
+
+def test_attribute_values_of_every_supported_type_round_trip():
+    attrs = {"s": "héllo", "i": -3, "big": 2**62, "f": 0.25, "b": True, "no": False, "arr": ("a", "b"),
+             "ints": [1, 2]}
+    decoded = decode(wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request(
+        [wire.SiblingSpans(SpanContext(1, 2, False), "x").encode(b"\x00" * 7 + b"\x01", 1, 2,
+                                                                 wire.attributes(attrs))]))
+    assert decoded[0].attributes == {**attrs, "ints": (1, 2)}
+    with pytest.raises(TypeError, match="attribute 'd'"):
+        wire.attributes({"d": {"nested": 1}})
+
+
+def test_span_ids_are_distinct_and_never_zero():
+    ids = wire.span_ids(10_000)
+    assert len(set(ids)) == 10_000 and all(len(i) == 8 and i != bytes(8) for i in ids)
+    assert wire.span_ids(0) == []
+
+
+# -- through the pipeline, to real OTLP receivers ------------------------------------------------
+
+
+def finish_request(telemetry: Telemetry, rid: str, tokens: int) -> None:
+    base = time.monotonic() - 2.0
+    t = RequestTimeline(rid, time.time() - 2.0, model="m", response_id=rid, input_tokens=10)
+    assert telemetry.start(t)
+    t.events += [(QUEUED, base), (SCHEDULED, base + 0.01)]
+    t.token_ts += [base + 0.05 + 0.01 * i for i in range(tokens)]
+    decode_s = 0.01 * (tokens - 1)
+    telemetry.finish(rid, RequestSummary(model="m", ttft=0.05, e2e=0.05 + decode_s, queue=0.01, prefill=0.04,
+                                         decode=decode_s, tpot=0.01, input_tokens=10, output_tokens=tokens))
+
+
+def telemetry_for(tp: TracerProvider, **options) -> Telemetry:
+    config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
+    return Telemetry(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test")
+
+
+def check_trace(spans, tokens: int) -> None:
+    by_name: dict[str, list] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    (request,) = [s for s in spans if not s.parent_span_id]
+    (decode_span,) = by_name[sc.SPAN_DECODE]
+    steps = sorted(by_name[sc.SPAN_DECODE_STEP], key=lambda s: s.attributes[sc.STEP_INDEX])
+    assert len(steps) == tokens - 1
+    assert {s.trace_id for s in spans} == {request.trace_id}
+    assert all(s.parent_span_id == decode_span.span_id for s in steps)
+    assert [s.attributes[sc.STEP_INDEX] for s in steps] == list(range(1, tokens))
+    # the steps tile the decode span, on the same clock as the spans the SDK built
+    assert steps[0].start_ns == decode_span.start_ns
+    assert all(a.end_ns == b.start_ns for a, b in zip(steps, steps[1:]))
+    assert steps[-1].end_ns <= decode_span.end_ns
+    assert {s.service for s in spans} == {"wire-test"}
+    assert len({s.span_id for s in spans}) == len(spans)
+
+
+def test_decode_steps_go_direct_over_otlp_http_with_the_exporters_settings():
+    with OTLPSink() as sink:
+        tp = TracerProvider(resource=RESOURCE)
+        exporter = HTTPExporter(endpoint=f"{sink.endpoint}/v1/traces", compression=Compression.Gzip)
+        tp.add_span_processor(BatchSpanProcessor(exporter))
+        tel = telemetry_for(tp)
+        assert tel.spans.wire_export() is not None
+        finish_request(tel, "r1", tokens=40)
+        assert tel.flush(10) and tp.force_flush()
+        check_trace(sink.spans(), 40)
+        assert tel.spans.wire_export().counts.spans_sent == 39
+        tel.close()
+        tp.shutdown()
+
+
+class GRPCTraceSink:
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        self.metadata: list[dict] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+
+        def export(request: bytes, context: grpc.ServicerContext) -> bytes:
+            self.requests.append(ExportTraceServiceRequest.FromString(request))
+            self.metadata.append(dict(context.invocation_metadata()))
+            return ExportTraceServiceResponse().SerializeToString()
+
+        handler = grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": handler}),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def spans(self):
+        return [s for r in self.requests for s in decode(r.SerializeToString())]
+
+
+def test_decode_steps_go_direct_over_otlp_grpc_with_its_headers():
+    sink = GRPCTraceSink()
+    try:
+        tp = TracerProvider(resource=RESOURCE)
+        exporter = GRPCExporter(endpoint=f"localhost:{sink.port}", insecure=True, headers={"x-tenant": "t1"})
+        tp.add_span_processor(BatchSpanProcessor(exporter))
+        tel = telemetry_for(tp)
+        finish_request(tel, "r1", tokens=25)
+        assert tel.flush(10) and tp.force_flush()
+        check_trace(sink.spans(), 25)
+        assert all(m.get("x-tenant") == "t1" for m in sink.metadata)
+        tel.close()
+        tp.shutdown()
+    finally:
+        sink.server.stop(0)
+
+
+def test_any_other_span_processor_sees_every_span_instead():
+    with OTLPSink() as sink:
+        tp = TracerProvider(resource=RESOURCE)
+        tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"{sink.endpoint}/v1/traces")))
+        tel = telemetry_for(tp)
+        assert tel.spans.wire_export() is not None
+        memory = InMemorySpanExporter()  # added after instrumenting: it must not miss the decode steps
+        tp.add_span_processor(SimpleSpanProcessor(memory))
+        finish_request(tel, "r1", tokens=10)
+        assert tel.flush(10) and tp.force_flush()
+        assert tel.spans.wire_export() is None
+        names = [s.name for s in memory.get_finished_spans()]
+        assert names.count(sc.SPAN_DECODE_STEP) == 9
+        check_trace(sink.spans(), 10)  # and the OTLP destination still gets them, via the processors
+        tel.close()
+        tp.shutdown()
+
+
+def test_the_option_turns_it_off():
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint="http://127.0.0.1:9/v1/traces")))
+    assert telemetry_for(tp, direct_export=False).spans.wire_export() is None
+    assert telemetry_for(tp).spans.wire_export() is not None
+    tp.shutdown()
+
+
+def test_a_dead_endpoint_drops_counted_and_a_full_buffer_refuses():
+    frame = wire.RequestFrame.for_tracer(RESOURCE, SCOPE)
+    calls = []
+
+    def dead(data: bytes) -> bool:
+        calls.append(len(data))
+        return False
+
+    direct = DirectExport([dead], frame, max_batch_bytes=1000, max_buffer_bytes=2000, schedule_delay=60)
+    encoder = wire.SiblingSpans(SpanContext(1, 2, False), "x")
+    chunk = b"".join(encoder.encode(i, 1, 2, b"") for i in wire.span_ids(5))
+    assert direct.add(chunk, 5)
+    assert direct.flush(5)
+    assert direct.counts.spans_dropped == 5 and direct.counts.requests_failed == 1 and len(calls) == 1
+    assert not direct.add(b"x" * 3000, 40)  # over the buffer bound: refused at once, counted
+    assert direct.counts.spans_dropped == 45
+    direct.close()
+    assert not direct.add(chunk, 5)  # closed
+
+
+def test_batches_split_by_size_and_go_out_on_the_schedule():
+    frame = wire.RequestFrame.for_tracer(RESOURCE, SCOPE)
+    got: list[int] = []
+    direct = DirectExport([lambda data: got.append(len(decode(data))) or True], frame,
+                          max_batch_bytes=2000, schedule_delay=0.05)
+    encoder = wire.SiblingSpans(SpanContext(1, 2, False), "x")
+    for _ in range(10):
+        direct.add(b"".join(encoder.encode(i, 1, 2, b"") for i in wire.span_ids(20)), 20)
+    deadline = time.monotonic() + 5
+    while sum(got) < 200 and time.monotonic() < deadline:  # no flush: the schedule delay sends them
+        time.sleep(0.01)
+    assert sum(got) == 200 and max(got) <= 40  # 2,000 bytes ~ 2 chunks of 20 spans
+    assert direct.counts.spans_sent == 200
+    direct.close()
