@@ -227,3 +227,62 @@ def test_batches_split_by_size_and_go_out_on_the_schedule():
     assert sum(got) == 200 and max(got) <= 40  # 2,000 bytes ~ 2 chunks of 20 spans
     assert direct.counts.spans_sent == 200
     direct.close()
+
+
+def test_root_span_with_links_equals_the_sdk_encoders():
+    from opentelemetry.trace import Link
+
+    links = [SpanContext(0xAB + i, 0xCD + i, i % 2 == 1, TraceFlags(1)) for i in range(5)]
+    attrs = {sc.ENGINE: "vllm", sc.ENGINE_STEP_ID: 42, sc.STEP_PHASE: "mixed", sc.STEP_KV_CACHE_USAGE: 0.5}
+    sdk = ReadableSpan(name=sc.SPAN_ENGINE_STEP, context=SpanContext(0x1234, 0x5678, False, TraceFlags(1),
+                                                                     TraceState([("k", "v")])),
+                       resource=RESOURCE, instrumentation_scope=SCOPE, attributes=attrs,
+                       links=[Link(c) for c in links], start_time=10, end_time=20)
+    ours = wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request([wire.root_span(
+        0x1234, 0x5678, sc.SPAN_ENGINE_STEP, 10, 20, wire.attributes(attrs), b"".join(wire.link(c) for c in links),
+        "k=v")])
+    assert ours == encode_spans([sdk]).SerializeToString()
+
+
+def test_engine_steps_go_direct_linked_to_the_kept_requests_and_honour_the_sampler():
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    from otel_llm.core.timeline import RequestShare, StepRecord
+
+    class NoEngineSteps(Sampler):  # a user's own sampler: it sees each step's links, and says no
+        seen_links: list[int] = []
+
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+                          trace_state=None):
+            if name == sc.SPAN_ENGINE_STEP:
+                self.seen_links.append(len(links or ()))
+                return SamplingResult(Decision.DROP)
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+        def get_description(self) -> str:
+            return "NoEngineSteps"
+
+    for sampler, expect_steps in ((None, True), (NoEngineSteps(), False)):
+        with OTLPSink() as sink:
+            tp = TracerProvider(resource=RESOURCE, **({"sampler": sampler} if sampler else {}))
+            tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"{sink.endpoint}/v1/traces")))
+            tel = telemetry_for(tp)
+            base = time.monotonic()
+            tel.start(RequestTimeline("a", time.time(), model="m"))
+            tel.start(RequestTimeline("b", time.time(), model="m"))
+            tel.add_step(StepRecord(7, base, base + 0.01, [RequestShare("a", 16, True), RequestShare("b", 1, False)]))
+            for rid in ("a", "b"):
+                tel.finish(rid, RequestSummary(model="m", ttft=0.01, e2e=0.02, output_tokens=2))
+            assert tel.flush(10) and tp.force_flush()
+            spans = sink.spans()
+            tel.close()
+            tp.shutdown()
+            steps = [s for s in spans if s.name == sc.SPAN_ENGINE_STEP]
+            if not expect_steps:  # the provider's sampler said no to the step, which saw both links
+                assert steps == [] and len(spans) > 2 and NoEngineSteps.seen_links == [2]
+                continue
+            (step,) = steps
+            roots = {s.span_id: s for s in spans if not s.parent_span_id and s.name != sc.SPAN_ENGINE_STEP}
+            assert len(roots) == 2 and sorted(step.links) == sorted((r.trace_id, r.span_id) for r in roots.values())
+            assert step.attributes[sc.STEP_NUM_PREFILL_TOKENS] == 16 and step.attributes[sc.STEP_BATCH_SIZE] == 2
+            assert step.trace_id not in {r.trace_id for r in roots.values()} and not step.parent_span_id

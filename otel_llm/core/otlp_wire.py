@@ -19,15 +19,22 @@ from opentelemetry.trace import SpanContext
 
 # field tags: (field number << 3) | wire type (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32)
 _TRACE_ID, _SPAN_ID, _TRACE_STATE, _PARENT, _NAME, _KIND = b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x30"
-_ATTRIBUTE = b"\x4a"
+_ATTRIBUTE, _LINK = b"\x4a", b"\x6a"
+_LINK_FLAGS = b"\x35"  # Span.Link.flags, fixed32
 _EMPTY_STATUS = b"\x7a\x00"  # the SDK always writes a Status, empty when unset
 _FLAGS_LOCAL_PARENT = b"\x85\x01" + struct.pack("<I", 0x100)  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, not remote
 _SPAN_KIND_INTERNAL = 1
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 _TIMES = struct.Struct("<BQBQ")  # start (field 7) and end (field 8), fixed64 each
 _ZERO_ID = bytes(8)
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
 def varint(n: int) -> bytes:
+    if 0 <= n < 128:  # lengths of small messages, step indices: the common case
+        return _ONE_BYTE[n]
     if n < 0:
         n += 1 << 64  # int64 on the wire: two's complement, ten bytes
     out = bytearray()
@@ -95,6 +102,29 @@ def span_ids(n: int) -> list[bytes]:
         while sid == _ZERO_ID:  # invalid as a span id; 2**-64 per id, but cheap to rule out
             sid = ids[i] = random.getrandbits(64).to_bytes(8, "big")
     return ids
+
+
+def _flags(remote: bool) -> bytes:
+    return struct.pack("<I", _HAS_IS_REMOTE | (_IS_REMOTE if remote else 0))
+
+
+def link(context: SpanContext) -> bytes:
+    """A ``Span.Link`` without attributes, as the SDK's encoder writes it (no trace state)."""
+    body = (field(b"\x0a", context.trace_id.to_bytes(16, "big")) + field(b"\x12", context.span_id.to_bytes(8, "big"))
+            + _LINK_FLAGS + _flags(context.is_remote))
+    return field(_LINK, body)
+
+
+def root_span(trace_id: int, span_id: int, name: str, start_ns: int, end_ns: int, attrs: bytes,
+              links: bytes = b"", trace_state: str = "") -> bytes:
+    """One INTERNAL span without a parent (an engine step), as a ``ScopeSpans.spans`` entry;
+    ``links`` as ``link`` wrote them, concatenated."""
+    body = b"".join((field(_TRACE_ID, trace_id.to_bytes(16, "big")), field(_SPAN_ID, span_id.to_bytes(8, "big")),
+                     field(_TRACE_STATE, trace_state.encode()) if trace_state else b"",
+                     field(_NAME, name.encode()), _KIND, bytes([_SPAN_KIND_INTERNAL]),
+                     _TIMES.pack(0x39, start_ns, 0x41, end_ns), attrs, links,
+                     _EMPTY_STATUS, _FLAGS_LOCAL_PARENT))
+    return field(b"\x12", body)
 
 
 class SiblingSpans:
