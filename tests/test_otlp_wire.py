@@ -124,7 +124,8 @@ def test_decode_steps_go_direct_over_otlp_http_with_the_exporters_settings():
         finish_request(tel, "r1", tokens=40)
         assert tel.flush(10) and tp.force_flush()
         check_trace(sink.spans(), 40)
-        assert tel.spans.wire_export().counts.spans_sent == 39
+        # every span of the request went direct: request, queue, prefill, decode and 39 steps
+        assert tel.spans.wire_export().counts.spans_sent == len(sink.spans()) == 43
         tel.close()
         tp.shutdown()
 
@@ -229,19 +230,70 @@ def test_batches_split_by_size_and_go_out_on_the_schedule():
     direct.close()
 
 
-def test_root_span_with_links_equals_the_sdk_encoders():
-    from opentelemetry.trace import Link
+class CountingIds:
+    """Deterministic ids, so the SDK's tracer and ours produce the same spans."""
 
-    links = [SpanContext(0xAB + i, 0xCD + i, i % 2 == 1, TraceFlags(1)) for i in range(5)]
-    attrs = {sc.ENGINE: "vllm", sc.ENGINE_STEP_ID: 42, sc.STEP_PHASE: "mixed", sc.STEP_KV_CACHE_USAGE: 0.5}
-    sdk = ReadableSpan(name=sc.SPAN_ENGINE_STEP, context=SpanContext(0x1234, 0x5678, False, TraceFlags(1),
-                                                                     TraceState([("k", "v")])),
-                       resource=RESOURCE, instrumentation_scope=SCOPE, attributes=attrs,
-                       links=[Link(c) for c in links], start_time=10, end_time=20)
-    ours = wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request([wire.root_span(
-        0x1234, 0x5678, sc.SPAN_ENGINE_STEP, 10, 20, wire.attributes(attrs), b"".join(wire.link(c) for c in links),
-        "k=v")])
-    assert ours == encode_spans([sdk]).SerializeToString()
+    def __init__(self) -> None:
+        self.n = 0
+
+    def generate_span_id(self) -> int:
+        self.n += 1
+        return self.n
+
+    def generate_trace_id(self) -> int:
+        self.n += 1
+        return 0xABC000 + self.n
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+def script(tracer) -> None:
+    """What the span builder does with a tracer: roots (local or remote parent), links, events, status."""
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+    remote = SpanContext(0xFEED, 0xBEEF, True, TraceFlags(1), TraceState([("v", "1")]))
+    root = tracer.start_span("chat m", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+                             kind=SpanKind.SERVER, start_time=100,
+                             attributes={"gen_ai.response.finish_reasons": ("abort",), "llm.slo.met": False,
+                                         "llm.latency.e2e": 1.5, "gen_ai.usage.output_tokens": 7})
+    child = tracer.start_span("llm.queue", context=trace.set_span_in_context(root), start_time=100)
+    child.add_event("llm.engine.queued", timestamp=105)
+    child.add_event("with.attrs", {"k": "v", "n": 2}, timestamp=106)
+    child.end(end_time=110)
+    root.set_status(Status(StatusCode.ERROR, "aborted: finish reason abort"))
+    root.end(end_time=200)
+    links = [Link(SpanContext(0xAB + i, 0xCD + i, i % 2 == 1, TraceFlags(1))) for i in range(5)]
+    step = tracer.start_span(sc.SPAN_ENGINE_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                             start_time=10, attributes={sc.ENGINE_STEP_ID: 42, sc.STEP_KV_CACHE_USAGE: 0.5},
+                             links=links)
+    step.end(end_time=20)
+
+
+@pytest.mark.parametrize("max_links", [None, 3])
+def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links):
+    from opentelemetry.sdk.trace import SpanLimits
+
+    from otel_llm.core.wire_tracer import WireTracer
+
+    limits = SpanLimits(max_links=max_links) if max_links else None
+    memory = InMemorySpanExporter()
+    sdk_tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    sdk_tp.add_span_processor(SimpleSpanProcessor(memory))
+    script(sdk_tp.get_tracer("otel_llm", "9.9"))
+    expected = encode_spans(memory.get_finished_spans())
+
+    sent: list[bytes] = []
+    tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    sdk_tracer = tp.get_tracer("otel_llm", "9.9")
+    direct = DirectExport([lambda data: sent.append(data) or True],
+                          wire.RequestFrame.for_tracer(RESOURCE, sdk_tracer._instrumentation_scope))
+    script(WireTracer(sdk_tracer, direct))
+    assert direct.flush(5)
+    assert ExportTraceServiceRequest.FromString(b"".join(sent)) == expected
+    assert b"".join(sent) == expected.SerializeToString()  # byte for byte, too
+    direct.close()
 
 
 def test_engine_steps_go_direct_linked_to_the_kept_requests_and_honour_the_sampler():

@@ -115,18 +115,6 @@ def link(context: SpanContext) -> bytes:
     return field(_LINK, body)
 
 
-def root_span(trace_id: int, span_id: int, name: str, start_ns: int, end_ns: int, attrs: bytes,
-              links: bytes = b"", trace_state: str = "") -> bytes:
-    """One INTERNAL span without a parent (an engine step), as a ``ScopeSpans.spans`` entry;
-    ``links`` as ``link`` wrote them, concatenated."""
-    body = b"".join((field(_TRACE_ID, trace_id.to_bytes(16, "big")), field(_SPAN_ID, span_id.to_bytes(8, "big")),
-                     field(_TRACE_STATE, trace_state.encode()) if trace_state else b"",
-                     field(_NAME, name.encode()), _KIND, bytes([_SPAN_KIND_INTERNAL]),
-                     _TIMES.pack(0x39, start_ns, 0x41, end_ns), attrs, links,
-                     _EMPTY_STATUS, _FLAGS_LOCAL_PARENT))
-    return field(b"\x12", body)
-
-
 class SiblingSpans:
     """Encodes INTERNAL spans that share a trace, a (local) parent and a name, e.g. one request's
     decode steps. Each ``encode`` returns one length-prefixed ``ScopeSpans.spans`` entry."""

@@ -30,8 +30,8 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .direct_export import DirectExport
-from .otlp_wire import IntAttribute, SiblingSpans, link, root_span, span_ids
-from .otlp_wire import attributes as wire_attributes
+from . import wire_tracer
+from .otlp_wire import IntAttribute, SiblingSpans, span_ids
 from .timeline import QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
@@ -86,8 +86,6 @@ class _DirectEmitter:
         self._resource = _hash_once(tracer.resource)
         self._scope = tracer._instrumentation_scope
         self._ids = tracer.id_generator
-        self._sampler = tracer.sampler
-        self._links: dict[tuple[int, int, bool], bytes] = {}  # a kept request is linked from each step it was in
 
     @classmethod
     def for_tracer(cls, tracer: Tracer) -> "_DirectEmitter | None":
@@ -112,33 +110,6 @@ class _DirectEmitter:
                                             instrumentation_scope=self._scope))
 
 
-    def wire_root(self, wire: DirectExport, name: str, start: int, end: int, attributes: dict[str, Any],
-                  links: list[SpanContext]) -> None:
-        """A root span (an engine step) as wire bytes: ids and the sampling decision from the
-        tracer's own id generator and sampler, as ``start_span`` would, then ~1/20 of its cost
-        (the SDK's encoder spends ~10 µs a link; a step links to every kept request it served)."""
-        trace_id = self._ids.generate_trace_id()
-        # the SDK's own samplers never look at links: skip building 64 Link objects a step for them
-        sdk_sampler = type(self._sampler).__module__ == "opentelemetry.sdk.trace.sampling"
-        result = self._sampler.should_sample(None, trace_id, name, SpanKind.INTERNAL, attributes,
-                                             None if sdk_sampler else [trace.Link(c) for c in links])
-        if not result.decision.is_sampled():
-            return
-        state = result.trace_state.to_header() if result.trace_state else ""
-        cache = self._links
-        if len(cache) > 65536:
-            cache.clear()
-        encoded = []
-        for c in links:
-            key = (c.trace_id, c.span_id, c.is_remote)  # SpanContext itself is unhashable (its TraceState)
-            b = cache.get(key)
-            if b is None:
-                b = cache[key] = link(c)
-            encoded.append(b)
-        wire.add(root_span(trace_id, self._ids.generate_span_id(), name, start, end,
-                           wire_attributes(dict(result.attributes or {})), b"".join(encoded), state), 1)
-
-
 def _hash_once(resource: Any) -> Any:
     """The same resource, hashing in O(1): the SDK's OTLP encoder groups spans by resource and
     ``Resource.__hash__`` JSON-encodes every attribute on each call, ~20% of encoding a small span.
@@ -160,25 +131,30 @@ def _hash_once(resource: Any) -> Any:
 
 
 class SpanBuilder:
+    """Builds a kept request's spans through ``tracer``, or, when its provider only batches to
+    OTLP exporters, as OTLP wire bytes sent with those exporters (direct_export, wire_tracer)."""
+
     def __init__(self, tracer: Tracer, direct_export: bool = True) -> None:
-        self._tracer = tracer
+        self._sdk_tracer = tracer
+        self._tracer: Tracer = tracer  # the one spans are built with now: the SDK's, or a WireTracer
         self._direct = _DirectEmitter.for_tracer(tracer)
-        self._wire_allowed = direct_export and self._direct is not None
+        self._wire_allowed = direct_export and self._direct is not None and wire_tracer.usable(tracer)
         self._wire: DirectExport | None = None
         self._wire_for: Any = None  # the processors the current DirectExport was made for
         self.wire_export()
 
     def wire_export(self) -> DirectExport | None:
-        """The direct exporter for decode steps, redone if the provider's span processors changed
-        (a processor added after instrument() must see the spans it would have seen)."""
+        """The direct exporter, redone if the provider's span processors changed (a processor added
+        after instrument() must see the spans it would have seen)."""
         if not self._wire_allowed:
             return None
-        processors = getattr(self._tracer.span_processor, "_span_processors", None)
+        processors = getattr(self._sdk_tracer.span_processor, "_span_processors", None)
         if processors is not self._wire_for:
             if self._wire is not None:
                 self._wire.close(timeout=1.0)
             self._wire_for = processors
-            self._wire = DirectExport.for_tracer(self._tracer)
+            self._wire = DirectExport.for_tracer(self._sdk_tracer)
+            self._tracer = wire_tracer.WireTracer(self._sdk_tracer, self._wire) if self._wire else self._sdk_tracer
         return self._wire
 
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -193,6 +169,7 @@ class SpanBuilder:
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
         name = f"{t.operation} {t.model}" if t.model else t.operation
+        self.wire_export()  # picks the tracer for this request
         root = self._tracer.start_span(name, context=t.parent, kind=t.kind, start_time=start, attributes=attributes)
         if not root.is_recording():  # the provider's own sampler said no (e.g. an unsampled parent)
             root.end(end_time=end)
@@ -243,7 +220,7 @@ class SpanBuilder:
         if decode is None:
             return
         if detail >= Detail.STEPS:
-            wire = self.wire_export()
+            wire = self._wire if isinstance(self._tracer, wire_tracer.WireTracer) else None
             if wire is not None:
                 self._wire_steps(wire, decode.get_span_context(), t, first_ns, end, clock)
                 decode.end(end_time=end)
@@ -305,10 +282,7 @@ class SpanBuilder:
         }
         if step.kv_cache_usage is not None:
             attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
-        wire = self.wire_export()
-        if wire is not None and self._direct is not None:
-            self._direct.wire_root(wire, sc.SPAN_ENGINE_STEP, start, end, attrs, step.links)
-            return
+        self.wire_export()
         links = [trace.Link(c) for c in step.links]
         span = self._tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
                                        start_time=start, attributes=attrs, links=links)

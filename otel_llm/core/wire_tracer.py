@@ -1,0 +1,171 @@
+"""A tracer whose spans end as OTLP wire bytes in a DirectExport, for the SDK tracer it stands in for.
+
+``SpanBuilder`` materializes a kept request with ``start_span`` / ``add_event`` /
+``set_status`` / ``end``; given this tracer instead of the SDK's, the same code writes
+the spans' protobuf directly (see direct_export for when that is allowed). What the SDK
+would decide stays the SDK's: trace and span ids come from the tracer's id generator,
+sampling from its sampler (``start_span`` here follows ``opentelemetry.sdk.trace.Tracer.
+start_span`` step by step), links are capped by its span limits; only sampled spans are
+exported, as the batch processor does. The bytes equal the SDK encoder's for the same
+span (tests/test_otlp_wire.py).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any, Sequence
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from . import otlp_wire as w
+from .direct_export import DirectExport
+
+_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_EVENT = b"\x5a"  # Span.events
+_DROPPED_LINKS = b"\x70"  # Span.dropped_links_count, varint
+
+
+def usable(tracer: Any) -> bool:
+    """Whether spans of this SDK tracer can be written here exactly as the SDK would: its span limits
+    must not truncate or drop attributes we write (the defaults don't)."""
+    limits = getattr(tracer, "_span_limits", None)
+    if limits is None:
+        return False
+    no_truncation = limits.max_attribute_length is None and limits.max_span_attribute_length is None
+    room = (limits.max_span_attributes or 0) >= 64 and (limits.max_events or 0) >= 64 \
+        and (limits.max_event_attributes or 0) >= 16
+    return no_truncation and room
+
+
+class WireTracer(trace.Tracer):
+    def __init__(self, sdk_tracer: Any, wire: DirectExport) -> None:
+        self.wire = wire
+        self._ids = sdk_tracer.id_generator
+        self._sampler = sdk_tracer.sampler
+        self._max_links = sdk_tracer._span_limits.max_links
+        # the SDK's own samplers never look at links: skip building Link objects for them
+        self._sampler_reads_links = type(self._sampler).__module__ != "opentelemetry.sdk.trace.sampling"
+        self._links: dict[tuple[int, int, bool], bytes] = {}  # a kept request is linked from every step it was in
+
+    def start_span(self, name: str, context: Any = None, kind: SpanKind = SpanKind.INTERNAL,
+                   attributes: dict[str, Any] | None = None, links: Sequence[Link] | None = None,
+                   start_time: int | None = None, record_exception: bool = True,
+                   set_status_on_exception: bool = True) -> trace.Span:
+        parent = trace.get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = self._ids.generate_trace_id()
+        else:
+            trace_id = parent.trace_id
+        result = self._sampler.should_sample(context, trace_id, name, kind, attributes,
+                                             links if self._sampler_reads_links else None)
+        sampled = result.decision.is_sampled()
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+        # W3C level 2 "random trace id" flag, on SDK releases that have it
+        if parent is None:
+            random_id = getattr(self._ids, "is_trace_id_random", lambda: False)()
+        else:
+            random_id = getattr(parent.trace_flags, "random_trace_id", False)
+        if random_id:
+            flags |= getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+        span_context = SpanContext(trace_id, self._ids.generate_span_id(), False, TraceFlags(flags),
+                                   result.trace_state)
+        if not sampled:  # recording-only spans never reach an exporter through the batch processor either
+            return trace.NonRecordingSpan(span_context)
+        return WireSpan(self, name, span_context, parent, kind, dict(result.attributes or {}),
+                        self._encode_links(links or ()), start_time if start_time is not None else time.time_ns())
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:  # not used by the span builder
+        raise NotImplementedError("WireTracer builds retroactive spans only")
+
+    def _encode_links(self, links: Sequence[Link]) -> bytes:
+        cache = self._links
+        if len(cache) > 65536:
+            cache.clear()
+        # over the limit the SDK keeps the newest links (a bounded deque), and counts the rest
+        kept = links if self._max_links is None or len(links) <= self._max_links else links[-self._max_links:]
+        out = []
+        for ln in kept:
+            c = ln.context
+            key = (c.trace_id, c.span_id, c.is_remote)  # SpanContext itself is unhashable (its TraceState)
+            b = cache.get(key)
+            if b is None:
+                b = cache[key] = w.link(c)
+            out.append(b)
+        dropped = len(links) - len(kept)
+        return b"".join(out) + (_DROPPED_LINKS + w.varint(dropped) if dropped else b"")
+
+
+class WireSpan(trace.Span):
+    def __init__(self, tracer: WireTracer, name: str, context: SpanContext, parent: SpanContext | None,
+                 kind: SpanKind, attributes: dict[str, Any], links: bytes, start: int) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes = attributes
+        self._links = links
+        self._start = start
+        self._events: list[tuple[str, int, dict[str, Any]]] = []
+        self._status = Status(StatusCode.UNSET)
+        self._ended = False
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._attributes[key] = value
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        self._attributes.update(attributes)
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None, timestamp: int | None = None) -> None:
+        self._events.append((name, timestamp if timestamp is not None else time.time_ns(), dict(attributes or {})))
+
+    def update_name(self, name: str) -> None:
+        self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self._status = status if isinstance(status, Status) else Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: dict[str, Any] | None = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        self.add_event("exception", {"exception.type": type(exception).__name__,
+                                     "exception.message": str(exception), **(attributes or {})}, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        end = end_time if end_time is not None else time.time_ns()
+        self._tracer.wire.add(self._encode(end), 1)
+
+    def _encode(self, end: int) -> bytes:
+        c, parent = self._context, self._parent
+        state = c.trace_state.to_header() if c.trace_state else ""
+        status = self._status
+        status_body = b""
+        if status.description:
+            status_body += w.field(b"\x12", status.description.encode())
+        if status.status_code is not StatusCode.UNSET:
+            status_body += b"\x18" + w.varint(status.status_code.value)
+        events = b"".join(w.field(_EVENT, b"\x09" + struct.pack("<Q", ts) + w.field(b"\x12", name.encode())
+                                  + b"".join(w.field(b"\x1a", w.key_value(k, v)) for k, v in attrs.items()))
+                          for name, ts, attrs in self._events)
+        body = b"".join((
+            w.field(b"\x0a", c.trace_id.to_bytes(16, "big")), w.field(b"\x12", c.span_id.to_bytes(8, "big")),
+            w.field(b"\x1a", state.encode()) if state else b"",
+            w.field(b"\x22", parent.span_id.to_bytes(8, "big")) if parent is not None else b"",
+            w.field(b"\x2a", self._name.encode()), b"\x30", w.varint(_KIND[self._kind]),
+            struct.pack("<BQBQ", 0x39, self._start, 0x41, end),
+            w.attributes(self._attributes), events, self._links,
+            w.field(b"\x7a", status_body),
+            b"\x85\x01", struct.pack("<I", 0x100 | (0x200 if parent is not None and parent.is_remote else 0)),
+        ))
+        return w.field(b"\x12", body)
