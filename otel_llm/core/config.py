@@ -94,9 +94,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
            "In-flight request timelines held; past this new requests get metrics only"),
     Option("direct_export", "OTEL_LLM_DIRECT_EXPORT", _bool, True,
-           "Encode decode-step spans ourselves and send them with the provider's own OTLP exporters "
-           "(~10x cheaper; only when every span processor is the SDK's batch/simple processor around an "
-           "OTLP exporter, else they go through the processors)"),
+           "Write our spans as OTLP bytes and send them with the provider's own OTLP exporters (~10x "
+           "cheaper a span; only when every span processor is the SDK's batch/simple processor around an "
+           "OTLP exporter, else spans go through the processors)"),
 )
 
 
