@@ -8,8 +8,8 @@ derivation, used by both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
 
 from . import semconv as sc
 
@@ -67,25 +67,20 @@ class RequestSummary:
 
     @classmethod
     def _from_ours(cls, a: Mapping[str, Any]) -> "RequestSummary":
-        reasons = a.get(sc.RESPONSE_FINISH_REASONS)
-        return cls(
-            model=_str(a.get(sc.REQUEST_MODEL)),
-            operation=_str(a.get(sc.OPERATION_NAME)) or "text_completion",
-            provider=_str(a.get(sc.PROVIDER_NAME)),
-            ttft=_float(a.get(sc.LATENCY_TTFT)),
-            tpot=_float(a.get(sc.LATENCY_TPOT)),
-            e2e=_float(a.get(sc.LATENCY_E2E)),
-            queue=_float(a.get(sc.LATENCY_QUEUE)),
-            prefill=_float(a.get(sc.LATENCY_PREFILL)),
-            decode=_float(a.get(sc.LATENCY_DECODE)),
-            input_tokens=_int(a.get(sc.USAGE_INPUT_TOKENS)),
-            output_tokens=_int(a.get(sc.USAGE_OUTPUT_TOKENS)),
-            output_characters=_int(a.get(sc.OUTPUT_CHARACTERS)),
-            num_preemptions=_int(a.get(sc.NUM_PREEMPTIONS)) or 0,
-            prefix_cache_hit_tokens=_int(a.get(sc.PREFIX_CACHE_HIT_TOKENS)),
-            finish_reason=_first(reasons),
-            error_type=_str(a.get(sc.ERROR_TYPE)),
-        )
+        # One pass over the span's attributes through a key -> (field, converter) table, then a positional
+        # construction: the collector runs this for every request span, and sixteen lookups plus a
+        # keyword call cost twice as much. Same result as reading each key with ``a.get``.
+        values: list[Any] = [None] * _N_FIELDS
+        table = _OURS
+        for key, raw in a.items():
+            slot = table.get(key)
+            if slot is not None:
+                values[slot[0]] = slot[1](raw)
+        if values[_OPERATION] is None:
+            values[_OPERATION] = "text_completion"
+        if not values[_PREEMPTIONS]:
+            values[_PREEMPTIONS] = 0
+        return cls(*values)
 
     @classmethod
     def _from_native(cls, a: Mapping[str, Any]) -> "RequestSummary":
@@ -117,13 +112,21 @@ def _str(v: Any) -> str | None:
 
 
 def _float(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    t = type(v)
+    if t is float:  # the common cases first: a type check is cheaper than two isinstance calls
+        return v
+    if t is int:
+        return float(v)
+    if t is bool or not isinstance(v, (int, float)):
         return None
     return float(v)
 
 
 def _int(v: Any) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    t = type(v)
+    if t is int:
+        return v
+    if t is bool or not isinstance(v, (int, float)):
         return None
     return int(v)
 
@@ -134,3 +137,30 @@ def _first(v: Any) -> str | None:
     if isinstance(v, (list, tuple)) and v and isinstance(v[0], str):
         return v[0]
     return None
+
+
+# Our attribute names -> (position in RequestSummary's fields, converter), for ``_from_ours``.
+_FIELDS = tuple(f.name for f in fields(RequestSummary))
+_N_FIELDS = len(_FIELDS)
+_OPERATION = _FIELDS.index("operation")
+_PREEMPTIONS = _FIELDS.index("num_preemptions")
+_OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {
+    key: (_FIELDS.index(name), conv) for key, name, conv in (
+        (sc.REQUEST_MODEL, "model", _str),
+        (sc.OPERATION_NAME, "operation", _str),
+        (sc.PROVIDER_NAME, "provider", _str),
+        (sc.LATENCY_TTFT, "ttft", _float),
+        (sc.LATENCY_TPOT, "tpot", _float),
+        (sc.LATENCY_E2E, "e2e", _float),
+        (sc.LATENCY_QUEUE, "queue", _float),
+        (sc.LATENCY_PREFILL, "prefill", _float),
+        (sc.LATENCY_DECODE, "decode", _float),
+        (sc.USAGE_INPUT_TOKENS, "input_tokens", _int),
+        (sc.USAGE_OUTPUT_TOKENS, "output_tokens", _int),
+        (sc.OUTPUT_CHARACTERS, "output_characters", _int),
+        (sc.NUM_PREEMPTIONS, "num_preemptions", _int),
+        (sc.PREFIX_CACHE_HIT_TOKENS, "prefix_cache_hit_tokens", _int),
+        (sc.RESPONSE_FINISH_REASONS, "finish_reason", _first),
+        (sc.ERROR_TYPE, "error_type", _str),
+    )
+}
