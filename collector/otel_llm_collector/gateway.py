@@ -43,7 +43,9 @@ class Gateway:
         self.registry: CollectorRegistry = self.telemetry.registry
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
-        self.meter_provider = AggregationBackend(Resource.create({"service.name": "otel-llm-collector"}))
+        # caller_locks: the llm_metrics processor holds the backend's lock around each batch it records
+        self.meter_provider = AggregationBackend(Resource.create({"service.name": "otel-llm-collector"}),
+                                                 caller_locks=True)
         self.metric_reader = self.meter_provider
         self.registry.register(OtelBridge(self.metric_reader))
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry) \

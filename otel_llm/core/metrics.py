@@ -9,13 +9,14 @@ trace-based exemplar filter attaches its trace id.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
 from . import semconv as sc
-from .slo import SLOTable
+from .slo import SLO, SLOTable
 from .summary import RequestSummary
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -39,23 +40,23 @@ class HistogramSpec:
 
 SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     HistogramSpec("gen_ai.server.time_to_first_token", "s", TTFT_BUCKETS,
-                  "Time from arrival to the first output token (queue + prefill)", lambda s: s.ttft),
+                  "Time from arrival to the first output token (queue + prefill)", attrgetter("ttft")),
     HistogramSpec("gen_ai.server.time_per_output_token", "s", TPOT_BUCKETS,
                   "Mean time per output token after the first (decode time / (output tokens - 1))",
-                  lambda s: s.tpot),
+                  attrgetter("tpot")),
     HistogramSpec("gen_ai.server.request.duration", "s", DURATION_BUCKETS,
-                  "End-to-end request duration", lambda s: s.e2e),
+                  "End-to-end request duration", attrgetter("e2e")),
     HistogramSpec("llm.server.queue.duration", "s", PHASE_BUCKETS,
-                  "Time waiting in the engine's queue before first scheduled", lambda s: s.queue),
+                  "Time waiting in the engine's queue before first scheduled", attrgetter("queue")),
     HistogramSpec("llm.server.prefill.duration", "s", PHASE_BUCKETS,
-                  "Time from first scheduled to the first token", lambda s: s.prefill),
+                  "Time from first scheduled to the first token", attrgetter("prefill")),
     HistogramSpec("llm.server.decode.duration", "s", PHASE_BUCKETS,
-                  "Time from the first to the last token", lambda s: s.decode),
+                  "Time from the first to the last token", attrgetter("decode")),
     HistogramSpec("llm.server.output.tokens_per_second", "{token}/s", RATE_BUCKETS,
-                  "Output tokens over end-to-end time, per request", lambda s: s.output_tokens_per_second),
+                  "Output tokens over end-to-end time, per request", attrgetter("output_tokens_per_second")),
     HistogramSpec("llm.server.output.characters_per_second", "{character}/s", RATE_BUCKETS,
                   "Output characters over end-to-end time, per request (tokenizer-independent)",
-                  lambda s: s.output_characters_per_second),
+                  attrgetter("output_characters_per_second")),
 )
 TOKEN_USAGE = "llm.server.token.usage"
 OUTPUT_CHARACTERS = "llm.server.output.characters"
@@ -101,7 +102,7 @@ class RequestMetrics:
         self._good = meter.create_counter(
             metric_set.good_requests, unit="{request}",
             description=f"Finished {noun}s that met every SLO at once (goodput = good / all)")
-        self._attr_cache: dict[tuple, tuple[dict, dict, dict]] = {}
+        self._attr_cache: dict[tuple, _Bound] = {}
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
         return self._slos.for_model(s.model).breaches(s)
@@ -109,24 +110,28 @@ class RequestMetrics:
     def record(self, s: RequestSummary, context: Context | None = None,
                extra: tuple[tuple[str, Any], ...] = ()) -> bool:
         """Record one request; returns whether it met every SLO (and did not fail)."""
-        attrs, input_attrs, output_attrs = self._attributes(s, extra)
-        for spec, hist in self._histograms:
-            value = spec.value(s)
+        b = self._bound(s, extra)
+        for value_of, record in b.histograms:
+            value = value_of(s)
             if value is not None:
-                hist.record(value, attrs, context=context)
+                record(value, context)
         if s.input_tokens is not None:
-            self._tokens.record(s.input_tokens, input_attrs, context=context)
+            b.input_tokens(s.input_tokens, context)
         if s.output_tokens is not None:
-            self._tokens.record(s.output_tokens, output_attrs, context=context)
-        if self._chars is not None and s.output_characters is not None:
-            self._chars.add(s.output_characters, attrs, context=context)
-        good = not s.failed and not self.breaches(s)
-        self._requests.add(1, attrs, context=context)
+            b.output_tokens(s.output_tokens, context)
+        if b.chars is not None and s.output_characters is not None:
+            b.chars(s.output_characters, context)
+        good = not s.failed and not b.slo.breaches(s)
+        b.requests(1, context)
         if good:
-            self._good.add(1, attrs, context=context)
+            b.good(1, context)
         return good
 
     def _attributes(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> tuple[dict, dict, dict]:
+        """The request's label sets: all metrics, token usage of input, of output."""
+        return self._bound(s, extra).attributes
+
+    def _bound(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> "_Bound":
         key = (s.model, s.operation, s.provider, s.error_type, extra)
         found = self._attr_cache.get(key)
         if found is None:
@@ -139,10 +144,47 @@ class RequestMetrics:
             if s.error_type:
                 attrs[sc.ERROR_TYPE] = s.error_type
             attrs.update(extra)
-            found = (attrs, {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"})
+            input_attrs, output_attrs = {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"}
+            found = _Bound(
+                (attrs, input_attrs, output_attrs),
+                tuple((spec.value, _bind(hist, attrs)) for spec, hist in self._histograms),
+                _bind(self._tokens, input_attrs), _bind(self._tokens, output_attrs),
+                _bind(self._chars, attrs) if self._chars is not None else None,
+                _bind(self._requests, attrs), _bind(self._good, attrs),
+                self._slos.for_model(s.model))
             if len(self._attr_cache) < 4096:  # bounded: model names come from users
                 self._attr_cache[key] = found
         return found
+
+
+Recorder = Callable[[float, "Context | None"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """One label set's instruments, bound once: a request then costs one cache lookup, not one per metric."""
+
+    attributes: tuple[dict, dict, dict]
+    histograms: tuple[tuple[Callable[[RequestSummary], float | None], Recorder], ...]
+    input_tokens: Recorder
+    output_tokens: Recorder
+    chars: Recorder | None
+    requests: Recorder
+    good: Recorder
+    slo: SLO  # the model's objectives (the model is part of the label set)
+
+
+def _bind(instrument: Any, attributes: dict) -> Recorder:
+    """``instrument.bind(attributes)`` where the backend offers it (the collector's aggregation backend
+    resolves the series once); for the OpenTelemetry SDK's instruments, a closure over the same call."""
+    bind = getattr(instrument, "bind", None)
+    if bind is not None:
+        return bind(attributes)
+    call = instrument.record if hasattr(instrument, "record") else instrument.add
+
+    def record(amount: float, context: Context | None = None) -> None:
+        call(amount, attributes, context=context)
+    return record
 
 
 class ServerMetrics(RequestMetrics):

@@ -27,16 +27,17 @@ class SLO:
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ValueError(f"SLO {key} must be a positive number of seconds, got {value!r}")
+        # the objectives that are set, once: the collector checks every request, usually against one or two
+        object.__setattr__(self, "_limits", tuple((k, getattr(self, k)) for k in _KEYS if getattr(self, k) is not None))
 
     def breaches(self, summary: RequestSummary) -> tuple[str, ...]:
         """Names of the objectives this request missed; a measure it lacks cannot breach."""
-        out = []
-        for key in _KEYS:
-            limit = getattr(self, key)
+        out: tuple[str, ...] = ()
+        for key, limit in self._limits:  # type: ignore[attr-defined]
             value = getattr(summary, key)
-            if limit is not None and value is not None and value > limit:
-                out.append(key)
-        return tuple(out)
+            if value is not None and value > limit:
+                out += (key,)
+        return out
 
     @classmethod
     def parse(cls, text: str) -> "SLO":

@@ -10,6 +10,7 @@ import math
 import random
 import threading
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
@@ -41,10 +42,10 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
     return out
 
 
-def record_both(items: list[RequestSummary], services=("a", "b")):
+def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: bool = False):
     reader = InMemoryMetricReader()
     sdk = MeterProvider(metric_readers=[reader])
-    fast = AggregationBackend()
+    fast = AggregationBackend(caller_locks=caller_locks)
     for provider in (sdk, fast):
         meter = provider.get_meter("otel_llm_collector.llm_metrics")
         per_service = [ServerMetrics(meter, SLOS, {"service.name": s}) for s in services]
@@ -75,8 +76,9 @@ def exposition(reader) -> str:
     return generate_latest(reg).decode()
 
 
-def test_same_points_as_the_sdk() -> None:
-    reader, fast = record_both(summaries(3000))
+@pytest.mark.parametrize("caller_locks", [False, True])  # True: the gateway's bound recorders skip the lock
+def test_same_points_as_the_sdk(caller_locks: bool) -> None:
+    reader, fast = record_both(summaries(3000), caller_locks=caller_locks)
     expected, got = points(reader), points(fast)
     assert got.keys() == expected.keys() and len(got) > 50
     for key, value in expected.items():
