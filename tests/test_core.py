@@ -306,6 +306,37 @@ def test_sketch_walks_agree_from_either_end_through_decay_and_collapse():
     assert sketch._keys == keys
 
 
+def test_tracked_high_quantile_equals_a_full_walk_through_decay_and_collapse():
+    # the sketch steps its remembered p99 bucket as values arrive; it must answer what walking every bucket does
+    def walk(sk: QuantileSketch, q: float):
+        rank = q * (sk.count - 1)
+        if sk.count <= 0 or rank < sk._zeros or not sk._keys:
+            return None
+        above = sk.count
+        for key in reversed(sk._keys):
+            above -= sk._buckets[key]
+            if above <= rank:
+                return key
+        return sk._keys[0]
+
+    rng = random.Random(5)
+    for alpha, max_buckets, window in ((0.01, 2048, 0), (0.02, 40, 300), (0.05, 30, 1000)):
+        sketch, q = QuantileSketch(alpha=alpha, max_buckets=max_buckets, window=window), 0.99
+        for i in range(6000):
+            if i % 1500 == 0:
+                q = rng.choice((0.9, 0.99, 0.999))  # asking another quantile starts tracking that one
+            assert sketch._key_at(q) == walk(sketch, q)
+            sketch.add(0.0 if i % 37 == 0 else rng.lognormvariate(0, 0.5) * (50 if i > 3000 else 1))
+
+
+def test_summary_from_attributes_converts_and_defaults_like_reading_each_key():
+    s = RequestSummary.from_attributes({sc.LATENCY_E2E: 2, sc.LATENCY_TTFT: True, sc.USAGE_OUTPUT_TOKENS: 7.9,
+                                        sc.USAGE_INPUT_TOKENS: "3", sc.REQUEST_MODEL: "", sc.NUM_PREEMPTIONS: None,
+                                        sc.RESPONSE_FINISH_REASONS: ("stop", "length"), "other": 1})
+    assert (s.e2e, type(s.e2e), s.ttft, s.output_tokens, s.input_tokens, s.model) == (2.0, float, None, 7, None, None)
+    assert (s.operation, s.num_preemptions, s.finish_reason, s.error_type) == ("text_completion", 0, "stop", None)
+
+
 def test_boolean_options_take_python_bools_and_strings():
     assert Config.resolve({"capture_content": True}, environ={}).capture_content is True
     assert Config.resolve({"engine_steps": False}, environ={}).engine_steps is False

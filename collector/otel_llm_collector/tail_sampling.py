@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Sequence
 
-from otel_llm.core.policies import Decision, Policy, TraceView, Verdict, first_match
+from otel_llm.core.policies import NOT_SAMPLED, Decision, Policy, TraceView, Verdict, first_match
 from otel_llm.core.summary import RequestSummary
 
 from .config import TailSamplingConfig
@@ -30,6 +30,8 @@ from .telemetry import SelfTelemetry
 Clock = Callable[[], float]
 Item = tuple[Group, bytes]  # (resource and scope, encoded span), as spans.encode_request takes them
 Emit = Callable[[list[Item]], None]
+_SAMPLED = Verdict.SAMPLED
+_NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 
 
 class PendingTrace:
@@ -53,8 +55,9 @@ class PendingTrace:
 
     def view(self) -> TraceView:
         duration = (self.end_ns - self.start_ns) / 1e9 if self.end_ns > self.start_ns else None
-        return TraceView(int.from_bytes(self.trace_id, "big"), tuple(self.summaries or ()), self.has_error,
-                         len(self.items), duration, tuple(self.reasons or ()))
+        # the lists themselves, not tuple copies: the trace is out of the buffer once it is viewed
+        return TraceView(int.from_bytes(self.trace_id, "big"), self.summaries or (), self.has_error,
+                         len(self.items), duration, self.reasons or ())
 
 
 class TailSampler:
@@ -206,9 +209,11 @@ class TailSampler:
     def _decide(self, trace: PendingTrace, out: list[Item], decided: dict[tuple[str, str], int]) -> Decision:
         self._bytes -= trace.nbytes
         decision = first_match(self.policies, trace.view(), self._policy_failed)
-        key = (decision.reason.split(":", 1)[0] or "none", decision.verdict.value)
-        decided[key] = decided.get(key, 0) + 1  # counted once per batch: a labelled inc costs microseconds
-        if decision.sampled:
+        # counted once per batch (a labelled inc costs microseconds); most traces get the shared NOT_SAMPLED
+        key = _NOT_SAMPLED_KEY if decision is NOT_SAMPLED else (decision.reason.split(":", 1)[0] or "none",
+                                                               decision.verdict.value)
+        decided[key] = decided.get(key, 0) + 1
+        if decision.verdict is _SAMPLED:
             self._sampled.add(trace.trace_id)
             out.extend(trace.items)
         else:

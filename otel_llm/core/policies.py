@@ -60,8 +60,11 @@ class ErrorPolicy:
         self.name = name
 
     def evaluate(self, trace: TraceView) -> Decision:
-        if trace.has_error or any(s.failed for s in trace.summaries):
+        if trace.has_error:
             return Decision(Verdict.SAMPLED, self.name)
+        for s in trace.summaries:  # a loop, not any(<generator>): this runs for every trace
+            if s.failed:
+                return Decision(Verdict.SAMPLED, self.name)
         return NOT_SAMPLED
 
 
@@ -134,10 +137,10 @@ class LatencyPercentilePolicy:
             value = getattr(s, self.measure)
             if value is None:
                 continue
-            limit = self.threshold(s.model)
-            if limit is not None and value > limit:
+            sketch = self._sketches.get(s.model) or self._sketch(s.model)
+            if sketch.count >= self.min_samples and value > sketch.upper_bound(self.quantile):  # = threshold()
                 keep = True
-            self._sketch(s.model).add(value)
+            sketch.add(value)
         self._seen = self._seen * self._decay + 1.0
         if keep and self._kept + 1.0 > self.max_share * self._seen:
             keep = False  # over its share: a correlated burst, already represented by what was kept
@@ -190,6 +193,7 @@ def first_match(policies: Sequence[Policy], trace: TraceView, on_error: "callabl
     A policy that raises is "no vote" (reported through ``on_error``), never a crash.
     """
     chosen = NOT_SAMPLED
+    sampled, dropped = Verdict.SAMPLED, Verdict.DROPPED
     for policy in policies:
         try:
             decision = policy.evaluate(trace)
@@ -197,9 +201,10 @@ def first_match(policies: Sequence[Policy], trace: TraceView, on_error: "callabl
             if on_error is not None:
                 on_error(policy, exc)
             continue
-        if decision.verdict is Verdict.DROPPED:
+        verdict = decision.verdict
+        if verdict is dropped:
             return decision
-        if decision.sampled and not chosen.sampled:
+        if verdict is sampled and chosen is NOT_SAMPLED:
             chosen = decision
     return chosen
 
