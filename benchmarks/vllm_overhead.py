@@ -100,7 +100,21 @@ def run_once(llm, prompts, params, probe: Probe, flush=None, repeat: int = 1) ->
     cpu = time.process_time() - cpu0
     assert tokens == repeat * N_REQUESTS * OUTPUT_TOKENS
     return {"tokens_per_s": tokens / wall, "cpu_s": cpu, "wall_s": wall, "tokens": tokens,
-            "p99_gap_ms": probe.p99_gap_ms(start)}
+            "p99_gap_ms": probe.p99_gap_ms(start), **span_counts()}
+
+
+def span_counts() -> dict:
+    """What our telemetry sent and dropped so far (counts since instrument())."""
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+
+    telemetry = VLLMInstrumentor().telemetry
+    if telemetry is None:
+        return {}
+    wire = telemetry.spans.wire_export()
+    return {"requests_kept": telemetry.counts.requests_kept,
+            "requests_spans_dropped": telemetry.counts.spans_dropped,
+            "direct_spans_sent": wire.counts.spans_sent if wire else None,
+            "direct_spans_dropped": wire.counts.spans_dropped if wire else None}
 
 
 def hot_path_ns_per_token() -> float:
