@@ -4,8 +4,9 @@
                                                         [--root OTHER_CHECKOUT]
 
 Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only).
-* ingest: receive-path work without sockets (protobuf parse + extract + llm_metrics + tail_sampling add
-  + decisions + export encoding of the kept spans), per CPU-second of this process = spans/s per core.
+* ingest: receive-path work without sockets (protobuf parse, which validates, handed to the gateway with
+  the bytes as the receivers do; extract + llm_metrics + tail_sampling add + decisions + export encoding
+  of the kept spans), per CPU-second of this process = spans/s per core.
   Measured in rounds of 20 requests (~20k spans), each on a fresh gateway, so every trace id is new to
   the sampler (repeating payloads on one gateway would turn them into cheap "late" spans of decided
   traces); the median round is reported with the spread.
@@ -221,7 +222,7 @@ def bench_ingest(shape: int, seconds: float) -> dict:
         g.exporters = [sink]
         c0 = time.process_time()
         for p in payloads:
-            g.ingest(ExportTraceServiceRequest.FromString(p))
+            g.ingest(ExportTraceServiceRequest.FromString(p), raw=p)  # as the receivers do: validated, and the bytes
             g.tick()
         cpu = time.process_time() - c0
         g.exporters = []

@@ -109,9 +109,11 @@ class Gateway:
 
     # -- pipeline ------------------------------------------------------------------------------
 
-    def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct") -> int:
-        """Process one export request; returns the number of spans refused (invalid trace id)."""
-        batch = extract(request)
+    def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct", raw: bytes | None = None) -> int:
+        """Process one export request; returns the number of spans refused (invalid trace id).
+
+        ``raw``: the protobuf bytes ``request`` was parsed from, when at hand (the receivers pass them)."""
+        batch = extract(request, raw)
         if batch.spans:
             self.telemetry.inc("receiver_accepted_spans", len(batch.spans), transport=transport)
         if batch.rejected:

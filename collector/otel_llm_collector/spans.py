@@ -1,57 +1,49 @@
 """What the processors read from one export request, extracted once, and the encoding back to OTLP.
 
-Each span is kept as its own encoded bytes (``SerializeToString``), not as a live protobuf
-object: a buffered upb message keeps its whole received request (its arena) alive, which
-cost ~1.2 KB per buffered span; the bytes cost their length plus ~90 B. Resource and scope
-are encoded once per ``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept
-spans are framed back into an ``ExportTraceServiceRequest`` at the byte level
-(``encode_request``), regrouped under their resource and scope, schema URLs included.
+Each span is kept as its own encoded bytes, not as a live protobuf object: a buffered upb
+message keeps its whole received request (its arena) alive, which cost ~1.2 KB per buffered
+span; the bytes cost their length plus ~90 B. The request is read through ``wire``'s view, so
+those bytes are the span as received (no re-encoding) and a span's attributes arrive as a
+key -> encoded value map built in C. Resource and scope stay encoded too, once per
+``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept spans are framed back into
+an ``ExportTraceServiceRequest`` at the byte level (``encode_request``), regrouped under their
+resource and scope, schema URLs included.
 
-Attributes are decoded into a dict only for spans that carry request latencies (ours or the
-engines' native ones); every other span costs a scan of its attribute keys. The dict goes
-to the core's ``RequestSummary.from_attributes``: the derivation exists once, in the core.
+Attribute values are decoded only for spans that carry request latencies (ours or the engines'
+native ones) or a client's time to first chunk; every other span costs a few key lookups. The
+decoded dict goes to the core's ``RequestSummary.from_attributes``: the derivation exists once,
+in the core. A span with request latencies is a request span whatever its kind; otherwise a
+CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttft_join``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.summary import RequestSummary
 
+from .wire import RequestView, SpanView, any_value, value_of
+
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
-_TRIGGERS = frozenset((sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E))
-_OURS = frozenset((sc.LATENCY_E2E, sc.LATENCY_TTFT))
-_SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
+_TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
 SERVICE_NAME = "service.name"
 _ERROR = Status.STATUS_CODE_ERROR
 _NO_TRACE = b"\0" * 16
 _TTFC = sc.RESPONSE_TIME_TO_FIRST_CHUNK
 _CLIENT = 3  # Span.SPAN_KIND_CLIENT
 
-
-def any_value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind in _SCALAR:
-        return getattr(v, kind)
-    if kind == "array_value":
-        return tuple(any_value(x) for x in v.array_value.values)
-    return None  # kvlist / empty: nothing a processor reads
+__all__ = ["any_value", "attributes", "extract", "encode_request", "spans_of"]
 
 
 def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
-    out = {}
-    for kv in kvs:
-        v = kv.value
-        kind = v.WhichOneof("value")
-        out[kv.key] = getattr(v, kind) if kind in _SCALAR else any_value(v)
-    return out
+    """Full-class ``KeyValue`` messages as a dict (tests and tools; the receive path reads ``wire``'s map)."""
+    return {kv.key: any_value(kv.value) for kv in kvs}
 
 
 def service_name(resource: Resource) -> str:
@@ -107,59 +99,60 @@ class Extracted:
     clients: list[ClientFacts] | None = None
 
 
-def is_request_span(span: Any) -> bool:
-    for kv in span.attributes:
-        if kv.key in _TRIGGERS:
-            return True
-    return False
+def _decoded(encoded: Mapping[str, bytes]) -> dict[str, Any]:
+    return {key: value_of(value) for key, value in encoded.items()}
 
 
-def request_facts(span: Any, service: str) -> RequestFacts | None:
+def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any]) -> RequestFacts | None:
     """A request span's summary (the core's derivation), source and recorded sampling reason."""
-    attrs = attributes(span.attributes)
     summary = RequestSummary.from_attributes(attrs)
     if summary is None:
         return None
     reason = attrs.get(sc.SAMPLING_REASON)
-    source = "otel_llm" if not _OURS.isdisjoint(attrs) else "native"
-    return RequestFacts(span.trace_id, service, summary, source, reason if isinstance(reason, str) else None)
+    source = "otel_llm" if sc.LATENCY_E2E in attrs or sc.LATENCY_TTFT in attrs else "native"
+    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None)
 
 
-def extract(request: ExportTraceServiceRequest) -> Extracted:
-    """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries."""
+def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Extracted:
+    """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries.
+
+    ``raw``: the request's bytes as received, when the receiver has them (saves encoding it again)."""
+    view = RequestView.FromString(request.SerializeToString() if raw is None else raw)
     spans: list[SpanRecord] = []
     requests: list[RequestFacts] = []
     clients: list[ClientFacts] | None = None
     rejected = 0
-    triggers = _TRIGGERS
-    for rs in request.resource_spans:
+    triggers, read_span = _TRIGGERS, SpanView.FromString
+    for rs in view.resource_spans:
         resource = rs.resource
-        service = service_name(resource)
-        resource_key = (resource.SerializeToString(), rs.schema_url)
+        service = service_name(Resource.FromString(resource))
+        resource_key = (resource, rs.schema_url)
         for ss in rs.scope_spans:
-            group = Group(resource_key, (ss.scope.SerializeToString(), ss.schema_url), service)
-            for span in ss.spans:
+            group = Group(resource_key, (ss.scope, ss.schema_url), service)
+            for encoded in ss.spans:
+                span = read_span(encoded)
                 tid = span.trace_id
                 if len(tid) != 16 or tid == _NO_TRACE:
                     rejected += 1  # the OTLP spec: a span without a valid trace id is invalid
                     continue
                 facts = None
-                for kv in span.attributes:  # inlined is_request_span: this loop runs for every span
-                    if kv.key in triggers:
-                        facts = request_facts(span, service)
-                        if facts is not None:
-                            requests.append(facts)
-                        break
-                    if kv.key == _TTFC and span.kind == _CLIENT:
-                        attrs = attributes(span.attributes)
-                        ttfc, model = attrs.get(_TTFC), attrs.get(sc.REQUEST_MODEL)
-                        if isinstance(ttfc, float):
-                            (clients := clients if clients is not None else []).append(
-                                ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
-                        break
-                spans.append((tid, group, span.SerializeToString(), span.start_time_unix_nano,
-                              span.end_time_unix_nano, span.status.code == _ERROR, not span.parent_span_id,
-                              facts is not None))
+                attrs = span.attributes
+                if attrs:
+                    for key in triggers:
+                        if key in attrs:
+                            facts = request_facts(tid, service, _decoded(attrs))
+                            if facts is not None:
+                                requests.append(facts)
+                            break
+                    else:
+                        if _TTFC in attrs and span.kind == _CLIENT:
+                            ttfc, model = value_of(attrs[_TTFC]), attrs.get(sc.REQUEST_MODEL)
+                            model = value_of(model) if model is not None else None
+                            if isinstance(ttfc, float):
+                                (clients := clients if clients is not None else []).append(
+                                    ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
+                              span.status.code == _ERROR, not span.parent_span_id, facts is not None))
     return Extracted(spans, requests, rejected, clients)
 
 

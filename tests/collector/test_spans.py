@@ -43,3 +43,39 @@ def test_extract_marks_request_spans_and_rejects_bad_trace_ids() -> None:
     assert not second[REQUEST] and not second[ROOT] and second[ERROR]
     r = got.requests[0]
     assert r.summary.model == "llama" and r.source == "otel_llm" and r.service == "svc"
+
+
+def test_wire_view_reads_every_kind_of_value_as_the_full_classes_do() -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+
+    from otel_llm_collector.wire import any_value, value_of
+
+    values = [AnyValue(string_value="llama"), AnyValue(string_value=""), AnyValue(string_value="ü" * 200),
+              AnyValue(bool_value=True), AnyValue(bool_value=False), AnyValue(int_value=0), AnyValue(int_value=-7),
+              AnyValue(int_value=2**62), AnyValue(double_value=0.25), AnyValue(double_value=0.0),
+              AnyValue(double_value=float("-inf")), AnyValue(bytes_value=b"\0\1"), AnyValue(),
+              AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="stop"), AnyValue(int_value=1)])),
+              AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="k", value=AnyValue(int_value=1))]))]
+    for v in values * 2:  # twice: the second read comes from the cache
+        assert repr(value_of(v.SerializeToString())) == repr(any_value(v)), v
+
+
+def test_extract_keeps_each_span_as_received_and_the_last_of_repeated_keys() -> None:
+    from collector_testkit import any_value as av
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    from otel_llm.core import semconv as sc
+
+    s = span(1, 1, attrs=request_attrs(model="first"))
+    s.attributes.append(KeyValue(key=sc.REQUEST_MODEL, value=av("last")))  # a repeated key: the last wins
+    req = export_request(s, span(1, 2, parent=1, attrs={"step": 3}))
+    raw = req.SerializeToString()
+    got = extract(req, raw)
+    sent = req.resource_spans[0].scope_spans[0].spans
+    assert [rec[ENCODED] for rec in got.spans] == [x.SerializeToString() for x in sent]
+    assert got.requests[0].summary.model == "last" and extract(req).spans == got.spans
+    # a CLIENT span with request latencies is a request span (its time to first chunk is not a client call)
+    c = span(2, 1, attrs={sc.RESPONSE_TIME_TO_FIRST_CHUNK: 0.2, **request_attrs()})
+    c.kind = 3
+    both = extract(export_request(c))
+    assert len(both.requests) == 1 and both.clients is None

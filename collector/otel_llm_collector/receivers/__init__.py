@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-# (request, transport) -> number of spans refused (partial success)
-Ingest = Callable[[ExportTraceServiceRequest, str], int]
+
+class Ingest(Protocol):
+    """(request, transport, its protobuf bytes as received if any) -> number of spans refused (partial success).
+
+    The request is validated (parsed by the full OTLP classes); ``raw`` spares the gateway encoding it again."""
+
+    def __call__(self, request: ExportTraceServiceRequest, transport: str, raw: bytes | None = None) -> int: ...

@@ -61,7 +61,7 @@ class GrpcReceiver:
             self._bad(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed",
                       f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}")
         try:
-            rejected = self._ingest(request, "grpc")
+            rejected = self._ingest(request, "grpc", raw)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             self._bad(context, grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}")
         response = ExportTraceServiceResponse()

@@ -164,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
             if encoding == "gzip":
                 body = inflate(body, cfg.max_body_bytes)
             request = self._parse(body, is_json)
-            rejected = self.owner.ingest(request, "http")
+            rejected = self.owner.ingest(request, "http", None if is_json else body)
         except BadRequest as err:
             return self._error(err, is_json)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down

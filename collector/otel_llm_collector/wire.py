@@ -1,0 +1,99 @@
+"""A reading view of an OTLP export request: the spans as their received bytes, attributes as a map of encoded values.
+
+The receive path needs, per span, its encoded bytes (that is what is buffered and exported), a
+few scalar fields, and - for request spans only - some attribute values. Reading those through
+the full OTLP classes costs a Python wrapper per ``KeyValue`` and ``AnyValue`` (~0.6 us per
+attribute) plus re-encoding every span. These messages are wire-compatible stand-ins built at
+import time (no generated code): ``ScopeSpans.spans`` is ``repeated bytes`` (each span's bytes as
+received), ``Span`` declares only the fields read here (the rest stays unknown, untouched), and
+``Span.attributes`` is ``map<string, bytes>``: a ``KeyValue`` {1: key, 2: AnyValue} is exactly a
+map entry, so upb builds the key -> encoded ``AnyValue`` dict in C (a repeated key: the last wins,
+as when building a dict). ``value_of`` decodes one value as ``any_value`` does from the full class.
+
+The receivers validate a request with the full OTLP classes first (malformed input is refused
+there); this view only reads what was accepted.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+_F = descriptor_pb2.FieldDescriptorProto
+_PKG = "otel_llm_collector.wire"
+
+
+def _build() -> descriptor_pool.DescriptorPool:
+    fd = descriptor_pb2.FileDescriptorProto(name="otel_llm_collector_wire.proto", package=_PKG, syntax="proto3")
+
+    def message(name: str, fields: list[tuple[str, int, int, bool, str]],
+                parent: Any = None) -> descriptor_pb2.DescriptorProto:
+        m = (parent.nested_type if parent is not None else fd.message_type).add(name=name)
+        for fname, number, ftype, repeated, type_name in fields:
+            f = m.field.add(name=fname, number=number, type=ftype,
+                            label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+            if type_name:
+                f.type_name = f".{_PKG}.{type_name}"
+        return m
+
+    # field numbers and wire types as in opentelemetry/proto/trace/v1/trace.proto
+    message("Status", [("code", 3, _F.TYPE_INT32, False, "")])  # an enum on the wire is a varint, as int32
+    span = message("Span", [
+        ("trace_id", 1, _F.TYPE_BYTES, False, ""),
+        ("parent_span_id", 4, _F.TYPE_BYTES, False, ""),
+        ("kind", 6, _F.TYPE_INT32, False, ""),
+        ("start_time_unix_nano", 7, _F.TYPE_FIXED64, False, ""),
+        ("end_time_unix_nano", 8, _F.TYPE_FIXED64, False, ""),
+        ("attributes", 9, _F.TYPE_MESSAGE, True, "Span.AttributesEntry"),
+        ("status", 15, _F.TYPE_MESSAGE, False, "Status"),
+    ])
+    entry = message("AttributesEntry", [("key", 1, _F.TYPE_STRING, False, ""), ("value", 2, _F.TYPE_BYTES, False, "")],
+                    parent=span)
+    entry.options.map_entry = True
+    message("ScopeSpans", [("scope", 1, _F.TYPE_BYTES, False, ""), ("spans", 2, _F.TYPE_BYTES, True, ""),
+                           ("schema_url", 3, _F.TYPE_STRING, False, "")])
+    message("ResourceSpans", [("resource", 1, _F.TYPE_BYTES, False, ""),
+                              ("scope_spans", 2, _F.TYPE_MESSAGE, True, "ScopeSpans"),
+                              ("schema_url", 3, _F.TYPE_STRING, False, "")])
+    message("ExportTraceServiceRequest", [("resource_spans", 1, _F.TYPE_MESSAGE, True, "ResourceSpans")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return pool
+
+
+_POOL = _build()
+RequestView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.ExportTraceServiceRequest"))
+SpanView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Span"))
+
+_SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
+_DOUBLE = struct.Struct("<d").unpack_from
+_CACHE_MAX = 4096
+_cache: dict[bytes, Any] = {}  # encoded AnyValue -> value: model names, providers, token counts repeat
+
+
+def any_value(v: AnyValue) -> Any:
+    """A full-class ``AnyValue``'s value: scalars as Python values, arrays as tuples, kvlist/empty as None."""
+    kind = v.WhichOneof("value")
+    if kind in _SCALAR:
+        return getattr(v, kind)
+    if kind == "array_value":
+        return tuple(any_value(x) for x in v.array_value.values)
+    return None  # kvlist / empty: nothing a processor reads
+
+
+def value_of(encoded: bytes) -> Any:
+    """The value of an encoded ``AnyValue``: what ``any_value`` reads from the full class."""
+    if len(encoded) == 9 and encoded[0] == 0x21:  # only field 4 (double_value, fixed64): latencies, never repeat
+        return _DOUBLE(encoded, 1)[0]
+    try:
+        return _cache[encoded]
+    except KeyError:
+        pass
+    value = any_value(AnyValue.FromString(encoded))  # everything else: the full class, then remembered
+    if len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+    _cache[encoded] = value
+    return value
