@@ -110,11 +110,9 @@ def span_counts() -> dict:
     telemetry = VLLMInstrumentor().telemetry
     if telemetry is None:
         return {}
-    wire = telemetry.spans.wire_export()
-    return {"requests_kept": telemetry.counts.requests_kept,
-            "requests_spans_dropped": telemetry.counts.spans_dropped,
-            "direct_spans_sent": wire.counts.spans_sent if wire else None,
-            "direct_spans_dropped": wire.counts.spans_dropped if wire else None}
+    stats = telemetry.stats()
+    return {k: stats.get(k) for k in ("requests_kept", "requests_spans_dropped", "direct_spans_sent",
+                                      "direct_spans_dropped")}
 
 
 def hot_path_ns_per_token() -> float:

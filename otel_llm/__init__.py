@@ -17,7 +17,7 @@ from .core.config import Config, Detail
 from .core.slo import SLO, SLOTable
 from .version import __version__
 
-__all__ = ["instrument", "uninstrument", "instrumented", "flush", "SLO", "SLOTable", "Detail", "Config", "__version__"]
+__all__ = ["instrument", "uninstrument", "instrumented", "flush", "stats", "SLO", "SLOTable", "Detail", "Config", "__version__"]
 
 # import package -> "module:Instrumentor"; checked in this order
 _INSTRUMENTORS: dict[str, str] = {
@@ -51,6 +51,7 @@ def instrument(
     engine_steps: bool | None = None,
     max_steps: int | None = None,
     max_requests: int | None = None,
+    direct_export: bool | None = None,
 ) -> list[str]:
     """Instrument every supported engine and client that is installed; returns their names.
 
@@ -60,7 +61,8 @@ def instrument(
     """
     config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
                                  tail_quantile=tail_quantile, capture_content=capture_content,
-                                 engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests))
+                                 engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests,
+                                 direct_export=direct_export))
     done = []
     for package, path in _INSTRUMENTORS.items():
         if not _available(package):
@@ -91,8 +93,9 @@ def flush(timeout: float = 10.0) -> bool:
     """Wait until the spans of every request finished so far were handed to the span processors.
 
     Spans are built on a background thread; call this before reading an in-memory exporter or
-    before the process exits (uninstrument() and interpreter exit do it too). Then call your
-    tracer provider's ``force_flush`` to push them out of its processors.
+    before the process exits (uninstrument() and interpreter exit do it too). Spans we export
+    directly (see the README, "Direct export") are sent by the time it returns; call your tracer
+    provider's ``force_flush`` to push the others out of its processors.
     """
     done = True
     for package, path in _INSTRUMENTORS.items():
@@ -102,3 +105,23 @@ def flush(timeout: float = 10.0) -> bool:
         if telemetry is not None and hasattr(telemetry, "flush"):
             done = telemetry.flush(timeout) and done
     return done
+
+
+def stats() -> dict[str, Any]:
+    """What happened to the telemetry so far, per instrumented engine, plus the errors we caught.
+
+    ``{"vllm": {"requests_finished": 120, "requests_kept": 9, "direct_spans_sent": 1032, ...},
+    "errors": {"site": count}}``. The same numbers are observable counters named ``otel_llm.*``
+    on the meter provider (see the README, "Its own health").
+    """
+    from .core.guard import GUARD
+
+    out: dict[str, Any] = {}
+    for package, path in _INSTRUMENTORS.items():
+        if not _available(package):
+            continue
+        telemetry = getattr(_instrumentor(path), "telemetry", None)
+        if telemetry is not None and hasattr(telemetry, "stats"):
+            out[package] = telemetry.stats()
+    out["errors"] = dict(GUARD.errors)
+    return out

@@ -454,7 +454,7 @@ def test_a_full_materializer_drops_spans_but_not_metrics():
     h.telemetry.materializer._max = 0  # refuses everything, as when span building falls far behind
     h.request("a")
     h.request("b")
-    assert h.telemetry.counts.spans_dropped == 2 and h.trees() == {}
+    assert h.telemetry.counts.requests_spans_dropped == 2 and h.trees() == {}
     got = points_by_name(h.metric_data())
     assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 2
 

@@ -338,3 +338,31 @@ def test_engine_steps_go_direct_linked_to_the_kept_requests_and_honour_the_sampl
             assert len(roots) == 2 and sorted(step.links) == sorted((r.trace_id, r.span_id) for r in roots.values())
             assert step.attributes[sc.STEP_NUM_PREFILL_TOKENS] == 16 and step.attributes[sc.STEP_BATCH_SIZE] == 2
             assert step.trace_id not in {r.trace_id for r in roots.values()} and not step.parent_span_id
+
+
+def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics():
+    import socket
+
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_llm.testing.metrics import points_by_name
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tp = TracerProvider(resource=RESOURCE)
+    tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)))
+    reader = InMemoryMetricReader()
+    config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
+    tel = Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
+    finish_request(tel, "r1", tokens=10)
+    assert tel.flush(30)
+    stats = tel.stats()
+    assert stats["requests_finished"] == stats["requests_kept"] == 1
+    assert stats["direct_spans_dropped"] == 13 and stats["direct_spans_sent"] == 0  # request, 3 phases, 9 steps
+    points = points_by_name(reader.get_metrics_data())
+    assert [p.value for p in points["otel_llm.spans.dropped_direct"]] == [13]
+    kept = [p.value for p in points["otel_llm.requests"] if p.attributes["otel_llm.state"] == "kept"]
+    assert kept == [1]
+    tel.close()
+    tp.shutdown()

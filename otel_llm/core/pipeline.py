@@ -20,6 +20,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .guard import GUARD
 from .materializer import Materializer
+from . import self_metrics
 from .metrics import ServerMetrics
 from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
@@ -34,7 +35,7 @@ class Counts:
     requests_finished: int = 0
     requests_untracked: int = 0  # over max_requests: metrics only
     requests_kept: int = 0
-    spans_dropped: int = 0  # kept requests whose spans the full materializer queue refused
+    requests_spans_dropped: int = 0  # kept requests whose spans the full materializer queue refused
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
@@ -59,6 +60,17 @@ class Telemetry:
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
+        self_metrics.register(meter, engine, self.stats)
+
+    def stats(self) -> dict[str, int]:
+        """What happened to the telemetry so far: requests kept, spans sent and dropped (counts)."""
+        out = dict(vars(self.counts))
+        wire = self.spans.direct
+        if wire is not None:
+            out["direct_spans_sent"] = wire.counts.spans_sent
+            out["direct_spans_dropped"] = wire.counts.spans_dropped
+            out["direct_requests_failed"] = wire.counts.requests_failed
+        return out
 
     # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
 
@@ -125,7 +137,7 @@ class Telemetry:
         if self.materializer.submit((t, s, decision if decision.sampled else None, detail)):
             return decision
         if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
-            self.counts.spans_dropped += 1
+            self.counts.requests_spans_dropped += 1
         self.metrics.record(s)
         self._settle_steps(t, None)
         return decision

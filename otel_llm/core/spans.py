@@ -157,6 +157,11 @@ class SpanBuilder:
             self._tracer = wire_tracer.WireTracer(self._sdk_tracer, self._wire) if self._wire else self._sdk_tracer
         return self._wire
 
+    @property
+    def direct(self) -> DirectExport | None:
+        """The direct exporter in use now, if any (its counts)."""
+        return self._wire
+
     def flush(self, timeout: float | None = 10.0) -> bool:
         return self._wire.flush(timeout) if self._wire is not None else True
 
