@@ -74,8 +74,8 @@ class RequestFacts:
 
 
 # One received span, as a plain tuple (built per span on the hot path, so no object per span):
-# (trace_id, group, encoded span, start_ns, end_ns, error, root, request)
-SpanRecord = tuple[bytes, Group, bytes, int, int, bool, bool, bool]
+# (trace_id, group, encoded span, start_ns, end_ns, error, root, request facts if a request span else None)
+SpanRecord = tuple[bytes, Group, bytes, int, int, bool, bool, "RequestFacts | None"]
 TRACE_ID, GROUP, ENCODED, START, END, ERROR, ROOT, REQUEST = range(8)
 
 
@@ -100,7 +100,8 @@ class Extracted:
 
 
 def _decoded(encoded: Mapping[str, bytes]) -> dict[str, Any]:
-    return {key: value_of(value) for key, value in encoded.items()}
+    # keys, then one lookup each: the map's items() is collections.abc's Python-level view, ~2x slower
+    return {key: value_of(encoded[key]) for key in encoded}
 
 
 def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any]) -> RequestFacts | None:
@@ -152,7 +153,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
                 spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
-                              span.status.code == _ERROR, not span.parent_span_id, facts is not None))
+                              span.status.code == _ERROR, not span.parent_span_id, facts))
     return Extracted(spans, requests, rejected, clients)
 
 

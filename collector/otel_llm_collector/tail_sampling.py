@@ -89,60 +89,67 @@ class TailSampler:
     # -- receive path --------------------------------------------------------------------------
 
     def add(self, batch: Extracted) -> None:
-        """Buffer one received batch (spans, then its request summaries), in one pass under the lock."""
+        """Buffer one received batch (spans with their request summaries), in one pass under the lock."""
         out: list[Item] = []
         late_sampled = late_dropped = 0
         decided: dict[tuple[str, str], int] = {}
         traces, sampled, not_sampled = self._traces, self._sampled, self._not_sampled
+        due, seq, push = self._due, self._seq, heapq.heappush
         with self._lock:
             now = self._clock()
             decision_wait = now + self.cfg.decision_wait
             soon = min(now + self.cfg.decision_wait_after_root_received, decision_wait)
             added = 0
             for tid, group, raw, start, end, error, root, request in batch.spans:
+                size = len(raw)
+                added += size
                 trace = traces.get(tid)
                 if trace is None:
                     if tid in sampled:
                         late_sampled += 1
                         out.append((group, raw))
+                        added -= size
                         continue
                     if tid in not_sampled:
                         late_dropped += 1
+                        added -= size
                         continue
-                    # a trace that starts with its request (or root) span waits only for stragglers
-                    seen = request or root
+                    # a new trace, filled from its first span (a 1-span trace never takes the path below);
+                    # one that starts with its request (or root) span waits only for stragglers
+                    seen = request is not None or root
                     trace = traces[tid] = PendingTrace(tid, now, soon if seen else decision_wait, seen)
-                    self._push(trace)
-                trace.items.append((group, raw))
-                size = len(raw)
-                trace.nbytes += size
-                added += size
-                if error:
-                    trace.has_error = True
-                if start and (not trace.start_ns or start < trace.start_ns):
+                    push(due, (trace.decide_at, next(seq), tid))
+                    trace.items.append((group, raw))
+                    trace.nbytes = size
+                    trace.has_error = error
                     trace.start_ns = start
-                if end > trace.end_ns:
                     trace.end_ns = end
-                if (request or root) and not trace.request_seen:
-                    # the request (or root) span is in: wait a little for stragglers, then decide
-                    trace.request_seen = True
-                    if soon < trace.decide_at:
-                        trace.decide_at = soon
-                        self._push(trace)
-            self._bytes += added
-            for r in batch.requests:
-                trace = traces.get(r.trace_id)
-                if trace is None:
-                    continue  # a late request span: its trace was decided already
-                if trace.summaries is None:
-                    trace.summaries = [r.summary]
                 else:
-                    trace.summaries.append(r.summary)
-                if r.reason:
-                    if trace.reasons is None:
-                        trace.reasons = [r.reason]
+                    trace.items.append((group, raw))
+                    trace.nbytes += size
+                    if error:
+                        trace.has_error = True
+                    if start and (not trace.start_ns or start < trace.start_ns):
+                        trace.start_ns = start
+                    if end > trace.end_ns:
+                        trace.end_ns = end
+                    if (request is not None or root) and not trace.request_seen:
+                        # the request (or root) span is in: wait a little for stragglers, then decide
+                        trace.request_seen = True
+                        if soon < trace.decide_at:
+                            trace.decide_at = soon
+                            self._push(trace)
+                if request is not None:
+                    if trace.summaries is None:
+                        trace.summaries = [request.summary]
                     else:
-                        trace.reasons.append(r.reason)
+                        trace.summaries.append(request.summary)
+                    if request.reason:
+                        if trace.reasons is None:
+                            trace.reasons = [request.reason]
+                        else:
+                            trace.reasons.append(request.reason)
+            self._bytes += added
             self._enforce_limits(out, decided)
             self._gauges()
         if late_sampled:
