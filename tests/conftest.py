@@ -9,18 +9,23 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
 from otel_llm.testing.engine import prepare_env
 from otel_llm.testing.metrics import points_by_name
+from otel_llm.testing.otlp_sink import OTLPSink
 
 prepare_env()
 
 
 class Otel:
-    """In-memory span and metric capture, re-armed per test."""
+    """In-memory span and metric capture, re-armed per test.
+
+    ``instrumented(transport="otlp")`` sends spans instead as a deployment does (batch processor,
+    OTLP/HTTP exporter, hence our direct export) to a real receiver on loopback, and reads them
+    back from there, so the same assertions cover both paths."""
 
     def __init__(self) -> None:
         self.spans = InMemorySpanExporter()
@@ -28,9 +33,14 @@ class Otel:
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.sink: OTLPSink | None = None
+        self.otlp_provider: TracerProvider | None = None
 
     def finished(self) -> list[ReadableSpan]:
         assert otel_llm.flush(10)  # spans are built on a background thread
+        if self.sink is not None:
+            assert self.otlp_provider is not None and self.otlp_provider.force_flush()
+            return [s.readable() for s in self.sink.spans()]
         return list(self.spans.get_finished_spans())
 
     def histogram(self, name: str) -> list[Any]:
@@ -42,8 +52,10 @@ class Otel:
         return sum(p.value for p in self.histogram(name))
 
     @contextlib.contextmanager
-    def instrumented(self, **options: Any) -> Iterator[Any]:
+    def instrumented(self, transport: str = "memory", **options: Any) -> Iterator[Any]:
         """Re-instrument with these options; yields the vLLM instrumentor (its ``telemetry`` is live)."""
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
         from otel_llm.instrumentation.vllm import VLLMInstrumentor
 
         otel_llm.uninstrument()
@@ -51,11 +63,21 @@ class Otel:
         # readers are cumulative: a fresh one per instrumentation keeps tests independent
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
-        otel_llm.instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **options)
+        tracer_provider = self.tracer_provider
+        if transport == "otlp":
+            self.sink = OTLPSink().start()
+            tracer_provider = self.otlp_provider = TracerProvider()
+            tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+                endpoint=f"{self.sink.endpoint}/v1/traces")))
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=self.meter_provider, **options)
         try:
             yield VLLMInstrumentor()
         finally:
             otel_llm.uninstrument()
+            if self.sink is not None:
+                self.otlp_provider.shutdown()
+                self.sink.stop()
+                self.sink = self.otlp_provider = None
 
 
 @pytest.fixture(scope="session")

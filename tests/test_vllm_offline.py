@@ -21,12 +21,16 @@ def _params(**kw):
     return SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0, **kw)
 
 
-@pytest.fixture(scope="module")
-def full_run(llm, otel):
-    """Every request kept at full detail."""
-    with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
+@pytest.fixture(scope="module", params=["memory", "otlp"])
+def full_run(request, llm, otel):
+    """Every request kept at full detail; spans read from the SDK's in-memory exporter, and again
+    as a deployment sends them (batch processor + OTLP/HTTP: our direct export) to a real receiver."""
+    with otel.instrumented(request.param, sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
         outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
         spans = otel.finished()
+        if request.param == "otlp":
+            stats = inst.telemetry.stats()
+            assert stats["direct_spans_sent"] == len(spans) and stats["direct_spans_dropped"] == 0
         held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
         ttft_points = otel.histogram("gen_ai.server.time_to_first_token")
     return outputs, spans, held, ttft_points

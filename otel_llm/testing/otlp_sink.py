@@ -42,6 +42,22 @@ class SinkSpan:
     def duration(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
 
+    def readable(self) -> Any:
+        """As the SDK's ReadableSpan, so helpers written for in-memory spans read OTLP-received ones."""
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+
+        def ctx(trace_hex: str, span_hex: str) -> SpanContext:
+            return SpanContext(int(trace_hex, 16), int(span_hex, 16), False)
+
+        return ReadableSpan(
+            name=self.name, context=ctx(self.trace_id, self.span_id),
+            parent=ctx(self.trace_id, self.parent_span_id) if self.parent_span_id else None,
+            kind=SpanKind[self.kind] if self.kind in SpanKind.__members__ else SpanKind.INTERNAL,
+            attributes=self.attributes, events=[Event(n, a, ts) for n, ts, a in self.events],
+            links=[Link(ctx(t, s)) for t, s in self.links], start_time=self.start_ns, end_time=self.end_ns,
+            status=Status(StatusCode[self.status], self.status_message or None))
+
 
 def _value(v: AnyValue) -> Any:
     which = v.WhichOneof("value")
