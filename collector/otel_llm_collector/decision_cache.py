@@ -17,10 +17,13 @@ class DecisionCache:
     def add(self, trace_id: bytes) -> None:
         if not self._size:
             return
-        self._ids[trace_id] = None
-        self._ids.move_to_end(trace_id)
-        if len(self._ids) > self._size:
-            self._ids.popitem(last=False)
+        ids = self._ids
+        if trace_id in ids:  # rare (a trace id decided twice): refresh its place
+            ids.move_to_end(trace_id)
+            return
+        ids[trace_id] = None  # a new key goes to the end already
+        if len(ids) > self._size:
+            ids.popitem(last=False)
 
     def __contains__(self, trace_id: bytes) -> bool:
         return trace_id in self._ids
