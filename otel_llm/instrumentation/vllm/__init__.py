@@ -68,6 +68,7 @@ class VLLMInstrumentor(BaseInstrumentor):
                    w.serving("text_completion")),
             Target("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses",
                    w.serving("chat")),
+            Target("vllm.entrypoints.pooling.embed.serving", "ServingEmbedding.__call__", w.serving("embeddings")),
         ])
         self._table.wrap()
 

@@ -134,8 +134,11 @@ class VLLMWrappers:
         return result
 
     def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
-        operation, kind = _OPERATION.get() or ("text_completion", SpanKind.INTERNAL)
+        operation, kind = _OPERATION.get() or (None, SpanKind.INTERNAL)
         params = request.sampling_params
+        if operation is None:  # offline generate/encode: what the request itself says it is
+            pooling = params is None and getattr(request, "pooling_params", None) is not None
+            operation = "embeddings" if pooling else "text_completion"
         attrs: dict[str, Any] = {}
         if params is not None:
             for key, value in (("gen_ai.request.max_tokens", params.max_tokens),
