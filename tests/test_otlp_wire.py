@@ -366,3 +366,28 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
     assert kept == [1]
     tel.close()
     tp.shutdown()
+
+
+def test_spans_of_requests_finished_just_before_exit_are_sent():
+    import subprocess
+    import sys
+    import textwrap
+
+    with OTLPSink() as sink:
+        code = textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from test_otlp_wire import RESOURCE, finish_request, telemetry_for
+            tp = TracerProvider(resource=RESOURCE)
+            tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint="{sink.endpoint}/v1/traces")))
+            tel = telemetry_for(tp)
+            finish_request(tel, "r1", tokens=30)
+            # no flush, no close: the interpreter exits with the request still queued
+        """)
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        spans = sink.spans()
+        assert len([s for s in spans if s.name == sc.SPAN_DECODE_STEP]) == 29
+        check_trace(spans, 30)

@@ -21,7 +21,6 @@ background sender, a schedule delay, flush on ``flush()`` and at exit.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
@@ -120,8 +119,7 @@ class DirectExport:
         self._wake = False
         self._thread: threading.Thread | None = None
         self._pid = 0
-        self.counts = DirectCounts()
-        atexit.register(self.flush, 2.0)
+        self.counts = DirectCounts()  # flushed at exit by its owner (Telemetry), after the spans are built
 
     @classmethod
     def for_tracer(cls, tracer: Any) -> "DirectExport | None":
@@ -169,7 +167,6 @@ class DirectExport:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        atexit.unregister(self.flush)
         return done
 
     def _start(self) -> None:

@@ -7,6 +7,7 @@ engine stamps to it on the hot path, feed engine steps to ``add_step``, and call
 
 from __future__ import annotations
 
+import atexit
 import random
 import threading
 from collections import OrderedDict
@@ -60,6 +61,9 @@ class Telemetry:
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
+        # registered after the materializer's own exit hook, so it runs first (atexit is LIFO): it
+        # builds what is queued, then sends what we export directly; providers made earlier shut down after
+        atexit.register(self.flush, 2.0)
         self_metrics.register(meter, engine, self.stats)
 
     def stats(self) -> dict[str, int]:
@@ -152,6 +156,7 @@ class Telemetry:
         self.materializer.submit((None, None, None, None))
         self.materializer.close(timeout)
         self.spans.close(timeout)
+        atexit.unregister(self.flush)
 
     # -- on the materializer thread ------------------------------------------------------------
 
