@@ -167,7 +167,7 @@ def main() -> None:
     from otel_llm.testing.engine import engine_args, prepare_env
 
     prepare_env()
-    os.environ.pop("OTEL_LLM_STEP_SOCKET", None)
+    os.environ.pop("OTEL_LLM_STEP_DIR", None)
     sink, endpoint = start_sink()
     SINK_PIDS.add(sink.pid)
     try:

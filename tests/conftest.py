@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util  # noqa: F401  (first: see below)
 from typing import Any, Iterator
 
 import pytest
@@ -18,6 +19,12 @@ from otel_llm.testing.metrics import points_by_name
 from otel_llm.testing.otlp_sink import OTLPSink
 
 prepare_env()
+
+# multiprocessing's exit hook joins non-daemon children (vLLM's EngineCore); vLLM's own shutdown of
+# them runs from weakref.finalize's exit hook. atexit runs hooks in reverse order of registration,
+# so multiprocessing's must be registered first, or a session whose first weakref.finalize (e.g. a
+# TemporaryDirectory in a serve test) came before vLLM's import hangs at exit joining an EngineCore
+# nobody told to stop. Importing multiprocessing.util above registers it.
 
 
 class Otel:

@@ -33,3 +33,34 @@ def test_serve_reports_engine_steps_and_chunks():
     steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
     assert len(steps) >= len(chunks) + 7  # every prefill chunk and decode step was an engine step
     assert all((request.trace_id, request.span_id) in x.links for x in steps)
+
+
+def test_serve_with_several_api_servers_reports_steps_to_each():
+    """``--api-server-count 2``: two frontend processes share one EngineCore; each gets the engine
+    steps (every request it served is linked from its steps), not only the process that spawned it."""
+    import concurrent.futures
+
+    import openai
+
+    env = {"OTEL_LLM_BASELINE_DETAIL": "steps", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process"}
+    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env=env,
+                                        extra_args=("--api-server-count", "2"), cli=True) as s:
+        client = openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0)
+
+        def ask(i: int) -> None:
+            client.completions.create(model=s.model, prompt=[3 + (i * 11 + j) % 400 for j in range(20)],
+                                      max_tokens=8, extra_body={"ignore_eos": True})
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(ask, range(16)))
+
+        def ready(spans):
+            requests = [x for x in spans if x.kind == "SERVER"]
+            linked = {link for x in spans if x.name == sc.SPAN_ENGINE_STEP for link in x.links}
+            return len(requests) == 16 and all((r.trace_id, r.span_id) in linked for r in requests)
+        spans = sink.wait_for(ready, timeout=60)
+    requests = [x for x in spans if x.kind == "SERVER"]
+    frontends = {x.resource.get("process.pid") for x in requests}
+    linked = {link for x in spans if x.name == sc.SPAN_ENGINE_STEP for link in x.links}
+    unlinked = [r for r in requests if (r.trace_id, r.span_id) not in linked]
+    assert len(requests) == 16 and not unlinked, f"{len(unlinked)} of {len(requests)} requests got no engine steps"
+    assert len(frontends) == 2, f"requests should reach both API servers, got {frontends}"

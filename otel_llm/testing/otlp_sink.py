@@ -37,6 +37,7 @@ class SinkSpan:
     service: str | None
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     links: list[tuple[str, str]] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
@@ -79,7 +80,8 @@ def decode(body: bytes) -> list[SinkSpan]:
     req.ParseFromString(body)
     out = []
     for rs in req.resource_spans:
-        service = _attrs(rs.resource.attributes).get("service.name")
+        resource = _attrs(rs.resource.attributes)
+        service = resource.get("service.name")
         for ss in rs.scope_spans:
             for s in ss.spans:
                 out.append(SinkSpan(
@@ -89,7 +91,7 @@ def decode(body: bytes) -> list[SinkSpan]:
                     status=_STATUS.get(s.status.code, str(s.status.code)), status_message=s.status.message,
                     service=service,
                     events=[(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events],
-                    links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links]))
+                    links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links], resource=resource))
     return out
 
 

@@ -38,14 +38,16 @@ class VLLMServer:
     """``with VLLMServer(otlp_endpoint=sink.endpoint) as server: OpenAI(base_url=server.base_url)``."""
 
     def __init__(self, otlp_endpoint: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
-                 instrumented: bool = True, service_name: str = "vllm-server", **engine_overrides: Any) -> None:
+                 instrumented: bool = True, service_name: str = "vllm-server", extra_args: tuple[str, ...] = (),
+                 cli: bool = False, **engine_overrides: Any) -> None:
         self.port = port or free_port()
         self.model = ensure_tiny_model()
         self._dir = tempfile.TemporaryDirectory(prefix="otel-llm-serve-")
         template = Path(self._dir.name) / "chat_template.jinja"
         template.write_text(CHAT_TEMPLATE)
         self.log_path = Path(self._dir.name) / "server.log"
-        cmd = [sys.executable, *serve_command(self.port, **engine_overrides), "--chat-template", str(template)]
+        cmd = [sys.executable, *serve_command(self.port, cli=cli, **engine_overrides), "--chat-template", str(template),
+               *extra_args]
         if instrumented:
             cmd = [str(Path(sys.executable).parent / "opentelemetry-instrument"), *cmd]
         self.command = cmd

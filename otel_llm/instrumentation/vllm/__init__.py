@@ -80,9 +80,12 @@ class VLLMInstrumentor(BaseInstrumentor):
             # frontend that spawned it, reached through the plugin and the inherited socket path
             return
         try:
-            # Its path, in OTEL_LLM_STEP_SOCKET, is inherited by EngineCore processes spawned
-            # later; their plugin reports there. In-process engines report straight to us.
-            w.receiver = steps.shared_receiver()
+            # The step directory, in OTEL_LLM_STEP_DIR, is inherited by EngineCore processes spawned
+            # later; their plugin reports to the frontends' sockets in it (ours is bound when we
+            # build an engine client, see engine_init). In-process engines report straight to us.
+            steps.step_dir()
+            w.steps_armed = True
+            w.receiver = steps.current_receiver()
             steps.set_sink(lambda payload: w.telemetry.add_step(steps.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)

@@ -8,9 +8,12 @@ at schedule time, as vLLM's maintainers advise for async scheduling) and
 outputs). Each step becomes one small record:
 
 * in-process, handed straight to the frontend's ``Telemetry``;
-* across processes, one datagram on a Unix socket that the frontend bound and named in
-  ``OTEL_LLM_STEP_SOCKET`` before the engine was spawned. Sends never block: if the
-  frontend lags and the socket buffer is full, the record is dropped and counted.
+* across processes, one datagram per frontend on Unix sockets in a directory that the
+  first frontend created and named in ``OTEL_LLM_STEP_DIR`` before the engine was spawned.
+  Every frontend process that builds an engine client binds ``<dir>/<pid>.sock`` there:
+  with ``vllm serve --api-server-count N`` the N API server processes share one EngineCore
+  and each gets every step (each keeps the shares of its own requests). Sends never block:
+  if a frontend lags and its socket buffer is full, the record is dropped and counted.
 
 The datagram is sent before the step's outputs leave the EngineCore, so the frontend
 always holds a step's record before it sees the step's tokens.
@@ -33,37 +36,68 @@ from ...core.guard import GUARD
 from ...core.timeline import StepRecord
 from ..wraps import Target, WrapTable
 
-STEP_SOCKET_ENV = "OTEL_LLM_STEP_SOCKET"
+STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 logger = logging.getLogger("otel_llm")
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
 
 class SocketSink:
-    """EngineCore side: one non-blocking datagram per step."""
+    """EngineCore side: one non-blocking datagram per step to each frontend socket in ``directory``."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
         self.dropped = 0
+        self._targets: list[str] = []
+        self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
+        now = time.monotonic()
+        if now - self._scanned > self.RESCAN_S:
+            self._rescan(now)
+        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        for path in self._targets:
+            try:
+                self.sock.sendto(data, path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                self.dropped += 1  # that frontend is gone: forget it (and its stale socket file)
+                self._forget(path)
+            except OSError:
+                self.dropped += 1  # lagging (buffer full) or otherwise unreachable: telemetry is what we lose
+
+    def _rescan(self, now: float) -> None:
+        self._scanned = now
         try:
-            self.sock.sendto(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), self.path)
-        except (BlockingIOError, FileNotFoundError, ConnectionRefusedError, OSError):
-            self.dropped += 1  # the frontend is gone or lagging: telemetry is what we lose
+            self._targets = [os.path.join(self.directory, f) for f in sorted(os.listdir(self.directory))
+                             if f.endswith(".sock")]
+        except OSError:
+            self._targets = []
+
+    def _forget(self, path: str) -> None:
+        self._targets = [p for p in self._targets if p != path]
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 class StepReceiver:
-    """Frontend side: the bound socket, drained before each batch of outputs is processed."""
+    """Frontend side: this process's socket in the step directory, drained before each batch of
+    outputs is processed."""
 
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="otel-llm-")
-        self.path = os.path.join(self.dir, "steps.sock")
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, f"{os.getpid()}.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        except OSError:
+            pass
+        try:
+            os.unlink(self.path)  # a stale one of a dead process that had our pid
         except OSError:
             pass
         self.sock.bind(self.path)
@@ -85,11 +119,10 @@ class StepReceiver:
 
     def close(self) -> None:
         self.sock.close()
-        for p in (self.path, self.dir):
-            try:
-                os.unlink(p) if p == self.path else os.rmdir(p)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def decode(payload: tuple) -> StepRecord:
@@ -97,18 +130,47 @@ def decode(payload: tuple) -> StepRecord:
     return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv)
 
 
+_dir: str | None = None
 _receiver: StepReceiver | None = None
 
 
+def step_dir() -> str:
+    """This process's step directory, named in ``OTEL_LLM_STEP_DIR`` for the EngineCores it spawns.
+
+    An API server process vLLM spawned (``ApiServer_<n>``) joins the directory of the process that
+    spawned it, and with it that process's EngineCore; any other process makes its own (an inherited
+    variable there names some parent's, e.g. the test process that started a server)."""
+    global _dir
+    if _dir is None:
+        inherited = os.environ.get(STEP_DIR_ENV)
+        if inherited and in_api_server_process() and os.path.isdir(inherited):
+            _dir = inherited
+        else:
+            _dir = tempfile.mkdtemp(prefix="otel-llm-steps-")
+            os.environ[STEP_DIR_ENV] = _dir
+            atexit.register(_remove_if_empty, _dir)
+    return _dir
+
+
 def shared_receiver() -> StepReceiver:
-    """The process's one receiver. It outlives instrument/uninstrument cycles because an
-    EngineCore spawned earlier keeps sending to the path it inherited."""
+    """The process's one receiver, bound when it builds an engine client. It outlives
+    instrument/uninstrument cycles because an EngineCore spawned earlier keeps sending to it."""
     global _receiver
     if _receiver is None:
-        _receiver = StepReceiver()
-        os.environ[STEP_SOCKET_ENV] = _receiver.path
+        _receiver = StepReceiver(step_dir())
         atexit.register(_receiver.close)
     return _receiver
+
+
+def current_receiver() -> StepReceiver | None:
+    return _receiver
+
+
+def _remove_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass  # sockets of other frontends still in it: the last one out removes it, or the OS's tmp cleanup
 
 
 # -- the scheduler hooks (whichever process the scheduler runs in) ---------------------------
@@ -186,6 +248,11 @@ def remove_hooks() -> None:
     _pending.clear()
 
 
+def in_api_server_process() -> bool:
+    """Whether this is one of the API server processes of ``vllm serve --api-server-count N``."""
+    return multiprocessing.current_process().name.startswith("ApiServer")
+
+
 def in_engine_process() -> bool:
     """Whether this is an EngineCore process vLLM spawned (``EngineCore``, ``EngineCore_DP<n>``)."""
     return multiprocessing.current_process().name.startswith("EngineCore")
@@ -194,14 +261,13 @@ def in_engine_process() -> bool:
 def plugin() -> None:
     """``vllm.general_plugins`` entry point: runs in every vLLM process, first thing in EngineCore.
 
-    Only a spawned EngineCore reports over the socket its frontend named. A frontend, and an
-    engine running inside it, is fed by ``instrument()`` directly; an inherited variable there
-    names some *parent's* socket (a server started by an instrumented test, say) and is ignored.
+    Only a spawned EngineCore reports, to the frontends of the directory it inherited. A
+    frontend, and an engine running inside it, is fed by ``instrument()`` directly.
     """
-    path = os.environ.get(STEP_SOCKET_ENV)
-    if not path or not in_engine_process():
+    directory = os.environ.get(STEP_DIR_ENV)
+    if not directory or not in_engine_process():
         return
     try:
-        set_sink(SocketSink(path))
+        set_sink(SocketSink(directory))
     except Exception as exc:
         GUARD.failed("vllm plugin", exc)

@@ -24,6 +24,7 @@ from ...core.pipeline import Telemetry
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestTimeline
 from ..wraps import ArgBinder
+from . import steps
 from .steps import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -57,6 +58,7 @@ class VLLMWrappers:
     def __init__(self, telemetry: Telemetry, receiver: StepReceiver | None = None) -> None:
         self.telemetry = telemetry
         self.receiver = receiver
+        self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.bind = _Binders()
         self._told_log_stats = False
 
@@ -74,6 +76,11 @@ class VLLMWrappers:
                                 "the request timings we report are vLLM's own")
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (before)", exc)
+        if self.steps_armed and self.receiver is None:
+            try:  # before the EngineCore starts sending: this process's socket in the step directory
+                self.receiver = steps.shared_receiver()
+            except Exception as exc:
+                GUARD.failed("vllm step receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             model_config = instance.vllm_config.model_config
