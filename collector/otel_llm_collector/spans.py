@@ -10,9 +10,10 @@ an ``ExportTraceServiceRequest`` at the byte level (``encode_request``), regroup
 resource and scope, schema URLs included.
 
 Attribute values are decoded only for spans that carry request latencies (ours or the engines'
-native ones) or a client's time to first chunk; every other span costs a few key lookups. The
-decoded dict goes to the core's ``RequestSummary.from_attributes``: the derivation exists once,
-in the core. A span with request latencies is a request span whatever its kind; otherwise a
+native ones) or a client's time to first chunk; every other span costs a few key lookups. A
+request span's encoded map goes to the core's ``RequestSummary.from_encoded`` (``from_attributes``
+over encoded values, decoding only what it reads, in one pass): the derivation exists once, in the
+core. A span's status is read only when it is not empty (UNSET, the common case, costs nothing). A span with request latencies is a request span whatever its kind; otherwise a
 CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttft_join``).
 """
 
@@ -28,7 +29,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from otel_llm.core import semconv as sc
 from otel_llm.core.summary import RequestSummary
 
-from .wire import RequestView, SpanView, any_value, value_of
+from .wire import RequestView, SpanView, StatusView, any_value, value_of
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
@@ -99,11 +100,6 @@ class Extracted:
     clients: list[ClientFacts] | None = None
 
 
-def _decoded(encoded: Mapping[str, bytes]) -> dict[str, Any]:
-    # keys, then one lookup each: the map's items() is collections.abc's Python-level view, ~2x slower
-    return {key: value_of(encoded[key]) for key in encoded}
-
-
 def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any]) -> RequestFacts | None:
     """A request span's summary (the core's derivation), source and recorded sampling reason."""
     summary = RequestSummary.from_attributes(attrs)
@@ -112,6 +108,25 @@ def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any]) -> Re
     reason = attrs.get(sc.SAMPLING_REASON)
     source = "otel_llm" if sc.LATENCY_E2E in attrs or sc.LATENCY_TTFT in attrs else "native"
     return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None)
+
+
+def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, bytes]) -> RequestFacts | None:
+    """``request_facts`` over a span's encoded attribute map (the receive path): same result."""
+    summary = _from_encoded(encoded, value_of)
+    if summary is None:
+        return None
+    reason = encoded.get(sc.SAMPLING_REASON)
+    if reason is not None:
+        reason = value_of(reason)
+    source = "otel_llm" if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded else "native"
+    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None)
+
+
+_from_encoded = RequestSummary.from_encoded
+
+
+def _is_error(status: bytes) -> bool:
+    return StatusView.FromString(status).code == _ERROR
 
 
 def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Extracted:
@@ -141,7 +156,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                 if attrs:
                     for key in triggers:
                         if key in attrs:
-                            facts = request_facts(tid, service, _decoded(attrs))
+                            facts = _encoded_request_facts(tid, service, attrs)
                             if facts is not None:
                                 requests.append(facts)
                             break
@@ -152,8 +167,9 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                             if isinstance(ttfc, float):
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                status = span.status
                 spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
-                              span.status.code == _ERROR, not span.parent_span_id, facts))
+                              bool(status) and _is_error(status), not span.parent_span_id, facts))
     return Extracted(spans, requests, rejected, clients)
 
 

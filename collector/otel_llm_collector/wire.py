@@ -48,7 +48,7 @@ def _build() -> descriptor_pool.DescriptorPool:
         ("start_time_unix_nano", 7, _F.TYPE_FIXED64, False, ""),
         ("end_time_unix_nano", 8, _F.TYPE_FIXED64, False, ""),
         ("attributes", 9, _F.TYPE_MESSAGE, True, "Span.AttributesEntry"),
-        ("status", 15, _F.TYPE_MESSAGE, False, "Status"),
+        ("status", 15, _F.TYPE_BYTES, False, ""),  # encoded; read (StatusView) only when not empty
     ])
     entry = message("AttributesEntry", [("key", 1, _F.TYPE_STRING, False, ""), ("value", 2, _F.TYPE_BYTES, False, "")],
                     parent=span)
@@ -67,6 +67,7 @@ def _build() -> descriptor_pool.DescriptorPool:
 _POOL = _build()
 RequestView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.ExportTraceServiceRequest"))
 SpanView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Span"))
+StatusView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Status"))
 
 _SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
 _DOUBLE = struct.Struct("<d").unpack_from

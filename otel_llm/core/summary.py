@@ -66,6 +66,23 @@ class RequestSummary:
         return None
 
     @classmethod
+    def from_encoded(cls, encoded: Mapping[str, Any], decode: Callable[[Any], Any]) -> "RequestSummary | None":
+        """``from_attributes`` over still-encoded values (``decode`` turns one into what
+        ``from_attributes`` would read): for our spans only the attributes the derivation uses are
+        decoded, in the same pass that fills the summary. The collector's receive path."""
+        if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded:
+            values: list[Any] = [None] * _N_FIELDS
+            table = _OURS
+            for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
+                slot = table.get(key)
+                if slot is not None:
+                    values[slot[0]] = slot[1](decode(encoded[key]))
+            return cls._finish(values)
+        if sc.VLLM_TTFT in encoded or sc.VLLM_E2E in encoded:
+            return cls._from_native({key: decode(encoded[key]) for key in encoded})
+        return None
+
+    @classmethod
     def _from_ours(cls, a: Mapping[str, Any]) -> "RequestSummary":
         # One pass over the span's attributes through a key -> (field, converter) table, then a positional
         # construction: the collector runs this for every request span, and sixteen lookups plus a
@@ -76,6 +93,10 @@ class RequestSummary:
             slot = table.get(key)
             if slot is not None:
                 values[slot[0]] = slot[1](raw)
+        return cls._finish(values)
+
+    @classmethod
+    def _finish(cls, values: list[Any]) -> "RequestSummary":
         if values[_OPERATION] is None:
             values[_OPERATION] = "text_completion"
         if not values[_PREEMPTIONS]:

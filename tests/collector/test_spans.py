@@ -79,3 +79,32 @@ def test_extract_keeps_each_span_as_received_and_the_last_of_repeated_keys() -> 
     c.kind = 3
     both = extract(export_request(c))
     assert len(both.requests) == 1 and both.clients is None
+
+
+def test_receive_path_facts_equal_the_cores_derivation_over_full_class_attributes() -> None:
+    """``extract`` decodes only what ``RequestSummary.from_encoded`` reads: same summary, source and reason
+    as ``request_facts`` over the full classes' attribute dict, for ours, native, odd-typed and plain spans."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+    from otel_llm.core import semconv as sc
+    from otel_llm_collector.spans import attributes, request_facts
+
+    cases = [request_attrs(), request_attrs(model="", e2e=2, ttft=True, **{sc.SAMPLING_REASON: "slo:ttft"}),
+             {sc.LATENCY_TTFT: 0.3, sc.USAGE_OUTPUT_TOKENS: 7.9, sc.ERROR_TYPE: "timeout", "other": [1, 2]},
+             {sc.VLLM_TTFT: 0.1, sc.VLLM_E2E: 1.1, sc.VLLM_DECODE: 0.9, sc.VLLM_COMPLETION_TOKENS: 10,
+              sc.RESPONSE_FINISH_REASONS: ["stop"], sc.SAMPLING_REASON: 3},
+             {sc.VLLM_E2E: 1.0}, {"http.method": "GET"}, {}]
+    spans = [span(i + 1, 1, attrs=a) for i, a in enumerate(cases)]
+    for code, message in ((Status.STATUS_CODE_OK, "fine"), (Status.STATUS_CODE_UNSET, "x"),
+                          (Status.STATUS_CODE_ERROR, ""), (Status.STATUS_CODE_ERROR, "boom")):
+        s = span(len(spans) + 1, 1)
+        s.status.code, s.status.message = code, message
+        spans.append(s)
+    req = export_request(*spans)
+    got = extract(req, req.SerializeToString())
+    by_trace = {f.trace_id: f for f in got.requests}
+    for s, rec in zip(spans, got.spans):
+        want = request_facts(s.trace_id, "svc", attributes(s.attributes))
+        assert by_trace.get(s.trace_id) == want and (rec[REQUEST] == want), s
+        assert rec[ERROR] == (s.status.code == Status.STATUS_CODE_ERROR), s
+    assert len(got.requests) == 5
