@@ -11,7 +11,8 @@ Prints a table and writes benchmarks/results/collector_throughput.json (full run
   the sampler (repeating payloads on one gateway would turn them into cheap "late" spans of decided
   traces); the median round is reported with the spread.
 * loopback: the same through the OTLP/gRPC receiver, with a load client and an export sink in child
-  processes; gateway CPU time only. The client sends unique trace ids (copies with fresh ids).
+  processes; gateway CPU time only. The client sends unique trace ids (copies with fresh ids). The
+  gateway process is tuned as the CLI tunes it after start-up (``cli.tune_process``: ``gc.freeze()``).
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
 * --root: import the collector and the core from another checkout (e.g. a `git worktree` of an older
@@ -47,6 +48,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa:
 from otel_llm.core import semconv as sc  # noqa: E402
 from otel_llm_collector.config import CollectorConfig  # noqa: E402
 from otel_llm_collector.gateway import Gateway  # noqa: E402
+
+try:
+    from otel_llm_collector.cli import tune_process  # noqa: E402
+except ImportError:  # an older checkout (--root)
+    tune_process = None
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 SPANS_PER_REQUEST = 1000
@@ -242,9 +248,16 @@ def bench_ingest(shape: int, seconds: float) -> dict:
             "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates))}
 
 
+def as_deployed(g: Gateway) -> Gateway:
+    """The process tuning the CLI applies after start-up (if the measured checkout's CLI has it)."""
+    if tune_process is not None:
+        tune_process()
+    return g
+
+
 def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float) -> dict:
     payloads = build_requests(shape, 20, seed=shape)
-    g = Gateway(config(sink, grpc_on=True)).start()
+    g = as_deployed(Gateway(config(sink, grpc_on=True)).start())
     q, ready = ctx.Queue(), ctx.Event()
     unique = int(expected_spans_s * seconds * 1.5 / SPANS_PER_REQUEST) + 20
     p = ctx.Process(target=_load, args=(g.grpc_endpoint, payloads, seconds, 0, q, unique, ready))
@@ -284,8 +297,8 @@ def bench_overload(capacity_spans_s: float, seconds: float, ctx, sink: str) -> d
     shape = 10
     payloads = build_requests(shape, 20, seed=7)
     rate = 10 * capacity_spans_s / SPANS_PER_REQUEST  # requests/s
-    g = Gateway(config(sink, grpc_on=True, decision_wait="5s", decision_wait_after_root_received="1s",
-                       num_traces=5000, max_buffer_bytes="8MiB")).start()
+    g = as_deployed(Gateway(config(sink, grpc_on=True, decision_wait="5s", decision_wait_after_root_received="1s",
+                                   num_traces=5000, max_buffer_bytes="8MiB")).start())
     q, ready = ctx.Queue(), ctx.Event()
     # about what can be accepted (bounded: the copies live in the client's memory); then repeats
     unique = min(int(1.2 * capacity_spans_s * seconds / SPANS_PER_REQUEST) + 20, 2000)
