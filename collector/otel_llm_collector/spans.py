@@ -27,6 +27,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from otel_llm.core import semconv as sc
+from otel_llm.core.otlp_wire import varint as _varint
 from otel_llm.core.summary import RequestSummary
 
 from .wire import RequestView, SpanView, StatusView, any_value, value_of
@@ -174,15 +175,6 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
 
 
 # -- encoding back to OTLP, at the byte level --------------------------------------------------------
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
 
 _SMALL = [_varint(i) for i in range(1 << 14)]  # lengths below 16 KiB: one table lookup
 
