@@ -391,3 +391,27 @@ def test_spans_of_requests_finished_just_before_exit_are_sent():
         spans = sink.spans()
         assert len([s for s in spans if s.name == sc.SPAN_DECODE_STEP]) == 29
         check_trace(spans, 30)
+
+
+def test_a_sampler_that_drops_the_decode_span_drops_its_steps_too():
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class NoDecode(Sampler):
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+                          trace_state=None):
+            return SamplingResult(Decision.DROP if name == sc.SPAN_DECODE else Decision.RECORD_AND_SAMPLE,
+                                  attributes)
+
+        def get_description(self) -> str:
+            return "NoDecode"
+
+    with OTLPSink() as sink:
+        tp = TracerProvider(resource=RESOURCE, sampler=NoDecode())
+        tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"{sink.endpoint}/v1/traces")))
+        tel = telemetry_for(tp)
+        finish_request(tel, "r1", tokens=10)
+        assert tel.flush(10) and tp.force_flush()
+        names = [s.name for s in sink.spans()]
+        tel.close()
+        tp.shutdown()
+    assert sc.SPAN_QUEUE in names and sc.SPAN_DECODE not in names and sc.SPAN_DECODE_STEP not in names

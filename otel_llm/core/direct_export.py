@@ -42,8 +42,8 @@ class DirectCounts:
     requests_failed: int = 0  # export requests that failed to at least one destination
 
 
-def exporters_of(processor: Any) -> list[Any] | None:
-    """The SDK OTLP exporters behind a tracer's span processor; None if anything else is there."""
+def senders_of(processor: Any) -> list[Send] | None:
+    """A sender per SDK OTLP exporter behind a tracer's span processor; None if anything else is there."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     processors = getattr(processor, "_span_processors", None)
@@ -57,9 +57,10 @@ def exporters_of(processor: Any) -> list[Any] | None:
             exporter = getattr(p, "span_exporter", None)
         else:
             return None
-        if exporter is None or _sender(exporter) is None:
+        send = _sender(exporter) if exporter is not None else None
+        if send is None:
             return None
-        found.append(exporter)
+        found.append(send)
     return found
 
 
@@ -125,14 +126,13 @@ class DirectExport:
     def for_tracer(cls, tracer: Any) -> "DirectExport | None":
         """One for an SDK tracer whose provider only batches to OTLP exporters; else None."""
         try:
-            exporters = exporters_of(tracer.span_processor)
-            if not exporters:
+            senders = senders_of(tracer.span_processor)
+            if not senders:
                 return None
             frame = RequestFrame.for_tracer(tracer.resource, tracer._instrumentation_scope)
-            senders = [_sender(e) for e in exporters]
             delay = min((getattr(getattr(p, "_batch_processor", None), "_schedule_delay", 5.0)
                          for p in tracer.span_processor._span_processors), default=5.0)
-            return cls([s for s in senders if s is not None], frame, schedule_delay=delay)
+            return cls(senders, frame, schedule_delay=delay)
         except Exception as exc:  # another SDK release: the SDK path still works
             _log.debug("otel-llm direct export unavailable: %s", exc)
             return None

@@ -224,10 +224,9 @@ class SpanBuilder:
         prefill.end(end_time=first_ns)
         if decode is None:
             return
-        if detail >= Detail.STEPS:
-            wire = self._wire if isinstance(self._tracer, wire_tracer.WireTracer) else None
-            if wire is not None:
-                self._wire_steps(wire, decode.get_span_context(), t, first_ns, end, clock)
+        if detail >= Detail.STEPS and decode.is_recording():  # a sampler may have dropped the decode span
+            if isinstance(self._tracer, wire_tracer.WireTracer):
+                self._wire_steps(self._tracer.wire, decode.get_span_context(), t, first_ns, end, clock)
                 decode.end(end_time=end)
                 return
             dctx = trace.set_span_in_context(decode)

@@ -45,8 +45,6 @@ class WireTracer(trace.Tracer):
         self._ids = sdk_tracer.id_generator
         self._sampler = sdk_tracer.sampler
         self._max_links = sdk_tracer._span_limits.max_links
-        # the SDK's own samplers never look at links: skip building Link objects for them
-        self._sampler_reads_links = type(self._sampler).__module__ != "opentelemetry.sdk.trace.sampling"
         self._links: dict[tuple[int, int, bool], bytes] = {}  # a kept request is linked from every step it was in
 
     def start_span(self, name: str, context: Any = None, kind: SpanKind = SpanKind.INTERNAL,
@@ -59,8 +57,7 @@ class WireTracer(trace.Tracer):
             trace_id = self._ids.generate_trace_id()
         else:
             trace_id = parent.trace_id
-        result = self._sampler.should_sample(context, trace_id, name, kind, attributes,
-                                             links if self._sampler_reads_links else None)
+        result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
         sampled = result.decision.is_sampled()
         flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
         # W3C level 2 "random trace id" flag, on SDK releases that have it
