@@ -329,6 +329,22 @@ def test_tracked_high_quantile_equals_a_full_walk_through_decay_and_collapse():
             sketch.add(0.0 if i % 37 == 0 else rng.lognormvariate(0, 0.5) * (50 if i > 3000 else 1))
 
 
+def test_add_above_answers_as_comparing_with_the_upper_bound_before_adding():
+    # the tail policy's one-call test must keep exactly what "value > upper_bound(q), then add" keeps
+    rng = random.Random(8)
+    for alpha, max_buckets, window, min_count in ((0.01, 2048, 0, 50), (0.02, 40, 300, 1), (0.05, 30, 1000, 0)):
+        one, two = (QuantileSketch(alpha=alpha, max_buckets=max_buckets, window=window) for _ in range(2))
+        kept = 0
+        for i in range(5000):
+            v = 0.0 if i % 41 == 0 else rng.lognormvariate(0, 0.6) * (30 if 2000 < i < 2100 else 1)
+            bound = two.upper_bound(0.99) if two.count >= min_count and two.count > 0 else None
+            want = bound is not None and v > bound
+            two.add(v)
+            assert one.add_above(v, 0.99, min_count) == want, (i, v, bound)
+            kept += want
+        assert one._buckets == two._buckets and one.count == two.count and 0 < kept < 500
+
+
 def test_summary_from_attributes_converts_and_defaults_like_reading_each_key():
     s = RequestSummary.from_attributes({sc.LATENCY_E2E: 2, sc.LATENCY_TTFT: True, sc.USAGE_OUTPUT_TOKENS: 7.9,
                                         sc.USAGE_INPUT_TOKENS: "3", sc.REQUEST_MODEL: "", sc.NUM_PREEMPTIONS: None,

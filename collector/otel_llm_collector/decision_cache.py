@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 
 class DecisionCache:
-    """An LRU set of trace ids; size 0 disables it (late spans then start a new trace)."""
+    """The trace ids of at least the last ``size`` decisions (and at most ``2 * size``); 0 disables it.
 
-    __slots__ = ("_ids", "_size")
+    Two generations of plain sets: ids go into the current one, and when it holds ``size`` it
+    becomes the previous one (the older previous is dropped whole). An exact LRU (an ``OrderedDict``
+    evicting one id per decision) cost ~0.7 us per decision at the default 100,000, mostly cache
+    misses on the evicted entry; a set insert costs a tenth of that. Late spans come within seconds
+    of their trace's decision, so "the last ``size``" is what matters, not exactly which older ones.
+    """
+
+    __slots__ = ("_current", "_previous", "_size")
 
     def __init__(self, size: int) -> None:
-        self._ids: OrderedDict[bytes, None] = OrderedDict()
+        self._current: set[bytes] = set()
+        self._previous: set[bytes] = set()
         self._size = size
 
     def add(self, trace_id: bytes) -> None:
         if not self._size:
             return
-        ids = self._ids
-        if trace_id in ids:  # rare (a trace id decided twice): refresh its place
-            ids.move_to_end(trace_id)
-            return
-        ids[trace_id] = None  # a new key goes to the end already
-        if len(ids) > self._size:
-            ids.popitem(last=False)
+        current = self._current
+        current.add(trace_id)
+        if len(current) >= self._size:
+            self._previous, self._current = current, set()
 
     def __contains__(self, trace_id: bytes) -> bool:
-        return trace_id in self._ids
+        return trace_id in self._current or trace_id in self._previous
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._current) + len(self._previous)

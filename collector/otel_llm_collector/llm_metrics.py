@@ -45,9 +45,16 @@ class LLMMetricsProcessor:
 
     def process(self, requests: Iterable[RequestFacts]) -> None:
         counts: dict[str, int] = {}
+        by_service: dict[str, list] = {}
+        for r in requests:
+            group = by_service.get(r.service)
+            if group is None:
+                by_service[r.service] = [r.summary]
+            else:
+                group.append(r.summary)
+            counts[r.source] = counts.get(r.source, 0) + 1
         with self._batch_lock:  # the backend's lock, held once per batch (instruments re-enter it cheaply)
-            for r in requests:
-                self._metrics(r.service).record(r.summary)
-                counts[r.source] = counts.get(r.source, 0) + 1
+            for service, summaries in by_service.items():
+                self._metrics(service).record_many(summaries)
         for source, n in counts.items():
             self._telemetry.inc("llm_metrics_requests", n, source=source)

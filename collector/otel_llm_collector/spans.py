@@ -30,7 +30,7 @@ from otel_llm.core import semconv as sc
 from otel_llm.core.otlp_wire import varint as _varint
 from otel_llm.core.summary import RequestSummary
 
-from .wire import RequestView, SpanView, StatusView, any_value, value_of
+from .wire import TYPED, RequestView, SpanView, StatusView, any_value, value_of
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
@@ -73,6 +73,7 @@ class RequestFacts:
     summary: RequestSummary
     source: str  # "otel_llm" (our llm.latency.*) or "native" (vLLM / TensorRT-LLM llm_request)
     reason: str | None  # llm.sampling.reason recorded by the SDK
+    parented: bool = False  # the span has a parent: a caller (a traced client) may report on it too
 
 
 # One received span, as a plain tuple (built per span on the hot path, so no object per span):
@@ -101,26 +102,27 @@ class Extracted:
     clients: list[ClientFacts] | None = None
 
 
-def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any]) -> RequestFacts | None:
+def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any], parented: bool = False) -> RequestFacts | None:
     """A request span's summary (the core's derivation), source and recorded sampling reason."""
     summary = RequestSummary.from_attributes(attrs)
     if summary is None:
         return None
     reason = attrs.get(sc.SAMPLING_REASON)
     source = "otel_llm" if sc.LATENCY_E2E in attrs or sc.LATENCY_TTFT in attrs else "native"
-    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None)
+    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
 
 
-def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, bytes]) -> RequestFacts | None:
+def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, bytes],
+                           parented: bool) -> RequestFacts | None:
     """``request_facts`` over a span's encoded attribute map (the receive path): same result."""
-    summary = _from_encoded(encoded, value_of)
+    summary = _from_encoded(encoded, value_of, TYPED)
     if summary is None:
         return None
     reason = encoded.get(sc.SAMPLING_REASON)
     if reason is not None:
         reason = value_of(reason)
     source = "otel_llm" if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded else "native"
-    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None)
+    return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
 
 
 _from_encoded = RequestSummary.from_encoded
@@ -153,11 +155,12 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                     rejected += 1  # the OTLP spec: a span without a valid trace id is invalid
                     continue
                 facts = None
+                parent = span.parent_span_id
                 attrs = span.attributes
                 if attrs:
                     for key in triggers:
                         if key in attrs:
-                            facts = _encoded_request_facts(tid, service, attrs)
+                            facts = _encoded_request_facts(tid, service, attrs, bool(parent))
                             if facts is not None:
                                 requests.append(facts)
                             break
@@ -170,7 +173,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
                 status = span.status
                 spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
-                              bool(status) and _is_error(status), not span.parent_span_id, facts))
+                              bool(status) and _is_error(status), not parent, facts))
     return Extracted(spans, requests, rejected, clients)
 
 

@@ -13,10 +13,8 @@ decision cache, so late spans follow their trace's decision.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
 from otel_llm.core.policies import NOT_SAMPLED, Decision, Policy, TraceView, Verdict, first_match
@@ -34,30 +32,35 @@ _SAMPLED = Verdict.SAMPLED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 
 
-class PendingTrace:
-    """A buffered trace: its encoded spans and the facts the policies read."""
+class PendingTrace(TraceView):
+    """A buffered trace: its encoded spans, and the ``TraceView`` the policies read (filled in at decision time)."""
 
-    __slots__ = ("trace_id", "first_seen", "decide_at", "items", "nbytes", "summaries", "reasons", "has_error",
-                 "request_seen", "start_ns", "end_ns")
+    __slots__ = ("key", "first_seen", "decide_at", "items", "nbytes", "request_seen", "start_ns", "end_ns")
 
-    def __init__(self, trace_id: bytes, first_seen: float, decide_at: float, request_seen: bool) -> None:
-        self.trace_id = trace_id
+    def __init__(self, key: bytes, first_seen: float, decide_at: float, request_seen: bool) -> None:
+        # TraceView's fields: summaries and reasons start as the shared empty tuple (most traces have one
+        # summary, no reason); trace_id, span_count and duration are set when the trace is decided
+        self.trace_id = 0
+        self.summaries: list[RequestSummary] | tuple = ()
+        self.has_error = False
+        self.span_count = 0
+        self.duration: float | None = None
+        self.recorded_reasons: list[str] | tuple = ()
+        self.key = key
         self.first_seen = first_seen
         self.decide_at = decide_at
         self.items: list[Item] = []
         self.nbytes = 0
-        self.summaries: list[RequestSummary] | None = None  # created on first use: most traces have one
-        self.reasons: list[str] | None = None
-        self.has_error = False
         self.request_seen = request_seen
         self.start_ns = 0
         self.end_ns = 0
 
     def view(self) -> TraceView:
-        duration = (self.end_ns - self.start_ns) / 1e9 if self.end_ns > self.start_ns else None
-        # the lists themselves, not tuple copies: the trace is out of the buffer once it is viewed
-        return TraceView(int.from_bytes(self.trace_id, "big"), self.summaries or (), self.has_error,
-                         len(self.items), duration, self.reasons or ())
+        """Itself, with the trace-wide facts filled in (the lists themselves: the trace is out of the buffer)."""
+        self.trace_id = int.from_bytes(self.key, "big")
+        self.span_count = len(self.items)
+        self.duration = (self.end_ns - self.start_ns) / 1e9 if self.end_ns > self.start_ns else None
+        return self
 
 
 class TailSampler:
@@ -69,8 +72,11 @@ class TailSampler:
         self._t = telemetry
         self._emit = emit
         self._traces: OrderedDict[bytes, PendingTrace] = OrderedDict()  # insertion order = age, for eviction
-        self._due: list[tuple[float, int, bytes]] = []  # heap of (decide_at, seq, trace id); stale entries skipped
-        self._seq = itertools.count()
+        # (decide_at, trace id) in two queues, each in time order by construction (now + a constant wait):
+        # traces whose request/root span arrived, and the rest; an entry whose trace was decided, or moved
+        # to the first queue, is skipped when it comes up
+        self._due_root: deque[tuple[float, bytes]] = deque()
+        self._due_first: deque[tuple[float, bytes]] = deque()
         self._bytes = 0
         self._sampled = DecisionCache(cfg.sampled_cache_size)
         self._not_sampled = DecisionCache(cfg.non_sampled_cache_size)
@@ -94,7 +100,7 @@ class TailSampler:
         late_sampled = late_dropped = 0
         decided: dict[tuple[str, str], int] = {}
         traces, sampled, not_sampled = self._traces, self._sampled, self._not_sampled
-        due, seq, push = self._due, self._seq, heapq.heappush
+        due_root, due_first = self._due_root.append, self._due_first.append
         with self._lock:
             now = self._clock()
             decision_wait = now + self.cfg.decision_wait
@@ -116,9 +122,12 @@ class TailSampler:
                         continue
                     # a new trace, filled from its first span (a 1-span trace never takes the path below);
                     # one that starts with its request (or root) span waits only for stragglers
-                    seen = request is not None or root
-                    trace = traces[tid] = PendingTrace(tid, now, soon if seen else decision_wait, seen)
-                    push(due, (trace.decide_at, next(seq), tid))
+                    if request is not None or root:
+                        trace = traces[tid] = PendingTrace(tid, now, soon, True)
+                        due_root((soon, tid))
+                    else:
+                        trace = traces[tid] = PendingTrace(tid, now, decision_wait, False)
+                        due_first((decision_wait, tid))
                     trace.items.append((group, raw))
                     trace.nbytes = size
                     trace.has_error = error
@@ -138,17 +147,17 @@ class TailSampler:
                         trace.request_seen = True
                         if soon < trace.decide_at:
                             trace.decide_at = soon
-                            self._push(trace)
+                            due_root((soon, tid))
                 if request is not None:
-                    if trace.summaries is None:
-                        trace.summaries = [request.summary]
-                    else:
+                    if trace.summaries:
                         trace.summaries.append(request.summary)
+                    else:
+                        trace.summaries = [request.summary]
                     if request.reason:
-                        if trace.reasons is None:
-                            trace.reasons = [request.reason]
+                        if trace.recorded_reasons:
+                            trace.recorded_reasons.append(request.reason)
                         else:
-                            trace.reasons.append(request.reason)
+                            trace.recorded_reasons = [request.reason]
             self._bytes += added
             self._enforce_limits(out, decided)
             self._gauges()
@@ -160,18 +169,17 @@ class TailSampler:
         if out:
             self._emit(out)
 
-    def _push(self, trace: PendingTrace) -> None:
-        heapq.heappush(self._due, (trace.decide_at, next(self._seq), trace.trace_id))
-
     def _enforce_limits(self, out: list[Item], decided: dict[tuple[str, str], int]) -> None:
         while self._traces and (len(self._traces) > self.cfg.num_traces or self._bytes > self.cfg.max_buffer_bytes):
             reason = "num_traces" if len(self._traces) > self.cfg.num_traces else "max_buffer_bytes"
             _, oldest = self._traces.popitem(last=False)
             self._t.inc("sampling_evictions", reason=reason)
             self._decide(oldest, out, decided)
-        if len(self._due) > 4 * max(len(self._traces), 1024):  # drop stale heap entries left by evictions
-            self._due = [e for e in self._due if e[2] in self._traces]
-            heapq.heapify(self._due)
+        limit = 4 * max(len(self._traces), 1024)
+        if len(self._due_root) + len(self._due_first) > limit:  # drop stale entries left by evictions
+            traces = self._traces
+            self._due_root = deque(e for e in self._due_root if e[1] in traces)
+            self._due_first = deque(e for e in self._due_first if e[1] in traces)
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -182,13 +190,18 @@ class TailSampler:
         n = 0
         with self._lock:
             now = self._clock()
-            due = self._due
-            while due and due[0][0] <= now:
-                at, _, tid = heapq.heappop(due)
-                trace = self._traces.get(tid)
+            traces, root, first = self._traces, self._due_root, self._due_first
+            while True:  # the earlier of the two queues' heads first: decisions in time order
+                if root and root[0][0] <= now and not (first and first[0][0] < root[0][0]):
+                    at, tid = root.popleft()
+                elif first and first[0][0] <= now:
+                    at, tid = first.popleft()
+                else:
+                    break
+                trace = traces.get(tid)
                 if trace is None or trace.decide_at != at:
                     continue  # already decided, or moved to an earlier entry
-                del self._traces[tid]
+                del traces[tid]
                 self._decide(trace, out, decided)
                 n += 1
             self._gauges()
@@ -204,7 +217,8 @@ class TailSampler:
         with self._lock:
             traces = list(self._traces.values())
             self._traces.clear()
-            self._due.clear()
+            self._due_root.clear()
+            self._due_first.clear()
             for trace in traces:
                 self._decide(trace, out, decided)
             self._gauges()
@@ -221,10 +235,10 @@ class TailSampler:
                                                                decision.verdict.value)
         decided[key] = decided.get(key, 0) + 1
         if decision.verdict is _SAMPLED:
-            self._sampled.add(trace.trace_id)
+            self._sampled.add(trace.key)
             out.extend(trace.items)
         else:
-            self._not_sampled.add(trace.trace_id)
+            self._not_sampled.add(trace.key)
         return decision
 
     def _count(self, decided: dict[tuple[str, str], int]) -> None:

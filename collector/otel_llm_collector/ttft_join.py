@@ -8,7 +8,8 @@ recorded as the histogram ``llm.client.overhead.time_to_first_chunk`` for 100% o
 (before sampling), by model and client service.
 
 Halves wait for their partner in a bounded table (oldest forgotten first, counted): the two
-spans come from different processes, in either order, usually within seconds.
+spans come from different processes, in either order, usually within seconds. A request span
+without a parent waits for nobody: no caller traced it, so no client span will come.
 """
 
 from __future__ import annotations
@@ -40,21 +41,25 @@ class TTFTJoin:
 
     def process(self, batch: Extracted) -> None:
         joined: list[tuple[float, str | None, str]] = []
+        forgotten = 0
         with self._lock:
+            clients, servers = self._clients, self._servers
             for c in batch.clients or ():
-                server_ttft = self._servers.pop(c.trace_id, None)
+                server_ttft = servers.pop(c.trace_id, None)
                 if server_ttft is None:
-                    self._remember(self._clients, c.trace_id, (c.ttfc, c.model, c.service))
+                    forgotten += self._remember(clients, c.trace_id, (c.ttfc, c.model, c.service))
                 else:
                     joined.append((c.ttfc - server_ttft, c.model, c.service))
             for r in batch.requests:
-                if r.summary.ttft is None:
+                if not r.parented or r.summary.ttft is None:
                     continue
-                client = self._clients.pop(r.trace_id, None)
+                client = clients.pop(r.trace_id, None) if clients else None
                 if client is None:
-                    self._remember(self._servers, r.trace_id, r.summary.ttft)
+                    forgotten += self._remember(servers, r.trace_id, r.summary.ttft)
                 else:
                     joined.append((client[0] - r.summary.ttft, client[1], client[2]))
+        if forgotten:
+            self._t.inc("ttft_join_forgotten", forgotten)
         for overhead, model, service in joined:
             attrs = {"service.name": service}
             if model:
@@ -63,8 +68,10 @@ class TTFTJoin:
         if joined:
             self._t.inc("ttft_join_joined", len(joined))
 
-    def _remember(self, table: OrderedDict, key: bytes, value: Any) -> None:
+    def _remember(self, table: OrderedDict, key: bytes, value: Any) -> int:
+        """Keep ``key`` waiting for its partner; returns how many waiting entries were forgotten for it."""
         table[key] = value
         if len(table) > self._max:
             table.popitem(last=False)
-            self._t.inc("ttft_join_forgotten")
+            return 1
+        return 0

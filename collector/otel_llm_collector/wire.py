@@ -22,6 +22,8 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from otel_llm.core.summary import CONVERTERS
+
 _F = descriptor_pb2.FieldDescriptorProto
 _PKG = "otel_llm_collector.wire"
 
@@ -98,3 +100,43 @@ def value_of(encoded: bytes) -> Any:
         _cache.clear()
     _cache[encoded] = value
     return value
+
+
+# -- typed decoders for ``RequestSummary.from_encoded``: each equals ``CONVERTERS[kind](value_of(encoded))`` --------
+
+_to_float, _to_int = CONVERTERS["float"], CONVERTERS["int"]
+
+
+def float_of(encoded: bytes) -> Any:
+    if len(encoded) == 9 and encoded[0] == 0x21:  # double_value: what latencies are
+        return _DOUBLE(encoded, 1)[0]
+    return _to_float(value_of(encoded))
+
+
+def int_of(encoded: bytes) -> Any:
+    n = len(encoded)
+    if n == 2 and encoded[0] == 0x18:  # int_value (field 3, varint) below 128: one byte
+        return encoded[1]
+    if n == 3 and encoded[0] == 0x18:  # below 16384: two bytes (a validated varint ends at its last byte)
+        return (encoded[1] & 0x7F) | (encoded[2] << 7)
+    return _to_int(value_of(encoded))
+
+
+def _cached(convert: Any) -> Any:
+    """A decoder remembering its results by encoded value (model names, providers, finish reasons repeat)."""
+    cache: dict[bytes, Any] = {}
+
+    def decode(encoded: bytes) -> Any:
+        try:
+            return cache[encoded]
+        except KeyError:
+            pass
+        value = convert(value_of(encoded))
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[encoded] = value
+        return value
+    return decode
+
+
+TYPED = {"float": float_of, "int": int_of, "str": _cached(CONVERTERS["str"]), "first": _cached(CONVERTERS["first"])}

@@ -138,9 +138,8 @@ class LatencyPercentilePolicy:
             if value is None:
                 continue
             sketch = self._sketches.get(s.model) or self._sketch(s.model)
-            if sketch.count >= self.min_samples and value > sketch.upper_bound(self.quantile):  # = threshold()
+            if sketch.add_above(value, self.quantile, self.min_samples):  # value > threshold(), then counted
                 keep = True
-            sketch.add(value)
         self._seen = self._seen * self._decay + 1.0
         if keep and self._kept + 1.0 > self.max_share * self._seen:
             keep = False  # over its share: a correlated burst, already represented by what was kept

@@ -49,25 +49,51 @@ class QuantileSketch:
         if value != value:  # NaN
             return
         if value <= 0:
-            self._zeros += 1
-            if self._hq is not None:
-                self._hbelow += 1  # zeros lie below every bucket
+            self._add_zero()
         else:
-            key = math.ceil(math.log(value) / self._gamma_log)
-            found = self._buckets.get(key)
-            if found is None:
-                self._buckets[key] = 1.0
-                at = bisect.bisect_left(self._keys, key)
-                self._keys.insert(at, key)
-                if self._hq is not None and at <= self._hidx:
-                    self._hidx += 1  # a new bucket below the tracked one
-                    self._hbelow += 1
-                if len(self._keys) > self._max_buckets:
-                    self._collapse_lowest()
-            else:
-                self._buckets[key] = found + 1
-                if self._hq is not None and key < self._keys[self._hidx]:
-                    self._hbelow += 1
+            self._add_key(math.ceil(math.log(value) / self._gamma_log))
+
+    def add_above(self, value: float, q: float, min_count: float) -> bool:
+        """Add ``value``; return whether it lies above ``upper_bound(q)`` of the values before it, once
+        ``min_count`` values were seen (the tail policy's test, in one call: the bucket the value is
+        counted in is also what it is compared by, since ``v > gamma**k`` exactly when ``v``'s key is above ``k``)."""
+        if value != value:  # NaN
+            return False
+        if value <= 0:
+            self._add_zero()  # never above: every upper bound is >= 0
+            return False
+        key = math.ceil(math.log(value) / self._gamma_log)
+        above = False
+        if self._count >= min_count and self._count > 0:
+            at = self._key_at(q)
+            above = at is None or key > at  # None: the quantile is a zero, whose upper bound is 0.0
+        self._add_key(key)
+        return above
+
+    def _add_zero(self) -> None:
+        self._zeros += 1
+        if self._hq is not None:
+            self._hbelow += 1  # zeros lie below every bucket
+        self._added()
+
+    def _add_key(self, key: int) -> None:
+        found = self._buckets.get(key)
+        if found is None:
+            self._buckets[key] = 1.0
+            at = bisect.bisect_left(self._keys, key)
+            self._keys.insert(at, key)
+            if self._hq is not None and at <= self._hidx:
+                self._hidx += 1  # a new bucket below the tracked one
+                self._hbelow += 1
+            if len(self._keys) > self._max_buckets:
+                self._collapse_lowest()
+        else:
+            self._buckets[key] = found + 1
+            if self._hq is not None and key < self._keys[self._hidx]:
+                self._hbelow += 1
+        self._added()
+
+    def _added(self) -> None:
         self._count += 1
         if self._window:
             self._since_decay += 1

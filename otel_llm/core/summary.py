@@ -66,17 +66,21 @@ class RequestSummary:
         return None
 
     @classmethod
-    def from_encoded(cls, encoded: Mapping[str, Any], decode: Callable[[Any], Any]) -> "RequestSummary | None":
+    def from_encoded(cls, encoded: Mapping[str, Any], decode: Callable[[Any], Any],
+                     typed: "Mapping[str, Callable[[Any], Any]] | None" = None) -> "RequestSummary | None":
         """``from_attributes`` over still-encoded values (``decode`` turns one into what
         ``from_attributes`` would read): for our spans only the attributes the derivation uses are
-        decoded, in the same pass that fills the summary. The collector's receive path."""
+        decoded, in the same pass that fills the summary. The collector's receive path.
+
+        ``typed``: optional cheaper decoders by kind (``CONVERTERS``' keys), each returning exactly
+        ``CONVERTERS[kind](decode(value))``; kinds it lacks are composed from ``decode``."""
         if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded:
             values: list[Any] = [None] * _N_FIELDS
-            table = _OURS
+            table = _decoding_table(decode, typed)
             for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
                 slot = table.get(key)
                 if slot is not None:
-                    values[slot[0]] = slot[1](decode(encoded[key]))
+                    values[slot[0]] = slot[1](encoded[key])
             return cls._finish(values)
         if sc.VLLM_TTFT in encoded or sc.VLLM_E2E in encoded:
             return cls._from_native({key: decode(encoded[key]) for key in encoded})
@@ -160,28 +164,51 @@ def _first(v: Any) -> str | None:
     return None
 
 
-# Our attribute names -> (position in RequestSummary's fields, converter), for ``_from_ours``.
+# How ``_from_ours`` converts a value read for a field, by kind (``from_encoded``'s ``typed`` keys).
+CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first}
+
+# Our attribute names -> (position in RequestSummary's fields, converter kind), for ``_from_ours``.
 _FIELDS = tuple(f.name for f in fields(RequestSummary))
 _N_FIELDS = len(_FIELDS)
 _OPERATION = _FIELDS.index("operation")
 _PREEMPTIONS = _FIELDS.index("num_preemptions")
-_OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {
-    key: (_FIELDS.index(name), conv) for key, name, conv in (
-        (sc.REQUEST_MODEL, "model", _str),
-        (sc.OPERATION_NAME, "operation", _str),
-        (sc.PROVIDER_NAME, "provider", _str),
-        (sc.LATENCY_TTFT, "ttft", _float),
-        (sc.LATENCY_TPOT, "tpot", _float),
-        (sc.LATENCY_E2E, "e2e", _float),
-        (sc.LATENCY_QUEUE, "queue", _float),
-        (sc.LATENCY_PREFILL, "prefill", _float),
-        (sc.LATENCY_DECODE, "decode", _float),
-        (sc.USAGE_INPUT_TOKENS, "input_tokens", _int),
-        (sc.USAGE_OUTPUT_TOKENS, "output_tokens", _int),
-        (sc.OUTPUT_CHARACTERS, "output_characters", _int),
-        (sc.NUM_PREEMPTIONS, "num_preemptions", _int),
-        (sc.PREFIX_CACHE_HIT_TOKENS, "prefix_cache_hit_tokens", _int),
-        (sc.RESPONSE_FINISH_REASONS, "finish_reason", _first),
-        (sc.ERROR_TYPE, "error_type", _str),
+_KINDS: dict[str, tuple[int, str]] = {
+    key: (_FIELDS.index(name), kind) for key, name, kind in (
+        (sc.REQUEST_MODEL, "model", "str"),
+        (sc.OPERATION_NAME, "operation", "str"),
+        (sc.PROVIDER_NAME, "provider", "str"),
+        (sc.LATENCY_TTFT, "ttft", "float"),
+        (sc.LATENCY_TPOT, "tpot", "float"),
+        (sc.LATENCY_E2E, "e2e", "float"),
+        (sc.LATENCY_QUEUE, "queue", "float"),
+        (sc.LATENCY_PREFILL, "prefill", "float"),
+        (sc.LATENCY_DECODE, "decode", "float"),
+        (sc.USAGE_INPUT_TOKENS, "input_tokens", "int"),
+        (sc.USAGE_OUTPUT_TOKENS, "output_tokens", "int"),
+        (sc.OUTPUT_CHARACTERS, "output_characters", "int"),
+        (sc.NUM_PREEMPTIONS, "num_preemptions", "int"),
+        (sc.PREFIX_CACHE_HIT_TOKENS, "prefix_cache_hit_tokens", "int"),
+        (sc.RESPONSE_FINISH_REASONS, "finish_reason", "first"),
+        (sc.ERROR_TYPE, "error_type", "str"),
     )
 }
+_OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {key: (i, CONVERTERS[k]) for key, (i, k) in _KINDS.items()}
+
+# (decode, typed, table) of recent from_encoded calls: the collector always passes the same two
+_TABLES: list[tuple[Any, Any, dict[str, tuple[int, Callable[[Any], Any]]]]] = []
+
+
+def _decoding_table(decode: Callable[[Any], Any],
+                    typed: "Mapping[str, Callable[[Any], Any]] | None") -> dict[str, tuple[int, Callable[[Any], Any]]]:
+    """Our attribute names -> (position, encoded value -> converted value), one call per attribute."""
+    for d, t, table in _TABLES:
+        if d is decode and t is typed:
+            return table
+
+    def composed(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        return lambda raw: conv(decode(raw))
+    table = {key: (i, (typed or {}).get(k) or composed(CONVERTERS[k])) for key, (i, k) in _KINDS.items()}
+    if len(_TABLES) >= 8:
+        _TABLES.pop(0)
+    _TABLES.append((decode, typed, table))
+    return table

@@ -42,15 +42,25 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
     return out
 
 
-def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: bool = False):
+def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: bool = False,
+                batched: bool = False):
+    """The SDK records one request at a time; the backend too, or (``batched``) in lists through ``record_many``."""
     reader = InMemoryMetricReader()
     sdk = MeterProvider(metric_readers=[reader])
     fast = AggregationBackend(caller_locks=caller_locks)
+    good = {}
     for provider in (sdk, fast):
         meter = provider.get_meter("otel_llm_collector.llm_metrics")
         per_service = [ServerMetrics(meter, SLOS, {"service.name": s}) for s in services]
-        for i, s in enumerate(items):
-            per_service[i % len(per_service)].record(s)
+        if batched and provider is fast:
+            good[provider] = 0
+            for start in range(0, len(items), 97):  # batches that split label sets and services unevenly
+                chunk = list(enumerate(items))[start:start + 97]
+                for k, metrics in enumerate(per_service):
+                    good[provider] += metrics.record_many([s for i, s in chunk if i % len(per_service) == k])
+        else:
+            good[provider] = sum(per_service[i % len(per_service)].record(s) for i, s in enumerate(items))
+    assert good[sdk] == good[fast]
     return reader, fast
 
 
@@ -76,9 +86,12 @@ def exposition(reader) -> str:
     return generate_latest(reg).decode()
 
 
-@pytest.mark.parametrize("caller_locks", [False, True])  # True: the gateway's bound recorders skip the lock
-def test_same_points_as_the_sdk(caller_locks: bool) -> None:
-    reader, fast = record_both(summaries(3000), caller_locks=caller_locks)
+@pytest.mark.parametrize("caller_locks, batched", [(False, False), (True, False), (True, True), (False, True)])
+def test_same_points_as_the_sdk(caller_locks: bool, batched: bool) -> None:
+    # caller_locks: the gateway's bound recorders skip the lock; batched: lists of requests, as the gateway records
+    odd = [RequestSummary(model="llama", ttft=-1.0, e2e=math.nan, tpot=math.inf, output_tokens=3),
+           RequestSummary(model="llama", ttft=0.001, e2e=0.0, input_tokens=0, output_characters=0)]
+    reader, fast = record_both(summaries(3000) + odd * 3, caller_locks=caller_locks, batched=batched)
     expected, got = points(reader), points(fast)
     assert got.keys() == expected.keys() and len(got) > 50
     for key, value in expected.items():

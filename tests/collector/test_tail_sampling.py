@@ -138,3 +138,17 @@ def test_buffers_encoded_bytes_not_protobuf_objects(clock: FakeClock) -> None:
     (trace,) = s._traces.values()
     assert [type(raw) for _, raw in trace.items] == [bytes, bytes]
     assert s.bytes_on_memory == sum(len(raw) for _, raw in trace.items)
+
+
+def test_decision_cache_remembers_at_least_the_last_size_decisions_and_at_most_twice_that() -> None:
+    from otel_llm_collector.decision_cache import DecisionCache
+
+    cache, size = DecisionCache(100), 100
+    for i in range(1, 1001):
+        cache.add(i.to_bytes(16, "big"))
+        assert all(j.to_bytes(16, "big") in cache for j in range(max(1, i - size + 1), i + 1))
+        assert len(cache) <= 2 * size
+    assert (1).to_bytes(16, "big") not in cache
+    off = DecisionCache(0)
+    off.add(b"x" * 16)
+    assert b"x" * 16 not in off and len(off) == 0

@@ -35,6 +35,7 @@ def test_client_and_server_halves_join_in_either_order():
     (p,) = overhead_points(g)
     assert p.count == 2 and abs(p.sum - (0.050 + 0.030)) < 1e-9
     assert dict(p.attributes) == {"service.name": "app", sc.REQUEST_MODEL: "m"}
+    assert not g.ttft_join._servers  # a request span without a parent had no caller: it waits for nobody
 
 
 def test_unjoined_halves_are_bounded():

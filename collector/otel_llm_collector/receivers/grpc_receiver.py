@@ -8,7 +8,9 @@ cap slightly above ours (and applies it after gzip decompression, so gzip bombs 
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import ContextManager
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,9 +26,12 @@ SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
 class GrpcReceiver:
-    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry, workers: int = 8) -> None:
+    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry,
+                 serial: ContextManager[object] | None = None, workers: int = 8) -> None:
+        """``serial``: held around parsing and ingesting a request (the gateway's pipeline lock)."""
         self._cfg = cfg
         self._ingest = ingest
+        self._serial = serial if serial is not None else contextlib.nullcontext()
         self._t = telemetry
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
@@ -54,16 +59,17 @@ class GrpcReceiver:
         if len(raw) > self._cfg.max_message_bytes:
             self._bad(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                       f"message of {len(raw)} bytes exceeds the limit of {self._cfg.max_message_bytes}")
-        request = ExportTraceServiceRequest()
-        try:
-            request.ParseFromString(raw)
-        except (DecodeError, RecursionError, ValueError) as exc:
-            self._bad(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                      f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}")
-        try:
-            rejected = self._ingest(request, "grpc", raw)
-        except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
-            self._bad(context, grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}")
+        with self._serial:
+            request = ExportTraceServiceRequest()
+            try:
+                request.ParseFromString(raw)
+            except (DecodeError, RecursionError, ValueError) as exc:
+                self._bad(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                          f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}")
+            try:
+                rejected = self._ingest(request, "grpc", raw)
+            except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
+                self._bad(context, grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}")
         response = ExportTraceServiceResponse()
         if rejected:
             response.partial_success.CopyFrom(ExportTracePartialSuccess(

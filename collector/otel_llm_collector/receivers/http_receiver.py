@@ -9,10 +9,12 @@ concurrent requests (503 + Retry-After beyond it) and a socket timeout drops slo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ContextManager
 
 from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status
@@ -57,9 +59,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class HttpReceiver:
-    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry) -> None:
+    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry,
+                 serial: ContextManager[object] | None = None) -> None:
+        """``serial``: held around decompressing, parsing and ingesting a body (the gateway's pipeline lock)."""
         self.cfg = cfg
         self.ingest = ingest
+        self.serial = serial if serial is not None else contextlib.nullcontext()
         self.telemetry = telemetry
         self.slots = threading.BoundedSemaphore(cfg.max_concurrent_requests)
         receiver = self
@@ -161,10 +166,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if len(body) < length:
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
-            if encoding == "gzip":
-                body = inflate(body, cfg.max_body_bytes)
-            request = self._parse(body, is_json)
-            rejected = self.owner.ingest(request, "http", None if is_json else body)
+            with self.owner.serial:
+                if encoding == "gzip":
+                    body = inflate(body, cfg.max_body_bytes)
+                request = self._parse(body, is_json)
+                rejected = self.owner.ingest(request, "http", None if is_json else body)
         except BadRequest as err:
             return self._error(err, is_json)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
