@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .quantile import QuantileSketch
 from .slo import SLOTable
@@ -45,6 +45,9 @@ class TraceView:
     span_count: int = 1
     duration: float | None = None  # trace-wide, seconds; None when unknown
     recorded_reasons: Sequence[str] = field(default_factory=tuple)  # llm.sampling.reason set by the SDK
+    # attribute key -> every value seen for it on the trace's spans and their resources (in arrival order);
+    # filled only for the keys some policy names in its ``attribute_keys`` (the collector reads nothing else)
+    attributes: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
 
 class Policy(Protocol):
