@@ -8,6 +8,8 @@ found in it). The same classes decide in both places.
 from __future__ import annotations
 
 import enum
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -54,6 +56,29 @@ class Policy(Protocol):
     name: str
 
     def evaluate(self, trace: TraceView) -> Decision: ...
+
+
+def attribute_keys(policies: Sequence[Policy]) -> frozenset[str]:
+    """Every attribute key the given policies (and their sub-policies) read from ``TraceView.attributes``.
+
+    The collector collects values only for these keys, so a policy that reads attributes must
+    declare them. Composites declare the union of their children; a wrapper that does not
+    declare ``attribute_keys`` is looked into through its ``policies`` / ``policy``, so a
+    hand-written composite still gets its children's keys collected.
+    """
+    keys: set[str] = set()
+    for p in policies:
+        declared = getattr(p, "attribute_keys", None)
+        if declared is not None:
+            keys.update(declared)
+            continue
+        children = list(getattr(p, "policies", ()) or ())
+        child = getattr(p, "policy", None)
+        if child is not None:
+            children.append(child)
+        if children:
+            keys.update(attribute_keys(children))
+    return frozenset(keys)
 
 
 class ErrorPolicy:
@@ -305,6 +330,200 @@ class RateLimitingPolicy:
         return NOT_SAMPLED
 
 
+# --- Attribute and span-count policies (upstream string/numeric/boolean_attribute, span_count) -------
+# They read ``TraceView.attributes[key]``: every value the key has on the trace's spans and resources.
+# As upstream, a trace matches when ANY of those values matches. With ``invert_match`` the policy keeps
+# a trace when NO value matches, and so keeps a trace that lacks the key entirely (upstream's config
+# doc: "if the specified Key does not match any resource or span attributes, data will be sampled").
+# Upstream once answered InvertSampled / InvertNotSampled, and an InvertNotSampled vetoed every other
+# policy's keep; that was deprecated (feature gate ``disableinvertdecisions``, PR #39833) and the gate
+# went stable and was removed (PR #48976), so today an inverted policy votes plain Sampled / NotSampled.
+# We do the same and add no verdict: to veto, put the non-inverted policy under ``drop``.
+
+
+def _keep(matched: bool, invert: bool, name: str) -> Decision:
+    return Decision(Verdict.SAMPLED, name) if matched is not invert else NOT_SAMPLED
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key must be a non-empty string, got {key!r}")
+    return key
+
+
+_DEFAULT_REGEX_CACHE = 128  # upstream's defaultCacheSize, used when cache_max_size <= 0
+
+
+class StringAttributePolicy:
+    """Keep traces where attribute ``key`` has one of ``values`` (upstream ``string_attribute``).
+
+    Exact match by default; with ``regex`` each value is a pattern matched anywhere in the
+    string (``re.search``: upstream calls Go's ``Regexp.MatchString``, which is unanchored too,
+    so write ``^...$`` for a whole-string match). Regex results are cached per attribute value,
+    at most ``cache_max_size`` entries (default 128, as upstream), evicting the oldest entry
+    first: upstream evicts the least recently used, which would cost a reorder on every hit.
+
+    Where we differ from upstream, and why:
+    - patterns are Python ``re``, not Go RE2: the common syntax is the same, but Python also
+      accepts look-around and back-references, and spells end-of-text ``\\Z`` (RE2: ``\\z``);
+    - only ``str`` values are compared. Upstream reads any other type (int, bool, array) as ""
+      through ``Value.Str()``, which can never equal a configured value, so exact matching
+      agrees; a regex that matches "" (``.*``) would match a non-string resource attribute
+      upstream and does not here;
+    - empty strings never match: upstream skips "" on spans but not on resources; the view
+      here does not say where a value came from, so we skip it everywhere;
+    - arrays are not searched element by element (upstream does not either: an array reads as "").
+    """
+
+    def __init__(self, key: str, values: Sequence[str], regex: bool = False, cache_max_size: int = 0,
+                 invert_match: bool = False, name: str = "string_attribute") -> None:
+        self.key = _check_key(key)
+        if isinstance(values, str) or not values or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"values must be a non-empty list of strings, got {values!r}")
+        self.name = name
+        self.invert_match = invert_match
+        self.attribute_keys = frozenset((key,))
+        self._exact: frozenset[str] | None = None
+        self._patterns: tuple[re.Pattern[str], ...] = ()
+        if regex:
+            compiled = []
+            for v in values:
+                try:
+                    compiled.append(re.compile(v))
+                except re.error as exc:  # not a ValueError: say which pattern, in the registry's terms
+                    raise ValueError(f"bad regex {v!r} in values: {exc}") from None
+            self._patterns = tuple(compiled)
+        else:
+            self._exact = frozenset(v for v in values if v)  # upstream drops "" from the exact set
+        self._cache: dict[str, bool] = {}
+        self._cache_max = cache_max_size if cache_max_size > 0 else _DEFAULT_REGEX_CACHE
+
+    def _matches(self, value: str) -> bool:
+        if self._exact is not None:
+            return value in self._exact
+        cache = self._cache
+        hit = cache.get(value)
+        if hit is None:
+            hit = False
+            for pattern in self._patterns:
+                if pattern.search(value):
+                    hit = True
+                    break
+            if len(cache) >= self._cache_max:
+                try:
+                    del cache[next(iter(cache))]  # oldest first: dicts keep insertion order
+                except (StopIteration, KeyError, RuntimeError):
+                    pass  # another thread evicted at the same moment; the bound still holds
+            cache[value] = hit
+        return hit
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        matched = False
+        for v in trace.attributes.get(self.key) or ():
+            if isinstance(v, str) and v and self._matches(v):
+                matched = True
+                break
+        return _keep(matched, self.invert_match, self.name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class NumericAttributePolicy:
+    """Keep traces where attribute ``key`` is within ``[min_value, max_value]`` (upstream ``numeric_attribute``).
+
+    Bounds are inclusive; either may be omitted (no bound on that side, as upstream since the
+    fix for #41562), but not both.
+
+    Where we differ from upstream, and why: upstream reads the value with ``Value.Int()``, so
+    only int64 attributes work and every other type (a double, a string, a bool, an array)
+    reads as 0, which then matches any range that contains 0. We compare ints and floats by
+    value (LLM attributes such as temperature or top_p are doubles) and ignore every other
+    type (bools too, though Python counts them as ints): a value that is not a number neither
+    matches nor, under ``invert_match``, blocks. Bounds may be floats as well.
+    """
+
+    def __init__(self, key: str, min_value: float | None = None, max_value: float | None = None,
+                 invert_match: bool = False, name: str = "numeric_attribute") -> None:
+        self.key = _check_key(key)
+        if min_value is None and max_value is None:
+            raise ValueError("numeric_attribute needs min_value, max_value or both")
+        for label, bound in (("min_value", min_value), ("max_value", max_value)):
+            if bound is not None and (not _is_number(bound) or math.isnan(bound)):
+                raise ValueError(f"{label} must be a number, got {bound!r}")
+        if min_value is not None and max_value is not None and min_value > max_value:
+            raise ValueError(f"min_value must be <= max_value, got {min_value} > {max_value}")
+        self.name = name
+        self.min_value = min_value
+        self.max_value = max_value
+        self.invert_match = invert_match
+        self.attribute_keys = frozenset((key,))
+        self._low = -math.inf if min_value is None else min_value
+        self._high = math.inf if max_value is None else max_value
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        matched = False
+        low, high = self._low, self._high
+        for v in trace.attributes.get(self.key) or ():
+            if _is_number(v) and low <= v <= high:  # NaN compares false: never in range
+                matched = True
+                break
+        return _keep(matched, self.invert_match, self.name)
+
+
+class BooleanAttributePolicy:
+    """Keep traces where attribute ``key`` is the boolean ``value`` (upstream ``boolean_attribute``).
+
+    Where we differ from upstream, and why: upstream reads the value with ``Value.Bool()``,
+    which gives ``false`` for any non-boolean attribute, so ``value: false`` matches a string
+    or int attribute of that key. Here only real booleans count (``1`` is not ``True``).
+    """
+
+    def __init__(self, key: str, value: bool, invert_match: bool = False, name: str = "boolean_attribute") -> None:
+        self.key = _check_key(key)
+        if not isinstance(value, bool):
+            raise ValueError(f"value must be true or false, got {value!r}")
+        self.name = name
+        self.value = value
+        self.invert_match = invert_match
+        self.attribute_keys = frozenset((key,))
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        matched = False
+        want = self.value
+        for v in trace.attributes.get(self.key) or ():
+            if v is want:  # identity: bools are singletons, and 1 == True must not count
+                matched = True
+                break
+        return _keep(matched, self.invert_match, self.name)
+
+
+class SpanCountPolicy:
+    """Keep traces with ``min_spans <= span count <= max_spans`` (upstream ``span_count``).
+
+    ``max_spans`` 0 or omitted means no upper bound, as upstream. The count is of the spans
+    received so far when the decision is made, as upstream. Unlike upstream we reject
+    ``max_spans < min_spans`` (upstream accepts it and then never samples).
+    """
+
+    def __init__(self, min_spans: int = 0, max_spans: int | None = None, name: str = "span_count") -> None:
+        for label, bound in (("min_spans", min_spans), ("max_spans", max_spans)):
+            if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+                raise ValueError(f"{label} must be a non-negative integer, got {bound!r}")
+        if max_spans and max_spans < min_spans:
+            raise ValueError(f"max_spans must be >= min_spans (or 0 for no limit), got {max_spans} < {min_spans}")
+        self.name = name
+        self.min_spans = min_spans
+        self.max_spans = max_spans or None
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        n = trace.span_count
+        if n >= self.min_spans and (self.max_spans is None or n <= self.max_spans):
+            return Decision(Verdict.SAMPLED, self.name)
+        return NOT_SAMPLED
+
+
 class AndPolicy:
     """Keep only if every sub-policy votes SAMPLED (upstream ``and``); evaluation stops at the first no."""
 
@@ -313,6 +532,7 @@ class AndPolicy:
             raise ValueError("and needs at least one sub-policy")
         self.name = name
         self.policies = tuple(policies)
+        self.attribute_keys = attribute_keys(self.policies)
 
     def evaluate(self, trace: TraceView) -> Decision:
         for p in self.policies:
@@ -328,6 +548,7 @@ class NotPolicy:
     def __init__(self, policy: Policy, name: str = "not") -> None:
         self.name = name
         self.policy = policy
+        self.attribute_keys = attribute_keys([policy])
 
     def evaluate(self, trace: TraceView) -> Decision:
         d = self.policy.evaluate(trace)
@@ -342,6 +563,7 @@ class DropPolicy:
     def __init__(self, policies: Sequence[Policy], name: str = "drop") -> None:
         self.name = name
         self.match = AndPolicy(policies, name)
+        self.attribute_keys = self.match.attribute_keys
 
     def evaluate(self, trace: TraceView) -> Decision:
         if self.match.evaluate(trace).sampled:
@@ -357,6 +579,7 @@ class FirstMatchPolicy:
             raise ValueError("first_match needs at least one sub-policy")
         self.name = name
         self.policies = tuple(policies)
+        self.attribute_keys = attribute_keys(self.policies)
 
     def evaluate(self, trace: TraceView) -> Decision:
         return first_match(self.policies, trace)
@@ -377,6 +600,7 @@ class CompositePolicy:
             raise ValueError(f"composite rate_allocation percents must be >= 0 and sum to <= 100, got {list(percents)}")
         self.name = name
         self.policies = tuple(policies)
+        self.attribute_keys = attribute_keys(self.policies)
         self.limits = tuple(
             RateLimitingPolicy(max(1, int(max_total_spans_per_second * p / 100)), clock, f"{name}:{pol.name}")
             for pol, p in zip(policies, percents))

@@ -2,7 +2,8 @@
 
 Each entry is ``{name: ..., type: ..., <type>: {...options}}`` as upstream; the option keys are
 upstream's where the concept is the same (``threshold_ms``, ``sampling_percentage``,
-``status_codes``, ``spans_per_second``, ``and_sub_policy``, ``composite_sub_policy``, ...), plus
+``status_codes``, ``spans_per_second``, ``key``/``values``/``invert_match``, ``min_spans``,
+``and_sub_policy``, ``composite_sub_policy``, ...), plus
 ours (``slo``, ``latency_percentile``, ``error``, ``sdk_decision``, ``first_match``).
 Bad config raises ``PolicyConfigError`` naming the policy and the key.
 """
@@ -12,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from .policies import (AlwaysSample, AndPolicy, CompositePolicy, DropPolicy, ErrorPolicy, FirstMatchPolicy,
-                       LatencyPercentilePolicy, LatencyPolicy, NotPolicy, Policy, ProbabilisticPolicy,
-                       RateLimitingPolicy, RecordedReasonPolicy, SLOPolicy, StatusCodePolicy)
+from .policies import (AlwaysSample, AndPolicy, BooleanAttributePolicy, CompositePolicy, DropPolicy, ErrorPolicy,
+                       FirstMatchPolicy, LatencyPercentilePolicy, LatencyPolicy, NotPolicy, NumericAttributePolicy,
+                       Policy, ProbabilisticPolicy, RateLimitingPolicy, RecordedReasonPolicy, SLOPolicy,
+                       SpanCountPolicy, StatusCodePolicy, StringAttributePolicy)
 from .slo import SLO, SLOTable
 
 Clock = Callable[[], float]
@@ -161,12 +163,113 @@ def _composite(e, name, clock, slo):
     return CompositePolicy(total, [by_name[n] for n in order], [alloc.get(n, 0.0) for n in order], clock, name)
 
 
+# --- attribute and span-count policies: options checked here, so a typo names the policy and the option ---
+
+
+def _only(o: Mapping[str, Any], kind: str, name: str, known: set[str]) -> None:
+    unknown = set(o) - known  # a misspelt option (``invert_matches``) would otherwise be silently ignored
+    if unknown:
+        raise PolicyConfigError(f"policy {name!r}: unknown {kind} keys {sorted(map(str, unknown))}; "
+                                f"known: {', '.join(sorted(known))}")
+
+
+def _key(o: Mapping[str, Any], kind: str, name: str) -> str:
+    key = o.get("key")
+    if key is None:
+        raise PolicyConfigError(f"policy {name!r}: missing {kind}.key")
+    if not isinstance(key, str) or not key:
+        raise PolicyConfigError(f"policy {name!r}: {kind}.key must be a non-empty string, got {key!r}")
+    return key
+
+
+def _flag(o: Mapping[str, Any], option: str, kind: str, name: str) -> bool:
+    value = o.get(option)
+    if value is None:
+        return False
+    if not isinstance(value, bool):  # "false" as a string would be truthy
+        raise PolicyConfigError(f"policy {name!r}: {kind}.{option} must be true or false, got {value!r}")
+    return value
+
+
+def _int(o: Mapping[str, Any], option: str, kind: str, name: str) -> int | None:
+    value = o.get(option)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise PolicyConfigError(f"policy {name!r}: {kind}.{option} must be an integer, got {value!r}")
+    return value
+
+
+def _built(kind: str, name: str, make: Callable[[], Policy]) -> Policy:
+    try:
+        return make()
+    except ValueError as exc:  # the constructor's own checks (bad regex, min > max): add where it was
+        raise PolicyConfigError(f"policy {name!r}: {kind}: {exc}") from None
+
+
+def _string_attribute(e, name, clock, slo):
+    kind = "string_attribute"
+    o = _opts(e, kind)
+    _only(o, kind, name, {"key", "values", "enabled_regex_matching", "cache_max_size", "invert_match"})
+    key = _key(o, kind, name)
+    values = o.get("values")
+    if not isinstance(values, list) or not values:
+        raise PolicyConfigError(f"policy {name!r}: {kind}.values must be a non-empty list of strings, got {values!r}")
+    bad = [v for v in values if not isinstance(v, str)]
+    if bad:  # YAML reads 200 and true as numbers and booleans; a string attribute never equals those
+        raise PolicyConfigError(f"policy {name!r}: {kind}.values must be strings (quote numbers and booleans), "
+                                f"got {bad!r}")
+    regex = _flag(o, "enabled_regex_matching", kind, name)
+    cache = _int(o, "cache_max_size", kind, name) or 0
+    invert = _flag(o, "invert_match", kind, name)
+    return _built(kind, name, lambda: StringAttributePolicy(key, values, regex, cache, invert, name))
+
+
+def _numeric_attribute(e, name, clock, slo):
+    kind = "numeric_attribute"
+    o = _opts(e, kind)
+    _only(o, kind, name, {"key", "min_value", "max_value", "invert_match"})
+    key = _key(o, kind, name)
+    low, high = o.get("min_value"), o.get("max_value")
+    for option, value in (("min_value", low), ("max_value", high)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise PolicyConfigError(f"policy {name!r}: {kind}.{option} must be a number, got {value!r}")
+    if low is None and high is None:
+        raise PolicyConfigError(f"policy {name!r}: {kind} needs min_value, max_value or both")
+    invert = _flag(o, "invert_match", kind, name)
+    return _built(kind, name, lambda: NumericAttributePolicy(key, low, high, invert, name))
+
+
+def _boolean_attribute(e, name, clock, slo):
+    kind = "boolean_attribute"
+    o = _opts(e, kind)
+    _only(o, kind, name, {"key", "value", "invert_match"})
+    key = _key(o, kind, name)
+    value = o.get("value")
+    if not isinstance(value, bool):  # required: upstream's silent default (false) is easy to get by accident
+        raise PolicyConfigError(f"policy {name!r}: {kind}.value must be true or false, got {value!r}")
+    invert = _flag(o, "invert_match", kind, name)
+    return _built(kind, name, lambda: BooleanAttributePolicy(key, value, invert, name))
+
+
+def _span_count(e, name, clock, slo):
+    kind = "span_count"
+    o = _opts(e, kind)
+    _only(o, kind, name, {"min_spans", "max_spans"})
+    low, high = _int(o, "min_spans", kind, name), _int(o, "max_spans", kind, name)
+    if low is None and high is None:  # neither bound keeps every trace: an always_sample in disguise
+        raise PolicyConfigError(f"policy {name!r}: {kind} needs min_spans, max_spans or both")
+    return _built(kind, name, lambda: SpanCountPolicy(low or 0, high, name))
+
+
 _BUILDERS: dict[str, Callable[..., Policy]] = {
     "always_sample": lambda e, name, clock, slo: AlwaysSample(name),
     "probabilistic": _probabilistic,
     "latency": _latency,
     "status_code": _status_code,
     "rate_limiting": _rate_limiting,
+    "string_attribute": _string_attribute,
+    "numeric_attribute": _numeric_attribute,
+    "boolean_attribute": _boolean_attribute,
+    "span_count": _span_count,
     "and": lambda e, name, clock, slo: AndPolicy(_subs(e, "and", "and_sub_policy", name, clock, slo), name),
     "drop": lambda e, name, clock, slo: DropPolicy(_subs(e, "drop", "drop_sub_policy", name, clock, slo), name),
     "not": _not,
