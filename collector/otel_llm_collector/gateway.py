@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
-from otel_llm.core.policies import Policy
+from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
 
 from .aggregation import AggregationBackend
@@ -54,9 +54,11 @@ class Gateway:
         self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
+        self._keys: frozenset[str] = frozenset()  # attribute keys the policies read (collected per trace)
         if ts is not None:
             built = list(policies) if policies is not None else build_policies(list(ts.policies), clock, config.slo)
             self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
+            self._keys = attribute_keys(built)
         self.grpc: GrpcReceiver | None = None
         self.http: HttpReceiver | None = None
         self.prometheus: PrometheusEndpoint | None = None
@@ -126,7 +128,7 @@ class Gateway:
         return rejected
 
     def _ingest(self, request: ExportTraceServiceRequest, transport: str, raw: bytes | None) -> int:
-        batch = extract(request, raw)
+        batch = extract(request, raw, self._keys)
         if batch.spans:
             self.telemetry.inc("receiver_accepted_spans", len(batch.spans), transport=transport)
         if batch.rejected:

@@ -100,6 +100,11 @@ class Extracted:
     requests: list[RequestFacts]
     rejected: int = 0  # spans without a valid trace id
     clients: list[ClientFacts] | None = None
+    # trace id -> attribute key -> values, for the keys asked for (``extract(keys=...)``); None when none were
+    attributes: dict[bytes, dict[str, list[Any]]] | None = None
+
+
+MAX_VALUES_PER_KEY = 64  # distinct values kept per attribute key and trace: a policy needs one match, not all
 
 
 def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any], parented: bool = False) -> RequestFacts | None:
@@ -115,7 +120,7 @@ def request_facts(trace_id: bytes, service: str, attrs: Mapping[str, Any], paren
 def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, bytes],
                            parented: bool) -> RequestFacts | None:
     """``request_facts`` over a span's encoded attribute map (the receive path): same result."""
-    summary = _from_encoded(encoded, value_of, TYPED)
+    summary = _read_summary(encoded)
     if summary is None:
         return None
     reason = encoded.get(sc.SAMPLING_REASON)
@@ -125,26 +130,34 @@ def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, 
     return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
 
 
-_from_encoded = RequestSummary.from_encoded
+_read_summary = RequestSummary.encoded_reader(value_of, TYPED)
 
 
 def _is_error(status: bytes) -> bool:
     return StatusView.FromString(status).code == _ERROR
 
 
-def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Extracted:
+def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
+            keys: frozenset[str] = frozenset()) -> Extracted:
     """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries.
 
-    ``raw``: the request's bytes as received, when the receiver has them (saves encoding it again)."""
+    ``raw``: the request's bytes as received, when the receiver has them (saves encoding it again).
+    ``keys``: attribute keys whose values (on spans and their resources) to collect per trace, for the
+    attribute policies; nothing is collected without them."""
     view = RequestView.FromString(request.SerializeToString() if raw is None else raw)
     spans: list[SpanRecord] = []
     requests: list[RequestFacts] = []
     clients: list[ClientFacts] | None = None
     rejected = 0
     triggers, read_span = _TRIGGERS, SpanView.FromString
+    found: dict[bytes, dict[str, list[Any]]] | None = {} if keys else None
+    resource_values: list[tuple[str, Any]] = []
     for rs in view.resource_spans:
         resource = rs.resource
-        service = service_name(Resource.FromString(resource))
+        decoded = Resource.FromString(resource)
+        service = service_name(decoded)
+        if found is not None:
+            resource_values = [(kv.key, any_value(kv.value)) for kv in decoded.attributes if kv.key in keys]
         resource_key = (resource, rs.schema_url)
         for ss in rs.scope_spans:
             group = Group(resource_key, (ss.scope, ss.schema_url), service)
@@ -171,10 +184,28 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None) -> Ext
                             if isinstance(ttfc, float):
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                if found is not None:
+                    _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
                 status = span.status
                 spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
                               bool(status) and _is_error(status), not parent, facts))
-    return Extracted(spans, requests, rejected, clients)
+    return Extracted(spans, requests, rejected, clients, found)
+
+
+def merge_values(into: dict[str, list[Any]], pairs: Iterable[tuple[str, Any]]) -> None:
+    """Add (key, value) pairs to a trace's attribute values: distinct (True is not 1), at most ``MAX_VALUES_PER_KEY``."""
+    for key, value in pairs:
+        values = into.get(key)
+        if values is None:
+            into[key] = [value]
+        elif len(values) < MAX_VALUES_PER_KEY and not any(type(v) is type(value) and v == value for v in values):
+            values.append(value)
+
+
+def _collect(found: dict[bytes, dict[str, list[Any]]], tid: bytes, pairs: list[tuple[str, Any]]) -> None:
+    if pairs:
+        per = found.get(tid)
+        merge_values(per if per is not None else found.setdefault(tid, {}), pairs)
 
 
 # -- encoding back to OTLP, at the byte level --------------------------------------------------------

@@ -22,7 +22,7 @@ from otel_llm.core.summary import RequestSummary
 
 from .config import TailSamplingConfig
 from .decision_cache import DecisionCache
-from .spans import Extracted, Group
+from .spans import Extracted, Group, merge_values
 from .telemetry import SelfTelemetry
 
 Clock = Callable[[], float]
@@ -30,6 +30,7 @@ Item = tuple[Group, bytes]  # (resource and scope, encoded span), as spans.encod
 Emit = Callable[[list[Item]], None]
 _SAMPLED = Verdict.SAMPLED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
+_NO_ATTRIBUTES: dict[str, list] = {}
 
 
 class PendingTrace(TraceView):
@@ -46,6 +47,7 @@ class PendingTrace(TraceView):
         self.span_count = 0
         self.duration: float | None = None
         self.recorded_reasons: list[str] | tuple = ()
+        self.attributes: dict[str, list] = _NO_ATTRIBUTES  # replaced, never changed in place
         self.key = key
         self.first_seen = first_seen
         self.decide_at = decide_at
@@ -158,6 +160,14 @@ class TailSampler:
                             trace.recorded_reasons.append(request.reason)
                         else:
                             trace.recorded_reasons = [request.reason]
+            if batch.attributes:  # values the attribute policies read; the traces exist by now (or were decided)
+                for tid, values in batch.attributes.items():
+                    trace = traces.get(tid)
+                    if trace is not None:
+                        if trace.attributes is _NO_ATTRIBUTES:
+                            trace.attributes = values
+                        else:
+                            merge_values(trace.attributes, ((k, v) for k, vs in values.items() for v in vs))
             self._bytes += added
             self._enforce_limits(out, decided)
             self._gauges()
