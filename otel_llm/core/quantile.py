@@ -65,7 +65,11 @@ class QuantileSketch:
         key = math.ceil(math.log(value) / self._gamma_log)
         above = False
         if self._count >= min_count and self._count > 0:
-            at = self._key_at(q)
+            if q == self._hq and self._keys:  # the tracked quantile (every call but the first): no walk
+                rank = q * (self._count - 1)
+                at = None if rank < self._zeros else self._track(rank)
+            else:
+                at = self._key_at(q)
             above = at is None or key > at  # None: the quantile is a zero, whose upper bound is 0.0
         self._add_key(key)
         return above

@@ -74,17 +74,30 @@ class RequestSummary:
 
         ``typed``: optional cheaper decoders by kind (``CONVERTERS``' keys), each returning exactly
         ``CONVERTERS[kind](decode(value))``; kinds it lacks are composed from ``decode``."""
-        if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded:
-            values: list[Any] = [None] * _N_FIELDS
-            table = _decoding_table(decode, typed)
-            for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
-                slot = table.get(key)
-                if slot is not None:
-                    values[slot[0]] = slot[1](encoded[key])
-            return cls._finish(values)
-        if sc.VLLM_TTFT in encoded or sc.VLLM_E2E in encoded:
-            return cls._from_native({key: decode(encoded[key]) for key in encoded})
-        return None
+        return cls.encoded_reader(decode, typed)(encoded)
+
+    @classmethod
+    def encoded_reader(cls, decode: Callable[[Any], Any], typed: "Mapping[str, Callable[[Any], Any]] | None" = None
+                       ) -> "Callable[[Mapping[str, Any]], RequestSummary | None]":
+        """``from_encoded`` with its decoders bound once: what the collector calls per request span."""
+        composed = {k: (lambda conv: lambda raw: conv(decode(raw)))(conv) for k, conv in CONVERTERS.items()}
+        table = {key: (i, (typed or {}).get(k) or composed[k]) for key, (i, k) in _KINDS.items()}
+        finish, from_native = cls._finish, cls._from_native
+        n, e2e, ttft, vllm_ttft, vllm_e2e = _N_FIELDS, sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E
+
+        def read(encoded: Mapping[str, Any]) -> "RequestSummary | None":
+            if e2e in encoded or ttft in encoded:
+                values: list[Any] = [None] * n
+                get = table.get
+                for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
+                    slot = get(key)
+                    if slot is not None:
+                        values[slot[0]] = slot[1](encoded[key])
+                return finish(values)
+            if vllm_ttft in encoded or vllm_e2e in encoded:
+                return from_native({key: decode(encoded[key]) for key in encoded})
+            return None
+        return read
 
     @classmethod
     def _from_ours(cls, a: Mapping[str, Any]) -> "RequestSummary":
@@ -193,22 +206,3 @@ _KINDS: dict[str, tuple[int, str]] = {
     )
 }
 _OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {key: (i, CONVERTERS[k]) for key, (i, k) in _KINDS.items()}
-
-# (decode, typed, table) of recent from_encoded calls: the collector always passes the same two
-_TABLES: list[tuple[Any, Any, dict[str, tuple[int, Callable[[Any], Any]]]]] = []
-
-
-def _decoding_table(decode: Callable[[Any], Any],
-                    typed: "Mapping[str, Callable[[Any], Any]] | None") -> dict[str, tuple[int, Callable[[Any], Any]]]:
-    """Our attribute names -> (position, encoded value -> converted value), one call per attribute."""
-    for d, t, table in _TABLES:
-        if d is decode and t is typed:
-            return table
-
-    def composed(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        return lambda raw: conv(decode(raw))
-    table = {key: (i, (typed or {}).get(k) or composed(CONVERTERS[k])) for key, (i, k) in _KINDS.items()}
-    if len(_TABLES) >= 8:
-        _TABLES.pop(0)
-    _TABLES.append((decode, typed, table))
-    return table
