@@ -36,26 +36,27 @@ _NO_ATTRIBUTES: dict[str, list] = {}
 class PendingTrace(TraceView):
     """A buffered trace: its encoded spans, and the ``TraceView`` the policies read (filled in at decision time)."""
 
-    __slots__ = ("key", "first_seen", "decide_at", "items", "nbytes", "request_seen", "start_ns", "end_ns")
+    __slots__ = ("key", "decide_at", "items", "nbytes", "request_seen", "start_ns", "end_ns")
 
-    def __init__(self, key: bytes, first_seen: float, decide_at: float, request_seen: bool) -> None:
+    def __init__(self, key: bytes, decide_at: float, request_seen: bool, first: Item, nbytes: int, error: bool,
+                 start_ns: int, end_ns: int) -> None:
+        """A trace from its first span (one constructor call on the receive path, not a call and five stores)."""
         # TraceView's fields: summaries and reasons start as the shared empty tuple (most traces have one
         # summary, no reason); trace_id, span_count and duration are set when the trace is decided
         self.trace_id = 0
         self.summaries: list[RequestSummary] | tuple = ()
-        self.has_error = False
+        self.has_error = error
         self.span_count = 0
         self.duration: float | None = None
         self.recorded_reasons: list[str] | tuple = ()
         self.attributes: dict[str, list] = _NO_ATTRIBUTES  # replaced, never changed in place
         self.key = key
-        self.first_seen = first_seen
         self.decide_at = decide_at
-        self.items: list[Item] = []
-        self.nbytes = 0
+        self.items: list[Item] = [first]
+        self.nbytes = nbytes
         self.request_seen = request_seen
-        self.start_ns = 0
-        self.end_ns = 0
+        self.start_ns = start_ns
+        self.end_ns = end_ns
 
     def view(self) -> TraceView:
         """Itself, with the trace-wide facts filled in (the lists themselves: the trace is out of the buffer)."""
@@ -125,16 +126,12 @@ class TailSampler:
                     # a new trace, filled from its first span (a 1-span trace never takes the path below);
                     # one that starts with its request (or root) span waits only for stragglers
                     if request is not None or root:
-                        trace = traces[tid] = PendingTrace(tid, now, soon, True)
+                        trace = traces[tid] = PendingTrace(tid, soon, True, (group, raw), size, error, start, end)
                         due_root((soon, tid))
                     else:
-                        trace = traces[tid] = PendingTrace(tid, now, decision_wait, False)
+                        trace = traces[tid] = PendingTrace(tid, decision_wait, False, (group, raw), size, error,
+                                                           start, end)
                         due_first((decision_wait, tid))
-                    trace.items.append((group, raw))
-                    trace.nbytes = size
-                    trace.has_error = error
-                    trace.start_ns = start
-                    trace.end_ns = end
                 else:
                     trace.items.append((group, raw))
                     trace.nbytes += size

@@ -228,6 +228,8 @@ def first_match(policies: Sequence[Policy], trace: TraceView, on_error: "callabl
             if on_error is not None:
                 on_error(policy, exc)
             continue
+        if decision is NOT_SAMPLED:  # the shared "no": most votes
+            continue
         verdict = decision.verdict
         if verdict is dropped:
             return decision
