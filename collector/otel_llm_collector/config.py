@@ -21,12 +21,40 @@ Shape (keys follow the upstream Collector where the concept is the same)::
       prometheus: {endpoint: 127.0.0.1:8889}
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
+
+TLS uses the upstream ``configtls`` key names::
+
+    receivers:
+      otlp:
+        protocols:
+          grpc:
+            endpoint: 0.0.0.0:4317
+            tls: {cert_file: server.crt, key_file: server.key, client_ca_file: clients-ca.crt}  # last: mTLS
+    exporters:
+      otlp:     {endpoint: backend:4317, tls: {ca_file: ca.crt, cert_file: client.crt, key_file: client.key}}
+      otlphttp: {endpoint: https://backend:4318, tls: {ca_file: ca.crt}}
+
+Receivers: ``cert_file`` + ``key_file`` turn TLS on (>= 1.2); ``client_ca_file`` makes a client certificate
+signed by that CA mandatory. Exporters: ``ca_file`` (else the system roots), ``cert_file`` + ``key_file``
+(a client certificate), ``server_name_override``, ``insecure_skip_verify`` (otlphttp only: Python gRPC cannot
+skip verification), ``insecure: true`` (explicit plaintext). Other upstream keys (``*_pem``, ``min_version``,
+``cipher_suites``, ``reload_interval``, ...) are refused with a ConfigError rather than ignored, so a config
+written for the upstream Collector never gets weaker TLS than it asked for. Files are checked at load
+(readable, PEM, cert and key a pair) so a typo fails at start, naming the key.
+
+Default: without a ``tls`` section a receiver or exporter is plaintext, as before. This differs from the
+upstream ``otlp`` exporter, which defaults to TLS: our gateway is usually a loopback or in-cluster hop (an
+SDK or the upstream load-balancing tier in front, ``scale-config`` emits ``tls: {insecure: true}`` for
+that tier), so plaintext stays the default and ``tls:`` turns TLS on. An ``https://`` endpoint also means
+TLS (with the system roots unless ``tls`` says otherwise); an ``http://`` endpoint together with ``tls``
+settings is a contradiction and refused.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -113,10 +141,39 @@ def endpoint(value: Any, where: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class TLSServerConfig:
+    """A receiver's ``tls`` (upstream ``configtls.ServerConfig``): present = the receiver speaks TLS only."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None  # set: mutual TLS, a client certificate signed by this CA is required
+
+
+@dataclass(frozen=True)
+class TLSClientConfig:
+    """An exporter's ``tls`` (upstream ``configtls.ClientConfig``); the exporter holds None for plaintext."""
+
+    ca_file: str | None = None  # None: the system's roots (gRPC: its bundled roots)
+    cert_file: str | None = None  # with key_file: a client certificate, for mutual TLS
+    key_file: str | None = None
+    insecure_skip_verify: bool = False  # otlphttp only
+    server_name_override: str = ""  # the name sent as SNI and checked against the server's certificate
+
+
+def read_pem(path: str | None) -> bytes | None:
+    """The bytes of a PEM file named in a TLS setting (validated at load), None when not set."""
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@dataclass(frozen=True)
 class GrpcReceiverConfig:
     host: str = "127.0.0.1"
     port: int = 4317
     max_message_bytes: int = 4 << 20
+    tls: TLSServerConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +182,7 @@ class HttpReceiverConfig:
     port: int = 4318
     max_body_bytes: int = 4 << 20
     max_concurrent_requests: int = 64
+    tls: TLSServerConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +217,7 @@ class ExporterConfig:
     compression: str = "none"
     queue_size: int = 1000
     retry: RetryConfig = RetryConfig()
+    tls: TLSClientConfig | None = None  # None: plaintext
 
 
 @dataclass(frozen=True)
@@ -235,19 +294,21 @@ def _grpc(m: Any) -> GrpcReceiverConfig | None:
     if m is None:
         return None
     w = "receivers.otlp.protocols.grpc"
-    _only(m, ("endpoint", "max_recv_msg_size_mib"), w)
+    _only(m, ("endpoint", "max_recv_msg_size_mib", "tls"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
-    return GrpcReceiverConfig(host, port, positive_int(m.get("max_recv_msg_size_mib"), f"{w}.max_recv_msg_size_mib") << 20)
+    return GrpcReceiverConfig(host, port, positive_int(m.get("max_recv_msg_size_mib"), f"{w}.max_recv_msg_size_mib") << 20,
+                              tls=_server_tls(m, f"{w}.tls"))
 
 
 def _http(m: Any) -> HttpReceiverConfig | None:
     if m is None:
         return None
     w = "receivers.otlp.protocols.http"
-    _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests"), w)
+    _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests", "tls"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     return HttpReceiverConfig(host, port, size(m.get("max_request_body_size"), f"{w}.max_request_body_size"),
-                              positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"))
+                              positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"),
+                              tls=_server_tls(m, f"{w}.tls"))
 
 
 def _slo(m: Any) -> SLOTable:
@@ -310,7 +371,9 @@ def _exporter(key: str, m: Any) -> ExporterConfig:
     elif not isinstance(m.get("endpoint"), str) or not m.get("endpoint"):
         raise ConfigError(f"{w}.endpoint: the {kind} exporter needs an endpoint")
     if kind == "otlp":
-        endpoint(m["endpoint"].removeprefix("http://"), f"{w}.endpoint")
+        endpoint(m["endpoint"].removeprefix("http://").removeprefix("https://"), f"{w}.endpoint")
+    if kind == "file" and "tls" in m:
+        raise ConfigError(f"{w}.tls: the file exporter has no TLS")
     queue = m.get("sending_queue") or {}
     retry = m.get("retry_on_failure") or {}
     _only(queue, ("enabled", "queue_size"), f"{w}.sending_queue")
@@ -332,6 +395,7 @@ def _exporter(key: str, m: Any) -> ExporterConfig:
             max_interval=duration(retry.get("max_interval", 5), f"{w}.retry_on_failure.max_interval"),
             max_elapsed_time=duration(retry.get("max_elapsed_time", 30), f"{w}.retry_on_failure.max_elapsed_time"),
         ),
+        tls=_client_tls(kind, m, w) if kind != "file" else None,
     )
 
 
@@ -341,3 +405,127 @@ def _prometheus(exps: Mapping[str, Any]) -> tuple[str, int] | None:
         return None
     _only(m, ("endpoint",), "exporters.prometheus")
     return endpoint(m.get("endpoint"), "exporters.prometheus.endpoint")
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+# Upstream configtls keys we do not implement, with why: refused by name, never ignored.
+_TLS_UNSUPPORTED = {
+    "ca_pem": "use ca_file", "cert_pem": "use cert_file", "key_pem": "use key_file",
+    "include_system_ca_certs_pool": "ca_file replaces the system roots; put both in one bundle",
+    "min_version": "the gateway always requires TLS >= 1.2", "max_version": "not configurable here",
+    "cipher_suites": "the TLS library's defaults are used", "include_insecure_cipher_suites": "never enabled",
+    "curve_preferences": "the TLS library's defaults are used",
+    "reload_interval": "certificates are read once at start; restart to rotate them",
+    "client_ca_file_reload": "certificates are read once at start; restart to rotate them",
+    "tpm": "keys are read from key_file",
+}
+_TLS_CLIENT_KEYS = ("insecure", "insecure_skip_verify", "ca_file", "cert_file", "key_file", "server_name_override")
+_TLS_SERVER_KEYS = ("cert_file", "key_file", "client_ca_file")
+
+
+def _no_password() -> bytes:
+    return b""  # an encrypted key fails to load, instead of OpenSSL prompting for its password on a tty
+
+
+def _tls_mapping(m: Any, where: str, allowed: tuple[str, ...], extra_refused: Mapping[str, str]) -> Mapping:
+    if not isinstance(m, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of TLS settings, got {m!r} "
+                          "(exporters: {} for TLS with the system roots, {insecure: true} for plaintext)")
+    refused = {**_TLS_UNSUPPORTED, **extra_refused}
+    for k in m:
+        if k in refused:
+            raise ConfigError(f"{where}.{k}: this upstream TLS setting is not supported by the gateway "
+                              f"({refused[k]}); supported: {', '.join(allowed)}")
+    _only(m, allowed, where)
+    return m
+
+
+def _pem_file(m: Mapping, key: str, where: str) -> str | None:
+    """The path in ``m[key]``, checked to be a readable PEM file; None when absent."""
+    if key not in m:
+        return None
+    path, w = m[key], f"{where}.{key}"
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{w}: expected a file path, got {path!r}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{w}: cannot read {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{w}: {path} is not a PEM file")
+    return path
+
+
+def _key_pair(m: Mapping, where: str, required: bool) -> tuple[str | None, str | None]:
+    """cert_file and key_file: both or neither (both when ``required``), and a matching pair."""
+    cert, key = _pem_file(m, "cert_file", where), _pem_file(m, "key_file", where)
+    if required and cert is None and key is None:
+        raise ConfigError(f"{where}: a TLS receiver needs cert_file and key_file")
+    if (cert is None) != (key is None):
+        missing, present = ("key_file", "cert_file") if key is None else ("cert_file", "key_file")
+        raise ConfigError(f"{where}.{missing}: missing; {present} is set and the two go together")
+    if cert is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_password)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"{where}.key_file: {key} is not the (unencrypted) key of {where}.cert_file "
+                              f"{cert}: {exc}") from None
+    return cert, key
+
+
+def _ca_file(m: Mapping, key: str, where: str) -> str | None:
+    path = _pem_file(m, key, where)
+    if path is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"{where}.{key}: {path} holds no usable CA certificate: {exc}") from None
+    return path
+
+
+def _server_tls(m: Mapping, where: str) -> TLSServerConfig | None:
+    if "tls" not in m:
+        return None
+    t = _tls_mapping(m["tls"], where, _TLS_SERVER_KEYS,
+                     {"ca_file": "on a receiver, client_ca_file is the CA that verifies clients"})
+    cert, key = _key_pair(t, where, required=True)
+    assert cert is not None and key is not None
+    return TLSServerConfig(cert, key, _ca_file(t, "client_ca_file", where))
+
+
+def _client_tls(kind: str, m: Mapping, w: str) -> TLSClientConfig | None:
+    """An exporter's TLS, or None for plaintext; the endpoint's scheme must agree with ``tls``."""
+    scheme = m["endpoint"].split("://", 1)[0].lower() if "://" in m["endpoint"] else ""
+    if "tls" not in m:
+        return TLSClientConfig() if scheme == "https" else None  # https:// alone: TLS, system roots
+    where = f"{w}.tls"
+    extra = {"insecure_skip_verify": "Python gRPC cannot skip verification; set ca_file to the server's CA"} \
+        if kind == "otlp" else {}
+    t = _tls_mapping(m["tls"], where, _TLS_CLIENT_KEYS, extra)
+    flags = {k: t.get(k, False) for k in ("insecure", "insecure_skip_verify")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}.{k}: expected true or false, got {v!r}")
+    if flags["insecure"]:
+        others = [k for k in t if k != "insecure"]
+        if others:
+            raise ConfigError(f"{where}: insecure: true turns TLS off, so {others} would be ignored; "
+                              "remove them or drop insecure")
+        if scheme == "https":
+            raise ConfigError(f"{w}.endpoint: https:// asks for TLS but {where}.insecure is true")
+        return None
+    if scheme == "http":
+        raise ConfigError(f"{w}.endpoint: http:// means plaintext but {where} asks for TLS; "
+                          "use https:// (or no scheme), or tls: {insecure: true}")
+    name = t.get("server_name_override", "")
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}.server_name_override: expected a host name, got {name!r}")
+    ca = _ca_file(t, "ca_file", where)
+    if flags["insecure_skip_verify"] and ca is not None:
+        raise ConfigError(f"{where}: insecure_skip_verify: true verifies nothing, so ca_file would be ignored; "
+                          "remove one of them")
+    cert, key = _key_pair(t, where, required=False)
+    return TLSClientConfig(ca_file=ca, cert_file=cert, key_file=key,
+                           insecure_skip_verify=flags["insecure_skip_verify"], server_name_override=name)

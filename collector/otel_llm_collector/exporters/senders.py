@@ -2,6 +2,11 @@
 
 ``PermanentError`` means retrying cannot help (the backend rejected the data); any other
 exception is treated as transient and retried by the queue.
+
+TLS (``ExporterConfig.tls``, validated in config.py): gRPC reads its PEM files once, here, into channel
+credentials. requests takes paths (``verify=``, ``cert=``) and urllib3 loads them for each new connection
+(connections are kept alive and reused). A failed handshake is a transient error, retried then dropped and
+counted like any unreachable backend.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from typing import Protocol
 
 import grpc
 import requests
+from requests.adapters import HTTPAdapter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from ..config import ExporterConfig
+from ..config import ExporterConfig, TLSClientConfig, read_pem
 from otel_llm.otlp_json import to_dict
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -38,8 +44,8 @@ class Sender(Protocol):
 
 class GrpcSender:
     def __init__(self, cfg: ExporterConfig) -> None:
-        target = cfg.endpoint.removeprefix("http://")
-        self._channel = grpc.insecure_channel(target)
+        target = cfg.endpoint.removeprefix("http://").removeprefix("https://")
+        self._channel = grpc.insecure_channel(target) if cfg.tls is None else _secure_channel(target, cfg.tls)
         # identity serializer: the payload is already encoded, once, for every exporter
         self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
                                                response_deserializer=ExportTraceServiceResponse.FromString)
@@ -60,11 +66,41 @@ class GrpcSender:
         self._channel.close()
 
 
+def _secure_channel(target: str, tls: TLSClientConfig) -> grpc.Channel:
+    credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(tls.ca_file),
+                                               private_key=read_pem(tls.key_file),
+                                               certificate_chain=read_pem(tls.cert_file))
+    options = [("grpc.ssl_target_name_override", tls.server_name_override)] if tls.server_name_override else []
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+class _ServerNameAdapter(HTTPAdapter):
+    """Connects to the endpoint's address but sends ``name`` as SNI and checks the certificate against it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name  # before super().__init__, which builds the pool manager
+        super().__init__()
+
+    def init_poolmanager(self, *args: object, **kwargs: object) -> None:
+        kwargs.update(server_hostname=self._name, assert_hostname=self._name)
+        super().init_poolmanager(*args, **kwargs)  # type: ignore[arg-type]
+
+
 class HttpSender:
     def __init__(self, cfg: ExporterConfig) -> None:
-        url = cfg.endpoint if "://" in cfg.endpoint else f"http://{cfg.endpoint}"
+        tls = cfg.tls
+        url = cfg.endpoint if "://" in cfg.endpoint else f"{'http' if tls is None else 'https'}://{cfg.endpoint}"
         self._url = url if url.rstrip("/").endswith("/v1/traces") else url.rstrip("/") + "/v1/traces"
         self._session = requests.Session()
+        # passed with every post rather than set on the session: requests lets REQUESTS_CA_BUNDLE replace a
+        # session's verify (even False or a CA path), not a request's explicit one
+        self._verify: bool | str = True
+        self._cert: tuple[str, str] | None = None
+        if tls is not None:
+            self._verify = False if tls.insecure_skip_verify else (tls.ca_file or True)
+            self._cert = (tls.cert_file, tls.key_file) if tls.cert_file and tls.key_file else None
+            if tls.server_name_override:
+                self._session.mount("https://", _ServerNameAdapter(tls.server_name_override))
         self._timeout = cfg.timeout
         self._headers = {**cfg.headers, "Content-Type": "application/x-protobuf"}
         self._gzip = cfg.compression == "gzip"
@@ -73,7 +109,8 @@ class HttpSender:
 
     def send(self, payload: bytes) -> None:
         body = gzip.compress(payload, 1) if self._gzip else payload
-        r = self._session.post(self._url, data=body, headers=self._headers, timeout=self._timeout)
+        r = self._session.post(self._url, data=body, headers=self._headers, timeout=self._timeout,
+                               verify=self._verify, cert=self._cert)
         if r.status_code // 100 == 2:
             return
         if r.status_code in _RETRYABLE_HTTP:

@@ -4,6 +4,10 @@ The request arrives as raw bytes (identity deserializer) so that a malformed bod
 a counted ``INVALID_ARGUMENT`` with the parser's reason, and an oversized one a counted
 ``RESOURCE_EXHAUSTED``, instead of an opaque transport error. gRPC itself enforces a hard
 cap slightly above ours (and applies it after gzip decompression, so gzip bombs stop there).
+
+With ``tls`` the port is TLS only (gRPC's own handshake; ``client_ca_file`` makes a client
+certificate mandatory). gRPC completes or refuses handshakes before any handler runs, so TLS
+failures are not counted in ``receiver_bad_requests`` here (the HTTP receiver counts them).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from ..config import GrpcReceiverConfig
+from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..telemetry import SelfTelemetry
 from . import Ingest
 
@@ -41,7 +45,9 @@ class GrpcReceiver:
         handler = grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                       response_serializer=None)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
-        self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        address = f"{cfg.host}:{cfg.port}"
+        self.port = (self._server.add_insecure_port(address) if cfg.tls is None
+                     else self._server.add_secure_port(address, _credentials(cfg.tls)))
         if not self.port:
             raise OSError(f"cannot bind OTLP/gRPC receiver to {cfg.host}:{cfg.port}")
 
@@ -75,3 +81,9 @@ class GrpcReceiver:
             response.partial_success.CopyFrom(ExportTracePartialSuccess(
                 rejected_spans=rejected, error_message="spans without a valid 16-byte trace id were refused"))
         return response.SerializeToString()
+
+
+def _credentials(tls: TLSServerConfig) -> grpc.ServerCredentials:
+    client_ca = read_pem(tls.client_ca_file)
+    return grpc.ssl_server_credentials([(read_pem(tls.key_file), read_pem(tls.cert_file))],
+                                       root_certificates=client_ca, require_client_auth=client_ca is not None)

@@ -5,12 +5,19 @@ saying why, and is counted by reason. The body size is checked before reading it
 gzip is inflated incrementally with an output cap, so neither a large body nor a gzip
 bomb can take more than ``max_request_body_size`` of memory. A semaphore bounds
 concurrent requests (503 + Retry-After beyond it) and a socket timeout drops slow clients.
+
+With ``tls`` the port is HTTPS only (TLS >= 1.2; ``client_ca_file`` makes a client certificate
+mandatory). The handshake runs on the connection's own thread, never in the accept loop, so a
+plaintext client, a failed handshake or a client that never finishes one costs one thread for
+at most the socket timeout; each is counted as ``receiver_bad_requests{reason="tls"}``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import ssl
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from ..config import HttpReceiverConfig
+from ..config import HttpReceiverConfig, TLSServerConfig
 from otel_llm.otlp_json import OtlpJsonError, parse_request, to_dict
 from ..telemetry import SelfTelemetry
 from . import Ingest
@@ -56,6 +63,35 @@ def inflate(body: bytes, limit: int) -> bytes:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    tls: ssl.SSLContext | None = None
+    telemetry: SelfTelemetry | None = None
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        sock, address = super().get_request()
+        if self.tls is not None:  # no handshake here: this is the accept loop, one slow client would stall it
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def finish_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        if isinstance(request, ssl.SSLSocket):  # on the connection's thread
+            try:
+                request.settimeout(SOCKET_TIMEOUT_S)
+                request.do_handshake()
+            except (OSError, ValueError):  # SSLError is an OSError: plaintext client, no or bad client cert, timeout
+                if self.telemetry is not None:
+                    self.telemetry.inc("receiver_bad_requests", transport="http", reason="tls")
+                return  # the caller (process_request_thread) closes the socket
+        super().finish_request(request, client_address)
+
+
+def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cafile=tls.client_ca_file)
+    return ctx
 
 
 class HttpReceiver:
@@ -72,7 +108,9 @@ class HttpReceiver:
         class Handler(_Handler):
             owner = receiver
 
+        tls = server_context(cfg.tls) if cfg.tls is not None else None  # before binding: a bad cert binds nothing
         self._server = _Server((cfg.host, cfg.port), Handler)
+        self._server.tls, self._server.telemetry = tls, telemetry
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
 
