@@ -180,7 +180,8 @@ class Gateway:
     @property
     def http_endpoint(self) -> str:
         assert self.http is not None and self.config.http is not None
-        return f"http://{self.config.http.host}:{self.http.port}"
+        scheme = "https" if self.config.http.tls is not None else "http"
+        return f"{scheme}://{self.config.http.host}:{self.http.port}"
 
     @property
     def prometheus_endpoint(self) -> str:
