@@ -103,8 +103,9 @@ class TailSampler:
         late_sampled = late_dropped = 0
         decided: dict[tuple[str, str], int] = {}
         traces, sampled, not_sampled = self._traces, self._sampled, self._not_sampled
-        due_root, due_first = self._due_root.append, self._due_first.append
         with self._lock:
+            # under the lock: a compaction (in another add) replaces the queues
+            due_root, due_first = self._due_root.append, self._due_first.append
             now = self._clock()
             decision_wait = now + self.cfg.decision_wait
             soon = min(now + self.cfg.decision_wait_after_root_received, decision_wait)

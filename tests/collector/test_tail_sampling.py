@@ -152,3 +152,31 @@ def test_decision_cache_remembers_at_least_the_last_size_decisions_and_at_most_t
     off = DecisionCache(0)
     off.add(b"x" * 16)
     assert b"x" * 16 not in off and len(off) == 0
+
+
+def test_a_trace_added_while_another_add_compacts_the_queues_is_still_decided(clock: FakeClock) -> None:
+    """The due queues are rebuilt when compacted: an ``add`` must append to them under the lock, not to a
+    reference taken before it (that trace would never come due)."""
+    import threading
+
+    s, _, _ = sampler(clock, num_traces=10)
+    many = extract(export_request(*(span(i, 1) for i in range(100, 4300))))  # evicts ~4190: a compaction
+
+    class CompactFirst:  # another thread's add takes the lock first, as it could between two lines
+        def __init__(self) -> None:
+            self.lock, self.pending = threading.Lock(), True
+
+        def __enter__(self) -> None:
+            if self.pending:
+                self.pending = False
+                s.add(many)
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    s._lock = CompactFirst()  # type: ignore[assignment]
+    add(s, span(1, 1))  # a root span: due after decision_wait_after_root_received
+    clock.advance(2)
+    s.tick()
+    assert (1).to_bytes(16, "big") not in s._traces and s.traces_on_memory == 0
