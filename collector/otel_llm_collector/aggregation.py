@@ -211,16 +211,18 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
     series: list[_HistogramSeries] = []
 
     def add(values: list) -> None:
+        kept = [v for v in values if 0 <= v < _INF]  # negative, NaN, inf: ignored, as by record
+        if not kept:
+            return  # and no series for a label set with nothing recorded, as with record
         s = series[0] if series else _first(inst, attributes, series)
         counts, total, low, high = s.counts, s.sum, s.min, s.max
-        for v in values:
-            if 0 <= v < _INF:
-                counts[bisect_left(boundaries, v)] += 1
-                total += v  # in order, as one record per value would add them
-                if v < low:
-                    low = v
-                if v > high:
-                    high = v
+        for v in kept:
+            counts[bisect_left(boundaries, v)] += 1
+            total += v  # in order, as one record per value would add them
+            if v < low:
+                low = v
+            if v > high:
+                high = v
         s.sum, s.min, s.max = total, low, high
 
     def record_many(values: list) -> None:

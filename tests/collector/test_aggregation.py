@@ -102,6 +102,14 @@ def test_same_points_as_the_sdk(caller_locks: bool, batched: bool) -> None:
             assert math.isclose(got[key][1], value[1], rel_tol=1e-9), key
 
 
+@pytest.mark.parametrize("caller_locks", [False, True])
+def test_a_batch_whose_values_are_all_ignored_makes_no_series(caller_locks: bool) -> None:
+    # the SDK has no queue series for a label set whose only queue value was negative (nothing was recorded)
+    items = [RequestSummary(model="solo", e2e=1.0, queue=-0.5), RequestSummary(model="solo", e2e=1.0)]
+    reader, fast = record_both(items, services=("a",), caller_locks=caller_locks, batched=True)
+    assert points(fast) == points(reader)
+
+
 def test_same_prometheus_exposition_as_the_sdk() -> None:
     reader, fast = record_both(summaries(1000))
     lines = lambda text: sorted(line for line in text.splitlines() if "_created" not in line)  # noqa: E731
