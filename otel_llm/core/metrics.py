@@ -157,7 +157,9 @@ class RequestMetrics:
                 if s.error_type is None and not limits(s):
                     n_good += 1
             if b.chars is not None:
-                chars = [s.output_characters for s in group if s.output_characters is not None]
+                # a negative count is ignored by a counter's add, so it must not lower the sum either
+                chars = [s.output_characters for s in group
+                         if s.output_characters is not None and s.output_characters >= 0]
                 if chars:
                     b.chars(sum(chars), None)
             b.requests(len(group), None)

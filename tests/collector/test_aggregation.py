@@ -110,6 +110,13 @@ def test_a_batch_whose_values_are_all_ignored_makes_no_series(caller_locks: bool
     assert points(fast) == points(reader)
 
 
+def test_a_negative_character_count_in_a_batch_is_ignored_not_subtracted() -> None:
+    items = [RequestSummary(model="solo", e2e=1.0, output_characters=-5),
+             RequestSummary(model="solo", e2e=1.0, output_characters=10)]
+    reader, fast = record_both(items, services=("a",), caller_locks=True, batched=True)
+    assert points(fast) == points(reader)
+
+
 def test_same_prometheus_exposition_as_the_sdk() -> None:
     reader, fast = record_both(summaries(1000))
     lines = lambda text: sorted(line for line in text.splitlines() if "_created" not in line)  # noqa: E731
