@@ -8,6 +8,7 @@ derivation, used by both.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -164,7 +165,7 @@ def _int(v: Any) -> int | None:
     t = type(v)
     if t is int:
         return v
-    if t is bool or not isinstance(v, (int, float)):
+    if t is bool or not isinstance(v, (int, float)) or not math.isfinite(v):  # int() raises on NaN and inf
         return None
     return int(v)
 

@@ -108,3 +108,15 @@ def test_receive_path_facts_equal_the_cores_derivation_over_full_class_attribute
         assert by_trace.get(s.trace_id) == want and (rec[REQUEST] == want), s
         assert rec[ERROR] == (s.status.code == Status.STATUS_CODE_ERROR), s
     assert len(got.requests) == 5
+
+
+def test_a_non_finite_token_count_is_no_count_and_does_not_fail_the_request() -> None:
+    """An int field sent as a NaN or infinite double reads as absent; it raised, refusing the whole export request."""
+    from otel_llm.core import semconv as sc
+
+    odd = {sc.USAGE_OUTPUT_TOKENS: float("nan"), sc.USAGE_INPUT_TOKENS: float("inf"),
+           sc.NUM_PREEMPTIONS: float("-inf")}
+    got = extract(export_request(span(1, 1, attrs=request_attrs(**odd)), span(2, 1)))
+    assert len(got.spans) == 2 and len(got.requests) == 1
+    s = got.requests[0].summary
+    assert s.output_tokens is None and s.input_tokens is None and s.e2e == 1.0
