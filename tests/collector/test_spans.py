@@ -120,3 +120,28 @@ def test_a_non_finite_token_count_is_no_count_and_does_not_fail_the_request() ->
     assert len(got.spans) == 2 and len(got.requests) == 1
     s = got.requests[0].summary
     assert s.output_tokens is None and s.input_tokens is None and s.e2e == 1.0
+
+
+def test_typed_decoders_equal_converting_the_decoded_value() -> None:
+    """The receive path's typed decoders (fast paths on the raw bytes) against ``CONVERTERS[kind](value_of(...))``:
+    one- and two-byte varints and their edges, longer and negative (10-byte) ints, a non-minimal varint, a repeated
+    field (the last wins), doubles, other types."""
+    import math
+
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    from otel_llm.core.summary import CONVERTERS
+    from otel_llm_collector.wire import TYPED, value_of
+
+    ints = [0, 1, 127, 128, 129, 255, 256, 300, 16383, 16384, 2**31, 2**63 - 1, -1, -128, -2**63]
+    encodings = [AnyValue(int_value=v).SerializeToString() for v in ints]
+    encodings += [AnyValue(double_value=v).SerializeToString() for v in (0.0, -0.5, 2.5, 1e300, math.inf)]
+    encodings += [AnyValue(bool_value=True).SerializeToString(), AnyValue(string_value="m").SerializeToString(),
+                  AnyValue().SerializeToString(), b"\x18\x85\x80\x00",  # 5, non-minimal
+                  AnyValue(int_value=3).SerializeToString() + AnyValue(int_value=200).SerializeToString(),
+                  AnyValue(double_value=1.5).SerializeToString() + AnyValue(int_value=2).SerializeToString()]
+    for raw in encodings:
+        AnyValue.FromString(raw)  # each is valid
+        for kind, decode in TYPED.items():
+            want, got = CONVERTERS[kind](value_of(raw)), decode(raw)
+            assert type(got) is type(want) and got == want, (kind, raw, want, got)
