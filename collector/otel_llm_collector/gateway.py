@@ -101,7 +101,8 @@ class Gateway:
         if self._ticker is not None:
             self._ticker.join(timeout)
         if self.sampler is not None:
-            self.sampler.decide_all()
+            with self.serial:  # after a request already in the pipeline: what it buffered is decided too
+                self.sampler.decide_all()
         for e in self.exporters:
             e.close(timeout)
         if self.prometheus is not None:

@@ -11,7 +11,7 @@ resource and scope, schema URLs included.
 
 Attribute values are decoded only for spans that carry request latencies (ours or the engines'
 native ones) or a client's time to first chunk; every other span costs a few key lookups. A
-request span's encoded map goes to the core's ``RequestSummary.from_encoded`` (``from_attributes``
+request span's encoded map goes to the core's ``RequestSummary.encoded_reader`` (``from_attributes``
 over encoded values, decoding only what it reads, in one pass): the derivation exists once, in the
 core. A span's status is read only when it is not empty (UNSET, the common case, costs nothing). A span with request latencies is a request span whatever its kind; otherwise a
 CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttft_join``).

@@ -3,7 +3,12 @@
 A trace is decided ``decision_wait_after_root_received`` after its request span (or root
 span) arrived, so stragglers can join, and at the latest ``decision_wait`` after its first
 span. Time comes from the injected ``clock``; ``tick()`` decides what is due, so tests
-advance a fake clock and call it (the gateway's ticker thread calls it in production).
+advance a fake clock and call it (the gateway calls it after each received request, and from its
+ticker thread when none arrive).
+
+Due times wait in two FIFO queues, each in time order because its wait is a constant added to
+``clock()``: the clock must not go backwards (``time.monotonic``, the default, does not; a clock that
+steps back delays decisions until the queue's head is due).
 
 Memory is bounded by ``num_traces`` and ``max_buffer_bytes`` (encoded span bytes): past
 either, the oldest traces are decided early with what has arrived (an error or a slow

@@ -102,7 +102,7 @@ def value_of(encoded: bytes) -> Any:
     return value
 
 
-# -- typed decoders for ``RequestSummary.from_encoded``: each equals ``CONVERTERS[kind](value_of(encoded))`` --------
+# -- typed decoders for ``RequestSummary.encoded_reader``: each equals ``CONVERTERS[kind](value_of(encoded))`` --------
 
 _to_float, _to_int = CONVERTERS["float"], CONVERTERS["int"]
 

@@ -67,20 +67,14 @@ class RequestSummary:
         return None
 
     @classmethod
-    def from_encoded(cls, encoded: Mapping[str, Any], decode: Callable[[Any], Any],
-                     typed: "Mapping[str, Callable[[Any], Any]] | None" = None) -> "RequestSummary | None":
-        """``from_attributes`` over still-encoded values (``decode`` turns one into what
-        ``from_attributes`` would read): for our spans only the attributes the derivation uses are
-        decoded, in the same pass that fills the summary. The collector's receive path.
-
-        ``typed``: optional cheaper decoders by kind (``CONVERTERS``' keys), each returning exactly
-        ``CONVERTERS[kind](decode(value))``; kinds it lacks are composed from ``decode``."""
-        return cls.encoded_reader(decode, typed)(encoded)
-
-    @classmethod
     def encoded_reader(cls, decode: Callable[[Any], Any], typed: "Mapping[str, Callable[[Any], Any]] | None" = None
                        ) -> "Callable[[Mapping[str, Any]], RequestSummary | None]":
-        """``from_encoded`` with its decoders bound once: what the collector calls per request span."""
+        """``from_attributes`` over still-encoded values, as a function of a span's encoded attribute map:
+        what the collector calls per request span. ``decode`` turns one encoded value into what
+        ``from_attributes`` would read; for our spans only the attributes the derivation uses are decoded,
+        in the same pass that fills the summary. ``typed``: optional cheaper decoders by kind
+        (``CONVERTERS``' keys), each returning exactly ``CONVERTERS[kind](decode(value))``; kinds it
+        lacks are composed from ``decode``."""
         composed = {k: (lambda conv: lambda raw: conv(decode(raw)))(conv) for k, conv in CONVERTERS.items()}
         table = {key: (i, (typed or {}).get(k) or composed[k]) for key, (i, k) in _KINDS.items()}
         finish, from_native = cls._finish, cls._from_native
@@ -178,7 +172,7 @@ def _first(v: Any) -> str | None:
     return None
 
 
-# How ``_from_ours`` converts a value read for a field, by kind (``from_encoded``'s ``typed`` keys).
+# How ``_from_ours`` converts a value read for a field, by kind (``encoded_reader``'s ``typed`` keys).
 CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first}
 
 # Our attribute names -> (position in RequestSummary's fields, converter kind), for ``_from_ours``.

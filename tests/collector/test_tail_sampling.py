@@ -180,3 +180,16 @@ def test_a_trace_added_while_another_add_compacts_the_queues_is_still_decided(cl
     clock.advance(2)
     s.tick()
     assert (1).to_bytes(16, "big") not in s._traces and s.traces_on_memory == 0
+
+
+def test_a_buffered_trace_sets_every_field_of_the_view_the_policies_read() -> None:
+    # PendingTrace fills TraceView's fields itself (one constructor call on the hot path): a field added to
+    # TraceView must be set there too, or a policy reading it fails on buffered traces
+    from dataclasses import fields
+
+    from otel_llm.core.policies import TraceView
+    from otel_llm_collector.tail_sampling import PendingTrace
+
+    trace = PendingTrace((5).to_bytes(16, "big"), 1.0, True, (None, b""), 0, False, 1, 3_000_000_001).view()
+    assert all(hasattr(trace, f.name) for f in fields(TraceView))
+    assert (trace.trace_id, trace.span_count, trace.duration, trace.attributes) == (5, 1, 3.0, {})
