@@ -55,6 +55,7 @@ class PendingTrace(TraceView):
         self.duration: float | None = None
         self.recorded_reasons: list[str] | tuple = ()
         self.attributes: dict[str, list] = _NO_ATTRIBUTES  # replaced, never changed in place
+        self.size_bytes = 0
         self.key = key
         self.decide_at = decide_at
         self.items: list[Item] = [first]
@@ -67,6 +68,7 @@ class PendingTrace(TraceView):
         """Itself, with the trace-wide facts filled in (the lists themselves: the trace is out of the buffer)."""
         self.trace_id = int.from_bytes(self.key, "big")
         self.span_count = len(self.items)
+        self.size_bytes = self.nbytes
         self.duration = (self.end_ns - self.start_ns) / 1e9 if self.end_ns > self.start_ns else None
         return self
 

@@ -50,6 +50,7 @@ class TraceView:
     # attribute key -> every value seen for it on the trace's spans and their resources (in arrival order);
     # filled only for the keys some policy names in its ``attribute_keys`` (the collector reads nothing else)
     attributes: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    size_bytes: int = 0  # the trace's spans as encoded OTLP (what bytes_limiting charges); 0 when unknown
 
 
 class Policy(Protocol):
@@ -305,9 +306,32 @@ class RecordedReasonPolicy:
         return NOT_SAMPLED
 
 
+class _TokenBucket:
+    """Go's ``x/time/rate`` limiter, which upstream's rate policies use: ``rate`` tokens a second, up to
+    ``burst``, starting full; ``take(n)`` spends ``n`` if that many are there (never when ``n > burst``)."""
+
+    __slots__ = ("rate", "burst", "_clock", "_tokens", "_last")
+
+    def __init__(self, rate: float, burst: float, clock: "Callable[[], float]") -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens = burst
+        self._last = clock()
+
+    def take(self, n: float) -> bool:
+        now = self._clock()
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+        if n <= self._tokens:
+            self._tokens -= n
+            return True
+        return False
+
+
 class RateLimitingPolicy:
-    """Keep traces while fewer than ``spans_per_second`` spans were kept in the current second (upstream
-    ``rate_limiting``). Time comes from ``clock`` (seconds), so tests drive it.
+    """Keep traces while the span budget allows (upstream ``rate_limiting``): a token bucket of
+    ``spans_per_second`` with a burst of twice that, charged a trace's span count. Time comes from
+    ``clock`` (seconds), so tests drive it.
 
     It votes SAMPLED only when it has budget, and charges the budget when it does, so put it last
     or inside ``and`` (where it is asked only when the others agreed).
@@ -318,18 +342,48 @@ class RateLimitingPolicy:
             raise ValueError(f"spans_per_second must be positive, got {spans_per_second}")
         self.name = name
         self.limit = spans_per_second
-        self._clock = clock
-        self._second = -1
-        self._spent = 0
+        self._bucket = _TokenBucket(spans_per_second, 2 * spans_per_second, clock)
 
     def evaluate(self, trace: TraceView) -> Decision:
+        return Decision(Verdict.SAMPLED, self.name) if self._bucket.take(trace.span_count) else NOT_SAMPLED
+
+
+class BytesLimitingPolicy:
+    """Keep traces while the byte budget allows (upstream ``bytes_limiting``): a token bucket of
+    ``bytes_per_second`` with ``burst_capacity`` (default twice the rate), charged the trace's encoded
+    size (its spans' OTLP bytes, as received). Put it last or inside ``and``, as ``rate_limiting``."""
+
+    def __init__(self, bytes_per_second: int, clock: "Callable[[], float]", burst_capacity: int | None = None,
+                 name: str = "bytes_limiting") -> None:
+        if bytes_per_second <= 0:
+            raise ValueError(f"bytes_per_second must be positive, got {bytes_per_second}")
+        burst = 2 * bytes_per_second if burst_capacity is None else burst_capacity
+        if burst <= 0:
+            raise ValueError(f"burst_capacity must be positive, got {burst_capacity}")
+        self.name = name
+        self._bucket = _TokenBucket(bytes_per_second, burst, clock)
+
+    def evaluate(self, trace: TraceView) -> Decision:
+        return Decision(Verdict.SAMPLED, self.name) if self._bucket.take(trace.size_bytes) else NOT_SAMPLED
+
+
+class _SecondBudget:
+    """A composite sub-policy's spans-per-second share: a fixed one-second window, as upstream's composite."""
+
+    __slots__ = ("limit", "_clock", "_second", "_spent")
+
+    def __init__(self, limit: int, clock: "Callable[[], float]") -> None:
+        self.limit, self._clock = limit, clock
+        self._second, self._spent = -1, 0
+
+    def take(self, spans: int) -> bool:
         second = int(self._clock())
         if second != self._second:
             self._second, self._spent = second, 0
-        if self._spent + trace.span_count <= self.limit:
-            self._spent += trace.span_count
-            return Decision(Verdict.SAMPLED, self.name)
-        return NOT_SAMPLED
+        if self._spent + spans <= self.limit:
+            self._spent += spans
+            return True
+        return False
 
 
 # --- Attribute and span-count policies (upstream string/numeric/boolean_attribute, span_count) -------
@@ -341,7 +395,6 @@ class RateLimitingPolicy:
 # policy's keep; that was deprecated (feature gate ``disableinvertdecisions``, PR #39833) and the gate
 # went stable and was removed (PR #48976), so today an inverted policy votes plain Sampled / NotSampled.
 # We do the same and add no verdict: to veto, put the non-inverted policy under ``drop``.
-
 
 def _keep(matched: bool, invert: bool, name: str) -> Decision:
     return Decision(Verdict.SAMPLED, name) if matched is not invert else NOT_SAMPLED
@@ -590,8 +643,9 @@ class FirstMatchPolicy:
 class CompositePolicy:
     """Upstream ``composite``: sub-policies in order, each with a share of ``max_total_spans_per_second``.
 
-    A trace is kept by the first sub-policy that votes SAMPLED and still has budget in the
-    current second; unused budget is not lent to others (simpler than upstream, and stated).
+    As upstream's ``composite.go``: the first sub-policy that votes SAMPLED decides; the trace is kept
+    if that sub-policy's spans in the current second (a fixed one-second window) stay within its
+    share, and not kept otherwise (a later sub-policy is not asked; a smaller trace may still fit).
     """
 
     def __init__(self, max_total_spans_per_second: int, policies: Sequence[Policy], percents: Sequence[float],
@@ -603,15 +657,14 @@ class CompositePolicy:
         self.name = name
         self.policies = tuple(policies)
         self.attribute_keys = attribute_keys(self.policies)
-        self.limits = tuple(
-            RateLimitingPolicy(max(1, int(max_total_spans_per_second * p / 100)), clock, f"{name}:{pol.name}")
-            for pol, p in zip(policies, percents))
+        self.limits = tuple(_SecondBudget(max(1, int(max_total_spans_per_second * p / 100)), clock) for p in percents)
 
     def evaluate(self, trace: TraceView) -> Decision:
         for policy, limit in zip(self.policies, self.limits):
             d = policy.evaluate(trace)
             if d.verdict is Verdict.DROPPED:
                 return d
-            if d.sampled and limit.evaluate(trace).sampled:
-                return Decision(Verdict.SAMPLED, f"{self.name}:{d.reason}")
+            if d.sampled:
+                return Decision(Verdict.SAMPLED, f"{self.name}:{d.reason}") if limit.take(trace.span_count) \
+                    else NOT_SAMPLED
         return NOT_SAMPLED

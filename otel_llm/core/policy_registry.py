@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping
 
-from .policies import (AlwaysSample, AndPolicy, BooleanAttributePolicy, CompositePolicy, DropPolicy, ErrorPolicy,
-                       FirstMatchPolicy, LatencyPercentilePolicy, LatencyPolicy, NotPolicy, NumericAttributePolicy,
-                       Policy, ProbabilisticPolicy, RateLimitingPolicy, RecordedReasonPolicy, SLOPolicy,
-                       SpanCountPolicy, StatusCodePolicy, StringAttributePolicy)
+from .policies import (AlwaysSample, AndPolicy, BooleanAttributePolicy, BytesLimitingPolicy, CompositePolicy,
+                       DropPolicy, ErrorPolicy, FirstMatchPolicy, LatencyPercentilePolicy, LatencyPolicy, NotPolicy,
+                       NumericAttributePolicy, Policy, ProbabilisticPolicy, RateLimitingPolicy, RecordedReasonPolicy,
+                       SLOPolicy, SpanCountPolicy, StatusCodePolicy, StringAttributePolicy)
 from .slo import SLO, SLOTable
 
 Clock = Callable[[], float]
@@ -115,6 +115,16 @@ def _status_code(e, name, clock, slo):
 
 def _rate_limiting(e, name, clock, slo):
     return RateLimitingPolicy(int(_num(_opts(e, "rate_limiting"), "spans_per_second", where=name)), clock, name)
+
+
+def _bytes_limiting(e, name, clock, slo):
+    kind = "bytes_limiting"
+    o = _opts(e, kind)
+    _only(o, kind, name, {"bytes_per_second", "burst_capacity"})
+    rate, burst = _int(o, "bytes_per_second", kind, name), _int(o, "burst_capacity", kind, name)
+    if rate is None:
+        raise PolicyConfigError(f"policy {name!r}: missing {kind}.bytes_per_second")
+    return _built(kind, name, lambda: BytesLimitingPolicy(rate, clock, burst, name))
 
 
 def _slo(e, name, clock, slo):
@@ -266,6 +276,7 @@ _BUILDERS: dict[str, Callable[..., Policy]] = {
     "latency": _latency,
     "status_code": _status_code,
     "rate_limiting": _rate_limiting,
+    "bytes_limiting": _bytes_limiting,
     "string_attribute": _string_attribute,
     "numeric_attribute": _numeric_attribute,
     "boolean_attribute": _boolean_attribute,

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from otel_llm.core.policies import (NOT_SAMPLED, AlwaysSample, AndPolicy, BooleanAttributePolicy, CompositePolicy,
+from otel_llm.core.policies import (NOT_SAMPLED, AlwaysSample, AndPolicy, BooleanAttributePolicy, BytesLimitingPolicy,
+                                    CompositePolicy,
                                     Decision, DropPolicy, ErrorPolicy, FirstMatchPolicy, LatencyPercentilePolicy,
                                     LatencyPolicy, NotPolicy, NumericAttributePolicy, ProbabilisticPolicy,
                                     RateLimitingPolicy, RecordedReasonPolicy, SLOPolicy, SpanCountPolicy,
@@ -80,22 +81,41 @@ def test_broken_policy_is_no_vote() -> None:
     assert d.sampled and errors == ["boom"]
 
 
-def test_rate_limiting_budget_per_second() -> None:
+def test_rate_limiting_is_a_token_bucket_with_twice_the_rate_as_burst() -> None:
+    # upstream: golang.org/x/time/rate, rate = spans_per_second, burst = 2x, starting full, AllowN(span count)
     clock = FakeClock()
     p = RateLimitingPolicy(10, clock)
-    assert [p.evaluate(view(spans=4)).sampled for _ in range(3)] == [True, True, False]
+    assert [p.evaluate(view(spans=4)).sampled for _ in range(6)] == [True] * 5 + [False]
+    clock.advance(0.5)  # 5 tokens back
+    assert [p.evaluate(view(spans=3)).sampled for _ in range(2)] == [True, False]
+    clock.advance(10.0)  # refilled, but never past the burst
+    assert not p.evaluate(view(spans=21)).sampled
+    assert p.evaluate(view(spans=20)).sampled and not p.evaluate(view(spans=1)).sampled
+
+
+def test_bytes_limiting_charges_the_traces_encoded_size() -> None:
+    clock = FakeClock()
+    p = BytesLimitingPolicy(1000, clock, burst_capacity=1500)
+    assert [p.evaluate(TraceView(1, size_bytes=600)).sampled for _ in range(3)] == [True, True, False]
     clock.advance(1.0)
-    assert p.evaluate(view(spans=10)).sampled
-    assert not p.evaluate(view(spans=1)).sampled
+    assert p.evaluate(TraceView(1, size_bytes=1000)).sampled
+    assert not p.evaluate(TraceView(1, size_bytes=1600)).sampled  # above the burst: never
+    assert BytesLimitingPolicy(100, clock).evaluate(TraceView(1, size_bytes=200)).sampled  # default burst 2x
 
 
 def test_composite_allocates_budget_in_order() -> None:
     clock = FakeClock()
     p = CompositePolicy(10, [ErrorPolicy(), AlwaysSample()], [50, 50], clock)
     kept = [p.evaluate(view(error=True, spans=1)).reason for _ in range(7)]
-    # 5 spans/s for errors, then errors also match always (its own 5 spans/s), then nothing
-    assert kept[:5] == ["composite:error"] * 5
-    assert kept[5:7] == ["composite:always"] * 2
+    # 5 spans/s for errors; past that an error trace is not kept (as upstream: the first sampled vote decides,
+    # the always share is not borrowed), while traces the error policy passes over still get always's share
+    assert kept == ["composite:error"] * 5 + [""] * 2
+    assert [p.evaluate(view(spans=2)).reason for _ in range(3)] == ["composite:always"] * 2 + [""]
+    p.evaluate(view(error=True, spans=1))  # still over the error share in this second
+    assert p.evaluate(view(error=True, spans=1)).reason == ""
+    clock.advance(1.0)  # a new second: every share is whole again
+    assert p.evaluate(view(error=True, spans=5)).reason == "composite:error"
+    assert not p.evaluate(view(error=True, spans=6)).sampled
 
 
 def test_probabilistic_keeps_about_the_rate() -> None:
@@ -151,6 +171,7 @@ REGISTRY_OK = [
     {"name": "ba", "type": "boolean_attribute", "boolean_attribute": {"key": "llm.stream", "value": True,
                                                                        "invert_match": True}},
     {"name": "sc", "type": "span_count", "span_count": {"min_spans": 2, "max_spans": 0}},
+    {"name": "bl", "type": "bytes_limiting", "bytes_limiting": {"bytes_per_second": 10000, "burst_capacity": 5000}},
 ]
 
 
@@ -161,6 +182,11 @@ def test_registry_builds_every_type() -> None:
 
 @pytest.mark.parametrize("entry,match", [
     ({"name": "x", "type": "nope"}, "unknown type"),
+    ({"name": "x", "type": "bytes_limiting", "bytes_limiting": {}}, "bytes_per_second"),
+    ({"name": "x", "type": "bytes_limiting", "bytes_limiting": {"bytes_per_second": 0}}, "positive"),
+    ({"name": "x", "type": "bytes_limiting", "bytes_limiting": {"bytes_per_second": 9, "burst": 1}}, "unknown"),
+    ({"name": "x", "type": "bytes_limiting", "bytes_limiting": {"bytes_per_second": 9, "burst_capacity": -1}},
+     "positive"),
     ({"name": "x", "type": "probabilistic", "probabilistic": {"sampling_percentage": 150}}, "within"),
     ({"name": "x", "type": "probabilistic", "probabilistic": {"sampling_percentage": "ten"}}, "number"),
     ({"name": "x", "type": "latency", "latency": {}}, "threshold_ms"),

@@ -190,6 +190,6 @@ def test_a_buffered_trace_sets_every_field_of_the_view_the_policies_read() -> No
     from otel_llm.core.policies import TraceView
     from otel_llm_collector.tail_sampling import PendingTrace
 
-    trace = PendingTrace((5).to_bytes(16, "big"), 1.0, True, (None, b""), 0, False, 1, 3_000_000_001).view()
+    trace = PendingTrace((5).to_bytes(16, "big"), 1.0, True, (None, b"x" * 123), 123, False, 1, 3_000_000_001).view()
     assert all(hasattr(trace, f.name) for f in fields(TraceView))
-    assert (trace.trace_id, trace.span_count, trace.duration, trace.attributes) == (5, 1, 3.0, {})
+    assert (trace.trace_id, trace.span_count, trace.duration, trace.attributes, trace.size_bytes) == (5, 1, 3.0, {}, 123)
