@@ -62,9 +62,11 @@ def reference(llm) -> list[list[int]]:
 
 
 def test_instrument_is_idempotent_and_uninstrument_removes_every_patch(llm, otel, reference):
-    assert "vllm" in otel_llm.instrument(tracer_provider=otel.tracer_provider, sample_rate=1.0)
+    # the test's meter provider: one built from OTEL_* would export to localhost:4318 and retry at exit
+    providers = {"tracer_provider": otel.tracer_provider, "meter_provider": otel.meter_provider}
+    assert "vllm" in otel_llm.instrument(**providers, sample_rate=1.0)
     first = VLLMInstrumentor().telemetry
-    otel_llm.instrument(tracer_provider=otel.tracer_provider, sample_rate=0.0)  # a second call changes nothing
+    otel_llm.instrument(**providers, sample_rate=0.0)  # a second call changes nothing
     assert VLLMInstrumentor().telemetry is first
     wrapped = [(o, a) for o, a in _targets() if is_wrapped(o, a)]
     assert len(wrapped) >= 6
