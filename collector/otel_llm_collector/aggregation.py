@@ -177,36 +177,21 @@ class FastCounter(_Instrument):
 
 
 def _bound_histogram(inst: FastHistogram, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
-    """``FastHistogram.record`` for one label set, as a closure (cheaper to call than a method). The
-    series is looked up on the first record, not at binding: a label set never recorded has no series,
-    and the cardinality limit counts first use, as with ``record``. ``locked=False``: the caller holds
-    the backend's lock (see ``AggregationBackend``)."""
-    boundaries, lock = inst.boundaries, inst._lock
-    series: list[_HistogramSeries] = []  # filled on first use
-
-    def add(amount: float) -> None:
-        s = series[0] if series else _first(inst, attributes, series)
-        s.counts[bisect_left(boundaries, amount)] += 1
-        s.sum += amount
-        if amount < s.min:
-            s.min = amount
-        if amount > s.max:
-            s.max = amount
+    """``FastHistogram.record`` for one label set: ``bind_many``'s recorder, one value at a time (the
+    gateway records lists; this serves ``RequestMetrics.record`` on this backend)."""
+    many = _bound_histogram_many(inst, attributes, locked)
 
     def record(amount: float, context: Any = None) -> None:
-        if 0 <= amount < _INF:
-            with lock:
-                add(amount)
+        many((amount,))
 
-    def record_unlocked(amount: float, context: Any = None) -> None:
-        if 0 <= amount < _INF:
-            add(amount)
-
-    return record if locked else record_unlocked
+    return record
 
 
 def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
-    """``FastHistogram.bind_many``: one call per list of values (see ``_bound_histogram``)."""
+    """``FastHistogram.bind_many``: record a list of values for one label set, as a closure (cheaper to
+    call than a method). The series is looked up on the first value recorded, not at binding: a label
+    set never recorded has no series, and the cardinality limit counts first use, as with ``record``.
+    ``locked=False``: the caller holds the backend's lock (see ``AggregationBackend``)."""
     boundaries, lock = inst.boundaries, inst._lock
     series: list[_HistogramSeries] = []
 
@@ -233,7 +218,7 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
 
 
 def _bound_counter(inst: FastCounter, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
-    """``FastCounter.add`` for one label set (see ``_bound_histogram``)."""
+    """``FastCounter.add`` for one label set (see ``_bound_histogram_many``)."""
     lock = inst._lock
     series: list[_SumSeries] = []
 

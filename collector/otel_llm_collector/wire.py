@@ -74,7 +74,6 @@ StatusView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG
 _SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
 _DOUBLE = struct.Struct("<d").unpack_from
 _CACHE_MAX = 4096
-_cache: dict[bytes, Any] = {}  # encoded AnyValue -> value: model names, providers, token counts repeat
 
 
 def any_value(v: AnyValue) -> Any:
@@ -87,19 +86,32 @@ def any_value(v: AnyValue) -> Any:
     return None  # kvlist / empty: nothing a processor reads
 
 
+def _cached(convert: Any) -> Any:
+    """``convert`` of an encoded ``AnyValue``'s value, remembered by encoded value (model names,
+    providers, token counts, finish reasons repeat); at most ``_CACHE_MAX`` remembered, then forgotten whole."""
+    cache: dict[bytes, Any] = {}
+
+    def decode(encoded: bytes) -> Any:
+        try:
+            return cache[encoded]
+        except KeyError:
+            pass
+        value = convert(any_value(AnyValue.FromString(encoded)))  # the full class
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[encoded] = value
+        return value
+    return decode
+
+
+_any_cached = _cached(lambda value: value)
+
+
 def value_of(encoded: bytes) -> Any:
     """The value of an encoded ``AnyValue``: what ``any_value`` reads from the full class."""
     if len(encoded) == 9 and encoded[0] == 0x21:  # only field 4 (double_value, fixed64): latencies, never repeat
         return _DOUBLE(encoded, 1)[0]
-    try:
-        return _cache[encoded]
-    except KeyError:
-        pass
-    value = any_value(AnyValue.FromString(encoded))  # everything else: the full class, then remembered
-    if len(_cache) >= _CACHE_MAX:
-        _cache.clear()
-    _cache[encoded] = value
-    return value
+    return _any_cached(encoded)
 
 
 # -- typed decoders for ``RequestSummary.encoded_reader``: each equals ``CONVERTERS[kind](value_of(encoded))`` --------
@@ -120,23 +132,6 @@ def int_of(encoded: bytes) -> Any:
     if n == 3 and encoded[0] == 0x18:  # below 16384: two bytes (a validated varint ends at its last byte)
         return (encoded[1] & 0x7F) | (encoded[2] << 7)
     return _to_int(value_of(encoded))
-
-
-def _cached(convert: Any) -> Any:
-    """A decoder remembering its results by encoded value (model names, providers, finish reasons repeat)."""
-    cache: dict[bytes, Any] = {}
-
-    def decode(encoded: bytes) -> Any:
-        try:
-            return cache[encoded]
-        except KeyError:
-            pass
-        value = convert(value_of(encoded))
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        cache[encoded] = value
-        return value
-    return decode
 
 
 TYPED = {"float": float_of, "int": int_of, "str": _cached(CONVERTERS["str"]), "first": _cached(CONVERTERS["first"])}

@@ -121,7 +121,7 @@ class RequestMetrics:
             b.output_tokens(s.output_tokens, context)
         if b.chars is not None and s.output_characters is not None:
             b.chars(s.output_characters, context)
-        good = not s.failed and not b.slo.breaches(s)
+        good = _good(b.slo, s)
         b.requests(1, context)
         if good:
             b.good(1, context)
@@ -151,10 +151,9 @@ class RequestMetrics:
                 values = [v for v in map(value_of, group) if v is not None]
                 if values:
                     record(values)
-            n_good = 0
-            limits = b.slo.breaches
+            slo, n_good = b.slo, 0
             for s in group:
-                if s.error_type is None and not limits(s):
+                if _good(slo, s):
                     n_good += 1
             if b.chars is not None:
                 # a negative count is ignored by a counter's add, so it must not lower the sum either
@@ -219,6 +218,11 @@ class _Bound:
     slo: SLO  # the model's objectives (the model is part of the label set)
     # (value of a summary, record a list of values) per histogram, token usage last; None: no list recording
     many: tuple[tuple[Callable[[RequestSummary], Any], Callable[[list], None]], ...] | None
+
+
+def _good(slo: SLO, s: RequestSummary) -> bool:
+    """Goodput's test: the request did not fail and met every objective of its model at once."""
+    return not s.failed and not slo.breaches(s)
 
 
 _INPUT_TOKENS = attrgetter("input_tokens")
