@@ -237,7 +237,10 @@ def test_metrics_cover_every_request_and_goodput():
     h.request("b", queue=0.01, prefill=0.2)
     h.request("c", error="aborted")
     got = points_by_name(h.metric_data())
-    assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 3
+    # the conventions define TTFT/TPOT for successful responses: the aborted one is counted, not timed
+    assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 2
+    assert not [p for p in got["gen_ai.server.time_to_first_token"] if p.attributes.get(sc.ERROR_TYPE)]
+    assert sum(p.count for p in got["gen_ai.server.request.duration"]) == 3
     assert sum(p.value for p in got["llm.server.requests"]) == 3
     assert sum(p.value for p in got["llm.server.requests.good"]) == 1
     assert sum(p.value for p in got["llm.server.output.characters"]) == 60

@@ -205,3 +205,25 @@ def test_request_span_joins_the_callers_trace(llm, otel):
         assert span.parent.span_id == caller.get_span_context().span_id
         assert span.kind == trace.SpanKind.INTERNAL
         assert span.status.status_code != StatusCode.ERROR
+
+
+def test_request_span_carries_the_sampling_parameters_the_engine_used(llm, otel):
+    """GenAI request attributes from the real ``SamplingParams``: set ones recorded, defaults that mean
+    "off" (top_k 0, no penalty, no stop sequence, one choice) left out; the response model is the served one."""
+    with otel.instrumented(sample_rate=1.0, tail_quantile=0):
+        from vllm import SamplingParams
+
+        # not greedy: vLLM resets top_k to 0 (off) for temperature 0
+        sampled = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.8, top_k=5,
+                                 presence_penalty=0.5, frequency_penalty=0.25, stop=["zz", "yy"])
+        (on,) = llm.generate([PROMPTS[1]], sampled, use_tqdm=False)
+        (off,) = llm.generate([PROMPTS[2]], _params(), use_tqdm=False)
+        trees = request_trees(otel.finished())
+    a = trees[on.request_id].attributes
+    assert (a[sc.REQUEST_TOP_K], a[sc.REQUEST_PRESENCE_PENALTY], a[sc.REQUEST_FREQUENCY_PENALTY]) == (5, 0.5, 0.25)
+    assert a[sc.REQUEST_STOP_SEQUENCES] == ("zz", "yy") and a[sc.REQUEST_MAX_TOKENS] == MAX_TOKENS
+    assert a[sc.RESPONSE_MODEL] == a[sc.REQUEST_MODEL]
+    b = trees[off.request_id].attributes
+    for key in (sc.REQUEST_TOP_K, sc.REQUEST_PRESENCE_PENALTY, sc.REQUEST_FREQUENCY_PENALTY,
+                sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_SEED, sc.REQUEST_STREAM):
+        assert key not in b, key

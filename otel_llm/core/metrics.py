@@ -29,6 +29,12 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
+def _if_succeeded(field: str) -> Callable[[RequestSummary], float | None]:
+    """The GenAI conventions define TTFT and TPOT for successful responses: none for a failed one."""
+    get = attrgetter(field)
+    return lambda s: None if s.error_type else get(s)
+
+
 @dataclass(frozen=True)
 class HistogramSpec:
     name: str
@@ -40,10 +46,11 @@ class HistogramSpec:
 
 SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     HistogramSpec("gen_ai.server.time_to_first_token", "s", TTFT_BUCKETS,
-                  "Time from arrival to the first output token (queue + prefill)", attrgetter("ttft")),
+                  "Time from arrival to the first output token (queue + prefill), successful requests",
+                  _if_succeeded("ttft")),
     HistogramSpec("gen_ai.server.time_per_output_token", "s", TPOT_BUCKETS,
-                  "Mean time per output token after the first (decode time / (output tokens - 1))",
-                  attrgetter("tpot")),
+                  "Mean time per output token after the first (decode time / (output tokens - 1)), "
+                  "successful requests", _if_succeeded("tpot")),
     HistogramSpec("gen_ai.server.request.duration", "s", DURATION_BUCKETS,
                   "End-to-end request duration", attrgetter("e2e")),
     HistogramSpec("llm.server.queue.duration", "s", PHASE_BUCKETS,

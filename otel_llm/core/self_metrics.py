@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from . import semconv as sc
 from .guard import GUARD
 
 REQUESTS = "otel_llm.requests"  # by otel_llm.state: started, finished, kept, untracked, spans_dropped
@@ -18,7 +19,7 @@ SPANS_SENT = "otel_llm.spans.sent_direct"  # written by us and sent with the pro
 SPANS_DROPPED = "otel_llm.spans.dropped_direct"  # direct export: buffer full, or every send failed
 ENGINE_STEPS = "otel_llm.engine_steps"  # by otel_llm.state: recorded, emitted, settled_early
 ERRORS = "otel_llm.errors"  # instrumentation errors caught, by otel_llm.site
-STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", "llm.engine"
+STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", sc.ENGINE
 
 
 def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> None:

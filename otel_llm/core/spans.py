@@ -42,7 +42,8 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     if t.provider:
         a[sc.PROVIDER_NAME] = t.provider
     if t.model:
-        a[sc.REQUEST_MODEL] = t.model
+        # the engine serves the model it was asked for under that name: it is also the response's model
+        a[sc.REQUEST_MODEL] = a[sc.RESPONSE_MODEL] = t.model
     a.update(t.request_attributes)
     if t.response_id:
         a[sc.RESPONSE_ID] = t.response_id
@@ -52,7 +53,7 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
         (sc.USAGE_INPUT_TOKENS, s.input_tokens), (sc.USAGE_OUTPUT_TOKENS, s.output_tokens),
         (sc.LATENCY_TTFT, s.ttft), (sc.LATENCY_TPOT, s.tpot), (sc.LATENCY_E2E, s.e2e),
         (sc.LATENCY_QUEUE, s.queue), (sc.LATENCY_PREFILL, s.prefill), (sc.LATENCY_DECODE, s.decode),
-        (sc.PREFIX_CACHE_HIT_TOKENS, s.prefix_cache_hit_tokens), (sc.OUTPUT_CHARACTERS, s.output_characters),
+        (sc.USAGE_CACHE_READ_INPUT_TOKENS, s.prefix_cache_hit_tokens), (sc.OUTPUT_CHARACTERS, s.output_characters),
     ):
         if value is not None:
             a[key] = value

@@ -195,7 +195,7 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.USAGE_OUTPUT_TOKENS, "output_tokens", "int"),
         (sc.OUTPUT_CHARACTERS, "output_characters", "int"),
         (sc.NUM_PREEMPTIONS, "num_preemptions", "int"),
-        (sc.PREFIX_CACHE_HIT_TOKENS, "prefix_cache_hit_tokens", "int"),
+        (sc.USAGE_CACHE_READ_INPUT_TOKENS, "prefix_cache_hit_tokens", "int"),
         (sc.RESPONSE_FINISH_REASONS, "finish_reason", "first"),
         (sc.ERROR_TYPE, "error_type", "str"),
     )

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ...core import semconv as sc
 from ...core.clock import WallClock
 from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
@@ -33,10 +34,39 @@ PROVIDER = "vllm"
 # Set by the OpenAI-server handlers (and LLM.chat) for the requests they start.
 _OPERATION: contextvars.ContextVar[tuple[str, SpanKind] | None] = contextvars.ContextVar(
     "otel_llm_vllm_operation", default=None)
+# Whether the OpenAI request being served asked for a stream (``gen_ai.request.stream``).
+_STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_vllm_stream", default=None)
 # W3C headers as the HTTP handler passed them, before vLLM drops them when its own tracing is off.
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
+
+
+def _sampling_attributes(params: Any) -> dict[str, Any]:
+    """The GenAI request attributes of a ``SamplingParams``. vLLM fills defaults, so a parameter that
+    is off (top_k 0, no penalty, no stop sequences, one choice) is left out rather than recorded."""
+    attrs: dict[str, Any] = {}
+    for key, value in ((sc.REQUEST_MAX_TOKENS, params.max_tokens), (sc.REQUEST_TEMPERATURE, params.temperature),
+                       (sc.REQUEST_TOP_P, params.top_p), (sc.REQUEST_SEED, getattr(params, "seed", None))):
+        if value is not None:
+            attrs[key] = value
+    top_k = getattr(params, "top_k", None)
+    if isinstance(top_k, int) and top_k > 0:
+        attrs[sc.REQUEST_TOP_K] = top_k
+    for key, name in ((sc.REQUEST_FREQUENCY_PENALTY, "frequency_penalty"),
+                      (sc.REQUEST_PRESENCE_PENALTY, "presence_penalty")):
+        value = getattr(params, name, None)
+        if value:
+            attrs[key] = float(value)
+    stop = getattr(params, "stop", None)
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop:
+        attrs[sc.REQUEST_STOP_SEQUENCES] = tuple(str(x) for x in stop)
+    n = getattr(params, "n", 1)
+    if isinstance(n, int) and n > 1:
+        attrs[sc.REQUEST_CHOICE_COUNT] = n
+    return attrs
 
 
 class _Binders:
@@ -99,6 +129,11 @@ class VLLMWrappers:
             # Not reset afterwards: a streamed response's generation runs after the handler
             # returns, in this request's task (or a copy of its context).
             _OPERATION.set((operation, SpanKind.SERVER))
+            try:
+                stream = getattr(self.bind(wrapped).get(args, kwargs, "request"), "stream", None)
+                _STREAM.set(stream if isinstance(stream, bool) else None)
+            except Exception as exc:
+                GUARD.failed(f"vllm serving {operation}", exc)
             return _streams_keep_operation(wrapped(*args, **kwargs), operation)
         return wrapper
 
@@ -147,12 +182,10 @@ class VLLMWrappers:
             pooling = params is None and getattr(request, "pooling_params", None) is not None
             operation = "embeddings" if pooling else "text_completion"
         attrs: dict[str, Any] = {}
+        if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
+            attrs[sc.REQUEST_STREAM] = True
         if params is not None:
-            for key, value in (("gen_ai.request.max_tokens", params.max_tokens),
-                               ("gen_ai.request.temperature", params.temperature),
-                               ("gen_ai.request.top_p", params.top_p)):
-                if value is not None:
-                    attrs[key] = value
+            attrs.update(_sampling_attributes(params))
         ids = request.prompt_token_ids
         t = RequestTimeline(
             request_id=request.request_id,
