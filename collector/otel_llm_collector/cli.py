@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--slo", default="", help='SLOs, e.g. "ttft=0.5,tpot=0.05; big-model: ttft=2"')
     s.add_argument("--baseline-percent", type=float, default=5.0)
     s.add_argument("--slow-threshold-ms", type=int, default=10_000)
+    s.add_argument("--target", default="v0.159", choices=("v0.159", "legacy"),
+                   help="otelcol-contrib release line the upstream files are written for (component names, "
+                        "keys): v0.159 (default) or legacy (the names from before the renames)")
     return p
 
 
@@ -95,8 +98,14 @@ def _scale_config(args: argparse.Namespace) -> int:
         print("otel-llm-collector scale-config: give --gateways or --dns", file=sys.stderr)
         return 2
     options = ScaleOptions(gateways=gateways, dns_hostname=args.dns, backend=args.backend, slo=slo,
-                           baseline_percent=args.baseline_percent, slow_threshold_ms=args.slow_threshold_ms)
-    for path in write(args.out, options, args.mode):
+                           baseline_percent=args.baseline_percent, slow_threshold_ms=args.slow_threshold_ms,
+                           target=args.target)
+    try:
+        paths = write(args.out, options, args.mode)
+    except ValueError as exc:
+        print(f"otel-llm-collector scale-config: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

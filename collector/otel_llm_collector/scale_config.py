@@ -1,28 +1,67 @@
 """``otel-llm-collector scale-config``: generate the scale-out deployments on the upstream Collector.
 
-Two layouts (see the README's scale-out section):
+Two layouts (see collector/README.md, "Scale-out"):
 
-* ``two-tier``: an upstream Collector tier with the ``loadbalancing`` exporter routing spans by
-  trace id to N of our gateways (each holds whole traces, so tail sampling and the per-request
-  metrics stay correct); each gateway exports kept traces to the backend.
-* ``upstream``: no Python in the pipeline. The upstream ``tail_sampling`` processor with our
-  attribute names (``ottl_condition`` for SLO breaches, because ``numeric_attribute`` is int-only)
-  and the ``signaltometrics`` connector building our histograms from the request span's
-  ``llm.latency.*`` attributes. The rolling-percentile policy has no upstream equivalent; a static
-  ``latency`` threshold stands in for it.
+* ``two-tier``: an upstream Collector tier with the load-balancing exporter routing spans by trace id
+  to N of our gateways (each holds whole traces, so tail sampling and the per-request metrics stay
+  correct); each gateway exports kept traces to the backend.
+* ``upstream``: no Python in the pipeline. The upstream ``tail_sampling`` processor with our attribute
+  names (``ottl_condition`` for SLO breaches, because ``numeric_attribute`` is int-only) and the
+  signal-to-metrics connector building our histograms from the request span's ``llm.latency.*``
+  attributes. The rolling-percentile policy has no upstream equivalent; a static ``latency`` threshold
+  stands in for it.
+
+The upstream files are written for one otelcol-contrib release line (``UpstreamTarget``): its
+component names and the keys its components accept. Facts behind each choice are cited in
+tests/collector/upstream_schema.py, which the tests hold the generated YAML against.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import yaml
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_BUCKETS
+from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, TOKEN_BUCKETS, TOKEN_USAGE
 from otel_llm.core.slo import SLO, SLOTable
+
+
+@dataclass(frozen=True)
+class UpstreamTarget:
+    """What differs between otelcol-contrib releases, for the components the generated files use."""
+
+    name: str
+    releases: str                  # human-readable range, for the file header and the README
+    load_balancing: str            # exporter type
+    otlp_exporter: str             # the OTLP/gRPC exporter type
+    signal_to_metrics: str         # connector type
+    delta_to_cumulative: str       # processor type
+    # signal_to_metrics ``sum.monotonic`` (contrib PR #45865): without it a sum is a non-monotonic delta,
+    # which the Prometheus exporter drops, and after delta_to_cumulative a cumulative gauge-like sum.
+    sum_monotonic: bool
+    # signal_to_metrics ``error_mode`` (contrib PR #46005; default ``propagate``: one bad record fails the batch)
+    connector_error_mode: bool
+
+
+TARGETS: dict[str, UpstreamTarget] = {
+    # the snake_case names; the old ones are still accepted there, with a deprecation warning
+    "v0.159": UpstreamTarget("v0.159", "otelcol-contrib v0.159.x (and later releases that keep these names)",
+                             load_balancing="load_balancing", otlp_exporter="otlp_grpc",
+                             signal_to_metrics="signal_to_metrics", delta_to_cumulative="delta_to_cumulative",
+                             sum_monotonic=True, connector_error_mode=True),
+    # releases from before the renames: the old names, and neither sum.monotonic nor error_mode
+    "legacy": UpstreamTarget("legacy", "otelcol-contrib releases before the component renames (before v0.144)",
+                             load_balancing="loadbalancing", otlp_exporter="otlp",
+                             signal_to_metrics="signaltometrics", delta_to_cumulative="deltatocumulative",
+                             sum_monotonic=False, connector_error_mode=False),
+}
+DEFAULT_TARGET = "v0.159"
 
 # request-level histograms that are one of our span attributes, by metric name
 _ATTRIBUTE_OF = {
@@ -49,34 +88,104 @@ class ScaleOptions:
     decision_wait_after_root: str = "2s"
     num_traces: int = 50_000
     prometheus_endpoint: str = "0.0.0.0:8889"
+    target: str = DEFAULT_TARGET
 
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
+
+    @property
+    def upstream(self) -> UpstreamTarget:
+        return TARGETS[self.target]
+
+
+# -- OTTL ---------------------------------------------------------------------------------------
+
+def ottl_string(value: str) -> str:
+    """``value`` as an OTTL string literal.
+
+    OTTL's lexer takes ``"(\\\\.|[^\\\\"])*"`` as a string and unquotes it with Go's ``strconv.Unquote``
+    (contrib pkg/ottl/grammar.go and parser.go, escape handling since PR #30839), so a JSON string --
+    backslash, quote and control characters escaped, everything else as UTF-8 -- is read back unchanged."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def ottl_attr(key: str) -> str:
+    return f"attributes[{ottl_string(key)}]"
+
+
+def ottl_number(value: float) -> str:
+    """A number literal OTTL's lexer accepts: ``Int`` or ``Float`` in plain decimal (never ``1e-05``)."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{value!r} is not a threshold OTTL can compare with")
+    text = format(Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _is_number(key: str) -> str:
+    """True when the attribute holds a number: ``Double()`` of anything else yields nil, which fails the
+    whole batch under signal_to_metrics' default ``error_mode: propagate``."""
+    a = ottl_attr(key)
+    return f"(IsDouble({a}) or IsInt({a}))"
+
+
+def _slo_conditions(t: SLOTable) -> list[str]:
+    """OTTL span conditions true when a request span breaches its model's SLO."""
+    attr = {"ttft": sc.LATENCY_TTFT, "tpot": sc.LATENCY_TPOT, "e2e": sc.LATENCY_E2E}
+    model = ottl_attr(sc.REQUEST_MODEL)
+
+    def terms(s: SLO) -> list[str]:
+        # a comparison of a non-number with a number is false in OTTL, not an error
+        return [f"{ottl_attr(attr[k])} > {ottl_number(getattr(s, k))}" for k in ("ttft", "tpot", "e2e")
+                if getattr(s, k) is not None]
+
+    out = []
+    others = [f"{model} != {ottl_string(m)}" for m in t.per_model]
+    for term in terms(t.default):
+        out.append(" and ".join([term, *others]))
+    for name, s in t.per_model.items():
+        for term in terms(s):
+            out.append(f"{model} == {ottl_string(name)} and {term}")
+    return out
+
+
+# -- the files ----------------------------------------------------------------------------------
 
 def _receivers() -> dict[str, Any]:
     return {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"}, "http": {"endpoint": "0.0.0.0:4318"}}}}
 
 
+def _dns_resolver(spec: str) -> dict[str, Any]:
+    host, _, port = spec.partition(":")
+    if not host:
+        raise ValueError(f"--dns {spec!r}: give host[:port]")
+    port = port or "4317"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--dns {spec!r}: port must be a number 1-65535")
+    # the upstream DNSResolver declares Port as a string; strict decoding refuses a YAML integer
+    return {"dns": {"hostname": host, "port": port}}
+
+
 def loadbalancer_tier(o: ScaleOptions) -> dict[str, Any]:
     """Tier 1 (upstream Collector): route every span of a trace to the same gateway."""
-    if o.dns_hostname:
-        host, _, port = o.dns_hostname.partition(":")
-        resolver: dict[str, Any] = {"dns": {"hostname": host, "port": int(port or 4317)}}
-    else:
-        resolver = {"static": {"hostnames": list(o.gateways)}}
+    u = o.upstream
+    resolver = _dns_resolver(o.dns_hostname) if o.dns_hostname else {"static": {"hostnames": list(o.gateways)}}
     return {
         "receivers": _receivers(),
         "processors": {"batch": {}},
-        "exporters": {"loadbalancing": {
+        "exporters": {u.load_balancing: {
             "routing_key": "traceID",
+            # every otlp exporter key but endpoint (set per gateway); our gateways listen in plaintext
             "protocol": {"otlp": {"timeout": "5s", "tls": {"insecure": True}}},
             "resolver": resolver,
         }},
         "service": {"pipelines": {"traces": {"receivers": ["otlp"], "processors": ["batch"],
-                                             "exporters": ["loadbalancing"]}}},
+                                             "exporters": [u.load_balancing]}}},
     }
 
 
 def gateway_tier(o: ScaleOptions) -> dict[str, Any]:
-    """Tier 2 (ours): one file for every gateway replica."""
+    """Tier 2 (ours): one file for every gateway replica (our config vocabulary, checked by our loader)."""
     policies: list[dict[str, Any]] = [
         {"name": "errors", "type": "error"},
         {"name": "sdk_decision", "type": "sdk_decision"},
@@ -85,8 +194,7 @@ def gateway_tier(o: ScaleOptions) -> dict[str, Any]:
         {"name": "baseline", "type": "probabilistic", "probabilistic": {"sampling_percentage": o.baseline_percent}},
     ]
     return {
-        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
-                                             "http": {"endpoint": "0.0.0.0:4318"}}}},
+        "receivers": _receivers(),
         "processors": {
             "llm_metrics": {"slo": _slo_text(o.slo)},
             "tail_sampling": {"decision_wait": o.decision_wait,
@@ -106,30 +214,52 @@ def _slo_text(t: SLOTable) -> str:
     return "; ".join(parts)
 
 
-def _slo_conditions(t: SLOTable) -> list[str]:
-    """OTTL span conditions true when a request span breaches its model's SLO."""
-    attr = {"ttft": sc.LATENCY_TTFT, "tpot": sc.LATENCY_TPOT, "e2e": sc.LATENCY_E2E}
-
-    def terms(s: SLO) -> list[str]:
-        return [f'attributes["{attr[k]}"] > {getattr(s, k):g}' for k in ("ttft", "tpot", "e2e")
-                if getattr(s, k) is not None]
-
-    out = []
-    others = [f'attributes["{sc.REQUEST_MODEL}"] != "{m}"' for m in t.per_model]
-    for term in terms(t.default):
-        out.append(" and ".join([term, *others]))
-    for model, s in t.per_model.items():
-        for term in terms(s):
-            out.append(f'attributes["{sc.REQUEST_MODEL}"] == "{model}" and {term}')
-    return out
+def _connector_metrics(u: UpstreamTarget) -> list[dict[str, Any]]:
+    """The signal_to_metrics definitions: our histograms, token usage and the request/goodput counters."""
+    metrics: list[dict[str, Any]] = []
+    for spec in SERVER_HISTOGRAMS:
+        attribute = _ATTRIBUTE_OF.get(spec.name)
+        if attribute is None:
+            continue
+        metrics.append({
+            "name": spec.name, "description": spec.description, "unit": spec.unit,
+            "conditions": [_is_number(attribute)],
+            "attributes": _DIMENSIONS,
+            "histogram": {"buckets": list(spec.buckets), "value": f"Double({ottl_attr(attribute)})"},
+        })
+    for token_type, attribute in (("input", sc.USAGE_INPUT_TOKENS), ("output", sc.USAGE_OUTPUT_TOKENS)):
+        metrics.append({
+            "name": TOKEN_USAGE, "description": "Input and output tokens per request", "unit": "{token}",
+            "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil and {_is_number(attribute)}"],
+            "attributes": [*_DIMENSIONS, {"key": sc.TOKEN_TYPE, "default_value": token_type}],
+            "histogram": {"buckets": list(TOKEN_BUCKETS), "value": f"Double({ottl_attr(attribute)})"},
+        })
+    counter: dict[str, Any] = {"value": "1"}
+    if u.sum_monotonic:
+        counter["monotonic"] = True
+    metrics.append({"name": REQUESTS, "description": "Finished requests", "unit": "{request}",
+                    "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil"], "attributes": _DIMENSIONS,
+                    "sum": dict(counter)})
+    metrics.append({"name": GOOD_REQUESTS, "unit": "{request}",
+                    "description": "Requests that met every SLO (as the SDK recorded in llm.slo.met)",
+                    "conditions": [f"{ottl_attr(sc.SLO_MET)} == true"], "attributes": _DIMENSIONS,
+                    "sum": dict(counter)})
+    return metrics
 
 
 def upstream_only(o: ScaleOptions) -> dict[str, Any]:
-    """The all-upstream alternative: tail_sampling + signaltometrics, our attribute names."""
+    """The all-upstream alternative: tail_sampling + signal_to_metrics, our attribute names.
+
+    Metrics pipeline: signal_to_metrics emits one delta data point per batch, with no start timestamp;
+    the Prometheus exporter drops non-monotonic delta sums and does not add up delta histograms whose
+    start is not the previous point's time. delta_to_cumulative turns them into cumulative series first."""
+    u = o.upstream
     policies: list[dict[str, Any]] = [
         {"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}},
+        # ignore: a condition that cannot be evaluated on a span is "no match", logged, and the trace is
+        # still judged by the other policies (propagate would count it as a policy error instead)
         {"name": "sdk_decision", "type": "ottl_condition",
-         "ottl_condition": {"error_mode": "ignore", "span": [f'attributes["{sc.SAMPLING_REASON}"] != nil']}},
+         "ottl_condition": {"error_mode": "ignore", "span": [f"{ottl_attr(sc.SAMPLING_REASON)} != nil"]}},
     ]
     slo = _slo_conditions(o.slo)
     if slo:
@@ -139,63 +269,67 @@ def upstream_only(o: ScaleOptions) -> dict[str, Any]:
         {"name": "slow", "type": "latency", "latency": {"threshold_ms": o.slow_threshold_ms}},
         {"name": "baseline", "type": "probabilistic", "probabilistic": {"sampling_percentage": o.baseline_percent}},
     ]
-    metrics: list[dict[str, Any]] = []
-    for spec in SERVER_HISTOGRAMS:
-        attribute = _ATTRIBUTE_OF.get(spec.name)
-        if attribute is None:
-            continue
-        metrics.append({
-            "name": spec.name, "description": spec.description, "unit": spec.unit,
-            "conditions": [f'attributes["{attribute}"] != nil'],
-            "attributes": _DIMENSIONS,
-            "histogram": {"buckets": list(spec.buckets), "value": f'Double(attributes["{attribute}"])'},
-        })
-    for token_type, attribute in (("input", sc.USAGE_INPUT_TOKENS), ("output", sc.USAGE_OUTPUT_TOKENS)):
-        metrics.append({
-            "name": "llm.server.token.usage", "description": "Input and output tokens per request",
-            "unit": "{token}",
-            "conditions": [f'attributes["{sc.LATENCY_E2E}"] != nil and attributes["{attribute}"] != nil'],
-            "attributes": [*_DIMENSIONS, {"key": sc.TOKEN_TYPE, "default_value": token_type}],
-            "histogram": {"buckets": list(TOKEN_BUCKETS), "value": f'Double(attributes["{attribute}"])'},
-        })
-    metrics.append({"name": "llm.server.requests", "description": "Finished requests", "unit": "{request}",
-                    "conditions": [f'attributes["{sc.LATENCY_E2E}"] != nil'], "attributes": _DIMENSIONS,
-                    "sum": {"value": "1"}})
-    metrics.append({"name": "llm.server.requests.good", "unit": "{request}",
-                    "description": "Requests that met every SLO (as the SDK recorded in llm.slo.met)",
-                    "conditions": [f'attributes["{sc.SLO_MET}"] == true'], "attributes": _DIMENSIONS,
-                    "sum": {"value": "1"}})
+    connector: dict[str, Any] = {}
+    if u.connector_error_mode:
+        # ignore: a record whose value cannot be read is skipped and logged; the rest of the batch counts
+        connector["error_mode"] = "ignore"
+    connector["spans"] = _connector_metrics(u)
     return {
         "receivers": _receivers(),
-        "processors": {"tail_sampling": {"decision_wait": o.decision_wait,
-                                         "decision_wait_after_root_received": o.decision_wait_after_root,
-                                         "num_traces": o.num_traces, "policies": policies}},
-        "connectors": {"signaltometrics": {"spans": metrics}},
-        "exporters": {"otlp": {"endpoint": o.backend, "tls": {"insecure": True}},
+        "processors": {
+            "tail_sampling": {"decision_wait": o.decision_wait,
+                              "decision_wait_after_root_received": o.decision_wait_after_root,
+                              "num_traces": o.num_traces, "policies": policies},
+            u.delta_to_cumulative: {"max_stale": "5m"},
+        },
+        "connectors": {u.signal_to_metrics: connector},
+        "exporters": {u.otlp_exporter: {"endpoint": o.backend, "tls": {"insecure": True}},
                       "prometheus": {"endpoint": o.prometheus_endpoint}},
         "service": {"pipelines": {
             # metrics from 100% of spans, before sampling
-            "traces/metrics": {"receivers": ["otlp"], "exporters": ["signaltometrics"]},
-            "traces/sampled": {"receivers": ["otlp"], "processors": ["tail_sampling"], "exporters": ["otlp"]},
-            "metrics": {"receivers": ["signaltometrics"], "exporters": ["prometheus"]},
+            "traces/metrics": {"receivers": ["otlp"], "exporters": [u.signal_to_metrics]},
+            "traces/sampled": {"receivers": ["otlp"], "processors": ["tail_sampling"],
+                               "exporters": [u.otlp_exporter]},
+            "metrics": {"receivers": [u.signal_to_metrics], "processors": [u.delta_to_cumulative],
+                        "exporters": ["prometheus"]},
         }},
     }
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a shared list out in full each time: no ``&id001`` anchors for a reader to chase."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+FILES = {
+    "tier1-loadbalancer.yaml": ("two-tier", loadbalancer_tier,
+                                "upstream Collector: routes every span of a trace to one of our gateways"),
+    "tier2-gateway.yaml": ("two-tier", gateway_tier,
+                           "otel-llm-collector: one config for every gateway replica"),
+    "upstream-only.yaml": ("upstream", upstream_only,
+                           "upstream Collector alone: tail_sampling + signal_to_metrics on our attributes"),
+}
+
+
+def generate(o: ScaleOptions, mode: str = "both") -> dict[str, dict[str, Any]]:
+    """The generated documents by file name."""
+    if mode not in ("two-tier", "upstream", "both"):
+        raise ValueError(f"unknown mode {mode!r}")
+    return {name: build(o) for name, (kind, build, _) in FILES.items() if mode in (kind, "both")}
 
 
 def write(out_dir: str, o: ScaleOptions, mode: str = "both") -> list[str]:
     """Write the generated files; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    files: dict[str, dict[str, Any]] = {}
-    if mode in ("two-tier", "both"):
-        files["tier1-loadbalancer.yaml"] = loadbalancer_tier(o)
-        files["tier2-gateway.yaml"] = gateway_tier(o)
-    if mode in ("upstream", "both"):
-        files["upstream-only.yaml"] = upstream_only(o)
     paths = []
-    for name, doc in files.items():
+    for name, doc in generate(o, mode).items():
         path = os.path.join(out_dir, name)
+        what = FILES[name][2]
+        target = "" if name == "tier2-gateway.yaml" else f"; for {o.upstream.releases}"
         with open(path, "w", encoding="utf-8") as f:
-            f.write(f"# generated by otel-llm-collector scale-config ({name})\n")
-            yaml.safe_dump(doc, f, sort_keys=False, width=120)
+            f.write(f"# generated by otel-llm-collector scale-config: {what}{target}\n")
+            yaml.dump(doc, f, Dumper=_PlainDumper, sort_keys=False, width=120, allow_unicode=True)
         paths.append(path)
     return paths
