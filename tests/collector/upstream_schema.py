@@ -7,7 +7,8 @@ from our generator -- so the scale-config tests hold our YAML against what the C
 Sources (repository @ release or commit, path):
 
 * [core] open-telemetry/opentelemetry-collector @ v0.159.0 (commit 69c0873044e80fe1f0647a0bc5afec6244bcad76):
-  confmap/internal/decoder.go (strict decoding), exporter/otlpexporter/{metadata.yaml, config.go,
+  confmap/internal/decoder.go (strict decoding: ``WeaklyTypedInput: false``, since v0.108.0, commit e477c3a348
+  "Mark confmap.strictlyTypedInput as stable (#10793)"), exporter/otlpexporter/{metadata.yaml, config.go,
   config.schema.yaml}, exporter/exporterhelper/internal/config.schema.yaml (timeout),
   exporter/exporterhelper/internal/queuebatch/config.schema.yaml (sending_queue),
   config/configretry, config/configgrpc, config/configtls, config/confighttp, config/confignet
