@@ -47,6 +47,8 @@ class UpstreamTarget:
     sum_monotonic: bool
     # signal_to_metrics ``error_mode`` (contrib PR #46005; default ``propagate``: one bad record fails the batch)
     connector_error_mode: bool
+    # tail_sampling ``decision_wait_after_root_received`` (contrib PR #44878, Dec 2025)
+    decision_wait_after_root: bool
 
 
 TARGETS: dict[str, UpstreamTarget] = {
@@ -54,12 +56,13 @@ TARGETS: dict[str, UpstreamTarget] = {
     "v0.159": UpstreamTarget("v0.159", "otelcol-contrib v0.159.x (and later releases that keep these names)",
                              load_balancing="load_balancing", otlp_exporter="otlp_grpc",
                              signal_to_metrics="signal_to_metrics", delta_to_cumulative="delta_to_cumulative",
-                             sum_monotonic=True, connector_error_mode=True),
-    # releases from before the renames: the old names, and neither sum.monotonic nor error_mode
-    "legacy": UpstreamTarget("legacy", "otelcol-contrib releases before the component renames (before v0.144)",
+                             sum_monotonic=True, connector_error_mode=True, decision_wait_after_root=True),
+    # releases from before the renames that already ship signaltometrics: the old names, and none of the
+    # newer keys (sum.monotonic, the connector's error_mode, decision_wait_after_root_received)
+    "legacy": UpstreamTarget("legacy", "otelcol-contrib v0.119 to v0.143 (before the component renames)",
                              load_balancing="loadbalancing", otlp_exporter="otlp",
                              signal_to_metrics="signaltometrics", delta_to_cumulative="deltatocumulative",
-                             sum_monotonic=False, connector_error_mode=False),
+                             sum_monotonic=False, connector_error_mode=False, decision_wait_after_root=False),
 }
 DEFAULT_TARGET = "v0.159"
 
@@ -274,14 +277,13 @@ def upstream_only(o: ScaleOptions) -> dict[str, Any]:
         # ignore: a record whose value cannot be read is skipped and logged; the rest of the batch counts
         connector["error_mode"] = "ignore"
     connector["spans"] = _connector_metrics(u)
+    tail_sampling: dict[str, Any] = {"decision_wait": o.decision_wait}
+    if u.decision_wait_after_root:
+        tail_sampling["decision_wait_after_root_received"] = o.decision_wait_after_root
+    tail_sampling.update(num_traces=o.num_traces, policies=policies)
     return {
         "receivers": _receivers(),
-        "processors": {
-            "tail_sampling": {"decision_wait": o.decision_wait,
-                              "decision_wait_after_root_received": o.decision_wait_after_root,
-                              "num_traces": o.num_traces, "policies": policies},
-            u.delta_to_cumulative: {"max_stale": "5m"},
-        },
+        "processors": {"tail_sampling": tail_sampling, u.delta_to_cumulative: {"max_stale": "5m"}},
         "connectors": {u.signal_to_metrics: connector},
         "exporters": {u.otlp_exporter: {"endpoint": o.backend, "tls": {"insecure": True}},
                       "prometheus": {"endpoint": o.prometheus_endpoint}},

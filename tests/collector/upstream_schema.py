@@ -184,7 +184,7 @@ TAIL_SAMPLING_PROCESSOR = obj({
 # (validateMetricInfo: name required, exactly one metric type, histogram/sum value required) and
 # config/config.schema.yaml @ c11b98b9 (adds error_mode) and @ 14c63937 (adds sum.monotonic). Both keys are
 # newer than the connector: error_mode from PR #46005 (merged Feb 2026), sum.monotonic from PR #45865
-# (merged Mar 2026). A connector built before them does not know the keys (see LEGACY_ABSENT_KEYS).
+# (merged Mar 2026). A connector built before them does not know the keys (see _legacy() below).
 _S2M_ATTRIBUTE = obj({"key": STRING, "default_value": ANY, "optional": BOOLEAN}, required=("key",))
 _S2M_METRIC = obj({
     "name": STRING, "description": STRING, "unit": STRING, "conditions": Arr(STRING),
@@ -286,8 +286,15 @@ SIGNAL_TO_METRICS_CONNECTOR_LEGACY = obj({k: Arr(_S2M_METRIC_LEGACY) for k in ("
                                          "[contrib] signaltometricsconnector config/config.go @ 8dfdf20f")
 
 
+# tail_sampling before contrib PR #44878 (Dec 2025) had no decision_wait_after_root_received
+TAIL_SAMPLING_PROCESSOR_LEGACY = Obj({k: v for k, v in TAIL_SAMPLING_PROCESSOR.props.items()
+                                      if k not in ("decision_wait_after_root_received", "sampling_strategy")},
+                                     TAIL_SAMPLING_PROCESSOR.source + " (before PRs #44878, #46762)")
+
+
 def _legacy() -> Release:
     comps = dict(_BASE)
+    comps[("processor", "tail_sampling")] = Component("processor", TAIL_SAMPLING_PROCESSOR_LEGACY, ("traces",))
     for _new, (kind, old, comp) in _RENAMED.items():
         comps[(kind, old)] = comp
     s2m = comps[("connector", "signaltometrics")]
