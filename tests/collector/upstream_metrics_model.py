@@ -16,8 +16,9 @@ reaches Prometheus and adds up. Each rule cites the code it is read from
   monotonic; for a delta monotonic sum it adds only when the point's start equals the previous point's
   time, else keeps the new point alone; ``accumulateHistogram`` for a delta point whose start is not
   the previous point's time drops it unless the start is after that time (then a reset). A cumulative
-  point replaces the stored one when newer. A non-monotonic cumulative sum is written as a gauge, a
-  monotonic one as a counter (collector.go).
+  point replaces the stored one when newer.
+* exporter/prometheusexporter/collector.go @ 5952a526 (``convertSum``): a monotonic sum is written as a
+  counter, any other sum as a gauge.
 """
 
 from __future__ import annotations
