@@ -258,3 +258,22 @@ def test_ottl_number_is_plain_decimal() -> None:
     assert [ottl_number(v) for v in (2.0, 0.5, 0.05, 1e-05, 12.25)] == ["2", "0.5", "0.05", "0.00001", "12.25"]
     with pytest.raises(ValueError):
         ottl_number(float("inf"))
+
+
+@pytest.mark.parametrize("text", [
+    # value expressions from the connector's own test data (testdata/traces/histograms/config.yaml)
+    "Milliseconds(end_time - start_time)", "Int(AdjustedCount())", "Microseconds(end_time - start_time)",
+    '"1"', "Double(attributes[\"x\"]) * 1000", "-1",
+])
+def test_ottl_checker_accepts_upstream_value_expressions(text: str) -> None:
+    parse_value_expression(text)
+
+
+@pytest.mark.parametrize("text", [
+    'attributes["a"] != nil and not (name == "x" or kind == SPAN_KIND_SERVER)',
+    'IsString(attributes["a"]) and attributes["a"] == "\\u00e9"',
+    'resource.attributes["service.name"] == "svc"',
+    'end_time - start_time > Duration("2s")',
+])
+def test_ottl_checker_accepts_upstream_conditions(text: str) -> None:
+    parse_condition(text)
