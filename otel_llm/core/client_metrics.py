@@ -30,25 +30,29 @@ class ClientSummary(RequestSummary):
     benchmark definition, comparable with the server's SLO), else per chunk."""
 
     time_per_output_chunk: float | None = None
+    ttft_required: bool = False  # a streamed call: it cannot be good without a measured first chunk
+
+    @property
+    def failed(self) -> bool:
+        """Goodput's test reads this: a stream that never delivered a chunk did not serve its caller."""
+        return self.error_type is not None or (self.ttft_required and self.ttft is None)
 
 
 CLIENT_HISTOGRAMS: tuple[HistogramSpec, ...] = (
-    HistogramSpec("gen_ai.client.operation.duration", "s", DURATION_BUCKETS,
+    HistogramSpec(sc.METRIC_CLIENT_DURATION, "s", DURATION_BUCKETS,
                   "Duration of the client's generation call, to the last chunk for streams", lambda s: s.e2e),
-    HistogramSpec("gen_ai.client.operation.time_to_first_chunk", "s", DURATION_BUCKETS,
-                  "Time from issuing the request to the first content chunk (streaming calls only)",
+    HistogramSpec(sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", DURATION_BUCKETS,
+                  "Time from issuing the request to the first chunk of the response (streaming calls only)",
                   lambda s: s.ttft),
-    HistogramSpec("gen_ai.client.operation.time_per_output_chunk", "s", DURATION_BUCKETS,
-                  "Mean time between content chunks after the first, per streamed call",
+    HistogramSpec(sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, "s", DURATION_BUCKETS,
+                  "Mean time between chunks after the first, per streamed call",
                   lambda s: s.time_per_output_chunk),
-    HistogramSpec("llm.client.output.characters_per_second", "{character}/s", RATE_BUCKETS,
+    HistogramSpec(sc.CLIENT_CHARS_PER_SECOND, "{character}/s", RATE_BUCKETS,
                   "Output characters over the call's duration (tokenizer-independent)",
                   lambda s: s.output_characters_per_second),
 )
-CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
-CLIENT_REQUESTS = "llm.client.requests"
-CLIENT_GOOD_REQUESTS = "llm.client.requests.good"
-CLIENT_METRICS = MetricSet(CLIENT_HISTOGRAMS, CLIENT_TOKEN_USAGE, CLIENT_REQUESTS, CLIENT_GOOD_REQUESTS, noun="call")
+CLIENT_METRICS = MetricSet(CLIENT_HISTOGRAMS, sc.METRIC_CLIENT_TOKEN_USAGE, sc.CLIENT_REQUESTS, sc.CLIENT_GOOD_REQUESTS,
+                           noun="call")
 
 
 class ClientMetrics(RequestMetrics):

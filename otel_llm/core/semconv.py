@@ -35,6 +35,25 @@ OUTPUT_MESSAGES = "gen_ai.output.messages"
 ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
+REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
+REQUEST_SEED = "gen_ai.request.seed"
+REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+REQUEST_ENCODING_FORMATS = "gen_ai.request.encoding_formats"
+EMBEDDINGS_DIMENSION_COUNT = "gen_ai.embeddings.dimension.count"
+SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+OPERATION_CHAT = "chat"
+OPERATION_TEXT_COMPLETION = "text_completion"
+OPERATION_EMBEDDINGS = "embeddings"
+
+# GenAI client metrics. The conventions are renaming them to ``gen_ai.client.inference.*``
+# (semantic-conventions-genai PR 521): that switch is this one line.
+CLIENT_METRIC_NAMESPACE = "gen_ai.client.operation"
+METRIC_CLIENT_DURATION = f"{CLIENT_METRIC_NAMESPACE}.duration"
+METRIC_CLIENT_TIME_TO_FIRST_CHUNK = f"{CLIENT_METRIC_NAMESPACE}.time_to_first_chunk"
+METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = f"{CLIENT_METRIC_NAMESPACE}.time_per_output_chunk"
+METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
 
 # Ours: request-level latencies (seconds) and facts
 LATENCY_TTFT = "llm.latency.time_to_first_token"
@@ -51,6 +70,26 @@ SAMPLING_REASON = "llm.sampling.reason"
 DETAIL = "llm.detail"
 # not "llm.engine": that is the namespace of llm.engine.step.*, and a name may not be both
 ENGINE = "llm.engine.name"
+
+# Ours: the client's call span (README trace contract, client span). A "chunk" is an update of the
+# generated output (the conventions' and ``vllm bench serve``'s): a chat/completions chunk with choices,
+# a Responses ``*.delta`` event of any output type; not lifecycle events nor the usage-only chunk.
+CLIENT_CHUNKS = "llm.client.chunks"
+CLIENT_TIME_TO_FIRST_CONTENT = "llm.client.time_to_first_content"  # first chunk with generated content
+CLIENT_OUTPUT_KINDS = "llm.client.output.kinds"  # text, tool_call, refusal, reasoning, other
+CLIENT_TIME_PER_OUTPUT_CHUNK = "llm.client.time_per_output_chunk"
+CLIENT_TIME_PER_OUTPUT_TOKEN = "llm.client.time_per_output_token"
+CLIENT_CHUNK_GAP_MAX = "llm.client.chunk_gap.max"
+CLIENT_CHUNK_GAPS_OVER_SLO = "llm.client.chunk_gap.over_slo"
+CLIENT_DURATION = "llm.client.duration"
+CLIENT_OUTPUT_CHARACTERS = "llm.client.output_characters"
+CLIENT_CHARS_PER_SECOND = "llm.client.output.characters_per_second"
+CLIENT_STREAM_END = "llm.client.stream.end"  # complete | closed | abandoned | error
+CLIENT_SLO_MET = "llm.client.slo.met"
+CLIENT_SLO_BREACHED = "llm.client.slo.breached"
+CLIENT_REQUESTS = "llm.client.requests"
+CLIENT_GOOD_REQUESTS = "llm.client.requests.good"
+CLIENT_OVERHEAD_TTFC = "llm.client.overhead.time_to_first_chunk"
 
 # Ours: child spans
 SPAN_QUEUE = "llm.queue"

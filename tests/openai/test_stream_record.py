@@ -49,13 +49,15 @@ def record(t: ClientTelemetry) -> CallRecord:
     return CallRecord(t, t.tracer.start_span("chat m"), "chat", "m", True, ("h", 1), 0, False)
 
 
-def test_gap_profile_counts_only_text_chunks(setup: Any) -> None:
+def test_gap_profile_counts_every_output_chunk(setup: Any) -> None:
+    """Every output chunk is timed, with content or not (the conventions' chunk, ``vllm bench serve``'s);
+    lifecycle events (-1) are not; the first chunk with content is stamped apart."""
     t, _ = setup
     rec = record(t)
-    for now, n in [(1.0, 0), (1.1, 5), (1.105, 0), (1.108, 4), (1.15, 2)]:
+    for now, n in [(0.9, -1), (1.0, 0), (1.1, 5), (1.105, -1), (1.108, 4), (1.15, 2)]:
         rec.chunk(now, n)
-    assert (rec.first, rec.last, rec.n, rec.chars) == (1.1, 1.15, 3, 11)
-    assert rec.max_gap == pytest.approx(0.042) and rec.over == 1  # 8 ms is under the 10 ms SLO, 42 ms over
+    assert (rec.first, rec.first_content, rec.last, rec.n, rec.chars) == (1.0, 1.1, 1.15, 4, 11)
+    assert rec.max_gap == pytest.approx(0.1) and rec.over == 2  # 8 ms is under the 10 ms SLO; 100 and 42 ms over
     assert record(ClientTelemetry(Config(), t.tracer, ClientMetrics(
         MeterProvider().get_meter("x"), Config().slo))).tpot_limit == math.inf  # no SLO: nothing is "over"
 
@@ -69,7 +71,7 @@ def test_exhausted_stream_ends_once_with_usage(setup: Any) -> None:
     gc.collect()
     (span,) = exporter.get_finished_spans()
     a = span.attributes
-    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == 3
+    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == 4  # the usage chunk is not one
     assert a["llm.client.output_characters"] == len("Hello world")
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (5, 3)
     assert a["gen_ai.response.finish_reasons"] == ("length",) and a["gen_ai.response.id"] == "c1"

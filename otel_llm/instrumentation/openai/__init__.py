@@ -1,7 +1,8 @@
 """OpenTelemetry instrumentation for the ``openai`` Python client: the caller's side of a generation.
 
-Wraps ``chat.completions.create``, ``completions.create`` and ``responses.create``, sync and
-async, streaming and not. Each call gets a CLIENT span ``{gen_ai.operation.name} {model}``
+Wraps ``chat.completions.create``, ``completions.create``, ``responses.create`` and
+``embeddings.create``, sync and async, streaming and not, plain or through ``with_raw_response`` /
+``with_streaming_response``. Each call gets a CLIENT span ``{gen_ai.operation.name} {model}``
 whose W3C ``traceparent`` travels in the request's headers, so an instrumented server (our
 vLLM adapter) makes its request span a child. Streams are timed per chunk on a monotonic
 clock (time to the first content chunk, chunk gaps) and end their span exactly once.
@@ -19,8 +20,9 @@ from ...core.config import Config
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable
-from .ops import Chat, Responses, TextCompletion
-from .wrappers import ClientTelemetry, OpenAIWrappers
+from .ops import Chat, Embeddings, Responses, TextCompletion
+from .telemetry import ClientTelemetry
+from .wrappers import OpenAIWrappers
 
 __all__ = ["OpenAIInstrumentor"]
 
@@ -32,7 +34,9 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ("openai >= 1.0",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        from openai import AsyncStream, Stream
+        from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
+
+        from ._fence import legacy_api_response
 
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
@@ -40,9 +44,11 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.openai", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.openai", __version__)
         self.telemetry = ClientTelemetry(config, tracer, ClientMetrics(meter, config.slo))
-        w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream))
-        chat, completions, responses = ("openai.resources.chat.completions.completions",
-                                         "openai.resources.completions", "openai.resources.responses.responses")
+        w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
+                           (APIResponse, AsyncAPIResponse))
+        chat, completions, responses, embeddings = (
+            "openai.resources.chat.completions.completions", "openai.resources.completions",
+            "openai.resources.responses.responses", "openai.resources.embeddings")
         self._table = WrapTable([
             Target(chat, "Completions.create", w.sync(Chat)),
             Target(chat, "AsyncCompletions.create", w.asynchronous(Chat)),
@@ -50,6 +56,8 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             Target(completions, "AsyncCompletions.create", w.asynchronous(TextCompletion)),
             Target(responses, "Responses.create", w.sync(Responses)),
             Target(responses, "AsyncResponses.create", w.asynchronous(Responses)),
+            Target(embeddings, "Embeddings.create", w.sync(Embeddings)),
+            Target(embeddings, "AsyncEmbeddings.create", w.asynchronous(Embeddings)),
         ])
         self._table.wrap()
 

@@ -1,8 +1,10 @@
 """What each wrapped operation reads: request attributes, a streamed chunk, a whole response.
 
-One small class per API (chat completions, completions, responses), all with the same four
-methods; the wrappers and stream proxies are shared. ``chunk`` is on the hot path: attribute
-reads on the chunk and a few appends, returning the length of the output text it carried.
+One small class per API (chat completions, completions, responses, embeddings), all with the same
+methods; the wrappers and stream proxies are shared. ``chunk`` is on the hot path: attribute reads
+on the chunk and a few appends; it returns the characters of generated content the chunk carried
+(text, tool-call names and arguments, refusals, reasoning), 0 for a chunk without content, or
+``NOT_A_CHUNK`` for what is not an output chunk (the usage-only chunk, Responses lifecycle events).
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import json
 from typing import Any
 
 from ...core import semconv as sc
-from ...core.content import input_messages
-from .record import CallRecord
+from . import messages
+from .record import NOT_A_CHUNK, OTHER, REASONING, REFUSAL, TEXT, TOOL_CALL, CallRecord
 
 _OMIT_TYPES = ("Omit", "NotGiven")
 _REQUEST_PARAMS = (
     ("max_tokens", sc.REQUEST_MAX_TOKENS), ("max_completion_tokens", sc.REQUEST_MAX_TOKENS),
     ("max_output_tokens", sc.REQUEST_MAX_TOKENS), ("temperature", sc.REQUEST_TEMPERATURE),
-    ("top_p", sc.REQUEST_TOP_P), ("frequency_penalty", "gen_ai.request.frequency_penalty"),
-    ("presence_penalty", "gen_ai.request.presence_penalty"), ("seed", "gen_ai.request.seed"),
+    ("top_p", sc.REQUEST_TOP_P), ("frequency_penalty", sc.REQUEST_FREQUENCY_PENALTY),
+    ("presence_penalty", sc.REQUEST_PRESENCE_PENALTY), ("seed", sc.REQUEST_SEED),
 )
 
 
@@ -35,111 +37,211 @@ def request_attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
         if given(value) and isinstance(value, (int, float)) and key not in a:
             a[key] = value
     stop = kwargs.get("stop")
-    if given(stop):
-        a["gen_ai.request.stop_sequences"] = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+    if isinstance(stop, str):
+        a[sc.REQUEST_STOP_SEQUENCES] = (stop,)
+    elif isinstance(stop, (list, tuple)):
+        a[sc.REQUEST_STOP_SEQUENCES] = tuple(str(s) for s in stop)
     n = kwargs.get("n")
     if given(n) and n != 1:
-        a["gen_ai.request.choice.count"] = n
+        a[sc.REQUEST_CHOICE_COUNT] = n
     return a
 
 
-class _Choices:
-    """Chat and text completions differ only in where a choice keeps its text."""
+def _usage(rec: CallRecord, usage: Any, input_name: str, output_name: str | None) -> None:
+    if usage is not None:
+        rec.input_tokens = getattr(usage, input_name, None)
+        if output_name is not None:
+            rec.output_tokens = getattr(usage, output_name, None)
 
-    operation = ""
+
+class Chat:
+    operation = sc.OPERATION_CHAT
 
     @staticmethod
-    def delta_text(choice: Any) -> str | None:
-        raise NotImplementedError
+    def attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return request_attributes(kwargs)
 
     @staticmethod
-    def message_text(choice: Any) -> str | None:
-        raise NotImplementedError
+    def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
+        msgs = kwargs.get("messages")
+        if isinstance(msgs, (list, tuple)):  # never iterate a one-shot iterable the client has yet to send
+            rec.input_messages = messages.dumps(messages.chat_input(msgs))
 
-    @classmethod
-    def chunk(cls, rec: CallRecord, chunk: Any) -> int:
-        n = 0
-        for c in chunk.choices:
-            text = cls.delta_text(c)
-            if text:
-                n += len(text)
-                if rec.texts is not None:
-                    rec.add_text(c.index, text)
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
+    @staticmethod
+    def chunk(rec: CallRecord, chunk: Any) -> int:
+        if rec.response_id is None:
+            rec.response_id = chunk.id
+            rec.response_model = chunk.model
         usage = chunk.usage
         if usage is not None:
             rec.input_tokens = usage.prompt_tokens
             rec.output_tokens = usage.completion_tokens
-        if rec.response_id is None:
-            rec.response_id = chunk.id
-            rec.response_model = chunk.model
+        choices = chunk.choices
+        if not choices:
+            return NOT_A_CHUNK
+        n = 0
+        out = rec.output
+        for c in choices:
+            d = c.delta
+            if d is not None:
+                text = d.content
+                if text:
+                    n += len(text)
+                    rec.kinds |= TEXT
+                    if out is not None:
+                        out.piece(c.index, messages.TEXT, text)
+                calls = d.tool_calls
+                if calls:
+                    rec.kinds |= TOOL_CALL
+                    for t in calls:
+                        fn = t.function
+                        name = args = None
+                        if fn is not None:
+                            name, args = fn.name, fn.arguments
+                            n += len(name or "") + len(args or "")
+                        if out is not None:
+                            out.tool_call(c.index, t.index, t.id, name, args)
+                refusal = d.refusal
+                if refusal:
+                    n += len(refusal)
+                    rec.kinds |= REFUSAL
+                    if out is not None:
+                        out.piece(c.index, messages.REFUSAL, refusal)
+                extra = d.__pydantic_extra__  # vLLM's reasoning fields ride as extras
+                if extra:
+                    reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+                    if isinstance(reasoning, str) and reasoning:
+                        n += len(reasoning)
+                        rec.kinds |= REASONING
+                        if out is not None:
+                            out.piece(c.index, messages.REASONING, reasoning)
+            if c.finish_reason:
+                rec.finish_reasons.append(c.finish_reason)
+                if out is not None:
+                    out.finish(c.index, c.finish_reason)
         return n
 
-    @classmethod
-    def response(cls, rec: CallRecord, r: Any) -> None:
+    @staticmethod
+    def response(rec: CallRecord, r: Any) -> None:
         rec.response_id, rec.response_model = r.id, r.model
+        out = rec.output
         for c in r.choices:
             if c.finish_reason:
                 rec.finish_reasons.append(c.finish_reason)
-            text = cls.message_text(c)
+            m = c.message
+            text, refusal = m.content, getattr(m, "refusal", None)
             if text:
                 rec.chars += len(text)
-                rec.add_text(c.index, text)
+                rec.kinds |= TEXT
+                if out is not None:
+                    out.piece(c.index, messages.TEXT, text)
+            if refusal:
+                rec.chars += len(refusal)
+                rec.kinds |= REFUSAL
+                if out is not None:
+                    out.piece(c.index, messages.REFUSAL, refusal)
+            for i, t in enumerate(m.tool_calls or ()):
+                rec.kinds |= TOOL_CALL
+                fn = getattr(t, "function", None)
+                name, args = (fn.name, fn.arguments) if fn is not None else (None, None)
+                rec.chars += len(name or "") + len(args or "")
+                if out is not None:
+                    out.tool_call(c.index, i, t.id, name, args)
+            if out is not None:
+                out.finish(c.index, c.finish_reason)
         _usage(rec, r.usage, "prompt_tokens", "completion_tokens")
 
 
-class Chat(_Choices):
-    operation = "chat"
+class TextCompletion:
+    operation = sc.OPERATION_TEXT_COMPLETION
 
     @staticmethod
-    def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
-        messages = kwargs.get("messages")
-        if given(messages):
-            items = [(m.get("role", "user"), m.get("content")) for m in messages if isinstance(m, dict)]
-            rec.input_messages = input_messages(items)
-
-    @staticmethod
-    def delta_text(choice: Any) -> str | None:
-        return choice.delta.content
-
-    @staticmethod
-    def message_text(choice: Any) -> str | None:
-        return choice.message.content
-
-
-class TextCompletion(_Choices):
-    operation = "text_completion"
+    def attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return request_attributes(kwargs)
 
     @staticmethod
     def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
         prompt = kwargs.get("prompt")
         if isinstance(prompt, str):
-            rec.input_messages = input_messages([("user", prompt)])
-        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            rec.input_messages = input_messages([("user", p) for p in prompt])
+            prompt = [prompt]
+        if isinstance(prompt, (list, tuple)) and all(isinstance(p, str) for p in prompt):
+            rec.input_messages = messages.dumps([{"role": "user", "parts": [{"type": messages.TEXT, "content": p}]}
+                                                 for p in prompt])
 
     @staticmethod
-    def delta_text(choice: Any) -> str | None:
-        return choice.text
+    def chunk(rec: CallRecord, chunk: Any) -> int:
+        if rec.response_id is None:
+            rec.response_id = chunk.id
+            rec.response_model = chunk.model
+        usage = chunk.usage
+        if usage is not None:
+            rec.input_tokens = usage.prompt_tokens
+            rec.output_tokens = usage.completion_tokens
+        choices = chunk.choices
+        if not choices:
+            return NOT_A_CHUNK
+        n = 0
+        out = rec.output
+        for c in choices:
+            text = c.text
+            if text:
+                n += len(text)
+                rec.kinds |= TEXT
+                if out is not None:
+                    out.piece(c.index, messages.TEXT, text)
+            if c.finish_reason:
+                rec.finish_reasons.append(c.finish_reason)
+                if out is not None:
+                    out.finish(c.index, c.finish_reason)
+        return n
 
     @staticmethod
-    def message_text(choice: Any) -> str | None:
-        return choice.text
+    def response(rec: CallRecord, r: Any) -> None:
+        rec.response_id, rec.response_model = r.id, r.model
+        out = rec.output
+        for c in r.choices:
+            if c.finish_reason:
+                rec.finish_reasons.append(c.finish_reason)
+            if c.text:
+                rec.chars += len(c.text)
+                rec.kinds |= TEXT
+                if out is not None:
+                    out.piece(c.index, messages.TEXT, c.text)
+            if out is not None:
+                out.finish(c.index, c.finish_reason)
+        _usage(rec, r.usage, "prompt_tokens", "completion_tokens")
+
+
+# Responses stream: every ``*.delta`` event is an output chunk; its type says the kind of output.
+_DELTA_KINDS: dict[str, tuple[int, str]] = {
+    "response.output_text.delta": (TEXT, messages.TEXT),
+    "response.refusal.delta": (REFUSAL, messages.REFUSAL),
+    "response.function_call_arguments.delta": (TOOL_CALL, messages.TOOL_CALL),
+    "response.custom_tool_call_input.delta": (TOOL_CALL, messages.TOOL_CALL),
+    "response.mcp_call_arguments.delta": (TOOL_CALL, messages.TOOL_CALL),
+    "response.reasoning_text.delta": (REASONING, messages.REASONING),
+    "response.reasoning_summary_text.delta": (REASONING, messages.REASONING),
+}
+_FINAL = ("response.completed", "response.incomplete", "response.failed")
+# Responses' ``incomplete_details.reason`` in the chat API's finish-reason vocabulary
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
 class Responses:
-    operation = "chat"
-    _DONE = ("response.completed", "response.incomplete", "response.failed")
+    operation = sc.OPERATION_CHAT
+
+    @staticmethod
+    def attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return request_attributes(kwargs)
 
     @staticmethod
     def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
         value = kwargs.get("input")
         if isinstance(value, str):
-            rec.input_messages = input_messages([("user", value)])
-        elif isinstance(value, list):
-            rec.input_messages = input_messages([(m.get("role", "user"), m.get("content")) for m in value
-                                                 if isinstance(m, dict)])
+            rec.input_messages = messages.dumps([{"role": "user", "parts": [{"type": messages.TEXT,
+                                                                              "content": value}]}])
+        elif isinstance(value, (list, tuple)):
+            rec.input_messages = messages.dumps(messages.responses_input(value))
         instructions = kwargs.get("instructions")
         if isinstance(instructions, str):
             rec.system_instructions = json.dumps([{"type": "text", "content": instructions}], ensure_ascii=False)
@@ -147,35 +249,118 @@ class Responses:
     @staticmethod
     def chunk(rec: CallRecord, event: Any) -> int:
         kind = event.type
-        if kind == "response.output_text.delta":
-            text = event.delta
-            if text and rec.texts is not None:
-                rec.add_text(event.output_index, text)
-            return len(text) if text else 0
-        if kind in Responses._DONE or kind == "response.created":
+        found = _DELTA_KINDS.get(kind)
+        if found is not None or kind[-6:] == ".delta":
+            bit, part = found or (OTHER, "")
+            rec.kinds |= bit
+            delta = event.delta
+            out = rec.output
+            if out is not None and found is not None and isinstance(delta, str):
+                if bit == TOOL_CALL:
+                    out.tool_call(0, event.output_index, None, None, delta)
+                else:
+                    out.piece(0, part, delta)
+            return len(delta) if isinstance(delta, str) else 0
+        if kind in _FINAL or kind == "response.created":
             Responses._facts(rec, event.response, final=kind != "response.created")
-        return 0
+        elif kind == "response.output_item.added":
+            item = event.item
+            if rec.output is not None and item.type == "function_call":
+                rec.output.tool_call(0, event.output_index, item.call_id, item.name, None)
+        elif kind == "error":
+            rec.failure = str(getattr(event, "code", None) or "error")
+        return NOT_A_CHUNK
 
     @staticmethod
     def response(rec: CallRecord, r: Any) -> None:
         Responses._facts(rec, r, final=True)
-        text = r.output_text
-        if text:
-            rec.chars += len(text)
-            rec.add_text(0, text)
+        out = rec.output
+        for i, item in enumerate(r.output or ()):
+            kind = item.type
+            if kind == "message":
+                for part in item.content or ():
+                    text = getattr(part, "text", None) if part.type == "output_text" else getattr(part, "refusal", None)
+                    if text:
+                        bit = TEXT if part.type == "output_text" else REFUSAL
+                        rec.chars += len(text)
+                        rec.kinds |= bit
+                        if out is not None:
+                            out.piece(0, messages.TEXT if bit == TEXT else messages.REFUSAL, text)
+            elif kind == "function_call":
+                rec.kinds |= TOOL_CALL
+                rec.chars += len(item.arguments or "")  # as its stream counts: argument deltas
+                if out is not None:
+                    out.tool_call(0, i, item.call_id, item.name, item.arguments)
+            elif kind == "reasoning":
+                for summary in getattr(item, "summary", None) or ():
+                    text = getattr(summary, "text", None)
+                    if text:
+                        rec.chars += len(text)
+                        rec.kinds |= REASONING
+                        if out is not None:
+                            out.piece(0, messages.REASONING, text)
+            else:
+                rec.kinds |= OTHER
 
     @staticmethod
     def _facts(rec: CallRecord, r: Any, final: bool) -> None:
         rec.response_id, rec.response_model = r.id, r.model
-        if final:
+        if not final:
+            return
+        _usage(rec, r.usage, "input_tokens", "output_tokens")
+        status = r.status
+        if status == "completed":
+            calls = any(getattr(item, "type", None) == "function_call" for item in r.output or ())
+            reason = "tool_calls" if calls else "stop"
+        elif status == "incomplete":
             details = getattr(r, "incomplete_details", None)
-            reason = getattr(details, "reason", None) if details is not None else None
-            if r.status:
-                rec.finish_reasons.append(reason or r.status)
-            _usage(rec, r.usage, "input_tokens", "output_tokens")
+            raw = getattr(details, "reason", None) if details is not None else None
+            reason = _INCOMPLETE.get(raw, raw or "length")
+        elif status == "failed":
+            reason = "error"
+            error = getattr(r, "error", None)
+            rec.failure = str(getattr(error, "code", None) or "response.failed")
+        else:
+            reason = status
+        if reason:
+            rec.finish_reasons.append(reason)
+            if rec.output is not None:
+                rec.output.finish(0, reason)
 
 
-def _usage(rec: CallRecord, usage: Any, input_name: str, output_name: str) -> None:
-    if usage is not None:
-        rec.input_tokens = getattr(usage, input_name, None)
-        rec.output_tokens = getattr(usage, output_name, None)
+class Embeddings:
+    operation = sc.OPERATION_EMBEDDINGS
+
+    @staticmethod
+    def attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
+        a: dict[str, Any] = {}
+        fmt = kwargs.get("encoding_format")
+        if isinstance(fmt, str):
+            a[sc.REQUEST_ENCODING_FORMATS] = (fmt,)
+        dims = kwargs.get("dimensions")
+        if given(dims) and isinstance(dims, int):
+            a[sc.EMBEDDINGS_DIMENSION_COUNT] = dims
+        return a
+
+    @staticmethod
+    def capture_input(rec: CallRecord, kwargs: dict[str, Any]) -> None:
+        value = kwargs.get("input")
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            rec.input_messages = messages.dumps([{"role": "user", "parts": [{"type": messages.TEXT, "content": v}]}
+                                                 for v in value])
+
+    @staticmethod
+    def chunk(rec: CallRecord, chunk: Any) -> int:  # embeddings do not stream
+        return NOT_A_CHUNK
+
+    @staticmethod
+    def response(rec: CallRecord, r: Any) -> None:
+        rec.response_model = r.model
+        data = r.data
+        if data:
+            vector = data[0].embedding
+            if isinstance(vector, list):
+                rec.dimensions = len(vector)
+        _usage(rec, r.usage, "prompt_tokens", None)

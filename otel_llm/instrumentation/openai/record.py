@@ -18,24 +18,16 @@ from opentelemetry.trace import Span, Status, StatusCode
 from ...core import semconv as sc
 from ...core.guard import GUARD
 from ...core.client_metrics import ClientSummary
-from ...core.content import output_messages
+from .messages import Output, dumps
 
 if TYPE_CHECKING:
-    from .wrappers import ClientTelemetry
+    from .telemetry import ClientTelemetry
 
-# Ours: client-side attributes (README trace contract, client span)
-CHUNKS = "llm.client.chunks"
-TIME_PER_OUTPUT_CHUNK = "llm.client.time_per_output_chunk"
-TIME_PER_OUTPUT_TOKEN = "llm.client.time_per_output_token"
-CHUNK_GAP_MAX = "llm.client.chunk_gap.max"
-CHUNK_GAPS_OVER_SLO = "llm.client.chunk_gap.over_slo"
-DURATION = "llm.client.duration"
-OUTPUT_CHARACTERS = "llm.client.output_characters"
-CHARS_PER_SECOND = "llm.client.output.characters_per_second"
-STREAM_END = "llm.client.stream.end"  # complete | closed | abandoned | error
-SLO_MET = "llm.client.slo.met"
-SLO_BREACHED = "llm.client.slo.breached"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+# Output kinds, as bits on the hot path and names on the span (``llm.client.output.kinds``).
+TEXT, TOOL_CALL, REFUSAL, REASONING, OTHER = 1, 2, 4, 8, 16
+KIND_NAMES = ((TEXT, "text"), (TOOL_CALL, "tool_call"), (REFUSAL, "refusal"), (REASONING, "reasoning"),
+              (OTHER, "other"))
+NOT_A_CHUNK = -1  # what a chunk reader returns for a lifecycle event or the usage-only chunk
 
 COMPLETE, CLOSED, ABANDONED, ERROR = "complete", "closed", "abandoned", "error"
 
@@ -44,9 +36,10 @@ class CallRecord:
     """State of one call. Per chunk only ``chunk`` runs; everything else runs once."""
 
     __slots__ = ("owner", "span", "operation", "model", "stream", "server", "start", "start_wall_ns",
-                 "first", "last", "n", "max_gap", "over", "chars", "tpot_limit",
+                 "first", "first_content", "last", "n", "max_gap", "over", "chars", "kinds", "tpot_limit",
                  "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens",
-                 "texts", "input_messages", "system_instructions", "done", "__weakref__")
+                 "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
+                 "done", "__weakref__")
 
     def __init__(self, owner: "ClientTelemetry", span: Span, operation: str, model: str | None, stream: bool,
                  server: tuple[str | None, int | None], start_wall_ns: int, capture: bool) -> None:
@@ -58,12 +51,14 @@ class CallRecord:
         self.server = server
         self.start_wall_ns = start_wall_ns
         self.start = time.perf_counter()
-        self.first: float | None = None
+        self.first: float | None = None  # the first chunk (the conventions' time to first chunk)
+        self.first_content: float | None = None  # the first chunk with generated content
         self.last: float | None = None
         self.n = 0
         self.max_gap = 0.0
         self.over = 0
         self.chars = 0
+        self.kinds = 0
         limit = owner.metrics.tpot_limit(model)
         self.tpot_limit = limit if limit is not None else math.inf
         self.response_id: str | None = None
@@ -71,16 +66,20 @@ class CallRecord:
         self.finish_reasons: list[str] = []
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
-        self.texts: dict[int, list[str]] | None = {} if capture else None
+        self.output: Output | None = Output() if capture else None
+        self.read_output = False  # a response body or stream was read (output facts are known)
+        self.failure: str | None = None  # an in-band failure the client did not raise (Responses ``error``)
+        self.dimensions: int | None = None
         self.input_messages: str | None = None
         self.system_instructions: str | None = None
         self.done = False
 
     # -- hot path ------------------------------------------------------------------------------
 
-    def chunk(self, now: float, text_len: int) -> None:
-        """A chunk arrived at ``now``; only chunks that carry output text count for timing."""
-        if not text_len:
+    def chunk(self, now: float, chars: int) -> None:
+        """A chunk arrived at ``now`` carrying ``chars`` characters of generated content
+        (``NOT_A_CHUNK`` for lifecycle events and the usage-only chunk, which are not timed)."""
+        if chars < 0:
             return
         last = self.last
         if last is None:
@@ -93,13 +92,10 @@ class CallRecord:
                 self.over += 1
         self.last = now
         self.n += 1
-        self.chars += text_len
-
-    def add_text(self, index: int, text: str) -> None:
-        """Content capture only (``texts`` is ``None`` otherwise)."""
-        texts = self.texts
-        if texts is not None:
-            texts.setdefault(index, []).append(text)
+        if chars:
+            if not self.chars:
+                self.first_content = now
+            self.chars += chars
 
     # -- cold path -----------------------------------------------------------------------------
 
@@ -128,14 +124,17 @@ class CallRecord:
             self.owner = None  # type: ignore[assignment]  # drop the back-reference early
 
     def _finish(self, how: str, exc: BaseException | None, end: float) -> None:
+        # characters only when there were some: a call without text records no rate (not a rate of 0)
         s = ClientSummary(model=self.model, operation=self.operation, provider=self.owner.provider,
                           input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-                          output_characters=self.chars if self.chars or exc is None else None,
-                          e2e=end - self.start)
+                          output_characters=self.chars or None, e2e=end - self.start,
+                          ttft_required=self.stream)
         if self.finish_reasons:
             s.finish_reason = self.finish_reasons[0]
         if exc is not None:
             s.error_type = error_type(exc)
+        elif self.failure is not None:
+            s.error_type = self.failure
         if self.stream and self.first is not None:
             s.ttft = self.first - self.start
             if self.n > 1:
@@ -151,39 +150,47 @@ class CallRecord:
             span.set_attributes(self._attributes(s, how, good, breached))
             if exc is not None:
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:512]))
+            elif self.failure is not None:
+                span.set_status(Status(StatusCode.ERROR, f"in-band error: {self.failure}"[:512]))
         span.end(end_time=self.wall_ns(end))
 
     def _attributes(self, s: ClientSummary, how: str, good: bool, breached: tuple[str, ...]) -> dict[str, Any]:
-        a: dict[str, Any] = {DURATION: s.e2e, SLO_MET: good}
-        if s.output_characters is not None:
-            a[OUTPUT_CHARACTERS] = s.output_characters
+        a: dict[str, Any] = {sc.CLIENT_DURATION: s.e2e, sc.CLIENT_SLO_MET: good}
+        if self.read_output:
+            a[sc.CLIENT_OUTPUT_CHARACTERS] = self.chars
         if breached:
-            a[SLO_BREACHED] = breached
+            a[sc.CLIENT_SLO_BREACHED] = breached
         for key, value in ((sc.RESPONSE_ID, self.response_id), (sc.RESPONSE_MODEL, self.response_model),
                            (sc.USAGE_INPUT_TOKENS, self.input_tokens), (sc.USAGE_OUTPUT_TOKENS, self.output_tokens),
-                           (sc.ERROR_TYPE, s.error_type), (CHARS_PER_SECOND, s.output_characters_per_second)):
+                           (sc.ERROR_TYPE, s.error_type), (sc.CLIENT_CHARS_PER_SECOND, s.output_characters_per_second),
+                           (sc.EMBEDDINGS_DIMENSION_COUNT, self.dimensions)):
             if value is not None:
                 a[key] = value
         if self.finish_reasons:
             a[sc.RESPONSE_FINISH_REASONS] = tuple(self.finish_reasons)
+        if self.kinds:
+            a[sc.CLIENT_OUTPUT_KINDS] = tuple(name for bit, name in KIND_NAMES if self.kinds & bit)
         if self.stream:
-            a[STREAM_END] = how
-            a[CHUNKS] = self.n
+            a[sc.CLIENT_STREAM_END] = how
+            a[sc.CLIENT_CHUNKS] = self.n
             if s.ttft is not None:
                 a[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = s.ttft
+            if self.first_content is not None:
+                a[sc.CLIENT_TIME_TO_FIRST_CONTENT] = self.first_content - self.start
             if s.time_per_output_chunk is not None:
-                a[TIME_PER_OUTPUT_CHUNK] = s.time_per_output_chunk
-                a[CHUNK_GAP_MAX] = self.max_gap
+                a[sc.CLIENT_TIME_PER_OUTPUT_CHUNK] = s.time_per_output_chunk
+                a[sc.CLIENT_CHUNK_GAP_MAX] = self.max_gap
                 if self.tpot_limit != math.inf:
-                    a[CHUNK_GAPS_OVER_SLO] = self.over
+                    a[sc.CLIENT_CHUNK_GAPS_OVER_SLO] = self.over
             if s.tpot is not None:
-                a[TIME_PER_OUTPUT_TOKEN] = s.tpot
-        if self.texts is not None:  # content capture is on
+                a[sc.CLIENT_TIME_PER_OUTPUT_TOKEN] = s.tpot
+        if self.output is not None:  # content capture is on
             if self.input_messages is not None:
                 a[sc.INPUT_MESSAGES] = self.input_messages
             if self.system_instructions is not None:
-                a[SYSTEM_INSTRUCTIONS] = self.system_instructions
-            a[sc.OUTPUT_MESSAGES] = output_messages(self.texts, self.finish_reasons)
+                a[sc.SYSTEM_INSTRUCTIONS] = self.system_instructions
+            if self.read_output and self.operation != sc.OPERATION_EMBEDDINGS:
+                a[sc.OUTPUT_MESSAGES] = dumps(self.output.render(self.finish_reasons))
         return a
 
 

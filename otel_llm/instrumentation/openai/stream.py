@@ -31,6 +31,7 @@ def _end(rec: CallRecord, finalizer: weakref.finalize, how: str, exc: BaseExcept
 class _Base(wrapt.ObjectProxy):  # type: ignore[misc]
     def __init__(self, wrapped: Any, rec: CallRecord, reader: ChunkReader) -> None:
         super().__init__(wrapped)
+        rec.read_output = True  # the stream's chunks are the output: its facts are known when it ends
         self._self_rec = rec
         self._self_reader = reader
         self._self_finalizer = weakref.finalize(self, rec.abandon)

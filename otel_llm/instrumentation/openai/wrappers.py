@@ -8,38 +8,29 @@ exceptions pass through unchanged), guarded bookkeeping. Sync and async share ``
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import SpanKind
 
-from ...core.client_metrics import ClientMetrics
 from ...core import semconv as sc
-from ...core.config import Config
 from ...core.guard import GUARD
-from .ops import request_attributes
-from .record import ERROR, CallRecord
+from .raw import RawResponse
+from .record import COMPLETE, ERROR, CallRecord
 from .stream import AsyncStreamProxy, StreamProxy
+from .telemetry import PROVIDER, ClientTelemetry
 
-PROVIDER = "openai"
-
-
-class ClientTelemetry:
-    """The frozen state every wrapper closes over, built once at ``instrument()``."""
-
-    provider = PROVIDER
-
-    def __init__(self, config: Config, tracer: Tracer, metrics: ClientMetrics) -> None:
-        self.config = config
-        self.tracer = tracer
-        self.metrics = metrics
+__all__ = ["ClientTelemetry", "OpenAIWrappers", "with_trace_headers"]
 
 
 class OpenAIWrappers:
-    def __init__(self, telemetry: ClientTelemetry, stream_types: tuple[type, type]) -> None:
+    def __init__(self, telemetry: ClientTelemetry, stream_types: tuple[type, type],
+                 legacy_raw_type: type | None = None, raw_types: tuple[type, ...] = ()) -> None:
         self.t = telemetry
         self.stream_type, self.async_stream_type = stream_types
+        self.legacy_raw_type = legacy_raw_type  # ``with_raw_response``: the body is read, unless streamed
+        self.raw_types = raw_types  # ``with_streaming_response``: nothing read yet
 
     def sync(self, op: Any) -> Callable[..., Any]:
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -88,19 +79,14 @@ class OpenAIWrappers:
                 attrs[sc.SERVER_ADDRESS] = server[0]
             if server[1] is not None:
                 attrs[sc.SERVER_PORT] = server[1]
-            attrs.update(request_attributes(kwargs))
+            attrs.update(op.attributes(kwargs))
             start_ns = time.time_ns()
             span = t.tracer.start_span(f"{op.operation} {model}" if model else op.operation,
                                        kind=SpanKind.CLIENT, attributes=attrs, start_time=start_ns)
             ctx = trace.set_span_in_context(span)
-            headers: dict[str, str] = {}
-            propagate.inject(headers, context=ctx)
-            given = kwargs.get("extra_headers")
-            if headers:
-                # the caller's own headers win (an explicit traceparent is theirs to send)
-                kwargs = {**kwargs, "extra_headers": {**headers, **given} if isinstance(given, dict) else headers}
+            kwargs = with_trace_headers(kwargs, ctx, instance)
             rec = CallRecord(t, span, op.operation, model, stream, server, start_ns, t.config.capture_content)
-            if rec.texts is not None:
+            if rec.output is not None:
                 op.capture_input(rec, kwargs)
             token = otel_context.attach(ctx)
             rec.start = time.perf_counter()  # the clock starts as the request leaves
@@ -120,18 +106,61 @@ class OpenAIWrappers:
                 return StreamProxy(result, rec, op.chunk)
             if isinstance(result, self.async_stream_type):
                 return AsyncStreamProxy(result, rec, op.chunk)
-            if hasattr(result, "choices") or hasattr(result, "output"):
+            legacy = self.legacy_raw_type
+            if legacy is not None and isinstance(result, legacy) and not rec.stream:
+                # the body is already read: its facts now (openai caches the parse for the caller)
+                op.response(rec, result.parse())
+                rec.read_output = True
+            elif (legacy is not None and isinstance(result, legacy)) or isinstance(result, self.raw_types):
+                return RawResponse(result, rec, op, (self.stream_type, self.async_stream_type))
+            elif hasattr(result, "model_dump"):
                 op.response(rec, result)
-            # else: a raw response (``with_raw_response``): the span covers the call, without its body
+                rec.read_output = True
         except Exception as exc:
             GUARD.failed(f"openai {op.operation} (after)", exc)
-        rec.finish("complete")
+        rec.finish(COMPLETE)
         return result
 
     def _server(self, instance: Any) -> tuple[str | None, int | None]:
         url = instance._client.base_url
         port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
         return (url.host or None, port)
+
+
+# W3C Trace Context: a caller who sends its own ``traceparent`` owns the pair.
+TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate")
+
+
+def with_trace_headers(kwargs: dict, ctx: Any, instance: Any) -> dict:
+    """``kwargs`` with our propagator's headers added to ``extra_headers``; nothing else changes.
+
+    The caller's ``extra_headers`` (any ``Mapping``: ``dict``, ``httpx.Headers``, ``MappingProxyType``,
+    with ``Omit`` values) are kept as they are, in a new ``dict`` (the caller's object is never
+    mutated). A header the caller already sets, in ``extra_headers`` or in the client's
+    ``default_headers`` (names compared case-insensitively, an ``Omit`` value included), is not
+    added; a caller's own ``traceparent`` also keeps our ``tracestate`` out. A value that is not a
+    ``Mapping`` is left alone and nothing is injected (openai would reject or misread a merge).
+    """
+    ours: dict[str, str] = {}
+    propagate.inject(ours, context=ctx)
+    if not ours:
+        return kwargs
+    given = kwargs.get("extra_headers")
+    if given is not None and not isinstance(given, Mapping):
+        return kwargs
+    taken = {str(k).lower() for k in given} if given else set()
+    client = getattr(instance, "_client", None)
+    defaults = getattr(client, "default_headers", None) if client is not None else None
+    if isinstance(defaults, Mapping):
+        taken.update(str(k).lower() for k in defaults)
+    if TRACE_CONTEXT_HEADERS[0] in taken:
+        taken.update(TRACE_CONTEXT_HEADERS)
+    add = {k: v for k, v in ours.items() if k.lower() not in taken}
+    if not add:
+        return kwargs
+    merged: dict[str, Any] = dict(given.items()) if given else {}
+    merged.update(add)
+    return {**kwargs, "extra_headers": merged}
 
 
 def _detach(token: object) -> None:

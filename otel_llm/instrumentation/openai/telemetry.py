@@ -1,0 +1,20 @@
+"""The frozen state every wrapper closes over, built once at ``instrument()`` (its own module so that
+``record``, ``stream`` and ``wrappers`` all import it and none imports another in a circle)."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import Tracer
+
+from ...core.client_metrics import ClientMetrics
+from ...core.config import Config
+
+PROVIDER = "openai"
+
+
+class ClientTelemetry:
+    provider = PROVIDER
+
+    def __init__(self, config: Config, tracer: Tracer, metrics: ClientMetrics) -> None:
+        self.config = config
+        self.tracer = tracer
+        self.metrics = metrics
