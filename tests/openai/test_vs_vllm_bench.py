@@ -6,21 +6,20 @@ arrivals at 3 requests/s, streamed from ``/v1/completions`` with usage, as
 run at the same time against the one server (each at the rate above), so both see the same
 server and machine conditions; only the clients differ.
 
-What differs by definition, and why the 5% p50 agreement is not asserted on this machine:
-- vLLM's benchmark stamps TTFT at the first SSE chunk that has ``choices``, even when its text
-  is empty; we stamp the first chunk that carries text (what a user sees). With the tiny
-  model's byte-level tokenizer a token can decode to an incomplete UTF-8 sequence and an empty
-  chunk, so our TTFT is later by about one decode step for those requests.
-- TPOT is the same formula on both sides, (end - TTFT) / (output tokens - 1); it inherits the
-  TTFT difference with the opposite sign, spread over 31 tokens. The benchmark's end is the last
-  chunk with choices, ours the end of the stream (the usage chunk and ``[DONE]``, well under 1 ms).
-- The two clients are different programs (aiohttp vs the openai client on httpx2) in two processes
-  on 2 shared cores, with another engineer's vLLM engine running: two runs of the *same* client
-  differ by more than 5% at p50 here, so a 5% bound would test the machine, not the measurement.
+The definitions are the same on both sides (issue 14): time to first chunk is stamped at the first
+SSE chunk that has ``choices``, even when its text is empty (with the tiny model's byte-level
+tokenizer a token can decode to an incomplete UTF-8 sequence and an empty chunk); the first chunk
+with text is our own ``llm.client.time_to_first_content``. TPOT is the same formula on both sides,
+(end - TTFT) / (output tokens - 1). The benchmark's end is the last chunk with choices, ours the end
+of the stream (the usage chunk and ``[DONE]``, well under 1 ms). Why the 5% p50 agreement is not
+asserted on this machine: the two clients are different programs (aiohttp vs the openai client on
+httpx2) in two processes on 2 shared cores, with another engineer's vLLM engine running: two runs of
+the *same* client differ by more than 5% at p50 here, so a 5% bound would test the machine, not the
+measurement.
 Asserted, in two parts that separate the measurement from the machine:
 1. Our span attributes equal what the calling code itself measures around the same calls (its own
-   perf_counter stamps at the first text chunk and the end): p50 TTFT and TPOT within 1 ms / 2%.
-   This is the instrumentation's job, and it holds whatever the load.
+   perf_counter stamps at the first chunk with choices, the first text and the end): p50 TTFT, first
+   text and TPOT within 1 ms / 2%. This is the instrumentation's job, and it holds whatever the load.
 2. Against ``vllm bench serve`` on the same load, p50 TTFT and TPOT are within a factor of 4 (a
    wrong clock, unit or definition shows up as a larger factor; the machine's noise does not). The
    table (ours, the same client's own stamps by both TTFT definitions, vLLM's) is printed; measured
@@ -131,25 +130,27 @@ def test_client_percentiles_agree_with_vllm_bench(client: Any, server: VLLMServe
     assert len(spans) == N and bench["completed"] == N
     assert all(s.attributes["gen_ai.usage.output_tokens"] == OUTPUT_LEN for s in spans)
     ttft = [s.attributes["gen_ai.response.time_to_first_chunk"] * 1e3 for s in spans]
+    first_text = [s.attributes["llm.client.time_to_first_content"] * 1e3 for s in spans]
     tpot = [s.attributes["llm.client.time_per_output_token"] * 1e3 for s in spans]
     own_text = [t * 1e3 for _, t, _ in stamps]
     own_any = [a * 1e3 for a, _, _ in stamps]
-    own_tpot = [(e - t) / (OUTPUT_LEN - 1) * 1e3 for _, t, e in stamps]
     own_tpot_any = [(e - a) / (OUTPUT_LEN - 1) * 1e3 for a, _, e in stamps]
     rows = [
-        ("TTFT p50", pct(ttft, 0.5), pct(own_text, 0.5), pct(own_any, 0.5), bench["median_ttft_ms"]),
-        ("TTFT p99", pct(ttft, 0.99), pct(own_text, 0.99), pct(own_any, 0.99), bench["p99_ttft_ms"]),
-        ("TPOT p50", pct(tpot, 0.5), pct(own_tpot, 0.5), pct(own_tpot_any, 0.5), bench["median_tpot_ms"]),
-        ("TPOT p99", pct(tpot, 0.99), pct(own_tpot, 0.99), pct(own_tpot_any, 0.99), bench["p99_tpot_ms"]),
+        ("TTFT p50", pct(ttft, 0.5), pct(own_any, 0.5), bench["median_ttft_ms"]),
+        ("TTFT p99", pct(ttft, 0.99), pct(own_any, 0.99), bench["p99_ttft_ms"]),
+        ("TPOT p50", pct(tpot, 0.5), pct(own_tpot_any, 0.5), bench["median_tpot_ms"]),
+        ("TPOT p99", pct(tpot, 0.99), pct(own_tpot_any, 0.99), bench["p99_tpot_ms"]),
     ]
-    print("\n(ms)      our spans  same client, first text  same client, first chunk  vllm bench  spans/bench")
-    for name, ours, text, any_, theirs in rows:
-        print(f"{name}  {ours:9.2f}  {text:23.2f}  {any_:24.2f}  {theirs:10.2f}  {ours / theirs:11.2f}")
+    print("\n(ms)            our spans  same client's stamps  vllm bench  spans/bench")
+    for name, ours, own, theirs in rows:
+        print(f"{name:14s}  {ours:9.2f}  {own:20.2f}  {theirs:10.2f}  {ours / theirs:11.2f}")
+    print(f"first text p50  {pct(first_text, 0.5):9.2f}  {pct(own_text, 0.5):20.2f}  (ours only: "
+          f"llm.client.time_to_first_content)")
     print("vllm bench: " + ", ".join(f"{k}={bench[k]:.2f}" for k in (
         "completed", "total_output_tokens", "median_itl_ms", "median_e2el_ms") if k in bench))
     # 1. Our spans measure what the calling code itself sees, to well under a millisecond at p50.
-    for name, ours, text, _, _ in rows[0], rows[2]:
-        assert abs(ours - text) <= max(1.0, 0.02 * text), (name, ours, text)
+    for name, ours, own, _ in rows[0], rows[2], ("first text p50", pct(first_text, 0.5), pct(own_text, 0.5), 0):
+        assert abs(ours - own) <= max(1.0, 0.02 * own), (name, ours, own)
     # 2. Against vLLM's client: the same order of magnitude (see the module docstring for why not 5%).
-    for name, ours, _, _, theirs in rows[0], rows[2]:
+    for name, ours, _, theirs in rows[0], rows[2]:
         assert 0.25 <= ours / theirs <= 4.0, (name, ours, theirs)

@@ -12,11 +12,11 @@ from typing import Any, Mapping
 
 from ...core import semconv as sc
 
-OVERHEAD_TTFT = "llm.client.overhead.time_to_first_chunk"
+OVERHEAD_TTFT = sc.CLIENT_OVERHEAD_TTFC
 
 
 def ttft_overhead(client: Mapping[str, Any], server: Mapping[str, Any]) -> float | None:
-    """Client time to first content chunk minus the server's time to first token, in seconds:
+    """Client time to first chunk minus the server's time to first token, in seconds:
     HTTP, the frontend's request handling and detokenization, and the SSE hop back."""
     ttfc = client.get(sc.RESPONSE_TIME_TO_FIRST_CHUNK)
     ttft = server.get(sc.LATENCY_TTFT)
