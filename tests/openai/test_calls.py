@@ -86,7 +86,7 @@ def test_non_streaming(client: Any, server: VLLMServer, mode: str, api: str) -> 
     expected = (usage.prompt_tokens, usage.completion_tokens) if api != "responses" else (
         usage.input_tokens, usage.output_tokens)
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == expected
-    assert a["gen_ai.response.finish_reasons"] in (("length",), ("max_output_tokens",), ("stop",), ("completed",))
+    assert a["gen_ai.response.finish_reasons"] in (("length",), ("stop",))  # Responses' too: not its status
     assert a["llm.client.output_characters"] == len(text)
     assert "gen_ai.response.time_to_first_chunk" not in a and "llm.client.stream.end" not in a
     assert "gen_ai.input.messages" not in a and "gen_ai.output.messages" not in a  # capture is off
@@ -109,6 +109,7 @@ def test_streaming(client: Any, server: VLLMServer, mode: str, api: str) -> None
         ttfc, duration = a["gen_ai.response.time_to_first_chunk"], a["llm.client.duration"]
         assert 0 < ttfc <= duration <= (span.end_time - span.start_time) / 1e9 + 1e-6
         assert a["llm.client.chunks"] >= 1
+        assert ttfc <= a["llm.client.time_to_first_content"] <= duration
         if a["llm.client.chunks"] > 1:
             assert 0 < a["llm.client.time_per_output_chunk"] <= a["llm.client.chunk_gap.max"]
             # every gap is over the 1 ms TPOT SLO on this CPU, and there are chunks - 1 gaps
@@ -224,4 +225,5 @@ def test_content_capture(client: Any, server: VLLMServer, stream: bool) -> None:
     assert json.loads(a["gen_ai.input.messages"]) == [
         {"role": "user", "parts": [{"type": "text", "content": MESSAGES[0]["content"]}]}]
     out = json.loads(a["gen_ai.output.messages"])
-    assert out == [{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": "length"}]
+    parts = [{"type": "text", "content": text}] if text else []  # random weights: the text can be empty
+    assert out == [{"role": "assistant", "parts": parts, "finish_reason": "length"}]

@@ -79,7 +79,7 @@ class Chat:
         choices = chunk.choices
         if not choices:
             return NOT_A_CHUNK
-        n = 0
+        n = kinds = 0
         out = rec.output
         for c in choices:
             d = c.delta
@@ -87,12 +87,12 @@ class Chat:
                 text = d.content
                 if text:
                     n += len(text)
-                    rec.kinds |= TEXT
+                    kinds |= TEXT
                     if out is not None:
                         out.piece(c.index, messages.TEXT, text)
                 calls = d.tool_calls
                 if calls:
-                    rec.kinds |= TOOL_CALL
+                    kinds |= TOOL_CALL
                     for t in calls:
                         fn = t.function
                         name = args = None
@@ -104,7 +104,7 @@ class Chat:
                 refusal = d.refusal
                 if refusal:
                     n += len(refusal)
-                    rec.kinds |= REFUSAL
+                    kinds |= REFUSAL
                     if out is not None:
                         out.piece(c.index, messages.REFUSAL, refusal)
                 extra = d.__pydantic_extra__  # vLLM's reasoning fields ride as extras
@@ -112,13 +112,16 @@ class Chat:
                     reasoning = extra.get("reasoning_content") or extra.get("reasoning")
                     if isinstance(reasoning, str) and reasoning:
                         n += len(reasoning)
-                        rec.kinds |= REASONING
+                        kinds |= REASONING
                         if out is not None:
                             out.piece(c.index, messages.REASONING, reasoning)
-            if c.finish_reason:
-                rec.finish_reasons.append(c.finish_reason)
+            reason = c.finish_reason
+            if reason:
+                rec.finish_reasons.append(reason)
                 if out is not None:
-                    out.finish(c.index, c.finish_reason)
+                    out.finish(c.index, reason)
+        if kinds:
+            rec.kinds |= kinds
         return n
 
     @staticmethod
