@@ -331,3 +331,32 @@ def test_captured_n3_stream_keeps_choices_apart(client: Any, replay: ReplayServe
             texts[c["index"]] += c["delta"].get("content") or ""
     assert [m["parts"] for m in out] == [[{"type": "text", "content": texts[i]}] for i in range(3)]
     assert [m["finish_reason"] for m in out] == ["stop"] * 3
+
+
+@pytest.mark.parametrize("how", ["dropped", "closed"])
+def test_raw_stream_never_parsed(client: Any, replay: ReplayServer, how: str) -> None:
+    """A streamed raw response the caller drops or closes unread: one span, abandoned or closed, no chunk."""
+    rec = load("chat_text_stream")
+    c = openai.OpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+    if how == "closed":
+        with c.chat.completions.with_streaming_response.create(**rec.request) as response:
+            assert response.status_code == 200
+    else:
+        raw = c.chat.completions.with_raw_response.create(**rec.request)
+        assert raw.status_code == 200
+        del raw
+    span = one_span(client)
+    a = span.attributes
+    assert a["llm.client.stream.end"] == {"dropped": "abandoned", "closed": "closed"}[how]
+    assert a["llm.client.chunks"] == 0 and a["llm.client.slo.met"] is False
+
+
+def test_raw_parse_twice_is_one_stream(client: Any, replay: ReplayServer) -> None:
+    rec = load("chat_text_stream")
+    c = openai.OpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+    raw = c.chat.completions.with_raw_response.create(**rec.request)
+    stream = raw.parse()
+    assert raw.parse() is stream
+    assert len(list(stream)) == len(rec.payloads())
+    a = one_span(client).attributes
+    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == expected(rec)["chunks"]
