@@ -125,10 +125,17 @@ class ReplayServer:
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):  # the client walked away (abandoned stream)
+                except ConnectionError:  # the client walked away (an abandoned or closed stream)
                     self.close_connection = True
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                import sys
+                if isinstance(sys.exc_info()[1], ConnectionError):
+                    return  # a client that closed its stream early, while the handler finished up
+                super().handle_error(request, client_address)
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

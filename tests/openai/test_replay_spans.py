@@ -70,6 +70,8 @@ def failure_of(rec: Recording) -> str | None:
         return "APIConnectionError"
     if rec.name == "responses_failed_stream":
         return "APIError"  # its ``error`` event carries an ``error`` object: openai raises on it
+    if rec.name == "responses_error_event_stream":
+        return "ERR_SOMETHING"  # an ``error`` event without an ``error`` object: yielded, not raised
     if rec.name == "responses_failed_event_stream":
         return "rate_limit_exceeded"  # ``response.failed``: openai yields it, raises nothing; the span says it
     return None
