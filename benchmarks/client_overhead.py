@@ -130,6 +130,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20)
     args = p.parse_args()
 
+    load_at_start = __import__("os").getloadavg()[0]  # a loaded machine inflates every number here
     tp = TracerProvider()
     exporter = DropExporter()
     tp.add_span_processor(BatchSpanProcessor(exporter))
@@ -171,7 +172,8 @@ def main() -> None:
     hot_us = hot["overhead_ns_per_chunk"] / 1e3
     result = {
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
-                    "note": "2 shared cores; another vLLM engine may be running"},
+                    "note": "2 shared cores; another vLLM engine may be running",
+                    "load_average_1m_at_start_and_end": [load_at_start, __import__("os").getloadavg()[0]]},
         "load": vars(args), "hot_path": hot, "end_to_end": summary, "spans_exported": exporter.count,
         "targets": {"hot_path_us_per_chunk": hot_us, "under_2us_per_chunk": hot_us < 2.0,
                     "share_of_e2e_at_100_chunks_per_s": hot_us * 100 / 1e6,
