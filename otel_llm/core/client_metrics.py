@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
 from . import semconv as sc
-from .metrics import DURATION_BUCKETS, RATE_BUCKETS, HistogramSpec, MetricSet, RequestMetrics
+from .metrics import DURATION_BUCKETS, RATE_BUCKETS, HistogramSpec, MetricSet, RequestMetrics, _if_succeeded
 from .slo import SLOTable
 from .summary import RequestSummary
 
@@ -45,11 +45,11 @@ CLIENT_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     HistogramSpec(sc.METRIC_CLIENT_DURATION, "s", DURATION_BUCKETS,
                   "Duration of the client's generation call, to the last chunk for streams", lambda s: s.e2e),
     HistogramSpec(sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", DURATION_BUCKETS,
-                  "Time from issuing the request to the first chunk of the response (streaming calls only)",
-                  lambda s: s.ttft),
+                  "Time from issuing the request to the first chunk of the response (successful streaming calls)",
+                  _if_succeeded("ttft")),
     HistogramSpec(sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, "s", DURATION_BUCKETS,
-                  "Mean time between chunks after the first, per streamed call",
-                  lambda s: s.time_per_output_chunk),
+                  "Mean time between chunks after the first, per successful streamed call",
+                  _if_succeeded("time_per_output_chunk")),
     HistogramSpec(sc.CLIENT_CHARS_PER_SECOND, "{character}/s", RATE_BUCKETS,
                   "Output characters over the call's duration (tokenizer-independent)",
                   lambda s: s.output_characters_per_second),
