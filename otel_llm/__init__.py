@@ -22,6 +22,7 @@ __all__ = ["instrument", "uninstrument", "instrumented", "flush", "stats", "SLO"
 # import package -> "module:Instrumentor"; checked in this order
 _INSTRUMENTORS: dict[str, str] = {
     "vllm": "otel_llm.instrumentation.vllm:VLLMInstrumentor",
+    "tensorrt_llm": "otel_llm.instrumentation.tensorrt_llm:TensorRTLLMInstrumentor",
     "openai": "otel_llm.instrumentation.openai:OpenAIInstrumentor",
 }
 

@@ -116,6 +116,30 @@ STEP_NUM_WAITING = "llm.engine.step.waiting"
 STEP_NUM_PREEMPTED = "llm.engine.step.preempted"
 STEP_KV_CACHE_USAGE = "llm.engine.step.kv_cache_usage"
 
+# gen_ai.provider.name values we set. The GenAI registry (semantic-conventions-genai,
+# docs/registry/attributes/gen-ai.md) lists no value for vLLM or TensorRT-LLM; it allows a custom
+# value then, and we use each engine's Python import name (see the README, "TensorRT-LLM").
+PROVIDER_VLLM = "vllm"
+PROVIDER_TENSORRT_LLM = "tensorrt_llm"
+
+# Ours: request facts only TensorRT-LLM reports (its RequestPerfMetrics), on the request span
+KV_CACHE_REUSED_BLOCKS = "llm.request.kv_cache.reused_blocks"
+KV_CACHE_MISSED_BLOCKS = "llm.request.kv_cache.missed_blocks"
+KV_CACHE_ALLOCATED_BLOCKS = "llm.request.kv_cache.allocated_blocks"
+KV_CACHE_HIT_RATE = "llm.request.kv_cache.hit_rate"
+SPEC_DRAFT_TOKENS = "llm.request.spec_decode.draft_tokens"
+SPEC_ACCEPTED_TOKENS = "llm.request.spec_decode.accepted_tokens"
+SPEC_ACCEPTANCE_RATE = "llm.request.spec_decode.acceptance_rate"
+FIRST_ITER = "llm.request.first_iteration"
+LAST_ITER = "llm.request.last_iteration"
+
+# Ours: engine-step attributes only TensorRT-LLM's iteration stats carry (same meaning as vLLM's
+# where the names above are shared)
+STEP_LATENCY = "llm.engine.step.latency"
+STEP_GPU_MEMORY = "llm.engine.step.gpu_memory_usage"
+STEP_KV_BLOCKS_USED = "llm.engine.step.kv_cache_blocks_used"
+STEP_KV_BLOCKS_MAX = "llm.engine.step.kv_cache_blocks_max"
+
 # vLLM's own native ``llm_request`` span (read by the collector)
 VLLM_TTFT = "gen_ai.latency.time_to_first_token"
 VLLM_E2E = "gen_ai.latency.e2e"
@@ -125,3 +149,10 @@ VLLM_DECODE = "gen_ai.latency.time_in_model_decode"
 VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 VLLM_RESPONSE_MODEL = "gen_ai.response.model"
+
+# TensorRT-LLM's own native ``llm_request`` span: the names vLLM's span shares (TTFT, e2e, queue,
+# usage) are the VLLM_* ones above; these are TensorRT-LLM's only (tensorrt_llm/llmapi/tracing.py
+# ``SpanAttributes`` at NVIDIA/TensorRT-LLM 5f158410)
+TRTLLM_REQUEST_ID = "gen_ai.request.id"
+TRTLLM_REQUEST_N = "gen_ai.request.n"
+TRTLLM_REQUEST_TOP_K = "gen_ai.request.top_k"

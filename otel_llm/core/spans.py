@@ -287,6 +287,8 @@ class SpanBuilder:
         }
         if step.kv_cache_usage is not None:
             attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
+        if step.attributes:  # an engine's own numbers win over what the shares above approximate
+            attrs.update(step.attributes)
         self.wire_export()
         links = [trace.Link(c) for c in step.links]
         span = self._tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,

@@ -108,6 +108,8 @@ class StepRecord:
     waiting: int = 0
     preempted: int = 0
     kv_cache_usage: float | None = None
+    # engine-specific facts for the span (e.g. TensorRT-LLM's iteration latency), set once at record time
+    attributes: dict[str, Any] | None = None
     # settlement: requests still running, and the kept request spans to link to
     pending: int = 0
     links: list[SpanContext] = field(default_factory=list)

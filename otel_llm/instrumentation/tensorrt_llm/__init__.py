@@ -1,0 +1,139 @@
+"""OpenTelemetry instrumentation for TensorRT-LLM's LLM API (both engine flavours) and ``trtllm-serve``.
+
+Built from TensorRT-LLM's public source at one commit (``contract.PINNED_COMMIT``) and never run
+against a live engine (it needs CUDA and NVIDIA's package index, neither of which the machines it
+was written on have): before wrapping, the installed package's signatures are compared with that
+source, and on any difference nothing is wrapped (logged once, counted). Registered under the
+``opentelemetry_instrumentor`` entry point as ``tensorrt_llm``.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Collection
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from ...core.config import Config
+from ...core.guard import GUARD
+from ...core.pipeline import Telemetry
+from ...core.providers import meter_provider_from, tracer_provider_from
+from ...version import __version__
+from ..wraps import Target, WrapTable
+from . import contract
+from .contract import LLM_MODULE, RESULT_MODULE, SERVER_MODULE
+from .iterations import IterationLedger
+from .wrappers import TRTLLMWrappers
+
+__all__ = ["TensorRTLLMInstrumentor"]
+
+_DISTRIBUTIONS = ("tensorrt_llm", "tensorrt-llm")
+
+
+def installed_distribution() -> str | None:
+    for name in _DISTRIBUTIONS:
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+class TRTLLMTelemetry(Telemetry):
+    """The core pipeline, plus the ledger that holds finished requests until their iterations arrive:
+    ``flush`` and ``close`` release what it holds first."""
+
+    ledger: IterationLedger
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        try:
+            self.ledger.flush()
+        except Exception as exc:
+            GUARD.failed("tensorrt_llm iteration ledger", exc)
+        return super().flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        try:
+            self.ledger.flush()
+        except Exception as exc:
+            GUARD.failed("tensorrt_llm iteration ledger", exc)
+        super().close(timeout)
+
+    def stats(self) -> dict[str, int]:
+        out = super().stats()
+        out["iterations_dropped"] = self.ledger.dropped_iterations
+        out["requests_released_early"] = self.ledger.released_early
+        out["requests_waiting_for_iterations"] = len(self.ledger.waiting)
+        return out
+
+
+class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    telemetry: TRTLLMTelemetry | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # The signature contract (contract.py) is the real gate; a version range would only guess.
+        # A source checkout on sys.path has no distribution to name: nothing to check then.
+        name = installed_distribution()
+        return (f"{name} >= 1.0.0rc0",) if name else ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        meter_provider = kwargs.pop("meter_provider", None)
+        config = kwargs.pop("config", None) or Config.resolve(kwargs)
+        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.tensorrt_llm", __version__)
+        meter = meter_provider_from(meter_provider).get_meter("otel_llm.tensorrt_llm", __version__)
+        self.telemetry = telemetry = TRTLLMTelemetry(config, tracer, meter, engine="tensorrt_llm")
+        telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
+                                           max_waiting=config.max_requests)
+        w = TRTLLMWrappers(telemetry, telemetry.ledger)
+        self._engine_table = WrapTable([
+            Target(LLM_MODULE, "BaseLLM.generate_async", w.generate_async),
+            Target(LLM_MODULE, "BaseLLM._prepare_sampling_params", w.prepare_sampling_params),
+            Target(LLM_MODULE, "BaseLLM.get_stats", w.get_stats),
+            Target(RESULT_MODULE, "DetokenizedGenerationResultBase._handle_response", w.handle_response),
+            Target(RESULT_MODULE, "GenerationResultBase.record_stats", w.record_stats),
+            Target(RESULT_MODULE, "GenerationResult.abort", w.abort),
+            Target(RESULT_MODULE, "IterationResult.__anext__", w.iteration_anext),
+        ])
+        self._server_table = WrapTable([
+            Target(SERVER_MODULE, "OpenAIServer.openai_chat", w.serving("chat")),
+            Target(SERVER_MODULE, "OpenAIServer.chat_harmony", w.serving("chat")),
+            Target(SERVER_MODULE, "OpenAIServer.openai_completion", w.serving("text_completion")),
+            Target(SERVER_MODULE, "OpenAIServer.openai_responses", w.serving("chat")),
+        ])
+        # Checked and wrapped once llm.py is imported (it imports executor/result.py first); the server
+        # module on its own import. Nothing of TensorRT-LLM is imported by instrumenting.
+        self.refused: dict[str, list[str]] = {}
+        wrapt.register_post_import_hook(lambda _m: self._arm(telemetry, server=False), LLM_MODULE)
+        wrapt.register_post_import_hook(lambda _m: self._arm(telemetry, server=True), SERVER_MODULE)
+
+    def _arm(self, telemetry: TRTLLMTelemetry, server: bool) -> None:
+        if self.telemetry is not telemetry:  # uninstrumented (or instrumented again) since
+            return
+        part, table = ("trtllm-serve", self._server_table) if server else ("the LLM API", self._engine_table)
+        try:
+            if not server:  # the modules llm.py reads from, imported by it already: make sure
+                import importlib
+
+                for name in (RESULT_MODULE, contract.METRICS_MODULE, contract.SAMPLING_MODULE):
+                    importlib.import_module(name)
+            differences = contract.check(server=server)
+        except Exception as exc:
+            differences = [f"the check itself failed: {exc!r}"]
+        if differences:
+            self.refused[part] = differences
+            contract.refuse(part, differences)
+            return
+        table.wrap()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._engine_table.unwrap()
+        self._server_table.unwrap()
+        if self.telemetry is not None:
+            try:
+                self.telemetry.close()
+            except Exception as exc:
+                GUARD.failed("tensorrt_llm uninstrument", exc)
+        self.telemetry = None

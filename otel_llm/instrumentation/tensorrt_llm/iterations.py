@@ -1,0 +1,251 @@
+"""TensorRT-LLM's iteration stats -> the core's engine steps, linked to the requests they served.
+
+Iteration stats reach the caller process only when someone pulls them (``LLM.get_stats`` /
+``get_stats_async``, which trtllm-serve's ``/metrics`` calls): pulling drains TensorRT-LLM's
+queue, so we never pull, we read what the user or the server pulls. Each dict is the C++
+``IterationStats`` JSON (keys as tests/bindings/test_executor_bindings.py asserts them:
+``iter``, ``iterLatencyMS``, ``timestamp``, ``numActiveRequests``, ``numQueuedRequests``,
+``gpuMemUsage``, ``kvCacheStats``, ``inflightBatchingStats``); the PyTorch backend stamps
+``timestamp`` with local wall time (``%m-%d-%Y %H:%M:%S.%f``) when it starts the iteration.
+
+The stats name no requests (``requestStats`` carries the engine's internal ids, not the LLM API's).
+What ties an iteration to a request is the request's own ``RequestPerfMetrics.first_iter`` /
+``last_iter``, known when the request finishes. So the ledger holds a finished request back
+(its spans not built yet) until the stats of its last iteration have arrived and every iteration
+it spans has all its scheduled requests accounted for, then hands the complete steps to the core
+(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``). A request waits at most
+``wait_s`` (then it finishes with the steps known by then); before any stats were seen, nothing
+waits. Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests are held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+from ...core import semconv as sc
+from ...core.summary import RequestSummary
+from ...core.timeline import RequestTimeline, StepRecord
+
+_TIMESTAMP_FORMATS = ("%m-%d-%Y %H:%M:%S.%f", "%m-%d-%Y %H:%M:%S")
+
+
+def _num(d: Mapping[str, Any] | None, key: str) -> Any:
+    v = d.get(key) if d else None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _start_wall(stats: Mapping[str, Any]) -> float | None:
+    raw = stats.get("timestamp")
+    if not isinstance(raw, str):
+        return None
+    for fmt in _TIMESTAMP_FORMATS:
+        try:
+            return datetime.strptime(raw, fmt).timestamp()  # naive: local time, as the engine wrote it
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass(slots=True)
+class Iteration:
+    """One iteration as its stats describe it, waiting for the requests it served."""
+
+    step: StepRecord
+    scheduled: int  # requests the engine scheduled in it: the shares we wait for
+    context_requests: int
+    context_tokens: int
+    members: list[tuple[str, int, bool]] = field(default_factory=list)
+
+
+def iteration_from_stats(stats: Mapping[str, Any], now_mono: float, now_wall: float) -> Iteration | None:
+    """One stats dict -> an ``Iteration`` (``None`` if it has no ``iter``)."""
+    it = stats.get("iter")
+    if not isinstance(it, int) or isinstance(it, bool):
+        return None
+    latency_ms = _num(stats, "iterLatencyMS")
+    latency = latency_ms / 1000.0 if latency_ms and latency_ms > 0 else 0.0
+    wall = _start_wall(stats)
+    if wall is not None:
+        start = wall - (now_wall - now_mono)
+    else:  # no usable stamp: it ended no later than when we saw it
+        start = now_mono - latency
+    ifb = stats.get("inflightBatchingStats") or {}
+    kv = stats.get("kvCacheStats") or {}
+    ctx_reqs = int(_num(ifb, "numContextRequests") or 0)
+    gen_reqs = int(_num(ifb, "numGenRequests") or 0)
+    ctx_tokens = int(_num(ifb, "numCtxTokens") or 0)
+    scheduled = _num(ifb, "numScheduledRequests")
+    scheduled = int(scheduled) if scheduled is not None else ctx_reqs + gen_reqs
+    avg_decoded = _num(ifb, "avgNumDecodedTokensPerIter")
+    used, total = _num(kv, "usedNumBlocks"), _num(kv, "maxNumBlocks")
+    attrs: dict[str, Any] = {
+        sc.STEP_LATENCY: latency,
+        # the engine's own batch composition (the shares we attach only serve to link requests)
+        sc.STEP_NUM_PREFILL_REQS: ctx_reqs,
+        sc.STEP_NUM_PREFILL_TOKENS: ctx_tokens,
+        sc.STEP_NUM_DECODE_REQS: gen_reqs,
+        sc.STEP_NUM_DECODE_TOKENS: int(round(gen_reqs * avg_decoded)) if avg_decoded else gen_reqs,
+        sc.STEP_BATCH_SIZE: scheduled,
+        sc.STEP_PHASE: "mixed" if ctx_reqs and gen_reqs else "prefill" if ctx_reqs else "decode",
+    }
+    gpu = _num(stats, "gpuMemUsage")
+    if gpu is not None:
+        attrs[sc.STEP_GPU_MEMORY] = int(gpu)
+    if used is not None:
+        attrs[sc.STEP_KV_BLOCKS_USED] = int(used)
+    if total is not None:
+        attrs[sc.STEP_KV_BLOCKS_MAX] = int(total)
+    step = StepRecord(
+        step_id=it, start=start, end=start + latency, requests=[],
+        running=int(_num(stats, "numActiveRequests") or 0),
+        waiting=int(_num(stats, "numQueuedRequests") or 0),
+        preempted=int(_num(ifb, "numPausedRequests") or 0),
+        kv_cache_usage=(used / total) if used is not None and total else None,
+        attributes=attrs,
+    )
+    return Iteration(step, scheduled, ctx_reqs, ctx_tokens)
+
+
+@dataclass(slots=True)
+class Waiting:
+    timeline: RequestTimeline
+    summary: RequestSummary
+    first: int
+    last: int
+    deadline: float
+
+
+class IterationLedger:
+    """Holds iterations and finished requests until they can be tied together (see the module doc)."""
+
+    def __init__(self, add_step: Callable[[StepRecord], None], finish: Callable[[str, RequestSummary], Any],
+                 max_steps: int, max_waiting: int, wait_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._add_step = add_step
+        self._finish = finish
+        self.max_steps = max_steps
+        self.max_waiting = max_waiting
+        self.wait_s = wait_s
+        self._clock = clock
+        self.iterations: OrderedDict[int, Iteration] = OrderedDict()
+        self.waiting: OrderedDict[str, Waiting] = OrderedDict()
+        self.highest = -1  # highest iteration seen
+        self.seen_any = False
+        self.dropped_iterations = 0  # evicted before all their requests came
+        self.released_early = 0  # requests finished on timeout or overflow, before their steps were complete
+        # the user's threads (results, get_stats) and trtllm-serve's event loop all report here
+        self._lock = threading.RLock()
+        self._submitted: OrderedDict[int, None] = OrderedDict()  # handed to the core: a re-read is ignored
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    def observe(self, stats: Mapping[str, Any]) -> None:
+        """One iteration's stats, as the user or the server pulled them."""
+        now_mono, now_wall = time.monotonic(), time.time()
+        it = iteration_from_stats(stats, now_mono, now_wall)
+        if it is None:
+            return
+        with self._lock:
+            self._observe(it)
+
+    def _observe(self, it: Iteration) -> None:
+        if it.step.step_id in self.iterations or it.step.step_id in self._submitted:
+            return
+        self.seen_any = True
+        self.iterations[it.step.step_id] = it
+        self.highest = max(self.highest, it.step.step_id)
+        while len(self.iterations) > self.max_steps:
+            self.iterations.popitem(last=False)
+            self.dropped_iterations += 1
+        # the requests waiting for this iteration join it now
+        for w in self.waiting.values():
+            if w.first <= it.step.step_id <= w.last:
+                self._join(it, w)
+        self.release()
+
+    def finished(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int] | None) -> None:
+        """A request TensorRT-LLM has finished; its spans are built once its iterations are settled."""
+        with self._lock:
+            if iterations is None or not self.seen_any:
+                self._finish(t.request_id, s)
+                return
+            self._wait(t, s, iterations)
+
+    def _wait(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int]) -> None:
+        w = Waiting(t, s, iterations[0], iterations[1], self._clock() + self.wait_s)
+        self.waiting[t.request_id] = w
+        for k in range(w.first, w.last + 1):
+            it = self.iterations.get(k)
+            if it is not None:
+                self._join(it, w)
+        while len(self.waiting) > self.max_waiting:
+            self._release_one(next(iter(self.waiting)), early=True)
+        self.release()
+
+    # -- settlement ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _join(it: Iteration, w: Waiting) -> None:
+        # A request's first iteration computed (the start of) its prompt; which later ones continued a
+        # chunked prompt the stats do not say, so those count as decode. Its prompt tokens in that
+        # iteration: the engine's context-token count when it was the only context request, else its
+        # prompt length. The step span itself carries the engine's own counts.
+        t = w.timeline
+        if it.step.step_id == w.first:
+            tokens = it.context_tokens if it.context_requests == 1 else (t.input_tokens or 0)
+            it.members.append((t.request_id, tokens, True))
+        else:
+            it.members.append((t.request_id, 1, False))
+
+    def _complete(self, it: Iteration) -> bool:
+        return len(it.members) >= it.scheduled
+
+    def release(self, force: bool = False) -> None:
+        """Finish every waiting request whose iterations are settled (all of them with ``force``)."""
+        with self._lock:
+            if self.waiting:
+                self._release(force)
+
+    def _release(self, force: bool) -> None:
+        now = self._clock()
+        for rid in list(self.waiting):
+            w = self.waiting.get(rid)
+            if w is None:
+                continue
+            if force or now >= w.deadline:
+                self._release_one(rid, early=not self._ready(w))
+            elif self._ready(w):
+                self._release_one(rid, early=False)
+
+    def _ready(self, w: Waiting) -> bool:
+        if self.highest < w.last:
+            return False
+        for k in range(w.first, w.last + 1):
+            it = self.iterations.get(k)
+            if it is not None and not self._complete(it):
+                return False
+        return True
+
+    def _release_one(self, rid: str, early: bool) -> None:
+        w = self.waiting.pop(rid)
+        if early:
+            self.released_early += 1
+        # its iterations go to the core now (with every request that joined them so far, all of them
+        # still unfinished there), so the core links each to the kept requests it served
+        for k in range(w.first, w.last + 1):
+            it = self.iterations.pop(k, None)
+            if it is not None:
+                it.step.requests = it.members
+                self._add_step(it.step)
+                self._submitted[k] = None
+                if len(self._submitted) > self.max_steps:
+                    self._submitted.popitem(last=False)
+        self._finish(rid, w.summary)
+
+    def flush(self) -> None:
+        self.release(force=True)

@@ -1,0 +1,264 @@
+"""TensorRT-LLM caller-process wrappers: translate its results into the core's request timelines.
+
+Everything hooked runs in the process that called the LLM API (or runs trtllm-serve); the
+executor's worker processes are never touched. Every wrapper has the house shape: the host's
+call runs unguarded (its exceptions pass through untouched), our bookkeeping around it is guarded.
+Per streamed update the only work is one attribute lookup, one slice length and one list append.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ...core import semconv as sc
+from ...core.guard import GUARD
+from ...core.pipeline import Telemetry
+from ...core.timeline import RequestTimeline
+from ..wraps import ArgBinder
+from .iterations import IterationLedger
+from .perf import EngineTimes, finalize, iteration_range
+
+logger = logging.getLogger("otel_llm")
+
+PROVIDER = sc.PROVIDER_TENSORRT_LLM
+_KEY = "_otel_llm_timeline"  # our timeline, on TensorRT-LLM's RequestOutput (a plain object with a __dict__)
+# Set by trtllm-serve's handlers for the requests they start: (operation, kind, model, incoming headers)
+_SERVING: contextvars.ContextVar[tuple[str, SpanKind, str | None, dict | None] | None] = contextvars.ContextVar(
+    "otel_llm_trtllm_serving", default=None)
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _Binders:
+    def __init__(self) -> None:
+        self._by_func: dict[Any, ArgBinder] = {}
+
+    def __call__(self, func: Callable[..., Any]) -> ArgBinder:
+        key = getattr(func, "__func__", func)
+        b = self._by_func.get(key)
+        if b is None:
+            b = self._by_func[key] = ArgBinder(key, skip_self=True)
+        return b
+
+
+class TRTLLMWrappers:
+    def __init__(self, telemetry: Telemetry, ledger: IterationLedger) -> None:
+        self.telemetry = telemetry
+        self.ledger = ledger
+        self.bind = _Binders()
+        self._local = threading.local()  # inside _handle_response: an abort() there is a stop string's
+        self._told_perf_metrics = False
+
+    # -- turning on the engine's per-request perf metrics ---------------------------------------
+
+    def prepare_sampling_params(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        params = wrapped(*args, **kwargs)
+        try:
+            if not params.return_perf_metrics:
+                params.return_perf_metrics = True
+                if not self._told_perf_metrics:
+                    self._told_perf_metrics = True
+                    logger.info("otel-llm: turned on TensorRT-LLM's per-request perf metrics "
+                                "(SamplingParams.return_perf_metrics=True); the request timings we report are "
+                                "TensorRT-LLM's own")
+        except Exception as exc:
+            GUARD.failed("BaseLLM._prepare_sampling_params", exc)
+        return params
+
+    # -- request start ----------------------------------------------------------------------------
+
+    def generate_async(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        arrival = time.time()
+        result = wrapped(*args, **kwargs)
+        try:
+            self._start(wrapped, instance, args, kwargs, result, arrival)
+        except Exception as exc:
+            GUARD.failed("BaseLLM.generate_async", exc)
+        return result
+
+    def _start(self, wrapped: Any, llm: Any, args: tuple, kwargs: dict, result: Any, arrival: float) -> None:
+        b = self.bind(wrapped)
+        serving = _SERVING.get()
+        operation, kind, model, headers = serving or ("text_completion", SpanKind.INTERNAL, None, None)
+        if model is None:
+            model = getattr(getattr(llm, "args", None), "model", None)
+        params = getattr(result, "sampling_params", None) or b.get(args, kwargs, "sampling_params")
+        attrs: dict[str, Any] = {}
+        if params is not None:
+            for key, name in ((sc.REQUEST_MAX_TOKENS, "max_tokens"), (sc.REQUEST_TEMPERATURE, "temperature"),
+                              (sc.REQUEST_TOP_P, "top_p")):
+                value = getattr(params, name, None)
+                if value is not None:
+                    attrs[key] = value
+        if b.get(args, kwargs, "streaming", False):
+            attrs[sc.REQUEST_STREAM] = True
+        ids = result.prompt_token_ids
+        rid = str(result.request_id)
+        t = RequestTimeline(
+            request_id=rid, arrival=arrival, model=str(model) if model is not None else None,
+            operation=operation, provider=PROVIDER, kind=kind,
+            parent=_parent_context(b.get(args, kwargs, "trace_headers") or headers),
+            response_id=rid, request_attributes=attrs, input_tokens=len(ids) if ids is not None else None)
+        if self.telemetry.config.capture_content:
+            prompt = getattr(result, "prompt", None)
+            t.prompt_text = prompt if isinstance(prompt, str) else None
+        if self.telemetry.start(t):
+            result.__dict__[_KEY] = t
+
+    # -- per streamed update, and the finish ------------------------------------------------------
+
+    def handle_response(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        t = instance.__dict__.get(_KEY)
+        if t is None:
+            return wrapped(*args, **kwargs)
+        local = self._local
+        local.handling = True
+        try:
+            out = wrapped(*args, **kwargs)
+        except BaseException:
+            local.handling = False
+            self._finish(instance, t, "engine_error")
+            raise
+        local.handling = False
+        try:
+            now = time.monotonic()
+            o = instance.outputs[0]
+            n = len(o.token_ids_diff)
+            if n:
+                t.add_tokens(now, n)
+            response = args[0] if args else kwargs.get("response")
+            if _is_error(response):
+                self._finish(instance, t, "engine_error")
+            elif instance.finished:
+                self._finish(instance, t, None)
+        except Exception as exc:
+            GUARD.failed("GenerationResult._handle_response", exc)
+        return out
+
+    def record_stats(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        out = wrapped(*args, **kwargs)
+        try:
+            t = instance.__dict__.get(_KEY)
+            if t is not None:
+                stats = self.bind(wrapped).get(args, kwargs, "stats")
+                times = EngineTimes.from_stats(stats)
+                if times is not None:
+                    t.native = times
+        except Exception as exc:
+            GUARD.failed("GenerationResultBase.record_stats", exc)
+        return out
+
+    def abort(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        out = wrapped(*args, **kwargs)
+        try:
+            # TensorRT-LLM itself aborts a request that hit a stop string, inside _handle_response: that
+            # request finished normally there
+            if not getattr(self._local, "handling", False):
+                t = instance.__dict__.get(_KEY)
+                if t is not None:
+                    t.finish_reason = "cancelled"
+                    self._finish(instance, t, "aborted")
+        except Exception as exc:
+            GUARD.failed("GenerationResult.abort", exc)
+        return out
+
+    def _finish(self, result: Any, t: RequestTimeline, error_type: str | None) -> None:
+        if result.__dict__.pop(_KEY, None) is None:
+            return  # finished already (an update after an abort, or an error after the last token)
+        try:
+            outputs = result.outputs
+            o = outputs[0] if outputs else None
+        except Exception:
+            o = None
+        if o is not None and o.finish_reason:
+            t.finish_reason = o.finish_reason
+        elif t.finish_reason is None and error_type is None:
+            t.finish_reason = "stop"
+        t.error_type = error_type
+        perf = getattr(o, "request_perf_metrics", None) if o is not None else None
+        times = t.native if isinstance(t.native, EngineTimes) else EngineTimes.from_perf_metrics(perf)
+        t.native = None
+        now_mono, now_wall = time.monotonic(), time.time()
+        output_tokens = len(o.token_ids) if o is not None and o.token_ids is not None else 0
+        s = finalize(t, times, perf, output_tokens, bool(t.request_attributes.get(sc.REQUEST_STREAM)),
+                     now_mono, now_wall)
+        text = getattr(o, "text", None)
+        if isinstance(text, str) and text:
+            s.output_characters = len(text)
+            if self.telemetry.config.capture_content:
+                t.output_text = text
+        engine_steps = self.telemetry.config.engine_steps
+        self.ledger.finished(t, s, iteration_range(perf) if engine_steps else None)
+
+    # -- engine iterations, as the user or trtllm-serve pulls them ----------------------------------
+
+    def get_stats(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        out = wrapped(*args, **kwargs)
+        try:
+            for stats in out or ():
+                if isinstance(stats, dict):
+                    self.ledger.observe(stats)
+        except Exception as exc:
+            GUARD.failed("BaseLLM.get_stats", exc)
+        return out
+
+    def iteration_anext(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        async def call() -> Any:
+            stats = await wrapped(*args, **kwargs)
+            try:
+                if isinstance(stats, dict):
+                    self.ledger.observe(stats)
+            except Exception as exc:
+                GUARD.failed("IterationResult.__anext__", exc)
+            return stats
+        return call()
+
+    # -- trtllm-serve: operation, SERVER kind, model and incoming headers ---------------------------
+
+    def serving(self, operation: str) -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            context = None
+            try:
+                raw = self.bind(wrapped).get(args, kwargs, "raw_request")
+                headers = getattr(raw, "headers", None)
+                context = (operation, SpanKind.SERVER, getattr(instance, "model", None),
+                           {str(k).lower(): v for k, v in headers.items()} if headers is not None else None)
+            except Exception as exc:
+                GUARD.failed("OpenAIServer handler", exc)
+
+            async def call() -> Any:
+                token = _SERVING.set(context)
+                try:
+                    return await wrapped(*args, **kwargs)
+                finally:
+                    _SERVING.reset(token)
+            return call()
+        return wrapper
+
+
+def _is_error(response: Any) -> bool:
+    """An error response, as result.py's ``_handle_response`` tells them apart: an engine response
+    whose ``has_error()`` is true, or the executor's ``ErrorResponse`` (which carries ``error_msg``)."""
+    inner = getattr(response, "_response", response)  # ResponseWrapper
+    has_error = getattr(inner, "has_error", None)
+    if callable(has_error):
+        return bool(has_error())
+    return type(inner).__name__ == "ErrorResponse" and getattr(inner, "error_msg", None) is not None
+
+
+def _parent_context(headers: Any) -> otel_context.Context | None:
+    """The current span if there is one, else the W3C headers the request came with."""
+    current = otel_context.get_current()
+    if trace.get_current_span(current).get_span_context().is_valid:
+        return current
+    if headers:
+        return _PROPAGATOR.extract({str(k).lower(): v for k, v in dict(headers).items()})
+    return None

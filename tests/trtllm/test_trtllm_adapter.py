@@ -1,0 +1,289 @@
+"""The TensorRT-LLM adapter through the real wrapping and the real core, on the stand-in engine.
+
+Scenarios as the vLLM adapter's tests: not streaming and streaming, abort, error, several
+requests sharing iterations (engine-step spans linked to the kept requests), speculative
+decoding with several tokens per iteration, trtllm-serve with an incoming ``traceparent``.
+Expected values are computed from the stand-in engine's own perf metrics with TensorRT-LLM's
+formulas (result.py ``_process_req_perf_metrics`` at the pinned commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.trace import SpanKind, StatusCode
+
+import fake_trtllm as fake
+from otel_llm.core import semconv as sc
+from otel_llm.core.guard import GUARD
+from traces import MS, engine_steps, request_trees
+
+
+def _times(out):
+    tm = out.outputs[0].request_perf_metrics.timing_metrics
+    return (tm.arrival_time.total_seconds(), tm.first_scheduled_time.total_seconds(),
+            tm.first_token_time.total_seconds(), tm.last_token_time.total_seconds())
+
+
+def _llm(engine: fake.FakeEngine | None = None):
+    from tensorrt_llm.llmapi.llm import LLM
+
+    return LLM(model="tiny-llama", engine=engine or fake.FakeEngine())
+
+
+def _params(max_tokens: int = 6):
+    from tensorrt_llm.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=0.9)
+
+
+def test_generate_turns_on_perf_metrics_and_reports_engine_timings(trt, caplog) -> None:
+    llm = _llm()
+    params = _params()
+    assert params.return_perf_metrics is False
+    with caplog.at_level(logging.INFO, logger="otel_llm"):
+        outs = llm.generate(["a b c", "d e f g h"], params)
+    assert params.return_perf_metrics is True  # turned on, and said so once
+    assert sum("return_perf_metrics=True" in r.getMessage() for r in caplog.records) == 1
+    trees = request_trees(trt.spans())
+    assert len(trees) == 2
+    for out in outs:
+        t = trees[str(out.request_id)]
+        a = t.attributes
+        arrival, sched, first, last = _times(out)
+        assert t.span.name == "text_completion tiny-llama" and t.span.kind == SpanKind.INTERNAL
+        assert a[sc.PROVIDER_NAME] == "tensorrt_llm" and a[sc.OPERATION_NAME] == "text_completion"
+        assert a[sc.USAGE_INPUT_TOKENS] == len(out.prompt_token_ids)
+        assert a[sc.USAGE_OUTPUT_TOKENS] == 6 and a[sc.RESPONSE_FINISH_REASONS] == ("length",)
+        assert a[sc.REQUEST_MAX_TOKENS] == 6 and a[sc.REQUEST_TOP_P] == 0.9
+        assert sc.REQUEST_STREAM not in a
+        assert a[sc.LATENCY_TTFT] == pytest.approx(first - arrival, abs=1e-9)
+        assert a[sc.LATENCY_E2E] == pytest.approx(last - arrival, abs=1e-9)
+        assert a[sc.LATENCY_QUEUE] == pytest.approx(sched - arrival, abs=1e-9)
+        assert a[sc.LATENCY_PREFILL] == pytest.approx(first - sched, abs=1e-9)
+        assert a[sc.LATENCY_DECODE] == pytest.approx(last - first, abs=1e-9)
+        assert a[sc.LATENCY_TPOT] == pytest.approx((last - first) / 5, abs=1e-9)
+        assert a[sc.OUTPUT_CHARACTERS] == len(out.outputs[0].text)
+        assert a[sc.KV_CACHE_ALLOCATED_BLOCKS] == 2 and a[sc.KV_CACHE_REUSED_BLOCKS] == 0
+        assert sc.SPEC_DRAFT_TOKENS not in a  # no drafting ran
+        # phases tile the request span; not streamed: one decode span, no per-token steps
+        q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
+        assert q.start_time == t.span.start_time and q.end_time == p.start_time
+        assert p.end_time == d.start_time and d.end_time == t.span.end_time
+        assert (d.start_time - p.start_time) / 1e9 == pytest.approx(first - sched, abs=1e-6)
+        assert not t.grandchildren[sc.SPAN_DECODE_STEP]
+    assert trt.inst.telemetry.requests == {}
+    ttft = trt.points("gen_ai.server.time_to_first_token")
+    assert sum(p.count for p in ttft) == 2
+    assert sum(p.sum for p in ttft) == pytest.approx(sum(_times(o)[2] - _times(o)[0] for o in outs), abs=1e-9)
+
+
+def test_streaming_gives_one_decode_step_per_update(trt) -> None:
+    llm = _llm()
+
+    async def run():
+        res = llm.generate_async("a b c", _params(5), streaming=True)
+        seen = 0
+        async for out in res:
+            seen += 1
+        return res, seen
+
+    res, updates = asyncio.run(run())
+    t = request_trees(trt.spans())[str(res.request_id)]
+    arrival, sched, first, last = _times(res)
+    assert t.attributes[sc.REQUEST_STREAM] is True
+    assert updates == 5
+    steps = sorted(t.grandchildren[sc.SPAN_DECODE_STEP], key=lambda s: s.start_time)
+    assert len(steps) == 4 and all(s.attributes[sc.STEP_TOKENS] == 1 for s in steps)
+    d = t.one(sc.SPAN_DECODE)
+    assert steps[0].start_time == d.start_time
+    for a, b in zip(steps, steps[1:]):
+        assert a.end_time == b.start_time
+    # the first and last stamps are the engine's first_token_time and last_token_time
+    assert (steps[-1].end_time - steps[0].start_time) / 1e9 == pytest.approx(last - first, abs=1e-6)
+
+
+def test_speculative_decoding_several_tokens_per_iteration(trt) -> None:
+    llm = _llm(fake.FakeEngine(tokens_per_step=3))
+    res = llm.generate_async("a b c", _params(7), streaming=True)
+    for _ in res:
+        pass
+    t = request_trees(trt.spans())[str(res.request_id)]
+    a = t.attributes
+    spec = res.outputs[0].request_perf_metrics.speculative_decoding
+    assert a[sc.USAGE_OUTPUT_TOKENS] == 7
+    assert a[sc.SPEC_DRAFT_TOKENS] == spec.total_draft_tokens > 0
+    assert a[sc.SPEC_ACCEPTED_TOKENS] == spec.total_accepted_draft_tokens
+    assert a[sc.SPEC_ACCEPTANCE_RATE] == pytest.approx(spec.acceptance_rate)
+    steps = sorted(t.grandchildren[sc.SPAN_DECODE_STEP], key=lambda s: s.start_time)
+    assert [s.attributes[sc.STEP_TOKENS] for s in steps] == [3, 3]  # 1 (prefill) + 3 + 3
+    first, last = _times(res)[2:]
+    assert a[sc.LATENCY_TPOT] == pytest.approx((last - first) / 6, abs=1e-9)
+
+
+def test_abort_ends_the_request_as_aborted(trt) -> None:
+    llm = _llm()
+    res = llm.generate_async("a b c", _params(20), streaming=True)
+    next(res), next(res)
+    res.abort()  # e.g. trtllm-serve's client disconnected: nobody reads this result again
+    t = request_trees(trt.spans())[str(res.request_id)]
+    assert t.attributes[sc.ERROR_TYPE] == "aborted"
+    assert t.attributes[sc.RESPONSE_FINISH_REASONS] == ("cancelled",)
+    assert t.span.status.status_code == StatusCode.ERROR
+    assert t.attributes[sc.SAMPLING_REASON] == "error"
+    assert trt.inst.telemetry.requests == {}
+
+
+def test_a_stop_string_is_not_an_abort(trt) -> None:
+    from tensorrt_llm.sampling_params import SamplingParams
+
+    llm = _llm()
+    res = llm.generate_async("a b c", SamplingParams(max_tokens=20, stop="t t t"), streaming=True)
+    for _ in res:
+        pass
+    a = request_trees(trt.spans())[str(res.request_id)].attributes
+    assert a[sc.RESPONSE_FINISH_REASONS] == ("stop",) and sc.ERROR_TYPE not in a
+
+
+def test_engine_error_passes_through_and_is_recorded(trt) -> None:
+    engine = fake.FakeEngine()
+    llm = _llm(engine)
+    res = llm.generate_async("a b c", _params())
+    engine.failing.add(res.request_id)
+    with pytest.raises(fake.RequestError, match="illegal memory access"):
+        res.result()
+    t = request_trees(trt.spans())[str(res.request_id)]
+    assert t.attributes[sc.ERROR_TYPE] == "engine_error"
+    assert t.span.status.status_code == StatusCode.ERROR
+    assert trt.inst.telemetry.requests == {}
+
+
+def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
+    engine = fake.FakeEngine(max_batch=8)
+    llm = _llm(engine)
+    llm.generate("warm up", _params(2))
+    llm.get_stats()  # as trtllm-serve's /metrics does: from now on finished requests wait for their iterations
+    trt.clear()
+    outs = llm.generate(["a b c", "d e f g", "h i"], _params(4))
+    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 3
+    pulled = llm.get_stats()  # the user's list is untouched; we read it as it passes
+    assert [s["iter"] for s in pulled] == [s["iter"] for s in engine.stats_log[2:]]
+    spans = trt.spans()
+    trees = request_trees(spans)
+    assert set(trees) == {str(o.request_id) for o in outs}
+    steps = engine_steps(spans)
+    span_of = {t.span.context.span_id: rid for rid, t in trees.items()}
+    iters = {s["iter"]: s for s in engine.stats_log}
+    served: dict[str, list[int]] = {rid: [] for rid in trees}
+    for s in steps:
+        a = s.attributes
+        stats = iters[a[sc.ENGINE_STEP_ID]]
+        ifb = stats["inflightBatchingStats"]
+        assert a[sc.ENGINE] == "tensorrt_llm"
+        assert a[sc.STEP_BATCH_SIZE] == ifb["numScheduledRequests"] == len(s.links)
+        assert a[sc.STEP_NUM_PREFILL_REQS] == ifb["numContextRequests"]
+        assert a[sc.STEP_NUM_PREFILL_TOKENS] == ifb["numCtxTokens"]
+        assert a[sc.STEP_NUM_DECODE_REQS] == ifb["numGenRequests"]
+        assert a[sc.STEP_NUM_RUNNING] == stats["numActiveRequests"]
+        assert a[sc.STEP_KV_CACHE_USAGE] == pytest.approx(stats["kvCacheStats"]["usedNumBlocks"] / 100)
+        assert a[sc.STEP_LATENCY] == pytest.approx(stats["iterLatencyMS"] / 1000)
+        assert a[sc.STEP_GPU_MEMORY] == stats["gpuMemUsage"]
+        assert s.end_time - s.start_time == pytest.approx(stats["iterLatencyMS"] * 1e6, abs=1000)
+        for link in s.links:
+            served[span_of[link.context.span_id]].append(a[sc.ENGINE_STEP_ID])
+    for out in outs:
+        perf = out.outputs[0].request_perf_metrics
+        assert sorted(served[str(out.request_id)]) == list(range(perf.first_iter, perf.last_iter + 1))
+        chunks = trees[str(out.request_id)].grandchildren[sc.SPAN_PREFILL_CHUNK]
+        assert len(chunks) == 1 and chunks[0].attributes[sc.CHUNK_TOKENS] == len(out.prompt_token_ids)
+        assert chunks[0].attributes[sc.ENGINE_STEP_ID] == perf.first_iter
+    assert len(steps) == len({i for v in served.values() for i in v})
+    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
+    assert trt.inst.telemetry.steps == {}  # nothing held
+
+
+def test_iterations_pulled_by_get_stats_async(trt) -> None:
+    llm = _llm()
+    llm.generate("warm up", _params(2))
+
+    async def pull():
+        return [s async for s in llm.get_stats_async(2)]
+
+    asyncio.run(pull())
+    trt.clear()
+    out = llm.generate("a b c", _params(3))
+    asyncio.run(pull())
+    steps = engine_steps(trt.spans())
+    perf = out.outputs[0].request_perf_metrics
+    assert sorted(s.attributes[sc.ENGINE_STEP_ID] for s in steps) == list(range(perf.first_iter, perf.last_iter + 1))
+
+
+def test_a_request_waits_no_longer_than_its_bound(trt) -> None:
+    llm = _llm()
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    clock = [0.0]
+    trt.inst.telemetry.ledger._clock = lambda: clock[0]
+    out = llm.generate("a b c", _params(3))
+    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 1
+    clock[0] += trt.inst.telemetry.ledger.wait_s + 1
+    llm.generate("d e", _params(2))  # any later event settles what waited too long
+    assert trt.inst.telemetry.ledger.released_early >= 1
+    assert str(out.request_id) in request_trees(trt.spans())
+
+
+def test_trtllm_serve_honours_incoming_traceparent(trt) -> None:
+    from tensorrt_llm.serve.openai_server import OpenAIServer
+
+    server = OpenAIServer(_llm(), model="served-model")
+    trace_id, parent = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+
+    class Raw:
+        headers = {"Traceparent": f"00-{trace_id:032x}-{parent:016x}-01"}
+
+    for handler, operation, stream in ((server.openai_chat, "chat", True),
+                                       (server.openai_completion, "text_completion", False)):
+        trt.clear()
+        res = asyncio.run(handler({"prompt": "a b c", "max_tokens": 3, "stream": stream}, Raw()))
+        t = request_trees(trt.spans())[str(res.request_id)]
+        assert t.span.name == f"{operation} served-model" and t.span.kind == SpanKind.SERVER
+        assert t.span.context.trace_id == trace_id and t.span.parent.span_id == parent
+
+
+def test_request_span_joins_the_callers_trace(trt) -> None:
+    tracer = trt.tracer_provider.get_tracer("test")
+    llm = _llm()
+    with tracer.start_as_current_span("caller") as caller:
+        out = llm.generate("a b c", _params(3))
+    span = request_trees(trt.spans())[str(out.request_id)].span
+    assert span.context.trace_id == caller.get_span_context().trace_id
+    assert span.parent.span_id == caller.get_span_context().span_id
+
+
+def test_errors_of_ours_never_reach_the_caller(trt, monkeypatch) -> None:
+    from otel_llm.instrumentation.tensorrt_llm import wrappers
+
+    def broken(*a, **k):
+        raise ValueError("bug of ours")
+
+    monkeypatch.setattr(wrappers, "finalize", broken)
+    before = GUARD.errors["GenerationResult._handle_response"]
+    out = _llm().generate("a b c", _params(3))
+    assert out.outputs[0].length == 3
+    assert GUARD.errors["GenerationResult._handle_response"] == before + 1
+
+
+def test_uninstrument_removes_every_wrapper(trt) -> None:
+    from otel_llm.instrumentation.wraps import is_wrapped
+
+    llm_mod, result_mod = trt.modules["tensorrt_llm.llmapi.llm"], trt.modules["tensorrt_llm.executor.result"]
+    assert is_wrapped(llm_mod.BaseLLM, "generate_async")
+    assert is_wrapped(result_mod.DetokenizedGenerationResultBase, "_handle_response")
+    trt.inst.uninstrument()
+    assert not is_wrapped(llm_mod.BaseLLM, "generate_async")
+    assert not is_wrapped(result_mod.DetokenizedGenerationResultBase, "_handle_response")
+    assert not is_wrapped(trt.modules["tensorrt_llm.serve.openai_server"].OpenAIServer, "openai_chat")
+    trt.inst.instrument(tracer_provider=trt.tracer_provider, meter_provider=MeterProvider())  # the fixture's teardown uninstruments again
