@@ -8,6 +8,7 @@ derivation, used by both.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
@@ -119,20 +120,22 @@ class RequestSummary:
     def _from_native(cls, a: Mapping[str, Any]) -> "RequestSummary":
         """vLLM's and TensorRT-LLM's ``llm_request`` span (deprecated usage names, no model name)."""
         output_tokens = _int(a.get(sc.VLLM_COMPLETION_TOKENS, a.get(sc.USAGE_OUTPUT_TOKENS)))
-        decode = _float(a.get(sc.VLLM_DECODE))
-        ttft = _float(a.get(sc.VLLM_TTFT))
-        e2e = _float(a.get(sc.VLLM_E2E))
+        decode = _latency(a.get(sc.VLLM_DECODE))
+        ttft = _latency(a.get(sc.VLLM_TTFT))
+        e2e = _latency(a.get(sc.VLLM_E2E))
         if decode is None and e2e is not None and ttft is not None:
             decode = max(0.0, e2e - ttft)  # TRT-LLM reports no decode time; this is the conventions' formula
         reasons = a.get(sc.RESPONSE_FINISH_REASONS)
+        if isinstance(reasons, str) and reasons.startswith("["):
+            reasons = _json_list(reasons)  # TRT-LLM writes json.dumps([reason]) (result.py do_tracing)
         return cls(
             model=_str(a.get(sc.VLLM_RESPONSE_MODEL, a.get(sc.REQUEST_MODEL))),
             provider=_str(a.get(sc.PROVIDER_NAME)),
             ttft=ttft,
             tpot=cls.mean_tpot(decode, output_tokens),
             e2e=e2e,
-            queue=_float(a.get(sc.VLLM_QUEUE)),
-            prefill=_float(a.get(sc.VLLM_PREFILL)),
+            queue=_latency(a.get(sc.VLLM_QUEUE)),
+            prefill=_latency(a.get(sc.VLLM_PREFILL)),
             decode=decode,
             input_tokens=_int(a.get(sc.VLLM_PROMPT_TOKENS, a.get(sc.USAGE_INPUT_TOKENS))),
             output_tokens=output_tokens,
@@ -153,6 +156,20 @@ def _float(v: Any) -> float | None:
     if t is bool or not isinstance(v, (int, float)):
         return None
     return float(v)
+
+
+def _latency(v: Any) -> float | None:
+    """A native span's latency: TRT-LLM writes -1 for one it could not compute (result.py do_tracing's
+    ``metrics_dict.get(..., -1)``); a negative latency is "not reported", never a value."""
+    f = _float(v)
+    return f if f is not None and f >= 0 else None
+
+
+def _json_list(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
 
 
 def _int(v: Any) -> int | None:

@@ -33,7 +33,7 @@ import types
 import pytest
 
 import fake_trtllm as fake
-from conftest import instrumented
+from trtllm_env import instrumented
 from otel_llm.core.guard import GUARD
 from otel_llm.instrumentation.tensorrt_llm import contract
 from otel_llm.instrumentation.wraps import is_wrapped
@@ -219,3 +219,21 @@ def test_instrument_detects_tensorrt_llm() -> None:
         otel_llm.uninstrument()
         fake.uninstall()
     assert not is_wrapped(fake.BaseLLM, "generate_async")
+
+
+def test_registered_for_opentelemetry_instrument() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from otel_llm.instrumentation.tensorrt_llm import TensorRTLLMInstrumentor
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["opentelemetry_instrumentor"]["tensorrt_llm"]
+    assert target == "otel_llm.instrumentation.tensorrt_llm:TensorRTLLMInstrumentor"
+    # not installed and not importable: the launcher's dependency check skips us
+    assert TensorRTLLMInstrumentor().instrumentation_dependencies() == ("tensorrt_llm",)
+    fake.install(fake.build())
+    try:  # importable (here the stand-in; a source checkout alike): no distribution to check
+        assert TensorRTLLMInstrumentor().instrumentation_dependencies() == ()
+    finally:
+        fake.uninstall()

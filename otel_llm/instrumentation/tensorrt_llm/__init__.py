@@ -9,6 +9,8 @@ source, and on any difference nothing is wrapped (logged once, counted). Registe
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from importlib import metadata
 from typing import Any, Collection
 
@@ -39,6 +41,13 @@ def installed_distribution() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class TRTLLMTelemetry(Telemetry):
@@ -73,10 +82,13 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     telemetry: TRTLLMTelemetry | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        # The signature contract (contract.py) is the real gate; a version range would only guess.
-        # A source checkout on sys.path has no distribution to name: nothing to check then.
+        # No version range: the signature contract (contract.py) is the real gate, a range would only
+        # guess. Installed: require that distribution. Not installed but importable (a source checkout on
+        # sys.path): nothing to check. Neither: require it, so the launcher's check skips us.
         name = installed_distribution()
-        return (f"{name} >= 1.0.0rc0",) if name else ()
+        if name:
+            return (name,)
+        return () if _importable("tensorrt_llm") else ("tensorrt_llm",)
 
     def _instrument(self, **kwargs: Any) -> None:
         tracer_provider = kwargs.pop("tracer_provider", None)
@@ -115,8 +127,6 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         part, table = ("trtllm-serve", self._server_table) if server else ("the LLM API", self._engine_table)
         try:
             if not server:  # the modules llm.py reads from, imported by it already: make sure
-                import importlib
-
                 for name in (RESULT_MODULE, contract.METRICS_MODULE, contract.SAMPLING_MODULE):
                     importlib.import_module(name)
             differences = contract.check(server=server)

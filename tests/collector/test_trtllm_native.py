@@ -1,0 +1,199 @@
+"""TensorRT-LLM's own ``llm_request`` spans -> the gateway: derived metrics equal TensorRT-LLM's formulas.
+
+The spans carry exactly what TensorRT-LLM's tracing writes at NVIDIA/TensorRT-LLM@5f15841037de10a50012016c54671f84f39c350e:
+attribute names from ``tensorrt_llm/llmapi/tracing.py`` ``class SpanAttributes``; values as
+``tensorrt_llm/executor/result.py`` ``GenerationResultBase.do_tracing`` sets them (``native_span``
+below follows it line by line): span ``llm_request``, kind SERVER, started at ``time.time() - e2e``;
+latencies from ``metrics_dict`` (``_process_req_perf_metrics``: TTFT = first token - arrival,
+e2e = last token - arrival, queue = first scheduled - arrival, values <= 0 dropped, so a missing one
+is written as -1); finish reasons as ``json.dumps([reason])``; no model, no provider.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
+from collector_testkit import export_request, loopback_config, span
+from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_USAGE
+from otel_llm_collector.gateway import Gateway
+
+# tensorrt_llm/llmapi/tracing.py @ 5f158410, class SpanAttributes (all of it)
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_REQUEST_N = "gen_ai.request.n"
+GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+
+
+def metrics_dict(arrival: float, sched: float, first: float, last: float, n_out: int) -> dict[str, float]:
+    """result.py ``_process_req_perf_metrics`` at the pin (n == 1)."""
+    stat = {"ttft": first - arrival, "e2e": last - arrival, "request_queue_time": sched - arrival}
+    if n_out > 1:
+        stat["tpot"] = (last - first) / (n_out - 1)
+    return {k: v for k, v in stat.items() if v > 0}
+
+
+def native_attributes(m: dict[str, float], *, request_id: int, prompt_tokens: int, completion_tokens: int,
+                      finish_reason: str | None, temperature: float | None = 0.7, top_p: float | None = 0.9,
+                      top_k: int | None = 40, max_tokens: int = 64, n: int = 1) -> dict:
+    """result.py ``do_tracing`` at the pin: ``safe_set_attr`` skips None values."""
+    values = {
+        GEN_AI_REQUEST_TEMPERATURE: temperature, GEN_AI_REQUEST_TOP_P: top_p, GEN_AI_REQUEST_TOP_K: top_k,
+        GEN_AI_REQUEST_MAX_TOKENS: max_tokens, GEN_AI_REQUEST_N: n, GEN_AI_REQUEST_ID: request_id,
+        GEN_AI_USAGE_PROMPT_TOKENS: prompt_tokens or None,  # set only when prompt_token_ids is non-empty
+        GEN_AI_USAGE_COMPLETION_TOKENS: completion_tokens,
+        GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: m.get("ttft", -1),
+        GEN_AI_LATENCY_E2E: m.get("e2e", -1),
+        GEN_AI_LATENCY_TIME_IN_QUEUE: m.get("request_queue_time", -1),
+        GEN_AI_RESPONSE_FINISH_REASONS: json.dumps([finish_reason]) if finish_reason else None,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def native_span(trace: int, attrs: dict, now: float = 1_800_000_000.0) -> PbSpan:
+    e2e = attrs[GEN_AI_LATENCY_E2E]
+    s = span(trace, 1, name="llm_request", attrs=attrs, start=int((now - e2e) * 1e9), end=int(now * 1e9))
+    s.kind = PbSpan.SPAN_KIND_SERVER
+    return s
+
+
+def histograms(g: Gateway) -> dict[str, tuple[int, float]]:
+    out: dict[str, tuple[int, float]] = {}
+    for rm in g.metric_reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    if hasattr(p, "bucket_counts"):
+                        count, total = out.get(m.name, (0, 0.0))
+                        out[m.name] = (count + p.count, total + p.sum)
+    return out
+
+
+def token_sums(g: Gateway) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for rm in g.metric_reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == TOKEN_USAGE:
+                    for p in m.data.data_points:
+                        kind = dict(p.attributes)["gen_ai.token.type"]
+                        out[kind] = out.get(kind, 0.0) + p.sum
+    return out
+
+
+@pytest.fixture
+def gateway():
+    g = Gateway(loopback_config(processors={"tail_sampling": None}, exporters={"prometheus": None},
+                                receivers={"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"},
+                                                                  "http": None}}}),
+                manual_ticks=True).start()
+    yield g
+    g.shutdown()
+
+
+def test_native_trtllm_spans_give_trtllm_formulas(gateway: Gateway) -> None:
+    rng = random.Random(5)
+    expected = {"ttft": [], "e2e": [], "queue": [], "tpot": [], "prefill": []}
+    prompt = completion = 0
+    n_requests = 40
+    for i in range(n_requests):
+        arrival = 1000.0 + i
+        sched = arrival + rng.uniform(0.001, 0.2)
+        first = sched + rng.uniform(0.01, 0.5)
+        n_out = rng.randint(1, 200)
+        last = first + (n_out - 1) * rng.uniform(0.005, 0.05)
+        m = metrics_dict(arrival, sched, first, last, n_out)
+        p_tokens = rng.randint(1, 4000)
+        attrs = native_attributes(m, request_id=i, prompt_tokens=p_tokens, completion_tokens=n_out,
+                                  finish_reason=rng.choice(["length", "stop"]))
+        gateway.ingest(export_request(native_span(i + 1, attrs), service="trtllm-serve"))
+        expected["ttft"].append(first - arrival)
+        expected["e2e"].append(last - arrival)
+        expected["queue"].append(sched - arrival)
+        if n_out > 1:
+            expected["tpot"].append((last - first) / (n_out - 1))
+        prompt += p_tokens
+        completion += n_out
+    # a request whose TTFT TensorRT-LLM could not compute (written as -1): no TTFT value, the rest counts
+    m = metrics_dict(2000.0, 2000.1, 2000.1, 2000.5, 3)
+    del m["ttft"]
+    gateway.ingest(export_request(native_span(999, native_attributes(
+        m, request_id=999, prompt_tokens=7, completion_tokens=3, finish_reason="length")), service="trtllm-serve"))
+    expected["e2e"].append(0.5)
+    expected["queue"].append(0.1)
+    prompt += 7
+    completion += 3
+
+    h = histograms(gateway)
+    names = {s.name: s for s in SERVER_HISTOGRAMS}
+    checks = {"gen_ai.server.time_to_first_token": expected["ttft"], "gen_ai.server.request.duration": expected["e2e"],
+              "llm.server.queue.duration": expected["queue"], "gen_ai.server.time_per_output_token": expected["tpot"]}
+    for name, values in checks.items():
+        assert name in names
+        assert h[name][0] == len(values), name
+        assert h[name][1] == pytest.approx(sum(values), rel=1e-9, abs=1e-9), name
+    assert "llm.server.prefill.duration" not in h  # TensorRT-LLM's span reports no prefill time
+    assert token_sums(gateway) == {"input": prompt, "output": completion}
+    assert gateway.telemetry.value("llm_metrics_requests", source="native") == n_requests + 1
+
+
+def test_finish_reason_is_read_from_trtllms_json_string() -> None:
+    from otel_llm.core.summary import RequestSummary
+
+    m = metrics_dict(10.0, 10.1, 10.2, 11.0, 5)
+    s = RequestSummary.from_attributes(native_attributes(m, request_id=1, prompt_tokens=3, completion_tokens=5,
+                                                         finish_reason="length"))
+    assert s.finish_reason == "length"
+    assert s.ttft == pytest.approx(0.2) and s.queue == pytest.approx(0.1) and s.e2e == pytest.approx(1.0)
+    assert s.tpot == pytest.approx(0.8 / 4)
+    assert s.model is None and s.provider is None  # TensorRT-LLM's span names neither
+
+
+def test_our_adapter_and_trtllms_own_span_agree(gateway: Gateway) -> None:
+    """The same requests through our TensorRT-LLM adapter (SDK metrics) and as TensorRT-LLM's native spans
+    (built from the same perf metrics, as do_tracing does) give the same TTFT / e2e / queue / TPOT sums."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "trtllm"))
+    try:
+        import fake_trtllm as fake
+        from trtllm_env import instrumented
+    finally:
+        sys.path.pop(0)
+    modules = fake.build()
+    fake.install(modules)
+    env = instrumented(modules)
+    try:
+        from tensorrt_llm.llmapi.llm import LLM
+        from tensorrt_llm.sampling_params import SamplingParams
+
+        outs = LLM(model="m", engine=fake.FakeEngine(max_batch=3)).generate(
+            ["a b c", "d e", "f g h i", "j", "k l m n o"], SamplingParams(max_tokens=5))
+        for i, out in enumerate(outs):
+            tm = out.outputs[0].request_perf_metrics.timing_metrics
+            stamps = [getattr(tm, k).total_seconds() for k in ("arrival_time", "first_scheduled_time",
+                                                                "first_token_time", "last_token_time")]
+            m = metrics_dict(*stamps, out.outputs[0].length)
+            gateway.ingest(export_request(native_span(i + 1, native_attributes(
+                m, request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=out.outputs[0].length, finish_reason=out.outputs[0].finish_reason))))
+        native = histograms(gateway)
+        for name in ("gen_ai.server.time_to_first_token", "gen_ai.server.request.duration",
+                     "llm.server.queue.duration", "gen_ai.server.time_per_output_token"):
+            ours = env.points(name)
+            assert native[name][0] == sum(p.count for p in ours) == len(outs), name
+            assert native[name][1] == pytest.approx(sum(p.sum for p in ours), rel=1e-9, abs=1e-9), name
+    finally:
+        env.inst.uninstrument()
+        fake.uninstall()

@@ -1,0 +1,53 @@
+"""The stand-in TensorRT-LLM instrumented through the real adapter and the real core, with in-memory providers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm.core.config import Config
+from otel_llm.instrumentation.tensorrt_llm import TensorRTLLMInstrumentor
+from otel_llm.testing.metrics import points_by_name
+
+
+@dataclass
+class Env:
+    inst: TensorRTLLMInstrumentor
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+    modules: dict
+
+    def spans(self) -> list[ReadableSpan]:
+        assert self.inst.telemetry.flush(10)
+        return list(self.exporter.get_finished_spans())
+
+    def clear(self) -> None:
+        """Forget the spans so far (after the background thread built every one of them)."""
+        assert self.inst.telemetry.flush(10)
+        self.exporter.clear()
+
+    def points(self, name: str) -> list[Any]:
+        assert self.inst.telemetry.flush(10)
+        return points_by_name(self.reader.get_metrics_data())[name]
+
+
+def instrumented(modules: dict, **options: Any) -> Env:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    inst = TensorRTLLMInstrumentor()
+    opts = dict(sample_rate=1.0, baseline_detail="steps", tail_quantile=0)
+    opts.update(options)
+    inst.instrument(tracer_provider=tp, meter_provider=MeterProvider(metric_readers=[reader]),
+                    config=Config.resolve(opts))
+    return Env(inst, exporter, reader, tp, modules)
+
+
