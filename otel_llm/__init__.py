@@ -52,6 +52,7 @@ def instrument(
     engine_steps: bool | None = None,
     max_steps: int | None = None,
     max_requests: int | None = None,
+    iteration_wait: float | None = None,
     direct_export: bool | None = None,
 ) -> list[str]:
     """Instrument every supported engine and client that is installed; returns their names.
@@ -63,7 +64,7 @@ def instrument(
     config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
                                  tail_quantile=tail_quantile, capture_content=capture_content,
                                  engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests,
-                                 direct_export=direct_export))
+                                 iteration_wait=iteration_wait, direct_export=direct_export))
     done = []
     for package, path in _INSTRUMENTORS.items():
         if not _available(package):

@@ -58,6 +58,13 @@ def _quantile(raw: str | float) -> float:
     return value
 
 
+def _seconds(raw: str | float) -> float:
+    value = float(raw)
+    if not value >= 0.0:  # also refuses NaN
+        raise ValueError(f"expected a duration in seconds >= 0, got {raw!r}")
+    return value
+
+
 def _positive_int(raw: str | int) -> int:
     value = int(raw)
     if value <= 0:
@@ -93,6 +100,9 @@ OPTIONS: tuple[Option, ...] = (
            "Engine-step records held while their requests run (oldest are settled early past this)"),
     Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
            "In-flight request timelines held; past this new requests get metrics only"),
+    Option("iteration_wait", "OTEL_LLM_ITERATION_WAIT", _seconds, 15.0,
+           "TensorRT-LLM: how long a finished request's spans wait for the iteration stats of the iterations "
+           "it ran in (they arrive when `get_stats` or trtllm-serve's `/metrics` pulls them), in seconds"),
     Option("direct_export", "OTEL_LLM_DIRECT_EXPORT", _bool, True,
            "Write our spans as OTLP bytes and send them with the provider's own OTLP exporters (~10x "
            "cheaper a span; only when every span processor is the SDK's batch/simple processor around an "
@@ -111,6 +121,7 @@ class Config:
     engine_steps: bool = True
     max_steps: int = 8192
     max_requests: int = 65536
+    iteration_wait: float = 15.0
     direct_export: bool = True
 
     @classmethod

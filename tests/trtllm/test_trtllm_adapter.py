@@ -261,6 +261,21 @@ def test_request_span_joins_the_callers_trace(trt) -> None:
     span = request_trees(trt.spans())[str(out.request_id)].span
     assert span.context.trace_id == caller.get_span_context().trace_id
     assert span.parent.span_id == caller.get_span_context().span_id
+    # TensorRT-LLM got the caller's context too: its own llm_request span (tracing on) joins this trace
+    ctx = caller.get_span_context()
+    assert out.trace_headers == {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"}
+
+
+def test_headers_the_caller_passed_are_left_alone(trt) -> None:
+    tracer = trt.tracer_provider.get_tracer("test")
+    theirs = {"traceparent": f"00-{0xABC:032x}-{0xDEF:016x}-01"}
+    llm = _llm()
+    with tracer.start_as_current_span("caller"):
+        out = llm.generate_async("a b c", _params(2), trace_headers=theirs)
+        out.result()
+    assert out.trace_headers is theirs
+    # the current span wins over headers for our span's parent, as for vLLM
+    assert request_trees(trt.spans())[str(out.request_id)].span.parent.span_id != 0xDEF
 
 
 def test_errors_of_ours_never_reach_the_caller(trt, monkeypatch) -> None:
@@ -287,3 +302,24 @@ def test_uninstrument_removes_every_wrapper(trt) -> None:
     assert not is_wrapped(result_mod.DetokenizedGenerationResultBase, "_handle_response")
     assert not is_wrapped(trt.modules["tensorrt_llm.serve.openai_server"].OpenAIServer, "openai_chat")
     trt.inst.instrument(tracer_provider=trt.tracer_provider, meter_provider=MeterProvider())  # the fixture's teardown uninstruments again
+
+
+def test_engine_steps_off_nothing_waits_and_no_step_spans() -> None:
+    from trtllm_env import instrumented
+
+    modules = fake.build()
+    fake.install(modules)
+    env = instrumented(modules, engine_steps=False, iteration_wait=60)
+    try:
+        assert env.inst.telemetry.ledger.wait_s == 60
+        llm = _llm()
+        llm.generate("warm up", _params(2))
+        llm.get_stats()
+        out = llm.generate("a b c", _params(3))
+        assert env.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
+        llm.get_stats()
+        spans = env.spans()
+        assert str(out.request_id) in request_trees(spans) and engine_steps(spans) == []
+    finally:
+        env.inst.uninstrument()
+        fake.uninstall()

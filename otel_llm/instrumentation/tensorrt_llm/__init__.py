@@ -98,7 +98,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.tensorrt_llm", __version__)
         self.telemetry = telemetry = TRTLLMTelemetry(config, tracer, meter, engine="tensorrt_llm")
         telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
-                                           max_waiting=config.max_requests)
+                                           max_waiting=config.max_requests, wait_s=config.iteration_wait)
         w = TRTLLMWrappers(telemetry, telemetry.ledger)
         self._engine_table = WrapTable([
             Target(LLM_MODULE, "BaseLLM.generate_async", w.generate_async),

@@ -14,7 +14,7 @@ What ties an iteration to a request is the request's own ``RequestPerfMetrics.fi
 (its spans not built yet) until the stats of its last iteration have arrived and every iteration
 it spans has all its scheduled requests accounted for, then hands the complete steps to the core
 (``Telemetry.add_step``) and finishes the request (``Telemetry.finish``). A request waits at most
-``wait_s`` (then it finishes with the steps known by then); before any stats were seen, nothing
+``wait_s`` (the ``iteration_wait`` option; then it finishes with the steps known by then); before any stats were seen, nothing
 waits. Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests are held.
 """
 
@@ -124,7 +124,7 @@ class IterationLedger:
     """Holds iterations and finished requests until they can be tied together (see the module doc)."""
 
     def __init__(self, add_step: Callable[[StepRecord], None], finish: Callable[[str, RequestSummary], Any],
-                 max_steps: int, max_waiting: int, wait_s: float = 5.0,
+                 max_steps: int, max_waiting: int, wait_s: float = 15.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._add_step = add_step
         self._finish = finish

@@ -106,7 +106,8 @@ def finalize(t: RequestTimeline, times: EngineTimes | None, perf: Any, output_to
         if s.e2e is None:  # aborted before its last token: until now
             s.e2e = max(0.0, now_mono - times.arrival)
     else:
-        _warn_no_perf_metrics()
+        if s.error_type is None:  # an aborted or failed request may end before the engine reported
+            _warn_no_perf_metrics()
         # our own stamps: TTFT and decode as this process saw them
         s.e2e = max(0.0, now_wall - t.arrival)
         if t.token_ts:

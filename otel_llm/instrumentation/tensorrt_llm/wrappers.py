@@ -77,12 +77,29 @@ class TRTLLMWrappers:
 
     def generate_async(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         arrival = time.time()
+        try:
+            args, kwargs = self._propagate(wrapped, args, kwargs)
+        except Exception as exc:
+            GUARD.failed("BaseLLM.generate_async (before)", exc)
         result = wrapped(*args, **kwargs)
         try:
             self._start(wrapped, instance, args, kwargs, result, arrival)
         except Exception as exc:
             GUARD.failed("BaseLLM.generate_async", exc)
         return result
+
+    def _propagate(self, wrapped: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Hand the caller's span to TensorRT-LLM as W3C ``trace_headers`` when it was given none, so its
+        own ``llm_request`` span (when its tracing is on) lands in the same trace as ours. Headers the
+        caller passed (trtllm-serve passes the incoming ones) are left as they are."""
+        b = self.bind(wrapped)
+        if b.get(args, kwargs, "trace_headers") or _SERVING.get() is not None:
+            return args, kwargs
+        if not trace.get_current_span().get_span_context().is_valid:
+            return args, kwargs
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        return b.set(args, kwargs, "trace_headers", carrier)
 
     def _start(self, wrapped: Any, llm: Any, args: tuple, kwargs: dict, result: Any, arrival: float) -> None:
         b = self.bind(wrapped)
@@ -202,6 +219,8 @@ class TRTLLMWrappers:
 
     def get_stats(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         out = wrapped(*args, **kwargs)
+        if not self.telemetry.config.engine_steps:
+            return out
         try:
             for stats in out or ():
                 if isinstance(stats, dict):
@@ -214,7 +233,7 @@ class TRTLLMWrappers:
         async def call() -> Any:
             stats = await wrapped(*args, **kwargs)
             try:
-                if isinstance(stats, dict):
+                if isinstance(stats, dict) and self.telemetry.config.engine_steps:
                     self.ledger.observe(stats)
             except Exception as exc:
                 GUARD.failed("IterationResult.__anext__", exc)
