@@ -12,6 +12,7 @@ import contextvars
 import logging
 import threading
 import time
+from pathlib import PurePath
 from typing import Any, Callable
 
 from opentelemetry import context as otel_context
@@ -107,6 +108,8 @@ class TRTLLMWrappers:
         operation, kind, model, headers = serving or ("text_completion", SpanKind.INTERNAL, None, None)
         if model is None:
             model = getattr(getattr(llm, "args", None), "model", None)
+            if isinstance(model, PurePath):  # the TensorRT flavour points args.model at its engine directory
+                model = model.name
         params = getattr(result, "sampling_params", None) or b.get(args, kwargs, "sampling_params")
         attrs: dict[str, Any] = {}
         if params is not None:
