@@ -323,3 +323,47 @@ def test_engine_steps_off_nothing_waits_and_no_step_spans() -> None:
     finally:
         env.inst.uninstrument()
         fake.uninstall()
+
+
+def test_iteration_stats_translation() -> None:
+    import datetime as dt
+
+    from otel_llm.instrumentation.tensorrt_llm.iterations import iteration_from_stats
+
+    now_mono, now_wall = 5000.0, 1_800_000_000.0
+    started = dt.datetime.fromtimestamp(now_wall - 2.0)
+    stats = {"iter": 7, "timestamp": started.strftime("%m-%d-%Y %H:%M:%S.%f"), "iterLatencyMS": 12.5,
+             "numActiveRequests": 3, "numQueuedRequests": 4, "gpuMemUsage": 123,
+             "kvCacheStats": {"usedNumBlocks": 25, "maxNumBlocks": 100},
+             "inflightBatchingStats": {"numScheduledRequests": 3, "numContextRequests": 1, "numGenRequests": 2,
+                                       "numPausedRequests": 1, "numCtxTokens": 40,
+                                       "avgNumDecodedTokensPerIter": 2.5}}
+    it = iteration_from_stats(stats, now_mono, now_wall)
+    step = it.step
+    assert step.step_id == 7 and it.scheduled == 3 and it.context_tokens == 40
+    assert step.start == pytest.approx(now_mono - 2.0, abs=1e-5)  # local wall time -> engine monotonic
+    assert step.end - step.start == pytest.approx(0.0125)
+    assert (step.running, step.waiting, step.preempted, step.kv_cache_usage) == (3, 4, 1, 0.25)
+    a = step.attributes
+    assert a[sc.STEP_PHASE] == "mixed" and a[sc.STEP_NUM_DECODE_TOKENS] == 5 and a[sc.STEP_GPU_MEMORY] == 123
+    # a timestamp we cannot read: the iteration ended no later than when we saw it
+    it = iteration_from_stats({**stats, "timestamp": "12:00:01"}, now_mono, now_wall)
+    assert it.step.end == pytest.approx(now_mono)
+    assert iteration_from_stats({"iterLatencyMS": 1.0}, now_mono, now_wall) is None  # no iteration number
+
+
+def test_get_stats_as_json_strings_is_read_too(trt, monkeypatch) -> None:
+    import json
+
+    llm = _llm()
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    out = llm.generate("a b c", _params(3))
+    engine = llm._executor
+    raw = [json.dumps(s) for s in engine.stats_log[2:]]
+    monkeypatch.setattr(engine, "get_stats", lambda timeout: list(raw))
+    assert llm.get_stats() == raw  # the caller gets exactly what TensorRT-LLM returned
+    perf = out.outputs[0].request_perf_metrics
+    ids = sorted(s.attributes[sc.ENGINE_STEP_ID] for s in engine_steps(trt.spans()))
+    assert ids == list(range(perf.first_iter, perf.last_iter + 1))

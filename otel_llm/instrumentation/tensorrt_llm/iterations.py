@@ -5,8 +5,11 @@ Iteration stats reach the caller process only when someone pulls them (``LLM.get
 queue, so we never pull, we read what the user or the server pulls. Each dict is the C++
 ``IterationStats`` JSON (keys as tests/bindings/test_executor_bindings.py asserts them:
 ``iter``, ``iterLatencyMS``, ``timestamp``, ``numActiveRequests``, ``numQueuedRequests``,
-``gpuMemUsage``, ``kvCacheStats``, ``inflightBatchingStats``); the PyTorch backend stamps
-``timestamp`` with local wall time (``%m-%d-%Y %H:%M:%S.%f``) when it starts the iteration.
+``gpuMemUsage``, ``kvCacheStats``, ``inflightBatchingStats``). The PyTorch backend stamps
+``timestamp`` with local wall time (``%m-%d-%Y %H:%M:%S.%f``) when it starts the iteration (read in
+a stored version of ``_torch/pyexecutor/py_executor.py`` ``_get_init_iter_stats``, not at the pinned
+commit); the C++ (TensorRT) backend's format was not verified: when ``timestamp`` does not parse, the
+iteration is placed where it ended no later than: when we read it.
 
 The stats name no requests (``requestStats`` carries the engine's internal ids, not the LLM API's).
 What ties an iteration to a request is the request's own ``RequestPerfMetrics.first_iter`` /

@@ -9,6 +9,7 @@ Per streamed update the only work is one attribute lookup, one slice length and 
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import threading
 import time
@@ -226,6 +227,10 @@ class TRTLLMWrappers:
             return out
         try:
             for stats in out or ():
+                # dicts (IterationResult.get_results json-decodes them); get_stats' docstring at the pin
+                # shows JSON strings: read those too, without changing what the caller gets
+                if isinstance(stats, str):
+                    stats = json.loads(stats)
                 if isinstance(stats, dict):
                     self.ledger.observe(stats)
         except Exception as exc:
