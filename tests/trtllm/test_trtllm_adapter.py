@@ -367,3 +367,15 @@ def test_get_stats_as_json_strings_is_read_too(trt, monkeypatch) -> None:
     perf = out.outputs[0].request_perf_metrics
     ids = sorted(s.attributes[sc.ENGINE_STEP_ID] for s in engine_steps(trt.spans()))
     assert ids == list(range(perf.first_iter, perf.last_iter + 1))
+
+
+def test_two_llms_in_one_process_reuse_request_ids_without_mixing_them(trt) -> None:
+    a, b = _llm(), _llm()
+    ra = a.generate_async("a b c", _params(3), streaming=True)
+    rb = b.generate_async("d e", _params(5), streaming=True)
+    assert ra.request_id == rb.request_id  # each executor counts from 1
+    next(ra), next(rb)
+    ra.result(), rb.result()
+    spans = [s for s in trt.spans() if s.attributes.get(sc.LATENCY_E2E) is not None]
+    assert sorted(s.attributes[sc.USAGE_OUTPUT_TOKENS] for s in spans) == [3, 5]
+    assert {s.attributes[sc.RESPONSE_ID] for s in spans} == {str(ra.request_id)}

@@ -124,7 +124,8 @@ class TRTLLMWrappers:
         ids = result.prompt_token_ids
         rid = str(result.request_id)
         t = RequestTimeline(
-            request_id=rid, arrival=arrival, model=str(model) if model is not None else None,
+            # request ids count per executor: two LLMs in one process reuse them, so ours also names the LLM
+            request_id=f"{id(llm):x}:{rid}", arrival=arrival, model=str(model) if model is not None else None,
             operation=operation, provider=PROVIDER, kind=kind,
             parent=_parent_context(b.get(args, kwargs, "trace_headers") or headers),
             response_id=rid, request_attributes=attrs, input_tokens=len(ids) if ids is not None else None)
