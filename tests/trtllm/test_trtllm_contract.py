@@ -11,7 +11,8 @@
 * tensorrt_llm/executor/result.py: ``DetokenizedGenerationResultBase._handle_response(self, response)``,
   ``GenerationResultBase.record_stats(self, output, stats=None)``, ``GenerationResult.abort(self)``,
   ``IterationResult.__anext__(self)``; ``CompletionOutput`` (a dataclass) fields ``index``, ``text``,
-  ``token_ids``, ``finish_reason``, ``request_perf_metrics`` and properties ``length``, ``token_ids_diff``;
+  ``token_ids``, ``finish_reason``, ``request_perf_metrics``, the private ``_last_token_ids_len`` (the
+  length ``token_ids_diff`` slices from) and properties ``length``, ``token_ids_diff``;
   ``GenerationResult.request_id``, ``prompt_token_ids``, ``finished``, ``outputs``.
 * tensorrt_llm/serve/openai_server.py: ``OpenAIServer.openai_chat``, ``chat_harmony``,
   ``openai_completion``, ``openai_responses``, each ``(self, request, raw_request)``.
@@ -58,7 +59,7 @@ PINNED_SERVER = {
 }
 PINNED_MEMBERS = {
     (RESULT, "CompletionOutput"): {"index", "text", "token_ids", "finish_reason", "request_perf_metrics",
-                                   "length", "token_ids_diff"},
+                                   "length", "token_ids_diff", "_last_token_ids_len"},
     (RESULT, "GenerationResult"): {"request_id", "prompt_token_ids", "finished", "outputs"},
     ("tensorrt_llm.metrics", "RequestEventTiming"): {"ARRIVAL_TIME", "FIRST_SCHEDULED_TIME", "FIRST_TOKEN_TIME",
                                                      "LAST_TOKEN_TIME"},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import threading
+import sys
 import time
 from pathlib import PurePath
 from typing import Any, Callable
@@ -56,7 +56,6 @@ class TRTLLMWrappers:
         self.telemetry = telemetry
         self.ledger = ledger
         self.bind = _Binders()
-        self._local = threading.local()  # inside _handle_response: an abort() there is a stop string's
         self._told_perf_metrics = False
 
     # -- turning on the engine's per-request perf metrics ---------------------------------------
@@ -141,26 +140,22 @@ class TRTLLMWrappers:
         t = instance.__dict__.get(_KEY)
         if t is None:
             return wrapped(*args, **kwargs)
-        local = self._local
-        local.handling = True
         try:
             out = wrapped(*args, **kwargs)
         except BaseException:
-            local.handling = False
             self._finish(instance, t, "engine_error")
             raise
-        local.handling = False
-        try:
-            now = time.monotonic()
+        try:  # the hot path: once per streamed update
             o = instance.outputs[0]
-            n = len(o.token_ids_diff)
+            n = len(o.token_ids) - o._last_token_ids_len  # len(token_ids_diff), without its copy
             if n:
-                t.add_tokens(now, n)
-            response = args[0] if args else kwargs.get("response")
-            if _is_error(response):
-                self._finish(instance, t, "engine_error")
+                t.add_tokens(time.monotonic(), n)
+                if instance.finished:
+                    self._finish(instance, t, None)
             elif instance.finished:
                 self._finish(instance, t, None)
+            elif _is_error(args[0] if args else kwargs.get("response")):  # errors carry no tokens
+                self._finish(instance, t, "engine_error")
         except Exception as exc:
             GUARD.failed("GenerationResult._handle_response", exc)
         return out
@@ -181,9 +176,10 @@ class TRTLLMWrappers:
     def abort(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         out = wrapped(*args, **kwargs)
         try:
-            # TensorRT-LLM itself aborts a request that hit a stop string, inside _handle_response: that
-            # request finished normally there
-            if not getattr(self._local, "handling", False):
+            # TensorRT-LLM itself aborts a request that hit a stop string, from inside _handle_response:
+            # that request finishes normally there. Told apart by the frames above (abort is rare; the
+            # per-update path stays free of bookkeeping for it).
+            if not _inside_handle_response():
                 t = instance.__dict__.get(_KEY)
                 if t is not None:
                     t.finish_reason = "cancelled"
@@ -270,6 +266,16 @@ class TRTLLMWrappers:
                     _SERVING.reset(token)
             return call()
         return wrapper
+
+
+def _inside_handle_response(depth: int = 12) -> bool:
+    frame = sys._getframe(2)
+    code = TRTLLMWrappers.handle_response.__code__
+    while frame is not None and depth:
+        if frame.f_code is code:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 def _is_error(response: Any) -> bool:
