@@ -379,3 +379,18 @@ def test_two_llms_in_one_process_reuse_request_ids_without_mixing_them(trt) -> N
     spans = [s for s in trt.spans() if s.attributes.get(sc.LATENCY_E2E) is not None]
     assert sorted(s.attributes[sc.USAGE_OUTPUT_TOKENS] for s in spans) == [3, 5]
     assert {s.attributes[sc.RESPONSE_ID] for s in spans} == {str(ra.request_id)}
+
+
+def test_the_hosts_exception_survives_a_bug_of_ours_in_the_error_path(trt, monkeypatch) -> None:
+    from otel_llm.instrumentation.tensorrt_llm import wrappers
+
+    def broken(*a, **k):
+        raise ValueError("bug of ours")
+
+    monkeypatch.setattr(wrappers, "finalize", broken)
+    engine = fake.FakeEngine()
+    llm = _llm(engine)
+    res = llm.generate_async("a b c", _params())
+    engine.failing.add(res.request_id)
+    with pytest.raises(fake.RequestError, match="illegal memory access"):
+        res.result()

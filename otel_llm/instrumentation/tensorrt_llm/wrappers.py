@@ -142,8 +142,11 @@ class TRTLLMWrappers:
             return wrapped(*args, **kwargs)
         try:
             out = wrapped(*args, **kwargs)
-        except BaseException:
-            self._finish(instance, t, "engine_error")
+        except BaseException:  # the host's exception goes on unchanged, whatever happens to our finish
+            try:
+                self._finish(instance, t, "engine_error")
+            except Exception as exc:
+                GUARD.failed("GenerationResult._handle_response", exc)
             raise
         try:  # the hot path: once per streamed update
             o = instance.outputs[0]
