@@ -149,10 +149,3 @@ VLLM_DECODE = "gen_ai.latency.time_in_model_decode"
 VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 VLLM_RESPONSE_MODEL = "gen_ai.response.model"
-
-# TensorRT-LLM's own native ``llm_request`` span: the names vLLM's span shares (TTFT, e2e, queue,
-# usage) are the VLLM_* ones above; these are TensorRT-LLM's only (tensorrt_llm/llmapi/tracing.py
-# ``SpanAttributes`` at NVIDIA/TensorRT-LLM 5f158410)
-TRTLLM_REQUEST_ID = "gen_ai.request.id"
-TRTLLM_REQUEST_N = "gen_ai.request.n"
-TRTLLM_REQUEST_TOP_K = "gen_ai.request.top_k"

@@ -109,9 +109,12 @@ class SamplingParams:
     n: int = 1
     best_of: Optional[int] = None
     use_beam_search: bool = False
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
     top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    temperature: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
     stop: Optional[Union[str, List[str]]] = None
     detokenize: bool = True
     return_perf_metrics: bool = False

@@ -394,3 +394,15 @@ def test_the_hosts_exception_survives_a_bug_of_ours_in_the_error_path(trt, monke
     engine.failing.add(res.request_id)
     with pytest.raises(fake.RequestError, match="illegal memory access"):
         res.result()
+
+
+def test_request_attributes_from_sampling_params(trt) -> None:
+    from tensorrt_llm.sampling_params import SamplingParams
+
+    out = _llm().generate("a b c", SamplingParams(max_tokens=3, top_k=40, seed=7, frequency_penalty=0.5,
+                                                  presence_penalty=0.0, stop=["zzz"], temperature=0.7))
+    a = request_trees(trt.spans())[str(out.request_id)].attributes
+    assert (a[sc.REQUEST_TOP_K], a[sc.REQUEST_SEED], a[sc.REQUEST_FREQUENCY_PENALTY]) == (40, 7, 0.5)
+    assert a[sc.REQUEST_STOP_SEQUENCES] == ("zzz",) and a[sc.REQUEST_TEMPERATURE] == 0.7
+    assert sc.REQUEST_PRESENCE_PENALTY not in a and sc.REQUEST_CHOICE_COUNT not in a  # off: left out
+    assert a[sc.RESPONSE_MODEL] == a[sc.REQUEST_MODEL] == "tiny-llama"

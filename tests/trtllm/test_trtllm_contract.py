@@ -19,8 +19,9 @@
 * tensorrt_llm/metrics/enums.py (stored version 0f6cdd08; result.py at the pin imports it from
   ``..metrics``): ``RequestEventTiming.ARRIVAL_TIME`` / ``FIRST_SCHEDULED_TIME`` / ``FIRST_TOKEN_TIME`` /
   ``LAST_TOKEN_TIME``.
-* tensorrt_llm/sampling_params.py (stored version a98a9061): ``return_perf_metrics``, ``max_tokens``,
-  ``temperature``, ``top_p``, ``n``.
+* tensorrt_llm/sampling_params.py (stored version 000a01de, the 1.0.0rc4 version bump; the pinned
+  commit does not touch it): ``return_perf_metrics``, ``max_tokens``, ``temperature``, ``top_p``,
+  ``top_k``, ``seed``, ``frequency_penalty``, ``presence_penalty``, ``stop``, ``n``.
 * RequestPerfMetrics (C++ binding): tests/bindings/test_executor_bindings.py
   ``test_request_perf_metrics_pickle`` sets each field; openai_server.py at the pin reads them in
   ``get_perf_metrics``.
@@ -64,7 +65,8 @@ PINNED_MEMBERS = {
     ("tensorrt_llm.metrics", "RequestEventTiming"): {"ARRIVAL_TIME", "FIRST_SCHEDULED_TIME", "FIRST_TOKEN_TIME",
                                                      "LAST_TOKEN_TIME"},
     ("tensorrt_llm.sampling_params", "SamplingParams"): {"return_perf_metrics", "max_tokens", "temperature", "top_p",
-                                                         "n"},
+                                                         "top_k", "seed", "frequency_penalty", "presence_penalty",
+                                                         "stop", "n"},
 }
 PINNED_PERF_METRICS = {
     "": {"timing_metrics", "kv_cache_metrics", "speculative_decoding", "first_iter", "last_iter"},

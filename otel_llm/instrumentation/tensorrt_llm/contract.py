@@ -91,8 +91,9 @@ MEMBERS: tuple[Members, ...] = (
             ("ARRIVAL_TIME", "FIRST_SCHEDULED_TIME", "FIRST_TOKEN_TIME", "LAST_TOKEN_TIME"),
             "tensorrt_llm/metrics/enums.py @ 0f6cdd08 (members used by result.py @ 5f158410)"),
     Members(SAMPLING_MODULE, "SamplingParams",
-            ("return_perf_metrics", "max_tokens", "temperature", "top_p", "n"),
-            "tensorrt_llm/sampling_params.py @ a98a9061 (return_perf_metrics read by llm.py @ 5f158410)"),
+            ("return_perf_metrics", "max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty",
+             "presence_penalty", "stop", "n"),
+            "tensorrt_llm/sampling_params.py @ 000a01de (return_perf_metrics read by llm.py @ 5f158410)"),
 )
 
 # Fields of the C++-bound RequestPerfMetrics (CompletionOutput.request_perf_metrics) we read, checked
