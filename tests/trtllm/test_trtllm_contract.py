@@ -112,6 +112,22 @@ def _drifted_generate_async(modules: dict) -> None:
     modules[LLM].BaseLLM = modules[LLM].LLM = old
 
 
+def _newer_generate_async(modules: dict) -> None:
+    # generate_async as a 2026 version of llm.py on TensorRT-LLM's main branch has it (a stored version
+    # read from the public repository): conversation_params and priority added
+    base = modules[LLM].BaseLLM
+    newer = type("BaseLLM", (base,), {})
+
+    def generate_async(self, inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
+                       streaming=False, kv_cache_retention_config=None, disaggregated_params=None,
+                       trace_headers=None, _postproc_params=None, scheduling_params=None, conversation_params=None,
+                       cache_salt=None, priority=0.5):
+        return base.generate_async(self, inputs, sampling_params, streaming=streaming)
+
+    newer.generate_async = generate_async
+    modules[LLM].BaseLLM = modules[LLM].LLM = newer
+
+
 def _drifted_perf_metrics(modules: dict) -> None:
     class RequestPerfMetrics(fake.RequestPerfMetrics):
         def __init__(self) -> None:
@@ -137,6 +153,7 @@ def _drifted_completion_output(modules: dict) -> None:
 
 @pytest.mark.parametrize("drift,expected", [
     (_drifted_generate_async, "BaseLLM.generate_async"),
+    (_newer_generate_async, "'conversation_params'"),
     (_drifted_perf_metrics, "RequestPerfMetrics lacks ['first_iter']"),
     (_drifted_completion_output, "CompletionOutput lacks ['request_perf_metrics']"),
 ])
