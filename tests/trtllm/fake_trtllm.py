@@ -598,14 +598,15 @@ class RequestOutput(DetokenizedGenerationResultBase, GenerationResult):
 
 
 @dataclass
-class _Args:
+class _Args:  # the fields of TorchLlmArgs the stand-in needs
     model: str
     return_perf_metrics: bool = False
+    enable_iter_perf_stats: bool = False
 
 
 class BaseLLM:
     def __init__(self, model: str, engine: FakeEngine | None = None, **kwargs: Any) -> None:
-        self.args = _Args(model=model)
+        self.args = _Args(model=model, **kwargs)
         self._executor = engine or FakeEngine()
         self.tokenizer = Tokenizer()
 

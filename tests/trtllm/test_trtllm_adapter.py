@@ -406,3 +406,17 @@ def test_request_attributes_from_sampling_params(trt) -> None:
     assert a[sc.REQUEST_STOP_SEQUENCES] == ("zzz",) and a[sc.REQUEST_TEMPERATURE] == 0.7
     assert sc.REQUEST_PRESENCE_PENALTY not in a and sc.REQUEST_CHOICE_COUNT not in a  # off: left out
     assert a[sc.RESPONSE_MODEL] == a[sc.REQUEST_MODEL] == "tiny-llama"
+
+
+def test_iteration_stats_switched_on_links_even_the_first_requests(trt) -> None:
+    from tensorrt_llm.llmapi.llm import LLM
+
+    # the offline pattern: generate, then read the stats once at the end
+    llm = LLM(model="tiny-llama", engine=fake.FakeEngine(), enable_iter_perf_stats=True)
+    outs = llm.generate(["a b c", "d e"], _params(3))
+    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 2
+    llm.get_stats()
+    spans = trt.spans()
+    trees = request_trees(spans)
+    linked = {link.context.span_id for s in engine_steps(spans) for link in s.links}
+    assert {trees[str(o.request_id)].span.context.span_id for o in outs} <= linked

@@ -18,7 +18,7 @@ What ties an iteration to a request is the request's own ``RequestPerfMetrics.fi
 it spans has all its scheduled requests accounted for, then hands the complete steps to the core
 (``Telemetry.add_step``) and finishes the request (``Telemetry.finish``). A request waits at most
 ``wait_s`` (the ``iteration_wait`` option; then it finishes with the steps known by then); before any stats were seen, nothing
-waits. Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests are held.
+waits, unless the LLM was built with ``enable_iter_perf_stats`` (then from the first request). Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests are held.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class IterationLedger:
         self.iterations: OrderedDict[int, Iteration] = OrderedDict()
         self.waiting: OrderedDict[str, Waiting] = OrderedDict()
         self.highest = -1  # highest iteration seen
-        self.seen_any = False
+        self.seen_any = False  # stats seen, or announced (expect()): finished requests wait for theirs
         self.dropped_iterations = 0  # evicted before all their requests came
         self.released_early = 0  # requests finished on timeout or overflow, before their steps were complete
         # the user's threads (results, get_stats) and trtllm-serve's event loop all report here
@@ -146,6 +146,10 @@ class IterationLedger:
         self._submitted: OrderedDict[int, None] = OrderedDict()  # handed to the core: a re-read is ignored
 
     # -- inputs ----------------------------------------------------------------------------------
+
+    def expect(self) -> None:
+        """Iteration stats will come (the LLM was built with them on): requests wait from the first one."""
+        self.seen_any = True
 
     def observe(self, stats: Mapping[str, Any]) -> None:
         """One iteration's stats, as the user or the server pulled them."""

@@ -155,6 +155,11 @@ class TRTLLMWrappers:
             t.prompt_text = prompt if isinstance(prompt, str) else None
         if self.telemetry.start(t):
             result.__dict__[_KEY] = t
+            # the PyTorch flavour's switch for iteration stats (TorchLlmArgs.enable_iter_perf_stats): with it
+            # on, stats will come, so even the first requests wait for theirs
+            args = getattr(llm, "args", None)
+            if not self.ledger.seen_any and getattr(args, "enable_iter_perf_stats", False) is True:
+                self.ledger.expect()
 
     # -- per streamed update, and the finish ------------------------------------------------------
 
