@@ -8,6 +8,9 @@ tests/trtllm/fake_trtllm.py (pinned names, real wrapping, real core):
    ``_last_token_ids_len``), minus the same body unwrapped. CPU ns per update, median of repeats.
 2. Per finished request, on the thread that read the result: the finish (perf metrics -> timeline and
    summary, the ledger, the core's decision and hand-off to the span thread). CPU µs per request.
+3. The iteration ledger alone under a serving load: requests of 200 iterations each, 64 scheduled per
+   iteration, finishing before their stats arrive (stats pulled in one batch, as a ``/metrics`` scrape
+   does); CPU µs per iteration read, which must not grow with the number of requests waiting.
 
 The engine's own per-update work (IPC, detokenization) is not in either number. Machine: 2 vCPUs
 shared with other work, so treat the numbers as orders of magnitude.
@@ -93,12 +96,41 @@ def per_request(env, n: int = 2000) -> dict[str, float]:
             "finish_us_p90": statistics.quantiles(costs, n=10)[-1] / 1000}
 
 
+def ledger_scaling(batch: int = 64, length: int = 200) -> dict[str, float]:
+    from otel_llm.core.summary import RequestSummary
+    from otel_llm.core.timeline import RequestTimeline
+    from otel_llm.instrumentation.tensorrt_llm.iterations import IterationLedger
+
+    out = {}
+    for iterations in (1000, 4000):
+        ledger = IterationLedger(lambda step: None, lambda rid, s: None, max_steps=8192, max_waiting=1 << 20,
+                                 wait_s=1e9)
+        ledger.expect()
+        # a steady batch: request r runs iterations [r * length / batch, that + length)
+        n_requests = iterations * batch // length
+        for r in range(n_requests):
+            first = r * length // batch
+            ledger.finished(RequestTimeline(f"r{r}", 0.0, input_tokens=8), RequestSummary(),
+                            (first, first + length - 1))
+        waiting = len(ledger.waiting)
+        stats = [{"iter": k, "iterLatencyMS": 10.0,
+                  "inflightBatchingStats": {"numScheduledRequests": batch, "numContextRequests": 0,
+                                            "numGenRequests": batch, "numCtxTokens": 0}}
+                 for k in range(iterations + length)]
+        t0 = time.process_time_ns()
+        for st in stats:
+            ledger.observe(st)
+        per = (time.process_time_ns() - t0) / len(stats) / 1000
+        out[f"us_per_iteration_with_{waiting}_waiting"] = per
+    return out
+
+
 def main() -> None:
     modules = fake.build()
     fake.install(modules)
     env = instrumented(modules, sample_rate=0.05, baseline_detail="phases", tail_quantile=0.99)
     try:
-        out = {"per_update": per_update(env), "per_request": per_request(env),
+        out = {"per_update": per_update(env), "per_request": per_request(env), "ledger": ledger_scaling(),
                "machine": f"{platform.machine()}, {platform.python_version()}, 2 shared vCPUs (loaded)",
                "note": "stand-in TensorRT-LLM (tests/trtllm/fake_trtllm.py); our code only, not the engine's"}
     finally:

@@ -203,6 +203,8 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
     assert len(steps) == len({i for v in served.values() for i in v})
     assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
     assert trt.inst.telemetry.steps == {}  # nothing held
+    assert trt.inst.telemetry.ledger.held() == {"iterations": 0, "waiting": 0, "open": 0, "by_first": 0,
+                                                "by_last": 0}
 
 
 def test_iterations_pulled_by_get_stats_async(trt) -> None:
@@ -420,3 +422,33 @@ def test_iteration_stats_switched_on_links_even_the_first_requests(trt) -> None:
     trees = request_trees(spans)
     linked = {link.context.span_id for s in engine_steps(spans) for link in s.links}
     assert {trees[str(o.request_id)].span.context.span_id for o in outs} <= linked
+
+
+def test_the_ledger_holds_nothing_for_requests_it_let_go() -> None:
+    from otel_llm.core.summary import RequestSummary
+    from otel_llm.core.timeline import RequestTimeline
+    from otel_llm.instrumentation.tensorrt_llm.iterations import IterationLedger
+
+    finished, steps = [], []
+    clock = [0.0]
+    ledger = IterationLedger(steps.append, lambda rid, s: finished.append(rid), max_steps=16, max_waiting=4,
+                             wait_s=1.0, clock=lambda: clock[0])
+    ledger.expect()
+    stats = lambda k, n: {"iter": k, "iterLatencyMS": 1.0,  # noqa: E731
+                          "inflightBatchingStats": {"numScheduledRequests": n, "numContextRequests": 0,
+                                                    "numGenRequests": n, "numCtxTokens": 0}}
+    # two requests over iterations 0..3, their stats arrive after they finished: released together
+    for i, (first, last) in enumerate(((0, 3), (1, 3))):
+        ledger.finished(RequestTimeline(f"r{i}", 0.0, input_tokens=4), RequestSummary(), (first, last))
+    for k, n in ((0, 1), (1, 2), (2, 2), (3, 2)):
+        ledger.observe(stats(k, n))
+    assert finished == ["r0", "r1"] and [s.step_id for s in steps] == [0, 1, 2, 3]
+    assert [len(s.requests) for s in steps] == [1, 2, 2, 2] and ledger.released_early == 0
+    # stats that never come: released at the deadline, and nothing of them stays behind
+    for i in range(6):
+        ledger.finished(RequestTimeline(f"q{i}", 0.0), RequestSummary(), (10 + i, 20 + i))
+    assert len(ledger.waiting) == 4  # max_waiting: the oldest went early
+    clock[0] += 2.0
+    ledger.release()
+    assert ledger.held() == {"iterations": 0, "waiting": 0, "open": 0, "by_first": 0, "by_last": 0}
+    assert len(finished) == 8 and ledger.released_early == 6

@@ -121,10 +121,16 @@ class Waiting:
     first: int
     last: int
     deadline: float
+    pending: int = 0  # iterations of its range we hold that still miss some of their requests
 
 
 class IterationLedger:
-    """Holds iterations and finished requests until they can be tied together (see the module doc)."""
+    """Holds iterations and finished requests until they can be tied together (see the module doc).
+
+    Each event costs O(the requests of the iterations it touches), never O(all waiting requests): a
+    waiting request counts its incomplete iterations (``pending``) and is ready when that count is 0
+    and the stats of its last iteration have arrived; deadlines expire in arrival order.
+    """
 
     def __init__(self, add_step: Callable[[StepRecord], None], finish: Callable[[str, RequestSummary], Any],
                  max_steps: int, max_waiting: int, wait_s: float = 15.0,
@@ -136,7 +142,7 @@ class IterationLedger:
         self.wait_s = wait_s
         self._clock = clock
         self.iterations: OrderedDict[int, Iteration] = OrderedDict()
-        self.waiting: OrderedDict[str, Waiting] = OrderedDict()
+        self.waiting: OrderedDict[str, Waiting] = OrderedDict()  # in arrival order, so deadlines are ordered
         self.highest = -1  # highest iteration seen
         self.seen_any = False  # stats seen, or announced (expect()): finished requests wait for theirs
         self.dropped_iterations = 0  # evicted before all their requests came
@@ -144,6 +150,10 @@ class IterationLedger:
         # the user's threads (results, get_stats) and trtllm-serve's event loop all report here
         self._lock = threading.RLock()
         self._submitted: OrderedDict[int, None] = OrderedDict()  # handed to the core: a re-read is ignored
+        self._by_last: dict[int, list[str]] = {}  # last iteration -> waiting requests (those whose stats end there)
+        self._by_first: dict[int, list[str]] = {}  # first iteration -> waiting requests the sweep has not reached
+        self._open: set[str] = set()  # waiting requests whose range the sweep is in
+        self._swept = -1
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -161,98 +171,176 @@ class IterationLedger:
             self._observe(it)
 
     def _observe(self, it: Iteration) -> None:
-        if it.step.step_id in self.iterations or it.step.step_id in self._submitted:
+        k = it.step.step_id
+        if k in self.iterations or k in self._submitted:
             return
         self.seen_any = True
-        self.iterations[it.step.step_id] = it
-        self.highest = max(self.highest, it.step.step_id)
+        self.iterations[k] = it
         while len(self.iterations) > self.max_steps:
-            self.iterations.popitem(last=False)
-            self.dropped_iterations += 1
-        # the requests waiting for this iteration join it now
-        for w in self.waiting.values():
-            if w.first <= it.step.step_id <= w.last:
-                self._join(it, w)
-        self.release()
+            self._evict(self.iterations.popitem(last=False)[1])
+        candidates = []
+        # the requests waiting for this iteration join it now (those whose range covers it)
+        for w in self._covering(k):
+            self._join(it, w)
+            candidates.append(w)
+        if k > self.highest:
+            for last in range(self.highest + 1, k + 1):
+                for rid in self._by_last.pop(last, ()):
+                    w = self.waiting.get(rid)
+                    if w is not None:
+                        candidates.append(w)
+            self.highest = k
+        self._settle(candidates)
+
+    def _covering(self, k: int) -> list[Waiting]:
+        """Waiting requests whose range covers ``k``, by a sweep over iteration numbers (they arrive in
+        order): O(the requests open at ``k``), not O(all waiting)."""
+        for j in range(self._swept + 1, k + 1):
+            self._open.update(self._by_first.pop(j, ()))
+        self._swept = max(self._swept, k)
+        out = []
+        for rid in list(self._open):
+            w = self.waiting.get(rid)
+            if w is None or w.last < k:
+                self._open.discard(rid)  # released, or its range is behind the sweep
+            elif w.first <= k:
+                out.append(w)
+        return out
 
     def finished(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int] | None) -> None:
         """A request TensorRT-LLM has finished; its spans are built once its iterations are settled."""
         with self._lock:
             if iterations is None or not self.seen_any:
                 self._finish(t.request_id, s)
+                self._expire()
                 return
             self._wait(t, s, iterations)
 
     def _wait(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int]) -> None:
         w = Waiting(t, s, iterations[0], iterations[1], self._clock() + self.wait_s)
         self.waiting[t.request_id] = w
+        if w.last > self.highest:
+            self._by_last.setdefault(w.last, []).append(t.request_id)
+            # iterations of its range still to come: the sweep picks it up
+            if w.first > self._swept:
+                self._by_first.setdefault(w.first, []).append(t.request_id)
+            else:
+                self._open.add(t.request_id)
+        candidates = [w]
         for k in range(w.first, w.last + 1):
             it = self.iterations.get(k)
             if it is not None:
+                was_complete = self._complete(it)
                 self._join(it, w)
+                if not was_complete and self._complete(it):
+                    candidates.extend(self._member_waits(it))
         while len(self.waiting) > self.max_waiting:
             self._release_one(next(iter(self.waiting)), early=True)
-        self.release()
+        self._settle(candidates)
 
     # -- settlement ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _join(it: Iteration, w: Waiting) -> None:
+    def _join(self, it: Iteration, w: Waiting) -> None:
         # A request's first iteration computed (the start of) its prompt; which later ones continued a
         # chunked prompt the stats do not say, so those count as decode. Its prompt tokens in that
         # iteration: the engine's context-token count when it was the only context request, else its
         # prompt length. The step span itself carries the engine's own counts.
         t = w.timeline
+        was_complete = self._complete(it)
         if it.step.step_id == w.first:
             tokens = it.context_tokens if it.context_requests == 1 else (t.input_tokens or 0)
             it.members.append((t.request_id, tokens, True))
         else:
             it.members.append((t.request_id, 1, False))
+        if was_complete:
+            return  # more requests than it scheduled (paused ones in their range): nothing to wait for
+        if self._complete(it):
+            for m in self._member_waits(it):
+                if m is not w:
+                    m.pending -= 1
+        else:
+            w.pending += 1
 
-    def _complete(self, it: Iteration) -> bool:
+    def _member_waits(self, it: Iteration) -> list[Waiting]:
+        out = []
+        for rid, _, _ in it.members:
+            w = self.waiting.get(rid)
+            if w is not None:
+                out.append(w)
+        return out
+
+    @staticmethod
+    def _complete(it: Iteration) -> bool:
         return len(it.members) >= it.scheduled
 
-    def release(self, force: bool = False) -> None:
-        """Finish every waiting request whose iterations are settled (all of them with ``force``)."""
-        with self._lock:
-            if self.waiting:
-                self._release(force)
-
-    def _release(self, force: bool) -> None:
-        now = self._clock()
-        for rid in list(self.waiting):
-            w = self.waiting.get(rid)
-            if w is None:
-                continue
-            if force or now >= w.deadline:
-                self._release_one(rid, early=not self._ready(w))
-            elif self._ready(w):
-                self._release_one(rid, early=False)
+    def _evict(self, it: Iteration) -> None:
+        # held too long (past max_steps): its requests stop waiting for it, and it is not emitted
+        self.dropped_iterations += 1
+        if not self._complete(it):
+            for w in self._member_waits(it):
+                w.pending -= 1
 
     def _ready(self, w: Waiting) -> bool:
-        if self.highest < w.last:
-            return False
-        for k in range(w.first, w.last + 1):
-            it = self.iterations.get(k)
-            if it is not None and not self._complete(it):
-                return False
-        return True
+        return w.pending <= 0 and self.highest >= w.last
+
+    def _settle(self, candidates: list[Waiting]) -> None:
+        for w in candidates:
+            if w.timeline.request_id in self.waiting and self._ready(w):
+                self._release_one(w.timeline.request_id, early=False)
+        self._expire()
+
+    def _expire(self) -> None:
+        if not self.waiting:
+            return
+        now = self._clock()
+        while self.waiting:
+            rid, w = next(iter(self.waiting.items()))
+            if now < w.deadline:
+                return
+            self._release_one(rid, early=not self._ready(w))
+
+    def release(self, force: bool = False) -> None:
+        """Finish what waited past its bound (every waiting request with ``force``)."""
+        with self._lock:
+            if force:
+                for rid in list(self.waiting):
+                    if rid in self.waiting:
+                        self._release_one(rid, early=not self._ready(self.waiting[rid]))
+            else:
+                self._expire()
 
     def _release_one(self, rid: str, early: bool) -> None:
         w = self.waiting.pop(rid)
         if early:
             self.released_early += 1
+        self._open.discard(rid)
+        for index, key in ((self._by_first, w.first), (self._by_last, w.last)):
+            rids = index.get(key)
+            if rids is not None and rid in rids:
+                rids.remove(rid)
+                if not rids:
+                    del index[key]
         # its iterations go to the core now (with every request that joined them so far, all of them
         # still unfinished there), so the core links each to the kept requests it served
         for k in range(w.first, w.last + 1):
             it = self.iterations.pop(k, None)
-            if it is not None:
-                it.step.requests = it.members
-                self._add_step(it.step)
-                self._submitted[k] = None
-                if len(self._submitted) > self.max_steps:
-                    self._submitted.popitem(last=False)
+            if it is None:
+                continue
+            if not self._complete(it):  # the others waiting on it stop waiting: it has gone to the core
+                for m in self._member_waits(it):
+                    if m is not w:
+                        m.pending -= 1
+            it.step.requests = it.members
+            self._add_step(it.step)
+            self._submitted[k] = None
+            if len(self._submitted) > self.max_steps:
+                self._submitted.popitem(last=False)
         self._finish(rid, w.summary)
 
     def flush(self) -> None:
         self.release(force=True)
+
+    def held(self) -> dict[str, int]:
+        """Sizes of what is held (tests assert nothing outlives its request)."""
+        return {"iterations": len(self.iterations), "waiting": len(self.waiting), "open": len(self._open),
+                "by_first": sum(map(len, self._by_first.values())), "by_last": sum(map(len, self._by_last.values()))}
