@@ -203,8 +203,9 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
     assert len(steps) == len({i for v in served.values() for i in v})
     assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
     assert trt.inst.telemetry.steps == {}  # nothing held
-    assert trt.inst.telemetry.ledger.held() == {"iterations": 0, "waiting": 0, "open": 0, "by_first": 0,
-                                                "by_last": 0}
+    held = trt.inst.telemetry.ledger.held()
+    # only the warm-up's iterations (no request waited for them) stay, until max_steps pushes them out
+    assert held == {"iterations": 2, "waiting": 0, "open": 0, "by_first": 0, "by_last": 0}
 
 
 def test_iterations_pulled_by_get_stats_async(trt) -> None:
@@ -442,8 +443,9 @@ def test_the_ledger_holds_nothing_for_requests_it_let_go() -> None:
         ledger.finished(RequestTimeline(f"r{i}", 0.0, input_tokens=4), RequestSummary(), (first, last))
     for k, n in ((0, 1), (1, 2), (2, 2), (3, 2)):
         ledger.observe(stats(k, n))
-    assert finished == ["r0", "r1"] and [s.step_id for s in steps] == [0, 1, 2, 3]
-    assert [len(s.requests) for s in steps] == [1, 2, 2, 2] and ledger.released_early == 0
+    assert sorted(finished) == ["r0", "r1"] and sorted(s.step_id for s in steps) == [0, 1, 2, 3]
+    assert [len(s.requests) for s in sorted(steps, key=lambda s: s.step_id)] == [1, 2, 2, 2]
+    assert ledger.released_early == 0
     # stats that never come: released at the deadline, and nothing of them stays behind
     for i in range(6):
         ledger.finished(RequestTimeline(f"q{i}", 0.0), RequestSummary(), (10 + i, 20 + i))
