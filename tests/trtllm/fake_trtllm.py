@@ -13,7 +13,6 @@ at a time, stamping steady-clock (``time.monotonic``) times as TensorRT-LLM's do
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import enum
 import importlib.abc
@@ -691,9 +690,6 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
     m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
     m.__path__ = []  # type: ignore[attr-defined]
     m.__dict__.update(attrs)
-    for value in attrs.values():
-        if isinstance(value, type) and value.__module__ == __name__:
-            pass
     return m
 
 
