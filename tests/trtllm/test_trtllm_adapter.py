@@ -168,7 +168,7 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
     llm.get_stats()  # as trtllm-serve's /metrics does: from now on finished requests wait for their iterations
     trt.clear()
     outs = llm.generate(["a b c", "d e f g", "h i"], _params(4))
-    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 3
+    assert trt.waiting() == 3
     pulled = llm.get_stats()  # the user's list is untouched; we read it as it passes
     assert [s["iter"] for s in pulled] == [s["iter"] for s in engine.stats_log[2:]]
     spans = trt.spans()
@@ -201,7 +201,7 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
         assert len(chunks) == 1 and chunks[0].attributes[sc.CHUNK_TOKENS] == len(out.prompt_token_ids)
         assert chunks[0].attributes[sc.ENGINE_STEP_ID] == perf.first_iter
     assert len(steps) == len({i for v in served.values() for i in v})
-    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
+    assert trt.waiting() == 0
     assert trt.inst.telemetry.steps == {}  # nothing held
     held = trt.inst.telemetry.ledger.held()
     # only the warm-up's iterations (no request waited for them) stay, until max_steps pushes them out
@@ -231,9 +231,10 @@ def test_a_request_waits_no_longer_than_its_bound(trt) -> None:
     clock = [0.0]
     trt.inst.telemetry.ledger._clock = lambda: clock[0]
     out = llm.generate("a b c", _params(3))
-    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 1
+    assert trt.waiting() == 1
     clock[0] += trt.inst.telemetry.ledger.wait_s + 1
     llm.generate("d e", _params(2))  # any later event settles what waited too long
+    assert trt.inst.telemetry.ledger.sync(10)
     assert trt.inst.telemetry.ledger.released_early >= 1
     assert str(out.request_id) in request_trees(trt.spans())
 
@@ -319,7 +320,7 @@ def test_engine_steps_off_nothing_waits_and_no_step_spans() -> None:
         llm.generate("warm up", _params(2))
         llm.get_stats()
         out = llm.generate("a b c", _params(3))
-        assert env.inst.telemetry.stats()["requests_waiting_for_iterations"] == 0
+        assert env.waiting() == 0
         llm.get_stats()
         spans = env.spans()
         assert str(out.request_id) in request_trees(spans) and engine_steps(spans) == []
@@ -417,7 +418,7 @@ def test_iteration_stats_switched_on_links_even_the_first_requests(trt) -> None:
     # the offline pattern: generate, then read the stats once at the end
     llm = LLM(model="tiny-llama", engine=fake.FakeEngine(), enable_iter_perf_stats=True)
     outs = llm.generate(["a b c", "d e"], _params(3))
-    assert trt.inst.telemetry.stats()["requests_waiting_for_iterations"] == 2
+    assert trt.waiting() == 2
     llm.get_stats()
     spans = trt.spans()
     trees = request_trees(spans)
@@ -433,7 +434,7 @@ def test_the_ledger_holds_nothing_for_requests_it_let_go() -> None:
     finished, steps = [], []
     clock = [0.0]
     ledger = IterationLedger(steps.append, lambda rid, s: finished.append(rid), max_steps=16, max_waiting=4,
-                             wait_s=1.0, clock=lambda: clock[0])
+                             wait_s=1.0, clock=lambda: clock[0], background=False)
     ledger.expect()
     stats = lambda k, n: {"iter": k, "iterLatencyMS": 1.0,  # noqa: E731
                           "inflightBatchingStats": {"numScheduledRequests": n, "numContextRequests": 0,

@@ -28,6 +28,11 @@ class Env:
         assert self.inst.telemetry.flush(10)
         return list(self.exporter.get_finished_spans())
 
+    def waiting(self) -> int:
+        """Finished requests waiting for their iteration stats (after the ledger's thread caught up)."""
+        assert self.inst.telemetry.ledger.sync(10)
+        return len(self.inst.telemetry.ledger.waiting)
+
     def clear(self) -> None:
         """Forget the spans so far (after the background thread built every one of them)."""
         assert self.inst.telemetry.flush(10)

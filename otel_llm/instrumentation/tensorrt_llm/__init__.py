@@ -58,14 +58,14 @@ class TRTLLMTelemetry(Telemetry):
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         try:
-            self.ledger.flush()
+            self.ledger.flush(timeout)
         except Exception as exc:
             GUARD.failed("tensorrt_llm iteration ledger", exc)
         return super().flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         try:
-            self.ledger.flush()
+            self.ledger.close(timeout)
         except Exception as exc:
             GUARD.failed("tensorrt_llm iteration ledger", exc)
         super().close(timeout)
@@ -75,6 +75,7 @@ class TRTLLMTelemetry(Telemetry):
         out["iterations_dropped"] = self.ledger.dropped_iterations
         out["requests_released_early"] = self.ledger.released_early
         out["requests_waiting_for_iterations"] = len(self.ledger.waiting)
+        out["iteration_stats_dropped"] = self.ledger.stats_dropped
         return out
 
 

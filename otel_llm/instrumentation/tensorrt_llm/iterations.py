@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from ...core import semconv as sc
+from ...core.materializer import Materializer
 from ...core.summary import RequestSummary
 from ...core.timeline import RequestTimeline, StepRecord
 
@@ -136,7 +137,7 @@ class IterationLedger:
 
     def __init__(self, add_step: Callable[[StepRecord], None], finish: Callable[[str, RequestSummary], Any],
                  max_steps: int, max_waiting: int, wait_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self._add_step = add_step
         self._finish = finish
         self.max_steps = max_steps
@@ -156,6 +157,12 @@ class IterationLedger:
         self._by_first: dict[int, list[str]] = {}  # first iteration -> waiting requests the sweep has not reached
         self._open: set[str] = set()  # waiting requests whose range the sweep is in
         self._swept = -1
+        # The work runs on its own thread (background=True): reading a pull of stats costs ~1 µs per
+        # request an iteration served, and trtllm-serve pulls from its event loop (/metrics). The
+        # caller only queues. A full queue drops stats (counted) and runs a finish where it is.
+        self.stats_dropped = 0
+        self._worker = Materializer(self._run, max_jobs=max_steps + 4096,
+                                    name="otel-llm-tensorrt_llm-iterations") if background else None
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -164,13 +171,32 @@ class IterationLedger:
         self.seen_any = True
 
     def observe(self, stats: Mapping[str, Any]) -> None:
-        """One iteration's stats, as the user or the server pulled them."""
-        now_mono, now_wall = time.monotonic(), time.time()
-        it = iteration_from_stats(stats, now_mono, now_wall)
-        if it is None:
-            return
-        with self._lock:
-            self._observe(it)
+        """One iteration's stats, as the user or the server pulled them (read when they were pulled)."""
+        job = ("stats", stats, time.monotonic(), time.time())
+        if self._worker is None:
+            self._run(job)
+        elif not self._worker.submit(job):
+            self.stats_dropped += 1
+
+    def _run(self, job: tuple) -> None:
+        if job[0] == "stats":
+            _, stats, now_mono, now_wall = job
+            it = iteration_from_stats(stats, now_mono, now_wall)
+            if it is not None:
+                with self._lock:
+                    self._observe(it)
+        else:
+            _, t, s, iterations = job
+            self._finished(t, s, iterations)
+
+    def sync(self, timeout: float | None = 10.0) -> bool:
+        """Wait until what was handed over so far has been worked through."""
+        return self._worker.flush(timeout) if self._worker is not None else True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.flush()
+        if self._worker is not None:
+            self._worker.close(timeout)
 
     def _observe(self, it: Iteration) -> None:
         k = it.step.step_id
@@ -211,6 +237,11 @@ class IterationLedger:
 
     def finished(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int] | None) -> None:
         """A request TensorRT-LLM has finished; its spans are built once its iterations are settled."""
+        job = ("finished", t, s, iterations)
+        if self._worker is None or not self._worker.submit(job):
+            self._run(job)  # never lose a request: a full queue finishes it here
+
+    def _finished(self, t: RequestTimeline, s: RequestSummary, iterations: tuple[int, int] | None) -> None:
         with self._lock:
             if iterations is None or not self.seen_any:
                 self._finish(t.request_id, s)
@@ -339,7 +370,8 @@ class IterationLedger:
                 self._submitted.popitem(last=False)
         self._finish(rid, w.summary)
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = 10.0) -> None:
+        self.sync(timeout)
         self.release(force=True)
 
     def held(self) -> dict[str, int]:
