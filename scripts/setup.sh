@@ -20,6 +20,15 @@ if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null; then
   $V -m pip install -q -e ".[test,openai]"
 fi
+# The collector is its own distribution (collector/pyproject.toml). An older .venv has it inside otel-llm,
+# with otel-llm's console script: reinstall the core then, so the two no longer overlap.
+if $V -c "from importlib.metadata import distribution as d; assert any(e.name=='otel-llm-collector' for e in d('otel-llm').entry_points)" 2>/dev/null; then
+  $V -m pip install -q -e ".[test,openai]"
+fi
+if ! $V -c "import otel_llm_collector.cli, yaml, prometheus_client, grpc, requests; from importlib.metadata import distribution; distribution('otel-llm-collector')" 2>/dev/null \
+   || [ ! -x .venv/bin/otel-llm-collector ]; then
+  $V -m pip install -q -e ./collector
+fi
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
