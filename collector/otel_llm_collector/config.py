@@ -67,10 +67,28 @@ DEFAULTS_YAML = """
 receivers:
   otlp:
     protocols:
-      grpc: {endpoint: "127.0.0.1:4317", max_recv_msg_size_mib: 4}
-      http: {endpoint: "127.0.0.1:4318", max_request_body_size: 4194304, max_concurrent_requests: 64}
+      grpc:
+        endpoint: "127.0.0.1:4317"
+        max_recv_msg_size_mib: 4
+        max_concurrent_requests: 256
+        read_timeout: 30s
+        keepalive: {server_parameters: {max_connection_age: 10m, max_connection_age_grace: 30s}}
+      http:
+        endpoint: "127.0.0.1:4318"
+        max_request_body_size: 4194304
+        max_json_body_size: 1048576
+        max_concurrent_requests: 64
+        max_connections: 256
+        max_header_bytes: 65536
+        read_header_timeout: 10s
+        read_timeout: 30s
 processors:
-  llm_metrics: {slo: ""}
+  llm_metrics:
+    slo: ""
+    max_label_length: 256
+    label_cache_size: 16MiB
+    max_series: 2000
+    max_series_per_service: 250
   tail_sampling:
     decision_wait: 30s
     decision_wait_after_root_received: 1s
@@ -169,11 +187,26 @@ def read_pem(path: str | None) -> bytes | None:
 
 
 @dataclass(frozen=True)
+class BearerTokenConfig:
+    """An authenticator (upstream ``bearertokenauth`` extension): the tokens a request may present."""
+
+    tokens: tuple[bytes, ...]
+    scheme: str = "Bearer"
+    header: str = "authorization"
+
+
+@dataclass(frozen=True)
 class GrpcReceiverConfig:
     host: str = "127.0.0.1"
     port: int = 4317
     max_message_bytes: int = 4 << 20
     tls: TLSServerConfig | None = None
+    max_concurrent_requests: int = 256  # calls in flight (waiting for their message included); beyond: refused
+    read_timeout: float = 30.0  # from the call's start until its request message is in
+    max_connection_age: float = 600.0  # 0: unlimited
+    max_connection_age_grace: float = 30.0
+    workers: int = 8  # threads that process received messages (no thread waits for a slow client)
+    auth: BearerTokenConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -181,8 +214,14 @@ class HttpReceiverConfig:
     host: str = "127.0.0.1"
     port: int = 4318
     max_body_bytes: int = 4 << 20
-    max_concurrent_requests: int = 64
+    max_concurrent_requests: int = 64  # bodies being processed at once (taken once a body is in)
     tls: TLSServerConfig | None = None
+    max_json_body_bytes: int = 1 << 20  # OTLP/JSON costs ~10x protobuf to parse: a smaller cap
+    max_connections: int = 256
+    max_header_bytes: int = 64 << 10
+    read_header_timeout: float = 10.0  # from connection (or previous response) to the end of the headers
+    read_timeout: float = 30.0  # from the end of the headers to the end of the body
+    auth: BearerTokenConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +260,16 @@ class ExporterConfig:
 
 
 @dataclass(frozen=True)
+class LabelLimits:
+    """Bounds on what client-chosen label values can cost (``processors.llm_metrics``)."""
+
+    max_label_length: int = 256  # characters kept of a model, service, operation, provider, error type
+    label_cache_bytes: int = 16 << 20  # the one cache of bound label sets, all services together
+    max_series: int = 2000  # per instrument; then one overflow series
+    max_series_per_service: int = 250  # per instrument and service; then that service's overflow series
+
+
+@dataclass(frozen=True)
 class CollectorConfig:
     grpc: GrpcReceiverConfig | None = GrpcReceiverConfig()
     http: HttpReceiverConfig | None = HttpReceiverConfig()
@@ -229,6 +278,9 @@ class CollectorConfig:
     tail_sampling: TailSamplingConfig | None = TailSamplingConfig()
     exporters: tuple[ExporterConfig, ...] = ()
     prometheus: tuple[str, int] | None = ("127.0.0.1", 8889)
+    labels: LabelLimits = LabelLimits()
+    prometheus_auth: BearerTokenConfig | None = None
+    shutdown_timeout: float = 5.0  # how long shutdown waits for exporters to deliver what is queued
 
     @classmethod
     def from_yaml(cls, text: str) -> "CollectorConfig":
@@ -254,21 +306,27 @@ class CollectorConfig:
     def from_mapping(cls, raw: Mapping[str, Any]) -> "CollectorConfig":
         """Merge ``raw`` over the embedded defaults and validate every key."""
         merged = _merge(yaml.safe_load(DEFAULTS_YAML), raw)
-        _only(merged, ("receivers", "processors", "exporters"), "")
+        _only(merged, ("receivers", "processors", "exporters", "extensions", "service"), "")
+        auths = _extensions(merged.get("extensions"))
+        service = merged.get("service") or {}
+        _only(service, ("shutdown_timeout",), "service")
         protocols = ((merged.get("receivers") or {}).get("otlp") or {}).get("protocols") or {}
         _only(protocols, ("grpc", "http"), "receivers.otlp.protocols")
         procs = merged.get("processors") or {}
         _only(procs, ("llm_metrics", "tail_sampling"), "processors")
         exps = merged.get("exporters") or {}
         return cls(
-            grpc=_grpc(protocols.get("grpc")),
-            http=_http(protocols.get("http")),
+            grpc=_grpc(protocols.get("grpc"), auths),
+            http=_http(protocols.get("http"), auths),
             llm_metrics=procs.get("llm_metrics") is not None,
             slo=_slo(procs.get("llm_metrics")),
             tail_sampling=_tail(procs.get("tail_sampling")),
             exporters=tuple(_exporter(k, v) for k, v in exps.items()
                             if v is not None and k.split("/")[0] != "prometheus"),
             prometheus=_prometheus(exps),
+            labels=_labels(procs.get("llm_metrics")),
+            prometheus_auth=_auth(exps.get("prometheus"), auths, "exporters.prometheus"),
+            shutdown_timeout=duration(service.get("shutdown_timeout", 5), "service.shutdown_timeout"),
         )
 
 
@@ -290,31 +348,151 @@ def _only(m: Any, allowed: tuple[str, ...], where: str) -> None:
         raise ConfigError(f"{where or 'config'}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
 
 
-def _grpc(m: Any) -> GrpcReceiverConfig | None:
+def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig | None:
     if m is None:
         return None
     w = "receivers.otlp.protocols.grpc"
-    _only(m, ("endpoint", "max_recv_msg_size_mib", "tls"), w)
+    _only(m, ("endpoint", "max_recv_msg_size_mib", "tls", "max_concurrent_requests", "read_timeout", "keepalive",
+              "workers", "auth"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
+    keepalive = m.get("keepalive") or {}
+    _only(keepalive, ("server_parameters",), f"{w}.keepalive")
+    server = keepalive.get("server_parameters") or {}
+    _only(server, ("max_connection_age", "max_connection_age_grace"), f"{w}.keepalive.server_parameters")
+    ka = f"{w}.keepalive.server_parameters"
     return GrpcReceiverConfig(host, port, positive_int(m.get("max_recv_msg_size_mib"), f"{w}.max_recv_msg_size_mib") << 20,
-                              tls=_server_tls(m, f"{w}.tls"))
+                              tls=_server_tls(m, f"{w}.tls"),
+                              max_concurrent_requests=positive_int(m.get("max_concurrent_requests"),
+                                                                   f"{w}.max_concurrent_requests"),
+                              read_timeout=_positive_duration(m.get("read_timeout"), f"{w}.read_timeout"),
+                              max_connection_age=duration(server.get("max_connection_age", 0),
+                                                          f"{ka}.max_connection_age"),
+                              max_connection_age_grace=duration(server.get("max_connection_age_grace", 0),
+                                                                f"{ka}.max_connection_age_grace"),
+                              workers=positive_int(m.get("workers", 8), f"{w}.workers"),
+                              auth=_auth(m, auths, w))
 
 
-def _http(m: Any) -> HttpReceiverConfig | None:
+def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig | None:
     if m is None:
         return None
     w = "receivers.otlp.protocols.http"
-    _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests", "tls"), w)
+    _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests", "tls", "max_json_body_size",
+              "max_connections", "max_header_bytes", "read_header_timeout", "read_timeout", "auth"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     return HttpReceiverConfig(host, port, size(m.get("max_request_body_size"), f"{w}.max_request_body_size"),
                               positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"),
-                              tls=_server_tls(m, f"{w}.tls"))
+                              tls=_server_tls(m, f"{w}.tls"),
+                              max_json_body_bytes=size(m.get("max_json_body_size"), f"{w}.max_json_body_size"),
+                              max_connections=positive_int(m.get("max_connections"), f"{w}.max_connections"),
+                              max_header_bytes=size(m.get("max_header_bytes"), f"{w}.max_header_bytes"),
+                              read_header_timeout=_positive_duration(m.get("read_header_timeout"),
+                                                                     f"{w}.read_header_timeout"),
+                              read_timeout=_positive_duration(m.get("read_timeout"), f"{w}.read_timeout"),
+                              auth=_auth(m, auths, w))
+
+
+def _positive_duration(value: Any, where: str) -> float:
+    d = duration(value, where)
+    if d <= 0:
+        raise ConfigError(f"{where}: must be positive, got {value!r}")
+    return d
+
+
+def _labels(m: Any) -> LabelLimits:
+    if not m:
+        return LabelLimits()
+    w = "processors.llm_metrics"
+    d = LabelLimits()
+    limits = LabelLimits(
+        max_label_length=positive_int(m.get("max_label_length", d.max_label_length), f"{w}.max_label_length"),
+        label_cache_bytes=size(m.get("label_cache_size", d.label_cache_bytes), f"{w}.label_cache_size"),
+        max_series=positive_int(m.get("max_series", d.max_series), f"{w}.max_series"),
+        max_series_per_service=positive_int(m.get("max_series_per_service", d.max_series_per_service),
+                                            f"{w}.max_series_per_service"))
+    if limits.max_series_per_service > limits.max_series:
+        raise ConfigError(f"{w}.max_series_per_service ({limits.max_series_per_service}) exceeds "
+                          f"{w}.max_series ({limits.max_series})")
+    return limits
+
+
+# -- authentication (upstream bearertokenauth vocabulary) ------------------------------------------
+
+_ENV = re.compile(r"^\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def _token_text(value: Any, where: str) -> str:
+    """A token, or ``${env:NAME}`` (upstream's confmap syntax) read from the environment."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty token string, got {type(value).__name__}")
+    m = _ENV.match(value)
+    if m:
+        import os
+
+        got = os.environ.get(m.group(1))
+        if not got:
+            raise ConfigError(f"{where}: environment variable {m.group(1)} is not set or empty")
+        return got
+    return value
+
+
+def _extensions(m: Any) -> dict[str, BearerTokenConfig]:
+    """``extensions: {bearertokenauth[/name]: {scheme, token | tokens | filename, header}}`` -> authenticators."""
+    if not m:
+        return {}
+    _only(m, ("bearertokenauth",), "extensions")
+    out = {}
+    for name, spec in m.items():
+        w = f"extensions.{name}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{w}: expected a mapping with token, tokens or filename")
+        _only(spec, ("scheme", "token", "tokens", "filename", "header"), w)
+        sources = [k for k in ("token", "tokens", "filename") if k in spec]
+        if len(sources) != 1:
+            raise ConfigError(f"{w}: set exactly one of token, tokens, filename (got {sources or 'none'})")
+        if "token" in spec:
+            tokens = [_token_text(spec["token"], f"{w}.token")]
+        elif "tokens" in spec:
+            if not isinstance(spec["tokens"], list) or not spec["tokens"]:
+                raise ConfigError(f"{w}.tokens: expected a non-empty list")
+            tokens = [_token_text(t, f"{w}.tokens[{i}]") for i, t in enumerate(spec["tokens"])]
+        else:
+            path = spec["filename"]
+            try:
+                with open(path, encoding="utf-8") as f:
+                    tokens = [line.strip() for line in f if line.strip()]
+            except (OSError, TypeError) as exc:
+                raise ConfigError(f"{w}.filename: cannot read {path!r}: {exc}") from None
+            if not tokens:
+                raise ConfigError(f"{w}.filename: {path} holds no token")
+        scheme = spec.get("scheme", "Bearer")
+        header = spec.get("header", "authorization")
+        if not isinstance(scheme, str) or not isinstance(header, str) or not header:
+            raise ConfigError(f"{w}: scheme and header must be strings")
+        out[name] = BearerTokenConfig(tuple(t.encode() for t in tokens), scheme, header.lower())
+    return out
+
+
+def _auth(m: Any, auths: Mapping[str, BearerTokenConfig], where: str) -> BearerTokenConfig | None:
+    """A section's ``auth: {authenticator: <extension name>}``."""
+    if not isinstance(m, Mapping) or m.get("auth") is None:
+        return None
+    a = m["auth"]
+    if not isinstance(a, Mapping):
+        raise ConfigError(f"{where}.auth: expected {{authenticator: bearertokenauth}}")
+    _only(a, ("authenticator",), f"{where}.auth")
+    name = a.get("authenticator")
+    if name not in auths:
+        raise ConfigError(f"{where}.auth.authenticator: no extension {name!r} is configured "
+                          f"(configured: {', '.join(auths) or 'none'})")
+    return auths[name]
 
 
 def _slo(m: Any) -> SLOTable:
     if not m:
         return SLOTable()
-    _only(m, ("slo",), "processors.llm_metrics")
+    _only(m, ("slo", "max_label_length", "label_cache_size", "max_series", "max_series_per_service"),
+          "processors.llm_metrics")
     try:
         return SLOTable.coerce(m.get("slo") or None)
     except (TypeError, ValueError) as exc:
@@ -403,7 +581,7 @@ def _prometheus(exps: Mapping[str, Any]) -> tuple[str, int] | None:
     m = exps.get("prometheus")
     if m is None:
         return None
-    _only(m, ("endpoint",), "exporters.prometheus")
+    _only(m, ("endpoint", "auth"), "exporters.prometheus")
     return endpoint(m.get("endpoint"), "exporters.prometheus.endpoint")
 
 

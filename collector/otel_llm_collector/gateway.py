@@ -26,7 +26,7 @@ from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
-from .spans import encode_request, extract
+from .spans import Extracted, encode_request, extract
 from .tail_sampling import Item, TailSampler
 from .telemetry import SelfTelemetry
 
@@ -78,10 +78,10 @@ class Gateway:
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.registry)
             if cfg.grpc is not None:
-                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.serial)
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry)
                 self.grpc.start()
             if cfg.http is not None:
-                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.serial)
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry)
                 self.http.start()
         except Exception:
             self.shutdown()
@@ -118,23 +118,24 @@ class Gateway:
     # -- pipeline ------------------------------------------------------------------------------
 
     def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct", raw: bytes | None = None) -> int:
-        """Process one export request; returns the number of spans refused (invalid trace id).
+        """Process one export request; returns the number of spans refused (invalid trace, span or parent id).
 
         ``raw``: the protobuf bytes ``request`` was parsed from, when at hand (the receivers pass them).
-        Traces that are due are decided right after, on the same thread, while their data is still in cache."""
+        Reading the request (``extract``) needs no shared state, so it runs before the pipeline lock is
+        taken: a large request delays nobody else's while it is read. Traces that are due are decided
+        right after, on the same thread, while their data is still in cache."""
+        batch = extract(request, raw, self._keys)
         with self.serial:
-            rejected = self._ingest(request, transport, raw)
+            self._ingest(batch, transport)
             if self.sampler is not None:
                 self.sampler.tick()
-        return rejected
+        return batch.rejected
 
-    def _ingest(self, request: ExportTraceServiceRequest, transport: str, raw: bytes | None) -> int:
-        batch = extract(request, raw, self._keys)
+    def _ingest(self, batch: Extracted, transport: str) -> None:
         if batch.spans:
             self.telemetry.inc("receiver_accepted_spans", len(batch.spans), transport=transport)
-        if batch.rejected:
-            self.telemetry.inc("receiver_refused_spans", batch.rejected, transport=transport,
-                               reason="invalid_trace_id")
+        for reason, n in (batch.rejected_by or {}).items():
+            self.telemetry.inc("receiver_refused_spans", n, transport=transport, reason=reason)
         if self.metrics is not None and batch.requests:
             self.metrics.process(batch.requests)
         if self.ttft_join is not None and (batch.clients or batch.requests):
@@ -143,7 +144,6 @@ class Gateway:
             self.sampler.add(batch)
         elif batch.spans:
             self._emit([(group, raw) for _, group, raw, *_ in batch.spans])
-        return batch.rejected
 
     def tick(self) -> int:
         """Decide the traces that are due (the ticker calls this when no request arrives to do it)."""

@@ -37,6 +37,7 @@ _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
 SERVICE_NAME = "service.name"
 _ERROR = Status.STATUS_CODE_ERROR
 _NO_TRACE = b"\0" * 16
+_NO_SPAN = b"\0" * 8
 _TTFC = sc.RESPONSE_TIME_TO_FIRST_CHUNK
 _CLIENT = 3  # Span.SPAN_KIND_CLIENT
 
@@ -98,10 +99,11 @@ class Extracted:
 
     spans: list[SpanRecord]
     requests: list[RequestFacts]
-    rejected: int = 0  # spans without a valid trace id
+    rejected: int = 0  # spans without a valid trace id, span id or parent span id
     clients: list[ClientFacts] | None = None
     # trace id -> attribute key -> values, for the keys asked for (``extract(keys=...)``); None when none were
     attributes: dict[bytes, dict[str, list[Any]]] | None = None
+    rejected_by: dict[str, int] | None = None  # reason (invalid_trace_id, ...) -> spans; None when none
 
 
 MAX_VALUES_PER_KEY = 64  # distinct values kept per attribute key and trace: a policy needs one match, not all
@@ -149,6 +151,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
     requests: list[RequestFacts] = []
     clients: list[ClientFacts] | None = None
     rejected = 0
+    rejected_by: dict[str, int] | None = None
     triggers, read_span = _TRIGGERS, SpanView.FromString
     found: dict[bytes, dict[str, list[Any]]] | None = {} if keys else None
     resource_values: list[tuple[str, Any]] = []
@@ -164,11 +167,21 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
             for encoded in ss.spans:
                 span = read_span(encoded)
                 tid = span.trace_id
+                parent = span.parent_span_id
                 if len(tid) != 16 or tid == _NO_TRACE:
-                    rejected += 1  # the OTLP spec: a span without a valid trace id is invalid
+                    why = "invalid_trace_id"  # the OTLP spec: a span without a valid trace id is invalid
+                elif len(sid := span.span_id) != 8 or sid == _NO_SPAN:
+                    why = "invalid_span_id"
+                elif parent and len(parent) != 8:  # a strict backend refuses the whole batch for one of these
+                    why = "invalid_parent_span_id"
+                else:
+                    why = None
+                if why is not None:
+                    rejected += 1
+                    rejected_by = rejected_by if rejected_by is not None else {}
+                    rejected_by[why] = rejected_by.get(why, 0) + 1
                     continue
                 facts = None
-                parent = span.parent_span_id
                 attrs = span.attributes
                 if attrs:
                     for key in triggers:
@@ -189,7 +202,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
                 status = span.status
                 spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
                               bool(status) and _is_error(status), not parent, facts))
-    return Extracted(spans, requests, rejected, clients, found)
+    return Extracted(spans, requests, rejected, clients, found, rejected_by)
 
 
 def merge_values(into: dict[str, list[Any]], pairs: Iterable[tuple[str, Any]]) -> None:

@@ -45,6 +45,7 @@ def _build() -> descriptor_pool.DescriptorPool:
     message("Status", [("code", 3, _F.TYPE_INT32, False, "")])  # an enum on the wire is a varint, as int32
     span = message("Span", [
         ("trace_id", 1, _F.TYPE_BYTES, False, ""),
+        ("span_id", 2, _F.TYPE_BYTES, False, ""),
         ("parent_span_id", 4, _F.TYPE_BYTES, False, ""),
         ("kind", 6, _F.TYPE_INT32, False, ""),
         ("start_time_unix_nano", 7, _F.TYPE_FIXED64, False, ""),

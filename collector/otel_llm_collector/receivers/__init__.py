@@ -7,6 +7,10 @@ from typing import Protocol
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
+REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), span id (8 bytes, not all zero) "
+                   "or parent span id (empty or 8 bytes) were refused")
+
+
 class Ingest(Protocol):
     """(request, transport, its protobuf bytes as received if any) -> number of spans refused (partial success).
 

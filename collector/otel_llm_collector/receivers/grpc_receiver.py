@@ -1,86 +1,162 @@
-"""OTLP/gRPC receiver: ``TraceService/Export`` on a thread-pool server.
+"""OTLP/gRPC receiver: ``TraceService/Export`` on an asyncio gRPC server in its own thread.
 
-The request arrives as raw bytes (identity deserializer) so that a malformed body becomes
-a counted ``INVALID_ARGUMENT`` with the parser's reason, and an oversized one a counted
-``RESOURCE_EXHAUSTED``, instead of an opaque transport error. gRPC itself enforces a hard
-cap slightly above ours (and applies it after gzip decompression, so gzip bombs stop there).
+Waiting for a client costs no thread: the server runs on an event loop, and a call's message is
+awaited under ``read_timeout`` (a server-side receive deadline: a client that opens a call and
+sends its message late gets DEADLINE_EXCEEDED, counted as ``reason="read_timeout"``). Only a
+received message goes to the ``workers`` thread pool, where it is parsed (outside the gateway's
+pipeline lock) and ingested. The method is served as client-streaming so the handler runs as soon as
+the call starts (a unary client sends one message; that is the same on the wire), which is what lets
+it put a deadline on the message. Calls in flight are capped (``max_concurrent_requests``; beyond it
+RESOURCE_EXHAUSTED, counted as ``reason="busy"``), and connections are closed after
+``keepalive.server_parameters.max_connection_age`` (+ ``max_connection_age_grace``), upstream's keys.
 
-With ``tls`` the port is TLS only (gRPC's own handshake; ``client_ca_file`` makes a client
-certificate mandatory). gRPC completes or refuses handshakes before any handler runs, so TLS
-failures are not counted in ``receiver_bad_requests`` here (the HTTP receiver counts them).
+The request arrives as raw bytes (identity deserializer) so that a malformed body becomes a counted
+``INVALID_ARGUMENT`` with the parser's reason, and an oversized one a counted ``RESOURCE_EXHAUSTED``.
+gRPC itself enforces a hard cap slightly above ours (and applies it after gzip decompression, so gzip
+bombs stop there).
+
+With ``tls`` the port is TLS only (gRPC's own handshake; ``client_ca_file`` makes a client certificate
+mandatory). With ``auth`` a call must carry ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED
+otherwise, counted as ``reason="unauthenticated"``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import ContextManager
 
 import grpc
+import grpc.aio
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTracePartialSuccess,
                                                                      ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
+from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..telemetry import SelfTelemetry
-from . import Ingest
+from . import REFUSED_MESSAGE, Ingest
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
 class GrpcReceiver:
-    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry,
-                 serial: ContextManager[object] | None = None, workers: int = 8) -> None:
-        """``serial``: held around parsing and ingesting a request (the gateway's pipeline lock)."""
+    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry) -> None:
         self._cfg = cfg
         self._ingest = ingest
-        self._serial = serial if serial is not None else contextlib.nullcontext()
         self._t = telemetry
-        self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
-            maximum_concurrent_rpcs=workers * 8,  # beyond this clients get RESOURCE_EXHAUSTED, not a pile-up
-            options=[("grpc.max_receive_message_length", cfg.max_message_bytes + (64 << 10)),
-                     ("grpc.so_reuseport", 0)])
-        handler = grpc.unary_unary_rpc_method_handler(self._export, request_deserializer=None,
-                                                      response_serializer=None)
+        self._auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
+        self._in_flight = 0
+        self._pool = ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="otlp-grpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="otlp-grpc-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.port = asyncio.run_coroutine_threadsafe(self._bind(), self._loop).result(30)
+        except BaseException:
+            self._close_loop()
+            raise
+
+    async def _bind(self) -> int:
+        cfg = self._cfg
+        options = [("grpc.max_receive_message_length", cfg.max_message_bytes + (64 << 10)),
+                   ("grpc.so_reuseport", 0)]
+        if cfg.max_connection_age > 0:
+            options += [("grpc.max_connection_age_ms", int(cfg.max_connection_age * 1000)),
+                        ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace * 1000))]
+        # gRPC's own cap, a backstop above ours (its refusals reach no handler, so they cannot be counted)
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=cfg.max_concurrent_requests * 2, options=options)
+        handler = grpc.stream_unary_rpc_method_handler(self._export, request_deserializer=None,
+                                                       response_serializer=None)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
         address = f"{cfg.host}:{cfg.port}"
-        self.port = (self._server.add_insecure_port(address) if cfg.tls is None
-                     else self._server.add_secure_port(address, _credentials(cfg.tls)))
-        if not self.port:
+        try:
+            port = (self._server.add_insecure_port(address) if cfg.tls is None
+                    else self._server.add_secure_port(address, _credentials(cfg.tls)))
+        except RuntimeError as exc:  # grpc.aio raises where the sync server returned 0
+            raise OSError(f"cannot bind OTLP/gRPC receiver to {cfg.host}:{cfg.port}: {exc}") from None
+        if not port:
             raise OSError(f"cannot bind OTLP/gRPC receiver to {cfg.host}:{cfg.port}")
+        return port
 
     def start(self) -> None:
-        self._server.start()
+        asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(30)
 
     def stop(self, grace: float = 1.0) -> None:
-        self._server.stop(grace).wait()
+        try:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result(grace + 30)
+        finally:
+            self._close_loop()
 
-    def _bad(self, context: grpc.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
-        self._t.inc("receiver_bad_requests", transport="grpc", reason=reason)
-        context.abort(code, message)
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._pool.shutdown(wait=True)
 
-    def _export(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
-        if len(raw) > self._cfg.max_message_bytes:
-            self._bad(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
-                      f"message of {len(raw)} bytes exceeds the limit of {self._cfg.max_message_bytes}")
-        with self._serial:
-            request = ExportTraceServiceRequest()
+    @property
+    def in_flight(self) -> int:
+        """Calls being served now (waiting for their message included)."""
+        return self._in_flight
+
+    async def _export(self, requests, context: grpc.aio.ServicerContext) -> bytes:
+        cfg = self._cfg
+        self._in_flight += 1  # on the event loop's thread only: no lock needed
+        try:
+            if self._in_flight > cfg.max_concurrent_requests:
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", "too many concurrent calls; retry later")
+            if self._auth is not None and not self._auth.check(_metadata(context, self._auth.header)):
+                raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated", "missing or wrong bearer token")
             try:
-                request.ParseFromString(raw)
-            except (DecodeError, RecursionError, ValueError) as exc:
-                self._bad(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                          f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}")
-            try:
-                rejected = self._ingest(request, "grpc", raw)
-            except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
-                self._bad(context, grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}")
+                raw = await asyncio.wait_for(requests.__anext__(), cfg.read_timeout)
+            except asyncio.TimeoutError:
+                raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "read_timeout",
+                               f"the request message did not arrive within {cfg.read_timeout:g} s") from None
+            except StopAsyncIteration:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", "no request message") from None
+            if len(raw) > cfg.max_message_bytes:
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
+                               f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
+            rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw)
+        except _Refused as r:
+            self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
+            await context.abort(r.code, r.message)
+        except asyncio.CancelledError:  # the client went away or the connection was closed
+            self._t.inc("receiver_bad_requests", transport="grpc", reason="disconnected")
+            raise
+        finally:
+            self._in_flight -= 1
         response = ExportTraceServiceResponse()
         if rejected:
-            response.partial_success.CopyFrom(ExportTracePartialSuccess(
-                rejected_spans=rejected, error_message="spans without a valid 16-byte trace id were refused"))
+            response.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=rejected,
+                                                                        error_message=REFUSED_MESSAGE))
         return response.SerializeToString()
+
+    def _process(self, raw: bytes) -> int:
+        """On a worker thread: parse (no lock held), then ingest (which takes the pipeline lock)."""
+        request = ExportTraceServiceRequest()
+        try:
+            request.ParseFromString(raw)
+        except (DecodeError, RecursionError, ValueError) as exc:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                           f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}") from None
+        try:
+            return self._ingest(request, "grpc", raw)
+        except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
+            raise _Refused(grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}") from None
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | bytes | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v
+    return None
 
 
 def _credentials(tls: TLSServerConfig) -> grpc.ServerCredentials:

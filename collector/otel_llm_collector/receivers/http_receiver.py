@@ -1,10 +1,18 @@
 """OTLP/HTTP receiver: ``POST /v1/traces``, protobuf or JSON, optionally gzip, on a threading HTTP server.
 
 Bad input gets a 4xx with a ``google.rpc.Status`` body (in the request's content type)
-saying why, and is counted by reason. The body size is checked before reading it, and
-gzip is inflated incrementally with an output cap, so neither a large body nor a gzip
-bomb can take more than ``max_request_body_size`` of memory. A semaphore bounds
-concurrent requests (503 + Retry-After beyond it) and a socket timeout drops slow clients.
+saying why, and is counted by reason. The body size is checked before reading it (OTLP/JSON
+has its own, smaller cap), and gzip is inflated incrementally with an output cap, so neither a
+large body nor a gzip bomb can take more than ``max_request_body_size`` of memory.
+
+Slow clients: the request line and headers must arrive within ``read_header_timeout`` and the body
+within ``read_timeout`` after them - whole-request deadlines enforced by a watchdog that shuts the
+socket down, whatever the client's pace (a per-read timeout restarts with every byte). A processing
+slot (``max_concurrent_requests``, 503 + Retry-After beyond it) is taken only once the body is in, so
+clients still sending hold none. Connections are capped (``max_connections``; the next one gets a 503
+and is closed) and so are header bytes (``max_header_bytes``, 431). Every refusal is counted in
+``receiver_bad_requests{transport="http", reason}``; a client that disconnects or times out is counted,
+never logged with a traceback. Parsing happens outside the gateway's pipeline lock.
 
 With ``tls`` the port is HTTPS only (TLS >= 1.2; ``client_ca_file`` makes a client certificate
 mandatory). The handshake runs on the connection's own thread, never in the accept loop, so a
@@ -14,14 +22,15 @@ at most the socket timeout; each is counted as ``receiver_bad_requests{reason="t
 
 from __future__ import annotations
 
-import contextlib
+import http.client
 import json
+import logging
 import socket
 import ssl
+import sys
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ContextManager
 
 from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status
@@ -29,15 +38,23 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from ..config import HttpReceiverConfig, TLSServerConfig
 from otel_llm.otlp_json import OtlpJsonError, parse_request, to_dict
+
+from ..auth import BearerAuth
+from ..config import HttpReceiverConfig, TLSServerConfig
 from ..telemetry import SelfTelemetry
-from . import Ingest
+from . import REFUSED_MESSAGE, Ingest
+from .watchdog import Deadline, Watchdog
+
+log = logging.getLogger("otel_llm_collector")
 
 PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-SOCKET_TIMEOUT_S = 10.0
+SOCKET_TIMEOUT_S = 10.0  # the TLS handshake's, and a backstop on each read and write
+_CHUNK = 1 << 16
+_BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+               b"Connection: close\r\n\r\n")
 
 
 class BadRequest(Exception):
@@ -60,11 +77,84 @@ def inflate(body: bytes, limit: int) -> bytes:
     return out
 
 
+class _HeaderLimit:
+    """Stands in for ``rfile`` while the headers are read: at most ``left`` bytes of them."""
+
+    def __init__(self, rfile: object, left: int) -> None:
+        self._rfile, self.left, self.exceeded = rfile, left, False
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            self.exceeded = True
+            raise http.client.LineTooLong("header block")
+        line = self._rfile.readline(min(size, self.left + 1) if size >= 0 else self.left + 1)  # type: ignore[attr-defined]
+        self.left -= len(line)
+        if self.left < 0:
+            self.exceeded = True
+            raise http.client.LineTooLong("header block")
+        return line
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
     tls: ssl.SSLContext | None = None
     telemetry: SelfTelemetry | None = None
+    max_connections = 256
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._connections = 0
+        self._count_lock = threading.Lock()
+
+    @property
+    def connections(self) -> int:
+        return self._connections
+
+    def _count(self, reason: str) -> None:
+        if self.telemetry is not None:
+            self.telemetry.inc("receiver_bad_requests", transport="http", reason=reason)
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        with self._count_lock:
+            full = self._connections >= self.max_connections
+            if not full:
+                self._connections += 1
+        if full:  # refuse in the accept loop without blocking it: one non-blocking write, then close
+            self._count("too_many_connections")
+            if not isinstance(request, ssl.SSLSocket):
+                try:
+                    request.setblocking(False)
+                    request.send(_BUSY_REPLY)
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:  # a thread could not start: give the connection back
+            self._release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._count_lock:
+            self._connections -= 1
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that resets, times out or vanishes is ordinary: counted, not a traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (OSError, ValueError)):  # ConnectionError, TimeoutError, SSLError, closed file
+            self._count("disconnected")
+            return
+        self._count("internal")
+        log.error("OTLP/HTTP handler failed: %s: %s", type(exc).__name__, exc)
 
     def get_request(self) -> tuple[socket.socket, object]:
         sock, address = super().get_request()
@@ -78,8 +168,7 @@ class _Server(ThreadingHTTPServer):
                 request.settimeout(SOCKET_TIMEOUT_S)
                 request.do_handshake()
             except (OSError, ValueError):  # SSLError is an OSError: plaintext client, no or bad client cert, timeout
-                if self.telemetry is not None:
-                    self.telemetry.inc("receiver_bad_requests", transport="http", reason="tls")
+                self._count("tls")
                 return  # the caller (process_request_thread) closes the socket
         super().finish_request(request, client_address)
 
@@ -95,14 +184,14 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 
 class HttpReceiver:
-    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry,
-                 serial: ContextManager[object] | None = None) -> None:
-        """``serial``: held around decompressing, parsing and ingesting a body (the gateway's pipeline lock)."""
+    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry) -> None:
+        """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing."""
         self.cfg = cfg
         self.ingest = ingest
-        self.serial = serial if serial is not None else contextlib.nullcontext()
         self.telemetry = telemetry
         self.slots = threading.BoundedSemaphore(cfg.max_concurrent_requests)
+        self.auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
+        self.watchdog = Watchdog()
         receiver = self
 
         class Handler(_Handler):
@@ -111,15 +200,22 @@ class HttpReceiver:
         tls = server_context(cfg.tls) if cfg.tls is not None else None  # before binding: a bad cert binds nothing
         self._server = _Server((cfg.host, cfg.port), Handler)
         self._server.tls, self._server.telemetry = tls, telemetry
+        self._server.max_connections = cfg.max_connections
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return self._server.connections
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.watchdog.stop()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,6 +223,36 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
     server_version = "otel-llm-collector"
+    _head: Deadline | None = None
+
+    def handle_one_request(self) -> None:
+        """One request; its line and headers under ``read_header_timeout`` (which also ends idle keep-alives)."""
+        owner = self.owner
+        self._head = owner.watchdog.arm(self.connection, owner.cfg.read_header_timeout, "header_timeout")
+        self.raw_requestline = b""
+        try:
+            super().handle_one_request()
+        finally:
+            owner.watchdog.disarm(self._head)
+        if self._head.expired and self.raw_requestline:  # a request had started: count it (an idle close is not)
+            self.owner.telemetry.inc("receiver_bad_requests", transport="http", reason="header_timeout")
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        limit = _HeaderLimit(self.rfile, self.owner.cfg.max_header_bytes - len(self.raw_requestline))
+        rfile, self.rfile = self.rfile, limit  # type: ignore[assignment]
+        try:
+            ok = super().parse_request()  # LineTooLong -> a 431 reply, ok False
+        finally:
+            self.rfile = rfile
+        if limit.exceeded:
+            self.owner.telemetry.inc("receiver_bad_requests", transport="http", reason="headers_too_large")
+        if ok and self._head is not None:
+            self.owner.watchdog.disarm(self._head)
+            if self._head.expired:  # the deadline cut the headers short
+                self.close_connection = True
+                return False
+        return ok
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # counted in telemetry instead of one stderr line per request
@@ -144,20 +270,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, err: BadRequest, json_reply: bool, close: bool = False) -> None:
+    def _error(self, err: BadRequest, json_reply: bool, close: bool = False,
+               extra: dict[str, str] | None = None) -> None:
         self.owner.telemetry.inc("receiver_bad_requests", transport="http", reason=err.reason)
         status = Status(code=_GRPC_CODE.get(err.status, 3), message=err.message)
         if json_reply:
             body, ctype = json.dumps(to_dict(status)).encode(), JSON
         else:
             body, ctype = status.SerializeToString(), PROTOBUF
-        extra = {"Retry-After": "1"} if err.status == 503 else None
+        if err.status == 503:
+            extra = {**(extra or {}), "Retry-After": "1"}
         self._reply(err.status, ctype, body, close, extra)
 
-    def _refuse(self, status: int, reason: str, message: str) -> None:
+    def _refuse(self, status: int, reason: str, message: str, extra: dict[str, str] | None = None) -> None:
         """A request we answer without reading its body: close the connection afterwards."""
         self._error(BadRequest(status, reason, message), json_reply=JSON in (self.headers.get("Content-Type") or ""),
-                    close=True)
+                    close=True, extra=extra)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self._refuse(405, "method", f"use POST {PATH}")
@@ -167,12 +295,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         if self.path.split("?", 1)[0] != PATH:
             return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}")
-        if not self.owner.slots.acquire(blocking=False):
-            return self._refuse(503, "busy", "too many concurrent requests; retry later")
-        try:
-            self._post()
-        finally:
-            self.owner.slots.release()
+        auth = self.owner.auth
+        if auth is not None and not auth.check(self.headers.get(auth.header)):
+            return self._refuse(401, "unauthenticated", "missing or wrong bearer token",
+                                {"WWW-Authenticate": "Bearer"})
+        self._post()
 
     def _post(self) -> None:
         cfg = self.owner.cfg
@@ -192,47 +319,83 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ValueError
         except ValueError:
             return self._refuse(400, "bad_length", "Content-Length is not a non-negative integer")
-        if length > cfg.max_body_bytes:
+        limit = cfg.max_json_body_bytes if is_json else cfg.max_body_bytes
+        if length > limit:
             self._drain(length)  # so the client reads our 413 rather than a reset connection
-            return self._refuse(413, "too_large", f"body of {length} bytes exceeds the limit of {cfg.max_body_bytes}")
-        try:
-            body = self.rfile.read(length)
-        except OSError:
-            self.owner.telemetry.inc("receiver_bad_requests", transport="http", reason="read_timeout")
-            self.close_connection = True
+            kind = "an OTLP/JSON" if is_json else "a"
+            return self._refuse(413, "too_large", f"body of {length} bytes exceeds the limit of {limit} for {kind} body")
+        body = self._read_body(length)
+        if body is None:
             return
+        if not self.owner.slots.acquire(blocking=False):  # only now: a client still sending holds no slot
+            return self._error(BadRequest(503, "busy", "too many concurrent requests; retry later"), is_json)
         try:
             if len(body) < length:
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
-            with self.owner.serial:
-                if encoding == "gzip":
-                    body = inflate(body, cfg.max_body_bytes)
-                request = self._parse(body, is_json)
-                rejected = self.owner.ingest(request, "http", None if is_json else body)
+            if encoding == "gzip":
+                body = inflate(body, limit)
+            request = self._parse(body, is_json)  # outside the pipeline lock: a big body stalls nobody
+            rejected = self.owner.ingest(request, "http", None if is_json else body)
         except BadRequest as err:
             return self._error(err, is_json)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
+        finally:
+            self.owner.slots.release()
         response = ExportTraceServiceResponse()
         if rejected:
             response.partial_success.CopyFrom(ExportTracePartialSuccess(
-                rejected_spans=rejected, error_message="spans without a valid 16-byte trace id were refused"))
+                rejected_spans=rejected, error_message=REFUSED_MESSAGE))
         if is_json:
             self._reply(200, JSON, json.dumps(to_dict(response)).encode())
         else:
             self._reply(200, PROTOBUF, response.SerializeToString())
 
+    def _read_body(self, length: int) -> bytes | None:
+        """The body, read under ``read_timeout`` (the whole body, not each read); None when the client was
+        too slow or went away (counted; the connection is closed). Memory grows with what arrives, not with
+        what the client declared."""
+        owner = self.owner
+        deadline = owner.watchdog.arm(self.connection, owner.cfg.read_timeout, "read_timeout")
+        parts, left = [], length
+        try:
+            while left > 0:
+                chunk = self.rfile.read1(min(left, _CHUNK))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                left -= len(chunk)
+        except (OSError, ValueError):
+            owner.telemetry.inc("receiver_bad_requests", transport="http",
+                                reason=deadline.expired or "disconnected")
+            self.close_connection = True
+            return None
+        finally:
+            owner.watchdog.disarm(deadline)
+        if deadline.expired:
+            owner.telemetry.inc("receiver_bad_requests", transport="http", reason=deadline.expired)
+            self.close_connection = True
+            return None
+        if left and not parts:  # nothing at all: the client went away
+            owner.telemetry.inc("receiver_bad_requests", transport="http", reason="disconnected")
+            self.close_connection = True
+            return None
+        return b"".join(parts)
+
     def _drain(self, length: int, cap: int = 64 << 20) -> None:
         """Discard up to ``cap`` bytes of an unwanted body in small chunks (constant memory)."""
         left = min(length, cap)
+        deadline = self.owner.watchdog.arm(self.connection, self.owner.cfg.read_timeout, "read_timeout")
         try:
             while left > 0:
-                chunk = self.rfile.read(min(left, 1 << 16))
+                chunk = self.rfile.read1(min(left, _CHUNK))
                 if not chunk:
                     break
                 left -= len(chunk)
-        except OSError:
+        except (OSError, ValueError):
             pass
+        finally:
+            self.owner.watchdog.disarm(deadline)
 
     @staticmethod
     def _parse(body: bytes, is_json: bool) -> ExportTraceServiceRequest:
@@ -241,6 +404,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return parse_request(body)
             except OtlpJsonError as exc:
                 raise BadRequest(400, "malformed_json", str(exc)) from None
+            except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+                # nested too deep for the parser, or a value the OTLP classes refuse: still the client's input
+                raise BadRequest(400, "malformed_json", f"cannot parse OTLP/JSON: {type(exc).__name__}") from None
         request = ExportTraceServiceRequest()
         try:
             request.ParseFromString(body)
@@ -251,4 +417,4 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # HTTP status -> google.rpc.Code, for the Status body
-_GRPC_CODE = {400: 3, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
