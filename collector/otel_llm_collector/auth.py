@@ -12,7 +12,12 @@ import hmac
 import ipaddress
 import logging
 
+from typing import TYPE_CHECKING
+
 from .config import BearerTokenConfig
+
+if TYPE_CHECKING:
+    from .config import CollectorConfig
 
 log = logging.getLogger("otel_llm_collector")
 
@@ -48,10 +53,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def warn_if_open(what: str, host: str, tls: bool, token: bool) -> bool:
-    """Log a warning when ``what`` listens beyond loopback with neither TLS nor a token; True if it did."""
-    if is_loopback(host) or tls or token:
-        return False
-    log.warning("%s listens on %s with neither TLS nor a bearer token: anyone who can reach it can send or "
-                "read telemetry (set tls and/or auth: {authenticator: bearertokenauth})", what, host)
-    return True
+def unprotected_listeners(cfg: "CollectorConfig") -> list[str]:
+    """The listeners that bind beyond loopback with neither TLS nor a bearer token (warned about at start)."""
+    out = []
+    if cfg.grpc is not None and not (is_loopback(cfg.grpc.host) or cfg.grpc.tls or cfg.grpc.auth):
+        out.append(f"OTLP/gRPC receiver on {cfg.grpc.host}:{cfg.grpc.port}")
+    if cfg.http is not None and not (is_loopback(cfg.http.host) or cfg.http.tls or cfg.http.auth):
+        out.append(f"OTLP/HTTP receiver on {cfg.http.host}:{cfg.http.port}")
+    if cfg.prometheus is not None and not (is_loopback(cfg.prometheus[0]) or cfg.prometheus_auth):
+        out.append(f"Prometheus endpoint on {cfg.prometheus[0]}:{cfg.prometheus[1]}")
+    return out
+
+
+def warn_unprotected(cfg: "CollectorConfig") -> list[str]:
+    found = unprotected_listeners(cfg)
+    for what in found:
+        log.warning("%s: neither TLS nor a bearer token; anyone who can reach it can send or read telemetry "
+                    "(set tls, or auth: {authenticator: bearertokenauth})", what)
+    return found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import signal
 import sys
 import threading
@@ -12,6 +13,9 @@ from typing import Sequence
 from otel_llm.core.slo import SLOTable
 
 from .config import DEFAULTS_YAML, CollectorConfig, ConfigError
+
+
+EXIT_LOST = 3  # the gateway stopped with spans it could not deliver (logged and counted)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from .gateway import Gateway
 
+    logging.basicConfig(level=logging.WARNING, format="otel-llm-collector: %(levelname)s: %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -81,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(f"Prometheus http://{gateway.prometheus_endpoint}/metrics")
     print("otel-llm-collector listening: " + ", ".join(parts), flush=True)
     stop.wait()
-    gateway.shutdown()
-    return 0
+    lost = gateway.shutdown()
+    return EXIT_LOST if lost else 0
 
 
 def _scale_config(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ decides when time passes by calling ``tick()`` - that is how tests drive decisio
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable, Sequence
@@ -19,6 +20,7 @@ from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
 
 from .aggregation import AggregationBackend
+from .auth import BearerAuth, warn_unprotected
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
@@ -31,6 +33,7 @@ from .tail_sampling import Item, TailSampler
 from .telemetry import SelfTelemetry
 
 Clock = Callable[[], float]
+log = logging.getLogger("otel_llm_collector")
 
 
 class Gateway:
@@ -74,9 +77,11 @@ class Gateway:
 
     def start(self) -> "Gateway":
         cfg = self.config
+        warn_unprotected(cfg)
         try:
             if cfg.prometheus is not None:
-                self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.registry)
+                self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.registry,
+                                                     BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
             if cfg.grpc is not None:
                 self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry)
                 self.grpc.start()
@@ -91,8 +96,11 @@ class Gateway:
             self._ticker.start()
         return self
 
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop receiving, decide what is buffered, deliver what can be delivered in ``timeout``."""
+    def shutdown(self, timeout: float | None = None) -> int:
+        """Stop receiving, decide what is buffered, deliver what can be delivered in ``timeout``
+        (default: ``service.shutdown_timeout``). Returns the spans that could not be delivered: each
+        exporter counts them (``exporter_dropped_spans{reason="shutdown"}``) and they are logged."""
+        timeout = self.config.shutdown_timeout if timeout is None else timeout
         self._stop.set()
         if self.grpc is not None:
             self.grpc.stop()
@@ -103,11 +111,20 @@ class Gateway:
         if self.sampler is not None:
             with self.serial:  # after a request already in the pipeline: what it buffered is decided too
                 self.sampler.decide_all()
+        # one grace for all exporters together: they drain in parallel (each has its own worker)
+        deadline = time.monotonic() + timeout
         for e in self.exporters:
-            e.close(timeout)
+            e.flush(max(0.0, deadline - time.monotonic()))
+        lost = {e.name: e.close(0) for e in self.exporters}
         if self.prometheus is not None:
             self.prometheus.close()
         self.meter_provider.shutdown()
+        total = sum(lost.values())
+        if total:
+            log.error("shutdown: %d spans could not be delivered within %gs (%s); counted in "
+                      "otelcol_llm_exporter_dropped_spans_total{reason=\"shutdown\"}", total, timeout,
+                      ", ".join(f"{name}: {n}" for name, n in lost.items() if n))
+        return total
 
     def __enter__(self) -> "Gateway":
         return self.start()

@@ -9,10 +9,14 @@ translation (dots to underscores, ``s`` -> ``_seconds``).
 from __future__ import annotations
 
 import re
+import threading
+from http.server import ThreadingHTTPServer
 from typing import Iterator
 
 from opentelemetry.sdk.metrics.export import (Histogram, InMemoryMetricReader, MetricsData, Sum)
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, MetricsHandler, start_http_server
+
+from .auth import BearerAuth
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 _BAD = re.compile(r"[^a-zA-Z0-9_:]")
@@ -78,8 +82,32 @@ class OtelBridge:
 
 
 class PrometheusEndpoint:
-    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
-        self._server, self._thread = start_http_server(port, host, registry)
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, auth: BearerAuth | None = None) -> None:
+        """``auth``: scrapes must present the bearer token (Prometheus: ``authorization: {credentials: ...}``)."""
+        if auth is None:
+            self._server, self._thread = start_http_server(port, host, registry)
+            return
+        base = MetricsHandler.factory(registry)
+
+        class Guarded(base):  # type: ignore[misc, valid-type]
+            def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+                if not auth.check(self.headers.get(auth.header)):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", "Bearer")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                super().do_GET()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+        self._server = Server((host, port), Guarded)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="prometheus", daemon=True)
+        self._thread.start()
 
     @property
     def port(self) -> int:

@@ -1,7 +1,8 @@
 """One sender per protocol: deliver an encoded ExportTraceServiceRequest, or raise.
 
-``PermanentError`` means retrying cannot help (the backend rejected the data); any other
-exception is treated as transient and retried by the queue.
+``send`` returns how many spans the backend refused in an accepted request (OTLP ``partial_success``:
+counted as dropped, never as sent). ``PermanentError`` means retrying cannot help (the backend rejected
+the data); any other exception is treated as transient and retried by the queue.
 
 TLS (``ExporterConfig.tls``, validated in config.py): gRPC reads its PEM files once, here, into channel
 credentials. requests takes paths (``verify=``, ``cert=``) and urllib3 loads them for each new connection
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import grpc
 import requests
+from google.protobuf.message import DecodeError
 from requests.adapters import HTTPAdapter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
@@ -38,8 +40,28 @@ class PermanentError(Exception):
 
 
 class Sender(Protocol):
-    def send(self, payload: bytes) -> None: ...
+    def send(self, payload: bytes) -> "Rejected": ...
     def close(self) -> None: ...
+
+
+class Rejected(tuple):
+    """(spans the backend refused, its message): a response's ``partial_success``."""
+
+    @property
+    def spans(self) -> int:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
+
+
+ACCEPTED = Rejected((0, ""))
+
+
+def _partial(response: ExportTraceServiceResponse) -> Rejected:
+    ps = response.partial_success
+    return Rejected((max(0, ps.rejected_spans), ps.error_message)) if ps.rejected_spans else ACCEPTED
 
 
 class GrpcSender:
@@ -53,9 +75,10 @@ class GrpcSender:
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers.items())
         self._compression = grpc.Compression.Gzip if cfg.compression == "gzip" else None
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes) -> Rejected:
         try:
-            self._call(payload, timeout=self._timeout, metadata=self._metadata, compression=self._compression)
+            return _partial(self._call(payload, timeout=self._timeout, metadata=self._metadata,
+                                       compression=self._compression))
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             if code in _RETRYABLE_GRPC:
@@ -107,18 +130,33 @@ class HttpSender:
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes) -> Rejected:
         body = gzip.compress(payload, 1) if self._gzip else payload
         r = self._session.post(self._url, data=body, headers=self._headers, timeout=self._timeout,
                                verify=self._verify, cert=self._cert)
         if r.status_code // 100 == 2:
-            return
+            return _http_partial(r)
         if r.status_code in _RETRYABLE_HTTP:
             raise ConnectionError(f"HTTP {r.status_code} (retryable)")
         raise PermanentError(f"HTTP {r.status_code}: {r.text[:200]}")
 
     def close(self) -> None:
         self._session.close()
+
+
+def _http_partial(r: requests.Response) -> Rejected:
+    """An OTLP/HTTP success response's ``partial_success`` (protobuf or JSON body; empty: all accepted)."""
+    if not r.content:
+        return ACCEPTED
+    ctype = r.headers.get("Content-Type", "")
+    try:
+        if "json" in ctype:
+            ps = (json.loads(r.content) or {}).get("partialSuccess") or {}
+            n = int(ps.get("rejectedSpans") or 0)
+            return Rejected((max(0, n), str(ps.get("errorMessage") or ""))) if n else ACCEPTED
+        return _partial(ExportTraceServiceResponse.FromString(r.content))
+    except (ValueError, TypeError, AttributeError, DecodeError):
+        return ACCEPTED  # a 2xx whose body we cannot read: the request was accepted
 
 
 class FileSender:
@@ -129,10 +167,11 @@ class FileSender:
         self._lock = threading.Lock()
         os.makedirs(os.path.dirname(os.path.abspath(cfg.path)), exist_ok=True)
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes) -> Rejected:
         line = json.dumps(to_dict(ExportTraceServiceRequest.FromString(payload)), separators=(",", ":"))
         with self._lock, open(self._path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
+        return ACCEPTED
 
     def close(self) -> None:
         pass
