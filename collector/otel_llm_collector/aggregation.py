@@ -16,6 +16,14 @@ Attribute sets are looked up by identity first: the core pre-binds one dict per 
 and passes the same object on every call, so the common case is one ``id()`` lookup. A
 mapping passed here must not be mutated afterwards (a copy is what the series keeps).
 No exemplars, no views, no delta temporality: the collector's derived metrics need none.
+
+Label sets come from clients, so series are bounded twice per instrument: ``max_series`` in all (then
+one overflow series, ``otel.metric.overflow=true``, as the SDK's cardinality limit) and
+``max_series_per_service`` per value of ``partition_key`` (``service.name``): a service beyond its
+share records into its own overflow series (``service.name=<it>, otel.metric.overflow=true``), so
+one tenant's junk label values cannot take the series another service's new model needs. A value
+that would make a histogram's sum infinite (1e308 twice) is refused and counted (``on_refused``),
+so one client cannot turn a series' sum into +Inf for good.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import math
 import threading
 import time
 from bisect import bisect_left
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry.sdk.metrics.export import (AggregationTemporality, Histogram, HistogramDataPoint, Metric,
                                               MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum)
@@ -50,31 +59,59 @@ def attributes_key(attributes: Mapping[str, Any] | None) -> tuple:
     return tuple(sorted((str(k), _hashable(v)) for k, v in (attributes or {}).items()))
 
 
+@dataclass(frozen=True)
+class SeriesLimits:
+    max_series: int = CARDINALITY_LIMIT  # per instrument
+    max_series_per_service: int | None = None  # per instrument and partition value; None: no partition
+    partition_key: str = "service.name"
+
+
 class _Instrument:
-    __slots__ = ("name", "unit", "description", "_lock", "_by_id", "_by_key", "caller_locks")
+    __slots__ = ("name", "unit", "description", "_lock", "_by_id", "_by_key", "caller_locks", "_limits",
+                 "_per_part", "on_refused")
 
     def __init__(self, name: str, unit: str, description: str, lock: threading.RLock,
-                 caller_locks: bool = False) -> None:
+                 caller_locks: bool = False, limits: SeriesLimits | None = None,
+                 on_refused: Callable[[str, int], None] | None = None) -> None:
         self.name, self.unit, self.description = name, unit, description
         self._lock = lock
         self.caller_locks = caller_locks  # bound recorders skip the lock: every caller holds it (see the backend)
         self._by_id: dict[int, tuple[Mapping[str, Any] | None, Any]] = {}  # id(attrs) -> (attrs, series)
         self._by_key: dict[tuple, Any] = {}  # attributes_key -> series
+        self._limits = limits or SeriesLimits()
+        self._per_part: dict[Any, int] = {}  # partition value -> its own (non-overflow) series
+        self.on_refused = on_refused  # (reason, values) for values not recorded
 
-    def _series(self, attributes: Mapping[str, Any] | None) -> Any:
-        """Must be called with the lock held."""
+    def _series(self, attributes: Mapping[str, Any] | None, remember: bool = True) -> Any:
+        """Must be called with the lock held. ``remember``: cache by the mapping's id (for ``record``/``add``
+        callers that pass the same dict each time; bound recorders resolve once and need no cache)."""
         key = attributes_key(attributes)
         series = self._by_key.get(key)
         if series is None:
-            bound = attributes
-            if len(self._by_key) >= CARDINALITY_LIMIT:
-                key, bound = attributes_key(OVERFLOW), OVERFLOW
+            limits, bound, part = self._limits, attributes, None
+            if limits.max_series_per_service is not None and attributes:
+                part = attributes.get(limits.partition_key)
+            if len(self._by_key) >= limits.max_series:
+                bound, part = OVERFLOW, None
+            elif part is not None and self._per_part.get(part, 0) >= limits.max_series_per_service:  # type: ignore[operator]
+                bound, part = {limits.partition_key: part, **OVERFLOW}, None  # this service's overflow series
+            if bound is not attributes:
+                key = attributes_key(bound)
                 series = self._by_key.get(key)
+                if series is None and len(self._by_key) >= limits.max_series:  # no room for a service overflow
+                    key, bound = attributes_key(OVERFLOW), OVERFLOW
+                    series = self._by_key.get(key)
             if series is None:
                 series = self._by_key[key] = self._new_series(dict(bound or {}))
-        if attributes is not None and len(self._by_id) < _IDENTITY_CACHE:
+                if part is not None:
+                    self._per_part[part] = self._per_part.get(part, 0) + 1
+        if remember and attributes is not None and len(self._by_id) < _IDENTITY_CACHE:
             self._by_id[id(attributes)] = (attributes, series)  # holds a reference: the id cannot be reused
         return series
+
+    def _refused(self, reason: str, n: int = 1) -> None:
+        if self.on_refused is not None:
+            self.on_refused(reason, n)
 
     def _new_series(self, attributes: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -101,8 +138,9 @@ class FastHistogram(_Instrument):
     __slots__ = ("boundaries",)
 
     def __init__(self, name: str, unit: str, description: str, lock: threading.RLock,
-                 boundaries: Sequence[float], caller_locks: bool = False) -> None:
-        super().__init__(name, unit, description, lock, caller_locks)
+                 boundaries: Sequence[float], caller_locks: bool = False, limits: SeriesLimits | None = None,
+                 on_refused: Callable[[str, int], None] | None = None) -> None:
+        super().__init__(name, unit, description, lock, caller_locks, limits, on_refused)
         self.boundaries = tuple(float(b) for b in boundaries)
 
     def _new_series(self, attributes: dict[str, Any]) -> _HistogramSeries:
@@ -114,6 +152,9 @@ class FastHistogram(_Instrument):
         with self._lock:
             hit = self._by_id.get(id(attributes))
             s = hit[1] if hit is not None and hit[0] is attributes else self._series(attributes)
+            if s.sum + amount == _INF:  # the sum would be +Inf for good: refuse this value
+                self._refused("sum_overflow")
+                return
             s.counts[bisect_left(self.boundaries, amount)] += 1
             s.sum += amount
             if amount < s.min:
@@ -201,6 +242,8 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
             return  # and no series for a label set with nothing recorded, as with record
         s = series[0] if series else _first(inst, attributes, series)
         counts, total, low, high = s.counts, s.sum, s.min, s.max
+        if total + sum(kept) == _INF:  # some value would make the sum +Inf: take them one by one
+            kept = _finite_prefix_sums(inst, total, kept)
         for v in kept:
             counts[bisect_left(boundaries, v)] += 1
             total += v  # in order, as one record per value would add them
@@ -234,20 +277,35 @@ def _bound_counter(inst: FastCounter, attributes: Mapping[str, Any] | None, lock
     return add if locked else add_unlocked
 
 
+def _finite_prefix_sums(inst: _Instrument, total: float, values: list) -> list:
+    """The values that keep ``total`` finite, added in order; the others refused and counted."""
+    out = []
+    for v in values:
+        if total + v == _INF:
+            inst._refused("sum_overflow")
+            continue
+        total += v
+        out.append(v)
+    return out
+
+
 def _first(inst: _Instrument, attributes: Mapping[str, Any] | None, cell: list) -> Any:
     with inst._lock:
         if not cell:
-            cell.append(inst._series(attributes))
+            cell.append(inst._series(attributes, remember=False))
         return cell[0]
 
 
 class AggregatingMeter:
     """The part of ``opentelemetry.metrics.Meter`` the core uses; same name -> same instrument."""
 
-    def __init__(self, name: str, version: str | None, lock: threading.RLock, caller_locks: bool = False) -> None:
+    def __init__(self, name: str, version: str | None, lock: threading.RLock, caller_locks: bool = False,
+                 limits: SeriesLimits | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
         self.scope = InstrumentationScope(name, version)
         self._lock = lock
         self._caller_locks = caller_locks
+        self._limits = limits
+        self._on_refused = on_refused
         self.instruments: dict[str, _Instrument] = {}
 
     def _get(self, cls: type, name: str, unit: str, description: str, *extra: Any) -> Any:
@@ -255,7 +313,8 @@ class AggregatingMeter:
             inst = self.instruments.get(name)
             if inst is None:
                 inst = self.instruments[name] = cls(name, unit, description, self._lock, *extra,
-                                                    caller_locks=self._caller_locks)
+                                                    caller_locks=self._caller_locks, limits=self._limits,
+                                                    on_refused=self._on_refused)
             elif not isinstance(inst, cls):
                 raise ValueError(f"instrument {name!r} already exists as {type(inst).__name__}")
             return inst
@@ -272,7 +331,8 @@ class AggregatingMeter:
 class AggregationBackend:
     """A ``MeterProvider`` stand-in (``get_meter``) and its reader (``get_metrics_data``), cumulative."""
 
-    def __init__(self, resource: Resource | None = None, caller_locks: bool = False) -> None:
+    def __init__(self, resource: Resource | None = None, caller_locks: bool = False,
+                 limits: SeriesLimits | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
         """``caller_locks=True``: whoever records through bound recorders (``bind``, which the core's
         ``RequestMetrics`` uses) holds ``lock`` around it, so they skip taking it per call (~40% of a
         record). The gateway's ``llm_metrics`` processor holds it per batch. ``record``/``add`` always lock."""
@@ -280,6 +340,8 @@ class AggregationBackend:
         self._lock = threading.RLock()  # one for all instruments: a record is a few increments
         self.lock = self._lock  # hold it around a batch of records: each record then re-enters it cheaply
         self._caller_locks = caller_locks
+        self._limits = limits
+        self._on_refused = on_refused
         self._meters: dict[tuple[str, str | None], AggregatingMeter] = {}
 
     def get_meter(self, name: str, version: str | None = None, *args: Any, **kwargs: Any) -> AggregatingMeter:
@@ -287,7 +349,8 @@ class AggregationBackend:
             meter = self._meters.get((name, version))
             if meter is None:
                 meter = self._meters[(name, version)] = AggregatingMeter(name, version, self._lock,
-                                                                         self._caller_locks)
+                                                                         self._caller_locks, self._limits,
+                                                                         self._on_refused)
             return meter
 
     def get_metrics_data(self) -> MetricsData | None:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
 
-from .aggregation import AggregationBackend
+from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
@@ -47,13 +47,17 @@ class Gateway:
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
         # caller_locks: the llm_metrics processor holds the backend's lock around each batch it records
-        self.meter_provider = AggregationBackend(Resource.create({"service.name": "otel-llm-collector"}),
-                                                 caller_locks=True)
+        labels = config.labels
+        self.meter_provider = AggregationBackend(
+            Resource.create({"service.name": "otel-llm-collector"}), caller_locks=True,
+            limits=SeriesLimits(labels.max_series, labels.max_series_per_service),
+            on_refused=lambda reason, n: self.telemetry.inc("llm_metrics_values_refused", n, reason=reason))
         self.metric_reader = self.meter_provider
         self.registry.register(OtelBridge(self.metric_reader))
-        self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry) \
+        self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry, labels) \
             if config.llm_metrics else None
-        self.ttft_join = TTFTJoin(self.meter_provider, self.telemetry) if config.llm_metrics else None
+        self.ttft_join = TTFTJoin(self.meter_provider, self.telemetry, max_label_length=labels.max_label_length) \
+            if config.llm_metrics else None
         self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None

@@ -5,56 +5,124 @@ Runs on every received request span before sampling. The derivation is the core'
 are the SDK's, bucket for bucket; here they are labelled by ``service.name`` as well. The
 instruments are the core's too; the gateway hands them a light aggregation backend
 (``aggregation.py``) instead of the OpenTelemetry SDK, which would cost ~80% of the receive path.
+
+Label values come from clients, so what they can cost is bounded (``LabelLimits``): every label
+value (service, model, operation, provider, error type) is cut to ``max_label_length`` characters
+(counted in ``llm_metrics_labels_truncated``); the bound label sets of all services share one LRU
+cache with a byte budget (``label_cache_size``; a label set that fell out is bound again on its next
+request); series per instrument are capped in all and per service by the aggregation backend.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
+import sys
+from collections import OrderedDict
 from typing import Any, Iterable
 
 from otel_llm.core.metrics import ServerMetrics
 from otel_llm.core.slo import SLOTable
 
-from .spans import RequestFacts
+from .config import LabelLimits
+from .spans import SERVICE_NAME, RequestFacts
 from .telemetry import SelfTelemetry
 
-MAX_SERVICES = 1024  # service names come from clients: bound the per-service instrument sets
+# what one bound label set costs besides its label values (measured with tracemalloc: a _Bound with its
+# 3 dicts, ~12 recorder closures and the cache entry; tests/collector/test_label_memory.py checks it)
+BOUND_LABEL_SET_BYTES = 6000
+_LABEL_FIELDS = ("model", "operation", "provider", "error_type")
+
+
+class ByteBudgetLRU:
+    """The label-set cache: least recently used entries go once their estimated bytes exceed ``budget``."""
+
+    def __init__(self, budget: int, cost: Any) -> None:
+        self._budget = budget
+        self._cost = cost  # key -> estimated bytes
+        self._d: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self.bytes = 0
+        self.evictions = 0
+
+    def get(self, key: tuple) -> Any:
+        hit = self._d.get(key)
+        if hit is None:
+            return None
+        self._d.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: tuple, bound: Any) -> None:
+        cost = self._cost(key)
+        if cost > self._budget:
+            return
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._d[key] = (bound, cost)
+        self.bytes += cost
+        while self.bytes > self._budget:
+            _, (_, c) = self._d.popitem(last=False)
+            self.bytes -= c
+            self.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def _key_cost(key: tuple) -> int:
+    """A label-set key's estimated bytes: the fixed part plus its strings, held by ~3 dicts and the key."""
+    strings = 0
+    for part in key:
+        if isinstance(part, str):
+            strings += sys.getsizeof(part)
+        elif isinstance(part, tuple):  # extra: ((name, value), ...)
+            strings += sum(sys.getsizeof(v) for kv in part for v in kv if isinstance(v, str))
+    return BOUND_LABEL_SET_BYTES + strings
 
 
 class LLMMetricsProcessor:
-    def __init__(self, meter_provider: Any, slos: SLOTable, telemetry: SelfTelemetry) -> None:
+    def __init__(self, meter_provider: Any, slos: SLOTable, telemetry: SelfTelemetry,
+                 limits: LabelLimits = LabelLimits()) -> None:
         """``meter_provider``: an OpenTelemetry ``MeterProvider`` or the collector's ``AggregationBackend``."""
         self._meter = meter_provider.get_meter("otel_llm_collector.llm_metrics")
         self._batch_lock = getattr(meter_provider, "lock", None) or contextlib.nullcontext()
         self._slos = slos
         self._telemetry = telemetry
-        self._by_service: dict[str, ServerMetrics] = {}
-        self._lock = threading.Lock()
-
-    def _metrics(self, service: str) -> ServerMetrics:
-        m = self._by_service.get(service)
-        if m is None:
-            with self._lock:
-                m = self._by_service.get(service)
-                if m is None:
-                    key = service if len(self._by_service) < MAX_SERVICES else "_other"
-                    m = self._by_service.get(key) or ServerMetrics(self._meter, self._slos, {"service.name": key})
-                    self._by_service[service if key == service else key] = m
-        return m
+        self._max_len = limits.max_label_length
+        self.label_sets = ByteBudgetLRU(limits.label_cache_bytes, _key_cost)
+        self._metrics = ServerMetrics(self._meter, slos, label_sets=self.label_sets)
+        self._extra: dict[str, tuple[tuple[str, str], ...]] = {}  # service -> its extra labels (interned)
 
     def process(self, requests: Iterable[RequestFacts]) -> None:
         counts: dict[str, int] = {}
         by_service: dict[str, list] = {}
+        n = self._max_len
         for r in requests:
-            group = by_service.get(r.service)
+            s = r.summary
+            for name in _LABEL_FIELDS:  # cut client-chosen label values (rarely long: a cheap test first)
+                v = getattr(s, name)
+                if v is not None and len(v) > n:
+                    setattr(s, name, v[:n])
+                    self._telemetry.inc("llm_metrics_labels_truncated", label=name)
+            service = r.service
+            if len(service) > n:
+                service = service[:n]
+                self._telemetry.inc("llm_metrics_labels_truncated", label="service")
+            group = by_service.get(service)
             if group is None:
-                by_service[r.service] = [r.summary]
+                by_service[service] = [s]
             else:
-                group.append(r.summary)
+                group.append(s)
             counts[r.source] = counts.get(r.source, 0) + 1
         with self._batch_lock:  # the backend's lock, held once per batch (instruments re-enter it cheaply)
             for service, summaries in by_service.items():
-                self._metrics(service).record_many(summaries)
-        for source, n in counts.items():
-            self._telemetry.inc("llm_metrics_requests", n, source=source)
+                self._metrics.record_many(summaries, self._service_labels(service))
+        for source, n_requests in counts.items():
+            self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
+
+    def _service_labels(self, service: str) -> tuple[tuple[str, str], ...]:
+        extra = self._extra.get(service)
+        if extra is None:
+            extra = ((SERVICE_NAME, service),)
+            if len(self._extra) < 4096:  # bounded: service names come from clients
+                self._extra[service] = extra
+        return extra

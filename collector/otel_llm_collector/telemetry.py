@@ -23,10 +23,16 @@ class Spec:
 
 SPECS: tuple[Spec, ...] = (
     Spec("receiver_accepted_spans", Counter, ("transport",), "Spans accepted by a receiver"),
-    Spec("receiver_refused_spans", Counter, ("transport", "reason"), "Spans refused (invalid trace id)"),
+    Spec("receiver_refused_spans", Counter, ("transport", "reason"),
+         "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id)"),
     Spec("receiver_bad_requests", Counter, ("transport", "reason"),
-         "Requests rejected as bad input (malformed, wrong type, too large, gzip bomb, busy)"),
+         "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, too_many_connections, "
+         "headers_too_large, header_timeout, read_timeout, disconnected, unauthenticated, ...)"),
     Spec("llm_metrics_requests", Counter, ("source",), "Request spans the llm_metrics processor derived metrics from"),
+    Spec("llm_metrics_labels_truncated", Counter, ("label",),
+         "Label values cut to max_label_length (service, model, operation, provider, error_type)"),
+    Spec("llm_metrics_values_refused", Counter, ("reason",),
+         "Values not recorded (sum_overflow: the histogram's sum would become +Inf)"),
     Spec("ttft_join_joined", Counter, (), "Client calls joined with their server request (TTFT overhead recorded)"),
     Spec("ttft_join_forgotten", Counter, (), "Unjoined halves forgotten to stay under the join table's bound"),
     Spec("count_traces_sampled", Counter, ("policy", "decision"), "Traces decided, by deciding policy and verdict"),
@@ -38,7 +44,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("exporter_sent_spans", Counter, ("exporter",), "Spans an exporter delivered"),
     Spec("exporter_send_failures", Counter, ("exporter",), "Failed export attempts (each retry counts)"),
     Spec("exporter_dropped_spans", Counter, ("exporter", "reason"),
-         "Spans an exporter gave up on (queue_full, retries_exhausted, permanent_error)"),
+         "Spans an exporter gave up on (queue_full, retries_exhausted, permanent_error, rejected: the "
+         "backend's partial_success, shutdown: not delivered within service.shutdown_timeout)"),
     Spec("exporter_queue_size", Gauge, ("exporter",), "Batches waiting in an exporter's queue"),
 )
 

@@ -28,7 +28,9 @@ OVERHEAD = "llm.client.overhead.time_to_first_chunk"
 
 
 class TTFTJoin:
-    def __init__(self, meter_provider: Any, telemetry: SelfTelemetry, max_pending: int = 100_000) -> None:
+    def __init__(self, meter_provider: Any, telemetry: SelfTelemetry, max_pending: int = 100_000,
+                 max_label_length: int = 256) -> None:
+        self._max_len = max_label_length  # model and service come from clients: cut them (as llm_metrics)
         meter = meter_provider.get_meter("otel_llm_collector.ttft_join")
         self._hist = meter.create_histogram(
             OVERHEAD, unit="s", explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS),
@@ -61,9 +63,9 @@ class TTFTJoin:
         if forgotten:
             self._t.inc("ttft_join_forgotten", forgotten)
         for overhead, model, service in joined:
-            attrs = {"service.name": service}
+            attrs = {"service.name": service[:self._max_len]}
             if model:
-                attrs[sc.REQUEST_MODEL] = model
+                attrs[sc.REQUEST_MODEL] = model[:self._max_len]
             self._hist.record(overhead, attrs)
         if joined:
             self._t.inc("ttft_join_joined", len(joined))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
@@ -90,7 +90,9 @@ class RequestMetrics:
     """A metric set's instruments, built once per meter; ``record`` is called once per finished request."""
 
     def __init__(self, meter: Meter, slos: SLOTable, metric_set: MetricSet,
-                 extra_attributes: dict[str, Any] | None = None) -> None:
+                 extra_attributes: dict[str, Any] | None = None, label_sets: "LabelSetCache | None" = None) -> None:
+        """``label_sets``: where bound label sets are remembered (default: the first 4096); the collector
+        passes one cache with a byte budget, shared by all services."""
         self._slos = slos
         self._extra = dict(extra_attributes or {})
         noun = metric_set.noun
@@ -109,7 +111,7 @@ class RequestMetrics:
         self._good = meter.create_counter(
             metric_set.good_requests, unit="{request}",
             description=f"Finished {noun}s that met every SLO at once (goodput = good / all)")
-        self._attr_cache: dict[tuple, _Bound] = {}
+        self._attr_cache: LabelSetCache = label_sets if label_sets is not None else FirstN(4096)
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
         return self._slos.for_model(s.model).breaches(s)
@@ -134,7 +136,7 @@ class RequestMetrics:
             b.good(1, context)
         return good
 
-    def record_many(self, summaries: Sequence[RequestSummary]) -> int:
+    def record_many(self, summaries: Sequence[RequestSummary], extra: tuple[tuple[str, Any], ...] = ()) -> int:
         """Record a batch of requests (the collector's): the same as ``record`` for each, in order, but
         a label set's values go to each instrument in one call where the backend takes lists
         (``bind_many``). Returns how many met every SLO."""
@@ -148,11 +150,11 @@ class RequestMetrics:
                 group.append(s)
         good = 0
         for group in groups.values():
-            b = self._bound(group[0], ())
+            b = self._bound(group[0], extra)
             many = b.many
             if many is None:  # a backend without list recording (the OpenTelemetry SDK)
                 for s in group:
-                    good += self.record(s)
+                    good += self.record(s, extra=extra)
                 continue
             for value_of, record in many:
                 values = [v for v in map(value_of, group) if v is not None]
@@ -203,9 +205,31 @@ class RequestMetrics:
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
                 tuple(many) if all(record is not None for _, record in many) else None)
-            if len(self._attr_cache) < 4096:  # bounded: model names come from users
-                self._attr_cache[key] = found
+            self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
+
+
+class LabelSetCache(Protocol):
+    """Remembers bound label sets by key; may forget any of them (they are rebuilt on the next miss)."""
+
+    def get(self, key: tuple) -> Any: ...
+    def put(self, key: tuple, bound: Any) -> None: ...
+
+
+class FirstN:
+    """The first ``n`` label sets seen, kept for good (the SDK's case: a process's label sets are few)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._d: dict[tuple, Any] = {}
+        self.get = self._d.get
+
+    def put(self, key: tuple, bound: Any) -> None:
+        if len(self._d) < self._n:
+            self._d[key] = bound
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 Recorder = Callable[[float, "Context | None"], None]
@@ -256,5 +280,6 @@ def _bind(instrument: Any, attributes: dict) -> Recorder:
 
 
 class ServerMetrics(RequestMetrics):
-    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None) -> None:
-        super().__init__(meter, slos, SERVER_METRICS, extra_attributes)
+    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None,
+                 label_sets: LabelSetCache | None = None) -> None:
+        super().__init__(meter, slos, SERVER_METRICS, extra_attributes, label_sets)
