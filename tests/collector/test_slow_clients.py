@@ -1,0 +1,174 @@
+"""Slow and hostile clients on loopback: they hold no processing slot or worker, they are cut at their
+deadline and counted, and valid exports from another client keep succeeding throughout."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from collector_testkit import export_request, loopback_config, request_attrs, span
+from otel_llm_collector.gateway import Gateway
+
+METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+GOOD = export_request(span(1, 1, attrs=request_attrs())).SerializeToString()
+
+
+def wait_for(cond, timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until true (a bounded wait for something the gateway does on its own threads)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def http_export(g: Gateway, body: bytes = GOOD, timeout: float = 10.0) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def grpc_export(channel: grpc.Channel, body: bytes = GOOD) -> ExportTraceServiceResponse:
+    call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    return ExportTraceServiceResponse.FromString(call(body, timeout=10))
+
+
+def slow_http_client(port: int, declared: int = 100_000) -> socket.socket:
+    """A client that sends its headers and one byte of a declared 100 KB body, then (for the test) nothing."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+              b"Content-Length: %d\r\n\r\n\x0a" % declared)
+    return s
+
+
+def bad(g: Gateway, transport: str, reason: str) -> float:
+    return g.telemetry.value("receiver_bad_requests", transport=transport, reason=reason)
+
+
+@pytest.fixture
+def gw():
+    cfg = loopback_config(receivers={"otlp": {"protocols": {
+        "grpc": {"endpoint": "127.0.0.1:0", "read_timeout": "4s"},
+        "http": {"endpoint": "127.0.0.1:0", "read_timeout": "4s", "read_header_timeout": "4s"}}}},
+        processors={"tail_sampling": None})
+    g = Gateway(cfg, manual_ticks=True).start()
+    yield g
+    g.shutdown()
+
+
+def test_100_slow_http_clients_and_20_slow_grpc_calls_do_not_stop_normal_exports(gw: Gateway) -> None:
+    # 100 HTTP clients trickling a body (more than the 64 processing slots), 20 gRPC calls that opened and
+    # will send their message only after the test (more than the 8 processing workers)
+    slow_http = [slow_http_client(gw.http.port) for _ in range(100)]
+    release = threading.Event()
+    channel = grpc.insecure_channel(gw.grpc_endpoint)
+    stream = channel.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+
+    def late_message():
+        release.wait(30)
+        yield GOOD
+
+    slow_grpc = [stream.future(late_message(), timeout=30) for _ in range(20)]
+    try:
+        assert wait_for(lambda: gw.http.connections >= 100 and gw.grpc.in_flight >= 20)
+        # while they are attached: every processing slot is free (a slot is taken once a body is in) ...
+        assert gw.http.slots._value == gw.config.http.max_concurrent_requests  # noqa: SLF001
+        # ... and every normal export succeeds, on both receivers
+        latencies = []
+        for _ in range(20):
+            t = time.monotonic()
+            assert http_export(gw) == 200
+            assert grpc_export(channel).partial_success.rejected_spans == 0
+            latencies.append(time.monotonic() - t)
+        assert gw.http.connections >= 100 and gw.grpc.in_flight >= 20  # still attached throughout
+        # then their deadlines cut them, counted by reason (read_timeout: 4 s here)
+        assert wait_for(lambda: bad(gw, "http", "read_timeout") == 100 and bad(gw, "grpc", "read_timeout") == 20)
+        for f in slow_grpc:
+            assert f.exception(timeout=10).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert http_export(gw) == 200 and grpc_export(channel) is not None
+    finally:
+        release.set()
+        for s in slow_http:
+            s.close()
+        channel.close()
+
+
+def test_header_slowloris_is_cut_at_read_header_timeout(gw: Gateway) -> None:
+    s = socket.create_connection(("127.0.0.1", gw.http.port), timeout=30)
+    try:
+        s.sendall(b"POST /v1/traces HTTP/1.1\r\nX-Slow: ")
+        t = time.monotonic()
+        for _ in range(40):  # one byte every 0.2 s: a per-read timeout would never fire
+            try:
+                s.sendall(b"a")
+            except OSError:
+                break
+            time.sleep(0.2)
+            assert http_export(gw) == 200 if _ % 10 == 0 else True
+        assert s.recv(100) == b""  # closed by the gateway
+        assert time.monotonic() - t < 8 + 2  # the 4 s deadline (+ the last sleeps), well under the 8 s of trickle
+        assert wait_for(lambda: bad(gw, "http", "header_timeout") == 1)
+    finally:
+        s.close()
+
+
+def test_connections_are_capped_and_the_excess_refused_with_503() -> None:
+    cfg = loopback_config(receivers={"otlp": {"protocols": {"grpc": None, "http": {
+        "endpoint": "127.0.0.1:0", "max_connections": 5}}}}, processors={"tail_sampling": None})
+    with Gateway(cfg, manual_ticks=True) as g:
+        held = [socket.create_connection(("127.0.0.1", g.http.port), timeout=10) for _ in range(5)]
+        try:
+            assert wait_for(lambda: g.http.connections == 5)
+            extra = socket.create_connection(("127.0.0.1", g.http.port), timeout=10)
+            reply = extra.recv(200)
+            extra.close()
+            assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After" in reply
+            assert bad(g, "http", "too_many_connections") == 1
+        finally:
+            for s in held:
+                s.close()
+        assert wait_for(lambda: g.http.connections == 0)
+        assert http_export(g) == 200  # capacity is back once they leave
+
+
+def test_header_bytes_are_capped_with_431(gw: Gateway) -> None:
+    conns = []
+    try:
+        for _ in range(20):  # 20 clients, each with 200 KB of headers: each refused after 64 KiB
+            s = socket.create_connection(("127.0.0.1", gw.http.port), timeout=10)
+            conns.append(s)
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 2000)
+                                                                 for i in range(100)) + b"\r\n")
+        for s in conns:
+            assert b" 431 " in s.recv(200).split(b"\r\n", 1)[0]
+        assert wait_for(lambda: bad(gw, "http", "headers_too_large") == 20)
+        assert http_export(gw) == 200
+    finally:
+        for s in conns:
+            s.close()
+
+
+def test_disconnecting_clients_are_counted_not_logged_with_a_traceback(gw: Gateway, capfd) -> None:
+    for i in range(10):  # half reset in the middle of their headers, half in the middle of their body
+        s = socket.create_connection(("127.0.0.1", gw.http.port), timeout=10)
+        s.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n"
+                  + (b"\r\nab" if i % 2 else b"X-Half: "))
+        time.sleep(0.05)  # let the gateway start reading it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        s.close()
+    assert wait_for(lambda: bad(gw, "http", "disconnected") + bad(gw, "http", "truncated") == 10)
+    assert http_export(gw) == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err
