@@ -87,8 +87,8 @@ processors:
     slo: ""
     max_label_length: 256
     label_cache_size: 16MiB
-    max_series: 2000
-    max_series_per_service: 250
+    max_series: 500
+    max_series_per_service: 100
   tail_sampling:
     decision_wait: 30s
     decision_wait_after_root_received: 1s
@@ -265,8 +265,8 @@ class LabelLimits:
 
     max_label_length: int = 256  # characters kept of a model, service, operation, provider, error type
     label_cache_bytes: int = 16 << 20  # the one cache of bound label sets, all services together
-    max_series: int = 2000  # per instrument; then one overflow series
-    max_series_per_service: int = 250  # per instrument and service; then that service's overflow series
+    max_series: int = 500  # label sets in all (each a series per instrument); then the global overflow one
+    max_series_per_service: int = 100  # label sets per service; then that service's overflow label set
 
 
 @dataclass(frozen=True)

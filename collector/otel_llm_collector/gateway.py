@@ -50,7 +50,9 @@ class Gateway:
         labels = config.labels
         self.meter_provider = AggregationBackend(
             Resource.create({"service.name": "otel-llm-collector"}), caller_locks=True,
-            limits=SeriesLimits(labels.max_series, labels.max_series_per_service),
+            # a backstop behind llm_metrics' admission (which keeps label sets <= max_series + 1): token usage
+            # has two series per label set; ttft_join's label sets are admitted here only
+            limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),
             on_refused=lambda reason, n: self.telemetry.inc("llm_metrics_values_refused", n, reason=reason))
         self.metric_reader = self.meter_provider
         self.registry.register(OtelBridge(self.metric_reader))

@@ -10,7 +10,15 @@ Label values come from clients, so what they can cost is bounded (``LabelLimits`
 value (service, model, operation, provider, error type) is cut to ``max_label_length`` characters
 (counted in ``llm_metrics_labels_truncated``); the bound label sets of all services share one LRU
 cache with a byte budget (``label_cache_size``; a label set that fell out is bound again on its next
-request); series per instrument are capped in all and per service by the aggregation backend.
+request). Label sets (model, operation, provider, error type) are admitted per service up to
+``max_series_per_service`` and ``max_series`` in all; a request whose label set is not admitted is
+recorded in its service's overflow label set (``otel.metric.overflow=true``, no model or provider,
+operation and error type ``_OTHER``, judged by the default SLO; one per service, and it counts toward
+``max_series`` too) or, once ``max_series`` is reached, in the global overflow label set (no service
+either), and counted in ``llm_metrics_overflow_requests``. So at most ``max_series + 1`` label sets
+exist, and the scrape's size is bounded by that. Admission is decided here, once per label set, so a flood of junk
+label values costs a set lookup per request, not a new binding; the aggregation backend caps series
+per instrument as well (a backstop, and for instruments with several series per label set).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from otel_llm.core.metrics import ServerMetrics
+from otel_llm.core.summary import RequestSummary
 from otel_llm.core.slo import SLOTable
 
 from .config import LabelLimits
@@ -31,6 +40,9 @@ from .telemetry import SelfTelemetry
 # 3 dicts, ~12 recorder closures and the cache entry; tests/collector/test_label_memory.py checks it)
 BOUND_LABEL_SET_BYTES = 6000
 _LABEL_FIELDS = ("model", "operation", "provider", "error_type")
+OTHER = "_OTHER"
+_SLOTS = RequestSummary.__slots__
+OVERFLOW_KEY = "otel.metric.overflow"
 
 
 class ByteBudgetLRU:
@@ -91,11 +103,17 @@ class LLMMetricsProcessor:
         self.label_sets = ByteBudgetLRU(limits.label_cache_bytes, _key_cost)
         self._metrics = ServerMetrics(self._meter, slos, label_sets=self.label_sets)
         self._extra: dict[str, tuple[tuple[str, str], ...]] = {}  # service -> its extra labels (interned)
+        self._max_series = limits.max_series
+        self._share = limits.max_series_per_service
+        self._admitted: dict[str, set[tuple]] = {}  # service -> label sets with series of their own
+        self._overflowing: set[str] = set()  # services with an overflow label set of their own
+        self._n_admitted = 0
 
     def process(self, requests: Iterable[RequestFacts]) -> None:
         counts: dict[str, int] = {}
-        by_service: dict[str, list] = {}
+        by_service: dict[Any, list] = {}
         n = self._max_len
+        overflowed = 0
         for r in requests:
             s = r.summary
             for name in _LABEL_FIELDS:  # cut client-chosen label values (rarely long: a cheap test first)
@@ -107,6 +125,13 @@ class LLMMetricsProcessor:
             if len(service) > n:
                 service = service[:n]
                 self._telemetry.inc("llm_metrics_labels_truncated", label="service")
+            key = (s.model, s.operation, s.provider, s.error_type)
+            admitted = self._admitted.get(service)
+            if admitted is None or key not in admitted:
+                if not self._admit(service, admitted, key):
+                    s = _overflow(s)
+                    service = self._overflow_group(service)
+                    overflowed += 1
             group = by_service.get(service)
             if group is None:
                 by_service[service] = [s]
@@ -118,11 +143,47 @@ class LLMMetricsProcessor:
                 self._metrics.record_many(summaries, self._service_labels(service))
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
+        if overflowed:
+            self._telemetry.inc("llm_metrics_overflow_requests", overflowed)
 
-    def _service_labels(self, service: str) -> tuple[tuple[str, str], ...]:
+    def _admit(self, service: str, admitted: set[tuple] | None, key: tuple) -> bool:
+        if self._n_admitted >= self._max_series or (admitted is not None and len(admitted) >= self._share):
+            return False
+        if admitted is None:
+            admitted = self._admitted[service] = set()
+        admitted.add(key)
+        self._n_admitted += 1
+        return True
+
+    def _overflow_group(self, service: str) -> Any:
+        """The service's overflow group while ``max_series`` allows one more label set, else the global one."""
+        if service in self._overflowing:
+            return (service, OVERFLOW_KEY)
+        if self._n_admitted < self._max_series:
+            self._overflowing.add(service)
+            self._n_admitted += 1
+            return (service, OVERFLOW_KEY)
+        return (None, OVERFLOW_KEY)
+
+    def _service_labels(self, service: Any) -> tuple[tuple[str, Any], ...]:
         extra = self._extra.get(service)
         if extra is None:
-            extra = ((SERVICE_NAME, service),)
+            if isinstance(service, tuple):
+                extra = (((SERVICE_NAME, service[0]),) if service[0] is not None else ()) + ((OVERFLOW_KEY, True),)
+            else:
+                extra = ((SERVICE_NAME, service),)
             if len(self._extra) < 4096:  # bounded: service names come from clients
-                self._extra[service] = extra
+                self._extra[service] = extra  # type: ignore[index]
         return extra
+
+
+def _overflow(s: Any) -> Any:
+    """A copy of a summary with its client-chosen labels folded into the overflow label set."""
+    o = object.__new__(type(s))
+    for name in _SLOTS:
+        setattr(o, name, getattr(s, name))
+    o.model = o.provider = None
+    o.operation = OTHER
+    if o.error_type is not None:
+        o.error_type = OTHER  # still failed, as far as goodput is concerned
+    return o

@@ -31,6 +31,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("llm_metrics_requests", Counter, ("source",), "Request spans the llm_metrics processor derived metrics from"),
     Spec("llm_metrics_labels_truncated", Counter, ("label",),
          "Label values cut to max_label_length (service, model, operation, provider, error_type)"),
+    Spec("llm_metrics_overflow_requests", Counter, (),
+         "Requests recorded in their service's overflow series (label set not admitted: max_series[_per_service])"),
     Spec("llm_metrics_values_refused", Counter, ("reason",),
          "Values not recorded (sum_overflow: the histogram's sum would become +Inf)"),
     Spec("ttft_join_joined", Counter, (), "Client calls joined with their server request (TTFT overhead recorded)"),

@@ -75,6 +75,7 @@ StatusView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG
 _SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
 _DOUBLE = struct.Struct("<d").unpack_from
 _CACHE_MAX = 4096
+_CACHE_VALUE_MAX = 1024  # bytes: longer values are decoded each time, never remembered
 
 
 def any_value(v: AnyValue) -> Any:
@@ -89,7 +90,8 @@ def any_value(v: AnyValue) -> Any:
 
 def _cached(convert: Any) -> Any:
     """``convert`` of an encoded ``AnyValue``'s value, remembered by encoded value (model names,
-    providers, token counts, finish reasons repeat); at most ``_CACHE_MAX`` remembered, then forgotten whole."""
+    providers, token counts, finish reasons repeat); at most ``_CACHE_MAX`` values of at most
+    ``_CACHE_VALUE_MAX`` bytes remembered, then forgotten whole."""
     cache: dict[bytes, Any] = {}
 
     def decode(encoded: bytes) -> Any:
@@ -98,6 +100,8 @@ def _cached(convert: Any) -> Any:
         except KeyError:
             pass
         value = convert(any_value(AnyValue.FromString(encoded)))  # the full class
+        if len(encoded) > _CACHE_VALUE_MAX:  # a client-chosen 1 MB model name must not stay in memory
+            return value
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         cache[encoded] = value
