@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
@@ -43,7 +43,10 @@ class Gateway:
         self.clock = clock
         self.manual_ticks = manual_ticks
         self.telemetry = SelfTelemetry()
-        self.registry: CollectorRegistry = self.telemetry.registry
+        # ``registry``: everything (own telemetry + derived metrics) for programmatic reads; the endpoint
+        # renders the derived metrics with the bridge's own fast text writer (``exposition``)
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Registry(self.telemetry.registry))
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
         # caller_locks: the llm_metrics processor holds the backend's lock around each batch it records
@@ -55,7 +58,8 @@ class Gateway:
             limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),
             on_refused=lambda reason, n: self.telemetry.inc("llm_metrics_values_refused", n, reason=reason))
         self.metric_reader = self.meter_provider
-        self.registry.register(OtelBridge(self.metric_reader))
+        self.bridge = OtelBridge(self.metric_reader)
+        self.registry.register(self.bridge)
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry, labels) \
             if config.llm_metrics else None
         self.ttft_join = TTFTJoin(self.meter_provider, self.telemetry, max_label_length=labels.max_label_length) \
@@ -86,7 +90,7 @@ class Gateway:
         warn_unprotected(cfg)
         try:
             if cfg.prometheus is not None:
-                self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.registry,
+                self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
                                                      BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
             if cfg.grpc is not None:
                 self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry)
@@ -168,6 +172,10 @@ class Gateway:
         elif batch.spans:
             self._emit([(group, raw) for _, group, raw, *_ in batch.spans])
 
+    def exposition(self) -> bytes:
+        """What a scrape returns: own telemetry (prometheus_client) + derived metrics (the bridge's writer)."""
+        return generate_latest(self.telemetry.registry) + self.bridge.text().encode()
+
     def tick(self) -> int:
         """Decide the traces that are due (the ticker calls this when no request arrives to do it)."""
         if self.sampler is None:
@@ -211,3 +219,13 @@ class Gateway:
     def prometheus_endpoint(self) -> str:
         assert self.prometheus is not None and self.config.prometheus is not None
         return f"{self.config.prometheus[0]}:{self.prometheus.port}"
+
+
+class _Registry:
+    """Another registry's metrics, as one collector (so one registry can hold both kinds)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        return self._registry.collect()

@@ -151,3 +151,18 @@ def test_the_label_set_cost_estimate_is_not_below_what_a_label_set_really_costs(
         assert per_set < 4 * BOUND_LABEL_SET_BYTES + 20_000, per_set
     finally:
         g.shutdown()
+
+
+def test_the_endpoint_writer_renders_what_prometheus_client_would() -> None:
+    from prometheus_client import CollectorRegistry
+
+    g = gateway()
+    try:
+        traffic(g, 3, 4)
+        g.ingest(export_request(span(50, 1, attrs=request_attrs(model="we\"ird\\mo\ndel", **{"error.type": "x"}))))
+        only = CollectorRegistry(auto_describe=True)
+        only.register(g.bridge)
+        assert g.bridge.text() == generate_latest(only).decode()
+        assert g.exposition().startswith(generate_latest(g.telemetry.registry))
+    finally:
+        g.shutdown()
