@@ -120,11 +120,11 @@ def json_vs_grpc() -> dict:
                 http_export(g.http.port, body, "application/json")
                 jsons.append(time.perf_counter() - t)
 
-        threads = [threading.Thread(target=post_json) for _ in range(2)]
+        threads = [threading.Thread(target=post_json) for _ in range(int(os.environ.get("BENCH_JSON_CLIENTS", "1")))]
         for t_ in threads:
             t_.start()
         time.sleep(0.5)
-        while len(jsons) < 4:
+        while len(jsons) < 3:
             t = time.perf_counter()
             call(GOOD, timeout=30)
             during.append(time.perf_counter() - t)
@@ -165,6 +165,10 @@ def labels() -> dict:
 
 
 def main() -> None:
+    only = sys.argv[1:]
+    if only:
+        print(json.dumps({name: globals()[name]() for name in only}, indent=2))
+        return
     out = {"machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared)",
            "slow_clients": slow_clients(), "json_vs_grpc": json_vs_grpc(), "labels": labels()}
     print(json.dumps(out, indent=2))

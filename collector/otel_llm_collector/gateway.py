@@ -28,11 +28,12 @@ from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
-from .spans import Extracted, encode_request, extract
+from .spans import REQUEST, TRACE_ID, Extracted, encode_request, extract
 from .tail_sampling import Item, TailSampler
 from .telemetry import SelfTelemetry
 
 Clock = Callable[[], float]
+INGEST_CHUNK = 1000  # spans processed per hold of the pipeline lock
 log = logging.getLogger("otel_llm_collector")
 
 
@@ -152,8 +153,16 @@ class Gateway:
         taken: a large request delays nobody else's while it is read. Traces that are due are decided
         right after, on the same thread, while their data is still in cache."""
         batch = extract(request, raw, self._keys)
+        if len(batch.spans) > INGEST_CHUNK:  # a big request: other clients' exports get the lock in between
+            for part in split(batch, INGEST_CHUNK):
+                with self.serial:
+                    self._ingest(part, transport)
+            batch_done = True
+        else:
+            batch_done = False
         with self.serial:
-            self._ingest(batch, transport)
+            if not batch_done:
+                self._ingest(batch, transport)
             if self.sampler is not None:
                 self.sampler.tick()
         return batch.rejected
@@ -229,3 +238,18 @@ class _Registry:
 
     def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
         return self._registry.collect()
+
+
+def split(batch: Extracted, n: int):
+    """``batch`` as consecutive parts of at most ``n`` spans, each with its own request facts and attribute
+    values; client facts and refusals go with the first part (every item is processed exactly once)."""
+    attributes = batch.attributes
+    for i in range(0, len(batch.spans), n):
+        spans = batch.spans[i:i + n]
+        requests = [rec[REQUEST] for rec in spans if rec[REQUEST] is not None]
+        attrs = None
+        if attributes:
+            attrs = {tid: attributes[tid] for tid in {rec[TRACE_ID] for rec in spans} if tid in attributes} or None
+        first = i == 0
+        yield Extracted(spans, requests, batch.rejected if first else 0, batch.clients if first else None, attrs,
+                        batch.rejected_by if first else None)

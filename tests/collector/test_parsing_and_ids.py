@@ -110,3 +110,33 @@ def test_bad_span_and_parent_ids_are_refused_without_costing_other_spans(tmp_pat
                 for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert sorted(int(s["traceId"], 16) for s in exported) == [23, 24]  # every good span, from both clients
     assert all(len(s["spanId"]) == 16 and len(s.get("parentSpanId", "")) in (0, 16) for s in exported)
+
+
+def test_a_big_request_is_processed_in_parts_and_loses_nothing(tmp_path, monkeypatch) -> None:
+    """Requests above INGEST_CHUNK spans are processed in parts (the lock is released in between): every
+    span is exported once and every request span counted once."""
+    from otel_llm_collector import gateway as gateway_module
+
+    holds = []
+    out = tmp_path / "out.jsonl"
+    cfg = loopback_config(processors={"tail_sampling": None}, exporters={"file": {"path": str(out)}})
+    with Gateway(cfg, manual_ticks=True) as g:
+        real = g._ingest  # noqa: SLF001
+
+        def counting(batch, transport):
+            holds.append(len(batch.spans))
+            return real(batch, transport)
+
+        monkeypatch.setattr(g, "_ingest", counting)
+        bad = span(1, 1)
+        bad.span_id = b"\x01"
+        spans = [bad] + [span(100 + i // 2, i + 1, parent=(i if i % 2 else 0), attrs=request_attrs() if i % 2 == 0
+                              else None) for i in range(2 * gateway_module.INGEST_CHUNK + 500)]
+        assert g.ingest(export_request(*spans)) == 1
+        assert g.flush(10)
+        assert holds == [gateway_module.INGEST_CHUNK, gateway_module.INGEST_CHUNK, 500]
+        assert g.telemetry.value("llm_metrics_requests", source="otel_llm") == gateway_module.INGEST_CHUNK + 250
+        assert g.telemetry.value("receiver_refused_spans", transport="direct", reason="invalid_span_id") == 1
+    exported = [s for line in out.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+                for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(exported) == 2 * gateway_module.INGEST_CHUNK + 500

@@ -90,6 +90,8 @@ class GrpcReceiver:
         asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(30)
 
     def stop(self, grace: float = 1.0) -> None:
+        if not self._thread.is_alive():  # stopped already (the loop no longer runs coroutines)
+            return
         try:
             asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result(grace + 30)
         finally:
