@@ -138,11 +138,16 @@ class NullExporter:
         pass
 
 
+# BENCH_GRPC_WORKERS: the gRPC receiver's processing threads (a checkout with the option; default its default)
+GRPC_WORKERS = {"workers": int(os.environ["BENCH_GRPC_WORKERS"])} if os.environ.get("BENCH_GRPC_WORKERS") else {}
+
+
 def config(sink: str | None, grpc_on: bool = False, **tail) -> CollectorConfig:
     ts = {"decision_wait_after_root_received": 0, "tick_interval": "50ms"}
     ts.update(tail)
     return CollectorConfig.from_mapping({
-        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": 16}
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": 16,
+                                                      **GRPC_WORKERS}
                                              if grpc_on else None, "http": None}}},
         "processors": {"llm_metrics": {"slo": "ttft=0.5"}, "tail_sampling": ts},
         "exporters": {"prometheus": None, **({"otlp": {"endpoint": sink}} if sink else {})},

@@ -205,7 +205,8 @@ class GrpcReceiverConfig:
     read_timeout: float = 30.0  # from the call's start until its request message is in
     max_connection_age: float = 600.0  # 0: unlimited
     max_connection_age_grace: float = 30.0
-    workers: int = 8  # threads that process received messages (no thread waits for a slow client)
+    workers: int = 1  # threads that parse and ingest received messages (none waits for a client); more cost
+    # throughput (parsing in parallel contends for the GIL: -40% at 2 in benchmarks/collector_throughput.py)
     auth: BearerTokenConfig | None = None
 
 
@@ -369,7 +370,7 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
                                                           f"{ka}.max_connection_age"),
                               max_connection_age_grace=duration(server.get("max_connection_age_grace", 0),
                                                                 f"{ka}.max_connection_age_grace"),
-                              workers=positive_int(m.get("workers", 8), f"{w}.workers"),
+                              workers=positive_int(m.get("workers", 1), f"{w}.workers"),
                               auth=_auth(m, auths, w))
 
 
