@@ -141,3 +141,31 @@ def test_instrument_uninstrument_idempotent(client_side: Any) -> None:
         assert not any(isinstance(owner.__dict__[name], wrapt.FunctionWrapper) for owner, name in targets)
     finally:
         client_side.reinstrument()  # as the session fixture left it
+
+
+def test_our_failure_before_the_call_leaves_the_call_as_the_caller_made_it(setup: Any) -> None:
+    import openai
+
+    from otel_llm.instrumentation.openai.wrappers import OpenAIWrappers
+
+    t, exporter = setup
+    t.config = Config.resolve({"capture_content": "true"})
+
+    class Broken(Chat):
+        @staticmethod
+        def capture_input(rec: CallRecord, kwargs: dict) -> None:
+            raise RuntimeError("bug in our capture")
+
+    seen: list[dict] = []
+
+    def create(**kwargs: Any) -> str:
+        seen.append(kwargs)
+        return "result"
+
+    resource = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x").chat.completions
+    kwargs = {"model": "m", "messages": [], "extra_headers": {"x-a": "1"}}
+    before = GUARD.errors["openai chat (before)"]
+    assert OpenAIWrappers(t, (openai.Stream, openai.AsyncStream)).sync(Broken)(create, resource, (), kwargs) == "result"
+    assert seen == [kwargs]  # no traceparent added: the arguments as the caller gave them
+    assert GUARD.errors["openai chat (before)"] == before + 1
+    (span,) = exporter.get_finished_spans()  # the started span is ended, not leaked

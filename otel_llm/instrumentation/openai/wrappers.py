@@ -63,7 +63,9 @@ class OpenAIWrappers:
     # -- shared by sync and async --------------------------------------------------------------
 
     def _begin(self, op: Any, instance: Any, kwargs: dict) -> tuple[CallRecord | None, dict, object]:
-        """Start the span, make it current, and add its ``traceparent`` to ``extra_headers``."""
+        """Start the span, make it current, and add its ``traceparent`` to ``extra_headers``. On any
+        failure of ours the call goes ahead exactly as the caller made it, unmeasured."""
+        original, span = kwargs, None
         try:
             t = self.t
             model = kwargs.get("model")
@@ -93,7 +95,12 @@ class OpenAIWrappers:
             return rec, kwargs, token
         except Exception as exc:
             GUARD.failed(f"openai {op.operation} (before)", exc)
-            return None, kwargs, None
+            if span is not None:
+                try:
+                    span.end()
+                except Exception:
+                    pass
+            return None, original, None
 
     def _failed(self, rec: CallRecord, token: object, exc: BaseException) -> None:
         _detach(token)
