@@ -69,6 +69,7 @@ TOKEN_USAGE = "llm.server.token.usage"
 OUTPUT_CHARACTERS = "llm.server.output.characters"
 REQUESTS = "llm.server.requests"
 GOOD_REQUESTS = "llm.server.requests.good"
+SLO_BREACHES = "llm.server.slo.breaches"
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,11 @@ class MetricSet:
     good_requests: str
     characters: str | None = None
     noun: str = "request"
+    slo_breaches: str | None = None  # a counter of breaches by objective and slow cause
 
 
-SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS)
+SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS,
+                           slo_breaches=SLO_BREACHES)
 
 
 class RequestMetrics:
@@ -111,6 +114,11 @@ class RequestMetrics:
         self._good = meter.create_counter(
             metric_set.good_requests, unit="{request}",
             description=f"Finished {noun}s that met every SLO at once (goodput = good / all)")
+        self._breaches = meter.create_counter(
+            metric_set.slo_breaches, unit="{breach}",
+            description=f"SLO breaches, one per {noun} and objective missed, by objective "
+                        f"(llm.slo.objective) and slow cause (llm.slow.cause; unknown where none was decided)"
+        ) if metric_set.slo_breaches else None
         self._attr_cache: LabelSetCache = label_sets if label_sets is not None else FirstN(4096)
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
@@ -130,10 +138,14 @@ class RequestMetrics:
             b.output_tokens(s.output_tokens, context)
         if b.chars is not None and s.output_characters is not None:
             b.chars(s.output_characters, context)
-        good = _good(b.slo, s)
+        missed = b.slo.breaches(s)
+        good = not s.failed and not missed
         b.requests(1, context)
         if good:
             b.good(1, context)
+        if missed and b.breaches is not None:
+            for objective in missed:
+                b.breaches.recorder(objective, s.slow_cause)(1, context)
         return good
 
     def record_many(self, summaries: Sequence[RequestSummary], extra: tuple[tuple[str, Any], ...] = ()) -> int:
@@ -160,9 +172,14 @@ class RequestMetrics:
                 values = [v for v in map(value_of, group) if v is not None]
                 if values:
                     record(values)
-            slo, n_good = b.slo, 0
+            slo, n_good, breaches = b.slo, 0, b.breaches
             for s in group:
-                if _good(slo, s):
+                missed = slo.breaches(s)
+                if missed:
+                    if breaches is not None:
+                        for objective in missed:
+                            breaches.recorder(objective, s.slow_cause)(1, None)
+                elif not s.failed:
                     n_good += 1
             if b.chars is not None:
                 # a negative count is ignored by a counter's add, so it must not lower the sum either
@@ -204,7 +221,8 @@ class RequestMetrics:
                 _bind(self._chars, attrs) if self._chars is not None else None,
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
-                tuple(many) if all(record is not None for _, record in many) else None)
+                tuple(many) if all(record is not None for _, record in many) else None,
+                _Breaches(self._breaches, attrs) if self._breaches is not None else None)
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
 
@@ -249,11 +267,31 @@ class _Bound:
     slo: SLO  # the model's objectives (the model is part of the label set)
     # (value of a summary, record a list of values) per histogram, token usage last; None: no list recording
     many: tuple[tuple[Callable[[RequestSummary], Any], Callable[[list], None]], ...] | None
+    breaches: "_Breaches | None"
 
 
-def _good(slo: SLO, s: RequestSummary) -> bool:
-    """Goodput's test: the request did not fail and met every objective of its model at once."""
-    return not s.failed and not slo.breaches(s)
+class _Breaches:
+    """The breach counter for one label set: a recorder per (objective, cause), bound on first use."""
+
+    __slots__ = ("_counter", "_attributes", "_bound")
+
+    def __init__(self, counter: Any, attributes: dict) -> None:
+        self._counter = counter
+        self._attributes = attributes
+        self._bound: dict[tuple[str, str | None], Recorder] = {}
+
+    def recorder(self, objective: str, cause: str | None) -> Recorder:
+        found = self._bound.get((objective, cause))
+        if found is None:
+            # the value may come from a span (the collector): only the declared causes become series
+            label = cause if cause in _CAUSES else sc.SLOW_UNKNOWN
+            found = _bind(self._counter, {**self._attributes, sc.SLO_OBJECTIVE: objective, sc.SLOW_CAUSE: label})
+            if len(self._bound) < 64:
+                self._bound[(objective, cause)] = found
+        return found
+
+
+_CAUSES = frozenset(sc.SLOW_CAUSES)
 
 
 _INPUT_TOKENS = attrgetter("input_tokens")

@@ -19,6 +19,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Tracer
 
 from .clock import WallClock
 from .config import Config, Detail
+from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .guard import GUARD
 from .materializer import Materializer
 from . import self_metrics
@@ -55,9 +56,11 @@ class Telemetry:
         if config.tail_quantile > 0:
             causes.append(LatencyPercentilePolicy(config.tail_quantile))
         self.causes = causes
+        self._cause_names = frozenset(p.name for p in causes)
         self.baseline = ProbabilisticPolicy(config.sample_rate)
         self.requests: dict[str, RequestTimeline] = {}
         self.steps: OrderedDict[int, StepRecord] = OrderedDict()
+        self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
@@ -90,8 +93,11 @@ class Telemetry:
         """An engine step, as the scheduler saw it; ties it to the requests it served."""
         self.counts.steps_recorded += 1
         requests = self.requests
-        pending = 0
+        pending = prefill_tokens = prefill_requests = 0
         for rid, tokens, prefill in step.requests:
+            if prefill:
+                prefill_tokens += tokens
+                prefill_requests += 1
             t = requests.get(rid)
             if t is None:
                 continue
@@ -99,6 +105,7 @@ class Telemetry:
             t.steps.append(step.step_id)
             if prefill:
                 t.chunks.append(PrefillChunk(step.step_id, step.start, step.end, tokens))
+        self.window.add(step, prefill_tokens, len(step.requests) - prefill_requests)
         if not pending or not self.config.engine_steps:
             return
         step.pending = pending
@@ -173,11 +180,21 @@ class Telemetry:
                 self._emit_step(step)
             return
         span_ctx: SpanContext | None = None
+        breached = self.config.slo.for_model(s.model).breaches(s)
+        for_cause = decision is not None and decision.reason.partition(":")[0] in self._cause_names
+        verdict = None
+        if breached or for_cause:  # why was it slow: for kept requests, and for every breach's counter
+            try:
+                verdict = slow_verdict(t, self.window, breached)
+                s.slow_cause = verdict.cause
+            except Exception as exc:  # a bug of ours costs the verdict only
+                GUARD.failed("slow-cause verdict", exc)
         if decision is not None:
             try:
-                breached = self.config.slo.for_model(s.model).breaches(s)
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
                                            self.config.capture_content)
+                if verdict is not None and for_cause:
+                    attrs.update(verdict.attributes())
                 span_ctx = self.spans.request(t, s, attrs, detail, WallClock())
                 if span_ctx is not None:
                     self.counts.requests_kept += 1

@@ -86,6 +86,22 @@ CLIENT_REQUESTS = "llm.client.requests"
 CLIENT_GOOD_REQUESTS = "llm.client.requests.good"
 CLIENT_OVERHEAD_TTFC = "llm.client.overhead.time_to_first_chunk"
 
+# Ours: why a kept request was slow (core/diagnosis/verdict.py, README "Why was it slow?").
+# ``llm.slow.cause`` is the dominant cause; ``llm.slow.<cause>`` the seconds each cause cost it.
+SLOW_QUEUE_MAX_SEQS = "queue_max_seqs"  # waited: the batch held max_num_seqs requests
+SLOW_QUEUE_KV_CACHE = "queue_kv_cache"  # waited: the KV cache could not hold it
+SLOW_QUEUE_TOKEN_BUDGET = "queue_token_budget"  # waited: the step's token budget was spent
+SLOW_PREFILL_INTERFERENCE = "prefill_interference"  # its decode steps carried others' prefill tokens
+SLOW_PREEMPTION = "preemption"  # preempted until it caught up
+SLOW_BATCH_GROWTH = "batch_growth"  # its decode steps slowed as the batch grew
+SLOW_ENGINE_STARVATION = "engine_starvation"  # the engine sat idle between steps while it was pending
+SLOW_UNKNOWN = "unknown"  # the data cannot decide
+SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_PREFILL_INTERFERENCE,
+               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_UNKNOWN)
+SLOW_CAUSE = "llm.slow.cause"
+SLOW_SECONDS = {cause: f"llm.slow.{cause}" for cause in SLOW_CAUSES}  # seconds per cause
+SLO_OBJECTIVE = "llm.slo.objective"  # the objective a breach counted against (ttft, tpot, e2e)
+
 # Ours: child spans
 SPAN_QUEUE = "llm.queue"
 SPAN_PREFILL = "llm.prefill"
@@ -115,6 +131,7 @@ STEP_NUM_RUNNING = "llm.engine.step.running"
 STEP_NUM_WAITING = "llm.engine.step.waiting"
 STEP_NUM_PREEMPTED = "llm.engine.step.preempted"
 STEP_KV_CACHE_USAGE = "llm.engine.step.kv_cache_usage"
+STEP_QUEUE_BLOCKED = "llm.engine.step.queue_blocked"  # why requests stayed waiting: max_seqs, kv_cache, ...
 
 # gen_ai.provider.name values we set. The GenAI registry (semantic-conventions-genai,
 # docs/registry/attributes/gen-ai.md) lists no value for vLLM or TensorRT-LLM; it allows a custom

@@ -32,7 +32,7 @@ from .content import input_messages, output_messages
 from .direct_export import DirectExport
 from . import wire_tracer
 from .otlp_wire import IntAttribute, SiblingSpans, span_ids
-from .timeline import QUEUED, RequestTimeline, StepRecord
+from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
 
@@ -287,6 +287,8 @@ class SpanBuilder:
         }
         if step.kv_cache_usage is not None:
             attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
+        if step.queue_blocked:
+            attrs[sc.STEP_QUEUE_BLOCKED] = BLOCKED_NAMES[step.queue_blocked]
         if step.attributes:  # an engine's own numbers win over what the shares above approximate
             attrs.update(step.attributes)
         self.wire_export()

@@ -34,6 +34,7 @@ class RequestSummary:
     prefix_cache_hit_tokens: int | None = None
     finish_reason: str | None = None
     error_type: str | None = None
+    slow_cause: str | None = None  # the slow-cause verdict (llm.slow.cause), where one was made
 
     @property
     def failed(self) -> bool:
@@ -215,6 +216,7 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.USAGE_CACHE_READ_INPUT_TOKENS, "prefix_cache_hit_tokens", "int"),
         (sc.RESPONSE_FINISH_REASONS, "finish_reason", "first"),
         (sc.ERROR_TYPE, "error_type", "str"),
+        (sc.SLOW_CAUSE, "slow_cause", "str"),
     )
 }
 _OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {key: (i, CONVERTERS[k]) for key, (i, k) in _KINDS.items()}

@@ -14,6 +14,11 @@ from opentelemetry.trace import SpanContext, SpanKind
 
 QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # same values as vLLM's EngineCoreEventType
 
+# Why the head of the engine's waiting queue was not admitted in a step (StepRecord.queue_blocked),
+# decided by the adapter where the scheduler's state is exact (see diagnosis/verdict.py).
+BLOCKED_NONE, BLOCKED_MAX_SEQS, BLOCKED_KV_CACHE, BLOCKED_TOKEN_BUDGET, BLOCKED_OTHER = 0, 1, 2, 3, 4
+BLOCKED_NAMES = ("none", "max_seqs", "kv_cache", "token_budget", "other")  # llm.engine.step.queue_blocked
+
 
 @dataclass(slots=True)
 class PrefillChunk:
@@ -110,6 +115,7 @@ class StepRecord:
     kv_cache_usage: float | None = None
     # engine-specific facts for the span (e.g. TensorRT-LLM's iteration latency), set once at record time
     attributes: dict[str, Any] | None = None
+    queue_blocked: int = BLOCKED_NONE  # why waiting requests stayed waiting (BLOCKED_*); NONE: nothing waited
     # settlement: requests still running, and the kept request spans to link to
     pending: int = 0
     links: list[SpanContext] = field(default_factory=list)

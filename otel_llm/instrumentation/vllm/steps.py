@@ -33,7 +33,8 @@ import time
 from typing import Any, Callable
 
 from ...core.guard import GUARD
-from ...core.timeline import StepRecord
+from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
+                               BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
@@ -126,8 +127,8 @@ class StepReceiver:
 
 
 def decode(payload: tuple) -> StepRecord:
-    step_id, start, end, running, waiting, preempted, kv, shares = payload
-    return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv)
+    step_id, start, end, running, waiting, preempted, kv, shares, blocked = payload
+    return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
 
 
 _dir: str | None = None
@@ -211,11 +212,32 @@ def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         kv = instance.kv_cache_manager.usage
         if len(_pending) > 64:  # update_from_output never came (engine error): don't grow
             _pending.clear()
-        _pending[id(out)] = (start, len(instance.running), len(instance.waiting),
-                             len(preempted) if preempted else 0, float(kv), shares)
+        running, waiting, n_preempted = len(instance.running), len(instance.waiting), len(preempted) if preempted else 0
+        _pending[id(out)] = (start, running, waiting, n_preempted, float(kv), shares,
+                             _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
     except Exception as exc:
         GUARD.failed("scheduler.schedule hook", exc)
     return out
+
+
+def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
+    """Why requests stayed waiting after this ``schedule()``: the first limit its admission loop hits
+    (vLLM 0.32 ``Scheduler.schedule``), read from the scheduler's state right after it ran."""
+    if preempted:
+        return BLOCKED_KV_CACHE  # a step that preempts admits nobody: the running requests outgrew the KV cache
+    if running >= getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs):
+        return BLOCKED_MAX_SEQS
+    if out.total_num_scheduled_tokens >= scheduler.max_num_scheduled_tokens:
+        return BLOCKED_TOKEN_BUDGET
+    try:
+        head = scheduler.waiting.peek_request()
+        # admission needs the head's whole remaining sequence in free blocks (scheduler_reserve_full_isl)
+        need = -(-(head.num_tokens - head.num_computed_tokens) // scheduler.block_size)
+        if need > scheduler.kv_cache_manager.block_pool.get_num_free_blocks():
+            return BLOCKED_KV_CACHE
+    except (AttributeError, IndexError):  # another vLLM's internals: the step record is worth more than this
+        pass
+    return BLOCKED_OTHER  # a limit we do not model (LoRA slots, remote KV, grammar, encoder budget)
 
 
 def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -226,10 +248,10 @@ def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
         scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
         pending = _pending.pop(id(scheduler_output), None)
         if pending is not None and pending[5]:
-            start, running, waiting, preempted, kv, shares = pending
+            start, running, waiting, preempted, kv, shares, blocked = pending
             end = next((o.timestamp for o in result.values()), None) if result else None
             _sink((_prefix | next(_counter), start, end if end else time.monotonic(),
-                   running, waiting, preempted, kv, shares))
+                   running, waiting, preempted, kv, shares, blocked))
     except Exception as exc:
         GUARD.failed("scheduler.update_from_output hook", exc)
     return result

@@ -1,0 +1,1 @@
+"""Why was it slow: explanations computed in the cold path from the recorded timelines and engine steps."""

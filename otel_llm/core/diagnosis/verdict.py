@@ -1,0 +1,326 @@
+"""The slow-cause verdict: why a kept request was slow, from its own timeline and the engine steps around it.
+
+Engine-agnostic: it reads a ``RequestTimeline`` (QUEUED/SCHEDULED/PREEMPTED events, token stamps,
+the ids of the steps that served it and which of them computed its prompt) and a window of recent
+``StepFacts`` per engine (each step's start and end, batch counts, and why requests stayed waiting).
+It runs in the cold path, after the request finished, for requests kept for a cause. The method,
+formula by formula, is in the README ("Why was it slow?"); in short, each cause is the time it cost
+the request above what a comparable step costs, summed over the breached measure's phases:
+
+* queueing, split by the reason the engine's admission stopped in each step the request waited
+  through (max running sequences, KV cache, token budget);
+* prefill interference: its decode steps that carried other requests' prefill tokens, minus the
+  median of decode-only steps of the same decode batch size; steps that skipped it while it ran and
+  carried prefill count whole;
+* preemption: from being preempted until its next token;
+* batch growth: the median decode-only step at its decode batch size minus that at the batch size
+  it started decoding with;
+* engine starvation: idle gaps between consecutive engine steps while it was pending, beyond the
+  median gap.
+
+The dominant cause is the largest, when it is at least ``MIN_SHARE`` of the phases' time and larger
+than the time the data could not attribute; otherwise ``unknown``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Iterable, NamedTuple
+
+from .. import semconv as sc
+from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_TOKEN_BUDGET, QUEUED, RequestTimeline,
+                        StepRecord)
+
+MIN_SHARE = 0.1  # a cause explains a request when it cost at least this share of the breached phases' time
+CONTEXT_STEPS = 64  # steps before the request's own, read for the baselines (median decode step, median gap)
+MIN_SAMPLES = 3  # decode-only steps of a batch size needed for its median
+
+_QUEUE_CAUSE = {BLOCKED_MAX_SEQS: sc.SLOW_QUEUE_MAX_SEQS, BLOCKED_KV_CACHE: sc.SLOW_QUEUE_KV_CACHE,
+                BLOCKED_TOKEN_BUDGET: sc.SLOW_QUEUE_TOKEN_BUDGET}
+# the phases of the request each objective measures: before the first token, after it
+_PHASES = {"ttft": (True, False), "tpot": (False, True), "e2e": (True, True)}
+
+
+class StepFacts(NamedTuple):
+    """One engine step, compactly: what the verdict reads (a window holds thousands)."""
+
+    step_id: int
+    start: float  # engine monotonic
+    end: float
+    running: int
+    waiting: int
+    preempted: int
+    blocked: int  # BLOCKED_*: why requests stayed waiting after this step's schedule
+    prefill_tokens: int
+    decode_requests: int
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def engine_of(step_id: int) -> int:
+    """Step ids are ``pid << 32 | counter`` per engine (see the adapters): the engine part."""
+    return step_id >> 32
+
+
+class StepWindow:
+    """The most recent ``size`` steps of each engine, appended where steps arrive (O(1)) and read
+    by the verdict on the materializer thread."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self.size = size
+        self._engines: dict[int, deque[StepFacts]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, step: StepRecord, prefill_tokens: int, decode_requests: int) -> None:
+        facts = StepFacts(step.step_id, step.start, step.end, step.running, step.waiting, step.preempted,
+                          step.queue_blocked, prefill_tokens, decode_requests)
+        engine = step.step_id >> 32
+        with self._lock:
+            steps = self._engines.get(engine)
+            if steps is None:
+                if len(self._engines) >= 64:  # engines come and go (restarts): forget the oldest
+                    self._engines.pop(next(iter(self._engines)))
+                steps = self._engines[engine] = deque(maxlen=self.size)
+            steps.append(facts)
+
+    def around(self, first_id: int, last_id: int, since: float, context: int = CONTEXT_STEPS) -> list[StepFacts]:
+        """The engine's steps from ``context`` steps before the earliest one that began at or after
+        ``since`` (or ``first_id``, if earlier) through ``last_id``, in order."""
+        with self._lock:
+            steps = self._engines.get(engine_of(first_id))
+            if not steps:
+                return []
+            ids = _Ids(steps)
+            lo = bisect.bisect_left(ids, first_id)
+            hi = bisect.bisect_right(ids, last_id)
+            while lo > 0 and steps[lo - 1].start >= since:
+                lo -= 1
+            lo = max(0, lo - context)
+            return [steps[i] for i in range(lo, hi)]
+
+
+class _Ids:
+    """A deque of steps seen as the sequence of their ids, for ``bisect``."""
+
+    __slots__ = ("_steps",)
+
+    def __init__(self, steps: deque[StepFacts]) -> None:
+        self._steps = steps
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, i: int) -> int:
+        return self._steps[i].step_id
+
+
+@dataclass(frozen=True, slots=True)
+class SlowVerdict:
+    cause: str
+    seconds: dict[str, float] = field(default_factory=dict)  # per cause, over the phases judged
+
+    def attributes(self) -> dict[str, object]:
+        out: dict[str, object] = {sc.SLOW_CAUSE: self.cause}
+        for cause in sc.SLOW_CAUSES:
+            out[sc.SLOW_SECONDS[cause]] = round(self.seconds.get(cause, 0.0), 6)
+        return out
+
+
+class _Ledger:
+    """Seconds per cause, kept apart for the time before and after the first token."""
+
+    def __init__(self, first_token: float | None) -> None:
+        self.first_token = first_token if first_token is not None else float("inf")
+        self.before: dict[str, float] = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
+        self.after: dict[str, float] = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
+
+    def add(self, cause: str, seconds: float, at: float) -> None:
+        if seconds > 0:
+            (self.before if at <= self.first_token else self.after)[cause] += seconds
+
+    def add_span(self, cause: str, start: float, end: float) -> None:
+        """An interval of time lost to ``cause``, split at the first token."""
+        if end <= start:
+            return
+        cut = self.first_token
+        if start < cut:
+            self.before[cause] += min(end, cut) - start
+        if end > cut:
+            self.after[cause] += end - max(start, cut)
+
+
+class _Baselines:
+    """What a step costs when nothing unusual happens, from the steps around the request."""
+
+    def __init__(self, steps: list[StepFacts]) -> None:
+        by_batch: dict[int, list[float]] = {}
+        gaps: list[float] = []
+        prev: StepFacts | None = None
+        for s in steps:
+            if s.prefill_tokens == 0 and s.preempted == 0 and s.decode_requests:
+                by_batch.setdefault(s.decode_requests, []).append(s.duration)
+            if prev is not None and s.step_id == prev.step_id + 1:
+                gaps.append(max(0.0, s.start - prev.end))
+            prev = s
+        self._decode = {b: median(d) for b, d in by_batch.items() if len(d) >= MIN_SAMPLES}
+        self.gap = median(gaps) if len(gaps) >= MIN_SAMPLES else None
+
+    def decode(self, batch: int) -> float | None:
+        """Median duration of decode-only steps of this decode batch size, else of the nearest size
+        within a quarter of it; ``None`` when there is none to compare with."""
+        found = self._decode.get(batch)
+        if found is not None:
+            return found
+        reach = max(1, batch // 4)
+        near = [b for b in self._decode if abs(b - batch) <= reach]
+        if not near:
+            return None
+        return self._decode[min(near, key=lambda b: (abs(b - batch), b))]
+
+
+def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = ()) -> SlowVerdict:
+    """The verdict on one finished request. ``breached``: the SLO objectives it missed (ttft, tpot,
+    e2e); they choose the phases judged (none: the whole request, as for a slow or failed one)."""
+    phases = [_PHASES[o] for o in breached if o in _PHASES]
+    before = any(p[0] for p in phases) if phases else True
+    after = any(p[1] for p in phases) if phases else True
+    own = t.steps
+    first_token = t.token_ts[0] if t.token_ts else None
+    ledger = _Ledger(first_token)
+    if not own:  # no engine step of it was recorded: nothing to decide with
+        return SlowVerdict(sc.SLOW_UNKNOWN, {})
+    queued = t.first(QUEUED)
+    steps = window.around(own[0], own[-1], queued if queued is not None else float("inf"))
+    by_id = {s.step_id: s for s in steps}
+    admit = by_id.get(own[0])
+    last = by_id.get(own[-1])
+    end = t.token_ts[-1] if t.token_ts else (last.end if last is not None else None)
+    if admit is None or last is None or end is None:  # its steps fell out of the window
+        return SlowVerdict(sc.SLOW_UNKNOWN, {})
+    start = queued if queued is not None else admit.start
+    base = _Baselines(steps)
+    covered = _preemptions(t, ledger, end)
+    _queue(steps, admit, start, base, ledger)
+    _running(steps, admit, last, set(own), {c.step_id for c in t.chunks}, covered, base, ledger)
+
+    seconds = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
+    judged = 0.0
+    if before:
+        judged += max(0.0, min(end, ledger.first_token) - start)
+        for k, v in ledger.before.items():
+            seconds[k] += v
+    if after and first_token is not None:
+        judged += max(0.0, end - first_token)
+        for k, v in ledger.after.items():
+            seconds[k] += v
+    return SlowVerdict(_dominant(seconds, judged), seconds)
+
+
+def _dominant(seconds: dict[str, float], judged: float) -> str:
+    known = [(v, k) for k, v in seconds.items() if k != sc.SLOW_UNKNOWN]
+    value, cause = max(known)
+    if value <= 0 or value < MIN_SHARE * judged or value <= seconds[sc.SLOW_UNKNOWN]:
+        return sc.SLOW_UNKNOWN
+    return cause
+
+
+def _preemptions(t: RequestTimeline, ledger: _Ledger, end: float) -> list[tuple[float, float]]:
+    """Each preemption costs from the moment it was preempted until its next token (requeue and
+    recompute); returns those intervals, which the other causes then leave alone."""
+    out = []
+    for preempted, rescheduled in t.preemptions():
+        caught_up = end
+        if rescheduled is not None:
+            caught_up = next((ts for ts in t.token_ts if ts >= rescheduled), end)
+        if caught_up > preempted:
+            ledger.add_span(sc.SLOW_PREEMPTION, preempted, caught_up)
+            out.append((preempted, caught_up))
+    return out
+
+
+def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Baselines, ledger: _Ledger) -> None:
+    """The time from QUEUED to the step that first scheduled it: each step it waited through is
+    charged to the reason that step's admission stopped, with the gap after it up to the median gap;
+    idle time beyond that is starvation."""
+    waited = [s for s in steps if s.step_id < admit.step_id and s.start >= queued]
+    chain = waited + [admit]
+    prev = _before(steps, chain[0])
+    if prev is not None and prev.end < chain[0].start:  # the engine was idle when it arrived
+        _gap(max(queued, prev.end), chain[0].start, base, ledger, None)
+    for s, nxt in zip(waited, chain[1:]):
+        cause = _QUEUE_CAUSE.get(s.blocked, sc.SLOW_UNKNOWN)
+        ledger.add_span(cause, s.start, s.end)
+        if nxt.step_id != s.step_id + 1:  # steps missing (dropped records): their time is unknown
+            ledger.add_span(sc.SLOW_UNKNOWN, s.end, nxt.start)
+        else:
+            _gap(s.end, nxt.start, base, ledger, cause)
+
+
+def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set[int], own_prefill: set[int],
+             covered: list[tuple[float, float]], base: _Baselines, ledger: _Ledger) -> None:
+    """From the step that first scheduled it to its last: its decode steps against decode-only
+    steps of the same batch size, steps that skipped it, and the gaps between steps."""
+    span = [s for s in steps if admit.step_id <= s.step_id <= last.step_id]
+    first_decode = next((s for s in span if s.step_id in own and s.step_id not in own_prefill), None)
+    start_batch = base.decode(first_decode.decode_requests) if first_decode is not None else None
+    prev: StepFacts | None = None
+    for s in span:
+        if _overlaps(s, covered):  # preempted: the preemption is charged for this time
+            prev = s
+            continue
+        if prev is not None:
+            if s.step_id != prev.step_id + 1:
+                ledger.add_span(sc.SLOW_UNKNOWN, prev.end, s.start)
+            else:
+                _gap(prev.end, s.start, base, ledger, None)
+        prev = s
+        if s.step_id not in own:  # running, but the step left it out
+            ledger.add_span(sc.SLOW_PREFILL_INTERFERENCE if s.prefill_tokens else sc.SLOW_UNKNOWN, s.start, s.end)
+            continue
+        if s.step_id in own_prefill:  # computing its own prompt: its own work
+            continue
+        usual = base.decode(s.decode_requests)
+        if usual is None:
+            if s.prefill_tokens:  # how much of it was the others' prefill cannot be told
+                ledger.add_span(sc.SLOW_UNKNOWN, s.start, s.end)
+            continue
+        if s.prefill_tokens:
+            ledger.add(sc.SLOW_PREFILL_INTERFERENCE, s.duration - usual, s.end)
+        if start_batch is not None:
+            ledger.add(sc.SLOW_BATCH_GROWTH, usual - start_batch, s.end)
+
+
+def _gap(start: float, end: float, base: _Baselines, ledger: _Ledger, usual_cause: str | None) -> None:
+    """Engine idle time between two steps: the usual part is part of a step's cost (charged to
+    ``usual_cause`` when it was waiting), the rest is starvation."""
+    gap = end - start
+    if gap <= 0:
+        return
+    if base.gap is None:
+        ledger.add_span(sc.SLOW_UNKNOWN, start, end)
+        return
+    usual = min(gap, base.gap)
+    if usual_cause is not None:
+        ledger.add_span(usual_cause, start, start + usual)
+    ledger.add_span(sc.SLOW_ENGINE_STARVATION, start + usual, end)
+
+
+def _before(steps: list[StepFacts], step: StepFacts) -> StepFacts | None:
+    for i, s in enumerate(steps):
+        if s.step_id == step.step_id:
+            prev = steps[i - 1] if i else None
+            return prev if prev is not None and prev.step_id == step.step_id - 1 else None
+    return None
+
+
+def _overlaps(s: StepFacts, intervals: list[tuple[float, float]]) -> bool:
+    for lo, hi in intervals:
+        if s.end > lo and s.start < hi:
+            return True
+    return False
