@@ -1,0 +1,281 @@
+"""The slow-cause verdict on constructed engine histories: each cause, the unknowns, and the pipeline's use."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm.core import semconv as sc
+from otel_llm.core.config import Config
+from otel_llm.core.diagnosis.verdict import StepWindow, decide
+from otel_llm.core.metrics import SERVER_METRICS, ServerMetrics
+from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.slo import SLOTable
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
+                                    BLOCKED_TOKEN_BUDGET, PREEMPTED, QUEUED, SCHEDULED, PrefillChunk,
+                                    RequestTimeline, StepRecord)
+from otel_llm.testing.metrics import points_by_name
+
+STEP, GAP = 0.010, 0.001
+ENGINE = 7 << 32
+
+
+class Sim:
+    """An engine history built step by step: each step's shares are (request, tokens, kind), kind
+    ``p`` a prompt chunk, ``P`` the last prompt chunk (emits the first token), ``d`` a decode token."""
+
+    def __init__(self, telemetry: Telemetry | None = None) -> None:
+        self.telemetry = telemetry
+        self.window = telemetry.window if telemetry is not None else StepWindow()
+        self.now = 100.0
+        self.next_id = ENGINE | 1
+        self.timelines: dict[str, RequestTimeline] = {}
+
+    def arrive(self, *rids: str) -> None:
+        for rid in rids:
+            t = RequestTimeline(rid, time.time(), model="m", response_id=rid)
+            t.events.append((QUEUED, self.now))
+            self.timelines[rid] = t
+            if self.telemetry is not None:
+                assert self.telemetry.start(t)
+
+    def step(self, shares: list[tuple[str, int, str]], dur: float = STEP, gap: float = GAP, running: int | None = None,
+             waiting: int = 0, blocked: int = BLOCKED_NONE, preempted: int = 0, skip_ids: int = 0) -> None:
+        self.next_id += skip_ids  # records that never arrived
+        start = self.now + gap
+        end = start + dur
+        rec = StepRecord(self.next_id, start, end, [(r, n, k in "pP") for r, n, k in shares],
+                         len(shares) if running is None else running, waiting, preempted, None, blocked)
+        for rid, n, kind in shares:
+            t = self.timelines[rid]
+            if not t.steps or t.events[-1][0] == PREEMPTED:
+                t.events.append((SCHEDULED, start))
+            if self.telemetry is None:
+                t.steps.append(self.next_id)
+                if kind in "pP":
+                    t.chunks.append(PrefillChunk(self.next_id, start, end, n))
+            if kind in "Pd":
+                t.token_ts.append(end)
+        if self.telemetry is not None:
+            self.telemetry.add_step(rec)
+        else:
+            prefill = sum(n for _, n, k in shares if k in "pP")
+            self.window.add(rec, prefill, sum(1 for _, _, k in shares if k == "d"))
+        self.next_id += 1
+        self.now = end
+
+    def preempt(self, rid: str) -> None:
+        self.timelines[rid].events.append((PREEMPTED, self.now + GAP))
+
+    def decode(self, rids: list[str], n: int, **kw) -> None:
+        for _ in range(n):
+            self.step([(r, 1, "d") for r in rids], **kw)
+
+    def verdict(self, rid: str, *breached: str):
+        return decide(self.timelines[rid], self.window, breached)
+
+
+def start_decoding(sim: Sim, rids: list[str]) -> None:
+    sim.arrive(*rids)
+    sim.step([(r, 16, "P") for r in rids])
+
+
+@pytest.mark.parametrize("blocked,cause", [(BLOCKED_MAX_SEQS, sc.SLOW_QUEUE_MAX_SEQS),
+                                           (BLOCKED_KV_CACHE, sc.SLOW_QUEUE_KV_CACHE),
+                                           (BLOCKED_TOKEN_BUDGET, sc.SLOW_QUEUE_TOKEN_BUDGET)])
+def test_queueing_is_split_by_why_the_queue_did_not_move(blocked, cause):
+    sim = Sim()
+    runners = ["r0", "r1", "r2", "r3"]
+    start_decoding(sim, runners)
+    sim.decode(runners, 5)
+    sim.arrive("w")
+    sim.decode(runners, 20, waiting=1, blocked=blocked)
+    sim.step([("w", 16, "P")])
+    sim.decode(["w"], 5)
+    v = sim.verdict("w", "ttft")
+    assert v.cause == cause
+    # 20 steps and the usual gap after each: the time it waited, all of it charged to the reason
+    assert v.seconds[cause] == pytest.approx(20 * (STEP + GAP), abs=1e-6)
+    assert v.seconds[sc.SLOW_ENGINE_STARVATION] == pytest.approx(0, abs=1e-9)
+    for r in runners:  # they ran undisturbed: not blamed
+        assert sim.verdict(r, "ttft", "tpot").cause == sc.SLOW_UNKNOWN
+
+
+def test_waiting_for_a_reason_the_engine_did_not_name_is_unknown():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)
+    sim.arrive("w")
+    sim.decode(["r0"], 20, waiting=1, blocked=BLOCKED_OTHER)
+    sim.step([("w", 16, "P")])
+    v = sim.verdict("w", "ttft")
+    assert v.cause == sc.SLOW_UNKNOWN and v.seconds[sc.SLOW_UNKNOWN] == pytest.approx(20 * (STEP + GAP), abs=1e-6)
+
+
+def test_decode_steps_that_carry_another_prompt_are_prefill_interference():
+    sim = Sim()
+    decoders = ["d0", "d1", "d2", "d3"]
+    start_decoding(sim, decoders)
+    sim.decode(decoders, 30)
+    sim.arrive("long")
+    for _ in range(9):  # the long prompt's chunks ride along with the decodes, each step 30 ms longer
+        sim.step([(d, 1, "d") for d in decoders] + [("long", 500, "p")], dur=STEP + 0.030)
+    sim.step([(d, 1, "d") for d in decoders] + [("long", 500, "P")], dur=STEP + 0.030)
+    sim.decode(decoders, 30)
+    for d in decoders:
+        v = sim.verdict(d, "tpot")
+        assert v.cause == sc.SLOW_PREFILL_INTERFERENCE
+        assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == pytest.approx(10 * 0.030, abs=1e-6)
+    # the long prompt's own time to first token is its own work: not interference
+    assert sim.verdict("long", "ttft").cause == sc.SLOW_UNKNOWN
+
+
+def test_steps_that_skip_a_running_request_for_others_prefill_count_whole():
+    sim = Sim()
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 10)
+    sim.arrive("long")
+    sim.step([("long", 64, "p")], dur=0.05, running=2)  # the token budget went to the prompt, "a" sat out
+    sim.step([("long", 64, "P")], dur=0.05, running=2)
+    sim.decode(["a", "long"], 10)
+    v = sim.verdict("a", "tpot")
+    assert v.cause == sc.SLOW_PREFILL_INTERFERENCE and v.seconds[v.cause] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_preemption_costs_until_the_request_caught_up():
+    sim = Sim()
+    start_decoding(sim, ["a", "b"])
+    sim.decode(["a", "b"], 10)
+    sim.preempt("b")
+    before = sim.now + GAP
+    sim.decode(["a"], 8, preempted=1, waiting=1, blocked=BLOCKED_KV_CACHE)
+    sim.step([("a", 1, "d"), ("b", 27, "P")])  # recompute: prompt and its tokens so far
+    caught_up = sim.now
+    sim.decode(["a", "b"], 10)
+    v = sim.verdict("b", "tpot")
+    assert v.cause == sc.SLOW_PREEMPTION
+    assert v.seconds[sc.SLOW_PREEMPTION] == pytest.approx(caught_up - before, abs=1e-9)
+    assert v.seconds[sc.SLOW_QUEUE_KV_CACHE] == 0  # its wait after the preemption is the preemption's
+    assert sim.verdict("a", "tpot").cause == sc.SLOW_UNKNOWN
+
+
+def test_a_batch_that_grew_slows_its_decode_steps():
+    sim = Sim()
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 10)
+    joiners = [f"j{i}" for i in range(7)]
+    sim.arrive(*joiners)
+    sim.step([("a", 1, "d")] + [(j, 16, "P") for j in joiners], dur=STEP + 0.002)
+    sim.decode(["a", *joiners], 30, dur=0.025)
+    v = sim.verdict("a", "tpot")
+    assert v.cause == sc.SLOW_BATCH_GROWTH
+    assert v.seconds[sc.SLOW_BATCH_GROWTH] == pytest.approx(30 * 0.015, abs=1e-6)
+
+
+def test_idle_gaps_between_steps_are_engine_starvation():
+    sim = Sim()
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 20)
+    sim.decode(["a"], 10, gap=0.050)
+    v = sim.verdict("a", "tpot")
+    assert v.cause == sc.SLOW_ENGINE_STARVATION
+    assert v.seconds[v.cause] == pytest.approx(10 * (0.050 - GAP), abs=1e-6)
+
+
+def test_missing_step_records_are_unknown_not_starvation():
+    sim = Sim()
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 20)
+    for _ in range(10):
+        sim.step([("a", 1, "d")], gap=0.050, skip_ids=1)  # a step's record was dropped in each gap
+    v = sim.verdict("a", "tpot")
+    assert v.cause == sc.SLOW_UNKNOWN
+    assert v.seconds[sc.SLOW_ENGINE_STARVATION] == 0 and v.seconds[sc.SLOW_UNKNOWN] > 0.4
+
+
+def test_no_recorded_steps_means_unknown():
+    t = RequestTimeline("x", time.time())
+    t.events.append((QUEUED, 1.0))
+    t.token_ts += [2.0, 2.1]
+    v = decide(t, StepWindow(), ("ttft",))
+    assert v.cause == sc.SLOW_UNKNOWN and set(v.attributes()) == {sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()}
+
+
+def test_the_breached_objective_chooses_the_phases_judged():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)
+    sim.arrive("w")
+    sim.decode(["r0"], 20, waiting=1, blocked=BLOCKED_MAX_SEQS)
+    sim.step([("w", 16, "P")])
+    sim.decode(["w"], 20, gap=0.050)
+    assert sim.verdict("w", "ttft").cause == sc.SLOW_QUEUE_MAX_SEQS
+    tpot = sim.verdict("w", "tpot")
+    assert tpot.cause == sc.SLOW_ENGINE_STARVATION and tpot.seconds[sc.SLOW_QUEUE_MAX_SEQS] == 0
+
+
+def test_the_window_forgets_old_steps_and_then_cannot_decide():
+    sim = Sim()
+    sim.window = StepWindow(size=16)
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 40)
+    assert sim.verdict("a", "tpot").cause == sc.SLOW_UNKNOWN
+
+
+# -- in the pipeline ---------------------------------------------------------------------------
+
+
+def test_kept_requests_carry_the_verdict_and_breaches_are_counted_by_cause():
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    tele = Telemetry(Config.resolve({"slo": "ttft=0.1", "sample_rate": 0.0, "tail_quantile": 0}, environ={}),
+                     tp.get_tracer("t"), mp.get_meter("t"), "test")
+    sim = Sim(tele)
+    runners = ["r0", "r1"]
+    start_decoding(sim, runners)
+    sim.decode(runners, 5)
+    sim.arrive("w")
+    sim.decode(runners, 20, waiting=1, blocked=BLOCKED_MAX_SEQS)
+    sim.step([("w", 16, "P")])
+    sim.decode(["w"], 3)
+    for rid, t in sim.timelines.items():
+        queued, first = t.first(QUEUED), t.token_ts[0]
+        tele.finish(rid, RequestSummary(model="m", ttft=first - queued, e2e=t.token_ts[-1] - queued,
+                                        output_tokens=len(t.token_ts)))
+    assert tele.flush(10)
+    spans = {s.attributes[sc.RESPONSE_ID]: s for s in exporter.get_finished_spans()
+             if s.attributes and sc.RESPONSE_ID in s.attributes}
+    assert set(spans) == {"w"}  # only the breach was kept
+    a = spans["w"].attributes
+    assert a[sc.SLOW_CAUSE] == sc.SLOW_QUEUE_MAX_SEQS
+    assert a[sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS]] == pytest.approx(20 * (STEP + GAP), abs=1e-5)
+    points = points_by_name(reader.get_metrics_data())[SERVER_METRICS.slo_breaches]
+    assert [(p.attributes[sc.SLO_OBJECTIVE], p.attributes[sc.SLOW_CAUSE], p.value) for p in points] == [
+        ("ttft", sc.SLOW_QUEUE_MAX_SEQS, 1)]
+    tele.close()
+
+
+def test_the_breach_counter_reads_the_cause_from_the_span_attribute():
+    """The collector's path: a summary rebuilt from a request span's attributes, recorded in a batch."""
+    reader = InMemoryMetricReader()
+    metrics = ServerMetrics(MeterProvider(metric_readers=[reader]).get_meter("t"), SLOTable.parse("ttft=0.1,tpot=0.01"))
+    base = {sc.REQUEST_MODEL: "m", sc.LATENCY_E2E: 2.0, sc.LATENCY_TTFT: 0.5, sc.LATENCY_TPOT: 0.02}
+    summaries = [RequestSummary.from_attributes({**base, sc.SLOW_CAUSE: sc.SLOW_QUEUE_KV_CACHE}),
+                 RequestSummary.from_attributes({**base, sc.SLOW_CAUSE: "made-up"}),
+                 RequestSummary.from_attributes(base)]
+    assert summaries[0].slow_cause == sc.SLOW_QUEUE_KV_CACHE
+    metrics.record_many(summaries)
+    got = sorted((p.attributes[sc.SLO_OBJECTIVE], p.attributes[sc.SLOW_CAUSE], p.value)
+                 for p in points_by_name(reader.get_metrics_data())[SERVER_METRICS.slo_breaches])
+    assert got == [("tpot", sc.SLOW_QUEUE_KV_CACHE, 1), ("tpot", sc.SLOW_UNKNOWN, 2),
+                   ("ttft", sc.SLOW_QUEUE_KV_CACHE, 1), ("ttft", sc.SLOW_UNKNOWN, 2)]

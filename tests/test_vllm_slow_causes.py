@@ -1,0 +1,174 @@
+"""The slow-cause verdict on the real engine: three engineered scenarios, each request judged against
+what the recorded engine steps show happened to it (EngineCore in this process, so the steps run
+exactly when the test adds requests).
+
+Which requests a scenario affected is read from the engine-step spans (running and waiting counts,
+prefill tokens, preemptions as the scheduler reported them), not from the verdict; the assertions
+are on what our code decided from those facts, never on speeds. Every SLO is 1 µs, so every request
+breaches and is judged.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import pytest
+
+from otel_llm.core import semconv as sc
+from traces import engine_steps, request_trees
+
+pytestmark = pytest.mark.engine
+
+TINY_SLO = 1e-6
+
+
+@dataclass
+class Judged:
+    cause: str
+    seconds: dict[str, float]
+    queued: int  # ns, the engine's QUEUED stamp
+    scheduled: int  # ns, first scheduled (the prefill span's start)
+    first_token: int  # ns (the decode span's start)
+    preemptions: int
+
+
+def judged(spans) -> tuple[dict[str, Judged], list]:
+    out = {}
+    for rid, t in request_trees(spans).items():
+        a = t.attributes
+        if sc.SLOW_CAUSE not in a:  # breached nothing (the long prompt has no TPOT): not judged
+            continue
+        queue = t.one(sc.SPAN_QUEUE)
+        queued = next(e.timestamp for e in queue.events if e.name == sc.EVENT_ENGINE_QUEUED)
+        out[rid] = Judged(a[sc.SLOW_CAUSE], {c: a[sc.SLOW_SECONDS[c]] for c in sc.SLOW_CAUSES}, queued,
+                          t.one(sc.SPAN_PREFILL).start_time, t.one(sc.SPAN_DECODE).start_time,
+                          a[sc.NUM_PREEMPTIONS])
+    return out, sorted(engine_steps(spans), key=lambda s: s.start_time)
+
+
+def waited_through(j: Judged, steps) -> list:
+    """The engine steps that ran, start to end, while the request sat in the queue before it was first scheduled."""
+    return [s for s in steps if s.start_time >= j.queued and s.end_time <= j.scheduled]
+
+
+def assert_classified(judgements: dict[str, Judged], affected: set[str], expected: set[str]) -> None:
+    right = [rid for rid in affected if judgements[rid].cause in expected]
+    wrong = {rid: judgements[rid] for rid in affected if rid not in right}
+    assert len(right) >= 0.9 * len(affected), f"misclassified: {wrong}"
+    for rid, j in judgements.items():
+        if rid not in affected:
+            assert j.cause not in expected, f"{rid} was not affected, yet blamed: {j}"
+
+
+def _params(max_tokens: int):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+
+
+def _prompt(i: int, n: int) -> dict:
+    return {"prompt_token_ids": [5 + (i * 7 + j) % 400 for j in range(n)]}
+
+
+def _drain(engine) -> None:
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+# -- (a) one very long prompt arriving among steady decodes ------------------------------------
+
+DECODERS, EARLY = [f"d{i}" for i in range(7)], ["e0", "e1"]
+
+
+@pytest.fixture(scope="module")
+def long_prompt_run(otel):
+    from otel_llm.testing.engine import in_process, make_llm
+
+    with in_process(), otel.instrumented(slo=f"tpot={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        # the long prompt is prefilled in one step, alongside the decodes
+        llm = make_llm(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024)
+        engine = llm.llm_engine
+        for i, rid in enumerate(DECODERS + EARLY):
+            engine.add_request(rid, _prompt(i, 16), _params(12 if rid in DECODERS else 3))
+        for _ in range(6):  # all prefilled at the first step, then decoding; the early ones finish
+            engine.step()
+        engine.add_request("long", _prompt(99, 1000), _params(1))
+        _drain(engine)
+        spans = otel.finished()
+        del llm, engine
+    gc.collect()
+    return spans
+
+
+def test_a_long_prompt_among_decodes_is_prefill_interference_for_the_decoders(long_prompt_run):
+    judgements, steps = judged(long_prompt_run)
+    affected = set()
+    for rid, j in judgements.items():
+        # decoding (after its first token) in a step that also prefilled someone's prompt
+        if any(s.start_time >= j.first_token and s.attributes[sc.STEP_NUM_PREFILL_TOKENS] > 0 for s in steps
+               if s.end_time <= _last_token(long_prompt_run, rid)):
+            affected.add(rid)
+    assert affected == set(DECODERS), "the scenario did not run as built"
+    assert_classified(judgements, affected, {sc.SLOW_PREFILL_INTERFERENCE})
+    for rid in affected:
+        assert judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] > 0
+
+
+def _last_token(spans, rid: str) -> int:
+    return request_trees(spans)[rid].one(sc.SPAN_DECODE).end_time
+
+
+# -- (b) a KV cache too small for the load, (c) a burst above max_num_seqs ----------------------
+
+MAX_SEQS = 4
+KV_LOAD = [f"k{i}" for i in range(6)]
+BURST = [f"c{i}" for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def small_engine_runs(otel):
+    """One engine for both: 4 sequences at most, 8 KV blocks of 32 tokens (7 usable: vLLM keeps one null block)."""
+    from otel_llm.testing.engine import in_process, make_llm
+
+    with in_process(), otel.instrumented(slo=f"ttft={TINY_SLO},tpot={TINY_SLO}", sample_rate=1.0,
+                                         tail_quantile=0):
+        llm = make_llm(max_num_seqs=MAX_SEQS, block_size=32, num_gpu_blocks_override=8,
+                       max_num_batched_tokens=256, max_model_len=192)
+        engine = llm.llm_engine
+        # (b) prompts of 70 tokens hold 3 blocks: two fit (6 of 7), the others wait for KV with the batch half
+        # empty; at 96 and 128 tokens the running ones need more blocks than there are: preemptions
+        for i, rid in enumerate(KV_LOAD):
+            engine.add_request(rid, _prompt(i, 70), _params(60))
+        _drain(engine)
+        kv_spans = otel.finished()
+        otel.spans.clear()
+        # (c) 12 short requests at once (one block each): the batch holds 4, the KV cache is not the limit
+        for i, rid in enumerate(BURST):
+            engine.add_request(rid, _prompt(i, 8), _params(8))
+        _drain(engine)
+        burst_spans = otel.finished()
+        del llm, engine
+    gc.collect()
+    return kv_spans, burst_spans
+
+
+def test_a_kv_cache_too_small_is_kv_queueing_or_preemption(small_engine_runs):
+    judgements, steps = judged(small_engine_runs[0])
+    assert set(judgements) == set(KV_LOAD)
+    assert all(s.attributes[sc.STEP_NUM_RUNNING] < MAX_SEQS for s in steps)  # the batch was never the limit
+    affected = {rid for rid, j in judgements.items()
+                if j.preemptions or any(s.attributes[sc.STEP_NUM_WAITING] for s in waited_through(j, steps))}
+    assert len(affected) >= 4 and any(judgements[r].preemptions for r in affected), "the scenario did not run as built"
+    assert_classified(judgements, affected, {sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION})
+
+
+def test_a_burst_above_max_num_seqs_is_queueing_with_a_full_batch(small_engine_runs):
+    judgements, steps = judged(small_engine_runs[1])
+    assert set(judgements) == set(BURST)
+    affected = {rid for rid, j in judgements.items()
+                if any(s.attributes[sc.STEP_NUM_RUNNING] == MAX_SEQS for s in waited_through(j, steps))}
+    assert len(affected) >= 8, "the scenario did not run as built"
+    assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
+    for rid in affected:
+        assert judgements[rid].seconds[sc.SLOW_QUEUE_MAX_SEQS] > 0
