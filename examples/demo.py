@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_llm
 from otel_llm.core import semconv as sc
+from otel_llm.core.metrics import SLO_BREACHES
 from otel_llm.export import OTLPJsonFileExporter
 from otel_llm.testing.engine import make_llm
 from otel_llm.testing.metrics import points_by_name
@@ -92,6 +93,11 @@ def report(spans, reader, wall: float, finished: int) -> None:
     total = sum(p.value for p in got["llm.server.requests"])
     good = sum(p.value for p in got["llm.server.requests.good"])
     print(f"\ngoodput: {good:.0f} of {total:.0f} requests met every SLO at once ({100 * good / total:.0f}%)")
+    breaches = collections.Counter()
+    for p in got.get(SLO_BREACHES, ()):
+        breaches[(p.attributes[sc.SLO_OBJECTIVE], p.attributes[sc.SLOW_CAUSE])] += p.value
+    for (objective, cause), n in sorted(breaches.items(), key=lambda kv: -kv[1]):
+        print(f"  {objective} breaches caused by {cause}: {n:.0f}")
 
     requests = [s for s in spans if s.attributes and sc.LATENCY_E2E in s.attributes]
     reasons = collections.Counter(str(s.attributes[sc.SAMPLING_REASON]) for s in requests)
@@ -114,6 +120,9 @@ def report(spans, reader, wall: float, finished: int) -> None:
               f"{(children_ms(children, r, sc.SPAN_QUEUE)):5.1f} + prefill {1000 * a.get(sc.LATENCY_PREFILL, 0):5.1f} "
               f"+ decode {1000 * a.get(sc.LATENCY_DECODE, 0):6.1f}   in {a[sc.USAGE_INPUT_TOKENS]} / out "
               f"{a[sc.USAGE_OUTPUT_TOKENS]} tokens, preemptions {a[sc.NUM_PREEMPTIONS]}, kept for {a[sc.SAMPLING_REASON]}")
+        if sc.SLOW_CAUSE in a:  # the slow-cause verdict, with the seconds of each cause that cost something
+            costs = ", ".join(f"{c} {1000 * a[sc.SLOW_SECONDS[c]]:.1f}ms" for c in sc.SLOW_CAUSES if a[sc.SLOW_SECONDS[c]])
+            print(f"      why: {a[sc.SLOW_CAUSE]}" + (f" ({costs})" if costs else ""))
         worst = sorted(linked[r.context.span_id], key=lambda s: s.start_time - s.end_time)[:3]
         for st in worst:
             sa = st.attributes

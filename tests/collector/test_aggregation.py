@@ -38,7 +38,8 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
             decode=rng.uniform(0, 5), input_tokens=rng.randint(0, 5000),
             output_tokens=rng.choice([rng.randint(0, 2000), None]),
             output_characters=rng.choice([rng.randint(0, 9000), None]),
-            error_type=rng.choice([None] * 9 + ["timeout"])))
+            error_type=rng.choice([None] * 9 + ["timeout"]),
+            slow_cause=rng.choice([None, "queue_kv_cache", "preemption", "not-a-cause"])))
     return out
 
 
