@@ -279,3 +279,32 @@ def test_the_breach_counter_reads_the_cause_from_the_span_attribute():
                  for p in points_by_name(reader.get_metrics_data())[SERVER_METRICS.slo_breaches])
     assert got == [("tpot", sc.SLOW_QUEUE_KV_CACHE, 1), ("tpot", sc.SLOW_UNKNOWN, 2),
                    ("ttft", sc.SLOW_QUEUE_KV_CACHE, 1), ("ttft", sc.SLOW_UNKNOWN, 2)]
+
+
+# -- why the queue stayed put, as the vLLM scheduler hook decides it ----------------------------
+
+
+def _scheduler(running: int, scheduled_tokens: int, head_tokens: int, free_blocks: int):
+    from types import SimpleNamespace as NS
+
+    head = NS(num_tokens=head_tokens, num_computed_tokens=0)
+    waiting = NS(peek_request=lambda: head)
+    pool = NS(get_num_free_blocks=lambda: free_blocks)
+    scheduler = NS(max_num_running_reqs=4, max_num_active_reqs=4, max_num_scheduled_tokens=256, block_size=32,
+                   waiting=waiting, kv_cache_manager=NS(block_pool=pool))
+    return scheduler, NS(total_num_scheduled_tokens=scheduled_tokens), running
+
+
+@pytest.mark.parametrize("state,preempted,blocked", [
+    ((4, 100, 70, 0), 1, BLOCKED_KV_CACHE),  # a step that preempted admits nobody: KV, whatever else holds
+    ((4, 256, 70, 0), 0, BLOCKED_MAX_SEQS),  # the batch is full first
+    ((2, 256, 70, 0), 0, BLOCKED_TOKEN_BUDGET),
+    ((2, 100, 70, 2), 0, BLOCKED_KV_CACHE),  # 70 tokens need 3 blocks, 2 are free
+    ((2, 100, 70, 3), 0, BLOCKED_OTHER),  # it would fit: something we do not model held it
+])
+def test_the_scheduler_hook_names_the_first_limit_admission_hit(state, preempted, blocked):
+    from otel_llm.instrumentation.vllm.steps import _queue_blocked
+
+    running, tokens, head, free = state
+    scheduler, out, running = _scheduler(running, tokens, head, free)
+    assert _queue_blocked(scheduler, out, running, 1, preempted) == blocked

@@ -168,6 +168,8 @@ def test_a_kv_cache_too_small_is_kv_queueing_or_preemption(small_engine_runs):
     affected = {rid for rid, j in judgements.items()
                 if j.preemptions or any(s.attributes[sc.STEP_NUM_WAITING] for s in waited_through(j, steps))}
     assert len(affected) >= 4 and any(judgements[r].preemptions for r in affected), "the scenario did not run as built"
+    # the scheduler hook named the reason (a vLLM whose internals moved would say "other")
+    assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "kv_cache" for s in steps)
     assert_classified(judgements, affected, {sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION})
 
 
@@ -177,6 +179,7 @@ def test_a_burst_above_max_num_seqs_is_queueing_with_a_full_batch(small_engine_r
     affected = {rid for rid, j in judgements.items()
                 if any(s.attributes[sc.STEP_NUM_RUNNING] == MAX_SEQS for s in waited_through(j, steps))}
     assert len(affected) >= 8, "the scenario did not run as built"
+    assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "max_seqs" for s in steps)
     assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
     for rid in affected:
         assert judgements[rid].seconds[sc.SLOW_QUEUE_MAX_SEQS] > 0

@@ -97,7 +97,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("engine_steps", "OTEL_LLM_ENGINE_STEPS", _bool, True,
            "Record engine steps (batch composition) and emit `llm.engine.step` spans for kept requests"),
     Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
-           "Engine-step records held while their requests run (oldest are settled early past this)"),
+           "Engine-step records held while their requests run (oldest are settled early past this); also the "
+           "recent steps each engine keeps, compactly, for the slow-cause verdict"),
     Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
            "In-flight request timelines held; past this new requests get metrics only"),
     Option("iteration_wait", "OTEL_LLM_ITERATION_WAIT", _seconds, 15.0,

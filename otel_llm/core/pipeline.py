@@ -94,17 +94,18 @@ class Telemetry:
         self.counts.steps_recorded += 1
         requests = self.requests
         pending = prefill_tokens = prefill_requests = 0
+        step_id = step.step_id
         for rid, tokens, prefill in step.requests:
-            if prefill:
+            t = requests.get(rid)
+            if prefill:  # (the same two tests a share costs without the counts)
                 prefill_tokens += tokens
                 prefill_requests += 1
-            t = requests.get(rid)
+                if t is not None:
+                    t.chunks.append(PrefillChunk(step_id, step.start, step.end, tokens))
             if t is None:
                 continue
             pending += 1
-            t.steps.append(step.step_id)
-            if prefill:
-                t.chunks.append(PrefillChunk(step.step_id, step.start, step.end, tokens))
+            t.steps.append(step_id)
         self.window.add(step, prefill_tokens, len(step.requests) - prefill_requests)
         if not pending or not self.config.engine_steps:
             return

@@ -74,20 +74,24 @@ class StepWindow:
 
     def __init__(self, size: int = 8192) -> None:
         self.size = size
-        self._engines: dict[int, deque[StepFacts]] = {}
+        self._engines: dict[int, deque[tuple]] = {}  # engine -> StepFacts-shaped tuples, in step order
         self._lock = threading.Lock()
 
     def add(self, step: StepRecord, prefill_tokens: int, decode_requests: int) -> None:
-        facts = StepFacts(step.step_id, step.start, step.end, step.running, step.waiting, step.preempted,
-                          step.queue_blocked, prefill_tokens, decode_requests)
-        engine = step.step_id >> 32
+        # a plain tuple (StepFacts' fields): this runs once per engine step, a NamedTuple costs 4x
+        facts = (step.step_id, step.start, step.end, step.running, step.waiting, step.preempted,
+                 step.queue_blocked, prefill_tokens, decode_requests)
         with self._lock:
-            steps = self._engines.get(engine)
+            steps = self._engines.get(step.step_id >> 32)
             if steps is None:
-                if len(self._engines) >= 64:  # engines come and go (restarts): forget the oldest
-                    self._engines.pop(next(iter(self._engines)))
-                steps = self._engines[engine] = deque(maxlen=self.size)
+                steps = self._new(step.step_id >> 32)
             steps.append(facts)
+
+    def _new(self, engine: int) -> deque[tuple]:
+        if len(self._engines) >= 64:  # engines come and go (restarts): forget the oldest
+            self._engines.pop(next(iter(self._engines)))
+        steps = self._engines[engine] = deque(maxlen=self.size)
+        return steps
 
     def around(self, first_id: int, last_id: int, since: float, context: int = CONTEXT_STEPS) -> list[StepFacts]:
         """The engine's steps from ``context`` steps before the earliest one that began at or after
@@ -99,10 +103,10 @@ class StepWindow:
             ids = _Ids(steps)
             lo = bisect.bisect_left(ids, first_id)
             hi = bisect.bisect_right(ids, last_id)
-            while lo > 0 and steps[lo - 1].start >= since:
+            while lo > 0 and steps[lo - 1][1] >= since:  # [1]: start
                 lo -= 1
             lo = max(0, lo - context)
-            return [steps[i] for i in range(lo, hi)]
+            return [StepFacts._make(steps[i]) for i in range(lo, hi)]
 
 
 class _Ids:
@@ -110,14 +114,14 @@ class _Ids:
 
     __slots__ = ("_steps",)
 
-    def __init__(self, steps: deque[StepFacts]) -> None:
+    def __init__(self, steps: deque[tuple]) -> None:
         self._steps = steps
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def __getitem__(self, i: int) -> int:
-        return self._steps[i].step_id
+        return self._steps[i][0]
 
 
 @dataclass(frozen=True, slots=True)
