@@ -221,6 +221,19 @@ def test_the_breached_objective_chooses_the_phases_judged():
     assert tpot.cause == sc.SLOW_ENGINE_STARVATION and tpot.seconds[sc.SLOW_QUEUE_MAX_SEQS] == 0
 
 
+def test_queue_time_older_than_the_window_is_unknown():
+    sim = Sim()
+    sim.window = StepWindow(size=16)
+    start_decoding(sim, ["r0"])
+    sim.arrive("w")
+    sim.decode(["r0"], 20, waiting=1, blocked=BLOCKED_MAX_SEQS)
+    sim.step([("w", 16, "P")])
+    v = sim.verdict("w", "ttft")
+    assert v.cause == sc.SLOW_QUEUE_MAX_SEQS  # the 15 steps it still sees outweigh the 5 it does not
+    assert v.seconds[sc.SLOW_QUEUE_MAX_SEQS] == pytest.approx(15 * (STEP + GAP), abs=1e-6)
+    assert v.seconds[sc.SLOW_UNKNOWN] == pytest.approx(GAP + 5 * (STEP + GAP), abs=1e-6)  # from its arrival
+
+
 def test_the_window_forgets_old_steps_and_then_cannot_decide():
     sim = Sim()
     sim.window = StepWindow(size=16)

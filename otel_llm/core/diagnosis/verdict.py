@@ -255,7 +255,9 @@ def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Basel
     waited = [s for s in steps if s.step_id < admit.step_id and s.start >= queued]
     chain = waited + [admit]
     prev = _before(steps, chain[0])
-    if prev is not None and prev.end < chain[0].start:  # the engine was idle when it arrived
+    if prev is None:  # the window does not reach back to its arrival (or the engine just started)
+        ledger.add_span(sc.SLOW_UNKNOWN, queued, chain[0].start)
+    elif prev.end < chain[0].start:  # the engine was idle when it arrived
         _gap(max(queued, prev.end), chain[0].start, base, ledger, None)
     for s, nxt in zip(waited, chain[1:]):
         cause = _QUEUE_CAUSE.get(s.blocked, sc.SLOW_UNKNOWN)
