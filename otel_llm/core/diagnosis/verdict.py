@@ -13,8 +13,8 @@ the request above what a comparable step costs, summed over the breached measure
   median of decode-only steps of the same decode batch size; steps that skipped it while it ran and
   carried prefill count whole;
 * preemption: from being preempted until its next token;
-* batch growth: the median decode-only step at its decode batch size minus that at the batch size
-  it started decoding with;
+* batch growth: in its decode steps with more decoding requests than its first one had, the median
+  decode-only step at that batch size minus the median at the batch size it started with;
 * engine starvation: idle gaps between consecutive engine steps while it was pending, beyond the
   median gap.
 
@@ -298,7 +298,7 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
             continue
         if s.prefill_tokens:
             ledger.add(sc.SLOW_PREFILL_INTERFERENCE, s.duration - usual, s.end)
-        if start_batch is not None:
+        if start_batch is not None and s.decode_requests > first_decode.decode_requests:  # the batch grew
             ledger.add(sc.SLOW_BATCH_GROWTH, usual - start_batch, s.end)
 
 
