@@ -9,7 +9,7 @@ from otel_llm.instrumentation.vllm import steps
 
 
 def record(step_id: int) -> tuple:
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True), ("req-b", 1, False)])
+    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True), ("req-b", 1, False)], 0)
 
 
 def drained(receiver: steps.StepReceiver) -> list:
