@@ -183,3 +183,17 @@ def test_a_burst_above_max_num_seqs_is_queueing_with_a_full_batch(small_engine_r
     assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
     for rid in affected:
         assert judgements[rid].seconds[sc.SLOW_QUEUE_MAX_SEQS] > 0
+
+
+def test_the_verdict_across_processes(llm, otel):
+    """The session's engine (EngineCore in its own process: steps arrive over the socket, with why the
+    queue stayed put): a burst above its max_num_seqs (16) is queueing with a full batch."""
+    with otel.instrumented(slo=f"ttft={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        llm.generate([_prompt(i, 8) for i in range(24)], _params(8), use_tqdm=False)
+        judgements, steps = judged(otel.finished())
+    assert len(judgements) == 24
+    affected = {rid for rid, j in judgements.items()
+                if any(s.attributes[sc.STEP_NUM_RUNNING] == 16 for s in waited_through(j, steps))}
+    assert len(affected) >= 4, "the scenario did not run as built"
+    assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "max_seqs" for s in steps)
+    assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
