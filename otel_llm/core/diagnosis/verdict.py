@@ -168,7 +168,10 @@ class _Baselines:
         prev: StepFacts | None = None
         for s in steps:
             if s.prefill_tokens == 0 and s.preempted == 0 and s.decode_requests:
-                by_batch.setdefault(s.decode_requests, []).append(s.duration)
+                found = by_batch.get(s.decode_requests)
+                if found is None:
+                    by_batch[s.decode_requests] = found = []
+                found.append(s.end - s.start)
             if prev is not None and s.step_id == prev.step_id + 1:
                 gaps.append(max(0.0, s.start - prev.end))
             prev = s
@@ -306,8 +309,8 @@ def _gap(start: float, end: float, base: _Baselines, ledger: _Ledger, usual_caus
     """Engine idle time between two steps: the usual part is part of a step's cost (charged to
     ``usual_cause`` when it was waiting), the rest is starvation."""
     gap = end - start
-    if gap <= 0:
-        return
+    if gap <= 0 or (usual_cause is None and base.gap is not None and gap <= base.gap):
+        return  # a usual gap while running: part of the step's cost, nothing to charge
     if base.gap is None:
         ledger.add_span(sc.SLOW_UNKNOWN, start, end)
         return
