@@ -189,6 +189,17 @@ def test_idle_gaps_between_steps_are_engine_starvation():
     assert v.seconds[v.cause] == pytest.approx(10 * (0.050 - GAP), abs=1e-6)
 
 
+def test_an_engine_that_sat_idle_while_a_request_waited_is_starvation():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 10)
+    sim.arrive("w")  # the engine is between steps, and stays idle for 200 ms
+    sim.step([("r0", 1, "d"), ("w", 16, "P")], gap=0.200)
+    v = sim.verdict("w", "ttft")
+    assert v.cause == sc.SLOW_ENGINE_STARVATION
+    assert v.seconds[v.cause] == pytest.approx(0.200 - GAP, abs=1e-6)
+
+
 def test_missing_step_records_are_unknown_not_starvation():
     sim = Sim()
     start_decoding(sim, ["a"])
@@ -275,6 +286,24 @@ def test_kept_requests_carry_the_verdict_and_breaches_are_counted_by_cause():
     points = points_by_name(reader.get_metrics_data())[SERVER_METRICS.slo_breaches]
     assert [(p.attributes[sc.SLO_OBJECTIVE], p.attributes[sc.SLOW_CAUSE], p.value) for p in points] == [
         ("ttft", sc.SLOW_QUEUE_MAX_SEQS, 1)]
+    tele.close()
+
+
+def test_requests_kept_by_the_baseline_get_no_verdict():
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    tele = Telemetry(Config.resolve({"sample_rate": 1.0, "tail_quantile": 0}, environ={}), tp.get_tracer("t"),
+                     MeterProvider().get_meter("t"), "test")
+    sim = Sim(tele)
+    start_decoding(sim, ["a"])
+    sim.decode(["a"], 3)
+    t = sim.timelines["a"]
+    tele.finish("a", RequestSummary(model="m", ttft=0.01, e2e=0.05, output_tokens=4))
+    assert tele.flush(10)
+    (span,) = [s for s in exporter.get_finished_spans() if s.attributes and sc.RESPONSE_ID in s.attributes]
+    assert span.attributes[sc.SAMPLING_REASON] == "baseline" and t.request_id == "a"
+    assert not [k for k in span.attributes if k.startswith("llm.slow.")]
     tele.close()
 
 
