@@ -60,7 +60,7 @@ def history() -> tuple[StepWindow, dict[str, RequestTimeline]]:
         nonlocal now, sid
         sid += 1
         start, now = now + 0.001, now + 0.011
-        rec = StepRecord(sid, start, now, shares, len(shares), waiting, 0, None, blocked)
+        rec = StepRecord(sid, start, now, shares, len(shares), waiting, 0, None, queue_blocked=blocked)
         window.add(rec, sum(n for _, n, p in shares if p), sum(1 for *_, p in shares if not p))
         for rid, n, prefill in shares:
             t = timelines.get(rid)

@@ -52,7 +52,8 @@ class Sim:
         start = self.now + gap
         end = start + dur
         rec = StepRecord(self.next_id, start, end, [(r, n, k in "pP") for r, n, k in shares],
-                         len(shares) if running is None else running, waiting, preempted, None, blocked)
+                         len(shares) if running is None else running, waiting, preempted, None,
+                         queue_blocked=blocked)
         for rid, n, kind in shares:
             t = self.timelines[rid]
             if not t.steps or t.events[-1][0] == PREEMPTED:
