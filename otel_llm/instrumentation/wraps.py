@@ -127,3 +127,18 @@ class ArgBinder:
         else:
             kwargs = {**kwargs, name: value}
         return args, kwargs
+
+
+class Binders:
+    """One ``ArgBinder`` per wrapped function, built on its first call."""
+
+    def __init__(self) -> None:
+        self._by_func: dict[Any, ArgBinder] = {}
+
+    def __call__(self, func: Callable[..., Any]) -> ArgBinder:
+        # keyed by the plain function: wrapt hands us a fresh bound method on every call
+        key = getattr(func, "__func__", func)
+        b = self._by_func.get(key)
+        if b is None:
+            b = self._by_func[key] = ArgBinder(key, skip_self=True)
+        return b

@@ -25,7 +25,8 @@ from ...core import semconv as sc
 from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.timeline import RequestTimeline
-from ..wraps import ArgBinder
+from ...core.request_params import sampling_attributes
+from ..wraps import Binders
 from .iterations import IterationLedger
 from .perf import EngineTimes, finalize, iteration_range
 
@@ -39,51 +40,15 @@ _SERVING: contextvars.ContextVar[tuple[str, SpanKind, str | None, dict | None] |
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def _sampling_attributes(params: Any) -> dict[str, Any]:
-    """The GenAI request attributes of TensorRT-LLM's ``SamplingParams``. Its unset fields are ``None``
-    (the C++ runtime's default then applies): those, and penalties of 0, top_k 0, one choice, are left out."""
-    attrs: dict[str, Any] = {}
-    for key, name in ((sc.REQUEST_MAX_TOKENS, "max_tokens"), (sc.REQUEST_TEMPERATURE, "temperature"),
-                      (sc.REQUEST_TOP_P, "top_p"), (sc.REQUEST_SEED, "seed")):
-        value = getattr(params, name, None)
-        if value is not None:
-            attrs[key] = value
-    top_k = getattr(params, "top_k", None)
-    if isinstance(top_k, int) and top_k > 0:
-        attrs[sc.REQUEST_TOP_K] = top_k
-    for key, name in ((sc.REQUEST_FREQUENCY_PENALTY, "frequency_penalty"),
-                      (sc.REQUEST_PRESENCE_PENALTY, "presence_penalty")):
-        value = getattr(params, name, None)
-        if value:
-            attrs[key] = float(value)
-    stop = getattr(params, "stop", None)
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop:
-        attrs[sc.REQUEST_STOP_SEQUENCES] = tuple(str(x) for x in stop)
-    n = getattr(params, "n", 1)
-    if isinstance(n, int) and n > 1:
-        attrs[sc.REQUEST_CHOICE_COUNT] = n
-    return attrs
 
 
-class _Binders:
-    def __init__(self) -> None:
-        self._by_func: dict[Any, ArgBinder] = {}
-
-    def __call__(self, func: Callable[..., Any]) -> ArgBinder:
-        key = getattr(func, "__func__", func)
-        b = self._by_func.get(key)
-        if b is None:
-            b = self._by_func[key] = ArgBinder(key, skip_self=True)
-        return b
 
 
 class TRTLLMWrappers:
     def __init__(self, telemetry: Telemetry, ledger: IterationLedger) -> None:
         self.telemetry = telemetry
         self.ledger = ledger
-        self.bind = _Binders()
+        self.bind = Binders()
         self._told_perf_metrics = False
 
     # -- turning on the engine's per-request perf metrics ---------------------------------------
@@ -139,7 +104,7 @@ class TRTLLMWrappers:
             if isinstance(model, PurePath):  # the TensorRT flavour points args.model at its engine directory
                 model = model.name
         params = getattr(result, "sampling_params", None) or b.get(args, kwargs, "sampling_params")
-        attrs = _sampling_attributes(params) if params is not None else {}
+        attrs = sampling_attributes(params) if params is not None else {}
         if b.get(args, kwargs, "streaming", False):
             attrs[sc.REQUEST_STREAM] = True
         ids = result.prompt_token_ids

@@ -24,7 +24,8 @@ from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestTimeline
-from ..wraps import ArgBinder
+from ...core.request_params import sampling_attributes
+from ..wraps import Binders
 from . import steps
 from .steps import StepReceiver
 
@@ -42,46 +43,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
 
 
-def _sampling_attributes(params: Any) -> dict[str, Any]:
-    """The GenAI request attributes of a ``SamplingParams``. vLLM fills defaults, so a parameter that
-    is off (top_k 0, no penalty, no stop sequences, one choice) is left out rather than recorded."""
-    attrs: dict[str, Any] = {}
-    for key, value in ((sc.REQUEST_MAX_TOKENS, params.max_tokens), (sc.REQUEST_TEMPERATURE, params.temperature),
-                       (sc.REQUEST_TOP_P, params.top_p), (sc.REQUEST_SEED, getattr(params, "seed", None))):
-        if value is not None:
-            attrs[key] = value
-    top_k = getattr(params, "top_k", None)
-    if isinstance(top_k, int) and top_k > 0:
-        attrs[sc.REQUEST_TOP_K] = top_k
-    for key, name in ((sc.REQUEST_FREQUENCY_PENALTY, "frequency_penalty"),
-                      (sc.REQUEST_PRESENCE_PENALTY, "presence_penalty")):
-        value = getattr(params, name, None)
-        if value:
-            attrs[key] = float(value)
-    stop = getattr(params, "stop", None)
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop:
-        attrs[sc.REQUEST_STOP_SEQUENCES] = tuple(str(x) for x in stop)
-    n = getattr(params, "n", 1)
-    if isinstance(n, int) and n > 1:
-        attrs[sc.REQUEST_CHOICE_COUNT] = n
-    return attrs
 
-
-class _Binders:
-    """One ``ArgBinder`` per wrapped function, built on its first call."""
-
-    def __init__(self) -> None:
-        self._by_func: dict[Any, ArgBinder] = {}
-
-    def __call__(self, func: Callable[..., Any]) -> ArgBinder:
-        # keyed by the plain function: wrapt hands us a fresh bound method on every call
-        key = getattr(func, "__func__", func)
-        b = self._by_func.get(key)
-        if b is None:
-            b = self._by_func[key] = ArgBinder(key, skip_self=True)
-        return b
 
 
 class VLLMWrappers:
@@ -89,7 +51,7 @@ class VLLMWrappers:
         self.telemetry = telemetry
         self.receiver = receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
-        self.bind = _Binders()
+        self.bind = Binders()
         self._told_log_stats = False
 
     # -- engine construction -----------------------------------------------------------------
@@ -185,7 +147,7 @@ class VLLMWrappers:
         if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
             attrs[sc.REQUEST_STREAM] = True
         if params is not None:
-            attrs.update(_sampling_attributes(params))
+            attrs.update(sampling_attributes(params))
         ids = request.prompt_token_ids
         t = RequestTimeline(
             request_id=request.request_id,
