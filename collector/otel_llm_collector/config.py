@@ -212,8 +212,10 @@ class GrpcReceiverConfig:
     read_timeout: float = 30.0  # from the call's start until its request message is in
     max_connection_age: float = 600.0  # 0: unlimited
     max_connection_age_grace: float = 30.0
-    workers: int = 1  # threads that parse and ingest received messages (none waits for a client); more cost
-    # throughput (parsing in parallel contends for the GIL: -40% at 2 in benchmarks/collector_throughput.py)
+    # threads that parse and ingest received messages (none waits for a client); 0: the event loop's own
+    # thread does it (no hand-off: the fastest in benchmarks/collector_throughput.py; parallel parsing
+    # contends for the GIL, -40% at 2 workers)
+    workers: int = 0
     auth: BearerTokenConfig | None = None
 
 
@@ -377,7 +379,7 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
                                                           f"{ka}.max_connection_age"),
                               max_connection_age_grace=duration(server.get("max_connection_age_grace", 0),
                                                                 f"{ka}.max_connection_age_grace"),
-                              workers=positive_int(m.get("workers", 1), f"{w}.workers"),
+                              workers=positive_int(m.get("workers", 0), f"{w}.workers", allow_zero=True),
                               auth=_auth(m, auths, w))
 
 

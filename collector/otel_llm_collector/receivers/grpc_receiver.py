@@ -2,9 +2,9 @@
 
 Waiting for a client costs no thread: the server runs on an event loop, and a call's message is
 awaited under ``read_timeout`` (a server-side receive deadline: a client that opens a call and
-sends its message late gets DEADLINE_EXCEEDED, counted as ``reason="read_timeout"``). Only a
-received message goes to the ``workers`` thread pool, where it is parsed (outside the gateway's
-pipeline lock) and ingested. The method is served as client-streaming so the handler runs as soon as
+sends its message late gets DEADLINE_EXCEEDED, counted as ``reason="read_timeout"``). A received
+message is parsed (outside the gateway's pipeline lock) and ingested on the loop's thread (``workers: 0``,
+the default and the fastest: no hand-off) or on a pool of ``workers`` threads. The method is served as client-streaming so the handler runs as soon as
 the call starts (a unary client sends one message; that is the same on the wire), which is what lets
 it put a deadline on the message. Calls in flight are capped (``max_concurrent_requests``; beyond it
 RESOURCE_EXHAUSTED, counted as ``reason="busy"``), and connections are closed after
@@ -54,7 +54,8 @@ class GrpcReceiver:
         self._t = telemetry
         self._auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self._in_flight = 0
-        self._pool = ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="otlp-grpc")
+        self._pool = (ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="otlp-grpc")
+                      if cfg.workers else None)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="otlp-grpc-loop", daemon=True)
         self._thread.start()
@@ -100,7 +101,8 @@ class GrpcReceiver:
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     @property
     def in_flight(self) -> int:
@@ -125,7 +127,10 @@ class GrpcReceiver:
             if len(raw) > cfg.max_message_bytes:
                 raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                                f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
-            rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw)
+            if self._pool is None:  # workers: 0 - process on the event loop's thread (no hand-off)
+                rejected = self._process(raw)
+            else:
+                rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw)
         except _Refused as r:
             self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
             await context.abort(r.code, r.message)
