@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from traces import MS, engine_steps, request_trees
+from traces import MS, engine_steps, request_trees, row_tokens
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config, Detail
@@ -102,8 +102,9 @@ class Harness:
         self.telemetry = Telemetry(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "test")
 
     def request(self, rid: str, *, queue=0.01, prefill=0.05, tokens=5, itl=0.01, preempt_at=None,
-                chunks=(), error=None) -> RequestSummary:
-        """A request as an engine would report it, on this process's monotonic clock."""
+                chunks=(), error=None, gaps=None) -> RequestSummary:
+        """A request as an engine would report it, on this process's monotonic clock; ``gaps``
+        (tokens - 1 of them) instead of a steady ``itl``."""
         base = time.monotonic() - 5.0
         arrival = time.time() - 5.0 - 0.002
         t = RequestTimeline(rid, arrival, model="m", response_id=rid, input_tokens=100)
@@ -113,11 +114,14 @@ class Harness:
         for i, (start, end, n) in enumerate(chunks):
             self.telemetry.add_step(StepRecord(hash((rid, i)) & 0xFFFF, base + start, base + end,
                                                [RequestShare(rid, n, True)]))
-        for i in range(tokens):
-            t.token_ts.append(first + i * itl)
+        gaps = [itl] * (tokens - 1) if gaps is None else list(gaps)
+        assert len(gaps) == tokens - 1
+        t.token_ts.append(first)
+        for g in gaps:
+            t.token_ts.append(t.token_ts[-1] + g)
         if preempt_at is not None:
             t.events += [(PREEMPTED, first + preempt_at), (SCHEDULED, first + preempt_at + 0.02)]
-        decode = (tokens - 1) * itl
+        decode = t.token_ts[-1] - first
         s = RequestSummary(model="m", ttft=0.002 + queue + prefill, e2e=0.002 + queue + prefill + decode,
                            queue=queue, prefill=prefill, decode=decode, tpot=RequestSummary.mean_tpot(decode, tokens),
                            input_tokens=100, output_tokens=tokens, output_characters=4 * tokens,
@@ -145,7 +149,12 @@ def test_full_detail_tiles_and_counts_decode_steps():
     q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
     assert q.start_time == t.span.start_time and q.end_time == p.start_time
     assert p.end_time == d.start_time and d.end_time == t.span.end_time
-    assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == 5
+    (window,) = t.decode_rows()  # a steady decode: one window
+    assert window.name == sc.SPAN_DECODE_WINDOW and row_tokens(window) == 5
+    assert window.start_time == d.start_time and abs(window.end_time - d.end_time) <= MS
+    a = window.attributes
+    assert (a[sc.WINDOW_FIRST_INDEX], a[sc.WINDOW_LAST_INDEX]) == (1, 5)
+    assert a[sc.WINDOW_GAP_MEAN] == pytest.approx(0.01) and a[sc.WINDOW_GAP_MAX] == pytest.approx(0.01)
     assert [c.attributes[sc.CHUNK_TOKENS] for c in t.grandchildren[sc.SPAN_PREFILL_CHUNK]] == [64, 36]
     assert [e.name for e in q.events] == [sc.EVENT_ENGINE_QUEUED]
     assert (p.end_time - p.start_time) == pytest.approx(0.05e9, abs=MS)
@@ -157,7 +166,7 @@ def test_detail_levels():
         h.request("r")
         t = h.trees()["r"]
         assert bool(t.children[sc.SPAN_DECODE]) is has_phases
-        assert bool(t.grandchildren[sc.SPAN_DECODE_STEP]) is has_steps
+        assert bool(t.decode_rows()) is has_steps
 
 
 def test_preemption_in_decode_adds_event_requeue_and_reprefill():
@@ -281,10 +290,11 @@ def test_any_tracer_works_not_only_the_sdks():
 
     h.telemetry.spans = SpanBuilder(Delegating())
     assert h.telemetry.spans._direct is None
-    h.request("r", tokens=7)
+    h.request("r", tokens=7, gaps=[0.01, 0.01, 0.05, 0.01, 0.01, 0.01])
     t = h.trees()["r"]
-    steps = t.grandchildren[sc.SPAN_DECODE_STEP]
-    assert len(steps) == 6 and all(s.parent.span_id == t.one(sc.SPAN_DECODE).context.span_id for s in steps)
+    rows = t.decode_rows()
+    assert [r.name for r in rows] == [sc.SPAN_DECODE_WINDOW, sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW]
+    assert all(r.parent.span_id == t.one(sc.SPAN_DECODE).context.span_id for r in rows)
 
 
 def test_sketch_walks_agree_from_either_end_through_decay_and_collapse():
@@ -433,10 +443,10 @@ def test_wrap_table_coexists_with_other_wrappers():
 def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
     h = Harness(sample_rate=1.0, baseline_detail="steps")
     assert h.telemetry.spans._direct is not None
-    h.request("r", tokens=4)
+    h.request("r", tokens=4, gaps=[0.01, 0.05, 0.01])
     t = h.trees()["r"]
     steps = t.grandchildren[sc.SPAN_DECODE_STEP]
-    assert len(steps) == 3
+    assert len(steps) == 3  # the stall, and the single steps either side of it
     s = steps[0]
     assert s.resource == h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
     assert s.context.trace_id == t.span.context.trace_id and s.context.trace_flags.sampled

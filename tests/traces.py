@@ -27,6 +27,17 @@ class RequestTree:
     def attributes(self) -> dict:
         return dict(self.span.attributes or {})
 
+    def decode_rows(self) -> list[ReadableSpan]:
+        """The decode span's children in time order: decode steps kept on their own, and windows."""
+        rows = self.grandchildren[sc.SPAN_DECODE_STEP] + self.grandchildren[sc.SPAN_DECODE_WINDOW]
+        return sorted(rows, key=lambda s: s.start_time)
+
+
+def row_tokens(row: ReadableSpan) -> int:
+    """Output tokens a decode row stands for."""
+    a = row.attributes
+    return a[sc.STEP_TOKENS] if row.name == sc.SPAN_DECODE_STEP else a[sc.WINDOW_TOKENS]
+
 
 def request_trees(spans: list[ReadableSpan]) -> dict[str, RequestTree]:
     """Request spans by ``gen_ai.response.id``, with their children and grandchildren by name."""

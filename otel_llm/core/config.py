@@ -72,6 +72,17 @@ def _positive_int(raw: str | int) -> int:
     return value
 
 
+def _service_template(raw: str) -> str:
+    value = str(raw).strip()
+    if not value:
+        raise ValueError("expected a service name, e.g. {service}-engine-steps")
+    try:
+        value.format(service="x")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"only {{service}} may be substituted in {raw!r}: {exc}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -99,6 +110,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
            "Engine-step records held while their requests run (oldest are settled early past this); also the "
            "recent steps each engine keeps, compactly, for the slow-cause verdict"),
+    Option("max_spans_per_request", "OTEL_LLM_MAX_SPANS_PER_REQUEST", _positive_int, 1000,
+           "Spans one kept request's trace may hold (request, phases, prefill chunks, decode steps and "
+           "windows); also bounds the engine-step spans linked from it. See \"Decode detail and the span "
+           "budget\""),
+    Option("engine_step_service", "OTEL_LLM_ENGINE_STEP_SERVICE", _service_template, "{service}-engine-steps",
+           "`service.name` of the engine-step traces' resource (`{service}`: the provider's), so trace lists "
+           "and their latency figures hold requests only; `{service}` keeps them together"),
     Option("max_requests", "OTEL_LLM_MAX_REQUESTS", _positive_int, 65536,
            "In-flight request timelines held; past this new requests get metrics only"),
     Option("iteration_wait", "OTEL_LLM_ITERATION_WAIT", _seconds, 15.0,
@@ -121,6 +139,8 @@ class Config:
     capture_content: bool = False
     engine_steps: bool = True
     max_steps: int = 8192
+    max_spans_per_request: int = 1000
+    engine_step_service: str = "{service}-engine-steps"
     max_requests: int = 65536
     iteration_wait: float = 15.0
     direct_export: bool = True

@@ -113,6 +113,7 @@ class DirectExport:
         self._delay = schedule_delay
         self._chunks: list[bytes] = []  # each: encoded spans of one request, concatenated
         self._counts_pending: list[int] = []
+        self._frames: list[RequestFrame | None] = []  # the resource each chunk goes under (None: the default)
         self._bytes = 0
         self._cv = threading.Condition()
         self._sending = False
@@ -137,14 +138,16 @@ class DirectExport:
             _log.debug("otel-llm direct export unavailable: %s", exc)
             return None
 
-    def add(self, spans: bytes, count: int) -> bool:
-        """Buffer ``count`` encoded spans (as otlp_wire.SiblingSpans wrote them); False if dropped."""
+    def add(self, spans: bytes, count: int, frame: RequestFrame | None = None) -> bool:
+        """Buffer ``count`` encoded spans (as otlp_wire.SiblingSpans wrote them), to be sent under
+        ``frame``'s resource and scope (default: the tracer's); False if dropped."""
         with self._cv:
             if self._closed or self._bytes + len(spans) > self._max_buffer:
                 self.counts.spans_dropped += count
                 return False
             self._chunks.append(spans)
             self._counts_pending.append(count)
+            self._frames.append(frame)
             self._bytes += len(spans)
             if self._thread is None or self._pid != os.getpid():  # first use, or after a fork
                 self._start()
@@ -186,28 +189,33 @@ class DirectExport:
                     if self._closed:
                         return
                     continue
-                chunks, counts = self._take()
+                chunks, counts, frames = self._take()
                 self._sending = True
             try:
-                self._send(chunks, counts)
+                self._send(chunks, counts, frames)
             except Exception as exc:
                 GUARD.failed("direct span export", exc)
 
-    def _take(self) -> tuple[list[bytes], list[int]]:
+    def _take(self) -> tuple[list[bytes], list[int], list[RequestFrame | None]]:
         """Up to one batch's worth of the buffer, oldest first (caller holds the lock)."""
         size, n = 0, 0
         while n < len(self._chunks) and (n == 0 or size + len(self._chunks[n]) <= self._max_batch):
             size += len(self._chunks[n])
             n += 1
-        chunks, counts = self._chunks[:n], self._counts_pending[:n]
-        del self._chunks[:n], self._counts_pending[:n]
+        chunks, counts, frames = self._chunks[:n], self._counts_pending[:n], self._frames[:n]
+        del self._chunks[:n], self._counts_pending[:n], self._frames[:n]
         self._bytes -= size
         if self._chunks:
             self._wake = True  # more than one batch was waiting: go again at once
-        return chunks, counts
+        return chunks, counts, frames
 
-    def _send(self, chunks: list[bytes], counts: list[int]) -> None:
-        payload = self._frame.request(chunks)
+    def _send(self, chunks: list[bytes], counts: list[int], frames: list[RequestFrame | None]) -> None:
+        groups: dict[int, tuple[RequestFrame, list[bytes]]] = {}
+        for chunk, frame in zip(chunks, frames):
+            f = frame or self._frame
+            groups.setdefault(id(f), (f, []))[1].append(chunk)
+        # one ResourceSpans per resource; repeated fields concatenate, so the requests do too
+        payload = b"".join(f.request(group) for f, group in groups.values())
         spans = sum(counts)
         ok = [send(payload) for send in self._senders]
         with self._cv:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
-from opentelemetry.trace import NonRecordingSpan, SpanContext, Tracer
+from opentelemetry.trace import NonRecordingSpan, Tracer
 
 from .clock import WallClock
 from .config import Config, Detail
@@ -26,7 +26,7 @@ from . import self_metrics
 from .metrics import ServerMetrics
 from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
-from .spans import SpanBuilder, request_attributes, yield_gil
+from .spans import Materialized, SpanBuilder, request_attributes, yield_gil
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestTimeline, StepRecord
 
@@ -50,7 +50,8 @@ class Telemetry:
     def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
         self.config = config
         self.engine = engine
-        self.spans = SpanBuilder(tracer, config.direct_export)
+        self.spans = SpanBuilder(tracer, config.direct_export, config.max_spans_per_request,
+                                 config.engine_step_service)
         self.metrics = ServerMetrics(meter, config.slo)
         causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
         if config.tail_quantile > 0:
@@ -180,8 +181,9 @@ class Telemetry:
             for step in held:
                 self._emit_step(step)
             return
-        span_ctx: SpanContext | None = None
-        breached = self.config.slo.for_model(s.model).breaches(s)
+        kept: Materialized | None = None
+        slo = self.config.slo.for_model(s.model)
+        breached = slo.breaches(s)
         for_cause = decision is not None and decision.reason.partition(":")[0] in self._cause_names
         verdict = None
         if breached or for_cause:  # why was it slow: for kept requests, and for every breach's counter
@@ -196,26 +198,36 @@ class Telemetry:
                                            self.config.capture_content)
                 if verdict is not None and for_cause:
                     attrs.update(verdict.attributes())
-                span_ctx = self.spans.request(t, s, attrs, detail, WallClock())
-                if span_ctx is not None:
+                held = self._held_steps(t) if detail >= Detail.PHASES else []
+                kept = self.spans.request(t, s, attrs, detail, WallClock(), held, slo.tpot)
+                if kept is not None:
                     self.counts.requests_kept += 1
             except Exception as exc:  # a bug of ours (or a span processor's) costs these spans only
                 GUARD.failed("request spans", exc)
+        span_ctx = kept.context if kept is not None else None
         # metrics cover every request, whatever happened to its spans; the exemplar points at it
         self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
-        # engine steps are the most detailed layer: kept for requests kept at full detail
-        self._settle_steps(t, span_ctx if detail >= Detail.STEPS else None)
+        # engine steps are the most detailed layer: those behind a full-detail request's own chunk and
+        # decode-step spans (the span budget bounds them) link to it
+        self._settle_steps(t, kept if detail >= Detail.STEPS else None)
 
-    def _settle_steps(self, t: RequestTimeline, span_ctx: SpanContext | None) -> None:
+    def _held_steps(self, t: RequestTimeline) -> list[StepRecord]:
+        """The engine steps of ``t`` still held (all of them, unless it outlived ``max_steps`` steps)."""
+        with self._steps_lock:
+            steps = self.steps
+            return [st for st in map(steps.get, t.steps) if st is not None]
+
+    def _settle_steps(self, t: RequestTimeline, kept: Materialized | None) -> None:
         done = []
+        linked = kept.linked_steps if kept is not None else ()
         with self._steps_lock:
             steps = self.steps
             for step_id in t.steps:
                 step = steps.get(step_id)
                 if step is None:
                     continue
-                if span_ctx is not None:
-                    step.links.append(span_ctx)
+                if step_id in linked:
+                    step.links.append(kept.context)
                 step.pending -= 1
                 if step.pending <= 0:
                     del steps[step_id]

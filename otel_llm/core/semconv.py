@@ -108,6 +108,7 @@ SPAN_PREFILL = "llm.prefill"
 SPAN_PREFILL_CHUNK = "llm.prefill.chunk"
 SPAN_DECODE = "llm.decode"
 SPAN_DECODE_STEP = "llm.decode.step"
+SPAN_DECODE_WINDOW = "llm.decode.window"
 SPAN_REQUEUE = "llm.requeue"
 SPAN_REPREFILL = "llm.reprefill"
 SPAN_ENGINE_STEP = "llm.engine.step"
@@ -119,6 +120,17 @@ CHUNK_INDEX = "llm.prefill.chunk.index"
 STEP_INDEX = "llm.decode.step.index"
 STEP_TOKENS = "llm.decode.step.tokens"
 ENGINE_STEP_ID = "llm.engine.step.id"
+CHUNKS_OMITTED = "llm.prefill.chunks_omitted"  # on llm.prefill: chunk spans the span budget left out
+WINDOW_TOKENS = "llm.decode.window.tokens"
+WINDOW_FIRST_INDEX = "llm.decode.window.first_index"  # llm.decode.step.index of its first and last step
+WINDOW_LAST_INDEX = "llm.decode.window.last_index"
+WINDOW_GAP_MEAN = "llm.decode.window.gap.mean"  # seconds per output token
+WINDOW_GAP_MAX = "llm.decode.window.gap.max"  # the longest gap between consecutive outputs, seconds
+EVENTFUL_COALESCED = "llm.decode.eventful_coalesced"  # on llm.decode: eventful steps the budget put in windows
+
+# Ours: the facts of its engine step, on each llm.decode.step and llm.prefill.chunk span
+STEP_DURATION = "llm.engine.step.duration"  # seconds, scheduler entered -> outputs built
+STEP_OTHER_PREFILL_TOKENS = "llm.engine.step.other_prefill_tokens"  # other requests' prefill in that step
 
 # Ours: engine-step span attributes
 STEP_PHASE = "llm.engine.step.phase"
@@ -156,6 +168,10 @@ STEP_LATENCY = "llm.engine.step.latency"
 STEP_GPU_MEMORY = "llm.engine.step.gpu_memory_usage"
 STEP_KV_BLOCKS_USED = "llm.engine.step.kv_cache_blocks_used"
 STEP_KV_BLOCKS_MAX = "llm.engine.step.kv_cache_blocks_max"
+
+# Resource of the engine-step traces (kept apart from request traces)
+SERVICE_NAME = "service.name"
+OPENINFERENCE_PROJECT_NAME = "openinference.project.name"  # how Phoenix assigns traces to projects
 
 # vLLM's own native ``llm_request`` span (read by the collector)
 VLLM_TTFT = "gen_ai.latency.time_to_first_token"

@@ -19,8 +19,12 @@ span ends when the frontend received the last output, as the engine's e2e does.
 
 from __future__ import annotations
 
+import copy
 import time
-from typing import Any
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Sequence
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, Tracer
@@ -29,9 +33,12 @@ from . import semconv as sc
 from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
+from .decode_rows import choose_rows, eventful_steps
 from .direct_export import DirectExport
+from . import otlp_wire as w
 from . import wire_tracer
-from .otlp_wire import IntAttribute, SiblingSpans, span_ids
+from .otlp_wire import IntAttribute, RequestFrame, SiblingSpans, span_ids
+from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
@@ -131,17 +138,32 @@ def _hash_once(resource: Any) -> Any:
         return resource
 
 
+@dataclass(slots=True)
+class Materialized:
+    """A kept request's root span, and the engine steps behind its own prefill-chunk and
+    decode-step spans (the only steps that link to it: bounded by the span budget too)."""
+
+    context: SpanContext
+    linked_steps: set[int] = field(default_factory=set)
+
+
 class SpanBuilder:
     """Builds a kept request's spans through ``tracer``, or, when its provider only batches to
-    OTLP exporters, as OTLP wire bytes sent with those exporters (direct_export, wire_tracer)."""
+    OTLP exporters, as OTLP wire bytes sent with those exporters (direct_export, wire_tracer).
+    Engine-step spans go out under their own service (``engine_step_service``)."""
 
-    def __init__(self, tracer: Tracer, direct_export: bool = True) -> None:
+    def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
+                 engine_service: str = "{service}") -> None:
         self._sdk_tracer = tracer
+        self._engine_sdk_tracer = with_service(tracer, engine_service)
         self._tracer: Tracer = tracer  # the one spans are built with now: the SDK's, or a WireTracer
+        self._engine_tracer: Tracer = self._engine_sdk_tracer
         self._direct = _DirectEmitter.for_tracer(tracer)
         self._wire_allowed = direct_export and self._direct is not None and wire_tracer.usable(tracer)
         self._wire: DirectExport | None = None
         self._wire_for: Any = None  # the processors the current DirectExport was made for
+        self._max_spans = max_spans
+        self._facts = FactsCache()
         self.wire_export()
 
     def wire_export(self) -> DirectExport | None:
@@ -155,7 +177,13 @@ class SpanBuilder:
                 self._wire.close(timeout=1.0)
             self._wire_for = processors
             self._wire = DirectExport.for_tracer(self._sdk_tracer)
-            self._tracer = wire_tracer.WireTracer(self._sdk_tracer, self._wire) if self._wire else self._sdk_tracer
+            if self._wire is None:
+                self._tracer, self._engine_tracer = self._sdk_tracer, self._engine_sdk_tracer
+            else:
+                self._tracer = wire_tracer.WireTracer(self._sdk_tracer, self._wire)
+                self._engine_tracer = self._tracer if self._engine_sdk_tracer is self._sdk_tracer else \
+                    wire_tracer.WireTracer(self._engine_sdk_tracer, self._wire, RequestFrame.for_tracer(
+                        self._engine_sdk_tracer.resource, self._engine_sdk_tracer._instrumentation_scope))
         return self._wire
 
     @property
@@ -171,7 +199,10 @@ class SpanBuilder:
             self._wire.close(timeout)
 
     def request(self, t: RequestTimeline, s: RequestSummary, attributes: dict[str, Any], detail: Detail,
-                clock: WallClock) -> SpanContext | None:
+                clock: WallClock, steps: Sequence[StepRecord] = (),
+                tpot_slo: float | None = None) -> Materialized | None:
+        """The request's spans; ``steps`` are the engine steps it took part in that are still held
+        (their facts go on its chunk and decode-step spans), ``tpot_slo`` its model's."""
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
         name = f"{t.operation} {t.model}" if t.model else t.operation
@@ -182,13 +213,14 @@ class SpanBuilder:
             return None
         if s.error_type:
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
+        kept = Materialized(root.get_span_context())
         if detail >= Detail.PHASES:
-            self._phases(root, t, start, end, detail, clock)
+            self._phases(root, t, start, end, detail, clock, steps, tpot_slo, kept.linked_steps)
         root.end(end_time=end)
-        return root.get_span_context()
+        return kept
 
     def _phases(self, root: Span, t: RequestTimeline, start: int, end: int, detail: Detail,
-                clock: WallClock) -> None:
+                clock: WallClock, steps: Sequence[StepRecord], tpot_slo: float | None, linked: set[int]) -> None:
         ctx = trace.set_span_in_context(root)
         queued = t.first(QUEUED)
         scheduled = t.first_scheduled()
@@ -201,17 +233,16 @@ class SpanBuilder:
         queue.end(end_time=sched_ns)
         if scheduled is None:
             return
+        preemptions = t.preemptions()
+        # the request, its phases and preemptions always; what is left goes to chunks and decode rows
+        room = self._max_spans - (4 if t.token_ts else 3) - 2 * len(preemptions)
+        by_id = {st.step_id: st for st in steps}
         prefill = self._child(sc.SPAN_PREFILL, ctx, sched_ns)
         decode = self._child(sc.SPAN_DECODE, ctx, first_ns) if t.token_ts else None
         if t.chunks:
-            pctx = trace.set_span_in_context(prefill)
-            for i, c in enumerate(t.chunks):
-                c_start = _clamp(clock.mono_ns(c.start), sched_ns, end)
-                c_end = _clamp(clock.mono_ns(c.end), c_start, end)
-                self._child(sc.SPAN_PREFILL_CHUNK, pctx, c_start,
-                            {sc.CHUNK_INDEX: i, sc.CHUNK_TOKENS: c.tokens, sc.ENGINE_STEP_ID: c.step_id}
-                            ).end(end_time=c_end)
-        for preempted, rescheduled in t.preemptions():
+            rows_later = detail >= Detail.STEPS and len(t.token_ts) > 1
+            room -= self._chunks(prefill, t, sched_ns, end, clock, by_id, room // 2 if rows_later else room, linked)
+        for preempted, rescheduled in preemptions:
             p_ns = _clamp(clock.mono_ns(preempted), sched_ns, end)
             phase = prefill if p_ns < first_ns or decode is None else decode
             phase.add_event(sc.EVENT_PREEMPTION, timestamp=p_ns)
@@ -226,47 +257,97 @@ class SpanBuilder:
         if decode is None:
             return
         if detail >= Detail.STEPS and decode.is_recording():  # a sampler may have dropped the decode span
-            if isinstance(self._tracer, wire_tracer.WireTracer):
-                self._wire_steps(self._tracer.wire, decode.get_span_context(), t, first_ns, end, clock)
-                decode.end(end_time=end)
-                return
-            dctx = trace.set_span_in_context(decode)
-            parent = decode.get_span_context()
-            direct = self._direct
-            prev = first_ns
-            ts = t.token_ts
-            for i in range(1, len(ts)):
-                now = _clamp(clock.mono_ns(ts[i]), prev, end)
-                attrs = {sc.STEP_INDEX: i, sc.STEP_TOKENS: t.tokens_at(i)}
-                if direct is not None:
-                    direct.emit(sc.SPAN_DECODE_STEP, parent, prev, now, attrs)
-                else:
-                    self._child(sc.SPAN_DECODE_STEP, dctx, prev, attrs).end(end_time=now)
-                prev = now
-                if not i % _YIELD_EVERY:
-                    yield_gil()
+            self._decode_rows(decode, t, first_ns, end, clock, steps, tpot_slo, preemptions, room, linked)
         decode.end(end_time=end)
 
-    @staticmethod
-    def _wire_steps(wire: DirectExport, parent: SpanContext, t: RequestTimeline, first_ns: int, end: int,
-                    clock: WallClock) -> None:
+    def _chunks(self, prefill: Span, t: RequestTimeline, sched_ns: int, end: int, clock: WallClock,
+                by_id: dict[int, StepRecord], room: int, linked: set[int]) -> int:
+        """Prefill-chunk spans (the slowest, if they are more than ``room``); returns how many."""
+        chunks = t.chunks
+        keep = range(len(chunks))
+        if len(chunks) > room:
+            slowest = sorted(keep, key=lambda i: chunks[i].end - chunks[i].start, reverse=True)[:max(room, 0)]
+            keep = sorted(slowest)
+            prefill.set_attribute(sc.CHUNKS_OMITTED, len(chunks) - len(keep))
+        pctx = trace.set_span_in_context(prefill)
+        for i in keep:
+            c = chunks[i]
+            c_start = _clamp(clock.mono_ns(c.start), sched_ns, end)
+            c_end = _clamp(clock.mono_ns(c.end), c_start, end)
+            attrs: dict[str, Any] = {sc.CHUNK_INDEX: i, sc.CHUNK_TOKENS: c.tokens, sc.ENGINE_STEP_ID: c.step_id}
+            step = by_id.get(c.step_id)
+            if step is not None:
+                attrs.update(self._facts.get(step, c.tokens))
+            self._child(sc.SPAN_PREFILL_CHUNK, pctx, c_start, attrs).end(end_time=c_end)
+            linked.add(c.step_id)
+        return len(keep)
+
+    def _decode_rows(self, decode: Span, t: RequestTimeline, first_ns: int, end: int, clock: WallClock,
+                     steps: Sequence[StepRecord], tpot_slo: float | None,
+                     preemptions: list[tuple[float, float | None]], room: int, linked: set[int]) -> None:
+        """One span per eventful decode step, one ``llm.decode.window`` per run of the others
+        (decode_rows), within ``room`` spans; each step's span carries its engine step's facts."""
         ts = t.token_ts
         n = len(ts) - 1
         if n <= 0:
             return
-        encoder = SiblingSpans(parent, sc.SPAN_DECODE_STEP)
-        ids = span_ids(n)
+        gaps = [b - a for a, b in zip(ts, islice(ts, 1, None))]
+        multi = t.multi_token_steps
+        per_token = [g / t.tokens_at(i) for i, g in enumerate(gaps, 1)] if multi else gaps
+        by_token = token_steps(ts, steps) if steps else {}
+        own = {c.step_id: c.tokens for c in t.chunks}
+        facts = self._facts
+        others = {i for i, st in by_token.items() if facts.other_prefill(st) > own.get(st.step_id, 0)}
+        hit = {bisect_right(ts, p) for p, _ in preemptions}  # ts[i-1] <= p < ts[i]: step i held it
+        rows = choose_rows(n, eventful_steps(per_token, tpot_slo, hit, others), room)
+        if rows.coalesced:
+            decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
+        parent = decode.get_span_context()
         offset = clock.offset_ns
+        wire = self._tracer.wire if isinstance(self._tracer, wire_tracer.WireTracer) else None
+        direct = self._direct
+        dctx = trace.set_span_in_context(decode)
+        step_encoder = SiblingSpans(parent, sc.SPAN_DECODE_STEP) if wire is not None else None
+        window_encoder = SiblingSpans(parent, sc.SPAN_DECODE_WINDOW) if wire is not None else None
+        ids = span_ids(len(rows.rows)) if wire is not None else ()
         parts = []
         prev = first_ns
-        for i in range(1, n + 1):
-            now = int(ts[i] * 1e9) + offset  # clock.mono_ns, inlined: this loop runs once per token
-            now = prev if now < prev else end if now > end else now
-            parts.append(encoder.encode(ids[i - 1], prev, now, _STEP_INDEX(i) + _STEP_TOKENS(t.tokens_at(i))))
-            prev = now
-            if not i % _WIRE_YIELD_EVERY:
+        for k, (a, b) in enumerate(rows.rows):
+            if k and not k % _YIELD_EVERY:
                 yield_gil()
-        wire.add(b"".join(parts), n)
+            now = int(ts[b] * 1e9) + offset  # clock.mono_ns, inlined
+            now = prev if now < prev else end if now > end else now
+            if a == b:
+                name = sc.SPAN_DECODE_STEP
+                step = by_token.get(a)
+                own_tokens = own.get(step.step_id, 0) if step is not None else 0
+                if step is not None:
+                    linked.add(step.step_id)
+                if wire is not None:
+                    extra = facts.encoded(step, own_tokens) if step is not None else b""
+                    parts.append(step_encoder.encode(ids[k], prev, now,
+                                                     _STEP_INDEX(a) + _STEP_TOKENS(t.tokens_at(a)) + extra))
+                    prev = now
+                    continue
+                attrs = {sc.STEP_INDEX: a, sc.STEP_TOKENS: t.tokens_at(a)}
+                if step is not None:
+                    attrs.update(facts.get(step, own_tokens))
+            else:
+                name = sc.SPAN_DECODE_WINDOW
+                tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
+                attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: a, sc.WINDOW_LAST_INDEX: b,
+                         sc.WINDOW_GAP_MEAN: (ts[b] - ts[a - 1]) / tokens, sc.WINDOW_GAP_MAX: max(gaps[a - 1:b])}
+                if wire is not None:
+                    parts.append(window_encoder.encode(ids[k], prev, now, w.attributes(attrs)))
+                    prev = now
+                    continue
+            if direct is not None:
+                direct.emit(name, parent, prev, now, attrs)
+            else:
+                self._child(name, dctx, prev, attrs).end(end_time=now)
+            prev = now
+        if wire is not None and parts:
+            wire.add(b"".join(parts), len(parts))
 
     def engine_step(self, step: StepRecord, clock: WallClock, engine: str) -> None:
         start = clock.mono_ns(step.start)
@@ -293,7 +374,7 @@ class SpanBuilder:
             attrs.update(step.attributes)
         self.wire_export()
         links = [trace.Link(c) for c in step.links]
-        span = self._tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
+        span = self._engine_tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
                                        start_time=start, attributes=attrs, links=links)
         span.end(end_time=end)
 
@@ -303,7 +384,7 @@ class SpanBuilder:
 
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
 _YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms of work)
-_WIRE_YIELD_EVERY = 128  # the same ~0.3 ms, when writing wire bytes
+_SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
 _STEP_INDEX = IntAttribute(sc.STEP_INDEX)
 _STEP_TOKENS = IntAttribute(sc.STEP_TOKENS)
 
@@ -317,3 +398,52 @@ def yield_gil() -> None:
 
 def _clamp(v: int, lo: int, hi: int) -> int:
     return lo if v < lo else hi if v > hi else v
+
+
+def token_steps(token_ts: Sequence[float], steps: Sequence[StepRecord]) -> dict[int, StepRecord]:
+    """The engine step that produced each token (index into ``token_ts``), for the steps given.
+
+    A token's stamp is the timestamp of the engine's output batch, which is also the end the
+    step hook recorded (steps.py): equal for the first client, microseconds apart for the others
+    (vLLM stamps one output batch per client). Steps that produced no token (a non-final prefill
+    chunk) match nothing."""
+    index = {v: i for i, v in enumerate(token_ts)}
+    out: dict[int, StepRecord] = {}
+    approximate = []
+    for st in steps:
+        i = index.get(st.end)
+        if i is None:
+            approximate.append(st)
+        else:
+            out[i] = st
+    for st in approximate:
+        j = bisect_left(token_ts, st.end)
+        near = [k for k in (j - 1, j) if 0 <= k < len(token_ts) and k not in out
+                and abs(token_ts[k] - st.end) <= _SAME_OUTPUT_S]
+        if near:
+            out[min(near, key=lambda k: abs(token_ts[k] - st.end))] = st
+    return out
+
+
+def with_service(tracer: Tracer, template: str) -> Tracer:
+    """The same SDK tracer (processors, sampler, ids, limits, scope) under a resource whose
+    ``service.name`` (and Phoenix project) is ``template`` with ``{service}`` the tracer's.
+    Any other tracer, or the same name, is returned as it is."""
+    resource = getattr(tracer, "resource", None)
+    attrs = getattr(resource, "attributes", None)
+    if attrs is None:
+        return tracer
+    current = str(attrs.get(sc.SERVICE_NAME, "unknown_service"))
+    name = template.format(service=current)
+    if name == current:
+        return tracer
+    try:
+        from opentelemetry.sdk.resources import Resource
+
+        # Phoenix files traces under openinference.project.name (default "default"), not service.name
+        other = Resource({**attrs, sc.SERVICE_NAME: name, sc.OPENINFERENCE_PROJECT_NAME: name}, resource.schema_url)
+        clone = copy.copy(tracer)  # the SDK tracer reads self.resource when it starts a span
+        clone.resource = other
+        return clone
+    except Exception:  # not the SDK's tracer as we know it: steps stay with the requests
+        return tracer

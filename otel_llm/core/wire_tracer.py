@@ -40,8 +40,12 @@ def usable(tracer: Any) -> bool:
 
 
 class WireTracer(trace.Tracer):
-    def __init__(self, sdk_tracer: Any, wire: DirectExport) -> None:
+    """``frame``: the resource and scope its spans are sent under, when not the exporter's own
+    (engine-step spans, under their own service)."""
+
+    def __init__(self, sdk_tracer: Any, wire: DirectExport, frame: w.RequestFrame | None = None) -> None:
         self.wire = wire
+        self.frame = frame
         self._ids = sdk_tracer.id_generator
         self._sampler = sdk_tracer.sampler
         self._max_links = sdk_tracer._span_limits.max_links
@@ -141,7 +145,7 @@ class WireSpan(trace.Span):
             return
         self._ended = True
         end = end_time if end_time is not None else time.time_ns()
-        self._tracer.wire.add(self._encode(end), 1)
+        self._tracer.wire.add(self._encode(end), 1, self._tracer.frame)
 
     def _encode(self, end: int) -> bytes:
         c, parent = self._context, self._parent

@@ -1,0 +1,64 @@
+"""What a decode-step or prefill-chunk span says about the engine step that produced it.
+
+A slow token is explained on its own row: the step's id (to find its ``llm.engine.step``
+span), how long the step took, how many requests it batched, and how many prompt tokens
+of *other* requests it prefilled. Viewers treat span links unevenly (Phoenix drops them),
+so these facts are copied onto the row rather than left behind a link.
+
+``step_facts`` is the one place that decides these attributes: a field added to
+``StepRecord`` (e.g. the step's anatomy or its roofline bound) is added here once and
+appears on every decode-step and prefill-chunk span.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import otlp_wire as w
+from . import semconv as sc
+from .timeline import StepRecord
+
+
+def step_facts(step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
+    """Attributes for a span of one request produced by ``step``; ``own_prefill_tokens`` is that
+    request's own prefill share of the step (its chunk), which is not someone else's prefill."""
+    return {
+        sc.ENGINE_STEP_ID: step.step_id,
+        sc.STEP_DURATION: max(0.0, step.end - step.start),
+        sc.STEP_BATCH_SIZE: len(step.requests),
+        sc.STEP_OTHER_PREFILL_TOKENS: step.prefill_tokens - own_prefill_tokens,
+    }
+
+
+class FactsCache:
+    """``step_facts`` per step, computed once: a step is shared by every request in its batch, and
+    ``StepRecord``'s sums walk the batch. Bounded: cleared when full (it only saves work)."""
+
+    def __init__(self, max_entries: int = 16384) -> None:
+        self._max = max_entries
+        self._facts: dict[int, tuple[dict[str, Any], bytes]] = {}
+
+    def get(self, step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
+        facts = self._entry(step)[0]
+        if own_prefill_tokens:
+            facts = dict(facts)
+            facts[sc.STEP_OTHER_PREFILL_TOKENS] -= own_prefill_tokens
+        return facts
+
+    def encoded(self, step: StepRecord, own_prefill_tokens: int = 0) -> bytes:
+        """The same attributes as OTLP ``KeyValue`` fields (the direct-export path)."""
+        if own_prefill_tokens:
+            return w.attributes(self.get(step, own_prefill_tokens))
+        return self._entry(step)[1]
+
+    def other_prefill(self, step: StepRecord) -> int:
+        return self._entry(step)[0][sc.STEP_OTHER_PREFILL_TOKENS]
+
+    def _entry(self, step: StepRecord) -> tuple[dict[str, Any], bytes]:
+        hit = self._facts.get(step.step_id)
+        if hit is None:
+            if len(self._facts) >= self._max:
+                self._facts.clear()
+            facts = step_facts(step)
+            hit = self._facts[step.step_id] = (facts, w.attributes(facts))
+        return hit
