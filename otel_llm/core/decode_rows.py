@@ -9,7 +9,7 @@ decode step keeps its own row when something happened in it:
 * its gap is more than ``OUTLIER_FACTOR`` times the request's own median gap (the request's
   own notion of slow; a fixed quantile would mark 1 % of every request whatever happened,
   and miss stalls once they exceed 1 % of its tokens);
-* a preemption fell inside it;
+* a preemption fell inside it, or its engine step preempted another request;
 * its engine step prefilled another request's prompt (the classic decode stall).
 
 Runs of uneventful steps between them become one ``llm.decode.window`` row each (token

@@ -299,6 +299,7 @@ class SpanBuilder:
         facts = self._facts
         others = {i for i, st in by_token.items() if facts.other_prefill(st) > own.get(st.step_id, 0)}
         hit = {bisect_right(ts, p) for p, _ in preemptions}  # ts[i-1] <= p < ts[i]: step i held it
+        hit.update(i for i, st in by_token.items() if st.preempted)  # its engine step preempted someone
         rows = choose_rows(n, eventful_steps(per_token, tpot_slo, hit, others), room)
         if rows.coalesced:
             decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
