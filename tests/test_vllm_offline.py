@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 from otel_llm.core import semconv as sc
-from traces import MS, engine_steps, request_trees
+from traces import MS, engine_steps, request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -72,13 +72,12 @@ def test_phases_tile_the_request_span(full_run):
         assert abs(t.span.end_time - d.end_time) <= MS
         m = out.metrics
         assert (d.start_time - p.start_time) / 1e9 == pytest.approx(m.first_token_ts - m.scheduled_ts, abs=1e-3)
-        steps = t.grandchildren[sc.SPAN_DECODE_STEP]
-        assert len(steps) == MAX_TOKENS - 1
-        steps.sort(key=lambda s: s.start_time)
-        for a, b in zip(steps, steps[1:]):
+        rows = t.decode_rows()  # eventful decode steps on their own, windows of the others
+        assert sum(row_tokens(r) for r in rows) == MAX_TOKENS - 1
+        for a, b in zip(rows, rows[1:]):
             assert a.end_time == b.start_time
-        assert steps[0].start_time == d.start_time
-        assert (steps[-1].end_time - steps[0].start_time) / 1e9 == pytest.approx(
+        assert rows[0].start_time == d.start_time
+        assert (rows[-1].end_time - rows[0].start_time) / 1e9 == pytest.approx(
             m.last_token_ts - m.first_token_ts, abs=1e-3)
 
 
@@ -105,9 +104,8 @@ def test_engine_steps_match_the_scheduler_and_link_requests(full_run):
     trees = request_trees(spans)
     steps = engine_steps(spans)
     assert steps
+    by_id = {s.attributes[sc.ENGINE_STEP_ID]: s for s in steps}
     span_of = {t.span.context.span_id: rid for rid, t in trees.items()}
-    served: dict[str, int] = {rid: 0 for rid in trees}
-    prefill_tokens = decode_tokens = 0
     for s in steps:
         a = s.attributes
         assert a[sc.STEP_NUM_PREFILL_TOKENS] + a[sc.STEP_NUM_DECODE_TOKENS] <= 64  # the token budget per step
@@ -116,17 +114,32 @@ def test_engine_steps_match_the_scheduler_and_link_requests(full_run):
                     else "prefill" if a[sc.STEP_NUM_PREFILL_REQS] else "decode")
         assert a[sc.STEP_PHASE] == expected
         assert 0.0 <= a[sc.STEP_KV_CACHE_USAGE] <= 1.0
-        assert len(s.links) == a[sc.STEP_BATCH_SIZE]  # every request kept in this run
-        for link in s.links:
-            served[span_of[link.context.span_id]] += 1
-        prefill_tokens += a[sc.STEP_NUM_PREFILL_TOKENS]
-        decode_tokens += a[sc.STEP_NUM_DECODE_TOKENS]
-    # the scheduler computed every prompt token once (no prefix cache) and one token per decode step
-    assert prefill_tokens == sum(len(o.prompt_token_ids) for o in outputs)
-    assert decode_tokens == sum(len(o.outputs[0].token_ids) - 1 for o in outputs)
-    for out in outputs:
-        chunks = len(trees[out.request_id].grandchildren[sc.SPAN_PREFILL_CHUNK])
-        assert served[out.request_id] == chunks + MAX_TOKENS - 1
+        assert 0 < len(s.links) <= a[sc.STEP_BATCH_SIZE]
+    # a step links exactly the requests whose own chunk or decode-step spans it produced, and those
+    # spans carry its facts (a slow token is explained on its row, in any viewer)
+    linked: dict[int, set[str]] = {}
+    for s in steps:
+        linked[s.attributes[sc.ENGINE_STEP_ID]] = {span_of[ln.context.span_id] for ln in s.links}
+    named: dict[int, set[str]] = {}
+    for rid, t in trees.items():
+        own = {c.attributes[sc.ENGINE_STEP_ID]: c.attributes[sc.CHUNK_TOKENS]
+               for c in t.grandchildren[sc.SPAN_PREFILL_CHUNK]}
+        for row in t.grandchildren[sc.SPAN_DECODE_STEP] + t.grandchildren[sc.SPAN_PREFILL_CHUNK]:
+            a = row.attributes
+            named.setdefault(a[sc.ENGINE_STEP_ID], set()).add(rid)
+            step = by_id[a[sc.ENGINE_STEP_ID]].attributes
+            assert a[sc.STEP_BATCH_SIZE] == step[sc.STEP_BATCH_SIZE]
+            mine = a[sc.CHUNK_TOKENS] if row.name == sc.SPAN_PREFILL_CHUNK else own.get(a[sc.ENGINE_STEP_ID], 0)
+            assert a[sc.STEP_OTHER_PREFILL_TOKENS] == step[sc.STEP_NUM_PREFILL_TOKENS] - mine
+        for w in t.grandchildren[sc.SPAN_DECODE_WINDOW]:
+            assert w.attributes[sc.WINDOW_TOKENS] == w.attributes[sc.WINDOW_LAST_INDEX] - \
+                w.attributes[sc.WINDOW_FIRST_INDEX] + 1
+    assert named == linked
+    # a step that prefilled a prompt is eventful for everyone decoding in it: each request it served
+    # has its own span for it (a chunk, or a decode step), so it links its whole batch
+    for s in steps:
+        if s.attributes[sc.STEP_NUM_PREFILL_REQS]:
+            assert len(s.links) == s.attributes[sc.STEP_BATCH_SIZE]
 
 
 def test_ttft_histogram_counts_every_request_with_engine_sum(full_run):
@@ -158,7 +171,7 @@ def test_tail_decision_keeps_breaches_whole_and_baseline_for_the_rest(llm, otel,
         t = trees[rid]
         assert t.attributes[sc.SAMPLING_REASON] == "slo_breach:ttft"
         assert t.attributes[sc.SLO_MET] is False
-        assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == MAX_TOKENS - 1  # full detail
+        assert sum(row_tokens(r) for r in t.decode_rows()) == MAX_TOKENS - 1  # full detail
     assert requests == len(outputs)  # metrics cover 100% whatever the sampling
     assert good == len(outputs) - len(breached)
 
@@ -172,7 +185,7 @@ def test_baseline_rate_keeps_about_its_share(llm, otel):
     assert 0 < len(kept) < len(outputs), {r: t.attributes[sc.SAMPLING_REASON] for r, t in kept.items()}
     for t in kept.values():
         assert t.attributes[sc.SAMPLING_REASON] == "baseline"
-        assert t.children[sc.SPAN_PREFILL] and not t.grandchildren[sc.SPAN_DECODE_STEP]  # baseline detail: phases
+        assert t.children[sc.SPAN_PREFILL] and not t.decode_rows()  # baseline detail: phases
     assert sum(p.count for p in points) == len(outputs)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otel_llm.core import semconv as sc
-from traces import MS, engine_steps, request_trees
+from traces import MS, engine_steps, request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -63,7 +63,12 @@ def test_phases_still_tile_and_match_the_engine(run):
         assert abs(t.span.end_time - d.end_time) <= MS
         assert t.attributes[sc.LATENCY_DECODE] == pytest.approx(m.last_token_ts - m.first_token_ts, abs=1e-3)
         assert t.attributes[sc.LATENCY_TTFT] == pytest.approx(m.first_token_latency, abs=1e-3)
-        assert len(t.grandchildren[sc.SPAN_DECODE_STEP]) == MAX_TOKENS - 1
+        rows = t.decode_rows()
+        assert sum(row_tokens(r) for r in rows) == MAX_TOKENS - 1
+        # a preemption during decode: the decode step it fell into keeps its own span
+        steps = {(r.start_time, r.end_time) for r in rows if r.name == sc.SPAN_DECODE_STEP}
+        for e in t.one(sc.SPAN_DECODE).events:
+            assert any(start <= e.timestamp < end for start, end in steps), "preempted step coalesced"
 
 
 def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):

@@ -18,6 +18,9 @@ _CORPUS = (
     "to the engine step that slowed it. 0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ "
 )
 VOCAB_SIZE = 512
+# room for long generations (a 4,096-token decode after a prompt); engines still choose their own
+# max_model_len (engine.py: 512), so a larger value costs nothing (a rotary table of 8192 x 64 floats)
+MAX_POSITIONS = 8192
 
 
 def default_dir() -> Path:
@@ -28,6 +31,7 @@ def ensure_tiny_model(path: str | os.PathLike[str] | None = None) -> str:
     """Create the model folder once (config.json and tokenizer files) and return its path."""
     target = Path(path) if path is not None else default_dir()
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        _raise_positions(target / "config.json")
         return str(target)
     target.mkdir(parents=True, exist_ok=True)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -55,7 +59,7 @@ def ensure_tiny_model(path: str | os.PathLike[str] | None = None) -> str:
         "num_key_value_heads": 1,
         "head_dim": 64,
         "vocab_size": max(VOCAB_SIZE, tok.get_vocab_size()),
-        "max_position_embeddings": 1024,
+        "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "hidden_act": "silu",
@@ -66,6 +70,18 @@ def ensure_tiny_model(path: str | os.PathLike[str] | None = None) -> str:
     }
     (target / "config.json").write_text(json.dumps(config, indent=1))
     return str(target)
+
+
+def _raise_positions(config_path: Path) -> None:
+    """A folder made by an earlier version (1,024 positions): raise it in place. Written atomically,
+    as another process may be loading the model at the same time."""
+    config = json.loads(config_path.read_text())
+    if config.get("max_position_embeddings", 0) >= MAX_POSITIONS:
+        return
+    config["max_position_embeddings"] = MAX_POSITIONS
+    tmp = config_path.with_name(f".config.{os.getpid()}.json")
+    tmp.write_text(json.dumps(config, indent=1))
+    os.replace(tmp, config_path)
 
 
 if __name__ == "__main__":
