@@ -233,8 +233,9 @@ class Telemetry:
                     del steps[step_id]
                     done.append(step)
         for step in done:
-            self._emit_step(step)
-            yield_gil()
+            if step.links:  # only emitted steps cost enough to offer the GIL between them
+                self._emit_step(step)
+                yield_gil()
 
     def _emit_step(self, step: StepRecord) -> None:
         if step.links:

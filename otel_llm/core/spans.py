@@ -297,7 +297,7 @@ class SpanBuilder:
         by_token = token_steps(ts, steps) if steps else {}
         own = {c.step_id: c.tokens for c in t.chunks}
         facts = self._facts
-        others = {i for i, st in by_token.items() if facts.other_prefill(st) > own.get(st.step_id, 0)}
+        others = facts.carried_prefill(by_token, own)
         hit = {bisect_right(ts, p) for p, _ in preemptions}  # ts[i-1] <= p < ts[i]: step i held it
         hit.update(i for i, st in by_token.items() if st.preempted)  # its engine step preempted someone
         rows = choose_rows(n, eventful_steps(per_token, tpot_slo, hit, others), room)

@@ -36,10 +36,11 @@ class FactsCache:
 
     def __init__(self, max_entries: int = 16384) -> None:
         self._max = max_entries
-        self._facts: dict[int, tuple[dict[str, Any], bytes]] = {}
+        self._facts: dict[int, dict[str, Any]] = {}
+        self._encoded: dict[int, bytes] = {}  # only for steps that got a span on the direct-export path
 
     def get(self, step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
-        facts = self._entry(step)[0]
+        facts = self._entry(step)
         if own_prefill_tokens:
             facts = dict(facts)
             facts[sc.STEP_OTHER_PREFILL_TOKENS] -= own_prefill_tokens
@@ -49,16 +50,30 @@ class FactsCache:
         """The same attributes as OTLP ``KeyValue`` fields (the direct-export path)."""
         if own_prefill_tokens:
             return w.attributes(self.get(step, own_prefill_tokens))
-        return self._entry(step)[1]
+        hit = self._encoded.get(step.step_id)
+        if hit is None:
+            hit = self._encoded[step.step_id] = w.attributes(self._entry(step))
+        return hit
 
     def other_prefill(self, step: StepRecord) -> int:
-        return self._entry(step)[0][sc.STEP_OTHER_PREFILL_TOKENS]
+        return self._entry(step)[sc.STEP_OTHER_PREFILL_TOKENS]
 
-    def _entry(self, step: StepRecord) -> tuple[dict[str, Any], bytes]:
+    def carried_prefill(self, by_token: dict[int, StepRecord], own: dict[int, int]) -> set[int]:
+        """The tokens whose engine step prefilled someone else's prompt (``own``: the request's own
+        prefill tokens per step id). One pass, per token of a kept request: kept tight."""
+        cached, entry, key, mine = self._facts.get, self._entry, sc.STEP_OTHER_PREFILL_TOKENS, own.get
+        out = set()
+        for i, st in by_token.items():
+            facts = cached(st.step_id) or entry(st)
+            if facts[key] > mine(st.step_id, 0):
+                out.add(i)
+        return out
+
+    def _entry(self, step: StepRecord) -> dict[str, Any]:
         hit = self._facts.get(step.step_id)
         if hit is None:
             if len(self._facts) >= self._max:
                 self._facts.clear()
-            facts = step_facts(step)
-            hit = self._facts[step.step_id] = (facts, w.attributes(facts))
+                self._encoded.clear()
+            hit = self._facts[step.step_id] = step_facts(step)
         return hit

@@ -1,0 +1,147 @@
+"""What a kept request at full detail costs to materialize, by length: the cold path alone.
+
+Requests of 128, 1,024 and 4,096 output tokens, one engine step per token (batch of 8 decode
+requests; every 64th step also prefills 256 tokens of another request, and 1 % of steps
+hiccup at 3x), are finished through ``Telemetry`` with every request kept at full detail.
+Measured: process CPU time from ``finish`` to the spans being sent (spans built, encoded,
+posted over OTLP/HTTP to a discarding sink in another process), per request and per output
+token, and the spans per request trace. Two span paths: direct export (the SDK's
+``BatchSpanProcessor`` + OTLP exporter, which we write bytes for) and the SDK path (any other
+processor; here a batch processor around an exporter that discards).
+
+The script only uses the core's public classes, so the same file measures another checkout:
+``PYTHONPATH=/path/to/other/checkout python benchmarks/decode_detail.py --label before``.
+
+Run: ./run bench benchmarks/decode_detail.py [--requests 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+LENGTHS = (128, 1024, 4096)
+BATCH = 8
+
+
+def start_sink() -> tuple[subprocess.Popen, str]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from vllm_overhead import start_sink as start
+
+    return start()
+
+
+def workload(tel, tokens: int, rng: random.Random, first_id: int) -> tuple[list, list]:
+    """BATCH requests of ``tokens`` tokens decoding together: their timelines and the steps."""
+    from otel_llm.core.summary import RequestSummary
+    from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestShare, RequestTimeline, StepRecord
+
+    now = time.monotonic() - 3600.0
+    arrival = time.time() - 3600.0
+    rids = [f"r{first_id + k}" for k in range(BATCH)]
+    timelines = []
+    for rid in rids:
+        t = RequestTimeline(rid, arrival, model="m", response_id=rid, input_tokens=64)
+        tel.start(t)
+        t.events += [(QUEUED, now), (SCHEDULED, now + 0.001)]
+        timelines.append(t)
+    step_id = first_id * 100_000
+    tel.add_step(StepRecord(step_id, now + 0.001, now + 0.02, [RequestShare(r, 64, True) for r in rids]))
+    for t in timelines:
+        t.token_ts.append(now + 0.02)
+    now += 0.02
+    for i in range(1, tokens):
+        gap = 0.01 * (1 + 0.05 * rng.random()) * (3 if rng.random() < 0.01 else 1)
+        shares = [RequestShare(r, 1, False) for r in rids]
+        if i % 64 == 0:
+            shares.append(RequestShare("someone-else", 256, True))
+            gap *= 1.3
+        step_id += 1
+        tel.add_step(StepRecord(step_id, now, now + gap, shares))
+        now += gap
+        for t in timelines:
+            t.token_ts.append(now)
+    summaries = []
+    for t in timelines:
+        decode = t.token_ts[-1] - t.token_ts[0]
+        summaries.append(RequestSummary(model="m", ttft=0.021, e2e=0.021 + decode, queue=0.001, prefill=0.019,
+                                        decode=decode, tpot=decode / (tokens - 1), input_tokens=64,
+                                        output_tokens=tokens))
+    return timelines, summaries
+
+
+def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from otel_llm.core.config import Config
+    from otel_llm.core.pipeline import Telemetry
+
+    class Discard(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    tp = TracerProvider()
+    exporter = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces") if path == "direct" else Discard()
+    tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20, max_export_batch_size=4096))
+    config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", "tail_quantile": 0,
+                             "max_steps": 1 << 20}, environ={})
+    tel = Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench")
+    rng = random.Random(tokens)
+    cpu = []
+    spans = []
+    done = 0
+    while done < requests:
+        timelines, summaries = workload(tel, tokens, rng, done)
+        sent0 = tel.stats().get("direct_spans_sent", 0)
+        c0 = time.process_time()
+        for t, s in zip(timelines, summaries):
+            tel.finish(t.request_id, s)
+        assert tel.flush(120) and tp.force_flush(120_000)
+        cpu.append((time.process_time() - c0) / len(timelines))
+        if path == "direct":
+            spans.append((tel.stats()["direct_spans_sent"] - sent0) / len(timelines))
+        done += len(timelines)
+    tel.close()
+    tp.shutdown()
+    per_request = statistics.median(cpu)
+    return {"path": path, "tokens": tokens, "cpu_ms_per_request": round(1e3 * per_request, 3),
+            "cpu_us_per_token": round(1e6 * per_request / tokens, 2),
+            "spans_per_request_incl_engine_steps": round(statistics.median(spans), 1) if spans else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=24, help="requests per length (in batches of 8)")
+    ap.add_argument("--label", default="this checkout")
+    args = ap.parse_args()
+    sink, endpoint = start_sink()
+    try:
+        rows = [measure(path, endpoint, n, args.requests) for n in LENGTHS for path in ("direct", "sdk")]
+    finally:
+        sink.terminate()
+    for r in rows:
+        print(f"{args.label:14s} {r['path']:6s} {r['tokens']:5d} tokens  {r['cpu_ms_per_request']:9.2f} ms/request  "
+              f"{r['cpu_us_per_token']:6.2f} us/token  spans {r['spans_per_request_incl_engine_steps']}")
+    RESULTS.mkdir(exist_ok=True)
+    out_path = RESULTS / "decode_detail.json"
+    out = json.loads(out_path.read_text()) if out_path.exists() else {}
+    out[args.label] = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+                       "requests_per_length": args.requests, "rows": rows}
+    out_path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
