@@ -26,7 +26,7 @@ def test_serve_reports_engine_steps_and_chunks():
         def ready(spans):  # exporters batch: wait until the request and all its steps are in
             chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
             steps = sum(1 for x in spans if x.name == sc.SPAN_ENGINE_STEP)
-            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and steps >= chunks + 7
+            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and steps >= chunks
         spans = sink.wait_for(ready, timeout=30)
     (request,) = [x for x in spans if x.kind == "SERVER"]
     assert request.attributes[sc.USAGE_INPUT_TOKENS] == 150
@@ -34,8 +34,14 @@ def test_serve_reports_engine_steps_and_chunks():
     chunks = [x for x in spans if x.name == sc.SPAN_PREFILL_CHUNK and x.parent_span_id == prefill[0].span_id]
     assert len(chunks) >= 3 and sum(c.attributes[sc.CHUNK_TOKENS] for c in chunks) == 150
     steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
-    assert len(steps) >= len(chunks) + 7  # every prefill chunk and decode step was an engine step
+    # the steps behind the request's own chunk and decode-step spans: each named on its row, each linking it
+    named = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
+    assert {x.attributes[sc.ENGINE_STEP_ID] for x in steps} == named
     assert all((request.trace_id, request.span_id) in x.links for x in steps)
+    rows = [x for x in spans if x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW)]
+    assert sum(x.attributes.get(sc.STEP_TOKENS) or x.attributes[sc.WINDOW_TOKENS] for x in rows) == 7
+    # engine steps under their own service: the request's trace list is requests only
+    assert {x.service for x in steps} == {f"{request.service}-engine-steps"}
 
 
 def _step_sockets_of(server: VLLMServer) -> set[int]:
