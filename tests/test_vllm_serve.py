@@ -25,8 +25,11 @@ def test_serve_reports_engine_steps_and_chunks():
 
         def ready(spans):  # exporters batch: wait until the request and all its steps are in
             chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
-            steps = sum(1 for x in spans if x.name == sc.SPAN_ENGINE_STEP)
-            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and steps >= chunks
+            named = {x.attributes[sc.ENGINE_STEP_ID] for x in spans
+                     if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
+            steps = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name == sc.SPAN_ENGINE_STEP}
+            decoded = any(x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW) for x in spans)
+            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and decoded and named <= steps
         spans = sink.wait_for(ready, timeout=30)
     (request,) = [x for x in spans if x.kind == "SERVER"]
     assert request.attributes[sc.USAGE_INPUT_TOKENS] == 150
