@@ -12,7 +12,8 @@ import pytest
 from otel_llm.core import semconv as sc
 from traces import engine_steps, request_trees, row_tokens
 
-pytestmark = pytest.mark.engine
+# ~4,100 engine steps one after another: minutes on a quiet 2-core machine, far more on a loaded one
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(2400)]
 
 LONG_TOKENS = 4096
 STALL_AT = (1000, 2000, 3000)  # tokens generated when a long prompt arrives
