@@ -33,12 +33,12 @@ def run(otel):
             llm = make_llm(max_model_len=LONG_TOKENS + 512)
             engine = llm.llm_engine
             params = dict(ignore_eos=True, temperature=0.0)
-            long_id = engine.add_request("long", {"prompt_token_ids": [7 + j % 300 for j in range(16)]},
-                                         SamplingParams(max_tokens=LONG_TOKENS, **params))
+            engine.add_request("long", {"prompt_token_ids": [7 + j % 300 for j in range(16)]},
+                               SamplingParams(max_tokens=LONG_TOKENS, **params))
             stall_ids, generated, pending = [], 0, list(STALL_AT)
             while engine.has_unfinished_requests():
                 for out in engine.step():
-                    if out.request_id == long_id:
+                    if out.request_id == "long":  # the caller's id (vLLM's internal one has a suffix)
                         generated = len(out.outputs[0].token_ids)
                 if pending and generated >= pending[0]:
                     pending.pop(0)
