@@ -196,7 +196,10 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
             served[span_of[link.context.span_id]].append(a[sc.ENGINE_STEP_ID])
     for out in outs:
         perf = out.outputs[0].request_perf_metrics
-        assert sorted(served[str(out.request_id)]) == list(range(perf.first_iter, perf.last_iter + 1))
+        # the span budget links an iteration only when it produced one of the request's own spans (its
+        # prefill chunk; a non-streamed request has no per-update decode rows): within first..last
+        linked = sorted(served[str(out.request_id)])
+        assert perf.first_iter in linked and set(linked) <= set(range(perf.first_iter, perf.last_iter + 1))
         chunks = trees[str(out.request_id)].grandchildren[sc.SPAN_PREFILL_CHUNK]
         assert len(chunks) == 1 and chunks[0].attributes[sc.CHUNK_TOKENS] == len(out.prompt_token_ids)
         assert chunks[0].attributes[sc.ENGINE_STEP_ID] == perf.first_iter
@@ -221,7 +224,8 @@ def test_iterations_pulled_by_get_stats_async(trt) -> None:
     asyncio.run(pull())
     steps = engine_steps(trt.spans())
     perf = out.outputs[0].request_perf_metrics
-    assert sorted(s.attributes[sc.ENGINE_STEP_ID] for s in steps) == list(range(perf.first_iter, perf.last_iter + 1))
+    ids = {s.attributes[sc.ENGINE_STEP_ID] for s in steps}  # those behind the request's own spans (budget)
+    assert perf.first_iter in ids and ids <= set(range(perf.first_iter, perf.last_iter + 1))
 
 
 def test_a_request_waits_no_longer_than_its_bound(trt) -> None:
@@ -370,7 +374,7 @@ def test_get_stats_as_json_strings_is_read_too(trt, monkeypatch) -> None:
     assert llm.get_stats() == raw  # the caller gets exactly what TensorRT-LLM returned
     perf = out.outputs[0].request_perf_metrics
     ids = sorted(s.attributes[sc.ENGINE_STEP_ID] for s in engine_steps(trt.spans()))
-    assert ids == list(range(perf.first_iter, perf.last_iter + 1))
+    assert perf.first_iter in ids and set(ids) <= set(range(perf.first_iter, perf.last_iter + 1))
 
 
 def test_two_llms_in_one_process_reuse_request_ids_without_mixing_them(trt) -> None:
