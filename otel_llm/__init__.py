@@ -54,6 +54,10 @@ def instrument(
     max_requests: int | None = None,
     iteration_wait: float | None = None,
     direct_export: bool | None = None,
+    device: str | None = None,
+    peak_flops: float | None = None,
+    peak_memory_bandwidth: float | None = None,
+    gpu_sample_hz: float | None = None,
 ) -> list[str]:
     """Instrument every supported engine and client that is installed; returns their names.
 
@@ -64,7 +68,9 @@ def instrument(
     config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
                                  tail_quantile=tail_quantile, capture_content=capture_content,
                                  engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests,
-                                 iteration_wait=iteration_wait, direct_export=direct_export))
+                                 iteration_wait=iteration_wait, direct_export=direct_export, device=device,
+                                 peak_flops=peak_flops, peak_memory_bandwidth=peak_memory_bandwidth,
+                                 gpu_sample_hz=gpu_sample_hz))
     done = []
     for package, path in _INSTRUMENTORS.items():
         if not _available(package):

@@ -16,7 +16,7 @@ if ! $V -c "import vllm" 2>/dev/null; then
   # torchvision & co. come along and break `transformers` imports; text-only vLLM needs none of them.
   $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai" 2>/dev/null \
+if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null; then
   $V -m pip install -q -e ".[test,openai]"
 fi

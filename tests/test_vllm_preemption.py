@@ -77,3 +77,17 @@ def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
     assert sum(s.attributes[sc.STEP_NUM_PREEMPTED] for s in steps) == sum(o.metrics.num_preemptions for o in outputs)
     # recomputation after a preemption is prefill work: more prefill tokens than the prompts alone
     assert sum(s.attributes[sc.STEP_NUM_PREFILL_TOKENS] for s in steps) > N * PROMPT_LEN
+
+
+def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
+    """EngineCore in this process: the records are handed over in-process, the anatomy still sums to
+    the step, and a CPU model runner in the EngineCore's own thread is not timed (by design)."""
+    _, spans, _ = run
+    steps = engine_steps(spans)
+    assert steps
+    for s in steps:
+        a = s.attributes
+        parts = a[sc.STEP_SCHEDULE_TIME] + a[sc.STEP_EXECUTE_TIME] + a[sc.STEP_OUTPUT_TIME]
+        assert parts == pytest.approx((s.end_time - s.start_time) / 1e9, abs=1e-3)
+        assert sc.STEP_MODEL_TIME not in a
+        assert a[sc.STEP_FLOPS] > 0  # the roofline's composition arrived (contexts with the shares)

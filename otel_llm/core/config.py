@@ -83,6 +83,20 @@ def _service_template(raw: str) -> str:
     return value
 
 
+def _nonnegative_float(raw: str | float) -> float:
+    value = float(raw)
+    if not value >= 0.0:  # also refuses nan
+        raise ValueError(f"expected a number >= 0, got {raw!r}")
+    return value
+
+
+def _peak(raw: str | float) -> float:
+    value = float(raw)
+    if not value > 0.0 or value == float("inf"):
+        raise ValueError(f"expected a positive number (e.g. 9.89e14), got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -126,6 +140,15 @@ OPTIONS: tuple[Option, ...] = (
            "Write our spans as OTLP bytes and send them with the provider's own OTLP exporters (~10x "
            "cheaper a span; only when every span processor is the SDK's batch/simple processor around an "
            "OTLP exporter, else spans go through the processors)"),
+    Option("device", "OTEL_LLM_DEVICE", str, None,
+           "Accelerator name for the roofline's peak table (`H100`, `A100 40GB`, `MI300X`...); default: "
+           "the name NVML reports"),
+    Option("peak_flops", "OTEL_LLM_PEAK_FLOPS", _peak, None,
+           "Peak dense FLOP/s of one device, overriding the table (needed on CPU, and for FP8/FP32 serving)"),
+    Option("peak_memory_bandwidth", "OTEL_LLM_PEAK_MEMORY_BANDWIDTH", _peak, None,
+           "Peak memory bandwidth of one device in bytes/s, overriding the table (needed on CPU)"),
+    Option("gpu_sample_hz", "OTEL_LLM_GPU_SAMPLE_HZ", _nonnegative_float, 10.0,
+           "NVML samples per second for GPU telemetry (needs the `gpu` extra); 0 turns it off"),
 )
 
 
@@ -144,6 +167,10 @@ class Config:
     max_requests: int = 65536
     iteration_wait: float = 15.0
     direct_export: bool = True
+    device: str | None = None
+    peak_flops: float | None = None
+    peak_memory_bandwidth: float | None = None
+    gpu_sample_hz: float = 10.0
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "Config":

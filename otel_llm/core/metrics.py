@@ -321,3 +321,42 @@ class ServerMetrics(RequestMetrics):
     def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None,
                  label_sets: LabelSetCache | None = None) -> None:
         super().__init__(meter, slos, SERVER_METRICS, extra_attributes, label_sets)
+
+
+# -- engine steps and the GPU (core/diagnosis): one row per instrument -----------------------------
+
+UTILIZATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+STEP_TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
+                     1.28, 2.56, 5.12, 10.24)
+
+
+@dataclass(frozen=True)
+class InstrumentSpec:
+    name: str
+    unit: str
+    description: str
+    buckets: tuple[float, ...] = ()
+
+
+STEP_DURATION = InstrumentSpec(
+    "llm.server.engine.step.duration", "s",
+    "Engine-step time by part (llm.engine.step.part: schedule, execute, model, output, total; idle: the gap "
+    "before the step) and step phase (prefill, decode, mixed)", STEP_TIME_BUCKETS)
+STEP_MFU = InstrumentSpec("llm.server.engine.step.mfu", "1",
+                          "Model FLOPs utilization per engine step (estimated FLOPs / measured time / peak)",
+                          UTILIZATION_BUCKETS)
+STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
+                          "Memory bandwidth utilization per engine step (estimated bytes / measured time / peak)",
+                          UTILIZATION_BUCKETS)
+STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
+                       "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)")
+# OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
+GPU_METRICS: tuple[InstrumentSpec, ...] = (
+    InstrumentSpec("hw.gpu.utilization", "1", "Fraction of time the GPU was busy over NVML's sample period"),
+    InstrumentSpec("hw.gpu.memory.utilization", "1", "Fraction of time GPU memory was read or written"),
+    InstrumentSpec("hw.gpu.memory.usage", "By", "GPU memory used"),
+    InstrumentSpec("hw.gpu.memory.limit", "By", "GPU memory size"),
+    InstrumentSpec("hw.power", "W", "Power drawn by the GPU (hw.type=gpu)"),
+    InstrumentSpec("llm.gpu.clock.sm", "MHz", "SM clock of the GPU"),
+    InstrumentSpec("llm.gpu.throttled", "1", "1 for each clock throttle reason active at the last sample"),
+)

@@ -20,6 +20,7 @@ from opentelemetry.trace import NonRecordingSpan, Tracer
 from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
+from .diagnosis.anatomy import StepDiagnosis
 from .guard import GUARD
 from .materializer import Materializer
 from . import self_metrics
@@ -64,6 +65,9 @@ class Telemetry:
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
+        # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
+        self.diagnosis = StepDiagnosis(meter)
+        self._step_metrics: list[StepRecord] = []  # steps whose metrics this frontend records, in batches
         self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
         # registered after the materializer's own exit hook, so it runs first (atexit is LIFO): it
         # builds what is queued, then sends what we export directly; providers made earlier shut down after
@@ -110,15 +114,25 @@ class Telemetry:
         self.window.add(step, prefill_tokens, len(step.requests) - prefill_requests)
         if not pending or not self.config.engine_steps:
             return
+        # Metrics count each step once: in the frontend that owns its first request (with several API
+        # servers each receives every step). Recorded on the materializer thread, in batches.
+        counted = step.requests[0][0] in requests
         step.pending = pending
         evicted = []
+        full = False
         with self._steps_lock:
+            if counted:
+                batch = self._step_metrics
+                batch.append(step)
+                full = len(batch) >= _STEP_BATCH or step.end - batch[0].end > _STEP_BATCH_S
             self.steps[step.step_id] = step
             while len(self.steps) > self.config.max_steps:
                 evicted.append(self.steps.popitem(last=False)[1])
         for old in evicted:
             self.counts.steps_settled_early += 1
             self.materializer.submit((old, None, None, None))
+        if full:
+            self._submit_step_metrics()
 
     # -- cold path ---------------------------------------------------------------------------
 
@@ -155,15 +169,24 @@ class Telemetry:
         self._settle_steps(t, None)
         return decision
 
+    def _submit_step_metrics(self) -> None:
+        with self._steps_lock:  # flush() may come from another thread than add_step's
+            batch, self._step_metrics = self._step_metrics, []
+        if batch:
+            self.materializer.submit((batch, None, None, None))
+
     def flush(self, timeout: float | None = 10.0) -> bool:
+        self._submit_step_metrics()
         """Wait until every finished request's spans were handed to the span processors (and the
         decode steps we encode ourselves were sent)."""
         return self.materializer.flush(timeout) and self.spans.flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
+        self._submit_step_metrics()
         self.materializer.submit((None, None, None, None))
         self.materializer.close(timeout)
+        self.diagnosis.close()
         self.spans.close(timeout)
         atexit.unregister(self.flush)
 
@@ -171,6 +194,12 @@ class Telemetry:
 
     def _materialize(self, job: tuple) -> None:
         t, s, decision, detail = job
+        if isinstance(t, list):  # engine steps' metrics
+            try:
+                self.diagnosis.record(t)
+            except Exception as exc:
+                GUARD.failed("engine step metrics", exc)
+            return
         if isinstance(t, StepRecord):  # settled early: its requests outlived the step buffer
             self._emit_step(t)
             return
@@ -239,8 +268,17 @@ class Telemetry:
 
     def _emit_step(self, step: StepRecord) -> None:
         if step.links:
-            self.spans.engine_step(step, WallClock(), self.engine)
+            try:
+                extra = self.diagnosis.attributes(step)
+            except Exception as exc:  # the step span still goes out, without the diagnosis
+                GUARD.failed("engine step diagnosis", exc)
+                extra = None
+            self.spans.engine_step(step, WallClock(), self.engine, extra)
             self.counts.steps_emitted += 1
+
+
+_STEP_BATCH = 32  # steps per metrics job
+_STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 
 
 def _policy_failed(policy: Policy, exc: BaseException) -> None:

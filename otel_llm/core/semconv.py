@@ -182,3 +182,33 @@ VLLM_DECODE = "gen_ai.latency.time_in_model_decode"
 VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 VLLM_RESPONSE_MODEL = "gen_ai.response.model"
+
+# Ours: engine-step anatomy (seconds), see core/diagnosis/anatomy.py
+STEP_SCHEDULE_TIME = "llm.engine.step.schedule_time"
+STEP_EXECUTE_TIME = "llm.engine.step.execute_time"
+STEP_MODEL_TIME = "llm.engine.step.model_time"
+STEP_OUTPUT_TIME = "llm.engine.step.output_time"
+STEP_IDLE_BEFORE = "llm.engine.step.idle_before"
+STEP_PART = "llm.engine.step.part"  # metric attribute: schedule | execute | model | output | idle | total
+# Ours: engine-step roofline, see core/diagnosis/roofline.py
+STEP_FLOPS = "llm.engine.step.flops"
+STEP_BYTES = "llm.engine.step.bytes"
+STEP_INTENSITY = "llm.engine.step.arithmetic_intensity"
+STEP_BOUND = "llm.engine.step.bound"  # compute | memory
+STEP_PREDICTED_TIME = "llm.engine.step.predicted_time"
+STEP_MFU = "llm.engine.step.mfu"
+STEP_MBU = "llm.engine.step.mbu"
+STEP_DEVICE = "llm.engine.step.device"
+# Ours: the GPU sample nearest the step (NVML), see core/diagnosis/gpu.py
+STEP_GPU_UTILIZATION = "llm.engine.step.gpu.utilization"
+# GPU memory in use: STEP_GPU_MEMORY above (TensorRT-LLM reports it itself; for vLLM, from NVML)
+STEP_GPU_POWER = "llm.engine.step.gpu.power"
+STEP_GPU_SM_CLOCK = "llm.engine.step.gpu.sm_clock"
+STEP_GPU_THROTTLE = "llm.engine.step.gpu.throttle_reasons"
+
+# OpenTelemetry hardware conventions (hw.*), for the GPU sampler's metrics
+HW_ID = "hw.id"
+HW_NAME = "hw.name"
+HW_TYPE = "hw.type"
+HW_VENDOR = "hw.vendor"
+GPU_THROTTLE_REASON = "llm.gpu.throttle_reason"

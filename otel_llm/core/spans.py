@@ -350,7 +350,8 @@ class SpanBuilder:
         if wire is not None and parts:
             wire.add(b"".join(parts), len(parts))
 
-    def engine_step(self, step: StepRecord, clock: WallClock, engine: str) -> None:
+    def engine_step(self, step: StepRecord, clock: WallClock, engine: str,
+                    extra: dict[str, Any] | None = None) -> None:
         start = clock.mono_ns(step.start)
         end = max(start, clock.mono_ns(step.end))
         attrs: dict[str, Any] = {
@@ -369,6 +370,8 @@ class SpanBuilder:
         }
         if step.kv_cache_usage is not None:
             attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
+        if extra:
+            attrs.update(extra)  # anatomy, roofline, GPU sample (core/diagnosis)
         if step.queue_blocked:
             attrs[sc.STEP_QUEUE_BLOCKED] = BLOCKED_NAMES[step.queue_blocked]
         if step.attributes:  # an engine's own numbers win over what the shares above approximate

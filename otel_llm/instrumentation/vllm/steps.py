@@ -127,8 +127,19 @@ class StepReceiver:
 
 
 def decode(payload: tuple) -> StepRecord:
-    step_id, start, end, running, waiting, preempted, kv, shares, blocked = payload
-    return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
+    """A step record from its wire tuple. The first eight fields are the original layout (an
+    EngineCore of an older otel-llm still decodes: 3-field shares); then why waiting requests stayed
+    waiting (``queue_blocked``), then the anatomy; with the anatomy each share carries the request's
+    context before the step as a fourth field."""
+    step_id, start, end, running, waiting, preempted, kv, shares = payload[:8]
+    blocked = payload[8] if len(payload) > 8 else 0
+    if len(payload) < 14:
+        return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
+    step = StepRecord(step_id, start, end, [s[:3] for s in shares], running, waiting, preempted, kv,
+                      queue_blocked=blocked)
+    step.contexts = [s[3] for s in shares]
+    step.schedule_s, step.execute_s, step.output_s, step.idle_s, step.model_s = payload[9:14]
+    return step
 
 
 _dir: str | None = None
@@ -175,17 +186,32 @@ def _remove_if_empty(directory: str) -> None:
 
 
 # -- the scheduler hooks (whichever process the scheduler runs in) ---------------------------
+#
+# Step anatomy from four stamps the EngineCore thread takes anyway: scheduler entered (t0) and left
+# (t1), update_from_output entered (u0), the outputs' own timestamp (end, else u1 = left). Then
+#   schedule = t1 - t0, execute = u0 - t1, output = end - u0: they sum to end - t0, the step.
+#   idle gap = t0 - the previous step's u1, when no other step was in flight (else 0: with vLLM's
+#   batch queue the next batch is scheduled while one runs, and the device was not starved).
+# model_s: forward + sampling timed around the model runner where it runs (below); CUDA events on
+# a GPU, wall time on CPU.
 
 _sink: Callable[[tuple], None] | None = None
 _pending: dict[int, tuple] = {}
 _counter = itertools.count(1)
 _prefix = 0
+_last_end: float | None = None  # u1 of the last step that carried work
+_model: dict[int, Any] = {}  # id(scheduler_output) -> seconds (CPU) or [(start, end) CUDA events]
+_current_model_step = 0  # id of the scheduler output whose forward ran last (sample_tokens follows it)
+_monotonic = time.monotonic
 
 
 def set_sink(sink: Callable[[tuple], None] | None) -> None:
-    global _sink, _prefix
+    global _sink, _prefix, _last_end, _timing, _cuda_events
     _sink = sink
+    _timing = sink is not None
+    _cuda_events = None  # decided again at the next model runner's first call (a new engine may differ)
     _prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
+    _last_end = None
     if sink is not None:
         _HOOKS.wrap()
 
@@ -193,27 +219,32 @@ def set_sink(sink: Callable[[tuple], None] | None) -> None:
 def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if _sink is None:
         return wrapped(*args, **kwargs)
-    start = time.monotonic()
+    start = _monotonic()
     out = wrapped(*args, **kwargs)
+    left = _monotonic()
     try:
-        requests = instance.requests
-        shares = []
+        get = instance.requests.get
+        shares: list[tuple] = []
+        append = shares.append
         for req_id, n in out.num_scheduled_tokens.items():
-            req = requests.get(req_id)
+            req = get(req_id)
             if req is None:
                 continue
             # num_computed_tokens has already advanced by this step's n. A request is
             # prefilling until its prompt is computed (it has no output yet), or, when it
             # recomputes after a preemption, until all but its last sampled token are.
+            # ``before`` is also the context the step's tokens attend to (the roofline's).
             before = req.num_computed_tokens - n
-            todo = req.num_tokens - 1 if req.num_output_tokens else req.num_tokens
-            shares.append((req_id, n, before < todo))
+            append((req_id, n, before < (req.num_tokens - 1 if req.num_output_tokens else req.num_tokens), before))
         preempted = getattr(out, "preempted_req_ids", None)
         kv = instance.kv_cache_manager.usage
         if len(_pending) > 64:  # update_from_output never came (engine error): don't grow
             _pending.clear()
+            _model.clear()
         running, waiting, n_preempted = len(instance.running), len(instance.waiting), len(preempted) if preempted else 0
-        _pending[id(out)] = (start, running, waiting, n_preempted, float(kv), shares,
+        # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
+        idle = None if _last_end is None else (start - _last_end if not _pending else 0.0)
+        _pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
                              _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
     except Exception as exc:
         GUARD.failed("scheduler.schedule hook", exc)
@@ -241,33 +272,163 @@ def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempt
 
 
 def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    global _last_end
     if _sink is None:
         return wrapped(*args, **kwargs)
+    entered = _monotonic()
     result = wrapped(*args, **kwargs)
+    left = _monotonic()
     try:
         scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
-        pending = _pending.pop(id(scheduler_output), None)
-        if pending is not None and pending[5]:
-            start, running, waiting, preempted, kv, shares, blocked = pending
+        key = id(scheduler_output)
+        pending = _pending.pop(key, None)
+        model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
+        model = getattr(model_output, _MODEL_TIME_ATTR, None)
+        if model is None and _model:
+            model = _model.pop(key, None)
+        if pending is not None and pending[7]:
+            start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
             end = next((o.timestamp for o in result.values()), None) if result else None
-            _sink((_prefix | next(_counter), start, end if end else time.monotonic(),
-                   running, waiting, preempted, kv, shares, blocked))
+            if not end or end < entered:
+                end = left
+            _last_end = left
+            if model is not None and model.__class__ is not float:
+                model = _cuda_seconds(model)
+            _sink((_prefix | next(_counter), start, end, running, waiting, preempted, kv, shares, blocked,
+                   scheduled - start, entered - scheduled, end - entered, idle, model))
     except Exception as exc:
         GUARD.failed("scheduler.update_from_output hook", exc)
     return result
 
 
+# -- model execution, timed where it runs --------------------------------------------------------
+#
+# The model runner runs in the EngineCore process (UniProcExecutor) or in worker processes
+# (MultiprocExecutor: vLLM's default on CPU, and with tensor parallelism). Either way the time of a
+# step's forward + sampling is attached to the ModelRunnerOutput it returns, as one attribute: the
+# object is pickled to the EngineCore (its __dict__ travels with it) and handed to
+# update_from_output, where the step record picks it up. An asynchronous output (vLLM's async
+# scheduling) is resolved later: in-process its time waits in ``_model`` under the step's key.
+
+_timing = False  # model runner hooks on: in the EngineCore (with a sink) or in a worker (plugin)
+_MODEL_TIME_ATTR = "_otel_llm_model_s"
+_cuda_events: Any = None  # torch.cuda.Event, once a model runner on a CUDA device was seen; False: CPU
+
+
+def _model_timer(sample: bool) -> Callable[..., Any]:
+    """A wrapper for the model runner's ``execute_model`` (sample=False) or ``sample_tokens`` (True)."""
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        global _current_model_step
+        if not _timing:
+            return wrapped(*args, **kwargs)
+        if _cuda_events is None:
+            _pick_timer(instance)
+            if not _timing:
+                return wrapped(*args, **kwargs)
+        if sample:
+            key = _current_model_step
+        else:
+            key = _current_model_step = id(args[0] if args else kwargs.get("scheduler_output"))
+            if len(_model) > 64:  # outputs that never reached update_from_output (errors): don't grow
+                _model.clear()
+        if _cuda_events:
+            out = _time_cuda(key, wrapped, args, kwargs)
+        else:
+            t = _monotonic()
+            try:
+                out = wrapped(*args, **kwargs)
+            finally:
+                spent = _monotonic() - t
+                _model[key] = _model.get(key, 0.0) + spent
+        if out is None:
+            return out
+        try:
+            if getattr(out, "req_ids", None) and hasattr(out, "__dict__"):
+                spent = _model.pop(key, None)  # a ModelRunnerOutput with requests: this step's, done
+                if spent is not None and spent.__class__ is not float:
+                    spent = _cuda_seconds(spent)
+                if spent is not None:
+                    setattr(out, _MODEL_TIME_ATTR, spent)
+        except Exception as exc:
+            GUARD.failed("model runner timer", exc)
+        return out
+    return wrapper
+
+
+def enable_model_timing() -> None:
+    """Time the model runner in this process (a vLLM worker process; the EngineCore does it with set_sink)."""
+    global _timing
+    _timing = True
+    _HOOKS.wrap()
+
+
+def _pick_timer(runner: Any) -> None:
+    """CUDA events where the runner's device is a CUDA device, wall time otherwise; decided once.
+    A CPU model runner in the EngineCore's own thread (UniProcExecutor) is not timed: the step's
+    execute time is the same wall time there, and the EngineCore's loop is spared the timers."""
+    global _cuda_events, _timing
+    try:
+        device = getattr(runner, "device", None)
+        if getattr(device, "type", None) == "cuda":
+            import torch
+            _cuda_events = torch.cuda.Event
+        else:
+            _cuda_events = False
+            if _sink is not None:
+                _timing = False
+    except Exception as exc:
+        _cuda_events = False
+        GUARD.failed("model timer", exc)
+
+
+def _time_cuda(key: int, wrapped: Any, args: tuple, kwargs: dict) -> Any:
+    """Events on the current stream around the call: the device's time for it. They are read once
+    the step's sampled tokens reached the host (a synchronising copy), so reading never waits."""
+    pool = _event_pool
+    begin = pool.pop() if pool else _cuda_events(enable_timing=True)
+    begin.record()
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        finish = pool.pop() if pool else _cuda_events(enable_timing=True)
+        finish.record()
+        events = _model.get(key)
+        if events is None or events.__class__ is float:
+            _model[key] = events = []
+        events.append((begin, finish))
+
+
+def _cuda_seconds(events: list) -> float | None:
+    total = 0.0
+    for begin, finish in events:
+        if not finish.query():  # not done yet: report nothing rather than wait (and drop these events)
+            return None
+        total += begin.elapsed_time(finish) / 1e3
+    if len(_event_pool) < 64:  # read: reusable (creating events costs more than recording them)
+        for pair in events:
+            _event_pool.extend(pair)
+    return total
+
+
+_event_pool: list[Any] = []
+
+
+_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # the CPU model runner inherits both methods
 _HOOKS = WrapTable([
     Target(_SCHEDULER_MODULE, "Scheduler.schedule", _schedule),
     Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", _update_from_output),
+    Target(_RUNNER_MODULE, "GPUModelRunner.execute_model", _model_timer(False)),
+    Target(_RUNNER_MODULE, "GPUModelRunner.sample_tokens", _model_timer(True)),
 ])
 
 
 def remove_hooks() -> None:
-    global _sink
+    global _sink, _timing
     _sink = None
+    _timing = False
     _HOOKS.unwrap()
     _pending.clear()
+    _model.clear()
 
 
 def in_api_server_process() -> bool:
@@ -280,6 +441,11 @@ def in_engine_process() -> bool:
     return multiprocessing.current_process().name.startswith("EngineCore")
 
 
+def in_worker_process() -> bool:
+    """Whether this is a worker process of vLLM's multiprocess executor (``VllmWorker-<rank>``)."""
+    return multiprocessing.current_process().name.startswith("VllmWorker")
+
+
 def plugin() -> None:
     """``vllm.general_plugins`` entry point: runs in every vLLM process, first thing in EngineCore.
 
@@ -287,9 +453,12 @@ def plugin() -> None:
     frontend, and an engine running inside it, is fed by ``instrument()`` directly.
     """
     directory = os.environ.get(STEP_DIR_ENV)
-    if not directory or not in_engine_process():
+    if not directory:
         return
     try:
-        set_sink(SocketSink(directory))
+        if in_engine_process():
+            set_sink(SocketSink(directory))
+        elif in_worker_process():  # the model runs here (multiprocess executor): time it
+            enable_model_timing()
     except Exception as exc:
         GUARD.failed("vllm plugin", exc)

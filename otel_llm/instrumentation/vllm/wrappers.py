@@ -20,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ...core import semconv as sc
 from ...core.clock import WallClock
+from ...core.diagnosis.roofline import ModelShape
 from ...core.guard import GUARD
 from ...core.pipeline import Telemetry
 from ...core.summary import RequestSummary
@@ -41,6 +42,9 @@ _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
+# The last engine built in this process: (model shape, on a CUDA device, devices a step spans). Kept
+# so that instrumenting again (new options) re-arms the roofline for an engine built earlier.
+last_engine: tuple[ModelShape, bool, int] | None = None
 
 
 
@@ -82,7 +86,24 @@ class VLLMWrappers:
             instance.output_processor._otel_llm_model = str(name)
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (after)", exc)
+        try:
+            self._setup_diagnosis(instance.vllm_config)
+        except Exception as exc:
+            GUARD.failed("vllm step diagnosis set-up", exc)
         return result
+
+    def _setup_diagnosis(self, vllm_config: Any) -> None:
+        """The roofline's model shape and devices, from the engine's own configuration."""
+        model_config = vllm_config.model_config
+        cache_dtype = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
+        shape = ModelShape.from_hf_config(model_config.hf_config, model_config.dtype, cache_dtype)
+        device_type = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+        parallel = getattr(vllm_config, "parallel_config", None)
+        devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
+                                                                          or 1)
+        global last_engine
+        last_engine = (shape, device_type == "cuda", devices)
+        self.telemetry.diagnosis.setup(shape, self.telemetry.config, device_type == "cuda", devices)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 

@@ -1,0 +1,160 @@
+"""Per-step diagnosis on the frontend's cold path: anatomy and roofline as span attributes and metrics.
+
+The EngineCore only stamps (steps.py); everything here runs on the materializer thread,
+for steps in batches. What each part means:
+
+* schedule: inside the scheduler (EngineCore process, CPU);
+* execute: from the scheduler's return to ``update_from_output``: the executor's work for the
+  step (forward, sampling, and with the multiprocess executor the round trip to the workers);
+* model: forward + sampling timed around the model runner, where it runs in the EngineCore process
+  (CUDA events on a GPU, wall time on CPU); absent with the multiprocess executor;
+* output: ``update_from_output`` up to the outputs' timestamp (the step's end);
+* idle (before the step): since the previous step's end, while no step was in flight.
+
+schedule + execute + output is the step's duration by construction (four stamps, one clock).
+The roofline takes model time as the measured time where present, else execute time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .. import semconv as sc
+from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, InstrumentSpec
+from ..timeline import StepRecord
+from .devices import resolve
+from .roofline import DevicePeaks, ModelShape, Roofline, roofline, step_cost
+
+PARTS = ("schedule", "execute", "model", "output", "idle", "total")
+
+
+def anatomy(step: StepRecord) -> dict[str, float]:
+    """The step's parts in seconds (only those the engine reported), and its total."""
+    out = {"total": step.end - step.start}
+    for part, value in (("schedule", step.schedule_s), ("execute", step.execute_s), ("model", step.model_s),
+                        ("output", step.output_s), ("idle", step.idle_s)):
+        if value is not None:
+            out[part] = value
+    return out
+
+
+def work(step: StepRecord) -> list[tuple[int, int]]:
+    """(tokens, context before the step) per request in the step, for the roofline."""
+    contexts = step.contexts
+    if contexts is None or len(contexts) != len(step.requests):
+        return []
+    return [(share[1], c) for share, c in zip(step.requests, contexts)]
+
+
+def measured_time(step: StepRecord) -> float | None:
+    return step.model_s if step.model_s is not None else step.execute_s
+
+
+class StepDiagnosis:
+    """Model shape and device peaks (set when the engine is built), the GPU sampler, and the step
+    instruments; ``attributes`` for a step span, ``record`` for every step's metrics."""
+
+    def __init__(self, meter: Any | None = None) -> None:
+        self.shape: ModelShape | None = None
+        self.peaks: DevicePeaks | None = None
+        self.sampler: Any = None  # GpuSampler
+        self._meter = meter
+        self._bound: dict[tuple, Any] = {}
+        if meter is not None:
+            self._duration = _histogram(meter, STEP_DURATION)
+            self._mfu = _histogram(meter, STEP_MFU)
+            self._mbu = _histogram(meter, STEP_MBU)
+            self._steps = meter.create_counter(STEPS.name, unit=STEPS.unit, description=STEPS.description)
+
+    def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
+        self.shape, self.peaks = shape, peaks
+
+    def setup(self, shape: ModelShape | None, config: Any, on_gpu: bool, devices: int = 1) -> None:
+        """An engine was built: its model, whether it runs on an NVIDIA GPU (then NVML is tried once;
+        ``config.gpu_sample_hz``), and how many devices share a step (tensor x pipeline parallel).
+        Peaks: ``config.peak_*`` options, else the table row for ``config.device`` or NVML's name."""
+        if on_gpu and self.sampler is None and config.gpu_sample_hz > 0:
+            from .gpu import GpuSampler
+            self.sampler = GpuSampler.start(config.gpu_sample_hz)
+            if self.sampler is not None and self._meter is not None:
+                self.sampler.register_metrics(self._meter)
+        name = config.device or (self.sampler.device_name if self.sampler is not None else None)
+        peaks = resolve(name, config.peak_flops, config.peak_memory_bandwidth)
+        self.configure(shape, peaks.times(devices) if peaks is not None else None)
+
+    def roofline(self, step: StepRecord) -> Roofline | None:
+        shape, peaks = self.shape, self.peaks
+        if shape is None or peaks is None:
+            return None
+        w = work(step)
+        if not w:
+            return None
+        return roofline(step_cost(shape, w), peaks, measured_time(step))
+
+    def attributes(self, step: StepRecord) -> dict[str, Any]:
+        """Anatomy, roofline and the nearest GPU sample, for the step's span."""
+        out: dict[str, Any] = {}
+        for key, value in ((sc.STEP_SCHEDULE_TIME, step.schedule_s), (sc.STEP_EXECUTE_TIME, step.execute_s),
+                           (sc.STEP_MODEL_TIME, step.model_s), (sc.STEP_OUTPUT_TIME, step.output_s),
+                           (sc.STEP_IDLE_BEFORE, step.idle_s)):
+            if value is not None:
+                out[key] = value
+        shape = self.shape
+        w = work(step) if shape is not None else []
+        if w:
+            cost = step_cost(shape, w)  # type: ignore[arg-type]
+            out[sc.STEP_FLOPS] = cost.flops
+            out[sc.STEP_BYTES] = cost.bytes
+            out[sc.STEP_INTENSITY] = cost.intensity
+            if self.peaks is not None:
+                r = roofline(cost, self.peaks, measured_time(step))
+                out[sc.STEP_BOUND] = r.bound
+                out[sc.STEP_PREDICTED_TIME] = r.predicted_s
+                out[sc.STEP_DEVICE] = self.peaks.name
+                if r.mfu is not None:
+                    out[sc.STEP_MFU] = r.mfu
+                    out[sc.STEP_MBU] = r.mbu
+        sampler = self.sampler
+        if sampler is not None:
+            samples = sampler.nearest((step.start + step.end) / 2)
+            if samples:
+                out.update(samples[0].attributes())
+        return out
+
+    def record(self, steps: Sequence[StepRecord]) -> None:
+        """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU."""
+        if self._meter is None:
+            return
+        for step in steps:
+            phase = step.phase
+            for part, value in anatomy(step).items():
+                self._duration(value, self._attrs(phase, part))
+            r = self.roofline(step)
+            bound = r.bound if r is not None else "unknown"
+            self._steps.add(1, self._attrs(phase, None, bound))
+            if r is not None and r.mfu is not None:
+                attrs = self._attrs(phase, None, bound)
+                self._mfu(r.mfu, attrs)
+                self._mbu(r.mbu, attrs)
+
+    def _attrs(self, phase: str, part: str | None, bound: str | None = None) -> dict[str, str]:
+        key = (phase, part, bound)
+        found = self._bound.get(key)
+        if found is None:
+            found = {sc.STEP_PHASE: phase}
+            if part is not None:
+                found[sc.STEP_PART] = part
+            if bound is not None:
+                found[sc.STEP_BOUND] = bound
+            self._bound[key] = found
+        return found
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
+
+
+def _histogram(meter: Any, spec: InstrumentSpec) -> Any:
+    return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                  explicit_bucket_boundaries_advisory=list(spec.buckets)).record
