@@ -87,6 +87,10 @@ def test_step_facts_count_only_other_requests_prefill():
     assert step_facts(step) == {sc.ENGINE_STEP_ID: 9, sc.STEP_DURATION: 0.25, sc.STEP_BATCH_SIZE: 3,
                                 sc.STEP_OTHER_PREFILL_TOKENS: 60}
     assert step_facts(step, own_prefill_tokens=40)[sc.STEP_OTHER_PREFILL_TOKENS] == 20
+    # with the step's anatomy measured, the row says where its time went
+    step.model_s, step.execute_s, step.idle_s = 0.2, 0.22, 0.01
+    facts = step_facts(step)
+    assert (facts[sc.STEP_MODEL_TIME], facts[sc.STEP_EXECUTE_TIME], facts[sc.STEP_IDLE_BEFORE]) == (0.2, 0.22, 0.01)
 
 
 # -- through the pipeline --------------------------------------------------------------------------

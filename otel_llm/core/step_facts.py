@@ -22,12 +22,18 @@ from .timeline import StepRecord
 def step_facts(step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
     """Attributes for a span of one request produced by ``step``; ``own_prefill_tokens`` is that
     request's own prefill share of the step (its chunk), which is not someone else's prefill."""
-    return {
+    facts: dict[str, Any] = {
         sc.ENGINE_STEP_ID: step.step_id,
         sc.STEP_DURATION: max(0.0, step.end - step.start),
         sc.STEP_BATCH_SIZE: len(step.requests),
         sc.STEP_OTHER_PREFILL_TOKENS: step.prefill_tokens - own_prefill_tokens,
     }
+    # the step's anatomy where the engine measured it: was the token slow in the model, or around it?
+    for key, value in ((sc.STEP_MODEL_TIME, step.model_s), (sc.STEP_EXECUTE_TIME, step.execute_s),
+                       (sc.STEP_IDLE_BEFORE, step.idle_s)):
+        if value is not None:
+            facts[key] = value
+    return facts
 
 
 class FactsCache:
