@@ -1,0 +1,45 @@
+"""The ``otel-llm`` command: ``otel-llm report FILE [-o OUT] [--perfetto OUT] [--top N]`` and
+``otel-llm dashboard [--out DIR]`` (regenerates the committed Grafana dashboard and provisioning)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="otel-llm", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="timeline of the slowest requests from an OTLP/JSON trace file")
+    rep.add_argument("file", help="OTLP/JSON trace file (one export request per line), e.g. out/demo-traces.jsonl")
+    rep.add_argument("-o", "--out", help="HTML page to write (default: FILE with .html)")
+    rep.add_argument("--perfetto", metavar="OUT", help="also write the lanes as Chrome trace JSON (opens in Perfetto)")
+    rep.add_argument("--top", type=int, default=8, help="how many of the slowest requests to draw (default 8)")
+    dash = sub.add_parser("dashboard", help="regenerate the Grafana dashboard JSON and provisioning files")
+    dash.add_argument("--out", default="dashboards", help="directory to write into (default: dashboards)")
+    args = ap.parse_args(argv)
+
+    if args.command == "report":
+        from .report import write_report
+        from .traces import TraceFileError
+
+        try:
+            written = write_report(args.file, args.out, args.perfetto, args.top)
+        except (OSError, TraceFileError) as exc:
+            print(f"otel-llm report: {exc}", file=sys.stderr)
+            return 1
+        t = written.timeline
+        print(f"{written.html}: {len(t.requests)} slowest of {t.total_requests} requests, "
+              f"{sum(len(e.segments) for e in t.engines)} engine steps")
+        if written.perfetto:
+            print(f"{written.perfetto}: Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing)")
+        return 0
+    from .dashboard import write_all
+
+    for path in write_all(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

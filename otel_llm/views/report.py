@@ -1,0 +1,35 @@
+"""``otel-llm report FILE``: an OTLP/JSON trace file -> a self-contained HTML timeline (and a Chrome trace)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import chrome_trace, html
+from .timeline import Timeline, build
+from .traces import read_spans
+
+
+@dataclass(frozen=True)
+class Written:
+    html: Path
+    perfetto: Path | None
+    timeline: Timeline
+
+
+def write_report(trace_file: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+                 perfetto: str | os.PathLike[str] | None = None, top: int = 8) -> Written:
+    """Read ``trace_file`` and write the HTML page to ``out`` (default: beside it, ``.html``), and the
+    Chrome trace JSON to ``perfetto`` when given. Raises ``TraceFileError`` for a file it cannot read."""
+    source = Path(trace_file)
+    timeline = build(read_spans(source), top=top)
+    out_path = Path(out) if out is not None else source.with_suffix(".html")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(html.render(timeline, source.name), encoding="utf-8")
+    trace_path = None
+    if perfetto is not None:
+        trace_path = Path(perfetto)
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        trace_path.write_text(chrome_trace.dumps(timeline), encoding="utf-8")
+    return Written(out_path, trace_path, timeline)

@@ -1,0 +1,118 @@
+"""The timeline report from recorded spans of a real demo run (tests/views/data/demo-slice.jsonl: the three
+slowest request traces of a run on the CPU engine, two fast ones, and the engine steps linked to them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from otel_llm.core import semconv as sc
+from otel_llm.views import chrome_trace
+from otel_llm.views.cli import main
+from otel_llm.views.report import write_report
+from otel_llm.views.timeline import STALL_FACTOR, build
+from otel_llm.views.traces import TraceFileError, read_spans
+
+DATA = Path(__file__).parent / "data"
+SLICE = DATA / "demo-slice.jsonl"
+SCHEMA = json.loads((DATA / "trace_event_format.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def spans():
+    return read_spans(SLICE)
+
+
+def test_lanes_are_the_slowest_requests_with_their_phases_and_the_steps_they_shared(spans) -> None:
+    t = build(spans, top=3)
+    requests = sorted((s for s in spans if sc.LATENCY_E2E in s.attributes), key=lambda s: -s.attributes[sc.LATENCY_E2E])
+    assert [lane.key for lane in t.requests] == [r.span_id for r in requests[:3]]
+    for lane, r in zip(t.requests, requests):
+        kinds = [seg.kind for seg in lane.segments]
+        assert {"queue", "prefill", "decode", "chunk"} <= set(kinds), kinds
+        # the phase bars are the request's own child spans
+        phases = {seg.kind: seg for seg in lane.segments if seg.kind in ("queue", "prefill", "decode")}
+        children = {c.name: c for c in r.children}
+        assert phases["decode"].start_ns == children[sc.SPAN_DECODE].start_ns
+        assert phases["queue"].end_ns == children[sc.SPAN_QUEUE].end_ns
+        assert lane.title == r.attributes[sc.RESPONSE_ID]
+    # the engine lane holds exactly the steps linked to the drawn requests, coloured by their phase
+    drawn = {lane.key for lane in t.requests}
+    linked = [s for s in spans if s.name == sc.SPAN_ENGINE_STEP and any(link.span_id in drawn for link in s.links)]
+    (engine,) = t.engines
+    assert len(engine.segments) == len(linked) > 0
+    by_id = {s.attributes[sc.ENGINE_STEP_ID]: s for s in linked}
+    for seg in engine.segments:
+        assert seg.kind == "step-" + by_id[seg.step_id].attributes[sc.STEP_PHASE]
+    assert {seg.kind for seg in engine.segments} >= {"step-mixed", "step-decode"}
+
+
+def test_stalls_are_decode_steps_well_over_the_requests_median_gap(spans) -> None:
+    t = build(spans, top=3)
+    by_id = {s.span_id: s for s in spans}
+    total = 0
+    for lane in t.requests:
+        decode = next(c for c in by_id[lane.key].children if c.name == sc.SPAN_DECODE)
+        gaps = {c.attributes[sc.STEP_INDEX]: c.end_ns - c.start_ns for c in decode.children
+                if c.name == sc.SPAN_DECODE_STEP}
+        median = statistics.median(gaps.values())
+        stalls = {seg.args["token"] for seg in lane.segments if seg.kind == "stall"}
+        assert stalls == {i for i, g in gaps.items() if g > STALL_FACTOR * median and g > 1e6}
+        total += len(stalls)
+    assert total > 0  # the slowest requests of this run were stalled by long prefills
+
+
+def test_chrome_trace_matches_the_trace_event_format_schema(spans) -> None:
+    doc = json.loads(chrome_trace.dumps(build(spans, top=3)))
+    jsonschema.validate(doc, SCHEMA, cls=jsonschema.Draft202012Validator)
+    events = doc["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
+    assert {"slowest requests", "engine steps"} <= names
+    complete = [e for e in events if e["ph"] == "X"]
+    assert {e["cat"].split(",")[1] for e in complete} >= {"queue", "prefill", "decode", "stall", "step-mixed"}
+    assert all(e["dur"] >= 0 for e in complete)
+
+
+def test_the_schema_can_fail() -> None:
+    bad = [{"traceEvents": [{"ph": "X", "name": "x", "ts": 1, "pid": 1, "tid": 1}]},  # no dur
+           {"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {}}]},  # no args.name
+           {"traceEvents": [{"ph": "Q", "name": "x", "ts": 1, "pid": 1, "tid": 1}]},  # no such phase
+           {"traceEvents": [{"ph": "b", "name": "x", "ts": 1, "pid": 1, "tid": 1}]},  # async without id
+           {"traceEvents": [], "displayTimeUnit": "s"}]
+    for doc in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+def test_html_is_self_contained(tmp_path: Path) -> None:
+    written = write_report(SLICE, tmp_path / "r.html", tmp_path / "r.json", top=3)
+    page = written.html.read_text()
+    # nothing to fetch: no external scripts, styles, images, fonts or imports
+    assert not re.search(r"""\b(src|href)\s*=|url\(|@import|<link\b""", page, re.I)
+    assert re.findall(r"https?://[^\"' <]+", page) == ["http://www.w3.org/2000/svg"]  # a namespace name, not a fetch
+    assert page.count('class="lane request"') == 3 and page.count('class="lane engine"') == 1
+
+
+def test_cli_writes_both_and_reports_bad_input(tmp_path: Path, capsys) -> None:
+    assert main(["report", str(SLICE), "-o", str(tmp_path / "a.html"), "--perfetto", str(tmp_path / "a.json")]) == 0
+    assert (tmp_path / "a.html").exists() and json.loads((tmp_path / "a.json").read_text())["traceEvents"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(SLICE.read_text().splitlines()[0] + "\n{not json\n")
+    with pytest.raises(TraceFileError, match=r"bad.jsonl:2: malformed JSON"):
+        read_spans(bad)
+    assert main(["report", str(bad)]) == 1
+    assert "bad.jsonl:2" in capsys.readouterr().err and not (tmp_path / "bad.html").exists()
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 1
+
+
+def test_a_file_without_requests_says_so(tmp_path: Path) -> None:
+    steps_only = tmp_path / "steps.jsonl"
+    lines = [line for line in SLICE.read_text().splitlines() if sc.LATENCY_E2E not in line]
+    steps_only.write_text("\n".join(lines) + "\n")
+    written = write_report(steps_only, tmp_path / "s.html")
+    assert written.timeline.requests == [] and "No request spans in this file" in written.html.read_text()
