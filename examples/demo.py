@@ -1,22 +1,29 @@
 """otel-llm demo: a real vLLM engine (CPU, tiny random-weights model), instrumented, on a mixed workload.
 
 Requests arrive over time, mostly short chats plus a few long documents whose prefill
-stalls everyone's decode. Prints TTFT / TPOT / end-to-end percentiles (from the metrics,
-as Prometheus would compute them), goodput against the SLOs, what the tail sampler kept
-and why, and the slowest requests with their phase breakdown and the engine steps that
-stretched them. Traces go to an OTLP/JSON file (or, with --otlp, to an OTLP endpoint).
+stalls everyone's decode. The SLOs and the arrival rate are calibrated on this machine
+first (a burst measures what it can serve, a calibration run at the paced rate sets each
+SLO at that run's 90th percentile), so a realistic share of requests breaches wherever the
+demo runs. Prints TTFT / TPOT / end-to-end percentiles (from the metrics, as Prometheus
+would compute them), goodput against the SLOs, what the tail sampler kept and why, and the
+slowest requests with their phase breakdown and the engine steps that stretched them.
+Traces go to an OTLP/JSON file (or, with --otlp, to an OTLP endpoint); the demo ends by
+writing the timeline report of that file (HTML, and a Chrome trace for Perfetto).
 
-    ./run demo                      # writes out/demo-traces.jsonl
+    ./run demo                      # writes out/demo-traces.jsonl, out/demo-report.html, out/demo-report.trace.json
     ./run demo --otlp               # sends to $OTEL_EXPORTER_OTLP_ENDPOINT (default localhost:4318)
+    ./run demo --slo ttft=0.5,tpot=0.05,e2e=5   # fixed SLOs instead of calibrated ones
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -32,15 +39,18 @@ from otel_llm.core.metrics import SLO_BREACHES
 from otel_llm.export import OTLPJsonFileExporter
 from otel_llm.testing.engine import make_llm
 from otel_llm.testing.metrics import points_by_name
+from otel_llm.views.report import write_report
 
-SLO = "ttft=0.1,tpot=0.008,e2e=1"
+RATE = 40.0  # requests/s offered at most; paced down to what the machine serves (calibrate)
+CALIBRATION_QUANTILE = 0.9  # each SLO is this quantile of the calibration run: ~10% breach each
+PACE = 0.7  # offered load as a share of the measured capacity: busy, with a queue that does not grow without bound
 
 
-def workload(n: int, rng: random.Random) -> list[tuple[float, dict, int]]:
-    """(arrival offset s, prompt, max_tokens): chats at ~40 req/s, every 8th a long document."""
+def workload(n: int, rng: random.Random, rate: float = RATE) -> list[tuple[float, dict, int]]:
+    """(arrival offset s, prompt, max_tokens): chats arriving at ``rate`` req/s (Poisson), every 8th a long document."""
     out, t = [], 0.0
     for i in range(n):
-        t += rng.expovariate(40.0)
+        t += rng.expovariate(rate)
         long = i % 8 == 5
         length = rng.randint(300, 420) if long else rng.randint(12, 64)
         prompt = {"prompt_token_ids": [3 + rng.randrange(500) for _ in range(length)]}
@@ -67,6 +77,54 @@ def run(llm, plan) -> int:
     return done
 
 
+@dataclass(frozen=True)
+class Calibration:
+    capacity: float  # requests/s the engine finished in a burst of the workload
+    rate: float  # requests/s the demo offers
+    slo: str  # "ttft=...,tpot=...,e2e=..."
+    requests: int  # in the calibration run
+
+    def describe(self) -> str:
+        return (f"calibrated on this machine: a burst of the workload was served at {self.capacity:.1f} req/s, so "
+                f"requests arrive at {self.rate:.1f} req/s ({PACE:.0%} of that, at most {RATE:g}); SLOs = the "
+                f"p{100 * CALIBRATION_QUANTILE:.0f} of TTFT / TPOT / end-to-end over {self.requests} calibration "
+                f"requests at that rate: {self.slo} (--slo to fix them)")
+
+
+def calibrate(llm, memory: InMemorySpanExporter, rng_seed: int = 2, burst: int = 24, requests: int = 32
+              ) -> Calibration:
+    """Measure what this machine serves, then set SLOs a realistic share of requests will breach.
+
+    Needs otel_llm instrumented with ``sample_rate=1.0`` and ``memory`` receiving the spans: the
+    request spans carry each request's own TTFT / TPOT / e2e (exact, not bucketed)."""
+    plan = [(0.0, prompt, max_tokens) for _, prompt, max_tokens in workload(burst, random.Random(rng_seed))]
+    t0 = time.monotonic()
+    run(llm, plan)
+    capacity = burst / (time.monotonic() - t0)
+    rate = min(RATE, PACE * capacity)
+    otel_llm.flush()
+    memory.clear()
+    run(llm, workload(requests, random.Random(rng_seed + 1), rate))
+    otel_llm.flush()
+    values: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2e": []}
+    for s in memory.get_finished_spans():
+        a = s.attributes or {}
+        for key, attr in (("ttft", sc.LATENCY_TTFT), ("tpot", sc.LATENCY_TPOT), ("e2e", sc.LATENCY_E2E)):
+            if isinstance(a.get(attr), (int, float)):
+                values[key].append(float(a[attr]))
+    memory.clear()
+    slo = ",".join(f"{key}={_round_up(sorted(v)[min(len(v) - 1, int(CALIBRATION_QUANTILE * len(v)))])}"
+                   for key, v in values.items() if v)
+    return Calibration(capacity, rate, slo, requests)
+
+
+def _round_up(seconds: float) -> str:
+    """Two significant digits, rounded up (an SLO is a round number a person would write)."""
+    digits = 1 - math.floor(math.log10(seconds)) if seconds > 0 else 3
+    step = 10 ** -digits
+    return f"{math.ceil(seconds / step) * step:.{max(digits, 0)}f}"
+
+
 def quantile_from_histogram(point, q: float) -> float:
     """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
     rank = q * point.count
@@ -81,9 +139,9 @@ def quantile_from_histogram(point, q: float) -> float:
     return lower
 
 
-def report(spans, reader, wall: float, finished: int) -> None:
+def report(spans, reader, wall: float, finished: int, slo: str) -> None:
     got = points_by_name(reader.get_metrics_data())
-    print(f"\n{finished} requests in {wall:.1f} s; SLOs: {SLO}\n")
+    print(f"\n{finished} requests in {wall:.1f} s; SLOs: {slo}\n")
     print(f"{'':22s} {'p50':>9s} {'p95':>9s} {'p99':>9s}   (from the metrics, as Prometheus computes them)")
     for label, name in (("time to first token", "gen_ai.server.time_to_first_token"),
                         ("time per output token", "gen_ai.server.time_per_output_token"),
@@ -142,6 +200,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--out", default="out/demo-traces.jsonl", help="OTLP/JSON lines file for the traces")
     ap.add_argument("--otlp", action="store_true", help="send traces over OTLP/HTTP instead of to a file")
+    ap.add_argument("--slo", help="fixed SLOs (e.g. ttft=0.5,tpot=0.05,e2e=5) instead of calibrating them here")
+    ap.add_argument("--report", default="out/demo-report.html", help="timeline report to write (file mode)")
     args = ap.parse_args()
 
     tracer_provider = TracerProvider(resource=Resource.create({"service.name": "otel-llm-demo"}))
@@ -150,40 +210,53 @@ def main() -> None:
             OTLPSpanExporter,
         )
 
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporter = OTLPSpanExporter()
         where = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
     else:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).unlink(missing_ok=True)
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPJsonFileExporter(args.out)))
+        exporter = OTLPJsonFileExporter(args.out)
         where = args.out
     memory = InMemorySpanExporter()  # to print the report from the same spans
     tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
-    reader = InMemoryMetricReader()
 
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
-                        slo=SLO, sample_rate=0.1)
+    # warm-up and calibration: spans to memory only (the exporter is attached after them)
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(), sample_rate=1.0)
     print("starting vLLM (CPU, tiny random-weights model; ~30 s)...", flush=True)
     llm = make_llm(max_num_seqs=32, max_num_batched_tokens=512)
-    plan = workload(args.requests, random.Random(1))
-    run(llm, plan[:8])  # warm-up: first-call costs are not the story here
+    run(llm, workload(8, random.Random(1)))  # warm-up: first-call costs are not the story here
+    if args.slo:
+        slo, rate = args.slo, RATE
+        print(f"SLOs as given: {slo}; requests arrive at {rate:g} req/s")
+    else:
+        print("calibrating SLOs and arrival rate on this machine...", flush=True)
+        cal = calibrate(llm, memory)
+        slo, rate = cal.slo, cal.rate
+        print(cal.describe())
     otel_llm.flush()
-    memory.clear()
-    reader = InMemoryMetricReader()
     otel_llm.uninstrument()
+    memory.clear()
+
+    tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
-                        slo=SLO, sample_rate=0.1)
+                        slo=slo, sample_rate=0.1)
+    plan = workload(args.requests, random.Random(1), rate)
     t0 = time.monotonic()
     finished = run(llm, plan)
     wall = time.monotonic() - t0
     otel_llm.uninstrument()  # waits for the spans of finished requests (built on a background thread)
     tracer_provider.force_flush()
-    report(list(memory.get_finished_spans()), reader, wall, finished)
+    report(list(memory.get_finished_spans()), reader, wall, finished, slo)
     print(f"\ntraces: {where}")
     if not args.otlp:
-        print("  to see them in Jaeger instead: run Jaeger (docker run -p 16686:16686 -p 4318:4318 "
-              "jaegertracing/jaeger:latest),\n  then `./run demo --otlp` (OTEL_EXPORTER_OTLP_ENDPOINT picks another "
-              "endpoint, e.g. Tempo's or otel-llm-collector's) and open http://localhost:16686")
+        tracer_provider.shutdown()
+        trace_json = Path(args.report).with_suffix(".trace.json")
+        written = write_report(args.out, args.report, trace_json)
+        print(f"timeline report: {written.html}  (open in a browser; Perfetto: {trace_json})")
+        print("  to see the traces in Jaeger or Tempo instead: README, 'Jaeger, Tempo and Phoenix recipes'; "
+              "`./run demo --otlp` sends them to $OTEL_EXPORTER_OTLP_ENDPOINT")
+        return
     tracer_provider.shutdown()
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the demo, tests and benchmarks need, on a fresh machine.
 # Creates .venv (vLLM's CPU build + this package, editable) and installs Prometheus for the
-# collector's tests. Re-running is cheap: each step checks first.
+# collector's tests and Chromium for the report's browser test. Re-running is cheap: each step checks first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,9 +16,10 @@ if ! $V -c "import vllm" 2>/dev/null; then
   # torchvision & co. come along and break `transformers` imports; text-only vLLM needs none of them.
   $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml" 2>/dev/null \
-   || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null; then
-  $V -m pip install -q -e ".[test,openai]"
+if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets" 2>/dev/null \
+   || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null \
+   || [ ! -x .venv/bin/otel-llm ]; then
+  $V -m pip install -q -e ".[test,openai,views]"
 fi
 # The collector is its own distribution (collector/pyproject.toml). An older .venv has it inside otel-llm,
 # with otel-llm's console script: reinstall the core then, so the two no longer overlap.
@@ -33,5 +34,11 @@ if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
       || echo "setup: could not install prometheus; the tests that need it will be skipped" >&2
+  fi
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
   fi
 fi

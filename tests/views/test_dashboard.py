@@ -1,0 +1,49 @@
+"""The committed Grafana dashboard and provisioning files are exactly what `otel-llm dashboard` writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from otel_llm.views import dashboard
+from otel_llm.views.cli import main
+
+COMMITTED = Path(__file__).resolve().parents[2] / "dashboards"
+
+
+def test_regenerating_reproduces_the_committed_files_byte_for_byte(tmp_path: Path) -> None:
+    assert main(["dashboard", "--out", str(tmp_path)]) == 0
+    generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert generated == sorted(p.relative_to(COMMITTED) for p in COMMITTED.rglob("*") if p.is_file())
+    for rel in generated:
+        assert (tmp_path / rel).read_bytes() == (COMMITTED / rel).read_bytes(), (
+            f"dashboards/{rel} is stale: run `otel-llm dashboard` and commit the result")
+
+
+def test_dashboard_model() -> None:
+    d = json.loads((COMMITTED / "otel-llm.json").read_text())
+    assert d["uid"] == dashboard.UID
+    assert [v["name"] for v in d["templating"]["list"]] == ["service", "model"]
+    panels = [p for p in d["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    titles = {p["title"] for p in panels}
+    for wanted in ("Time to first token", "Time per output token", "End-to-end duration", "Goodput",
+                   "Output tokens/s", "Output characters/s", "Where the time goes", "Slow-request causes",
+                   "Tail sampling: traces decided", "Collector: spans in and out", "SDK: engine steps"):
+        assert wanted in titles
+    for p in panels:
+        assert p["datasource"]["uid"] == dashboard.PROMETHEUS_UID and p["targets"]
+        for t in p["targets"]:
+            if p["title"] not in ("Tail sampler buffer",) and "otelcol" not in t["expr"] and "otel_llm_" not in t["expr"]:
+                assert '$model' in t["expr"] and '$service' in t["expr"], t["expr"]
+    latency = [t for p in panels if p["title"].startswith(("Time to", "Time per", "End-to-end")) for t in p["targets"]]
+    assert len(latency) == 9 and all(t["exemplar"] for t in latency)
+
+
+def test_provisioning_links_exemplars_to_tempo() -> None:
+    ds = yaml.safe_load((COMMITTED / "provisioning/datasources/otel-llm.yaml").read_text())["datasources"]
+    prom, tempo = ({d["type"]: d for d in ds}[k] for k in ("prometheus", "tempo"))
+    assert prom["uid"] == dashboard.PROMETHEUS_UID and tempo["uid"] == dashboard.TEMPO_UID
+    assert prom["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": tempo["uid"]}]

@@ -1,0 +1,72 @@
+"""The report page in a real browser (headless Chromium): no console errors, no network requests, the
+expected lanes and labels in the rendered DOM, hovering a request highlights its engine steps; a screenshot.
+
+``OTEL_LLM_SCREENSHOT=docs/report-timeline.png`` also saves the screenshot there (the README's picture)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from browser import Browser, chromium_binary
+from otel_llm.views.report import write_report
+
+CHROMIUM = chromium_binary()
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`, "
+                                                          "or set CHROMIUM_BIN)")
+SLICE = Path(__file__).parent / "data" / "demo-slice.jsonl"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser(CHROMIUM)
+    yield b
+    b.close()
+
+
+def test_report_page_renders_its_lanes_without_errors(browser: Browser, tmp_path: Path) -> None:
+    written = write_report(SLICE, tmp_path / "report.html", top=3)
+    t = written.timeline
+    url = written.html.resolve().as_uri()
+    visit = browser.visit(url)
+    assert visit.errors == []
+    assert visit.requests == [url]  # the page itself, nothing else
+    titles = browser.evaluate("[...document.querySelectorAll('g.lane.request')].map(g => g.querySelector('text')"
+                              ".textContent)")
+    assert titles == [lane.title for lane in t.requests]
+    assert browser.evaluate("document.querySelectorAll('g.lane.engine').length") == 1
+    legend = browser.evaluate("document.querySelector('.legend').innerText")
+    for label in ("queue", "prefill", "decode", "decode stall", "step: prefill", "step: decode", "step: mixed"):
+        assert label in legend
+    # every kind of bar is drawn with a real size on screen
+    for kind in ("queue", "prefill", "chunk", "decode", "stall", "step-mixed", "step-decode"):
+        width = browser.evaluate(f"Math.max(...[...document.querySelectorAll('rect.{kind}')]"
+                                 ".map(r => r.getBoundingClientRect().width))")
+        assert width > 0, kind
+    # hovering the slowest request highlights exactly the engine steps it was served by
+    first = t.requests[0]
+    drawn_steps = {seg.step_id for lane in t.engines for seg in lane.segments}
+    highlighted = browser.evaluate(
+        "(() => { const g = document.querySelector('g.lane.request');"
+        " g.dispatchEvent(new MouseEvent('mouseenter'));"
+        " return [...document.querySelectorAll('rect.step.hl')].map(r => Number(r.getAttribute('data-step'))); })()")
+    assert set(highlighted) == first.step_ids & drawn_steps and highlighted
+    browser.evaluate("document.querySelector('g.lane.request').dispatchEvent(new MouseEvent('mouseleave'))")
+    shot = tmp_path / "report.png"
+    browser.screenshot(shot)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    if os.environ.get("OTEL_LLM_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["OTEL_LLM_SCREENSHOT"])
+
+
+def test_the_browser_check_sees_errors_and_fetches(browser: Browser, tmp_path: Path) -> None:
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><html><body><img src='http://127.0.0.1:9/x.png'>"
+                    "<script>console.error('boom'); document.body.setAttribute('data-ready', '1');"
+                    " undefinedFunction();</script></body></html>")
+    visit = browser.visit(page.as_uri())
+    assert any("boom" in e for e in visit.errors) and any("undefinedFunction" in e for e in visit.errors)
+    assert "http://127.0.0.1:9/x.png" in visit.requests
