@@ -8,7 +8,6 @@ steps those requests shared (found through the steps' span links, or a chunk's o
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,10 @@ from .traces import Span, index
 # relative to the request itself, so a slow model is not all stalls and a fast one still shows its hiccups.
 STALL_FACTOR = 3.0
 STALL_MIN_S = 0.001
+# Runs of uneventful decode steps coalesced into one span (issue 11's span budget); a window's tokens count
+# towards the median at its mean gap. Named in semconv once that change is merged.
+SPAN_DECODE_WINDOW = getattr(sc, "SPAN_DECODE_WINDOW", "llm.decode.window")
+WINDOW_TOKENS = getattr(sc, "WINDOW_TOKENS", "llm.decode.window.tokens")
 
 PHASES = {sc.SPAN_QUEUE: "queue", sc.SPAN_PREFILL: "prefill", sc.SPAN_DECODE: "decode"}
 PREEMPTION_SPANS = {sc.SPAN_REQUEUE: "requeue", sc.SPAN_REPREFILL: "reprefill"}
@@ -120,12 +123,34 @@ def _request_lane(r: Span) -> Lane:
     return Lane(r.span_id, title, subtitle, segments, steps)
 
 
+def median_gap_ns(decode: Span) -> float | None:
+    """The request's median gap per output token: each decode-step span one gap, each decode window
+    its token count of gaps at its mean (a token-weighted median)."""
+    gaps: list[tuple[float, int]] = []
+    for c in decode.children:
+        if c.name == sc.SPAN_DECODE_STEP:
+            gaps.append((c.end_ns - c.start_ns, 1))
+        elif c.name == SPAN_DECODE_WINDOW:
+            tokens = c.attributes.get(WINDOW_TOKENS)
+            if isinstance(tokens, int) and tokens > 0:
+                gaps.append(((c.end_ns - c.start_ns) / tokens, tokens))
+    if not gaps:
+        return None
+    gaps.sort()
+    half, seen = sum(w for _, w in gaps) / 2, 0
+    for gap, weight in gaps:
+        seen += weight
+        if seen >= half:
+            return gap
+    return gaps[-1][0]
+
+
 def _stalls(decode: Span) -> list[Segment]:
     """Decode steps whose gap stands out from the request's own median gap."""
     tokens = [c for c in decode.children if c.name == sc.SPAN_DECODE_STEP]
-    if not tokens:
+    median = median_gap_ns(decode)
+    if not tokens or median is None:
         return []
-    median = statistics.median(c.end_ns - c.start_ns for c in tokens)
     bar = max(STALL_FACTOR * median, STALL_MIN_S * 1e9)
     out = []
     for c in tokens:

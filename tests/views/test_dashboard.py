@@ -25,7 +25,8 @@ def test_regenerating_reproduces_the_committed_files_byte_for_byte(tmp_path: Pat
 def test_dashboard_model() -> None:
     d = json.loads((COMMITTED / "otel-llm.json").read_text())
     assert d["uid"] == dashboard.UID
-    assert [v["name"] for v in d["templating"]["list"]] == ["service", "model"]
+    assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "service", "model"]
+    assert d["templating"]["list"][0]["current"]["value"] == dashboard.PROMETHEUS_UID
     panels = [p for p in d["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     titles = {p["title"] for p in panels}
@@ -34,7 +35,7 @@ def test_dashboard_model() -> None:
                    "Tail sampling: traces decided", "Collector: spans in and out", "SDK: engine steps"):
         assert wanted in titles
     for p in panels:
-        assert p["datasource"]["uid"] == dashboard.PROMETHEUS_UID and p["targets"]
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
         for t in p["targets"]:
             if p["title"] not in ("Tail sampler buffer",) and "otelcol" not in t["expr"] and "otel_llm_" not in t["expr"]:
                 assert '$model' in t["expr"] and '$service' in t["expr"], t["expr"]

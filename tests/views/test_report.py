@@ -60,7 +60,7 @@ def test_stalls_are_decode_steps_well_over_the_requests_median_gap(spans) -> Non
         decode = next(c for c in by_id[lane.key].children if c.name == sc.SPAN_DECODE)
         gaps = {c.attributes[sc.STEP_INDEX]: c.end_ns - c.start_ns for c in decode.children
                 if c.name == sc.SPAN_DECODE_STEP}
-        median = statistics.median(gaps.values())
+        median = statistics.median_low(gaps.values())
         stalls = {seg.args["token"] for seg in lane.segments if seg.kind == "stall"}
         assert stalls == {i for i, g in gaps.items() if g > STALL_FACTOR * median and g > 1e6}
         total += len(stalls)
@@ -116,3 +116,21 @@ def test_a_file_without_requests_says_so(tmp_path: Path) -> None:
     steps_only.write_text("\n".join(lines) + "\n")
     written = write_report(steps_only, tmp_path / "s.html")
     assert written.timeline.requests == [] and "No request spans in this file" in written.html.read_text()
+
+
+def test_stalls_with_decode_windows_use_the_token_weighted_median() -> None:
+    from otel_llm.views.timeline import SPAN_DECODE_WINDOW, WINDOW_TOKENS, median_gap_ns
+    from otel_llm.views.traces import Span
+
+    def span(name, start_ms, end_ms, parent="", sid="", **attrs):
+        return Span("t" * 32, sid or f"{name}{start_ms}", parent, name, int(start_ms * 1e6), int(end_ms * 1e6),
+                    attrs, "svc")
+
+    request = span("chat m", 0, 1200, sid="r", **{sc.LATENCY_E2E: 1.2, sc.RESPONSE_ID: "r1"})
+    decode = span(sc.SPAN_DECODE, 0, 1200, parent="r", sid="d")
+    children = [span(SPAN_DECODE_WINDOW, 0, 1000, parent="d", **{WINDOW_TOKENS: 100}),  # 100 gaps of 10 ms
+                span(sc.SPAN_DECODE_STEP, 1000, 1050, parent="d", **{sc.STEP_INDEX: 101}),  # a 50 ms stall
+                span(sc.SPAN_DECODE_STEP, 1050, 1062, parent="d", **{sc.STEP_INDEX: 102})]  # 12 ms: not one
+    t = build([request, decode, *children], top=1)
+    assert median_gap_ns(decode) == 10e6
+    assert [seg.args["token"] for seg in t.requests[0].segments if seg.kind == "stall"] == [101]
