@@ -122,7 +122,7 @@ def _round_up(seconds: float) -> str:
     """Two significant digits, rounded up (an SLO is a round number a person would write)."""
     digits = 1 - math.floor(math.log10(seconds)) if seconds > 0 else 3
     step = 10 ** -digits
-    return f"{math.ceil(seconds / step) * step:.{max(digits, 0)}f}"
+    return f"{math.ceil(round(seconds / step, 6)) * step:.{max(digits, 0)}f}"  # round: 0.07 / 0.01 is 7.000000000000001
 
 
 def quantile_from_histogram(point, q: float) -> float:

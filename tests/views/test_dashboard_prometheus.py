@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -93,6 +94,7 @@ class PromAPI:
 def load_demo():
     spec = importlib.util.spec_from_file_location("otel_llm_demo", ROOT / "examples" / "demo.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
