@@ -29,10 +29,33 @@ def events(t: Timeline) -> list[dict[str, Any]]:
         # parents before children at equal start: longer first (the format nests X events by containment)
         for seg in sorted(lane.segments, key=lambda s: (s.start_ns, -(s.end_ns - s.start_ns))):
             out.append(_complete(seg, REQUESTS_PID, tid, "request"))
+    steps: dict[int, tuple[int, Segment]] = {}
     for tid, lane in enumerate(t.engines, 1):
         out.append(_meta("thread_name", ENGINE_PID, tid, lane.subtitle))
         for seg in lane.segments:
             out.append(_complete(seg, ENGINE_PID, tid, "engine_step"))
+            if seg.step_id is not None:
+                steps[seg.step_id] = (tid, seg)
+    out.extend(_flows(t, steps))
+    return out
+
+
+def _flows(t: Timeline, steps: dict[int, tuple[int, Segment]]) -> list[dict[str, Any]]:
+    """An arrow from each prefill chunk or stall to the engine step that ran it (flow events: "s" binds to
+    the slice enclosing its ts on the request's thread, "f" with bp "e" to the step's slice)."""
+    out: list[dict[str, Any]] = []
+    flow = 0
+    for tid, lane in enumerate(t.requests, 1):
+        for seg in lane.segments:
+            if seg.kind not in ("chunk", "stall") or seg.step_id not in steps:
+                continue
+            engine_tid, step = steps[seg.step_id]
+            flow += 1
+            inside = (seg.start_ns + seg.end_ns) // 2
+            out.append({"name": "engine step", "cat": "step_link", "ph": "s", "id": flow, "ts": _us(inside),
+                        "pid": REQUESTS_PID, "tid": tid})
+            out.append({"name": "engine step", "cat": "step_link", "ph": "f", "bp": "e", "id": flow,
+                        "ts": _us((step.start_ns + step.end_ns) // 2), "pid": ENGINE_PID, "tid": engine_tid})
     return out
 
 

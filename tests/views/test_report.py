@@ -76,6 +76,16 @@ def test_chrome_trace_matches_the_trace_event_format_schema(spans) -> None:
     complete = [e for e in events if e["ph"] == "X"]
     assert {e["cat"].split(",")[1] for e in complete} >= {"queue", "prefill", "decode", "stall", "step-mixed"}
     assert all(e["dur"] >= 0 for e in complete)
+    # chunks point at the engine step that computed them (flow events), inside both slices
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and starts.keys() == finishes.keys()
+    for ident, s in starts.items():
+        f = finishes[ident]
+        assert any(e["pid"] == s["pid"] and e["tid"] == s["tid"] and e["ts"] <= s["ts"] <= e["ts"] + e["dur"]
+                   and e["cat"].endswith((",chunk", ",stall")) for e in complete)
+        assert any(e["pid"] == f["pid"] and e["tid"] == f["tid"] and e["ts"] <= f["ts"] <= e["ts"] + e["dur"]
+                   and e["cat"].startswith("engine_step") for e in complete)
 
 
 def test_the_schema_can_fail() -> None:
