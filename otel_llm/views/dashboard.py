@@ -142,7 +142,7 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     )),
     ("Why slow, and what was kept", (
         PanelSpec("Slow-request causes", "SLO breaches by the verdict's cause (llm.slow.cause)",
-                  (Query(_rate_sum(counter(SLO_BREACHES, "{request}"), by=label(SLOW_CAUSE)),
+                  (Query(_rate_sum(counter(SLO_BREACHES, "{breach}"), by=label(SLOW_CAUSE)),
                          "{{" + label(SLOW_CAUSE) + "}}"),), "reqps", stacked=True),
         PanelSpec("Tail sampling: traces decided", "The collector's decisions by deciding policy and verdict",
                   (Query(f"sum by (policy, decision) (rate({collector('count_traces_sampled')}[{RATE}]))",

@@ -175,7 +175,7 @@ def metric_names(expr: str) -> set[str]:
 def test_every_panel_query_returns_data(stack) -> None:
     api: PromAPI = stack["api"]
     skipped = []
-    slow_cause = dashboard.counter(dashboard.SLO_BREACHES, "{request}")
+    slow_cause = dashboard.counter(dashboard.SLO_BREACHES, "{breach}")
     for title, spec, q in dashboard.queries():
         expr = concrete(q.expr)
         if slow_cause in expr and not api.query(f"count({{__name__=\"{slow_cause}\"}})"):
