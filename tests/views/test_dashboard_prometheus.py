@@ -84,7 +84,10 @@ class PromAPI:
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 return json.load(r)["data"]
-        except urllib.error.HTTPError as exc:  # a query that does not parse: Prometheus says why
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:  # still starting (replaying its WAL): not an answer yet, wait_for retries
+                raise ConnectionError(f"Prometheus not ready: {exc}") from None
+            # a query that does not parse: Prometheus says why
             raise AssertionError(f"{path} {params}: {exc.code} {exc.read().decode()[:300]}") from None
 
     def query(self, expr: str) -> list:
@@ -135,6 +138,8 @@ scrape_configs:
     tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=gateway.grpc_endpoint,
                                                                            insecure=True)))
     try:
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=10).status == 200,
+                 "Prometheus ready")
         wait_for(lambda: len([r for r in api.query("up") if r["value"][1] == "1"]) == 2, "both scrape targets up")
         demo = load_demo()
         otel_llm.uninstrument()
