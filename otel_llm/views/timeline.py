@@ -22,6 +22,9 @@ STALL_MIN_S = 0.001
 # towards the median at its mean gap. Named in semconv once that change is merged.
 SPAN_DECODE_WINDOW = getattr(sc, "SPAN_DECODE_WINDOW", "llm.decode.window")
 WINDOW_TOKENS = getattr(sc, "WINDOW_TOKENS", "llm.decode.window.tokens")
+SLOW_CAUSE = getattr(sc, "SLOW_CAUSE", "llm.slow.cause")  # the slow-cause verdict (issue 9), when present
+# a decode step's copy of its engine step's facts (issue 11's step facts): shown with the stall
+STEP_FACTS_PREFIX = sc.ENGINE_STEP_ID.rsplit(".", 1)[0] + "."
 
 PHASES = {sc.SPAN_QUEUE: "queue", sc.SPAN_PREFILL: "prefill", sc.SPAN_DECODE: "decode"}
 PREEMPTION_SPANS = {sc.SPAN_REQUEUE: "requeue", sc.SPAN_REPREFILL: "reprefill"}
@@ -116,10 +119,11 @@ def _request_lane(r: Span) -> Lane:
         if kind == "decode":
             segments.extend(_stalls(child))
     reason = a.get(sc.SAMPLING_REASON, "")
+    cause = a.get(SLOW_CAUSE)
     title = str(a.get(sc.RESPONSE_ID) or r.name)
     subtitle = (f"e2e {1000 * _e2e(r):.0f} ms, in {a.get(sc.USAGE_INPUT_TOKENS, '?')} / out "
                 f"{a.get(sc.USAGE_OUTPUT_TOKENS, '?')} tokens, preemptions {a.get(sc.NUM_PREEMPTIONS, 0)}"
-                + (f", kept for {reason}" if reason else ""))
+                + (f", kept for {reason}" if reason else "") + (f", slow because: {cause}" if cause else ""))
     return Lane(r.span_id, title, subtitle, segments, steps)
 
 
@@ -157,9 +161,11 @@ def _stalls(decode: Span) -> list[Segment]:
         gap = c.end_ns - c.start_ns
         if gap > bar:
             step = c.attributes.get(sc.ENGINE_STEP_ID)
+            facts = {k[len(STEP_FACTS_PREFIX):]: v for k, v in c.attributes.items()
+                     if k.startswith(STEP_FACTS_PREFIX) and k != sc.ENGINE_STEP_ID}
             out.append(Segment("stall", f"stall {gap / 1e6:.0f} ms", c.start_ns, c.end_ns,
                                {"token": c.attributes.get(sc.STEP_INDEX), "gap_ms": round(gap / 1e6, 3),
-                                "median_gap_ms": round(median / 1e6, 3)},
+                                "median_gap_ms": round(median / 1e6, 3), **facts},
                                step if isinstance(step, int) else None))
     return out
 

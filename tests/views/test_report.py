@@ -129,7 +129,7 @@ def test_a_file_without_requests_says_so(tmp_path: Path) -> None:
 
 
 def test_stalls_with_decode_windows_use_the_token_weighted_median() -> None:
-    from otel_llm.views.timeline import SPAN_DECODE_WINDOW, WINDOW_TOKENS, median_gap_ns
+    from otel_llm.views.timeline import STEP_FACTS_PREFIX, SPAN_DECODE_WINDOW, WINDOW_TOKENS, median_gap_ns
     from otel_llm.views.traces import Span
 
     def span(name, start_ms, end_ms, parent="", sid="", **attrs):
@@ -139,8 +139,10 @@ def test_stalls_with_decode_windows_use_the_token_weighted_median() -> None:
     request = span("chat m", 0, 1200, sid="r", **{sc.LATENCY_E2E: 1.2, sc.RESPONSE_ID: "r1"})
     decode = span(sc.SPAN_DECODE, 0, 1200, parent="r", sid="d")
     children = [span(SPAN_DECODE_WINDOW, 0, 1000, parent="d", **{WINDOW_TOKENS: 100}),  # 100 gaps of 10 ms
-                span(sc.SPAN_DECODE_STEP, 1000, 1050, parent="d", **{sc.STEP_INDEX: 101}),  # a 50 ms stall
+                span(sc.SPAN_DECODE_STEP, 1000, 1050, parent="d",  # a 50 ms stall, with its engine step's facts
+                     **{sc.STEP_INDEX: 101, sc.ENGINE_STEP_ID: 7, STEP_FACTS_PREFIX + "other_prefill_tokens": 512}),
                 span(sc.SPAN_DECODE_STEP, 1050, 1062, parent="d", **{sc.STEP_INDEX: 102})]  # 12 ms: not one
     t = build([request, decode, *children], top=1)
     assert median_gap_ns(decode) == 10e6
-    assert [seg.args["token"] for seg in t.requests[0].segments if seg.kind == "stall"] == [101]
+    (stall,) = [seg for seg in t.requests[0].segments if seg.kind == "stall"]
+    assert stall.args["token"] == 101 and stall.step_id == 7 and stall.args["other_prefill_tokens"] == 512
