@@ -43,7 +43,7 @@ PROMETHEUS_UID, TEMPO_UID = "otel-llm-prometheus", "otel-llm-tempo"
 PROM = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # The slow-cause verdict's counter (issue 9): declared in core.metrics once it lands; its panel's query
 # returns nothing until a collector or SDK records it, and the query test says so instead of failing.
-SLO_BREACHES = getattr(m, "SLO_BREACHES", "llm.server.slo_breaches")
+SLO_BREACHES = getattr(m, "SLO_BREACHES", "llm.server.slo.breaches")
 SLOW_CAUSE = getattr(sc, "SLOW_CAUSE", "llm.slow.cause")
 
 
