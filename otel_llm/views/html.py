@@ -12,7 +12,7 @@ import math
 
 from .timeline import Lane, Segment, Timeline
 
-LABEL_W, PLOT_W, LANE_H, ENGINE_H, AXIS_H, GAP = 300, 1100, 30, 40, 26, 8
+LABEL_W, PLOT_W, LANE_H, ENGINE_H, AXIS_H, GAP = 300, 1060, 30, 40, 26, 8  # fits 1440 px wide
 COLOURS = {
     "queue": "#b0b7c3", "prefill": "#3b82f6", "chunk": "#1e40af", "decode": "#22c55e", "stall": "#dc2626",
     "requeue": "#f59e0b", "reprefill": "#a855f7",
