@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         if written.perfetto:
             print(f"{written.perfetto}: Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing)")
         return 0
-    from .dashboard import write_all
+    try:
+        from .dashboard import write_all
+    except ImportError as exc:  # the generator reads the collector's metric tables and Grafana's SDK
+        print(f"otel-llm dashboard: {exc}; install `pip install -e './collector' -e '.[views]'`", file=sys.stderr)
+        return 1
 
     for path in write_all(args.out):
         print(path)

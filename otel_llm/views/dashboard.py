@@ -4,7 +4,10 @@ Regenerate the committed files with ``otel-llm dashboard`` (writes ``dashboards/
 the command reproduces them byte for byte. Metric names are not typed here: they come from the core's
 metric tables (``core.metrics``, ``core.self_metrics``) and the collector's self-telemetry table,
 translated by the collector's Prometheus naming (``prom_name``: dots to underscores, unit suffixes,
-``_total`` on counters), which is also what an upstream Collector's Prometheus exporter writes.
+``_total`` on counters), which is also what an upstream Collector's Prometheus exporter writes. So this
+module (only this one in ``otel_llm``) imports ``otel_llm_collector``: a development-time command run in
+the repository, where ``scripts/setup.sh`` installs both distributions; not declared in the ``views``
+extra, because ``otel-llm-collector`` depends on ``otel-llm`` and is installed from ``./collector``.
 
 Every panel's query is run against a real Prometheus scraping the real collector after a real engine
 load (tests/views/test_dashboard_prometheus.py).
