@@ -36,14 +36,14 @@ from opentelemetry.sdk.metrics.view import DropAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 
 import otel_llm
 from otel_llm.views import dashboard
 from otel_llm.views.report import write_report
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
-from otel_llm_collector.prometheus import OtelBridge, PrometheusEndpoint
+from otel_llm_collector.prometheus import OtelBridge
 
 PROM = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
 pytestmark = [pytest.mark.engine,
@@ -119,7 +119,8 @@ def stack(llm, tmp_path_factory) -> Iterator[dict]:
         View(instrument_name="llm.*", aggregation=DropAggregation())])
     registry = CollectorRegistry()
     registry.register(OtelBridge(reader))
-    sdk_endpoint = PrometheusEndpoint("127.0.0.1", 0, registry)
+    sdk_server, _ = start_http_server(0, "127.0.0.1", registry)  # prometheus_client's own exposition server
+    sdk_port = sdk_server.server_address[1]
     port = free_port()
     cfg = tmp / "prometheus.yml"
     cfg.write_text(f"""
@@ -128,7 +129,7 @@ scrape_configs:
   - job_name: otel-llm-collector
     static_configs: [{{targets: ["{gateway.prometheus_endpoint}"]}}]
   - job_name: otel-llm-sdk
-    static_configs: [{{targets: ["127.0.0.1:{sdk_endpoint.port}"]}}]
+    static_configs: [{{targets: ["127.0.0.1:{sdk_port}"]}}]
 """)
     prom = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
@@ -140,7 +141,11 @@ scrape_configs:
     try:
         wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=10).status == 200,
                  "Prometheus ready")
-        wait_for(lambda: len([r for r in api.query("up") if r["value"][1] == "1"]) == 2, "both scrape targets up")
+        try:
+            wait_for(lambda: len([r for r in api.query("up") if r["value"][1] == "1"]) == 2, "both scrape targets up")
+        except AssertionError:
+            targets = api.get("targets")["activeTargets"]
+            raise AssertionError(f"scrape targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
         demo = load_demo()
         otel_llm.uninstrument()
         otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, slo=SLO,
@@ -160,7 +165,8 @@ scrape_configs:
         except subprocess.TimeoutExpired:
             prom.kill()
         tracer_provider.shutdown()
-        sdk_endpoint.close()
+        sdk_server.shutdown()
+        sdk_server.server_close()
         gateway.shutdown()
 
 
