@@ -44,10 +44,7 @@ PROMETHEUS_UID, TEMPO_UID = "otel-llm-prometheus", "otel-llm-tempo"
 # panels use the datasource variable (its default: the provisioned datasource), so an import into a
 # Grafana whose Prometheus has another uid only needs the variable set
 PROM = DataSourceRef(type_val="prometheus", uid="${datasource}")
-# The slow-cause verdict's counter (issue 9): declared in core.metrics once it lands; its panel's query
-# returns nothing until a collector or SDK records it, and the query test says so instead of failing.
-SLO_BREACHES = getattr(m, "SLO_BREACHES", "llm.server.slo.breaches")
-SLOW_CAUSE = getattr(sc, "SLOW_CAUSE", "llm.slow.cause")
+SLO_BREACHES, SLOW_CAUSE = m.SLO_BREACHES, sc.SLOW_CAUSE  # the slow-cause verdict's counter and its label
 
 
 def label(attribute: str) -> str:

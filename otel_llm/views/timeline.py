@@ -22,7 +22,6 @@ STALL_MIN_S = 0.001
 # towards the median at its mean gap. Named in semconv once that change is merged.
 SPAN_DECODE_WINDOW = getattr(sc, "SPAN_DECODE_WINDOW", "llm.decode.window")
 WINDOW_TOKENS = getattr(sc, "WINDOW_TOKENS", "llm.decode.window.tokens")
-SLOW_CAUSE = getattr(sc, "SLOW_CAUSE", "llm.slow.cause")  # the slow-cause verdict (issue 9), when present
 # a decode step's copy of its engine step's facts (issue 11's step facts): shown with the stall
 STEP_FACTS_PREFIX = sc.ENGINE_STEP_ID.rsplit(".", 1)[0] + "."
 
@@ -119,7 +118,7 @@ def _request_lane(r: Span) -> Lane:
         if kind == "decode":
             segments.extend(_stalls(child))
     reason = a.get(sc.SAMPLING_REASON, "")
-    cause = a.get(SLOW_CAUSE)
+    cause = a.get(sc.SLOW_CAUSE)
     title = str(a.get(sc.RESPONSE_ID) or r.name)
     subtitle = (f"e2e {1000 * _e2e(r):.0f} ms, in {a.get(sc.USAGE_INPUT_TOKENS, '?')} / out "
                 f"{a.get(sc.USAGE_OUTPUT_TOKENS, '?')} tokens, preemptions {a.get(sc.NUM_PREEMPTIONS, 0)}"
