@@ -4,9 +4,7 @@ and the SDK's own health metrics, after the demo's workload on the real vLLM eng
 Spans go from the instrumented engine over OTLP/gRPC to the gateway, which derives the request metrics
 (100 % of requests: the SDK sends every request, ``sample_rate=1``) and tail-samples into its file
 exporter; the timeline report is then written from that file. Each panel query must parse and return
-data with at least one finite value; a query that returns nothing fails the test. The one exception is
-the slow-cause panel, whose metric (issue 9's verdict counter) is skipped with the reason printed while
-nothing records it.
+data with at least one finite value; a query that returns nothing fails the test.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -51,7 +48,9 @@ PROM = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/pr
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(PROM is None, reason="Prometheus not installed (Debian package `prometheus`)")]
 ROOT = Path(__file__).resolve().parents[2]
-SLO = "ttft=0.5,tpot=0.05"
+# tpot 2 ms: no vLLM deployment meets it, so every request breaches on any machine and the slow-cause panel
+# has data whatever the machine's speed (goodput then reads 0: its "or 0 *" branch, still data)
+SLO = "ttft=0.5,tpot=0.002"
 REQUESTS, RATE = 40, 8.0  # the demo's workload, shorter; scraped every second while it runs
 PRIMING = 8
 RANGE = "5m"  # for $__rate_interval: covers the whole load at query time
@@ -180,11 +179,10 @@ scrape_configs:
 
 
 def primed_names() -> set[str]:
-    """The metrics the panels read that any load creates (not the zero-when-healthy ones, nor the
-    slow-cause counter that another change records)."""
-    slow_cause = dashboard.counter(dashboard.SLO_BREACHES, "{breach}")
+    """The metrics the panels read that any load creates (not the zero-when-healthy ones, nor the good-request
+    counter: with this SLO no request is good)."""
     return {name for _, spec, q in dashboard.queries() if not spec.zero_normal
-            for name in metric_names(q.expr)} - {slow_cause, dashboard.counter(m.GOOD_REQUESTS, "{request}")}
+            for name in metric_names(q.expr)} - {dashboard.counter(m.GOOD_REQUESTS, "{request}")}
 
 
 def concrete(expr: str) -> str:
@@ -206,13 +204,8 @@ def metric_names(expr: str) -> set[str]:
 
 def test_every_panel_query_returns_data(stack) -> None:
     api: PromAPI = stack["api"]
-    skipped = []
-    slow_cause = dashboard.counter(dashboard.SLO_BREACHES, "{breach}")
     for title, spec, q in dashboard.queries():
         expr = concrete(q.expr)
-        if slow_cause in expr and not api.query(f"count({{__name__=\"{slow_cause}\"}})"):
-            skipped.append(f"{title!r}: no series {slow_cause} (the slow-cause verdict counter is not recorded yet)")
-            continue
         result = wait_for(lambda: (lambda r: r if finite(r) else None)(api.query(expr)),
                           f"data for panel {title!r}: {expr}")
         assert finite(result)
@@ -226,10 +219,6 @@ def test_every_panel_query_returns_data(stack) -> None:
     _, _, first = dashboard.queries()[0]
     name = sorted(metric_names(first.expr))[0]
     assert api.query(concrete(first.expr).replace(name, name + "_misspelt")) == []
-    for reason in skipped:
-        print("skipped:", reason)
-        warnings.warn(reason)
-    assert len(skipped) <= 1
 
 
 def test_template_variables_have_values(stack) -> None:
