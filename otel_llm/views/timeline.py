@@ -18,10 +18,9 @@ from .traces import Span, index
 # relative to the request itself, so a slow model is not all stalls and a fast one still shows its hiccups.
 STALL_FACTOR = 3.0
 STALL_MIN_S = 0.001
-# Runs of uneventful decode steps coalesced into one span (issue 11's span budget); a window's tokens count
-# towards the median at its mean gap. Named in semconv once that change is merged.
-SPAN_DECODE_WINDOW = getattr(sc, "SPAN_DECODE_WINDOW", "llm.decode.window")
-WINDOW_TOKENS = getattr(sc, "WINDOW_TOKENS", "llm.decode.window.tokens")
+# Runs of uneventful decode steps coalesced into one span (the span budget); a window's tokens count
+# towards the median at its mean gap.
+SPAN_DECODE_WINDOW, WINDOW_TOKENS = sc.SPAN_DECODE_WINDOW, sc.WINDOW_TOKENS
 # a decode step's copy of its engine step's facts (issue 11's step facts): shown with the stall
 STEP_FACTS_PREFIX = sc.ENGINE_STEP_ID.rsplit(".", 1)[0] + "."
 
