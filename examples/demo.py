@@ -2,8 +2,8 @@
 
 Requests arrive over time, mostly short chats plus a few long documents whose prefill
 stalls everyone's decode. The SLOs and the arrival rate are calibrated on this machine
-first (a burst measures what it can serve, a calibration run at the paced rate sets each
-SLO at that run's 90th percentile), so a realistic share of requests breaches wherever the
+first (a burst measures what it can serve, a rehearsal of the same workload at the paced
+rate sets each SLO at its 90th percentile), so a realistic share of requests breaches wherever the
 demo runs. Prints TTFT / TPOT / end-to-end percentiles (from the metrics, as Prometheus
 would compute them), goodput against the SLOs, what the tail sampler kept and why, and the
 slowest requests with their phase breakdown and the engine steps that stretched them.
@@ -44,6 +44,7 @@ from otel_llm.views.report import write_report
 RATE = 40.0  # requests/s offered at most; paced down to what the machine serves (calibrate)
 CALIBRATION_QUANTILE = 0.9  # each SLO is this quantile of the calibration run: ~10% breach each
 PACE = 0.7  # offered load as a share of the measured capacity: busy, with a queue that does not grow without bound
+WORKLOAD_SEED = 1  # the run and its rehearsal (calibration) are the same workload
 
 
 def workload(n: int, rng: random.Random, rate: float = RATE) -> list[tuple[float, dict, int]]:
@@ -87,11 +88,11 @@ class Calibration:
     def describe(self) -> str:
         return (f"calibrated on this machine: a burst of the workload was served at {self.capacity:.1f} req/s, so "
                 f"requests arrive at {self.rate:.1f} req/s ({PACE:.0%} of that, at most {RATE:g}); SLOs = the "
-                f"p{100 * CALIBRATION_QUANTILE:.0f} of TTFT / TPOT / end-to-end over {self.requests} calibration "
-                f"requests at that rate: {self.slo} (--slo to fix them)")
+                f"p{100 * CALIBRATION_QUANTILE:.0f} of TTFT / TPOT / end-to-end in a rehearsal of the same "
+                f"{self.requests} requests at that rate: {self.slo} (--slo to fix them)")
 
 
-def calibrate(llm, memory: InMemorySpanExporter, rng_seed: int = 2, burst: int = 24, requests: int = 32
+def calibrate(llm, memory: InMemorySpanExporter, requests: int, rng_seed: int = 2, burst: int = 24
               ) -> Calibration:
     """Measure what this machine serves, then set SLOs a realistic share of requests will breach.
 
@@ -104,7 +105,7 @@ def calibrate(llm, memory: InMemorySpanExporter, rng_seed: int = 2, burst: int =
     rate = min(RATE, PACE * capacity)
     otel_llm.flush()
     memory.clear()
-    run(llm, workload(requests, random.Random(rng_seed + 1), rate))
+    run(llm, workload(requests, random.Random(WORKLOAD_SEED), rate))  # a rehearsal of the very run to come
     otel_llm.flush()
     values: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2e": []}
     for s in memory.get_finished_spans():
@@ -230,7 +231,7 @@ def main() -> None:
         print(f"SLOs as given: {slo}; requests arrive at {rate:g} req/s")
     else:
         print("calibrating SLOs and arrival rate on this machine...", flush=True)
-        cal = calibrate(llm, memory)
+        cal = calibrate(llm, memory, args.requests)
         slo, rate = cal.slo, cal.rate
         print(cal.describe())
     otel_llm.flush()
@@ -241,7 +242,7 @@ def main() -> None:
     reader = InMemoryMetricReader()
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
                         slo=slo, sample_rate=0.1)
-    plan = workload(args.requests, random.Random(1), rate)
+    plan = workload(args.requests, random.Random(WORKLOAD_SEED), rate)
     t0 = time.monotonic()
     finished = run(llm, plan)
     wall = time.monotonic() - t0
