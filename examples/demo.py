@@ -188,7 +188,17 @@ def report(spans, reader, wall: float, finished: int, slo: str) -> None:
             print(f"      engine step {1000 * (st.end_time - st.start_time) / 1e9:5.1f}ms {sa[sc.STEP_PHASE]:7s} "
                   f"batch {sa[sc.STEP_BATCH_SIZE]:2d}: prefill {sa[sc.STEP_NUM_PREFILL_TOKENS]:3d} tokens "
                   f"({sa[sc.STEP_NUM_PREFILL_REQS]} req), decode {sa[sc.STEP_NUM_DECODE_TOKENS]:2d} tokens, "
-                  f"KV cache {100 * sa[sc.STEP_KV_CACHE_USAGE]:.0f}%")
+                  f"KV cache {100 * sa[sc.STEP_KV_CACHE_USAGE]:.0f}%" + step_anatomy(sa))
+
+
+def step_anatomy(sa) -> str:
+    """Where the step's time went (what the engine measured) and, with device peaks known, its bound."""
+    parts = [f"{label} {1000 * sa[key]:.1f}ms" for label, key in (
+        ("schedule", sc.STEP_SCHEDULE_TIME), ("model", sc.STEP_MODEL_TIME), ("output", sc.STEP_OUTPUT_TIME),
+        ("idle before", sc.STEP_IDLE_BEFORE)) if key in sa]
+    if sc.STEP_BOUND in sa:
+        parts.append(f"{sa[sc.STEP_BOUND]}-bound")
+    return ("\n        " + ", ".join(parts)) if parts else ""
 
 
 def children_ms(children, span, name: str) -> float:
