@@ -155,9 +155,10 @@ def small_engine_runs(otel):
         _drain(engine)
         kv_spans = otel.finished()
         otel.spans.clear()
-        # (c) 12 short requests at once (one block each): the batch holds 4, the KV cache is not the limit
+        # (c) waves of 4: each later wave waits out 20 decode steps of the one before (8 + 20 tokens fit one
+        # block each, so the KV cache is never the limit), a wait that dwarfs load noise in the other causes
         for i, rid in enumerate(BURST):
-            engine.add_request(rid, _prompt(i, 8), _params(8))
+            engine.add_request(rid, _prompt(i, 8), _params(20))
         _drain(engine)
         burst_spans = otel.finished()
         del llm, engine
