@@ -204,3 +204,7 @@ def options_table() -> str:
             default = "none"
         rows.append(f"| `{o.name}` | `{o.env}` | `{default}` | {o.doc} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m otel_llm.core.config: the README's options table, regenerated
+    print(options_table())
