@@ -351,12 +351,12 @@ STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
 STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
                        "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)")
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
-GPU_METRICS: tuple[InstrumentSpec, ...] = (
-    InstrumentSpec("hw.gpu.utilization", "1", "Fraction of time the GPU was busy over NVML's sample period"),
-    InstrumentSpec("hw.gpu.memory.utilization", "1", "Fraction of time GPU memory was read or written"),
-    InstrumentSpec("hw.gpu.memory.usage", "By", "GPU memory used"),
-    InstrumentSpec("hw.gpu.memory.limit", "By", "GPU memory size"),
-    InstrumentSpec("hw.power", "W", "Power drawn by the GPU (hw.type=gpu)"),
-    InstrumentSpec("llm.gpu.clock.sm", "MHz", "SM clock of the GPU"),
-    InstrumentSpec("llm.gpu.throttled", "1", "1 for each clock throttle reason active at the last sample"),
-)
+GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1", "Fraction of time the GPU was busy over NVML's sample period")
+GPU_MEMORY_UTILIZATION = InstrumentSpec("hw.gpu.memory.utilization", "1", "Fraction of time GPU memory was read or written")
+GPU_MEMORY_USAGE = InstrumentSpec("hw.gpu.memory.usage", "By", "GPU memory used")
+GPU_MEMORY_LIMIT = InstrumentSpec("hw.gpu.memory.limit", "By", "GPU memory size")
+GPU_POWER = InstrumentSpec("hw.power", "W", "Power drawn by the GPU (hw.type=gpu)")
+GPU_SM_CLOCK = InstrumentSpec("llm.gpu.clock.sm", "MHz", "SM clock of the GPU")
+GPU_THROTTLED = InstrumentSpec("llm.gpu.throttled", "1", "1 for each clock throttle reason active at the last sample")
+GPU_METRICS: tuple[InstrumentSpec, ...] = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT,
+                                           GPU_POWER, GPU_SM_CLOCK, GPU_THROTTLED)

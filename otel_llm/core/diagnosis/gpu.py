@@ -185,15 +185,13 @@ class GpuSampler:
 
     def register_metrics(self, meter: Any) -> None:
         """Observable instruments of ``GPU_METRICS`` read from the latest sample at each collection."""
-        from ..metrics import GPU_METRICS  # here: the sampler itself needs no OpenTelemetry (scripts/device)
-        specs = {s.name: s for s in GPU_METRICS}
+        from .. import metrics as m  # here: the sampler itself needs no OpenTelemetry (scripts/device)
 
         def attrs(s: GpuSample) -> dict[str, Any]:
             return {sc.HW_ID: self.ids[s.index], sc.HW_NAME: self.names[s.index], sc.HW_TYPE: "gpu",
                     sc.HW_VENDOR: "NVIDIA"}
 
-        def gauge(name: str, value: Callable[[GpuSample], float | None], kind: str = "gauge") -> None:
-            spec = specs[name]
+        def gauge(spec: Any, value: Callable[[GpuSample], float | None], kind: str = "gauge") -> None:
 
             def callback(_options: Any) -> list[Any]:
                 from opentelemetry.metrics import Observation
@@ -206,18 +204,18 @@ class GpuSampler:
             make = meter.create_observable_gauge if kind == "gauge" else meter.create_observable_up_down_counter
             make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
-        gauge("hw.gpu.utilization", lambda s: s.utilization)
-        gauge("hw.gpu.memory.utilization", lambda s: s.memory_utilization)
-        gauge("hw.gpu.memory.usage", lambda s: s.memory_used, "updown")
-        gauge("hw.gpu.memory.limit", lambda s: s.memory_total, "updown")
-        gauge("hw.power", lambda s: s.power_w)
-        gauge("llm.gpu.clock.sm", lambda s: s.sm_clock_mhz)
+        gauge(m.GPU_UTILIZATION, lambda s: s.utilization)
+        gauge(m.GPU_MEMORY_UTILIZATION, lambda s: s.memory_utilization)
+        gauge(m.GPU_MEMORY_USAGE, lambda s: s.memory_used, "updown")
+        gauge(m.GPU_MEMORY_LIMIT, lambda s: s.memory_total, "updown")
+        gauge(m.GPU_POWER, lambda s: s.power_w)
+        gauge(m.GPU_SM_CLOCK, lambda s: s.sm_clock_mhz)
 
         def throttled(_options: Any) -> list[Any]:
             from opentelemetry.metrics import Observation
             return [Observation(1, {**attrs(s), sc.GPU_THROTTLE_REASON: name})
                     for s in self.latest() for name in throttle_names(s.throttle)]
-        spec = specs["llm.gpu.throttled"]
+        spec = m.GPU_THROTTLED
         meter.create_observable_gauge(spec.name, callbacks=[throttled], unit=spec.unit, description=spec.description)
 
 
