@@ -1,14 +1,24 @@
 """A stand-in ``tensorrt_llm`` package for tests, injected into ``sys.modules``.
 
-TensorRT-LLM cannot run here (CUDA, NVIDIA's package index). These modules carry the pinned
-source's names exactly where the adapter hooks or reads them (NVIDIA/TensorRT-LLM @ 5f158410:
-tensorrt_llm/llmapi/llm.py, tensorrt_llm/executor/result.py, tensorrt_llm/serve/openai_server.py;
-RequestPerfMetrics' fields and the IterationStats JSON keys as tests/bindings/test_executor_bindings.py
-asserts them; RequestEventTiming as tensorrt_llm/metrics/enums.py), and the control flow around
-them is the pinned one, shortened: ``generate_async`` -> ``_prepare_sampling_params`` -> a result
-whose ``_handle_response`` -> ``_handle_sequence`` -> ``record_stats`` runs when the caller reads
-it. What stands in for the C++ executor is ``FakeEngine``: a scheduler the test steps one iteration
-at a time, stamping steady-clock (``time.monotonic``) times as TensorRT-LLM's does.
+TensorRT-LLM cannot run here (CUDA, NVIDIA's package index). These modules carry release 1.2.1's
+names exactly where the adapter hooks or reads them (tensorrt_llm/llmapi/llm.py,
+tensorrt_llm/executor/result.py, tensorrt_llm/sampling_params.py as the release's documentation
+publishes them; tensorrt_llm/serve/openai_server.py at 5f158410; RequestPerfMetrics' fields and the
+IterationStats JSON keys as tests/bindings/test_executor_bindings.py asserts them; RequestEventTiming
+as tensorrt_llm/metrics/enums.py), and the control flow around them is 1.2.1's, shortened:
+``generate_async`` -> ``_prepare_sampling_params`` -> a result whose ``_handle_response`` ->
+``_handle_sequence`` -> ``record_stats`` runs when the caller reads it. What stands in for the C++
+executor is ``FakeEngine``: a scheduler the test steps one iteration at a time, stamping steady-clock
+(``time.monotonic``) times as TensorRT-LLM's does.
+
+What 1.2.1's result.py does differently from 5f158410's (the commit this stand-in first followed),
+as far as it touches what the adapter sees: a stop string found while detokenizing ends the result
+(``_done``) without calling ``abort()`` (5f158410 called ``self.abort()`` first: ``STOP_STRING_ABORTS``
+turns that flow back on); ``record_stats`` and the post-processing path update ``metrics_dict`` instead
+of replacing it; post-processing outputs now carry ``request_perf_metrics``; ``CompletionOutput`` gained
+``additional_context_outputs`` / ``additional_generation_outputs``; results record ``cached_tokens``;
+``do_tracing`` starts TensorRT-LLM's own span at the engine's arrival time and adds the KV-cache
+transfer time (tests/collector/test_trtllm_native.py). Every hooked signature is unchanged.
 """
 
 from __future__ import annotations
@@ -150,6 +160,8 @@ class CompletionOutput:
     finish_reason: Optional[Literal['stop', 'length', 'timeout', 'cancelled']] = None
     stop_reason: Optional[Union[int, str]] = None
     generation_logits: Any = None
+    additional_context_outputs: Optional[dict] = None
+    additional_generation_outputs: Optional[dict] = None
     disaggregated_params: Any = None
     request_perf_metrics: Optional[RequestPerfMetrics] = None
     _last_text_len: int = field(default=0, init=False, repr=False)
@@ -179,6 +191,7 @@ class GenerationResultBase:
         self.postproc_params = postproc_params
         self.disaggregated_params = None
         self.decoding_iter = 0
+        self.cached_tokens = 0
         self.avg_decoded_tokens_per_iter: Optional[float] = None
         self._done = False
         self.metrics_dict: dict = {}
@@ -231,6 +244,7 @@ class GenerationResultBase:
         response_result = response.result
         self._done = response_result.is_final
         self.decoding_iter = response_result.decoding_iter
+        self.cached_tokens = getattr(response_result, 'cached_tokens', 0)
         self.avg_decoded_tokens_per_iter = response_result.avg_decoded_tokens_per_iter
         self._handle_sequence(response_result.finish_reasons, response_result, response_result.sequence_index,
                               None, req_perf_metrics_dict)
@@ -238,11 +252,25 @@ class GenerationResultBase:
     def record_stats(self, output: CompletionOutput, stats: Optional[dict[str, float]] = None) -> None:
         if not stats:
             return
-        ttft = stats.get(RequestEventTiming.FIRST_TOKEN_TIME, 0) - stats.get(RequestEventTiming.ARRIVAL_TIME, 0)
-        e2e = stats.get(RequestEventTiming.LAST_TOKEN_TIME, 0) - stats.get(RequestEventTiming.ARRIVAL_TIME, 0)
-        queue = stats.get(RequestEventTiming.FIRST_SCHEDULED_TIME, 0) - stats.get(RequestEventTiming.ARRIVAL_TIME, 0)
-        self.metrics_dict = {k: v for k, v in {MetricNames.TTFT: ttft, MetricNames.E2E: e2e,
-                                               MetricNames.REQUEST_QUEUE_TIME: queue}.items() if v > 0}
+        metrics_stats: dict = {"finished_reason": output.finish_reason} if output.finish_reason else {}
+        metrics_stats.update(_process_req_perf_metrics(stats, len(output.token_ids), self.sampling_params.n > 1))
+        self.metrics_dict.update(metrics_stats)  # 1.2.1 updates (5f158410 replaced it)
+
+
+def _process_req_perf_metrics(stats: dict, output_length: int, is_multiple_response: bool = False) -> dict:
+    get = stats.get
+    stat = {MetricNames.TTFT: get(RequestEventTiming.FIRST_TOKEN_TIME, 0) - get(RequestEventTiming.ARRIVAL_TIME, 0),
+            MetricNames.E2E: get(RequestEventTiming.LAST_TOKEN_TIME, 0) - get(RequestEventTiming.ARRIVAL_TIME, 0),
+            MetricNames.REQUEST_QUEUE_TIME: get(RequestEventTiming.FIRST_SCHEDULED_TIME, 0)
+            - get(RequestEventTiming.ARRIVAL_TIME, 0)}
+    if output_length > 1 and not is_multiple_response:
+        stat[MetricNames.TPOT] = (get(RequestEventTiming.LAST_TOKEN_TIME, 0)
+                                  - get(RequestEventTiming.FIRST_TOKEN_TIME, 0)) / (output_length - 1)
+    return {k: v for k, v in stat.items() if v > 0}
+
+
+# 5f158410's DetokenizedGenerationResultBase called self.abort() before ending on a stop string; 1.2.1's does not
+STOP_STRING_ABORTS = False
 
 
 class DetokenizedGenerationResultBase(GenerationResultBase):
@@ -265,7 +293,8 @@ class DetokenizedGenerationResultBase(GenerationResultBase):
                     beam_output.text = beam_output.text[:beam_output.text.find(stop)]
                     beam_output.finish_reason = 'stop'
                     beam_output.stop_reason = stop
-                    self.abort()
+                    if STOP_STRING_ABORTS:
+                        self.abort()
                     self._done = True
 
 

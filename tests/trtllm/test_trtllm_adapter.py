@@ -137,15 +137,21 @@ def test_abort_ends_the_request_as_aborted(trt) -> None:
     assert trt.inst.telemetry.requests == {}
 
 
-def test_a_stop_string_is_not_an_abort(trt) -> None:
+@pytest.mark.parametrize("aborts", [False, True], ids=["1.2.1", "5f158410-calls-abort"])
+def test_a_stop_string_is_not_an_abort(trt, monkeypatch, aborts) -> None:
     from tensorrt_llm.sampling_params import SamplingParams
 
+    # 1.2.1 ends the result on a stop string; 5f158410 also called abort() from inside _handle_response
+    monkeypatch.setattr(fake, "STOP_STRING_ABORTS", aborts)
     llm = _llm()
     res = llm.generate_async("a b c", SamplingParams(max_tokens=20, stop="t t t"), streaming=True)
-    for _ in res:
-        pass
-    a = request_trees(trt.spans())[str(res.request_id)].attributes
+    updates = sum(1 for _ in res)
+    assert res.aborted() is aborts and updates == 3  # ended by the stop string, in either flow
+    t = request_trees(trt.spans())[str(res.request_id)]
+    a = t.attributes
     assert a[sc.RESPONSE_FINISH_REASONS] == ("stop",) and sc.ERROR_TYPE not in a
+    assert t.span.status.status_code != StatusCode.ERROR
+    assert trt.inst.telemetry.requests == {}
 
 
 def test_engine_error_passes_through_and_is_recorded(trt) -> None:

@@ -1,9 +1,9 @@
 """OpenTelemetry instrumentation for TensorRT-LLM's LLM API (both engine flavours) and ``trtllm-serve``.
 
-Built from TensorRT-LLM's public source at one commit (``contract.PINNED_COMMIT``) and never run
+Built from the public source of TensorRT-LLM release 1.2.1 (``contract.PINNED_RELEASE``) and never run
 against a live engine (it needs CUDA and NVIDIA's package index, neither of which the machines it
 was written on have): before wrapping, the installed package's signatures are compared with that
-source, and on any difference nothing is wrapped (logged once, counted). Registered under the
+release, and on any difference nothing is wrapped (logged once, counted). Registered under the
 ``opentelemetry_instrumentor`` entry point as ``tensorrt_llm``.
 """
 

@@ -171,9 +171,10 @@ class TRTLLMWrappers:
     def abort(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         out = wrapped(*args, **kwargs)
         try:
-            # TensorRT-LLM itself aborts a request that hit a stop string, from inside _handle_response:
-            # that request finishes normally there. Told apart by the frames above (abort is rare; the
-            # per-update path stays free of bookkeeping for it).
+            # Before 1.2.1 (5f158410's result.py) TensorRT-LLM itself aborted a request that hit a stop
+            # string, from inside _handle_response: that request finishes normally there. 1.2.1 only
+            # ends the result there. Told apart by the frames above (abort is rare; the per-update path
+            # stays free of bookkeeping for it).
             if not _inside_handle_response():
                 t = instance.__dict__.get(_KEY)
                 if t is not None:
@@ -219,7 +220,7 @@ class TRTLLMWrappers:
             return out
         try:
             for stats in out or ():
-                # dicts (IterationResult.get_results json-decodes them); get_stats' docstring at the pin
+                # dicts (IterationResult.get_results json-decodes them); get_stats' docstring (1.2.1 too)
                 # shows JSON strings: read those too, without changing what the caller gets
                 if isinstance(stats, str):
                     stats = json.loads(stats)
