@@ -19,7 +19,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 import fake_trtllm as fake
 from otel_llm.core import semconv as sc
 from otel_llm.core.guard import GUARD
-from traces import MS, engine_steps, request_trees
+from traces import MS, engine_steps, request_trees, row_tokens
+from trtllm_env import instrumented
 
 
 def _times(out):
@@ -215,6 +216,128 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
     held = trt.inst.telemetry.ledger.held()
     # only the warm-up's iterations (no request waited for them) stay, until max_steps pushes them out
     assert held == {"iterations": 2, "waiting": 0, "open": 0, "by_first": 0, "by_last": 0}
+
+
+def _linked_iterations(spans) -> dict[str, set[int]]:
+    """Iterations (engine-step spans) each request's span is linked from, by response id."""
+    trees = request_trees(spans)
+    span_of = {t.span.context.span_id: rid for rid, t in trees.items()}
+    served: dict[str, set[int]] = {rid: set() for rid in trees}
+    for s in engine_steps(spans):
+        for link in s.links:
+            served[span_of[link.context.span_id]].add(s.attributes[sc.ENGINE_STEP_ID])
+    return served
+
+
+def test_a_request_not_streamed_links_every_iteration_that_served_it(trt) -> None:
+    engine = fake.FakeEngine(max_batch=8)
+    llm = _llm(engine)
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    outs = llm.generate(["a b c", "d e f g"], _params(5))  # not streamed: one update each, at the end
+    llm.get_stats()
+    spans = trt.spans()
+    trees = request_trees(spans)
+    served = _linked_iterations(spans)
+    for out in outs:
+        perf = out.outputs[0].request_perf_metrics
+        t = trees[str(out.request_id)]
+        # its prefill iteration (the chunk span) and each decode iteration (a decode-step span)
+        assert served[str(out.request_id)] == set(range(perf.first_iter, perf.last_iter + 1))
+        rows = t.decode_rows()
+        assert [r.name for r in rows] == [sc.SPAN_DECODE_STEP] * 4  # 5 tokens: the first, then 4 iterations
+        assert [r.attributes[sc.ENGINE_STEP_ID] for r in rows] == list(range(perf.first_iter + 1,
+                                                                             perf.last_iter + 1))
+        assert [r.attributes[sc.STEP_TOKENS] for r in rows] == [1, 1, 1, 1]
+        d = t.one(sc.SPAN_DECODE)  # the rows tile the decode span
+        assert rows[0].start_time == d.start_time and rows[-1].end_time <= d.end_time
+        for a, b in zip(rows, rows[1:]):
+            assert a.end_time == b.start_time
+        # the timings stay TensorRT-LLM's own
+        arrival, sched, first, last = _times(out)
+        assert t.attributes[sc.LATENCY_DECODE] == pytest.approx(last - first, abs=1e-9)
+        assert t.attributes[sc.LATENCY_TPOT] == pytest.approx((last - first) / 4, abs=1e-9)
+    assert trt.inst.telemetry.steps == {} and trt.waiting() == 0
+
+
+def test_a_request_not_streamed_with_speculative_decoding(trt) -> None:
+    llm = _llm(fake.FakeEngine(tokens_per_step=3))
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    out = llm.generate("a b c", _params(7))  # 1 token (prefill) + 3 + 3
+    llm.get_stats()
+    spans = trt.spans()
+    t = request_trees(spans)[str(out.request_id)]
+    perf = out.outputs[0].request_perf_metrics
+    rows = t.decode_rows()
+    assert [r.attributes[sc.STEP_TOKENS] for r in rows] == [3, 3]
+    assert [r.attributes[sc.ENGINE_STEP_ID] for r in rows] == [perf.first_iter + 1, perf.first_iter + 2]
+    assert _linked_iterations(spans)[str(out.request_id)] == set(range(perf.first_iter, perf.last_iter + 1))
+
+
+def test_a_long_request_not_streamed_stays_within_the_span_budget() -> None:
+    modules = fake.build()
+    fake.install(modules)
+    env = instrumented(modules, max_spans_per_request=12)
+    try:
+        from tensorrt_llm.llmapi.llm import LLM
+
+        llm = LLM(model="tiny-llama", engine=fake.FakeEngine())
+        llm.generate("warm up", _params(2))
+        llm.get_stats()
+        env.clear()
+        out = llm.generate("a b c", _params(40))
+        llm.get_stats()
+        spans = env.spans()
+        t = request_trees(spans)[str(out.request_id)]
+        rows = t.decode_rows()
+        # request, queue, prefill, decode, its chunk: the rest of 12 for decode rows; every token accounted for
+        assert 1 <= len(rows) <= 12 - 5
+        assert sum(row_tokens(r) for r in rows) == 39
+        linked = _linked_iterations(spans)[str(out.request_id)]
+        kept_steps = {r.attributes[sc.ENGINE_STEP_ID] for r in rows if r.name == sc.SPAN_DECODE_STEP}
+        perf = out.outputs[0].request_perf_metrics
+        assert linked == {perf.first_iter} | kept_steps  # only iterations behind its own spans link to it
+    finally:
+        env.inst.uninstrument()
+        fake.uninstall()
+
+
+def test_decode_stamps_for_requests_not_streamed() -> None:
+    from otel_llm.core.timeline import RequestTimeline
+    from otel_llm.instrumentation.tensorrt_llm.iterations import decode_stamps
+
+    def timeline(streamed: bool = False) -> RequestTimeline:
+        t = RequestTimeline(request_id="r", arrival=0.0, request_attributes={sc.REQUEST_STREAM: True} if streamed
+                            else {})
+        t.token_ts = [10.0]
+        return t
+
+    ends = {k: 10.0 + (k - 4) for k in range(4, 9)}  # iterations 4..8 end at 10, 11, .. 14
+    t = timeline()
+    decode_stamps(t, 5, 4, 8, ends)  # 4 decode iterations, one token each
+    assert t.token_ts == [10.0, 11.0, 12.0, 13.0, 14.0] and t.multi_token_steps is None
+    t = timeline()
+    decode_stamps(t, 3, 4, 8, ends)  # more iterations than tokens: 4..6 computed a chunked prompt
+    assert t.token_ts == [10.0, 13.0, 14.0] and t.multi_token_steps is None
+    t = timeline()
+    decode_stamps(t, 9, 4, 6, ends)  # speculative decoding: 8 tokens over 2 iterations
+    assert t.token_ts == [10.0, 11.0, 12.0] and t.multi_token_steps == {1: 4, 2: 4}
+    t = timeline()
+    decode_stamps(t, 8, 4, 6, ends)  # 7 tokens over 2 iterations: split as evenly as integers go
+    assert t.multi_token_steps == {1: 4, 2: 3}
+    t = timeline()
+    decode_stamps(t, 5, 4, 8, {k: v for k, v in ends.items() if k not in (6, 8)})  # stats missing
+    assert t.token_ts == [10.0, 11.0, 13.0] and t.multi_token_steps == {2: 3}  # 6 to 7, 8 to the last known
+    t = timeline()
+    decode_stamps(t, 5, 4, 8, {4: 10.0, 5: 9.5, 6: 12.0, 7: 13.0, 8: 14.0})  # clocks disagree: never backwards
+    assert t.token_ts == [10.0, 10.0, 12.0, 13.0, 14.0]
+    for t, args in ((timeline(streamed=True), (5, 4, 8, ends)), (timeline(), (1, 4, 8, ends)),
+                    (timeline(), (5, 4, 8, {}))):
+        decode_stamps(t, *args)  # streamed (its own stamps), no decode tokens, no stats: untouched
+        assert t.token_ts == [10.0] and t.multi_token_steps is None
 
 
 def test_iterations_pulled_by_get_stats_async(trt) -> None:

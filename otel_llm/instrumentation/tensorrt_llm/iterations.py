@@ -117,6 +117,41 @@ def iteration_from_stats(stats: Mapping[str, Any], now_mono: float, now_wall: fl
     return Iteration(step, scheduled, ctx_reqs, ctx_tokens)
 
 
+def decode_stamps(t: RequestTimeline, output_tokens: int | None, first: int, last: int,
+                  ends: Mapping[int, float]) -> None:
+    """A request that was not streamed has one token stamp (its first token, the engine's): give it one
+    per decode iteration that served it, at that iteration's end, so the core's decode rows (within the
+    span budget, like a streamed request's updates) carry and link the iterations behind its decode phase.
+
+    Which iterations of ``first..last`` produced its tokens, the stats do not say; counted back from
+    ``last``: ``n = min(last - first, output_tokens - 1)`` decode iterations (fewer iterations than tokens:
+    speculative decoding, the tokens split evenly over them, the total exact; more: the first ones
+    computed a chunked prompt). Iterations we have no stats for hand their tokens to the next one.
+    """
+    ts = t.token_ts
+    if len(ts) != 1 or t.request_attributes.get(sc.REQUEST_STREAM) or not ends:
+        return
+    tokens = (output_tokens or 0) - 1
+    n = min(last - first, tokens)
+    if n <= 0:
+        return
+    base, extra = divmod(tokens, n)
+    counts: dict[int, int] = {}
+    carry = 0
+    for j, k in enumerate(range(last - n + 1, last + 1)):
+        carry += base + (j < extra)
+        end = ends.get(k)
+        if end is None:
+            continue
+        ts.append(end if end >= ts[-1] else ts[-1])  # the engine's and the stats' clocks may disagree a little
+        if carry > 1:
+            counts[len(ts) - 1] = carry
+        carry = 0
+    if carry and len(ts) > 1:  # the last iterations' stats are missing: their tokens join the last known
+        counts[len(ts) - 1] = counts.get(len(ts) - 1, 1) + carry
+    t.multi_token_steps = counts or None
+
+
 @dataclass(slots=True)
 class Waiting:
     timeline: RequestTimeline
@@ -125,6 +160,7 @@ class Waiting:
     last: int
     deadline: float
     pending: int = 0  # iterations of its range we hold that still miss some of their requests
+    ends: dict[int, float] = field(default_factory=dict)  # iteration -> its end, for each it joined
 
 
 class IterationLedger:
@@ -280,6 +316,7 @@ class IterationLedger:
         # prompt length. The step span itself carries the engine's own counts.
         t = w.timeline
         was_complete = self._complete(it)
+        w.ends[it.step.step_id] = it.step.end
         if it.step.step_id == w.first:
             tokens = it.context_tokens if it.context_requests == 1 else (t.input_tokens or 0)
             it.members.append((t.request_id, tokens, True))
@@ -368,6 +405,7 @@ class IterationLedger:
             self._submitted[k] = None
             if len(self._submitted) > self.max_steps:
                 self._submitted.popitem(last=False)
+        decode_stamps(w.timeline, w.summary.output_tokens, w.first, w.last, w.ends)
         self._finish(rid, w.summary)
 
     def flush(self, timeout: float | None = 10.0) -> None:
