@@ -1,12 +1,22 @@
 """TensorRT-LLM's own ``llm_request`` spans -> the gateway: derived metrics equal TensorRT-LLM's formulas.
 
-The spans carry exactly what TensorRT-LLM's tracing writes at NVIDIA/TensorRT-LLM@5f15841037de10a50012016c54671f84f39c350e:
-attribute names from ``tensorrt_llm/llmapi/tracing.py`` ``class SpanAttributes``; values as
-``tensorrt_llm/executor/result.py`` ``GenerationResultBase.do_tracing`` sets them (``native_span``
-below follows it line by line): span ``llm_request``, kind SERVER, started at ``time.time() - e2e``;
-latencies from ``metrics_dict`` (``_process_req_perf_metrics``: TTFT = first token - arrival,
-e2e = last token - arrival, queue = first scheduled - arrival, values <= 0 dropped, so a missing one
-is written as -1); finish reasons as ``json.dumps([reason])``; no model, no provider.
+The spans carry exactly what TensorRT-LLM release 1.2.1 writes: values as
+``tensorrt_llm/executor/result.py`` ``GenerationResultBase.do_tracing`` @ 1.2.1 sets them (read in the
+source page the release's documentation publishes, commit 376f7e1; ``native_span`` and
+``native_attributes`` below follow it line by line): span ``llm_request``, kind SERVER, started at the
+engine's steady-clock arrival plus ``time.time() - time.monotonic()`` and ended when ``do_tracing``
+returns; latencies from ``metrics_dict`` (``_process_req_perf_metrics``: TTFT = first token - arrival,
+e2e = last token - arrival, queue = first scheduled - arrival, values <= 0 dropped, so a missing one is
+written as -1); the KV-cache transfer time always (0.0 without a transfer), and events
+``kv_cache_transfer_start`` / ``kv_cache_transfer_end`` (the latter with ``kv_cache_size``) when both
+stamps are set (disaggregated serving); finish reasons as ``json.dumps([reason])``; no model, no provider.
+
+The attribute and event *names* are the ``tracing.SpanAttributes`` / ``tracing.SpanEvents`` members
+1.2.1's ``do_tracing`` uses; their string values live in ``tensorrt_llm/llmapi/tracing.py``, which the
+release's documentation does not publish. They are taken from the stored versions of that file: at
+5f158410 (PR #5897's merge) for all but the KV-cache transfer ones, which it did not have yet and which
+1.2.1 uses; those from the later stored versions (e.g. forks HuiGao-NV/TensorRT-LLM@195839a7,
+michaelfeil/TensorRT-LLM@2b272e49), where every value 5f158410 had is unchanged.
 """
 
 from __future__ import annotations
@@ -15,15 +25,16 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from collector_testkit import export_request, loopback_config, span
+from collector_testkit import any_value, export_request, loopback_config, span
 from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_USAGE
 from otel_llm_collector.gateway import Gateway
 
-# tensorrt_llm/llmapi/tracing.py @ 5f158410, class SpanAttributes (all of it)
+# tensorrt_llm/llmapi/tracing.py, class SpanAttributes (all of it; see the module docstring for where)
 GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
@@ -35,11 +46,16 @@ GEN_AI_REQUEST_N = "gen_ai.request.n"
 GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
 GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
 GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_KV_CACHE_TRANSFER_TIME = "gen_ai.latency.kv_cache_transfer_time"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+# class SpanEvents, the two do_tracing adds
+KV_CACHE_TRANSFER_START = "kv_cache_transfer_start"
+KV_CACHE_TRANSFER_END = "kv_cache_transfer_end"
+TIME_CORRECTION = 1_700_000_000.0  # time.time() - time.monotonic() when do_tracing ran
 
 
 def metrics_dict(arrival: float, sched: float, first: float, last: float, n_out: int) -> dict[str, float]:
-    """result.py ``_process_req_perf_metrics`` at the pin (n == 1)."""
+    """result.py ``_process_req_perf_metrics`` @ 1.2.1 (n == 1)."""
     stat = {"ttft": first - arrival, "e2e": last - arrival, "request_queue_time": sched - arrival}
     if n_out > 1:
         stat["tpot"] = (last - first) / (n_out - 1)
@@ -48,8 +64,9 @@ def metrics_dict(arrival: float, sched: float, first: float, last: float, n_out:
 
 def native_attributes(m: dict[str, float], *, request_id: int, prompt_tokens: int, completion_tokens: int,
                       finish_reason: str | None, temperature: float | None = 0.7, top_p: float | None = 0.9,
-                      top_k: int | None = 40, max_tokens: int = 64, n: int = 1) -> dict:
-    """result.py ``do_tracing`` at the pin: ``safe_set_attr`` skips None values."""
+                      top_k: int | None = 40, max_tokens: int = 64, n: int = 1,
+                      kv_transfer: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """result.py ``do_tracing`` @ 1.2.1: ``safe_set_attr`` skips None values (0.0 is set)."""
     values = {
         GEN_AI_REQUEST_TEMPERATURE: temperature, GEN_AI_REQUEST_TOP_P: top_p, GEN_AI_REQUEST_TOP_K: top_k,
         GEN_AI_REQUEST_MAX_TOKENS: max_tokens, GEN_AI_REQUEST_N: n, GEN_AI_REQUEST_ID: request_id,
@@ -59,14 +76,27 @@ def native_attributes(m: dict[str, float], *, request_id: int, prompt_tokens: in
         GEN_AI_LATENCY_E2E: m.get("e2e", -1),
         GEN_AI_LATENCY_TIME_IN_QUEUE: m.get("request_queue_time", -1),
         GEN_AI_RESPONSE_FINISH_REASONS: json.dumps([finish_reason]) if finish_reason else None,
+        # req_perf_metrics_dict.get(KV_CACHE_TRANSFER_END, 0.0) - .get(KV_CACHE_TRANSFER_START, 0.0)
+        GEN_AI_LATENCY_KV_CACHE_TRANSFER_TIME: kv_transfer[1] - kv_transfer[0],
     }
     return {k: v for k, v in values.items() if v is not None}
 
 
-def native_span(trace: int, attrs: dict, now: float = 1_800_000_000.0) -> PbSpan:
-    e2e = attrs[GEN_AI_LATENCY_E2E]
-    s = span(trace, 1, name="llm_request", attrs=attrs, start=int((now - e2e) * 1e9), end=int(now * 1e9))
+def native_span(trace: int, attrs: dict, arrival: float, traced_at: float,
+                kv_transfer: tuple[float, float] = (0.0, 0.0), kv_cache_size: int = 0) -> PbSpan:
+    """``start_time=int((arrival_time + time_correction) * 1e9)``, ``arrival_time`` the engine's steady
+    clock; it ends when ``do_tracing``'s ``with`` block does (``traced_at``, steady)."""
+    s = span(trace, 1, name="llm_request", attrs=attrs, start=int((arrival + TIME_CORRECTION) * 1e9),
+             end=int((traced_at + TIME_CORRECTION) * 1e9))
     s.kind = PbSpan.SPAN_KIND_SERVER
+    start, end = kv_transfer
+    if start and end:  # tracing.add_event on the current span, both stamps corrected the same way
+        events: list[tuple[str, float, dict[str, Any]]] = [
+            (KV_CACHE_TRANSFER_START, start, {}), (KV_CACHE_TRANSFER_END, end, {"kv_cache_size": kv_cache_size})]
+        for name, ts, attributes in events:
+            e = s.events.add(name=name, time_unix_nano=int((ts + TIME_CORRECTION) * 1e9))
+            for k, v in attributes.items():
+                e.attributes.add(key=k).value.CopyFrom(any_value(v))
     return s
 
 
@@ -117,9 +147,13 @@ def test_native_trtllm_spans_give_trtllm_formulas(gateway: Gateway) -> None:
         last = first + (n_out - 1) * rng.uniform(0.005, 0.05)
         m = metrics_dict(arrival, sched, first, last, n_out)
         p_tokens = rng.randint(1, 4000)
+        # every fourth a disaggregated generation request: its KV cache came from a context server
+        kv = (arrival + 0.0005, arrival + 0.0005 + rng.uniform(0.001, 0.02)) if i % 4 == 3 else (0.0, 0.0)
         attrs = native_attributes(m, request_id=i, prompt_tokens=p_tokens, completion_tokens=n_out,
-                                  finish_reason=rng.choice(["length", "stop"]))
-        gateway.ingest(export_request(native_span(i + 1, attrs), service="trtllm-serve"))
+                                  finish_reason=rng.choice(["length", "stop"]), kv_transfer=kv)
+        native = native_span(i + 1, attrs, arrival, last + rng.uniform(0.0, 0.002), kv, kv_cache_size=4096)
+        assert len(native.events) == (2 if i % 4 == 3 else 0)
+        gateway.ingest(export_request(native, service="trtllm-serve"))
         expected["ttft"].append(first - arrival)
         expected["e2e"].append(last - arrival)
         expected["queue"].append(sched - arrival)
@@ -131,7 +165,8 @@ def test_native_trtllm_spans_give_trtllm_formulas(gateway: Gateway) -> None:
     m = metrics_dict(2000.0, 2000.1, 2000.1, 2000.5, 3)
     del m["ttft"]
     gateway.ingest(export_request(native_span(999, native_attributes(
-        m, request_id=999, prompt_tokens=7, completion_tokens=3, finish_reason="length")), service="trtllm-serve"))
+        m, request_id=999, prompt_tokens=7, completion_tokens=3, finish_reason="length"), 2000.0, 2000.5),
+        service="trtllm-serve"))
     expected["e2e"].append(0.5)
     expected["queue"].append(0.1)
     prompt += 7
@@ -155,7 +190,7 @@ def test_finish_reason_is_read_from_trtllms_json_string() -> None:
 
     m = metrics_dict(10.0, 10.1, 10.2, 11.0, 5)
     s = RequestSummary.from_attributes(native_attributes(m, request_id=1, prompt_tokens=3, completion_tokens=5,
-                                                         finish_reason="length"))
+                                                         finish_reason="length", kv_transfer=(10.0, 10.05)))
     assert s.finish_reason == "length"
     assert s.ttft == pytest.approx(0.2) and s.queue == pytest.approx(0.1) and s.e2e == pytest.approx(1.0)
     assert s.tpot == pytest.approx(0.8 / 4)
@@ -187,7 +222,8 @@ def test_our_adapter_and_trtllms_own_span_agree(gateway: Gateway) -> None:
             m = metrics_dict(*stamps, out.outputs[0].length)
             gateway.ingest(export_request(native_span(i + 1, native_attributes(
                 m, request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
-                completion_tokens=out.outputs[0].length, finish_reason=out.outputs[0].finish_reason))))
+                completion_tokens=out.outputs[0].length, finish_reason=out.outputs[0].finish_reason),
+                stamps[0], stamps[3])))
         native = histograms(gateway)
         for name in ("gen_ai.server.time_to_first_token", "gen_ai.server.request.duration",
                      "llm.server.queue.duration", "gen_ai.server.time_per_output_token"):

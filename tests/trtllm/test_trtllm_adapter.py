@@ -4,7 +4,7 @@ Scenarios as the vLLM adapter's tests: not streaming and streaming, abort, error
 requests sharing iterations (engine-step spans linked to the kept requests), speculative
 decoding with several tokens per iteration, trtllm-serve with an incoming ``traceparent``.
 Expected values are computed from the stand-in engine's own perf metrics with TensorRT-LLM's
-formulas (result.py ``_process_req_perf_metrics`` at the pinned commit).
+formulas (result.py ``_process_req_perf_metrics`` @ 1.2.1).
 """
 
 from __future__ import annotations

@@ -8,16 +8,18 @@ queue, so we never pull, we read what the user or the server pulls. Each dict is
 ``gpuMemUsage``, ``kvCacheStats``, ``inflightBatchingStats``). The PyTorch backend stamps
 ``timestamp`` with local wall time (``%m-%d-%Y %H:%M:%S.%f``) when it starts the iteration (read in
 a stored version of ``_torch/pyexecutor/py_executor.py`` ``_get_init_iter_stats``, not at the pinned
-commit); the C++ (TensorRT) backend's format was not verified: when ``timestamp`` does not parse, the
+release); the C++ (TensorRT) backend's format was not verified: when ``timestamp`` does not parse, the
 iteration is placed where it ended no later than: when we read it.
 
 The stats name no requests by default (``requestStats`` exists only with ``enable_iter_req_stats``, and
-whether its ``id`` is the LLM API's ``request_id`` could not be verified in the pinned source). What
+whether its ``id`` is the LLM API's ``request_id`` could not be verified in the sources read). What
 ties an iteration to a request is the request's own ``RequestPerfMetrics.first_iter`` / ``last_iter``,
 known when the request finishes. So the ledger holds a finished request back (its spans and metrics
 not recorded yet) until the stats of its last iteration have arrived and every iteration it spans
 has all its scheduled requests accounted for, then hands the complete steps to the core
-(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``). A request waits at most
+(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``); a request that was not
+streamed gets one token stamp per decode iteration then (``decode_stamps``), so its decode-step spans
+link those iterations as a streamed request's do. A request waits at most
 ``wait_s`` (the ``iteration_wait`` option; then it finishes with the steps known by then). Before any
 stats were seen nothing waits, unless the LLM was built with ``enable_iter_perf_stats`` (then from the
 first request). Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests.

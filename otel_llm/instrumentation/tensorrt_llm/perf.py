@@ -1,6 +1,6 @@
 """TensorRT-LLM's per-request perf metrics -> the core's timeline and summary (pure functions).
 
-What TensorRT-LLM reports per finished request (pinned source, see ``contract``):
+What TensorRT-LLM reports per finished request (release 1.2.1, see ``contract``):
 
 * ``GenerationResultBase.record_stats(output, stats)`` receives ``stats``: a dict keyed by
   ``RequestEventTiming`` (``arrival_time``, ``first_scheduled_time``, ``first_token_time``,
@@ -85,8 +85,9 @@ def finalize(t: RequestTimeline, times: EngineTimes | None, perf: Any, output_to
     ``t.token_ts`` holds, on the hot path, when this process received each streamed update (and how
     many tokens it carried). TensorRT-LLM ships no per-token engine stamps: the first and last are
     replaced by the engine's ``first_token_time`` and ``last_token_time``, the ones between are kept
-    (clamped into that interval). Without streaming there is one update, at the end: the decode phase
-    is one span without per-token steps.
+    (clamped into that interval). Without streaming there is one update, at the end: the first token's
+    stamp only (the iteration ledger adds one per decode iteration once it has the request's iteration
+    stats: ``iterations.decode_stamps``).
     """
     s = RequestSummary(model=t.model, operation=t.operation, provider=t.provider, input_tokens=t.input_tokens,
                        output_tokens=output_tokens, finish_reason=t.finish_reason)
