@@ -203,10 +203,10 @@ def test_iterations_shared_by_requests_become_linked_engine_steps(trt) -> None:
             served[span_of[link.context.span_id]].append(a[sc.ENGINE_STEP_ID])
     for out in outs:
         perf = out.outputs[0].request_perf_metrics
-        # the span budget links an iteration only when it produced one of the request's own spans (its
-        # prefill chunk; a non-streamed request has no per-update decode rows): within first..last
+        # an iteration links to a request when it is behind one of the request's own spans (its prefill
+        # chunk, its decode steps: one per decode iteration, not streamed as it is): here every one of them
         linked = sorted(served[str(out.request_id)])
-        assert perf.first_iter in linked and set(linked) <= set(range(perf.first_iter, perf.last_iter + 1))
+        assert linked == list(range(perf.first_iter, perf.last_iter + 1))
         chunks = trees[str(out.request_id)].grandchildren[sc.SPAN_PREFILL_CHUNK]
         assert len(chunks) == 1 and chunks[0].attributes[sc.CHUNK_TOKENS] == len(out.prompt_token_ids)
         assert chunks[0].attributes[sc.ENGINE_STEP_ID] == perf.first_iter
@@ -277,6 +277,61 @@ def test_a_request_not_streamed_with_speculative_decoding(trt) -> None:
     assert _linked_iterations(spans)[str(out.request_id)] == set(range(perf.first_iter, perf.last_iter + 1))
 
 
+def _streamed(llm, prompt: str, max_tokens: int):
+    res = llm.generate_async(prompt, _params(max_tokens), streaming=True)
+    updates = sum(1 for _ in res)
+    return res, updates
+
+
+def test_a_streamed_request_links_every_decode_iteration(trt) -> None:
+    llm = _llm()
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    res, updates = _streamed(llm, "a b c", 6)
+    llm.get_stats()
+    spans = trt.spans()
+    t = request_trees(spans)[str(res.request_id)]
+    perf = res.outputs[0].request_perf_metrics
+    assert updates == 6 and _linked_iterations(spans)[str(res.request_id)] == set(
+        range(perf.first_iter, perf.last_iter + 1))
+    rows = t.decode_rows()
+    # each update after the first, at the end of the iteration that produced it
+    assert [r.attributes[sc.ENGINE_STEP_ID] for r in rows] == list(range(perf.first_iter + 1, perf.last_iter + 1))
+    assert [r.attributes[sc.STEP_TOKENS] for r in rows] == [1] * 5
+    for a, b in zip(rows, rows[1:]):
+        assert a.end_time == b.start_time
+
+
+def test_a_streamed_request_with_speculative_decoding_pairs_updates_and_iterations(trt) -> None:
+    llm = _llm(fake.FakeEngine(tokens_per_step=3))
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    res, updates = _streamed(llm, "a b c", 7)  # updates of 1, 3, 3 tokens
+    llm.get_stats()
+    rows = request_trees(trt.spans())[str(res.request_id)].decode_rows()
+    perf = res.outputs[0].request_perf_metrics
+    assert [(r.attributes[sc.ENGINE_STEP_ID], r.attributes[sc.STEP_TOKENS]) for r in rows] == [
+        (perf.first_iter + 1, 3), (perf.first_iter + 2, 3)]
+
+
+def test_a_chunked_prompt_does_not_shift_the_decode_iterations(trt) -> None:
+    llm = _llm(fake.FakeEngine(chunk=2))
+    llm.generate("warm up", _params(2))
+    llm.get_stats()
+    trt.clear()
+    res, _ = _streamed(llm, "a b c d e", 3)  # prompt in 3 iterations (2 + 2 + 1 tokens), then 2 decode ones
+    out = llm.generate("f g h i j", _params(3))  # the same, not streamed
+    llm.get_stats()
+    trees = request_trees(trt.spans())
+    for r in (res, out):
+        perf = r.outputs[0].request_perf_metrics
+        assert perf.last_iter - perf.first_iter == 4
+        rows = trees[str(r.request_id)].decode_rows()
+        assert [row.attributes[sc.ENGINE_STEP_ID] for row in rows] == [perf.last_iter - 1, perf.last_iter]
+
+
 def test_a_long_request_not_streamed_stays_within_the_span_budget() -> None:
     modules = fake.build()
     fake.install(modules)
@@ -334,10 +389,44 @@ def test_decode_stamps_for_requests_not_streamed() -> None:
     t = timeline()
     decode_stamps(t, 5, 4, 8, {4: 10.0, 5: 9.5, 6: 12.0, 7: 13.0, 8: 14.0})  # clocks disagree: never backwards
     assert t.token_ts == [10.0, 10.0, 12.0, 13.0, 14.0]
-    for t, args in ((timeline(streamed=True), (5, 4, 8, ends)), (timeline(), (1, 4, 8, ends)),
-                    (timeline(), (5, 4, 8, {}))):
-        decode_stamps(t, *args)  # streamed (its own stamps), no decode tokens, no stats: untouched
+    for t, args in ((timeline(), (1, 4, 8, ends)), (timeline(), (5, 4, 8, {}))):
+        decode_stamps(t, *args)  # no decode tokens, no stats: untouched
         assert t.token_ts == [10.0] and t.multi_token_steps is None
+
+
+def test_decode_stamps_for_streamed_requests() -> None:
+    from otel_llm.core.timeline import RequestTimeline
+    from otel_llm.instrumentation.tensorrt_llm.iterations import decode_stamps
+
+    def streamed(*counts: int) -> RequestTimeline:
+        t = RequestTimeline(request_id="r", arrival=0.0, request_attributes={sc.REQUEST_STREAM: True})
+        t.token_ts = [10.0]
+        for i, n in enumerate(counts):
+            t.add_tokens(20.0 + i, n)  # when the updates reached the caller: after the iterations
+        return t
+
+    ends = {k: 10.0 + (k - 4) for k in range(4, 9)}  # iterations 4..8 end at 10, 11, .. 14
+    t = streamed(1, 1, 1, 1)
+    decode_stamps(t, 5, 4, 8, ends)  # one update per iteration: each at its iteration's end
+    assert t.token_ts == [10.0, 11.0, 12.0, 13.0, 14.0] and t.multi_token_steps is None
+    t = streamed(2, 2)
+    decode_stamps(t, 5, 4, 8, ends)  # an update every 2 iterations: at the end of the one of its last token
+    assert t.token_ts == [10.0, 12.0, 14.0] and t.multi_token_steps == {1: 2, 2: 2}
+    t = streamed(1, 1)
+    decode_stamps(t, 3, 4, 8, ends)  # a chunked prompt: the first token came from iteration 6
+    assert t.token_ts == [10.0, 13.0, 14.0]
+    t = streamed(3, 3)
+    decode_stamps(t, 7, 4, 6, ends)  # speculative decoding, one update per iteration
+    assert t.token_ts == [10.0, 11.0, 12.0] and t.multi_token_steps == {1: 3, 2: 3}
+    t = streamed(3, 3)
+    decode_stamps(t, 7, 4, 5, ends)  # more tokens than iterations, updates and iterations not one to one
+    assert t.token_ts == [10.0, 20.0, 21.0]  # left as they reached the caller
+    t = streamed(1, 1, 1, 1)
+    decode_stamps(t, 5, 4, 8, {k: v for k, v in ends.items() if k != 6})  # iteration 6's stats missing
+    assert t.token_ts == [10.0, 20.0, 21.0, 22.0, 23.0]  # all or nothing: left as they reached the caller
+    t = streamed(1, 1, 1, 1)
+    decode_stamps(t, 5, 4, 8, {4: 10.0, 5: 9.0, 6: 12.0, 7: 11.5, 8: 14.0})  # clocks disagree: never backwards
+    assert t.token_ts == [10.0, 10.0, 12.0, 12.0, 14.0]
 
 
 def test_iterations_pulled_by_get_stats_async(trt) -> None:
@@ -353,8 +442,8 @@ def test_iterations_pulled_by_get_stats_async(trt) -> None:
     asyncio.run(pull())
     steps = engine_steps(trt.spans())
     perf = out.outputs[0].request_perf_metrics
-    ids = {s.attributes[sc.ENGINE_STEP_ID] for s in steps}  # those behind the request's own spans (budget)
-    assert perf.first_iter in ids and ids <= set(range(perf.first_iter, perf.last_iter + 1))
+    ids = {s.attributes[sc.ENGINE_STEP_ID] for s in steps}  # those behind the request's own spans
+    assert ids == set(range(perf.first_iter, perf.last_iter + 1))
 
 
 def test_a_request_waits_no_longer_than_its_bound(trt) -> None:

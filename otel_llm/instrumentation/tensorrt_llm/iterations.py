@@ -17,9 +17,9 @@ ties an iteration to a request is the request's own ``RequestPerfMetrics.first_i
 known when the request finishes. So the ledger holds a finished request back (its spans and metrics
 not recorded yet) until the stats of its last iteration have arrived and every iteration it spans
 has all its scheduled requests accounted for, then hands the complete steps to the core
-(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``); a request that was not
-streamed gets one token stamp per decode iteration then (``decode_stamps``), so its decode-step spans
-link those iterations as a streamed request's do. A request waits at most
+(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``); its token stamps are put at
+the ends of the iterations that produced them then (``decode_stamps``), so its decode-step spans link
+those iterations. A request waits at most
 ``wait_s`` (the ``iteration_wait`` option; then it finishes with the steps known by then). Before any
 stats were seen nothing waits, unless the LLM was built with ``enable_iter_perf_stats`` (then from the
 first request). Memory is bounded: at most ``max_steps`` iterations and ``max_waiting`` requests.
@@ -121,22 +121,62 @@ def iteration_from_stats(stats: Mapping[str, Any], now_mono: float, now_wall: fl
 
 def decode_stamps(t: RequestTimeline, output_tokens: int | None, first: int, last: int,
                   ends: Mapping[int, float]) -> None:
-    """A request that was not streamed has one token stamp (its first token, the engine's): give it one
-    per decode iteration that served it, at that iteration's end, so the core's decode rows (within the
-    span budget, like a streamed request's updates) carry and link the iterations behind its decode phase.
+    """Token stamps at the ends of the iterations that produced them, so the core's decode rows (within
+    the span budget) carry and link the iterations behind a request's decode phase: the core ties a
+    decode step to the engine step that ended when its token was stamped.
 
-    Which iterations of ``first..last`` produced its tokens, the stats do not say; counted back from
-    ``last``: ``n = min(last - first, output_tokens - 1)`` decode iterations (fewer iterations than tokens:
-    speculative decoding, the tokens split evenly over them, the total exact; more: the first ones
-    computed a chunked prompt). Iterations we have no stats for hand their tokens to the next one.
+    Which of ``first..last`` produced which token the stats do not say. Without speculative decoding
+    each iteration of a running request produces one token, so its token ``j`` (0-based) came from
+    iteration ``last - (tokens - 1) + j``: counted back from ``last``, iterations before the first
+    token's computed a chunked prompt. With speculative decoding (more tokens than iterations) each
+    iteration after the first produced one update of a streamed request, and a request not streamed
+    gets its tokens split evenly over them (the total exact).
+
+    * Not streamed: one stamp (its first token, the engine's) becomes one per decode iteration.
+    * Streamed: each update is moved from when it reached this process to the end of the iteration
+      that produced its last token (the engine's time, as vLLM's stamps are); its token count stays.
+      With speculative decoding only when its updates and iterations pair one to one.
+
+    A streamed request whose iterations' stats are not all there keeps its stamps as they are; one not
+    streamed hands the tokens of an iteration without stats to the next one. A request that was paused
+    inside its range breaks the counting (documented).
     """
     ts = t.token_ts
-    if len(ts) != 1 or t.request_attributes.get(sc.REQUEST_STREAM) or not ends:
+    if not ts or not ends:
         return
-    tokens = (output_tokens or 0) - 1
+    if t.request_attributes.get(sc.REQUEST_STREAM):
+        _retime_updates(t, first, last, ends)
+    elif len(ts) == 1:
+        _one_stamp_per_iteration(t, (output_tokens or 0) - 1, first, last, ends)
+
+
+def _retime_updates(t: RequestTimeline, first: int, last: int, ends: Mapping[int, float]) -> None:
+    ts = t.token_ts
+    counts = [t.tokens_at(i) for i in range(len(ts))]
+    tokens = sum(counts)
+    if tokens - 1 <= last - first:  # one token per iteration
+        base, done, iterations = last - (tokens - 1), counts[0], []
+        for n in counts[1:]:
+            done += n
+            iterations.append(base + done - 1)
+    elif len(ts) - 1 == last - first:  # several tokens per iteration, one update per iteration
+        iterations = list(range(first + 1, last + 1))
+    else:
+        return
+    new = [ends.get(k) for k in iterations]
+    if None in new:  # all or nothing: a mix of the engine's and this process's stamps would mislead
+        return
+    for i, end in enumerate(new, 1):
+        # the engine's and the stats' clocks may disagree a little: never backwards
+        ts[i] = end if end >= ts[i - 1] else ts[i - 1]
+
+
+def _one_stamp_per_iteration(t: RequestTimeline, tokens: int, first: int, last: int,
+                             ends: Mapping[int, float]) -> None:
     n = min(last - first, tokens)
     if n <= 0:
         return
+    ts = t.token_ts
     base, extra = divmod(tokens, n)
     counts: dict[int, int] = {}
     carry = 0
@@ -145,7 +185,7 @@ def decode_stamps(t: RequestTimeline, output_tokens: int | None, first: int, las
         end = ends.get(k)
         if end is None:
             continue
-        ts.append(end if end >= ts[-1] else ts[-1])  # the engine's and the stats' clocks may disagree a little
+        ts.append(end if end >= ts[-1] else ts[-1])
         if carry > 1:
             counts[len(ts) - 1] = carry
         carry = 0
