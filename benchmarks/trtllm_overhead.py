@@ -1,7 +1,7 @@
 """What the TensorRT-LLM adapter costs the caller's thread, measured on the stand-in package.
 
 TensorRT-LLM cannot run here, so this measures only our own code, on the stand-in classes of
-tests/trtllm/fake_trtllm.py (pinned names, real wrapping, real core):
+tests/trtllm/fake_trtllm.py (release 1.2.1's names, real wrapping, real core):
 
 1. Per streamed update: ``DetokenizedGenerationResultBase._handle_response`` with our wrapper around
    a stand-in body that does the minimum TensorRT-LLM does for one token (extend ``token_ids``, set

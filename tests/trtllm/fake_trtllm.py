@@ -112,9 +112,10 @@ class RequestEventTiming(enum.Enum):
 # ---- tensorrt_llm.sampling_params ------------------------------------------------------------------
 
 @dataclass(slots=True, kw_only=True)
-class SamplingParams:
+class SamplingParams:  # the fields the stand-in uses, in 1.2.1's order with 1.2.1's defaults
     end_id: Optional[int] = None
     max_tokens: int = 32
+    stop: Optional[Union[str, List[str]]] = None
     n: int = 1
     best_of: Optional[int] = None
     use_beam_search: bool = False
@@ -124,9 +125,8 @@ class SamplingParams:
     temperature: Optional[float] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
-    stop: Optional[Union[str, List[str]]] = None
-    detokenize: bool = True
     return_perf_metrics: bool = False
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if self.best_of is None:

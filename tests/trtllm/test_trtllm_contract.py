@@ -109,6 +109,40 @@ def test_the_stand_in_matches_the_pinned_release() -> None:
         fake.uninstall()
 
 
+# CompletionOutput's fields in declaration order, result.py @ 1.2.1 (a slotted dataclass): the record the
+# adapter reads on every update and at the finish
+RELEASE_COMPLETION_OUTPUT = (
+    "index", "text", "token_ids", "cumulative_logprob", "logprobs", "prompt_logprobs", "finish_reason",
+    "stop_reason", "generation_logits", "additional_context_outputs", "additional_generation_outputs",
+    "disaggregated_params", "request_perf_metrics", "_last_text_len", "_last_token_ids_len", "_last_logprobs_len",
+    "_incremental_states", "_postprocess_result")
+# SamplingParams' fields in declaration order, sampling_params.py @ 1.2.1, up to _stream_interval (as read)
+RELEASE_SAMPLING_PARAMS = (
+    "end_id", "pad_id", "max_tokens", "bad", "bad_token_ids", "_bad_word_ids", "stop", "stop_token_ids",
+    "include_stop_str_in_output", "_stop_word_ids", "embedding_bias", "logits_processor",
+    "apply_batched_logits_processor", "n", "best_of", "use_beam_search", "top_k", "top_p", "top_p_min",
+    "top_p_reset_ids", "top_p_decay", "seed", "temperature", "min_tokens", "beam_search_diversity_rate",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "prompt_ignore_length", "length_penalty",
+    "early_stopping", "no_repeat_ngram_size", "min_p", "beam_width_array", "logprobs", "prompt_logprobs",
+    "return_context_logits", "return_generation_logits", "exclude_input_from_output", "return_encoder_output",
+    "return_perf_metrics", "additional_model_outputs", "_context_logits_auto_enabled",
+    "_generation_logits_auto_enabled", "_return_log_probs", "lookahead_config", "guided_decoding", "ignore_eos",
+    "detokenize", "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens",
+    "spaces_between_special_tokens", "_stream_interval")
+
+
+def test_the_stand_ins_records_are_the_releases() -> None:
+    import dataclasses
+
+    # the record itself: every field, in order, slotted as 1.2.1 declares it
+    assert tuple(f.name for f in dataclasses.fields(fake.CompletionOutput)) == RELEASE_COMPLETION_OUTPUT
+    assert hasattr(fake.CompletionOutput, "__slots__")
+    # SamplingParams: a subset (the fields the stand-in's flow uses), each a 1.2.1 field, in 1.2.1's order
+    names = [f.name for f in dataclasses.fields(fake.SamplingParams)]
+    assert set(names) <= set(RELEASE_SAMPLING_PARAMS)
+    assert names == sorted(names, key=RELEASE_SAMPLING_PARAMS.index)
+
+
 def _drifted_generate_async(modules: dict) -> None:
     # generate_async as llm.py had it before the tracing PR (e.g. stored version 4c05a748): no trace_headers
     base = modules[LLM].BaseLLM
