@@ -114,9 +114,11 @@ MEMBERS: tuple[Members, ...] = (
 
 # Fields of the C++-bound RequestPerfMetrics (CompletionOutput.request_perf_metrics, typed
 # tllm.RequestPerfMetrics in result.py @ 1.2.1) we read, checked on a default-constructed instance. A
-# binding: no Python source of it is published with the release; the names are those
-# tests/bindings/test_executor_bindings.py (test_request_perf_metrics_pickle) sets and openai_server.py
-# @ 5f158410 (get_perf_metrics) reads. Times are datetime.timedelta on the engine's steady clock.
+# binding: no Python source of it is published with the release; the names are those its binding code
+# gives (cpp/tensorrt_llm/{pybind,nanobind}/executor/request.cpp: every stored version binds the same
+# ones), tests/bindings/test_executor_bindings.py (test_request_perf_metrics_pickle) sets and
+# openai_server.py @ 5f158410 (get_perf_metrics) reads. Times are datetime.timedelta on the engine's
+# steady clock.
 PERF_METRICS_MODULE = "tensorrt_llm.bindings.executor"
 PERF_METRICS: dict[str, tuple[str, ...]] = {
     "": ("timing_metrics", "kv_cache_metrics", "speculative_decoding", "first_iter", "last_iter"),
