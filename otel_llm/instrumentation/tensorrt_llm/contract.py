@@ -115,7 +115,7 @@ MEMBERS: tuple[Members, ...] = (
 # Fields of the C++-bound RequestPerfMetrics (CompletionOutput.request_perf_metrics, typed
 # tllm.RequestPerfMetrics in result.py @ 1.2.1) we read, checked on a default-constructed instance. A
 # binding: no Python source of it is published with the release; the names are those its binding code
-# gives (cpp/tensorrt_llm/{pybind,nanobind}/executor/request.cpp: every stored version binds the same
+# gives (cpp/tensorrt_llm/{pybind,nanobind}/executor/request.cpp: the four stored versions found bind the same
 # ones), tests/bindings/test_executor_bindings.py (test_request_perf_metrics_pickle) sets and
 # openai_server.py @ 5f158410 (get_perf_metrics) reads. Times are datetime.timedelta on the engine's
 # steady clock.
