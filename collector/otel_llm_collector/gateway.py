@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
+from otel_llm.core import semconv as sc
 from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
 
@@ -53,7 +54,7 @@ class Gateway:
         # caller_locks: the llm_metrics processor holds the backend's lock around each batch it records
         labels = config.labels
         self.meter_provider = AggregationBackend(
-            Resource.create({"service.name": "otel-llm-collector"}), caller_locks=True,
+            Resource.create({sc.SERVICE_NAME: "otel-llm-collector"}), caller_locks=True,
             # a backstop behind llm_metrics' admission (which keeps label sets <= max_series + 1): token usage
             # has two series per label set; ttft_join's label sets are admitted here only
             limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),

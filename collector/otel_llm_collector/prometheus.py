@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
@@ -19,26 +18,12 @@ from opentelemetry.sdk.metrics.export import (Histogram, InMemoryMetricReader, M
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
+from otel_llm.core.prometheus_names import prom_label, prom_name
+
 from .auth import BearerAuth
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-_BAD = re.compile(r"[^a-zA-Z0-9_:]")
-
-
-def prom_name(name: str, unit: str) -> str:
-    base = _BAD.sub("_", name)
-    unit = re.sub(r"\{[^}]*\}", "", unit or "")
-    if unit == "s":
-        base += "_seconds"
-    elif unit.endswith("/s"):
-        base += ("_" + _BAD.sub("_", unit[:-2]) if unit[:-2] else "") + "_per_second"
-    elif unit:
-        base += "_" + _BAD.sub("_", unit)
-    return base
-
-
-def _label(key: str) -> str:
-    return _BAD.sub("_", key)
+_label = prom_label
 
 
 def _le(v: float) -> str:

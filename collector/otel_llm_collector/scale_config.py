@@ -66,15 +66,6 @@ TARGETS: dict[str, UpstreamTarget] = {
 }
 DEFAULT_TARGET = "v0.159"
 
-# request-level histograms that are one of our span attributes, by metric name
-_ATTRIBUTE_OF = {
-    "gen_ai.server.time_to_first_token": sc.LATENCY_TTFT,
-    "gen_ai.server.time_per_output_token": sc.LATENCY_TPOT,
-    "gen_ai.server.request.duration": sc.LATENCY_E2E,
-    "llm.server.queue.duration": sc.LATENCY_QUEUE,
-    "llm.server.prefill.duration": sc.LATENCY_PREFILL,
-    "llm.server.decode.duration": sc.LATENCY_DECODE,
-}
 _DIMENSIONS = [{"key": sc.OPERATION_NAME}, {"key": sc.REQUEST_MODEL, "optional": True},
                {"key": sc.PROVIDER_NAME, "optional": True}, {"key": sc.ERROR_TYPE, "optional": True}]
 
@@ -221,7 +212,7 @@ def _connector_metrics(u: UpstreamTarget) -> list[dict[str, Any]]:
     """The signal_to_metrics definitions: our histograms, token usage and the request/goodput counters."""
     metrics: list[dict[str, Any]] = []
     for spec in SERVER_HISTOGRAMS:
-        attribute = _ATTRIBUTE_OF.get(spec.name)
+        attribute = spec.attribute  # the span attribute the histogram's value is, if it is one
         if attribute is None:
             continue
         metrics.append({

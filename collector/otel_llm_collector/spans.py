@@ -34,7 +34,7 @@ from .wire import TYPED, RequestView, SpanView, StatusView, any_value, value_of
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
-SERVICE_NAME = "service.name"
+SERVICE_NAME = sc.SERVICE_NAME
 _ERROR = Status.STATUS_CODE_ERROR
 _NO_TRACE = b"\0" * 16
 _NO_SPAN = b"\0" * 8

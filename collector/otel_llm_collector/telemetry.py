@@ -1,7 +1,7 @@
-"""The collector's own telemetry, declared as a table, on the Prometheus endpoint next to the derived metrics.
+"""The collector's own telemetry on the Prometheus endpoint, next to the derived metrics.
 
-Names follow the upstream tail_sampling processor's self-metrics where the concept is the
-same (``sampling_traces_on_memory``, ``count_traces_sampled``, late spans, evictions).
+The table (names, kinds, labels, help) is the core's ``otel_llm.core.self_metrics.GATEWAY_METRICS``,
+where the dashboard reads it too; this module builds the prometheus_client instruments from it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-PREFIX = "otelcol_llm_"
+from otel_llm.core.self_metrics import GATEWAY_METRICS, GATEWAY_PREFIX
+
+PREFIX = GATEWAY_PREFIX
 
 
 @dataclass(frozen=True)
@@ -21,35 +23,9 @@ class Spec:
     doc: str
 
 
-SPECS: tuple[Spec, ...] = (
-    Spec("receiver_accepted_spans", Counter, ("transport",), "Spans accepted by a receiver"),
-    Spec("receiver_refused_spans", Counter, ("transport", "reason"),
-         "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id)"),
-    Spec("receiver_bad_requests", Counter, ("transport", "reason"),
-         "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, too_many_connections, "
-         "headers_too_large, header_timeout, read_timeout, disconnected, unauthenticated, ...)"),
-    Spec("llm_metrics_requests", Counter, ("source",), "Request spans the llm_metrics processor derived metrics from"),
-    Spec("llm_metrics_labels_truncated", Counter, ("label",),
-         "Label values cut to max_label_length (service, model, operation, provider, error_type)"),
-    Spec("llm_metrics_overflow_requests", Counter, (),
-         "Requests recorded in their service's overflow series (label set not admitted: max_series[_per_service])"),
-    Spec("llm_metrics_values_refused", Counter, ("reason",),
-         "Values not recorded (sum_overflow: the histogram's sum would become +Inf)"),
-    Spec("ttft_join_joined", Counter, (), "Client calls joined with their server request (TTFT overhead recorded)"),
-    Spec("ttft_join_forgotten", Counter, (), "Unjoined halves forgotten to stay under the join table's bound"),
-    Spec("count_traces_sampled", Counter, ("policy", "decision"), "Traces decided, by deciding policy and verdict"),
-    Spec("sampling_late_spans", Counter, ("decision",), "Spans that arrived after their trace was decided"),
-    Spec("sampling_evictions", Counter, ("reason",), "Traces decided early to stay under num_traces / max_buffer_bytes"),
-    Spec("sampling_policy_errors", Counter, ("policy",), "Policy evaluations that raised (counted as no vote)"),
-    Spec("sampling_traces_on_memory", Gauge, (), "Traces buffered, waiting for a decision"),
-    Spec("sampling_bytes_on_memory", Gauge, (), "Encoded bytes of the buffered spans"),
-    Spec("exporter_sent_spans", Counter, ("exporter",), "Spans an exporter delivered"),
-    Spec("exporter_send_failures", Counter, ("exporter",), "Failed export attempts (each retry counts)"),
-    Spec("exporter_dropped_spans", Counter, ("exporter", "reason"),
-         "Spans an exporter gave up on (queue_full, retries_exhausted, permanent_error, rejected: the "
-         "backend's partial_success, shutdown: not delivered within service.shutdown_timeout)"),
-    Spec("exporter_queue_size", Gauge, ("exporter",), "Batches waiting in an exporter's queue"),
-)
+# the table is the core's (otel_llm.core.self_metrics.GATEWAY_METRICS: the dashboard reads it too)
+SPECS: tuple[Spec, ...] = tuple(Spec(g.name, {"counter": Counter, "gauge": Gauge}[g.kind], g.labels, g.doc)
+                                for g in GATEWAY_METRICS)
 
 
 class SelfTelemetry:

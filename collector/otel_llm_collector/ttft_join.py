@@ -24,7 +24,7 @@ from otel_llm.core.metrics import TTFT_BUCKETS
 from .spans import Extracted
 from .telemetry import SelfTelemetry
 
-OVERHEAD = "llm.client.overhead.time_to_first_chunk"
+OVERHEAD = sc.CLIENT_OVERHEAD_TTFC  # declared once, in the core (the client-side overhead metric)
 
 
 class TTFTJoin:
@@ -63,7 +63,7 @@ class TTFTJoin:
         if forgotten:
             self._t.inc("ttft_join_forgotten", forgotten)
         for overhead, model, service in joined:
-            attrs = {"service.name": service[:self._max_len]}
+            attrs = {sc.SERVICE_NAME: service[:self._max_len]}
             if model:
                 attrs[sc.REQUEST_MODEL] = model[:self._max_len]
             self._hist.record(overhead, attrs)

@@ -152,25 +152,31 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+# Config's field defaults, read from the rows above (one place to change a default)
+_DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+
+
 @dataclass(frozen=True)
 class Config:
-    slo: SLOTable = SLOTable()
-    sample_rate: float = 0.05
-    detail: Detail = Detail.STEPS
-    baseline_detail: Detail = Detail.PHASES
-    tail_quantile: float = 0.99
-    capture_content: bool = False
-    engine_steps: bool = True
-    max_steps: int = 8192
-    max_spans_per_request: int = 1000
-    engine_step_service: str = "{service}-engine-steps"
-    max_requests: int = 65536
-    iteration_wait: float = 15.0
-    direct_export: bool = True
-    device: str | None = None
-    peak_flops: float | None = None
-    peak_memory_bandwidth: float | None = None
-    gpu_sample_hz: float = 10.0
+    """The resolved options. A field's default is its ``OPTIONS`` row's: declared once, there."""
+
+    slo: SLOTable = _DEFAULTS["slo"]
+    sample_rate: float = _DEFAULTS["sample_rate"]
+    detail: Detail = _DEFAULTS["detail"]
+    baseline_detail: Detail = _DEFAULTS["baseline_detail"]
+    tail_quantile: float = _DEFAULTS["tail_quantile"]
+    capture_content: bool = _DEFAULTS["capture_content"]
+    engine_steps: bool = _DEFAULTS["engine_steps"]
+    max_steps: int = _DEFAULTS["max_steps"]
+    max_spans_per_request: int = _DEFAULTS["max_spans_per_request"]
+    engine_step_service: str = _DEFAULTS["engine_step_service"]
+    max_requests: int = _DEFAULTS["max_requests"]
+    iteration_wait: float = _DEFAULTS["iteration_wait"]
+    direct_export: bool = _DEFAULTS["direct_export"]
+    device: str | None = _DEFAULTS["device"]
+    peak_flops: float | None = _DEFAULTS["peak_flops"]
+    peak_memory_bandwidth: float | None = _DEFAULTS["peak_memory_bandwidth"]
+    gpu_sample_hz: float = _DEFAULTS["gpu_sample_hz"]
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "Config":

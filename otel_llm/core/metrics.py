@@ -17,7 +17,7 @@ from opentelemetry.metrics import Meter
 
 from . import semconv as sc
 from .slo import SLO, SLOTable
-from .summary import RequestSummary
+from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -42,29 +42,43 @@ class HistogramSpec:
     buckets: tuple[float, ...]
     description: str
     value: Callable[[RequestSummary], float | None]
+    field: str | None = None  # the RequestSummary field ``value`` reads, where it reads one as it is
+
+    @property
+    def attribute(self) -> str | None:
+        """The request span's attribute that carries ``field`` (what the collector and the upstream
+        connector read), or ``None`` for a value derived from several (the rates)."""
+        return ATTRIBUTE_OF_FIELD.get(self.field) if self.field else None
+
+
+def _server(name: str, unit: str, buckets: tuple[float, ...], description: str, field: str,
+            successful_only: bool = False) -> HistogramSpec:
+    """A server histogram of one ``RequestSummary`` field (or property)."""
+    return HistogramSpec(name, unit, buckets, description,
+                         _if_succeeded(field) if successful_only else attrgetter(field), field)
 
 
 SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
-    HistogramSpec("gen_ai.server.time_to_first_token", "s", TTFT_BUCKETS,
-                  "Time from arrival to the first output token (queue + prefill), successful requests",
-                  _if_succeeded("ttft")),
-    HistogramSpec("gen_ai.server.time_per_output_token", "s", TPOT_BUCKETS,
-                  "Mean time per output token after the first (decode time / (output tokens - 1)), "
-                  "successful requests", _if_succeeded("tpot")),
-    HistogramSpec("gen_ai.server.request.duration", "s", DURATION_BUCKETS,
-                  "End-to-end request duration", attrgetter("e2e")),
-    HistogramSpec("llm.server.queue.duration", "s", PHASE_BUCKETS,
-                  "Time waiting in the engine's queue before first scheduled", attrgetter("queue")),
-    HistogramSpec("llm.server.prefill.duration", "s", PHASE_BUCKETS,
-                  "Time from first scheduled to the first token", attrgetter("prefill")),
-    HistogramSpec("llm.server.decode.duration", "s", PHASE_BUCKETS,
-                  "Time from the first to the last token", attrgetter("decode")),
-    HistogramSpec("llm.server.output.tokens_per_second", "{token}/s", RATE_BUCKETS,
-                  "Output tokens over end-to-end time, per request", attrgetter("output_tokens_per_second")),
-    HistogramSpec("llm.server.output.characters_per_second", "{character}/s", RATE_BUCKETS,
-                  "Output characters over end-to-end time, per request (tokenizer-independent)",
-                  attrgetter("output_characters_per_second")),
+    _server("gen_ai.server.time_to_first_token", "s", TTFT_BUCKETS,
+            "Time from arrival to the first output token (queue + prefill), successful requests", "ttft",
+            successful_only=True),
+    _server("gen_ai.server.time_per_output_token", "s", TPOT_BUCKETS,
+            "Mean time per output token after the first (decode time / (output tokens - 1)), "
+            "successful requests", "tpot", successful_only=True),
+    _server("gen_ai.server.request.duration", "s", DURATION_BUCKETS, "End-to-end request duration", "e2e"),
+    _server("llm.server.queue.duration", "s", PHASE_BUCKETS,
+            "Time waiting in the engine's queue before first scheduled", "queue"),
+    _server("llm.server.prefill.duration", "s", PHASE_BUCKETS, "Time from first scheduled to the first token",
+            "prefill"),
+    _server("llm.server.decode.duration", "s", PHASE_BUCKETS, "Time from the first to the last token", "decode"),
+    _server("llm.server.output.tokens_per_second", "{token}/s", RATE_BUCKETS,
+            "Output tokens over end-to-end time, per request", "output_tokens_per_second"),
+    _server("llm.server.output.characters_per_second", "{character}/s", RATE_BUCKETS,
+            "Output characters over end-to-end time, per request (tokenizer-independent)",
+            "output_characters_per_second"),
 )
+# the server histograms by summary field, for code that names one (the dashboard's panels)
+SERVER_HISTOGRAM = {spec.field: spec for spec in SERVER_HISTOGRAMS}
 TOKEN_USAGE = "llm.server.token.usage"
 OUTPUT_CHARACTERS = "llm.server.output.characters"
 REQUESTS = "llm.server.requests"

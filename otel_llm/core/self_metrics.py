@@ -7,7 +7,8 @@ operator looks. Observable counters cost nothing until the meter provider collec
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -53,3 +54,70 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> 
                                     description="Directly exported spans dropped (buffer full or export failed)")
     meter.create_observable_counter(ERRORS, [errors], unit="{error}",
                                     description="Instrumentation errors caught (the host's work went on)")
+
+
+# -- the collector's (otel-llm-collector's) own telemetry -------------------------------------------
+# Declared here, not in the collector, because the dashboard (otel_llm.views) queries it and the views
+# must not import the collector; the collector builds its Prometheus instruments from this table.
+# Names follow the upstream tail_sampling processor's self-metrics where the concept is the same
+# (``sampling_traces_on_memory``, ``count_traces_sampled``, late spans, evictions).
+
+GATEWAY_PREFIX = "otelcol_llm_"
+
+
+@dataclass(frozen=True)
+class GatewayMetric:
+    name: str  # exposed as GATEWAY_PREFIX + name (+ "_total" for a counter)
+    kind: Literal["counter", "gauge"]
+    labels: tuple[str, ...]
+    doc: str
+
+
+GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
+    GatewayMetric("receiver_accepted_spans", "counter", ("transport",), "Spans accepted by a receiver"),
+    GatewayMetric("receiver_refused_spans", "counter", ("transport", "reason"),
+                  "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id)"),
+    GatewayMetric("receiver_bad_requests", "counter", ("transport", "reason"),
+                  "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, "
+                  "too_many_connections, headers_too_large, header_timeout, read_timeout, disconnected, "
+                  "unauthenticated, ...)"),
+    GatewayMetric("llm_metrics_requests", "counter", ("source",),
+                  "Request spans the llm_metrics processor derived metrics from"),
+    GatewayMetric("llm_metrics_labels_truncated", "counter", ("label",),
+                  "Label values cut to max_label_length (service, model, operation, provider, error_type)"),
+    GatewayMetric("llm_metrics_overflow_requests", "counter", (),
+                  "Requests recorded in their service's overflow series (label set not admitted: "
+                  "max_series[_per_service])"),
+    GatewayMetric("llm_metrics_values_refused", "counter", ("reason",),
+                  "Values not recorded (sum_overflow: the histogram's sum would become +Inf)"),
+    GatewayMetric("ttft_join_joined", "counter", (),
+                  "Client calls joined with their server request (TTFT overhead recorded)"),
+    GatewayMetric("ttft_join_forgotten", "counter", (),
+                  "Unjoined halves forgotten to stay under the join table's bound"),
+    GatewayMetric("count_traces_sampled", "counter", ("policy", "decision"),
+                  "Traces decided, by deciding policy and verdict"),
+    GatewayMetric("sampling_late_spans", "counter", ("decision",), "Spans that arrived after their trace was decided"),
+    GatewayMetric("sampling_evictions", "counter", ("reason",),
+                  "Traces decided early to stay under num_traces / max_buffer_bytes"),
+    GatewayMetric("sampling_policy_errors", "counter", ("policy",),
+                  "Policy evaluations that raised (counted as no vote)"),
+    GatewayMetric("sampling_traces_on_memory", "gauge", (), "Traces buffered, waiting for a decision"),
+    GatewayMetric("sampling_bytes_on_memory", "gauge", (), "Encoded bytes of the buffered spans"),
+    GatewayMetric("exporter_sent_spans", "counter", ("exporter",), "Spans an exporter delivered"),
+    GatewayMetric("exporter_send_failures", "counter", ("exporter",), "Failed export attempts (each retry counts)"),
+    GatewayMetric("exporter_dropped_spans", "counter", ("exporter", "reason"),
+                  "Spans an exporter gave up on (queue_full, retries_exhausted, permanent_error, rejected: the "
+                  "backend's partial_success, shutdown: not delivered within service.shutdown_timeout)"),
+    GatewayMetric("exporter_queue_size", "gauge", ("exporter",), "Batches waiting in an exporter's queue"),
+)
+
+
+
+
+def gateway_metric(name: str) -> str:
+    """The Prometheus name the collector exposes ``name`` under (a KeyError: not in the table)."""
+    spec = _GATEWAY_BY_NAME[name]
+    return GATEWAY_PREFIX + spec.name + ("_total" if spec.kind == "counter" else "")
+
+
+_GATEWAY_BY_NAME = {g.name: g for g in GATEWAY_METRICS}

@@ -219,4 +219,6 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.SLOW_CAUSE, "slow_cause", "str"),
     )
 }
+# RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)
+ATTRIBUTE_OF_FIELD: dict[str, str] = {_FIELDS[i]: key for key, (i, _) in _KINDS.items()}
 _OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {key: (i, CONVERTERS[k]) for key, (i, k) in _KINDS.items()}

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                        ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from ..core import semconv as sc
 
 _KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 _STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
@@ -81,7 +82,7 @@ def decode(body: bytes) -> list[SinkSpan]:
     out = []
     for rs in req.resource_spans:
         resource = _attrs(rs.resource.attributes)
-        service = resource.get("service.name")
+        service = resource.get(sc.SERVICE_NAME)
         for ss in rs.scope_spans:
             for s in ss.spans:
                 out.append(SinkSpan(

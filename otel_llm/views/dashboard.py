@@ -2,12 +2,10 @@
 
 Regenerate the committed files with ``otel-llm dashboard`` (writes ``dashboards/``); a test checks that
 the command reproduces them byte for byte. Metric names are not typed here: they come from the core's
-metric tables (``core.metrics``, ``core.self_metrics``) and the collector's self-telemetry table,
-translated by the collector's Prometheus naming (``prom_name``: dots to underscores, unit suffixes,
-``_total`` on counters), which is also what an upstream Collector's Prometheus exporter writes. So this
-module (only this one in ``otel_llm``) imports ``otel_llm_collector``: a development-time command run in
-the repository, where ``scripts/setup.sh`` installs both distributions; not declared in the ``views``
-extra, because ``otel-llm-collector`` depends on ``otel-llm`` and is installed from ``./collector``.
+metric tables (``core.metrics``, ``core.self_metrics``, whose ``GATEWAY_METRICS`` is the collector's
+self-telemetry table), translated by ``core.prometheus_names`` (dots to underscores, unit suffixes,
+``_total`` on counters): the collector's Prometheus endpoint uses the same translation, which is also
+what an upstream Collector's Prometheus exporter writes. The views do not import the collector.
 
 Every panel's query is run against a real Prometheus scraping the real collector after a real engine
 load (tests/views/test_dashboard_prometheus.py).
@@ -31,13 +29,11 @@ from grafana_foundation_sdk.models.common import (LegendDisplayMode, LegendPlace
                                                  TooltipDisplayMode)
 from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DataSourceRef, VariableOption,
                                                      VariableRefresh, VariableSort)
-from otel_llm_collector.prometheus import prom_name
-from otel_llm_collector.telemetry import PREFIX as COLLECTOR_PREFIX
-from otel_llm_collector.telemetry import SPECS as COLLECTOR_SPECS
 
 from ..core import metrics as m
 from ..core import self_metrics as sm
 from ..core import semconv as sc
+from ..core.prometheus_names import prom_label, prom_name
 
 UID = "otel-llm"
 PROMETHEUS_UID, TEMPO_UID = "otel-llm-prometheus", "otel-llm-tempo"
@@ -48,13 +44,15 @@ SLO_BREACHES, SLOW_CAUSE = m.SLO_BREACHES, sc.SLOW_CAUSE  # the slow-cause verdi
 
 
 def label(attribute: str) -> str:
-    return prom_name(attribute, "")
+    return prom_label(attribute)
 
 
-MODEL, SERVICE, TOKEN_TYPE = label(sc.REQUEST_MODEL), label("service.name"), label(sc.TOKEN_TYPE)
+MODEL, SERVICE, TOKEN_TYPE = label(sc.REQUEST_MODEL), label(sc.SERVICE_NAME), label(sc.TOKEN_TYPE)
 SEL = f'{MODEL}=~"$model", {SERVICE}=~"$service"'
 RATE = "$__rate_interval"
 _HIST = {spec.name: spec for spec in m.SERVER_HISTOGRAMS}
+TTFT, TPOT, E2E = (m.SERVER_HISTOGRAM[f].name for f in ("ttft", "tpot", "e2e"))
+PHASES = tuple(m.SERVER_HISTOGRAM[f].name for f in ("queue", "prefill", "decode"))
 
 
 def histogram(name: str) -> str:
@@ -66,8 +64,7 @@ def counter(name: str, unit: str) -> str:
 
 
 def collector(name: str) -> str:
-    spec = next(s for s in COLLECTOR_SPECS if s.name == name)  # a KeyError here: the table moved
-    return COLLECTOR_PREFIX + spec.name + ("_total" if spec.kind.__name__ == "Counter" else "")
+    return sm.gateway_metric(name)  # a KeyError here: the collector's table lost the metric
 
 
 @dataclass(frozen=True)
@@ -107,8 +104,7 @@ def _goodput() -> str:
 
 
 def _share(phase: str) -> Query:
-    phases = [histogram(n) for n in ("llm.server.queue.duration", "llm.server.prefill.duration",
-                                     "llm.server.decode.duration")]
+    phases = [histogram(n) for n in PHASES]
     total = " + ".join(_rate_sum(p + "_sum") for p in phases)
     return Query(f"{_rate_sum(histogram(phase) + '_sum')} / ({total})", phase.split(".")[2] + " {{" + MODEL + "}}")
 
@@ -121,11 +117,11 @@ def _health(metric: str, by: str, legend: str) -> Query:
 PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Latency (every request, from the histograms)", (
         PanelSpec("Time to first token", "p50 / p95 / p99 per model; exemplars link a point to its trace in Tempo",
-                  _quantiles("gen_ai.server.time_to_first_token"), "s"),
+                  _quantiles(TTFT), "s"),
         PanelSpec("Time per output token", "p50 / p95 / p99 per model (mean decode gap of a request)",
-                  _quantiles("gen_ai.server.time_per_output_token"), "s"),
+                  _quantiles(TPOT), "s"),
         PanelSpec("End-to-end duration", "p50 / p95 / p99 per model",
-                  _quantiles("gen_ai.server.request.duration"), "s"),
+                  _quantiles(E2E), "s"),
     )),
     ("Goodput and throughput", (
         PanelSpec("Goodput", "Share of requests that met every SLO of their model at once (SLOs: OTEL_LLM_SLO / "
@@ -136,8 +132,7 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("Output characters/s", "Tokenizer-independent: compare models by this, not by tokens/s",
                   (Query(_rate_sum(counter(m.OUTPUT_CHARACTERS, "{character}")), "{{" + MODEL + "}}"),), "short"),
         PanelSpec("Where the time goes", "Share of request time in queue, prefill and decode (sums of the phase "
-                  "histograms)", tuple(_share(p) for p in ("llm.server.queue.duration", "llm.server.prefill.duration",
-                                                           "llm.server.decode.duration")),
+                  "histograms)", tuple(_share(p) for p in PHASES),
                   "percentunit", stacked=True),
     )),
     ("Why slow, and what was kept", (
@@ -205,7 +200,7 @@ def _variable(name: str, label_name: str, match: str):
 
 def build() -> dict:
     """The dashboard as Grafana's JSON model (a dict)."""
-    requests = histogram("gen_ai.server.request.duration") + "_count"
+    requests = histogram(E2E) + "_count"
     d = (gd.Dashboard("otel-llm: LLM serving").uid(UID).tags(["otel-llm", "llm", "vllm"]).refresh("30s")
          .time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
          .description("TTFT / TPOT / latency, goodput, throughput, phase shares, slow causes, tail sampling and "

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from ..core import semconv as sc
 from ..otlp_json import OtlpJsonError, parse_request
 
 
@@ -83,7 +84,7 @@ def _flatten(requests: Iterable[Any]) -> Iterator[Span]:
         for rs in request.resource_spans:
             service = ""
             for kv in rs.resource.attributes:
-                if kv.key == "service.name":
+                if kv.key == sc.SERVICE_NAME:
                     service = str(value(kv.value))
             for ss in rs.scope_spans:
                 for s in ss.spans:
