@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, TOKEN_BUCKETS, TOKEN_USAGE
+from otel_llm.core.metrics import SERVER_HISTOGRAMS, SERVER_METRICS
 from otel_llm.core.slo import SLO, SLOTable
 
 
@@ -221,20 +221,22 @@ def _connector_metrics(u: UpstreamTarget) -> list[dict[str, Any]]:
             "attributes": _DIMENSIONS,
             "histogram": {"buckets": list(spec.buckets), "value": f"Double({ottl_attr(attribute)})"},
         })
+    tokens = SERVER_METRICS.token_usage_spec
     for token_type, attribute in (("input", sc.USAGE_INPUT_TOKENS), ("output", sc.USAGE_OUTPUT_TOKENS)):
         metrics.append({
-            "name": TOKEN_USAGE, "description": "Input and output tokens per request", "unit": "{token}",
+            "name": tokens.name, "description": tokens.description, "unit": tokens.unit,
             "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil and {_is_number(attribute)}"],
             "attributes": [*_DIMENSIONS, {"key": sc.TOKEN_TYPE, "default_value": token_type}],
-            "histogram": {"buckets": list(TOKEN_BUCKETS), "value": f"Double({ottl_attr(attribute)})"},
+            "histogram": {"buckets": list(tokens.buckets), "value": f"Double({ottl_attr(attribute)})"},
         })
     counter: dict[str, Any] = {"value": "1"}
     if u.sum_monotonic:
         counter["monotonic"] = True
-    metrics.append({"name": REQUESTS, "description": "Finished requests", "unit": "{request}",
+    requests, good = SERVER_METRICS.requests_spec, SERVER_METRICS.good_requests_spec
+    metrics.append({"name": requests.name, "description": requests.description, "unit": requests.unit,
                     "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil"], "attributes": _DIMENSIONS,
                     "sum": dict(counter)})
-    metrics.append({"name": GOOD_REQUESTS, "unit": "{request}",
+    metrics.append({"name": good.name, "unit": good.unit,
                     "description": "Requests that met every SLO (as the SDK recorded in llm.slo.met)",
                     "conditions": [f"{ottl_attr(sc.SLO_MET)} == true"], "attributes": _DIMENSIONS,
                     "sum": dict(counter)})

@@ -29,6 +29,32 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
+@dataclass(frozen=True)
+class InstrumentSpec:
+    """One instrument: its name, unit, description, kind and (histograms) bucket boundaries; ``attributes``
+    are the attributes it is recorded with beyond the request labels (documented in the README table)."""
+
+    name: str
+    unit: str
+    description: str
+    buckets: tuple[float, ...] = ()
+    kind: str = "histogram"  # histogram | counter | gauge | updowncounter (gauges and up-down: observable)
+    attributes: tuple[str, ...] = ()
+
+
+TOKEN_UNIT, CHARACTER_UNIT, REQUEST_UNIT, BREACH_UNIT = "{token}", "{character}", "{request}", "{breach}"
+
+
+def create(meter: Meter, spec: InstrumentSpec) -> Any:
+    """A synchronous instrument from its row (histogram or counter)."""
+    if spec.kind == "histogram":
+        return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                      explicit_bucket_boundaries_advisory=list(spec.buckets))
+    if spec.kind == "counter":
+        return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+    raise ValueError(f"{spec.name}: a {spec.kind} is observable, built with its callback")
+
+
 def _if_succeeded(field: str) -> Callable[[RequestSummary], float | None]:
     """The GenAI conventions define TTFT and TPOT for successful responses: none for a failed one."""
     get = attrgetter(field)
@@ -98,6 +124,40 @@ class MetricSet:
     noun: str = "request"
     slo_breaches: str | None = None  # a counter of breaches by objective and slow cause
 
+    @property
+    def token_usage_spec(self) -> InstrumentSpec:
+        return InstrumentSpec(self.token_usage, TOKEN_UNIT, f"Input and output tokens per {self.noun}",
+                              TOKEN_BUCKETS, attributes=(sc.TOKEN_TYPE,))
+
+    @property
+    def requests_spec(self) -> InstrumentSpec:
+        return InstrumentSpec(self.requests, REQUEST_UNIT, f"Finished {self.noun}s", kind="counter")
+
+    @property
+    def good_requests_spec(self) -> InstrumentSpec:
+        return InstrumentSpec(self.good_requests, REQUEST_UNIT,
+                              f"Finished {self.noun}s that met every SLO at once (goodput = good / all)",
+                              kind="counter")
+
+    @property
+    def characters_spec(self) -> InstrumentSpec | None:
+        return InstrumentSpec(self.characters, CHARACTER_UNIT, "Output characters (tokenizer-independent)",
+                              kind="counter") if self.characters else None
+
+    @property
+    def slo_breaches_spec(self) -> InstrumentSpec | None:
+        return InstrumentSpec(
+            self.slo_breaches, BREACH_UNIT,
+            f"SLO breaches, one per {self.noun} and objective missed, by objective "
+            f"({sc.SLO_OBJECTIVE}) and slow cause ({sc.SLOW_CAUSE}; unknown where none was decided)",
+            kind="counter", attributes=(sc.SLO_OBJECTIVE, sc.SLOW_CAUSE)) if self.slo_breaches else None
+
+    def instruments(self) -> tuple[InstrumentSpec, ...]:
+        """Every instrument of the set but the histograms, in the README table's order."""
+        specs = (self.token_usage_spec, self.characters_spec, self.requests_spec, self.good_requests_spec,
+                 self.slo_breaches_spec)
+        return tuple(spec for spec in specs if spec is not None)
+
 
 SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS,
                            slo_breaches=SLO_BREACHES)
@@ -112,27 +172,17 @@ class RequestMetrics:
         passes one cache with a byte budget, shared by all services."""
         self._slos = slos
         self._extra = dict(extra_attributes or {})
-        noun = metric_set.noun
         self._histograms = [
             (spec, meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
                                           explicit_bucket_boundaries_advisory=list(spec.buckets)))
             for spec in metric_set.histograms
         ]
-        self._tokens = meter.create_histogram(
-            metric_set.token_usage, unit="{token}", description=f"Input and output tokens per {noun}",
-            explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS))
-        self._chars = meter.create_counter(metric_set.characters, unit="{character}",
-                                           description="Output characters (tokenizer-independent)"
-                                           ) if metric_set.characters else None
-        self._requests = meter.create_counter(metric_set.requests, unit="{request}", description=f"Finished {noun}s")
-        self._good = meter.create_counter(
-            metric_set.good_requests, unit="{request}",
-            description=f"Finished {noun}s that met every SLO at once (goodput = good / all)")
-        self._breaches = meter.create_counter(
-            metric_set.slo_breaches, unit="{breach}",
-            description=f"SLO breaches, one per {noun} and objective missed, by objective "
-                        f"(llm.slo.objective) and slow cause (llm.slow.cause; unknown where none was decided)"
-        ) if metric_set.slo_breaches else None
+        self._tokens = create(meter, metric_set.token_usage_spec)
+        chars, breaches = metric_set.characters_spec, metric_set.slo_breaches_spec
+        self._chars = create(meter, chars) if chars is not None else None
+        self._requests = create(meter, metric_set.requests_spec)
+        self._good = create(meter, metric_set.good_requests_spec)
+        self._breaches = create(meter, breaches) if breaches is not None else None
         self._attr_cache: LabelSetCache = label_sets if label_sets is not None else FirstN(4096)
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
@@ -344,33 +394,34 @@ STEP_TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 
                      1.28, 2.56, 5.12, 10.24)
 
 
-@dataclass(frozen=True)
-class InstrumentSpec:
-    name: str
-    unit: str
-    description: str
-    buckets: tuple[float, ...] = ()
-
-
 STEP_DURATION = InstrumentSpec(
     "llm.server.engine.step.duration", "s",
     "Engine-step time by part (llm.engine.step.part: schedule, execute, model, output, total; idle: the gap "
-    "before the step) and step phase (prefill, decode, mixed)", STEP_TIME_BUCKETS)
+    "before the step) and step phase (prefill, decode, mixed)", STEP_TIME_BUCKETS,
+    attributes=(sc.STEP_PHASE, sc.STEP_PART))
 STEP_MFU = InstrumentSpec("llm.server.engine.step.mfu", "1",
                           "Model FLOPs utilization per engine step (estimated FLOPs / measured time / peak)",
-                          UTILIZATION_BUCKETS)
+                          UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
 STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
                           "Memory bandwidth utilization per engine step (estimated bytes / measured time / peak)",
-                          UTILIZATION_BUCKETS)
+                          UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
 STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
-                       "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)")
+                       "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)",
+                       kind="counter", attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
+STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU)
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
-GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1", "Fraction of time the GPU was busy over NVML's sample period")
-GPU_MEMORY_UTILIZATION = InstrumentSpec("hw.gpu.memory.utilization", "1", "Fraction of time GPU memory was read or written")
-GPU_MEMORY_USAGE = InstrumentSpec("hw.gpu.memory.usage", "By", "GPU memory used")
-GPU_MEMORY_LIMIT = InstrumentSpec("hw.gpu.memory.limit", "By", "GPU memory size")
-GPU_POWER = InstrumentSpec("hw.power", "W", "Power drawn by the GPU (hw.type=gpu)")
-GPU_SM_CLOCK = InstrumentSpec("llm.gpu.clock.sm", "MHz", "SM clock of the GPU")
-GPU_THROTTLED = InstrumentSpec("llm.gpu.throttled", "1", "1 for each clock throttle reason active at the last sample")
+_HW = (sc.HW_ID, sc.HW_NAME, sc.HW_TYPE, sc.HW_VENDOR)
+GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1",
+                                 "Fraction of time the GPU was busy over NVML's sample period",
+                                 kind="gauge", attributes=_HW)
+GPU_MEMORY_UTILIZATION = InstrumentSpec("hw.gpu.memory.utilization", "1",
+                                        "Fraction of time GPU memory was read or written",
+                                        kind="gauge", attributes=_HW)
+GPU_MEMORY_USAGE = InstrumentSpec("hw.gpu.memory.usage", "By", "GPU memory used", kind="updowncounter", attributes=_HW)
+GPU_MEMORY_LIMIT = InstrumentSpec("hw.gpu.memory.limit", "By", "GPU memory size", kind="updowncounter", attributes=_HW)
+GPU_POWER = InstrumentSpec("hw.power", "W", "Power drawn by the GPU (hw.type=gpu)", kind="gauge", attributes=_HW)
+GPU_SM_CLOCK = InstrumentSpec("llm.gpu.clock.sm", "MHz", "SM clock of the GPU", kind="gauge", attributes=_HW)
+GPU_THROTTLED = InstrumentSpec("llm.gpu.throttled", "1", "1 for each clock throttle reason active at the last sample",
+                               kind="gauge", attributes=(*_HW, sc.GPU_THROTTLE_REASON))
 GPU_METRICS: tuple[InstrumentSpec, ...] = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT,
                                            GPU_POWER, GPU_SM_CLOCK, GPU_THROTTLED)

@@ -14,13 +14,24 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from . import semconv as sc
 from .guard import GUARD
+from .metrics import InstrumentSpec
 
-REQUESTS = "otel_llm.requests"  # by otel_llm.state: started, finished, kept, untracked, spans_dropped
-SPANS_SENT = "otel_llm.spans.sent_direct"  # written by us and sent with the provider's OTLP exporters
-SPANS_DROPPED = "otel_llm.spans.dropped_direct"  # direct export: buffer full, or every send failed
-ENGINE_STEPS = "otel_llm.engine_steps"  # by otel_llm.state: recorded, emitted, settled_early
-ERRORS = "otel_llm.errors"  # instrumentation errors caught, by otel_llm.site
 STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", sc.ENGINE
+REQUESTS = InstrumentSpec("otel_llm.requests", "{request}",
+                          "Requests seen by otel-llm, by what happened to their telemetry",
+                          kind="counter", attributes=(ENGINE, STATE))
+ENGINE_STEPS = InstrumentSpec("otel_llm.engine_steps", "{step}",
+                              "Engine steps recorded, emitted as spans, or settled early",
+                              kind="counter", attributes=(ENGINE, STATE))
+SPANS_SENT = InstrumentSpec("otel_llm.spans.sent_direct", "{span}",
+                            "Spans otel-llm wrote as OTLP and sent with the provider's exporters",
+                            kind="counter", attributes=(ENGINE,))
+SPANS_DROPPED = InstrumentSpec("otel_llm.spans.dropped_direct", "{span}",
+                               "Directly exported spans dropped (buffer full or export failed)",
+                               kind="counter", attributes=(ENGINE,))
+ERRORS = InstrumentSpec("otel_llm.errors", "{error}", "Instrumentation errors caught (the host's work went on)",
+                        kind="counter", attributes=(SITE,))
+SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, SPANS_DROPPED, ERRORS)
 
 
 def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> None:
@@ -44,16 +55,10 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> 
         for site, n in list(GUARD.errors.items()):
             yield Observation(n, {SITE: site})
 
-    meter.create_observable_counter(REQUESTS, [by_state("requests_")], unit="{request}",
-                                    description="Requests seen by otel-llm, by what happened to their telemetry")
-    meter.create_observable_counter(ENGINE_STEPS, [by_state("steps_")], unit="{step}",
-                                    description="Engine steps recorded, emitted as spans, or settled early")
-    meter.create_observable_counter(SPANS_SENT, [one("direct_spans_sent")], unit="{span}",
-                                    description="Spans otel-llm wrote as OTLP and sent with the provider's exporters")
-    meter.create_observable_counter(SPANS_DROPPED, [one("direct_spans_dropped")], unit="{span}",
-                                    description="Directly exported spans dropped (buffer full or export failed)")
-    meter.create_observable_counter(ERRORS, [errors], unit="{error}",
-                                    description="Instrumentation errors caught (the host's work went on)")
+    for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
+                           (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped")),
+                           (ERRORS, errors)):
+        meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
 
 
 # -- the collector's (otel-llm-collector's) own telemetry -------------------------------------------

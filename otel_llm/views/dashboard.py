@@ -40,7 +40,8 @@ PROMETHEUS_UID, TEMPO_UID = "otel-llm-prometheus", "otel-llm-tempo"
 # panels use the datasource variable (its default: the provisioned datasource), so an import into a
 # Grafana whose Prometheus has another uid only needs the variable set
 PROM = DataSourceRef(type_val="prometheus", uid="${datasource}")
-SLO_BREACHES, SLOW_CAUSE = m.SLO_BREACHES, sc.SLOW_CAUSE  # the slow-cause verdict's counter and its label
+SLO_BREACHES, SLOW_CAUSE = m.SERVER_METRICS.slo_breaches_spec, sc.SLOW_CAUSE  # the slow-cause verdict's counter, label
+TOKENS, CHARACTERS = m.SERVER_METRICS.token_usage_spec, m.SERVER_METRICS.characters_spec
 
 
 def label(attribute: str) -> str:
@@ -59,8 +60,8 @@ def histogram(name: str) -> str:
     return prom_name(name, _HIST[name].unit)
 
 
-def counter(name: str, unit: str) -> str:
-    return prom_name(name, unit) + "_total"
+def counter(spec: m.InstrumentSpec) -> str:
+    return prom_name(spec.name, spec.unit) + "_total"
 
 
 def collector(name: str) -> str:
@@ -98,7 +99,7 @@ def _rate_sum(metric: str, by: str = MODEL, extra: str = "") -> str:
 
 
 def _goodput() -> str:
-    good, total = counter(m.GOOD_REQUESTS, "{request}"), counter(m.REQUESTS, "{request}")
+    good, total = counter(m.SERVER_METRICS.good_requests_spec), counter(m.SERVER_METRICS.requests_spec)
     # "or 0 * total": goodput is 0 (not "no data") while no request has met every SLO yet
     return f"({_rate_sum(good)} or 0 * {_rate_sum(total)}) / {_rate_sum(total)}"
 
@@ -127,23 +128,23 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("Goodput", "Share of requests that met every SLO of their model at once (SLOs: OTEL_LLM_SLO / "
                   "the collector's llm_metrics slo)", (Query(_goodput(), "{{" + MODEL + "}}"),), "percentunit"),
         PanelSpec("Output tokens/s", "Output tokens per second, all requests of a model together",
-                  (Query(_rate_sum(prom_name(m.TOKEN_USAGE, "{token}") + "_sum", extra=f', {TOKEN_TYPE}="output"'),
+                  (Query(_rate_sum(prom_name(TOKENS.name, TOKENS.unit) + "_sum", extra=f', {TOKEN_TYPE}="output"'),
                          "{{" + MODEL + "}}"),), "short"),
         PanelSpec("Output characters/s", "Tokenizer-independent: compare models by this, not by tokens/s",
-                  (Query(_rate_sum(counter(m.OUTPUT_CHARACTERS, "{character}")), "{{" + MODEL + "}}"),), "short"),
+                  (Query(_rate_sum(counter(CHARACTERS)), "{{" + MODEL + "}}"),), "short"),
         PanelSpec("Where the time goes", "Share of request time in queue, prefill and decode (sums of the phase "
                   "histograms)", tuple(_share(p) for p in PHASES),
                   "percentunit", stacked=True),
     )),
     ("Why slow, and what was kept", (
         PanelSpec("Slow-request causes", "SLO breaches by the verdict's cause (llm.slow.cause)",
-                  (Query(_rate_sum(counter(SLO_BREACHES, "{breach}"), by=label(SLOW_CAUSE)),
+                  (Query(_rate_sum(counter(SLO_BREACHES), by=label(SLOW_CAUSE)),
                          "{{" + label(SLOW_CAUSE) + "}}"),), "reqps", stacked=True),
         PanelSpec("Tail sampling: traces decided", "The collector's decisions by deciding policy and verdict",
                   (Query(f"sum by (policy, decision) (rate({collector('count_traces_sampled')}[{RATE}]))",
                          "{{policy}} {{decision}}"),), "short", stacked=True),
         PanelSpec("SDK: what happened to each request's telemetry", "otel_llm.requests by state (kept = got spans)",
-                  (Query(f"sum by ({label(sm.STATE)}) (rate({counter(sm.REQUESTS, '{request}')}[{RATE}]))",
+                  (Query(f"sum by ({label(sm.STATE)}) (rate({counter(sm.REQUESTS)}[{RATE}]))",
                          "{{" + label(sm.STATE) + "}}"),), "reqps"),
         PanelSpec("Tail sampler buffer", "Traces waiting for a decision",
                   (Query(f"sum({collector('sampling_traces_on_memory')})", "traces"),), "short", kind="stat"),
@@ -163,12 +164,12 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                    _health(collector("sampling_late_spans"), "decision", "late {{decision}}")),
                   "short", zero_normal=True),
         PanelSpec("SDK: spans sent directly, dropped, errors", "otel_llm.spans.* and otel_llm.errors (0 when healthy)",
-                  (Query(f"sum(rate({counter(sm.SPANS_SENT, '{span}')}[{RATE}]))", "sent"),
-                   _health(counter(sm.SPANS_DROPPED, "{span}"), "", "dropped"),
-                   _health(counter(sm.ERRORS, "{error}"), label(sm.SITE), "errors {{" + label(sm.SITE) + "}}")),
+                  (Query(f"sum(rate({counter(sm.SPANS_SENT)}[{RATE}]))", "sent"),
+                   _health(counter(sm.SPANS_DROPPED), "", "dropped"),
+                   _health(counter(sm.ERRORS), label(sm.SITE), "errors {{" + label(sm.SITE) + "}}")),
                   "short", zero_normal=True),
         PanelSpec("SDK: engine steps", "otel_llm.engine_steps by state (recorded, emitted as spans, settled early)",
-                  (Query(f"sum by ({label(sm.STATE)}) (rate({counter(sm.ENGINE_STEPS, '{step}')}[{RATE}]))",
+                  (Query(f"sum by ({label(sm.STATE)}) (rate({counter(sm.ENGINE_STEPS)}[{RATE}]))",
                          "{{" + label(sm.STATE) + "}}"),), "short"),
     )),
 )

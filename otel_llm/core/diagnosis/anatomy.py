@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .. import semconv as sc
-from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, InstrumentSpec
+from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, create
 from ..timeline import StepRecord
 from .devices import resolve
 from .roofline import DevicePeaks, ModelShape, Roofline, roofline, step_cost
@@ -61,10 +61,10 @@ class StepDiagnosis:
         self._meter = meter
         self._bound: dict[tuple, Any] = {}
         if meter is not None:
-            self._duration = _histogram(meter, STEP_DURATION)
-            self._mfu = _histogram(meter, STEP_MFU)
-            self._mbu = _histogram(meter, STEP_MBU)
-            self._steps = meter.create_counter(STEPS.name, unit=STEPS.unit, description=STEPS.description)
+            self._duration = create(meter, STEP_DURATION).record
+            self._mfu = create(meter, STEP_MFU).record
+            self._mbu = create(meter, STEP_MBU).record
+            self._steps = create(meter, STEPS)
 
     def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
         self.shape, self.peaks = shape, peaks
@@ -153,8 +153,3 @@ class StepDiagnosis:
         if self.sampler is not None:
             self.sampler.close()
             self.sampler = None
-
-
-def _histogram(meter: Any, spec: InstrumentSpec) -> Any:
-    return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description,
-                                  explicit_bucket_boundaries_advisory=list(spec.buckets)).record

@@ -191,7 +191,7 @@ class GpuSampler:
             return {sc.HW_ID: self.ids[s.index], sc.HW_NAME: self.names[s.index], sc.HW_TYPE: "gpu",
                     sc.HW_VENDOR: "NVIDIA"}
 
-        def gauge(spec: Any, value: Callable[[GpuSample], float | None], kind: str = "gauge") -> None:
+        def gauge(spec: Any, value: Callable[[GpuSample], float | None]) -> None:
 
             def callback(_options: Any) -> list[Any]:
                 from opentelemetry.metrics import Observation
@@ -201,13 +201,13 @@ class GpuSampler:
                     if v is not None:
                         out.append(Observation(v, attrs(s)))
                 return out
-            make = meter.create_observable_gauge if kind == "gauge" else meter.create_observable_up_down_counter
+            make = meter.create_observable_gauge if spec.kind == "gauge" else meter.create_observable_up_down_counter
             make(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
         gauge(m.GPU_UTILIZATION, lambda s: s.utilization)
         gauge(m.GPU_MEMORY_UTILIZATION, lambda s: s.memory_utilization)
-        gauge(m.GPU_MEMORY_USAGE, lambda s: s.memory_used, "updown")
-        gauge(m.GPU_MEMORY_LIMIT, lambda s: s.memory_total, "updown")
+        gauge(m.GPU_MEMORY_USAGE, lambda s: s.memory_used)
+        gauge(m.GPU_MEMORY_LIMIT, lambda s: s.memory_total)
         gauge(m.GPU_POWER, lambda s: s.power_w)
         gauge(m.GPU_SM_CLOCK, lambda s: s.sm_clock_mhz)
 
