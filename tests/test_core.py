@@ -509,13 +509,3 @@ def test_fast_path_spans_encode_under_the_providers_one_resource():
     request = encode_spans(spans)
     assert len(request.resource_spans) == 1  # decode steps and the SDK-built spans share one group
     assert sum(len(ss.spans) for ss in request.resource_spans[0].scope_spans) == len(spans)
-
-
-def test_readme_options_table_is_the_generated_one():
-    """The README's configuration table is ``python -m otel_llm.core.config``'s output, row for row."""
-    from pathlib import Path
-
-    from otel_llm.core.config import options_table
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert options_table() in readme, "regenerate it: python -m otel_llm.core.config"

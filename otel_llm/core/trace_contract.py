@@ -1,0 +1,122 @@
+"""The trace contract as data: which span carries which attributes and events, when and from what to what.
+
+The names are ``semconv``'s (referenced, never retyped); this table says where they go. The README's
+trace-contract table is generated from it (``python -m otel_llm.core.readme_tables``; a test checks the
+README matches), and tests can hold emitted spans against it (``attribute_names``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import semconv as sc
+
+
+@dataclass(frozen=True)
+class Item:
+    """An attribute (or, with ``event``, an event) of a span, with what the README says about it."""
+
+    name: str
+    note: str = ""  # follows the name: a condition, the values, the meaning
+    lead: str = ""  # precedes the name: introduces a group ("and its engine step's facts: ")
+    event: bool = False
+
+    def render(self) -> str:
+        return f"{self.lead}{'event ' if self.event else ''}`{self.name}`{self.note}"
+
+
+@dataclass(frozen=True)
+class SpanDoc:
+    names: tuple[str, ...]  # one row may document several spans of the same shape
+    kind: str
+    when: str
+    start_end: str
+    items: tuple[Item, ...] = ()
+    tail: str = ""  # after the items: what is not an attribute (links, status)
+    shown_name: str = ""  # how the README writes the name, where it is a template
+
+    def attribute_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.items if not i.event)
+
+
+def _when_set(*names: str) -> tuple[Item, ...]:
+    return tuple(Item(n, " (when set)") for n in names)
+
+
+_STEP_FACTS = "and its engine step's facts: "
+
+
+def _anatomy() -> tuple[Item, ...]:
+    """The step's anatomy on a request's chunk or decode-step span: the parts the engine measured."""
+    first, *rest = (sc.STEP_MODEL_TIME, sc.STEP_EXECUTE_TIME, sc.STEP_IDLE_BEFORE)
+    return (Item(first, lead="and, where the engine measured them, its anatomy: "), *(Item(n) for n in rest))
+
+REQUEST_SPAN = SpanDoc(
+    (), "SERVER under `vllm serve` / `trtllm-serve`, INTERNAL offline", "every kept request",
+    "arrival → the frontend received the last output (`arrival + e2e`; TensorRT-LLM: its last token)",
+    (Item(sc.OPERATION_NAME),
+     Item(sc.PROVIDER_NAME, f"=`{sc.PROVIDER_VLLM}` or `{sc.PROVIDER_TENSORRT_LLM}`"),
+     Item(sc.REQUEST_MODEL), Item(sc.REQUEST_MAX_TOKENS), Item(sc.REQUEST_TEMPERATURE), Item(sc.REQUEST_TOP_P),
+     *_when_set(sc.REQUEST_TOP_K, sc.REQUEST_SEED, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
+                sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT),
+     Item(sc.REQUEST_STREAM, " (under serve when streaming; TensorRT-LLM: whenever streamed)"),
+     Item(sc.RESPONSE_MODEL), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
+     Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),
+     Item(sc.LATENCY_TTFT), Item(sc.LATENCY_TPOT), Item(sc.LATENCY_E2E), Item(sc.LATENCY_QUEUE),
+     Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE), Item(sc.NUM_PREEMPTIONS),
+     Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS),
+     Item(sc.SLO_MET), Item(sc.SLO_BREACHED), Item(sc.SAMPLING_REASON),
+     Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed")),
+    shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat llama-3`)")
+
+SPANS: tuple[SpanDoc, ...] = (
+    REQUEST_SPAN,
+    SpanDoc((sc.SPAN_QUEUE,), "INTERNAL", "detail ≥ phases", "arrival → first scheduled",
+            (Item(sc.EVENT_ENGINE_QUEUED, " when the engine queued it", event=True),)),
+    SpanDoc((sc.SPAN_PREFILL,), "INTERNAL", "detail ≥ phases", "first scheduled → first token",
+            (Item(sc.EVENT_PREEMPTION, " for a preemption during prefill", event=True),
+             Item(sc.CHUNKS_OMITTED, " when the budget left chunk spans out (the slowest are kept)"))),
+    SpanDoc((sc.SPAN_PREFILL_CHUNK,), "INTERNAL", "detail ≥ phases, engine steps on",
+            "the engine step that computed the chunk",
+            (Item(sc.CHUNK_INDEX), Item(sc.CHUNK_TOKENS),
+             Item(sc.ENGINE_STEP_ID, lead=_STEP_FACTS), Item(sc.STEP_DURATION), Item(sc.STEP_BATCH_SIZE),
+             Item(sc.STEP_OTHER_PREFILL_TOKENS, " (other requests' prompt tokens in that step)"),
+             *_anatomy())),
+    SpanDoc((sc.SPAN_DECODE,), "INTERNAL", "detail ≥ phases", "first token → end",
+            (Item(sc.EVENT_PREEMPTION, " for a preemption during decode", event=True),
+             Item(sc.EVENTFUL_COALESCED, " when the budget put eventful steps into windows"))),
+    SpanDoc((sc.SPAN_DECODE_STEP,), "INTERNAL",
+            "detail = steps, for an **eventful** decode step (below), or a lone uneventful one between two",
+            "previous token → this token",
+            (Item(sc.STEP_INDEX), Item(sc.STEP_TOKENS, " (> 1 with speculative decoding)"),
+             Item(sc.ENGINE_STEP_ID, lead=_STEP_FACTS), Item(sc.STEP_DURATION), Item(sc.STEP_BATCH_SIZE),
+             Item(sc.STEP_OTHER_PREFILL_TOKENS),
+             *_anatomy())),
+    SpanDoc((sc.SPAN_DECODE_WINDOW,), "INTERNAL", "detail = steps, for each run of uneventful decode steps",
+            "first step's previous token → last step's token",
+            (Item(sc.WINDOW_TOKENS), Item(sc.WINDOW_FIRST_INDEX, " (decode-step index)"),
+             Item(sc.WINDOW_LAST_INDEX, " (decode-step index)"), Item(sc.WINDOW_GAP_MEAN, " (seconds per output token)"),
+             Item(sc.WINDOW_GAP_MAX, " (longest gap between consecutive outputs, seconds)"))),
+    SpanDoc((sc.SPAN_REQUEUE, sc.SPAN_REPREFILL), "INTERNAL", "per preemption, under the phase it hit",
+            "preempted → scheduled again → next token"),
+    SpanDoc((sc.SPAN_ENGINE_STEP,), "INTERNAL, own trace, own service (`engine_step_service`)",
+            "when it produced a chunk or decode-step span of a request kept at full detail (`steps`)",
+            "scheduler entered → outputs built (engine clock)",
+            (Item(sc.ENGINE_STEP_ID), Item(sc.STEP_PHASE, " (`prefill`/`decode`/`mixed`)"),
+             Item(sc.STEP_NUM_PREFILL_REQS), Item(sc.STEP_NUM_PREFILL_TOKENS), Item(sc.STEP_NUM_DECODE_REQS),
+             Item(sc.STEP_NUM_DECODE_TOKENS), Item(sc.STEP_BATCH_SIZE), Item(sc.STEP_NUM_RUNNING),
+             Item(sc.STEP_NUM_WAITING), Item(sc.STEP_NUM_PREEMPTED), Item(sc.STEP_KV_CACHE_USAGE),
+             Item(sc.ENGINE, f" (the engine, e.g. `{sc.PROVIDER_VLLM}`)")),
+            tail="**span links** to the kept requests whose chunk or decode-step spans it produced"),
+)
+
+
+def spans_table() -> str:
+    """The README's trace-contract table."""
+    rows = ["| span | kind | when | start → end | attributes |", "|---|---|---|---|---|"]
+    for s in SPANS:
+        name = s.shown_name or " / ".join(f"`{n}`" for n in s.names)
+        items = ", ".join(i.render() for i in s.items)
+        cell = "; ".join(part for part in (items, s.tail) if part)
+        rows.append(f"| {name} | {s.kind} | {s.when} | {s.start_end} | {cell} |")
+    return "\n".join(rows)

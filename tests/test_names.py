@@ -1,0 +1,84 @@
+"""Names, units and defaults are declared once: the README's tables are generated from the declarations,
+no module retypes a name of the trace contract, and ``Config``'s defaults are the options table's."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from otel_llm.core import config, metrics, readme_tables, self_metrics, semconv, trace_contract
+from otel_llm.core.client_metrics import CLIENT_METRICS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Where names are declared: the trace contract's attribute, span and event names (semconv), the
+# metric tables (metrics: server, engine-step and GPU instruments; self_metrics: otel-llm's own
+# counters and the collector's self-telemetry). Any other module refers to these constants.
+DECLARATIONS = {ROOT / "otel_llm/core/semconv.py", ROOT / "otel_llm/core/metrics.py",
+                ROOT / "otel_llm/core/self_metrics.py"}
+
+
+def declared_names() -> set[str]:
+    """Every dotted name the declaration modules hold: attributes, spans, events, metrics."""
+    names = {v for v in vars(semconv).values() if isinstance(v, str) and "." in v}
+    names |= set(semconv.SLOW_SECONDS.values())
+    for metric_set in (metrics.SERVER_METRICS, CLIENT_METRICS):
+        names |= {s.name for s in (*metric_set.histograms, *metric_set.instruments())}
+    names |= {s.name for s in (*metrics.STEP_METRICS, *metrics.GPU_METRICS, *self_metrics.SELF_METRICS)}
+    names |= {self_metrics.STATE, self_metrics.SITE}
+    return names
+
+
+def literals_named(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, value) of each string constant in ``source`` that is exactly one of ``names``."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def test_no_module_retypes_a_declared_name():
+    names = declared_names()
+    assert len(names) > 150  # the set is the real one (semconv alone declares well over a hundred)
+    found = []
+    for path in sorted([*ROOT.glob("otel_llm/**/*.py"), *ROOT.glob("collector/**/*.py")]):
+        if path in DECLARATIONS:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}: {value!r}"
+                  for line, value in literals_named(path.read_text(encoding="utf-8"), names)]
+    assert not found, "use the declared constant instead of the string:\n" + "\n".join(found)
+
+
+def test_the_grep_finds_a_retyped_name():
+    """The check above can fail: a literal equal to a declared name is found, prose mentioning it is not."""
+    source = f'x = {{"{semconv.LATENCY_TTFT}": 1}}\n"""a docstring naming {semconv.LATENCY_TTFT}"""\n'
+    assert literals_named(source, declared_names()) == [(1, semconv.LATENCY_TTFT)]
+
+
+def test_readme_tables_are_the_generated_ones():
+    """Byte for byte: ``python -m otel_llm.core.readme_tables --write README.md`` changes nothing."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme_tables.regenerate(readme) == readme, f"regenerate them: {readme_tables.COMMAND}"
+    assert readme_tables.main(["--check", str(ROOT / "README.md")]) == 0
+
+
+def test_a_stale_readme_table_is_caught(tmp_path):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(f"`{semconv.SPAN_QUEUE}` |", "`llm.wait` |", 1), encoding="utf-8")
+    assert readme_tables.main(["--check", str(stale)]) == 1
+    assert readme_tables.main(["--write", str(stale)]) == 0
+    assert stale.read_text(encoding="utf-8") == readme
+
+
+def test_trace_contract_names_are_declared():
+    names = declared_names()
+    for span in trace_contract.SPANS:
+        assert set(span.names) <= names
+        assert {i.name for i in span.items} <= names
+
+
+def test_config_defaults_are_the_options_table():
+    fields = dataclasses.fields(config.Config)
+    assert [f.name for f in fields] == [o.name for o in config.OPTIONS]
+    assert all(f.default is o.default for f, o in zip(fields, config.OPTIONS))
+    assert config.Config() == config.Config.resolve(environ={})
