@@ -74,7 +74,8 @@ def test_trace_contract_names_are_declared():
     names = declared_names()
     for span in trace_contract.SPANS:
         assert set(span.names) <= names
-        assert {i.name for i in span.items} <= names
+        assert set(span.attribute_names()) <= names
+        assert {i.name for i in span.items if i.event} <= names
 
 
 def test_config_defaults_are_the_options_table():

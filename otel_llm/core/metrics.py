@@ -257,10 +257,6 @@ class RequestMetrics:
             good += n_good
         return good
 
-    def _attributes(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> tuple[dict, dict, dict]:
-        """The request's label sets: all metrics, token usage of input, of output."""
-        return self._bound(s, extra).attributes
-
     def _bound(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> "_Bound":
         key = (s.model, s.operation, s.provider, s.error_type, extra)
         found = self._attr_cache.get(key)
@@ -279,7 +275,6 @@ class RequestMetrics:
             many += [(_INPUT_TOKENS, _bind_many(self._tokens, input_attrs)),
                      (_OUTPUT_TOKENS, _bind_many(self._tokens, output_attrs))]
             found = _Bound(
-                (attrs, input_attrs, output_attrs),
                 tuple((spec.value, _bind(hist, attrs)) for spec, hist in self._histograms),
                 _bind(self._tokens, input_attrs), _bind(self._tokens, output_attrs),
                 _bind(self._chars, attrs) if self._chars is not None else None,
@@ -321,7 +316,6 @@ Recorder = Callable[[float, "Context | None"], None]
 class _Bound:
     """One label set's instruments, bound once: a request then costs one cache lookup, not one per metric."""
 
-    attributes: tuple[dict, dict, dict]
     histograms: tuple[tuple[Callable[[RequestSummary], float | None], Recorder], ...]
     input_tokens: Recorder
     output_tokens: Recorder

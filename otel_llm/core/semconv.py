@@ -62,7 +62,6 @@ OUTPUT_CHARACTERS = "llm.response.output_characters"
 SLO_MET = "llm.slo.met"
 SLO_BREACHED = "llm.slo.breached"
 SAMPLING_REASON = "llm.sampling.reason"
-DETAIL = "llm.detail"
 # not "llm.engine": that is the namespace of llm.engine.step.*, and a name may not be both
 ENGINE = "llm.engine.name"
 

@@ -61,9 +61,6 @@ class FactsCache:
             hit = self._encoded[step.step_id] = w.attributes(self._entry(step))
         return hit
 
-    def other_prefill(self, step: StepRecord) -> int:
-        return self._entry(step)[sc.STEP_OTHER_PREFILL_TOKENS]
-
     def carried_prefill(self, by_token: dict[int, StepRecord], own: dict[int, int]) -> set[int]:
         """The tokens whose engine step prefilled someone else's prompt (``own``: the request's own
         prefill tokens per step id). One pass, per token of a kept request: kept tight."""

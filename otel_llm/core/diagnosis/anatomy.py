@@ -25,9 +25,6 @@ from ..timeline import StepRecord
 from .devices import resolve
 from .roofline import DevicePeaks, ModelShape, Roofline, roofline, step_cost
 
-PARTS = ("schedule", "execute", "model", "output", "idle", "total")
-
-
 def anatomy(step: StepRecord) -> dict[str, float]:
     """The step's parts in seconds (only those the engine reported), and its total."""
     out = {"total": step.end - step.start}

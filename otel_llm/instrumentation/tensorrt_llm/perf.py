@@ -18,7 +18,6 @@ first token) / (output tokens - 1); prefill and decode split TTFT's remainder an
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -186,8 +185,3 @@ def _warn_no_perf_metrics() -> None:
         logger.warning("otel-llm: a TensorRT-LLM request finished without per-request perf metrics "
                        "(return_perf_metrics): its span has TTFT, decode and e2e as this process saw them, "
                        "no queue/prefill phases. Call otel_llm.instrument() before building the LLM.")
-
-
-def monotonic_now() -> tuple[float, float]:
-    """(monotonic, wall) read back to back."""
-    return time.monotonic(), time.time()
