@@ -2,7 +2,7 @@
 
 Requests of 128, 1,024 and 4,096 output tokens, one engine step per token (batch of 8 decode
 requests; every 64th step also prefills 256 tokens of another request, and 1 % of steps
-hiccup at 3x), are finished through ``Telemetry`` with every request kept at full detail.
+hiccup at 3x), are finished through ``Pipeline`` with every request kept at full detail.
 Measured: process CPU time from ``finish`` to the spans being sent (spans built, encoded,
 posted over OTLP/HTTP to a discarding sink in another process), per request and per output
 token, and the spans per request trace. Two span paths: direct export (the SDK's
@@ -86,7 +86,7 @@ def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     from otel_llm.core.config import Config
-    from otel_llm.core.pipeline import Telemetry
+    from otel_llm.core.pipeline import Pipeline
 
     class Discard(SpanExporter):
         def export(self, spans):
@@ -97,7 +97,7 @@ def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
     tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20, max_export_batch_size=4096))
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", "tail_quantile": 0,
                              "max_steps": 1 << 20}, environ={})
-    tel = Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench")
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench")
     rng = random.Random(tokens)
     cpu = []
     spans = []

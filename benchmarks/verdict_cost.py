@@ -1,7 +1,7 @@
 """Cost of the slow-cause verdict: what each engine step adds where steps arrive, and what one verdict
 costs on the materializer thread, on constructed engine histories (no engine).
 
-1. ``Telemetry.add_step`` per step at decode batch sizes 16 and 256 (every request tracked), with the
+1. ``Pipeline.add_step`` per step at decode batch sizes 16 and 256 (every request tracked), with the
    step window on, and with it replaced by a no-op (``StepWindow.add`` alone is the difference);
    best of interleaved repeats.
 2. ``decide()`` for a request that waited 500 steps and decoded 1,000, and one that decoded 2,500,
@@ -25,14 +25,14 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.verdict import StepWindow, decide
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillChunk, RequestTimeline, StepRecord
 
 ENGINE = 1 << 32
 
 
 def add_step_cost(batch: int, window: bool, reps: int) -> float:
-    tele = Telemetry(Config.resolve({"max_steps": 1 << 20}, environ={}), TracerProvider().get_tracer("b"),
+    tele = Pipeline(Config.resolve({"max_steps": 1 << 20}, environ={}), TracerProvider().get_tracer("b"),
                      MeterProvider().get_meter("b"), "bench")
     if not window:
         tele.window.add = lambda *a: None  # type: ignore[method-assign]

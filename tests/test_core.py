@@ -17,7 +17,7 @@ from traces import MS, engine_steps, request_trees, row_tokens
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config, Detail
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.quantile import QuantileSketch
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
@@ -99,7 +99,7 @@ class Harness:
         tp.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.reader = InMemoryMetricReader()
         mp = MeterProvider(metric_readers=[self.reader])
-        self.telemetry = Telemetry(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "test")
+        self.telemetry = Pipeline(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "test")
 
     def request(self, rid: str, *, queue=0.01, prefill=0.05, tokens=5, itl=0.01, preempt_at=None,
                 chunks=(), error=None, gaps=None) -> RequestSummary:

@@ -18,7 +18,7 @@ from traces import request_trees, row_tokens
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.decode_rows import OUTLIER_FACTOR, choose_rows, eventful_steps
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.spans import token_steps
 from otel_llm.core.step_facts import step_facts
 from otel_llm.core.summary import RequestSummary
@@ -98,7 +98,7 @@ def test_step_facts_count_only_other_requests_prefill():
 RESOURCE = Resource.create({"service.name": "llm-test"})
 
 
-def long_request(tel: Telemetry, rid: str, tokens: int, stall_at: dict[int, int], preempt_at: int | None = None,
+def long_request(tel: Pipeline, rid: str, tokens: int, stall_at: dict[int, int], preempt_at: int | None = None,
                  gap: float = 0.01, stall_gap: float = 0.012, base: float | None = None,
                  arrival: float | None = None) -> RequestTimeline:
     """A request decoding ``tokens`` tokens, one engine step each; at the decode steps in ``stall_at``
@@ -127,12 +127,12 @@ def long_request(tel: Telemetry, rid: str, tokens: int, stall_at: dict[int, int]
     return t
 
 
-def memory_telemetry(**options) -> tuple[Telemetry, InMemorySpanExporter]:
+def memory_telemetry(**options) -> tuple[Pipeline, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     tp = TracerProvider(resource=RESOURCE)
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
-    return Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test"), exporter
+    return Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test"), exporter
 
 
 def test_a_30k_token_request_stays_within_the_budget_and_keeps_every_stall():
@@ -197,7 +197,7 @@ def test_sdk_path_and_direct_bytes_path_make_the_same_spans(monkeypatch):
 
     monkeypatch.setattr(pipeline_module, "WallClock", FixedClock)
 
-    def run(tel: Telemetry) -> None:
+    def run(tel: Pipeline) -> None:
         long_request(tel, "r", 400, {50: 64, 51: 64, 200: 16}, preempt_at=300, base=1000.0, arrival=1.7e9)
 
     tel, exporter = memory_telemetry()
@@ -210,7 +210,7 @@ def test_sdk_path_and_direct_bytes_path_make_the_same_spans(monkeypatch):
         tp = TracerProvider(resource=RESOURCE)
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{sink.endpoint}/v1/traces")))
         config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
-        tel = Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test")
+        tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test")
         assert tel.spans.wire_export() is not None
         run(tel)
         assert tel.flush(10) and tp.force_flush()

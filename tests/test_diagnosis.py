@@ -20,7 +20,7 @@ from otel_llm.core.diagnosis import devices
 from otel_llm.core.diagnosis.anatomy import StepDiagnosis
 from otel_llm.core.diagnosis.gpu import GpuSampler, throttle_names, visible_devices
 from otel_llm.core.diagnosis.roofline import ModelShape, roofline, step_cost
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
 from otel_llm.instrumentation.vllm import steps
@@ -269,7 +269,7 @@ class Harness:
         tp.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.reader = InMemoryMetricReader()
         mp = MeterProvider(metric_readers=[self.reader])
-        self.telemetry = Telemetry(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "t")
+        self.telemetry = Pipeline(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "t")
 
 
 def test_step_span_and_metrics_carry_anatomy_and_roofline():

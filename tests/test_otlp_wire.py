@@ -25,7 +25,7 @@ from otel_llm.core import otlp_wire as wire
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.direct_export import DirectExport
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
 from otel_llm.testing.otlp_sink import OTLPSink, decode
@@ -90,7 +90,7 @@ def expected_rows(tokens: int) -> int:
     return len(stalls) + sum(1 for lo, hi in zip([0] + stalls, stalls + [tokens]) if hi - lo > 1)
 
 
-def finish_request(telemetry: Telemetry, rid: str, tokens: int) -> None:
+def finish_request(telemetry: Pipeline, rid: str, tokens: int) -> None:
     base = time.monotonic() - 2.0
     t = RequestTimeline(rid, time.time() - 2.0, model="m", response_id=rid, input_tokens=10)
     assert telemetry.start(t)
@@ -103,9 +103,9 @@ def finish_request(telemetry: Telemetry, rid: str, tokens: int) -> None:
                                          decode=decode_s, tpot=0.01, input_tokens=10, output_tokens=tokens))
 
 
-def telemetry_for(tp: TracerProvider, **options) -> Telemetry:
+def telemetry_for(tp: TracerProvider, **options) -> Pipeline:
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
-    return Telemetry(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test")
+    return Pipeline(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test")
 
 
 def check_trace(spans, tokens: int) -> None:
@@ -383,7 +383,7 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
     tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)))
     reader = InMemoryMetricReader()
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
-    tel = Telemetry(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
     finish_request(tel, "r1", tokens=10)
     assert tel.flush(30)
     stats = tel.stats()

@@ -15,7 +15,7 @@ from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.verdict import StepWindow, decide
 from otel_llm.core.metrics import SERVER_METRICS, ServerMetrics
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.slo import SLOTable
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
@@ -31,7 +31,7 @@ class Sim:
     """An engine history built step by step: each step's shares are (request, tokens, kind), kind
     ``p`` a prompt chunk, ``P`` the last prompt chunk (emits the first token), ``d`` a decode token."""
 
-    def __init__(self, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, telemetry: Pipeline | None = None) -> None:
         self.telemetry = telemetry
         self.window = telemetry.window if telemetry is not None else StepWindow()
         self.now = 100.0
@@ -263,7 +263,7 @@ def test_kept_requests_carry_the_verdict_and_breaches_are_counted_by_cause():
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     mp = MeterProvider(metric_readers=[reader])
-    tele = Telemetry(Config.resolve({"slo": "ttft=0.1", "sample_rate": 0.0, "tail_quantile": 0}, environ={}),
+    tele = Pipeline(Config.resolve({"slo": "ttft=0.1", "sample_rate": 0.0, "tail_quantile": 0}, environ={}),
                      tp.get_tracer("t"), mp.get_meter("t"), "test")
     sim = Sim(tele)
     runners = ["r0", "r1"]
@@ -294,7 +294,7 @@ def test_requests_kept_by_the_baseline_get_no_verdict():
     exporter = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
-    tele = Telemetry(Config.resolve({"sample_rate": 1.0, "tail_quantile": 0}, environ={}), tp.get_tracer("t"),
+    tele = Pipeline(Config.resolve({"sample_rate": 1.0, "tail_quantile": 0}, environ={}), tp.get_tracer("t"),
                      MeterProvider().get_meter("t"), "test")
     sim = Sim(tele)
     start_decoding(sim, ["a"])

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 
 import otel_llm
 from otel_llm.core.guard import GUARD
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.instrumentation.vllm import VLLMInstrumentor
 from otel_llm.instrumentation.wraps import _resolve, is_wrapped
 from traces import request_trees
@@ -125,7 +125,7 @@ def test_an_exception_inside_the_adapter_changes_nothing(llm, otel, reference, m
 
     before = GUARD.errors["OutputProcessor.process_outputs"]
     with otel.instrumented(sample_rate=1.0):
-        monkeypatch.setattr(Telemetry, "finish", broken)
+        monkeypatch.setattr(Pipeline, "finish", broken)
         assert _tokens(llm) == reference
         monkeypatch.undo()
         assert GUARD.errors["OutputProcessor.process_outputs"] > before  # counted, not raised

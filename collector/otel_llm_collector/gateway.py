@@ -31,7 +31,7 @@ from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
 from .spans import REQUEST, TRACE_ID, Extracted, encode_request, extract
 from .tail_sampling import Item, TailSampler
-from .telemetry import SelfTelemetry
+from .telemetry import GatewayMetrics
 
 Clock = Callable[[], float]
 INGEST_CHUNK = 1000  # spans processed per hold of the pipeline lock
@@ -44,7 +44,7 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.manual_ticks = manual_ticks
-        self.telemetry = SelfTelemetry()
+        self.telemetry = GatewayMetrics()
         # ``registry``: everything (own telemetry + derived metrics) for programmatic reads; the endpoint
         # renders the derived metrics with the bridge's own fast text writer (``exposition``)
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)

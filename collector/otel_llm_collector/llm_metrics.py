@@ -34,7 +34,7 @@ from otel_llm.core.slo import SLOTable
 
 from .config import LabelLimits
 from .spans import SERVICE_NAME, RequestFacts
-from .telemetry import SelfTelemetry
+from .telemetry import GatewayMetrics
 
 # what one bound label set costs besides its label values (measured with tracemalloc: a _Bound with its
 # 3 dicts, ~12 recorder closures and the cache entry; tests/collector/test_label_memory.py checks it)
@@ -92,7 +92,7 @@ def _key_cost(key: tuple) -> int:
 
 
 class LLMMetricsProcessor:
-    def __init__(self, meter_provider: Any, slos: SLOTable, telemetry: SelfTelemetry,
+    def __init__(self, meter_provider: Any, slos: SLOTable, telemetry: GatewayMetrics,
                  limits: LabelLimits = LabelLimits()) -> None:
         """``meter_provider``: an OpenTelemetry ``MeterProvider`` or the collector's ``AggregationBackend``."""
         self._meter = meter_provider.get_meter("otel_llm_collector.llm_metrics")

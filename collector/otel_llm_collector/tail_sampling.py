@@ -28,7 +28,7 @@ from otel_llm.core.summary import RequestSummary
 from .config import TailSamplingConfig
 from .decision_cache import DecisionCache
 from .spans import Extracted, Group, merge_values
-from .telemetry import SelfTelemetry
+from .telemetry import GatewayMetrics
 
 Clock = Callable[[], float]
 Item = tuple[Group, bytes]  # (resource and scope, encoded span), as spans.encode_request takes them
@@ -75,7 +75,7 @@ class PendingTrace(TraceView):
 
 class TailSampler:
     def __init__(self, cfg: TailSamplingConfig, policies: Sequence[Policy], clock: Clock,
-                 telemetry: SelfTelemetry, emit: Emit) -> None:
+                 telemetry: GatewayMetrics, emit: Emit) -> None:
         self.cfg = cfg
         self.policies = tuple(policies)
         self._clock = clock

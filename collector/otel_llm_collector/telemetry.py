@@ -28,7 +28,7 @@ SPECS: tuple[Spec, ...] = tuple(Spec(g.name, {"counter": Counter, "gauge": Gauge
                                 for g in GATEWAY_METRICS)
 
 
-class SelfTelemetry:
+class GatewayMetrics:
     """One registry per collector instance (several gateways can live in one test process)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

@@ -22,13 +22,13 @@ from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import TTFT_BUCKETS
 
 from .spans import Extracted
-from .telemetry import SelfTelemetry
+from .telemetry import GatewayMetrics
 
 OVERHEAD = sc.CLIENT_OVERHEAD_TTFC  # declared once, in the core (the client-side overhead metric)
 
 
 class TTFTJoin:
-    def __init__(self, meter_provider: Any, telemetry: SelfTelemetry, max_pending: int = 100_000,
+    def __init__(self, meter_provider: Any, telemetry: GatewayMetrics, max_pending: int = 100_000,
                  max_label_length: int = 256) -> None:
         self._max_len = max_label_length  # model and service come from clients: cut them (as llm_metrics)
         meter = meter_provider.get_meter("otel_llm_collector.ttft_join")

@@ -121,7 +121,7 @@ class DirectExport:
         self._wake = False
         self._thread: threading.Thread | None = None
         self._pid = 0
-        self.counts = DirectCounts()  # flushed at exit by its owner (Telemetry), after the spans are built
+        self.counts = DirectCounts()  # flushed at exit by its owner (Pipeline), after the spans are built
 
     @classmethod
     def for_tracer(cls, tracer: Any) -> "DirectExport | None":

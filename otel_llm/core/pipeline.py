@@ -44,8 +44,10 @@ class Counts:
     steps_settled_early: int = 0
 
 
-class Telemetry:
-    """Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
+class Pipeline:
+    """One engine's request pipeline: a finished request is decided, measured, and (if kept) built into spans.
+
+    Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
     settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
 
     def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
@@ -276,6 +278,9 @@ class Telemetry:
             self.spans.engine_step(step, WallClock(), self.engine, extra)
             self.counts.steps_emitted += 1
 
+
+# The former name (until 2026-11-30), while branches written against it land; use ``Pipeline``.
+Pipeline = Pipeline
 
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)

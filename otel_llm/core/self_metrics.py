@@ -35,7 +35,7 @@ SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, 
 
 
 def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> None:
-    """Observable counters over ``stats()`` (Telemetry.stats)."""
+    """Observable counters over ``stats()`` (Pipeline.stats)."""
 
     def by_state(prefix: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

@@ -10,7 +10,7 @@ from otel_llm.core.slo import SLOTable
 from otel_llm_collector.config import TailSamplingConfig
 from otel_llm_collector.spans import extract, spans_of
 from otel_llm_collector.tail_sampling import TailSampler
-from otel_llm_collector.telemetry import SelfTelemetry
+from otel_llm_collector.telemetry import GatewayMetrics
 
 SLOS = SLOTable.parse("ttft=0.5")
 
@@ -26,10 +26,10 @@ class Sink:
         return {int.from_bytes(s.trace_id, "big") for s in self.spans}
 
 
-def sampler(clock: FakeClock, **cfg: Any) -> tuple[TailSampler, Sink, SelfTelemetry]:
+def sampler(clock: FakeClock, **cfg: Any) -> tuple[TailSampler, Sink, GatewayMetrics]:
     base = dict(decision_wait=30.0, decision_wait_after_root_received=1.0)
     base.update(cfg)
-    sink, t = Sink(), SelfTelemetry()
+    sink, t = Sink(), GatewayMetrics()
     return TailSampler(TailSamplingConfig(**base), [ErrorPolicy(), SLOPolicy(SLOS)], clock, t, sink), sink, t
 
 
@@ -122,7 +122,7 @@ def test_decide_all_at_shutdown(clock: FakeClock) -> None:
 def test_sdk_recorded_reason_is_honoured(clock: FakeClock) -> None:
     from otel_llm.core.policies import RecordedReasonPolicy
 
-    sink, t = Sink(), SelfTelemetry()
+    sink, t = Sink(), GatewayMetrics()
     s = TailSampler(TailSamplingConfig(decision_wait_after_root_received=0.5), [RecordedReasonPolicy()], clock, t, sink)
     add(s, span(1, 1, attrs=request_attrs(**{"llm.sampling.reason": "baseline"})))
     add(s, span(2, 1, attrs=request_attrs()))

@@ -22,7 +22,7 @@ from otel_llm.core.guard import GUARD
 from otel_llm.instrumentation.openai.ops import Chat
 from otel_llm.instrumentation.openai.record import CallRecord
 from otel_llm.instrumentation.openai.stream import StreamProxy
-from otel_llm.instrumentation.openai.wrappers import ClientTelemetry
+from otel_llm.instrumentation.openai.wrappers import ClientState
 
 
 def chunk(text: str | None, finish: str | None = None, usage: dict | None = None) -> ChatCompletionChunk:
@@ -36,16 +36,16 @@ CHUNKS = [chunk(""), chunk("Hello"), chunk(" wor"), chunk("ld", "length"),
 
 
 @pytest.fixture
-def setup() -> Iterator[tuple[ClientTelemetry, InMemorySpanExporter]]:
+def setup() -> Iterator[tuple[ClientState, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     config = Config.resolve({"slo": "tpot=0.01"})
     metrics = ClientMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), config.slo)
-    yield ClientTelemetry(config, tp.get_tracer("t"), metrics), exporter
+    yield ClientState(config, tp.get_tracer("t"), metrics), exporter
 
 
-def record(t: ClientTelemetry) -> CallRecord:
+def record(t: ClientState) -> CallRecord:
     return CallRecord(t, t.tracer.start_span("chat m"), "chat", "m", True, ("h", 1), 0, False)
 
 
@@ -58,7 +58,7 @@ def test_gap_profile_counts_every_output_chunk(setup: Any) -> None:
         rec.chunk(now, n)
     assert (rec.first, rec.first_content, rec.last, rec.n, rec.chars) == (1.0, 1.1, 1.15, 4, 11)
     assert rec.max_gap == pytest.approx(0.1) and rec.over == 2  # 8 ms is under the 10 ms SLO; 100 and 42 ms over
-    assert record(ClientTelemetry(Config(), t.tracer, ClientMetrics(
+    assert record(ClientState(Config(), t.tracer, ClientMetrics(
         MeterProvider().get_meter("x"), Config().slo))).tpot_limit == math.inf  # no SLO: nothing is "over"
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ..config import ExporterConfig
-from ..telemetry import SelfTelemetry
+from ..telemetry import GatewayMetrics
 from .queue import Clock, QueuedExporter, Sleep
 from .senders import FileSender, GrpcSender, HttpSender, Sender
 
 
-def make_exporter(cfg: ExporterConfig, telemetry: SelfTelemetry) -> QueuedExporter:
+def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics) -> QueuedExporter:
     sender: Sender
     if cfg.type == "otlp":
         sender = GrpcSender(cfg)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import ExporterConfig
-from ..telemetry import SelfTelemetry
+from ..telemetry import GatewayMetrics
 from .senders import PermanentError, Sender
 
 log = logging.getLogger("otel_llm_collector")
@@ -34,7 +34,7 @@ class Batch:
 
 
 class QueuedExporter:
-    def __init__(self, cfg: ExporterConfig, sender: Sender, telemetry: SelfTelemetry,
+    def __init__(self, cfg: ExporterConfig, sender: Sender, telemetry: GatewayMetrics,
                  clock: Clock = time.monotonic, sleep: Sleep | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name

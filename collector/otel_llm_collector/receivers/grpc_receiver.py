@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
 
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
-from ..telemetry import SelfTelemetry
+from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -48,7 +48,7 @@ class _Refused(Exception):
 
 
 class GrpcReceiver:
-    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry) -> None:
+    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics) -> None:
         self._cfg = cfg
         self._ingest = ingest
         self._t = telemetry

@@ -42,7 +42,7 @@ from otel_llm.otlp_json import OtlpJsonError, parse_request, to_dict
 
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
-from ..telemetry import SelfTelemetry
+from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest
 from .watchdog import Deadline, Watchdog
 
@@ -100,7 +100,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
     tls: ssl.SSLContext | None = None
-    telemetry: SelfTelemetry | None = None
+    telemetry: GatewayMetrics | None = None
     max_connections = 256
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -184,7 +184,7 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 
 class HttpReceiver:
-    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: SelfTelemetry) -> None:
+    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics) -> None:
         """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing."""
         self.cfg = cfg
         self.ingest = ingest

@@ -21,14 +21,14 @@ from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable
 from .ops import Chat, Embeddings, Responses, TextCompletion
-from .telemetry import ClientTelemetry
+from .telemetry import ClientState
 from .wrappers import OpenAIWrappers
 
 __all__ = ["OpenAIInstrumentor"]
 
 
 class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    telemetry: ClientTelemetry | None = None
+    telemetry: ClientState | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("openai >= 1.0",)
@@ -43,7 +43,7 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.openai", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.openai", __version__)
-        self.telemetry = ClientTelemetry(config, tracer, ClientMetrics(meter, config.slo))
+        self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo))
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
                            (APIResponse, AsyncAPIResponse))
         chat, completions, responses, embeddings = (

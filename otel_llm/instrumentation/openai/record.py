@@ -21,7 +21,7 @@ from ...core.client_metrics import ClientSummary
 from .messages import Output, dumps
 
 if TYPE_CHECKING:
-    from .telemetry import ClientTelemetry
+    from .telemetry import ClientState
 
 # Output kinds, as bits on the hot path and names on the span (``llm.client.output.kinds``).
 TEXT, TOOL_CALL, REFUSAL, REASONING, OTHER = 1, 2, 4, 8, 16
@@ -41,7 +41,7 @@ class CallRecord:
                  "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
                  "done", "__weakref__")
 
-    def __init__(self, owner: "ClientTelemetry", span: Span, operation: str, model: str | None, stream: bool,
+    def __init__(self, owner: "ClientState", span: Span, operation: str, model: str | None, stream: bool,
                  server: tuple[str | None, int | None], start_wall_ns: int, capture: bool) -> None:
         self.owner = owner
         self.span = span

@@ -11,7 +11,7 @@ from ...core.config import Config
 PROVIDER = "openai"
 
 
-class ClientTelemetry:
+class ClientState:
     provider = PROVIDER
 
     def __init__(self, config: Config, tracer: Tracer, metrics: ClientMetrics) -> None:

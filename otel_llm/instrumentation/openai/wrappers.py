@@ -19,13 +19,13 @@ from ...core.guard import GUARD
 from .raw import RawResponse
 from .record import COMPLETE, ERROR, CallRecord
 from .stream import AsyncStreamProxy, StreamProxy
-from .telemetry import PROVIDER, ClientTelemetry
+from .telemetry import PROVIDER, ClientState
 
-__all__ = ["ClientTelemetry", "OpenAIWrappers", "with_trace_headers"]
+__all__ = ["ClientState", "OpenAIWrappers", "with_trace_headers"]
 
 
 class OpenAIWrappers:
-    def __init__(self, telemetry: ClientTelemetry, stream_types: tuple[type, type],
+    def __init__(self, telemetry: ClientState, stream_types: tuple[type, type],
                  legacy_raw_type: type | None = None, raw_types: tuple[type, ...] = ()) -> None:
         self.t = telemetry
         self.stream_type, self.async_stream_type = stream_types

@@ -18,7 +18,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
 from ...core.guard import GUARD
-from ...core.pipeline import Telemetry
+from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
@@ -43,7 +43,7 @@ def _importable(package: str) -> bool:
         return False
 
 
-class TRTLLMTelemetry(Telemetry):
+class TRTLLMPipeline(Pipeline):
     """The core pipeline, plus the ledger that holds finished requests until their iterations arrive:
     ``flush`` and ``close`` release what it holds first."""
 
@@ -73,7 +73,7 @@ class TRTLLMTelemetry(Telemetry):
 
 
 class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    telemetry: TRTLLMTelemetry | None = None
+    telemetry: TRTLLMPipeline | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # No version range: the signature contract (contract.py) is the real gate, a range would only
@@ -90,7 +90,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.tensorrt_llm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.tensorrt_llm", __version__)
-        self.telemetry = telemetry = TRTLLMTelemetry(config, tracer, meter, engine="tensorrt_llm")
+        self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm")
         telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
                                            max_waiting=config.max_requests, wait_s=config.iteration_wait)
         w = TRTLLMWrappers(telemetry, telemetry.ledger)
@@ -115,7 +115,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrapt.register_post_import_hook(lambda _m: self._arm(telemetry, server=False), LLM_MODULE)
         wrapt.register_post_import_hook(lambda _m: self._arm(telemetry, server=True), SERVER_MODULE)
 
-    def _arm(self, telemetry: TRTLLMTelemetry, server: bool) -> None:
+    def _arm(self, telemetry: TRTLLMPipeline, server: bool) -> None:
         if self.telemetry is not telemetry:  # uninstrumented (or instrumented again) since
             return
         part, table = ("trtllm-serve", self._server_table) if server else ("the LLM API", self._engine_table)

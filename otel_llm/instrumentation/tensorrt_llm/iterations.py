@@ -17,7 +17,7 @@ ties an iteration to a request is the request's own ``RequestPerfMetrics.first_i
 known when the request finishes. So the ledger holds a finished request back (its spans and metrics
 not recorded yet) until the stats of its last iteration have arrived and every iteration it spans
 has all its scheduled requests accounted for, then hands the complete steps to the core
-(``Telemetry.add_step``) and finishes the request (``Telemetry.finish``); its token stamps are put at
+(``Pipeline.add_step``) and finishes the request (``Pipeline.finish``); its token stamps are put at
 the ends of the iterations that produced them then (``decode_stamps``), so its decode-step spans link
 those iterations. A request waits at most
 ``wait_s`` (the ``iteration_wait`` option; then it finishes with the steps known by then). Before any

@@ -23,7 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ...core import semconv as sc
 from ...core.guard import GUARD
-from ...core.pipeline import Telemetry
+from ...core.pipeline import Pipeline
 from ...core.timeline import RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
@@ -45,7 +45,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class TRTLLMWrappers:
-    def __init__(self, telemetry: Telemetry, ledger: IterationLedger) -> None:
+    def __init__(self, telemetry: Pipeline, ledger: IterationLedger) -> None:
         self.telemetry = telemetry
         self.ledger = ledger
         self.bind = Binders()

@@ -14,7 +14,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
 from ...core.guard import GUARD
-from ...core.pipeline import Telemetry
+from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
@@ -29,7 +29,7 @@ def installed_distribution() -> str | None:
 
 
 class VLLMInstrumentor(BaseInstrumentor):
-    telemetry: Telemetry | None = None
+    telemetry: Pipeline | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -41,7 +41,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
-        self.telemetry = telemetry = Telemetry(config, tracer, meter, engine="vllm")
+        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
         w = VLLMWrappers(telemetry)
         if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
             try:

@@ -7,7 +7,7 @@ at schedule time, as vLLM's maintainers advise for async scheduling) and
 ``Scheduler.update_from_output`` (the step's end: the same stamp vLLM gives its
 outputs). Each step becomes one small record:
 
-* in-process, handed straight to the frontend's ``Telemetry``;
+* in-process, handed straight to the frontend's ``Pipeline``;
 * across processes, one datagram per frontend on Unix sockets in a directory that the
   first frontend created and named in ``OTEL_LLM_STEP_DIR`` before the engine was spawned.
   Every frontend process that builds an engine client binds ``<dir>/<pid>.sock`` there:

@@ -22,7 +22,7 @@ from ...core import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.roofline import ModelShape
 from ...core.guard import GUARD
-from ...core.pipeline import Telemetry
+from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestTimeline
 from ...core.request_params import sampling_attributes
@@ -51,7 +51,7 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 
 class VLLMWrappers:
-    def __init__(self, telemetry: Telemetry, receiver: StepReceiver | None = None) -> None:
+    def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None) -> None:
         self.telemetry = telemetry
         self.receiver = receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
