@@ -1,14 +1,16 @@
 """The README's reference tables, generated from the declarations the code runs on.
 
-``python -m otel_llm.core.readme_tables`` prints them; ``--write README.md`` replaces each generated
-region of the README (between ``<!-- generated: NAME ... -->`` and ``<!-- end generated: NAME -->``)
-with its table; ``--check README.md`` exits 1 when one differs (a test does the same). Tables:
+``python -m otel_llm.core.readme_tables`` prints them; ``--write README.md collector/README.md``
+replaces each generated region of those files (between ``<!-- generated: NAME ... -->`` and
+``<!-- end generated: NAME -->``) with its table; ``--check`` exits 1 when one differs (a test does
+the same). Tables:
 
 * ``options``: ``config.OPTIONS`` (argument, variable, default, meaning);
 * ``trace-contract``: ``trace_contract.SPANS`` (span names and attributes are ``semconv``'s);
 * ``metrics``: the server metric set (``metrics.SERVER_METRICS``);
 * ``step-metrics``: the engine-step and GPU instruments (``metrics.STEP_METRICS``, ``metrics.GPU_METRICS``);
-* ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``).
+* ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``);
+* ``gateway-metrics`` (collector/README.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
 """
 
 from __future__ import annotations
@@ -58,14 +60,23 @@ def self_metrics_table() -> str:
     return instruments_table(sm.SELF_METRICS, "attributes")
 
 
+def gateway_metrics_table() -> str:
+    rows = ["| name | type | labels | description |", "|---|---|---|---|"]
+    for g in sm.GATEWAY_METRICS:
+        rows.append(f"| `{sm.gateway_metric(g.name)}` | {g.kind} | {_names(g.labels)} | {g.doc} |")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "options": options_table,
     "trace-contract": spans_table,
     "metrics": metrics_table,
     "step-metrics": step_metrics_table,
     "self-metrics": self_metrics_table,
+    "gateway-metrics": gateway_metrics_table,
 }
-COMMAND = "python -m otel_llm.core.readme_tables --write README.md"
+FILES = ("README.md", "collector/README.md")  # relative to the repository root
+COMMAND = "python -m otel_llm.core.readme_tables --write " + " ".join(FILES)
 
 
 def _region(name: str) -> re.Pattern[str]:
@@ -73,35 +84,42 @@ def _region(name: str) -> re.Pattern[str]:
                       re.DOTALL)
 
 
+def regions(text: str) -> list[str]:
+    """The names of the generated regions ``text`` holds (an unknown name is an error)."""
+    found = re.findall(r"<!-- generated: (\S+) ", text)
+    unknown = set(found) - set(TABLES)
+    if unknown:
+        raise ValueError(f"unknown generated region(s): {', '.join(sorted(unknown))}")
+    return found
+
+
 def regenerate(text: str) -> str:
-    """``text`` with every generated region holding its current table; a region missing is an error."""
-    for name, table in TABLES.items():
+    """``text`` with each of its generated regions holding the current table."""
+    for name in regions(text):
         pattern = _region(name)
         if not pattern.search(text):
-            raise ValueError(f"no generated region {name!r} (<!-- generated: {name} ... --> ... "
-                             f"<!-- end generated: {name} -->)")
-        text = pattern.sub(lambda match: match.group(1) + table() + "\n" + match.group(3), text, count=1)
+            raise ValueError(f"generated region {name!r} has no end (<!-- end generated: {name} -->)")
+        text = pattern.sub(lambda match: match.group(1) + TABLES[name]() + "\n" + match.group(3), text, count=1)
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m otel_llm.core.readme_tables", description=__doc__.split("\n")[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="README", help="rewrite the generated regions of this file")
-    group.add_argument("--check", metavar="README", help="exit 1 if a generated region differs")
+    group.add_argument("--write", metavar="FILE", nargs="+", help="rewrite the generated regions of these files")
+    group.add_argument("--check", metavar="FILE", nargs="+", help="exit 1 if a generated region differs")
     args = parser.parse_args(argv)
     if args.write or args.check:
-        path = Path(args.write or args.check)
-        text = path.read_text(encoding="utf-8")
-        new = regenerate(text)
-        if args.check:
-            if new != text:
+        stale = 0
+        for path in map(Path, args.write or args.check):
+            text = path.read_text(encoding="utf-8")
+            new = regenerate(text)
+            if new != text and args.check:
                 print(f"{path}: generated tables are stale; run {COMMAND}", file=sys.stderr)
-                return 1
-            return 0
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-        return 0
+                stale = 1
+            elif new != text:
+                path.write_text(new, encoding="utf-8")
+        return stale
     for name, table in TABLES.items():
         print(f"{name}:\n{table()}\n")
     return 0
