@@ -88,3 +88,29 @@ def test_config_defaults_are_the_options_table():
     assert [f.name for f in fields] == [o.name for o in config.OPTIONS]
     assert all(f.default is o.default for f, o in zip(fields, config.OPTIONS))
     assert config.Config() == config.Config.resolve(environ={})
+
+
+def test_emitted_spans_carry_only_what_the_contract_declares():
+    """The pipeline's spans (full detail: chunks, decode steps and windows, a preemption, an SLO breach,
+    an abort, engine steps, content capture) hold no attribute or event their contract row lacks: a
+    new attribute needs its row, so the README's table stays the truth."""
+    from test_core import Harness  # the pipeline on constructed timelines
+
+    rows = {name: row for row in trace_contract.SPANS for name in row.names}
+    h = Harness(sample_rate=1.0, baseline_detail="steps", slo="ttft=0.01", capture_content=True)
+    h.request("r1", tokens=8, chunks=[(0.01, 0.03, 64), (0.03, 0.06, 36)], preempt_at=0.02,
+              gaps=[0.01, 0.01, 0.2, 0.01, 0.01, 0.01, 0.01])
+    h.request("r2", tokens=3, error="aborted")
+    spans = h.spans()
+    seen = set()
+    for span in spans:
+        row = rows.get(span.name, trace_contract.REQUEST_SPAN if span.parent is None and
+                       not span.name.startswith("llm.") else None)
+        assert row is not None, f"{span.name}: no row in core/trace_contract.py"
+        seen.add(row)
+        extra = set(span.attributes) - set(row.attribute_names())
+        assert not extra, f"{span.name} carries {sorted(extra)}: add them to its row in core/trace_contract.py"
+        events = {e.name for e in span.events} - set(row.event_names())
+        assert not events, f"{span.name} has events {sorted(events)} its row lacks"
+    # the check saw every kind of span in the contract (so it cannot pass by seeing none)
+    assert seen == set(trace_contract.SPANS)

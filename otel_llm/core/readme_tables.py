@@ -80,8 +80,8 @@ COMMAND = "python -m otel_llm.core.readme_tables --write " + " ".join(FILES)
 
 
 def _region(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- generated: {re.escape(name)} [^\n]*-->\n)(.*?)(<!-- end generated: {re.escape(name)} -->)",
-                      re.DOTALL)
+    n = re.escape(name)
+    return re.compile(rf"(<!-- generated: {n} [^\n]*-->\n)(.*?)(<!-- end generated: {n} -->)", re.DOTALL)
 
 
 def regions(text: str) -> list[str]:

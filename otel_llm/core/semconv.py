@@ -98,7 +98,8 @@ SLOW_UNKNOWN = "unknown"  # the data cannot decide
 SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_PREFILL_INTERFERENCE,
                SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
-SLOW_SECONDS = {cause: f"llm.slow.{cause}" for cause in SLOW_CAUSES}  # seconds per cause
+SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
+SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause
 SLO_OBJECTIVE = "llm.slo.objective"  # the objective a breach counted against (ttft, tpot, e2e)
 
 # Ours: child spans

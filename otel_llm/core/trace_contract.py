@@ -24,6 +24,22 @@ class Item:
     def render(self) -> str:
         return f"{self.lead}{'event ' if self.event else ''}`{self.name}`{self.note}"
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Attributes the README writes as one entry (a family of names: ``llm.slow.<cause>``)."""
+
+    names: tuple[str, ...]
+    text: str
+    event: bool = False
+
+    def render(self) -> str:
+        return self.text
+
 
 @dataclass(frozen=True)
 class SpanDoc:
@@ -31,12 +47,15 @@ class SpanDoc:
     kind: str
     when: str
     start_end: str
-    items: tuple[Item, ...] = ()
+    items: tuple[Item | Group, ...] = ()
     tail: str = ""  # after the items: what is not an attribute (links, status)
     shown_name: str = ""  # how the README writes the name, where it is a template
 
     def attribute_names(self) -> tuple[str, ...]:
-        return tuple(i.name for i in self.items if not i.event)
+        return tuple(n for i in self.items if not i.event for n in i.names)
+
+    def event_names(self) -> tuple[str, ...]:
+        return tuple(n for i in self.items if i.event for n in i.names)
 
 
 def _when_set(*names: str) -> tuple[Item, ...]:
@@ -44,6 +63,11 @@ def _when_set(*names: str) -> tuple[Item, ...]:
 
 
 _STEP_FACTS = "and its engine step's facts: "
+
+
+def _lead(lead: str, *names: str) -> tuple[Item, ...]:
+    """A run of attributes introduced once."""
+    return tuple(Item(n, lead=lead if i == 0 else "") for i, n in enumerate(names))
 
 
 def _anatomy() -> tuple[Item, ...]:
@@ -66,7 +90,14 @@ REQUEST_SPAN = SpanDoc(
      Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE), Item(sc.NUM_PREEMPTIONS),
      Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS),
      Item(sc.SLO_MET), Item(sc.SLO_BREACHED), Item(sc.SAMPLING_REASON),
-     Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed")),
+     Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed"),
+     Group((sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()),
+           f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` (seconds each cause cost) "
+           f"when kept for a cause (see \"Why was it slow?\")"),
+     Item(sc.INPUT_MESSAGES, lead="with `capture_content`: "), Item(sc.OUTPUT_MESSAGES),
+     *_lead("TensorRT-LLM only: ", sc.KV_CACHE_REUSED_BLOCKS, sc.KV_CACHE_MISSED_BLOCKS,
+            sc.KV_CACHE_ALLOCATED_BLOCKS, sc.KV_CACHE_HIT_RATE, sc.SPEC_DRAFT_TOKENS, sc.SPEC_ACCEPTED_TOKENS,
+            sc.SPEC_ACCEPTANCE_RATE, sc.FIRST_ITER, sc.LAST_ITER)),
     shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat llama-3`)")
 
 SPANS: tuple[SpanDoc, ...] = (
@@ -95,7 +126,8 @@ SPANS: tuple[SpanDoc, ...] = (
     SpanDoc((sc.SPAN_DECODE_WINDOW,), "INTERNAL", "detail = steps, for each run of uneventful decode steps",
             "first step's previous token → last step's token",
             (Item(sc.WINDOW_TOKENS), Item(sc.WINDOW_FIRST_INDEX, " (decode-step index)"),
-             Item(sc.WINDOW_LAST_INDEX, " (decode-step index)"), Item(sc.WINDOW_GAP_MEAN, " (seconds per output token)"),
+             Item(sc.WINDOW_LAST_INDEX, " (decode-step index)"),
+             Item(sc.WINDOW_GAP_MEAN, " (seconds per output token)"),
              Item(sc.WINDOW_GAP_MAX, " (longest gap between consecutive outputs, seconds)"))),
     SpanDoc((sc.SPAN_REQUEUE, sc.SPAN_REPREFILL), "INTERNAL", "per preemption, under the phase it hit",
             "preempted → scheduled again → next token"),
@@ -106,7 +138,19 @@ SPANS: tuple[SpanDoc, ...] = (
              Item(sc.STEP_NUM_PREFILL_REQS), Item(sc.STEP_NUM_PREFILL_TOKENS), Item(sc.STEP_NUM_DECODE_REQS),
              Item(sc.STEP_NUM_DECODE_TOKENS), Item(sc.STEP_BATCH_SIZE), Item(sc.STEP_NUM_RUNNING),
              Item(sc.STEP_NUM_WAITING), Item(sc.STEP_NUM_PREEMPTED), Item(sc.STEP_KV_CACHE_USAGE),
-             Item(sc.ENGINE, f" (the engine, e.g. `{sc.PROVIDER_VLLM}`)")),
+             Item(sc.ENGINE, f" (the engine, e.g. `{sc.PROVIDER_VLLM}`)"),
+             Item(sc.SAMPLING_REASON, " (`served_kept_request`)"),
+             Item(sc.STEP_QUEUE_BLOCKED, " (why requests stayed waiting after its scheduling, when some did)"),
+             *_lead("its anatomy (seconds, where the engine measured it): ",
+                    sc.STEP_SCHEDULE_TIME, sc.STEP_EXECUTE_TIME, sc.STEP_MODEL_TIME, sc.STEP_OUTPUT_TIME,
+                    sc.STEP_IDLE_BEFORE),
+             *_lead("its roofline (with a model shape and device peaks): ",
+                    sc.STEP_FLOPS, sc.STEP_BYTES, sc.STEP_INTENSITY, sc.STEP_BOUND, sc.STEP_PREDICTED_TIME,
+                    sc.STEP_MFU, sc.STEP_MBU, sc.STEP_DEVICE),
+             *_lead("the GPU sample nearest it (NVML): ", sc.STEP_GPU_UTILIZATION, sc.STEP_GPU_MEMORY,
+                    sc.STEP_GPU_POWER, sc.STEP_GPU_SM_CLOCK, sc.STEP_GPU_THROTTLE),
+             *_lead("TensorRT-LLM's iteration stats: ", sc.STEP_LATENCY, sc.STEP_KV_BLOCKS_USED,
+                    sc.STEP_KV_BLOCKS_MAX)),
             tail="**span links** to the kept requests whose chunk or decode-step spans it produced"),
 )
 
