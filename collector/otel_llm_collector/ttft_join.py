@@ -19,12 +19,12 @@ from collections import OrderedDict
 from typing import Any
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.metrics import TTFT_BUCKETS
+from otel_llm.core.metrics import CLIENT_OVERHEAD, create
 
 from .spans import Extracted
 from .telemetry import GatewayMetrics
 
-OVERHEAD = sc.CLIENT_OVERHEAD_TTFC  # declared once, in the core (the client-side overhead metric)
+OVERHEAD = CLIENT_OVERHEAD.name  # declared once, in the core's metric tables
 
 
 class TTFTJoin:
@@ -32,9 +32,7 @@ class TTFTJoin:
                  max_label_length: int = 256) -> None:
         self._max_len = max_label_length  # model and service come from clients: cut them (as llm_metrics)
         meter = meter_provider.get_meter("otel_llm_collector.ttft_join")
-        self._hist = meter.create_histogram(
-            OVERHEAD, unit="s", explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS),
-            description="Client time to first chunk minus the engine's time to first token, same trace")
+        self._hist = create(meter, CLIENT_OVERHEAD)
         self._t = telemetry
         self._max = max_pending
         self._clients: OrderedDict[bytes, tuple[float, str | None, str]] = OrderedDict()

@@ -375,6 +375,12 @@ def _bind(instrument: Any, attributes: dict) -> Recorder:
     return record
 
 
+# Recorded by the collector, which sees a client's call and the server's request in one trace.
+CLIENT_OVERHEAD = InstrumentSpec(sc.CLIENT_OVERHEAD_TTFC, "s",
+                                 "Client time to first chunk minus the engine's time to first token, same trace",
+                                 TTFT_BUCKETS, attributes=(sc.REQUEST_MODEL, sc.SERVICE_NAME))
+
+
 class ServerMetrics(RequestMetrics):
     def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None,
                  label_sets: LabelSetCache | None = None) -> None:

@@ -8,6 +8,8 @@ the same). Tables:
 * ``options``: ``config.OPTIONS`` (argument, variable, default, meaning);
 * ``trace-contract``: ``trace_contract.SPANS`` (span names and attributes are ``semconv``'s);
 * ``metrics``: the server metric set (``metrics.SERVER_METRICS``);
+* ``client-metrics``: the openai client's metric set (``client_metrics.CLIENT_METRICS``) and the
+  collector's client overhead (``metrics.CLIENT_OVERHEAD``);
 * ``step-metrics``: the engine-step and GPU instruments (``metrics.STEP_METRICS``, ``metrics.GPU_METRICS``);
 * ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``);
 * ``gateway-metrics`` (collector/README.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
@@ -23,6 +25,7 @@ from typing import Callable, Iterable
 
 from . import metrics as m
 from . import self_metrics as sm
+from .client_metrics import CLIENT_METRICS
 from .config import options_table
 from .trace_contract import spans_table
 
@@ -52,6 +55,11 @@ def metrics_table(metric_set: m.MetricSet = m.SERVER_METRICS) -> str:
     return instruments_table((*metric_set.histograms, *metric_set.instruments()), "attributes (beyond the request's)")
 
 
+def client_metrics_table() -> str:
+    return instruments_table((*CLIENT_METRICS.histograms, *CLIENT_METRICS.instruments(), m.CLIENT_OVERHEAD),
+                             "attributes (beyond the call's)")
+
+
 def step_metrics_table() -> str:
     return instruments_table((*m.STEP_METRICS, *m.GPU_METRICS), "attributes")
 
@@ -71,6 +79,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "options": options_table,
     "trace-contract": spans_table,
     "metrics": metrics_table,
+    "client-metrics": client_metrics_table,
     "step-metrics": step_metrics_table,
     "self-metrics": self_metrics_table,
     "gateway-metrics": gateway_metrics_table,
