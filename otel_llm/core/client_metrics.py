@@ -22,7 +22,8 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
 from . import semconv as sc
-from .metrics import DURATION_BUCKETS, RATE_BUCKETS, HistogramSpec, MetricSet, RequestMetrics, _if_succeeded
+from .metrics import (CHARACTER_UNIT, DURATION_BUCKETS, RATE_BUCKETS, HistogramSpec, MetricSet, RequestMetrics,
+                      _if_succeeded)
 from .slo import SLOTable
 from .summary import RequestSummary
 
@@ -50,7 +51,7 @@ CLIENT_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     HistogramSpec(sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, "s", DURATION_BUCKETS,
                   "Mean time between chunks after the first, per successful streamed call",
                   _if_succeeded("time_per_output_chunk")),
-    HistogramSpec(sc.CLIENT_CHARS_PER_SECOND, "{character}/s", RATE_BUCKETS,
+    HistogramSpec(sc.CLIENT_CHARS_PER_SECOND, f"{CHARACTER_UNIT}/s", RATE_BUCKETS,
                   "Output characters over the call's duration (tokenizer-independent)",
                   lambda s: s.output_characters_per_second),
 )

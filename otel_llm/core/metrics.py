@@ -97,9 +97,9 @@ SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     _server("llm.server.prefill.duration", "s", PHASE_BUCKETS, "Time from first scheduled to the first token",
             "prefill"),
     _server("llm.server.decode.duration", "s", PHASE_BUCKETS, "Time from the first to the last token", "decode"),
-    _server("llm.server.output.tokens_per_second", "{token}/s", RATE_BUCKETS,
+    _server("llm.server.output.tokens_per_second", f"{TOKEN_UNIT}/s", RATE_BUCKETS,
             "Output tokens over end-to-end time, per request", "output_tokens_per_second"),
-    _server("llm.server.output.characters_per_second", "{character}/s", RATE_BUCKETS,
+    _server("llm.server.output.characters_per_second", f"{CHARACTER_UNIT}/s", RATE_BUCKETS,
             "Output characters over end-to-end time, per request (tokenizer-independent)",
             "output_characters_per_second"),
 )
