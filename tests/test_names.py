@@ -114,3 +114,25 @@ def test_emitted_spans_carry_only_what_the_contract_declares():
         assert not events, f"{span.name} has events {sorted(events)} its row lacks"
     # the check saw every kind of span in the contract (so it cannot pass by seeing none)
     assert seen == set(trace_contract.SPANS)
+
+
+def gateway_metric_keys(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each ``<x>.inc("name", ...)`` / ``<x>.set("name", ...)`` call: how the collector
+    names its own metrics (GatewayMetrics looks the name up in self_metrics.GATEWAY_METRICS)."""
+    return [(node.lineno, node.args[0].value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("inc", "set")
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
+
+
+def test_the_collector_counts_only_declared_self_metrics():
+    """The collector's ~40 ``telemetry.inc("receiver_bad_requests", ...)`` sites key the core's table by
+    name; a name the table lacks would raise only when that path runs, so check them all here."""
+    declared = {g.name for g in self_metrics.GATEWAY_METRICS}
+    found = {}
+    for path in sorted(ROOT.glob("collector/**/*.py")):
+        for line, name in gateway_metric_keys(path.read_text(encoding="utf-8")):
+            found[f"{path.relative_to(ROOT)}:{line}"] = name
+    assert len(found) > 20  # the scan sees the call sites
+    unknown = {where: name for where, name in found.items() if name not in declared}
+    assert not unknown, f"not in self_metrics.GATEWAY_METRICS: {unknown}"
+    assert gateway_metric_keys('t.inc("no_such_metric", 1, reason="x")\n') == [(1, "no_such_metric")]
