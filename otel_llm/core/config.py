@@ -1,7 +1,8 @@
 """Resolved configuration: explicit arguments win over ``OTEL_LLM_*`` variables, which win over defaults.
 
 Every option is one row of ``OPTIONS`` (argument name, variable, parser, default,
-description); the README's table is generated from the same rows.
+description): ``Config``'s field defaults are read from the rows, and the README's table is
+generated from them (``python -m otel_llm.core.readme_tables``).
 """
 
 from __future__ import annotations

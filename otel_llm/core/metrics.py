@@ -69,6 +69,8 @@ class HistogramSpec:
     description: str
     value: Callable[[RequestSummary], float | None]
     field: str | None = None  # the RequestSummary field ``value`` reads, where it reads one as it is
+    attributes: tuple[str, ...] = ()  # beyond the request labels (none: the table's columns line up)
+    kind = "histogram"
 
     @property
     def attribute(self) -> str | None:

@@ -45,9 +45,8 @@ def _names(attributes: Iterable[str]) -> str:
 def instruments_table(specs: Iterable[m.InstrumentSpec | m.HistogramSpec], attributes_title: str) -> str:
     rows = [f"| name | instrument | unit | buckets | {attributes_title} | description |", "|---|---|---|---|---|---|"]
     for s in specs:
-        kind = getattr(s, "kind", "histogram")
-        rows.append(f"| `{s.name}` | {kind} | `{s.unit}` | {_buckets(s.buckets)} | "
-                    f"{_names(getattr(s, 'attributes', ()))} | {s.description} |")
+        rows.append(f"| `{s.name}` | {s.kind} | `{s.unit}` | {_buckets(s.buckets)} | {_names(s.attributes)} | "
+                    f"{s.description} |")
     return "\n".join(rows)
 
 
