@@ -100,7 +100,7 @@ REQUEST_SPAN = SpanDoc(
             sc.SPEC_ACCEPTANCE_RATE, sc.FIRST_ITER, sc.LAST_ITER)),
     shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat llama-3`)")
 
-SPANS: tuple[SpanDoc, ...] = (
+SERVER_SPANS: tuple[SpanDoc, ...] = (
     REQUEST_SPAN,
     SpanDoc((sc.SPAN_QUEUE,), "INTERNAL", "detail ≥ phases", "arrival → first scheduled",
             (Item(sc.EVENT_ENGINE_QUEUED, " when the engine queued it", event=True),)),
@@ -153,6 +153,31 @@ SPANS: tuple[SpanDoc, ...] = (
                     sc.STEP_KV_BLOCKS_MAX)),
             tail="**span links** to the kept requests whose chunk or decode-step spans it produced"),
 )
+
+CLIENT_SPAN = SpanDoc(
+    (), "CLIENT (the `openai` client; its W3C context parents the server's request span)",
+    "every chat-completions, completions, responses or embeddings call, sync or async, streamed or not",
+    "the call → its response read (a stream: its end, or where the caller stopped reading)",
+    (Item(sc.OPERATION_NAME), Item(sc.PROVIDER_NAME, "=`openai`"), Item(sc.REQUEST_MODEL),
+     Item(sc.REQUEST_MAX_TOKENS), Item(sc.REQUEST_TEMPERATURE), Item(sc.REQUEST_TOP_P),
+     *_when_set(sc.REQUEST_SEED, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
+                sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_ENCODING_FORMATS),
+     Item(sc.REQUEST_STREAM), Item(sc.SERVER_ADDRESS), Item(sc.SERVER_PORT),
+     Item(sc.RESPONSE_ID), Item(sc.RESPONSE_MODEL), Item(sc.RESPONSE_FINISH_REASONS),
+     Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS), Item(sc.EMBEDDINGS_DIMENSION_COUNT, " (embeddings)"),
+     Item(sc.CLIENT_DURATION), Item(sc.CLIENT_SLO_MET), Item(sc.CLIENT_SLO_BREACHED),
+     Item(sc.CLIENT_OUTPUT_CHARACTERS), Item(sc.CLIENT_CHARS_PER_SECOND),
+     Item(sc.CLIENT_OUTPUT_KINDS, " (`text`, `tool_call`, `refusal`, `reasoning`, `other`)"),
+     Item(sc.CLIENT_STREAM_END, " (`complete`, `closed`, `abandoned`, `error`)", lead="streamed calls: "),
+     Item(sc.CLIENT_CHUNKS), Item(sc.RESPONSE_TIME_TO_FIRST_CHUNK, " (the first chunk received)"),
+     Item(sc.CLIENT_TIME_TO_FIRST_CONTENT, " (the first chunk carrying generated content)"),
+     Item(sc.CLIENT_TIME_PER_OUTPUT_CHUNK), Item(sc.CLIENT_CHUNK_GAP_MAX), Item(sc.CLIENT_CHUNK_GAPS_OVER_SLO),
+     Item(sc.CLIENT_TIME_PER_OUTPUT_TOKEN),
+     *_lead("with `capture_content`: ", sc.INPUT_MESSAGES, sc.SYSTEM_INSTRUCTIONS, sc.OUTPUT_MESSAGES),
+     Item(sc.ERROR_TYPE, " (the exception's class, or the API's in-band error code) and ERROR status")),
+    shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat gpt-4o`), client side")
+
+SPANS: tuple[SpanDoc, ...] = (*SERVER_SPANS, CLIENT_SPAN)
 
 
 def spans_table() -> str:
