@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "collector"))
 sys.path.insert(0, str(ROOT / "tests" / "collector"))
 
 from collector_testkit import export_request, loopback_config, request_attrs, span  # noqa: E402
-from otel_llm.otlp_json import dumps  # noqa: E402
+from otel_llm.otlp.json_codec import dumps  # noqa: E402
 from otel_llm_collector.gateway import Gateway  # noqa: E402
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import otel_llm
 from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import SLO_BREACHES
-from otel_llm.export import OTLPJsonFileExporter
+from otel_llm.otlp.file import OTLPJsonFileExporter
 from otel_llm.testing.engine import make_llm
 from otel_llm.testing.metrics import points_by_name
 from otel_llm.views.report import write_report

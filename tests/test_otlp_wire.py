@@ -21,10 +21,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from otel_llm.core import otlp_wire as wire
+from otel_llm.otlp import encode as wire
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
-from otel_llm.core.direct_export import DirectExport
+from otel_llm.otlp.direct_export import DirectExport
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
@@ -290,7 +290,7 @@ def script(tracer) -> None:
 def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links):
     from opentelemetry.sdk.trace import SpanLimits
 
-    from otel_llm.core.wire_tracer import WireTracer
+    from otel_llm.otlp.wire_tracer import WireTracer
 
     limits = SpanLimits(max_links=max_links) if max_links else None
     memory = InMemorySpanExporter()

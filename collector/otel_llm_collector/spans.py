@@ -27,10 +27,10 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.otlp_wire import varint as _varint
+from otel_llm.otlp.encode import varint as _varint
 from otel_llm.core.summary import RequestSummary
 
-from .wire import TYPED, RequestView, SpanView, StatusView, any_value, value_of
+from otel_llm.otlp.view import TYPED, RequestView, SpanView, StatusView, any_value, value_of
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)

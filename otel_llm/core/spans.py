@@ -34,10 +34,10 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
-from .direct_export import DirectExport
-from . import otlp_wire as w
-from . import wire_tracer
-from .otlp_wire import IntAttribute, RequestFrame, SiblingSpans, span_ids
+from ..otlp.direct_export import DirectExport
+from ..otlp import encode as w
+from ..otlp import wire_tracer
+from ..otlp.encode import IntAttribute, RequestFrame, SiblingSpans, span_ids
 from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import otlp_wire as w
+from ..otlp import encode as w
 from . import semconv as sc
 from .timeline import StepRecord
 

@@ -2,7 +2,7 @@
 collector's ``file`` exporter write (one ``ExportTraceServiceRequest`` per line; a whole file holding
 one request is read the same way).
 
-Parsing is ``otel_llm.otlp_json``'s (hex ids, the protobuf JSON mapping); this module only flattens
+Parsing is ``otel_llm.otlp.json_codec``'s (hex ids, the protobuf JSON mapping); this module only flattens
 the parsed requests into small records the views work on.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from ..core import semconv as sc
-from ..otlp_json import OtlpJsonError, parse_request
+from ..otlp.json_codec import OtlpJsonError, parse_request
 
 
 @dataclass(frozen=True)

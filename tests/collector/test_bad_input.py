@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
 
 from collector_testkit import export_request, loopback_config, request_attrs, span
 from otel_llm_collector.gateway import Gateway
-from otel_llm.otlp_json import dumps
+from otel_llm.otlp.json_codec import dumps
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 LIMIT = 64 << 10
@@ -96,7 +96,7 @@ def test_http_accepts_protobuf_json_and_gzip(gw: Gateway) -> None:
 def test_json_ids_are_hex(gw: Gateway) -> None:
     doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
         {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x"}]}]}]}
-    from otel_llm.otlp_json import parse_request
+    from otel_llm.otlp.json_codec import parse_request
 
     s = parse_request(json.dumps(doc).encode()).resource_spans[0].scope_spans[0].spans[0]
     assert s.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c" and s.span_id.hex() == "b7ad6b7169203331"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collector_testkit import export_request, loopback_config, span
-from otel_llm.otlp_json import dumps
+from otel_llm.otlp.json_codec import dumps
 from otel_llm_collector.gateway import Gateway
 from test_bad_input import odd_requests
 

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector_testkit import export_request, loopback_config, request_attrs, span
-from otel_llm.otlp_json import dumps
+from otel_llm.otlp.json_codec import dumps
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.receivers import http_receiver
 

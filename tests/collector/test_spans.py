@@ -48,7 +48,7 @@ def test_extract_marks_request_spans_and_rejects_bad_trace_ids() -> None:
 def test_wire_view_reads_every_kind_of_value_as_the_full_classes_do() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-    from otel_llm_collector.wire import any_value, value_of
+    from otel_llm.otlp.view import any_value, value_of
 
     values = [AnyValue(string_value="llama"), AnyValue(string_value=""), AnyValue(string_value="ü" * 200),
               AnyValue(bool_value=True), AnyValue(bool_value=False), AnyValue(int_value=0), AnyValue(int_value=-7),
@@ -131,7 +131,7 @@ def test_typed_decoders_equal_converting_the_decoded_value() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
     from otel_llm.core.summary import CONVERTERS
-    from otel_llm_collector.wire import TYPED, value_of
+    from otel_llm.otlp.view import TYPED, value_of
 
     ints = [0, 1, 127, 128, 129, 255, 256, 300, 16383, 16384, 2**31, 2**63 - 1, -1, -128, -2**63]
     encodings = [AnyValue(int_value=v).SerializeToString() for v in ints]

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceResponse)
 
 from ..config import ExporterConfig, TLSClientConfig, read_pem
-from otel_llm.otlp_json import to_dict
+from otel_llm.otlp.json_codec import to_dict
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _RETRYABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,

@@ -38,7 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                      ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from otel_llm.otlp_json import OtlpJsonError, parse_request, to_dict
+from otel_llm.otlp.json_codec import OtlpJsonError, parse_request, to_dict
 
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig

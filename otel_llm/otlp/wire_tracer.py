@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from . import otlp_wire as w
+from . import encode as w
 from .direct_export import DirectExport
 
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}

@@ -15,7 +15,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .otlp_json import to_dict
+from .json_codec import to_dict
 
 
 class OTLPJsonFileExporter(SpanExporter):

@@ -27,8 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .guard import GUARD
-from .otlp_wire import RequestFrame
+from ..core.guard import GUARD
+from .encode import RequestFrame
 
 _log = logging.getLogger(__name__)
 
