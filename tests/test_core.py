@@ -277,7 +277,7 @@ def test_any_tracer_works_not_only_the_sdks():
     from opentelemetry import trace
 
     h = Harness(sample_rate=1.0, baseline_detail="steps")
-    inner = h.telemetry.spans._tracer
+    inner = h.telemetry.spans.route.tracer
 
     class Delegating(trace.Tracer):
         def start_span(self, *args, **kwargs):
@@ -289,7 +289,7 @@ def test_any_tracer_works_not_only_the_sdks():
     from otel_llm.core.spans import SpanBuilder
 
     h.telemetry.spans = SpanBuilder(Delegating())
-    assert h.telemetry.spans._direct is None
+    assert h.telemetry.spans.route.kind == "api"
     h.request("r", tokens=7, gaps=[0.01, 0.01, 0.05, 0.01, 0.01, 0.01])
     t = h.trees()["r"]
     rows = t.decode_rows()
@@ -442,13 +442,13 @@ def test_wrap_table_coexists_with_other_wrappers():
 
 def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
     h = Harness(sample_rate=1.0, baseline_detail="steps")
-    assert h.telemetry.spans._direct is not None
+    assert h.telemetry.spans.route.kind == "sdk"
     h.request("r", tokens=4, gaps=[0.01, 0.05, 0.01])
     t = h.trees()["r"]
     steps = t.grandchildren[sc.SPAN_DECODE_STEP]
     assert len(steps) == 3  # the stall, and the single steps either side of it
     s = steps[0]
-    assert s.resource == h.telemetry.spans._tracer.resource and s.instrumentation_scope.name == "t"
+    assert s.resource == h.telemetry.spans.route.tracer.resource and s.instrumentation_scope.name == "t"
     assert s.context.trace_id == t.span.context.trace_id and s.context.trace_flags.sampled
 
 

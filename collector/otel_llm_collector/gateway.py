@@ -12,11 +12,11 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_llm.core import semconv as sc
+from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.core.policies import Policy, attribute_keys
 from otel_llm.core.policy_registry import build_policies
 

@@ -22,24 +22,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Status
-
 from otel_llm.core import semconv as sc
-from otel_llm.otlp.encode import varint as _varint
-from otel_llm.core.summary import RequestSummary
-
-from otel_llm.otlp.view import TYPED, RequestView, SpanView, StatusView, any_value, value_of
+from otel_llm.core.summary import CONVERTERS, RequestSummary
+from otel_llm.otlp import encode
+from otel_llm.otlp.messages import ExportTraceServiceRequest
+from otel_llm.otlp.view import (SERVICE_NAME, SPAN_KIND_CLIENT, RequestView, SpanView, any_value, decode_spans,
+                                is_error, read_resource, typed_decoders, value_of)
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
-SERVICE_NAME = sc.SERVICE_NAME
-_ERROR = Status.STATUS_CODE_ERROR
 _NO_TRACE = b"\0" * 16
 _NO_SPAN = b"\0" * 8
 _TTFC = sc.RESPONSE_TIME_TO_FIRST_CHUNK
-_CLIENT = 3  # Span.SPAN_KIND_CLIENT
+_CLIENT = SPAN_KIND_CLIENT
 
 __all__ = ["any_value", "attributes", "extract", "encode_request", "spans_of"]
 
@@ -47,13 +42,6 @@ __all__ = ["any_value", "attributes", "extract", "encode_request", "spans_of"]
 def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
     """Full-class ``KeyValue`` messages as a dict (tests and tools; the receive path reads ``wire``'s map)."""
     return {kv.key: any_value(kv.value) for kv in kvs}
-
-
-def service_name(resource: Resource) -> str:
-    for kv in resource.attributes:
-        if kv.key == SERVICE_NAME:
-            return kv.value.string_value or "unknown_service"
-    return "unknown_service"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +120,9 @@ def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, 
     return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
 
 
+TYPED = typed_decoders(CONVERTERS)  # decoders of encoded values into RequestSummary fields, by kind
 _read_summary = RequestSummary.encoded_reader(value_of, TYPED)
-
-
-def _is_error(status: bytes) -> bool:
-    return StatusView.FromString(status).code == _ERROR
+_is_error = is_error
 
 
 def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
@@ -157,10 +143,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
     resource_values: list[tuple[str, Any]] = []
     for rs in view.resource_spans:
         resource = rs.resource
-        decoded = Resource.FromString(resource)
-        service = service_name(decoded)
-        if found is not None:
-            resource_values = [(kv.key, any_value(kv.value)) for kv in decoded.attributes if kv.key in keys]
+        service, resource_values = read_resource(resource, keys)
         resource_key = (resource, rs.schema_url)
         for ss in rs.scope_spans:
             group = Group(resource_key, (ss.scope, ss.schema_url), service)
@@ -221,55 +204,9 @@ def _collect(found: dict[bytes, dict[str, list[Any]]], tid: bytes, pairs: list[t
         merge_values(per if per is not None else found.setdefault(tid, {}), pairs)
 
 
-# -- encoding back to OTLP, at the byte level --------------------------------------------------------
-
-_SMALL = [_varint(i) for i in range(1 << 14)]  # lengths below 16 KiB: one table lookup
-
-
-def _len(n: int) -> bytes:
-    return _SMALL[n] if n < 16384 else _varint(n)
-
-
-def _field(tag: bytes, data: bytes) -> bytes:
-    return b"".join((tag, _len(len(data)), data))
-
-
-# field 1 (message) = 0x0a, field 2 = 0x12, field 3 (string) = 0x1a, in every message used here:
-# ExportTraceServiceRequest{1: ResourceSpans}; ResourceSpans{1: Resource, 2: ScopeSpans, 3: schema_url};
-# ScopeSpans{1: InstrumentationScope, 2: Span, 3: schema_url}
-_F1, _F2, _F3 = b"\x0a", b"\x12", b"\x1a"
-
-
-def encode_request(items: Iterable[tuple[Group, bytes]]) -> bytes:
-    """An encoded ``ExportTraceServiceRequest`` of (group, encoded span) items, regrouped by resource and scope."""
-    tree: dict[tuple[bytes, str], dict[tuple[bytes, str], list[bytes]]] = {}
-    for group, raw in items:
-        scopes = tree.get(group.resource)
-        if scopes is None:
-            scopes = tree[group.resource] = {}
-        spans = scopes.get(group.scope)
-        if spans is None:
-            spans = scopes[group.scope] = []
-        spans.append(_F2)
-        spans.append(_len(len(raw)))
-        spans.append(raw)
-    out = []
-    for (resource, resource_schema), scopes in tree.items():
-        body = [_field(_F1, resource)]
-        for (scope, scope_schema), framed in scopes.items():
-            parts = [_field(_F1, scope)]
-            parts.extend(framed)
-            if scope_schema:
-                parts.append(_field(_F3, scope_schema.encode()))
-            body.append(_field(_F2, b"".join(parts)))
-        if resource_schema:
-            body.append(_field(_F3, resource_schema.encode()))
-        out.append(_field(_F1, b"".join(body)))
-    return b"".join(out)
+encode_request = encode.encode_request  # the shared framing (RequestFrame.request's, regrouped)
 
 
 def spans_of(items: Sequence[tuple[Group, bytes]]) -> list:
     """The items decoded back to ``Span`` messages (for tests and debugging, not the hot path)."""
-    from opentelemetry.proto.trace.v1.trace_pb2 import Span
-
-    return [Span.FromString(raw) for _, raw in items]
+    return decode_spans(raw for _, raw in items)

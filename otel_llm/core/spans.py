@@ -35,9 +35,8 @@ from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
 from ..otlp.direct_export import DirectExport
-from ..otlp import encode as w
-from ..otlp import wire_tracer
-from ..otlp.encode import IntAttribute, RequestFrame, SiblingSpans, span_ids
+from ..otlp.encode import IntAttribute
+from ..otlp.routes import Route, Router
 from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
@@ -80,64 +79,6 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     return a
 
 
-class _DirectEmitter:
-    """Hands finished decode-step spans straight to an OpenTelemetry SDK tracer's processors.
-
-    They are retroactive and can have no children, so the SDK's live-span machinery
-    (locks, bounded containers, a second ReadableSpan copy at end) buys nothing: building
-    the ReadableSpan directly costs about a third (benchmarks/vllm_overhead.py). Only used
-    with the SDK's own Tracer; any other tracer gets the public API.
-    """
-
-    def __init__(self, tracer: Any) -> None:
-        self._processor = tracer.span_processor
-        self._resource = _hash_once(tracer.resource)
-        self._scope = tracer._instrumentation_scope
-        self._ids = tracer.id_generator
-
-    @classmethod
-    def for_tracer(cls, tracer: Tracer) -> "_DirectEmitter | None":
-        try:
-            from opentelemetry.sdk.trace import Tracer as SDKTracer
-        except ImportError:
-            return None
-        if not isinstance(tracer, SDKTracer):
-            return None
-        try:
-            return cls(tracer)
-        except AttributeError:  # another SDK release: the public API path still works
-            return None
-
-    def emit(self, name: str, parent: SpanContext, start: int, end: int, attributes: dict[str, Any]) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-
-        context = SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
-                              parent.trace_state)
-        self._processor.on_end(ReadableSpan(name=name, context=context, parent=parent, resource=self._resource,
-                                            attributes=attributes, start_time=start, end_time=end,
-                                            instrumentation_scope=self._scope))
-
-
-def _hash_once(resource: Any) -> Any:
-    """The same resource, hashing in O(1): the SDK's OTLP encoder groups spans by resource and
-    ``Resource.__hash__`` JSON-encodes every attribute on each call, ~20% of encoding a small span.
-    Equal to the original and with the same hash, so the encoder puts both in one group."""
-    from opentelemetry.sdk.resources import Resource
-
-    class _HashedOnce(Resource):
-        def __init__(self, original: Resource) -> None:
-            super().__init__(original.attributes, original.schema_url)
-            self._hash = hash(original)
-
-        def __hash__(self) -> int:
-            return self._hash
-
-    try:
-        return _HashedOnce(resource)
-    except Exception:  # not the SDK's Resource as we know it: use it as it is
-        return resource
-
-
 @dataclass(slots=True)
 class Materialized:
     """A kept request's root span, and the engine steps behind its own prefill-chunk and
@@ -148,55 +89,40 @@ class Materialized:
 
 
 class SpanBuilder:
-    """Builds a kept request's spans through ``tracer``, or, when its provider only batches to
-    OTLP exporters, as OTLP wire bytes sent with those exporters (direct_export, wire_tracer).
+    """Builds a kept request's spans through the route ``otlp.routes.Router`` chose for the tracer's
+    provider: OTLP wire bytes sent with its own OTLP exporters, the SDK's tracer, or the public API.
     Engine-step spans go out under their own service (``engine_step_service``)."""
 
     def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
                  engine_service: str = "{service}") -> None:
-        self._sdk_tracer = tracer
-        self._engine_sdk_tracer = with_service(tracer, engine_service)
-        self._tracer: Tracer = tracer  # the one spans are built with now: the SDK's, or a WireTracer
-        self._engine_tracer: Tracer = self._engine_sdk_tracer
-        self._direct = _DirectEmitter.for_tracer(tracer)
-        self._wire_allowed = direct_export and self._direct is not None and wire_tracer.usable(tracer)
-        self._wire: DirectExport | None = None
-        self._wire_for: Any = None  # the processors the current DirectExport was made for
+        self._router = Router(tracer, with_service(tracer, engine_service), direct_export)
+        self._route: Route = self._router.route
         self._max_spans = max_spans
         self._facts = FactsCache()
-        self.wire_export()
 
     def wire_export(self) -> DirectExport | None:
-        """The direct exporter, redone if the provider's span processors changed (a processor added
-        after instrument() must see the spans it would have seen)."""
-        if not self._wire_allowed:
-            return None
-        processors = getattr(self._sdk_tracer.span_processor, "_span_processors", None)
-        if processors is not self._wire_for:
-            if self._wire is not None:
-                self._wire.close(timeout=1.0)
-            self._wire_for = processors
-            self._wire = DirectExport.for_tracer(self._sdk_tracer)
-            if self._wire is None:
-                self._tracer, self._engine_tracer = self._sdk_tracer, self._engine_sdk_tracer
-            else:
-                self._tracer = wire_tracer.WireTracer(self._sdk_tracer, self._wire)
-                self._engine_tracer = self._tracer if self._engine_sdk_tracer is self._sdk_tracer else \
-                    wire_tracer.WireTracer(self._engine_sdk_tracer, self._wire, RequestFrame.for_tracer(
-                        self._engine_sdk_tracer.resource, self._engine_sdk_tracer._instrumentation_scope))
-        return self._wire
+        """The direct exporter, after a new look at the provider (its processors may have changed)."""
+        self._route = self._router.current()
+        return self._route.direct
+
+    @property
+    def route(self) -> Route:
+        """The route spans take now."""
+        return self._route
 
     @property
     def direct(self) -> DirectExport | None:
         """The direct exporter in use now, if any (its counts)."""
-        return self._wire
+        return self._route.direct
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        return self._wire.flush(timeout) if self._wire is not None else True
+        direct = self._route.direct
+        return direct.flush(timeout) if direct is not None else True
 
     def close(self, timeout: float = 5.0) -> None:
-        if self._wire is not None:
-            self._wire.close(timeout)
+        direct = self._route.direct
+        if direct is not None:
+            direct.close(timeout)
 
     def request(self, t: RequestTimeline, s: RequestSummary, attributes: dict[str, Any], detail: Detail,
                 clock: WallClock, steps: Sequence[StepRecord] = (),
@@ -206,8 +132,8 @@ class SpanBuilder:
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
         name = f"{t.operation} {t.model}" if t.model else t.operation
-        self.wire_export()  # picks the tracer for this request
-        root = self._tracer.start_span(name, context=t.parent, kind=t.kind, start_time=start, attributes=attributes)
+        self.wire_export()  # the route for this request
+        root = self._route.tracer.start_span(name, context=t.parent, kind=t.kind, start_time=start, attributes=attributes)
         if not root.is_recording():  # the provider's own sampler said no (e.g. an unsampled parent)
             root.end(end_time=end)
             return None
@@ -303,15 +229,9 @@ class SpanBuilder:
         rows = choose_rows(n, eventful_steps(per_token, tpot_slo, hit, others), room)
         if rows.coalesced:
             decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
-        parent = decode.get_span_context()
         offset = clock.offset_ns
-        wire = self._tracer.wire if isinstance(self._tracer, wire_tracer.WireTracer) else None
-        direct = self._direct
-        dctx = trace.set_span_in_context(decode)
-        step_encoder = SiblingSpans(parent, sc.SPAN_DECODE_STEP) if wire is not None else None
-        window_encoder = SiblingSpans(parent, sc.SPAN_DECODE_WINDOW) if wire is not None else None
-        ids = span_ids(len(rows.rows)) if wire is not None else ()
-        parts = []
+        out = self._route.rows(decode, len(rows.rows))
+        encoded = out.encoded  # this route takes a decode step's attributes as bytes: build no dict
         prev = first_ns
         for k, (a, b) in enumerate(rows.rows):
             if k and not k % _YIELD_EVERY:
@@ -324,10 +244,9 @@ class SpanBuilder:
                 own_tokens = own.get(step.step_id, 0) if step is not None else 0
                 if step is not None:
                     linked.add(step.step_id)
-                if wire is not None:
+                if encoded:
                     extra = facts.encoded(step, own_tokens) if step is not None else b""
-                    parts.append(step_encoder.encode(ids[k], prev, now,
-                                                     _STEP_INDEX(a) + _STEP_TOKENS(t.tokens_at(a)) + extra))
+                    out.add_encoded(name, prev, now, _STEP_INDEX(a) + _STEP_TOKENS(t.tokens_at(a)) + extra)
                     prev = now
                     continue
                 attrs = {sc.STEP_INDEX: a, sc.STEP_TOKENS: t.tokens_at(a)}
@@ -338,17 +257,9 @@ class SpanBuilder:
                 tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
                 attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: a, sc.WINDOW_LAST_INDEX: b,
                          sc.WINDOW_GAP_MEAN: (ts[b] - ts[a - 1]) / tokens, sc.WINDOW_GAP_MAX: max(gaps[a - 1:b])}
-                if wire is not None:
-                    parts.append(window_encoder.encode(ids[k], prev, now, w.attributes(attrs)))
-                    prev = now
-                    continue
-            if direct is not None:
-                direct.emit(name, parent, prev, now, attrs)
-            else:
-                self._child(name, dctx, prev, attrs).end(end_time=now)
+            out.add(name, prev, now, attrs)
             prev = now
-        if wire is not None and parts:
-            wire.add(b"".join(parts), len(parts))
+        out.close()
 
     def engine_step(self, step: StepRecord, clock: WallClock, engine: str,
                     extra: dict[str, Any] | None = None) -> None:
@@ -378,12 +289,12 @@ class SpanBuilder:
             attrs.update(step.attributes)
         self.wire_export()
         links = [trace.Link(c) for c in step.links]
-        span = self._engine_tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
+        span = self._route.engine_tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
                                        start_time=start, attributes=attrs, links=links)
         span.end(end_time=end)
 
     def _child(self, name: str, ctx: Any, start: int, attributes: dict | None = None) -> Span:
-        return self._tracer.start_span(name, context=ctx, start_time=start, attributes=attributes)
+        return self._route.tracer.start_span(name, context=ctx, start_time=start, attributes=attributes)
 
 
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)

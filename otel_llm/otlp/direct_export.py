@@ -6,7 +6,7 @@ encoder); written as wire bytes it costs ~2 µs, and an engine step's 64 links c
 ~0.5 µs each instead of ~10. Spans built here are retroactive and complete when written,
 so nothing is lost by skipping the SDK's live-span machinery.
 
-It is used only when what the provider would do with those spans is known exactly: every
+It is used only when what the provider would do with those spans is known exactly (sdk_bridge): every
 span processor is the SDK's ``BatchSpanProcessor`` or ``SimpleSpanProcessor`` around the
 SDK's OTLP exporter (HTTP/protobuf or gRPC), as ``OTEL_*`` configuration and
 ``opentelemetry-instrument`` set up. Each exporter's own client sends our bytes, so
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core.guard import GUARD
+from . import sdk_bridge
 from .encode import RequestFrame
 
 _log = logging.getLogger(__name__)
@@ -40,67 +41,6 @@ class DirectCounts:
     spans_sent: int = 0
     spans_dropped: int = 0  # buffer full, or every attempt to send failed
     requests_failed: int = 0  # export requests that failed to at least one destination
-
-
-def senders_of(processor: Any) -> list[Send] | None:
-    """A sender per SDK OTLP exporter behind a tracer's span processor; None if anything else is there."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
-    processors = getattr(processor, "_span_processors", None)
-    if processors is None:
-        return None
-    found = []
-    for p in processors:
-        if type(p) is BatchSpanProcessor:
-            exporter = getattr(getattr(p, "_batch_processor", None), "_exporter", None)
-        elif type(p) is SimpleSpanProcessor:
-            exporter = getattr(p, "span_exporter", None)
-        else:
-            return None
-        send = _sender(exporter) if exporter is not None else None
-        if send is None:
-            return None
-        found.append(send)
-    return found
-
-
-def _sender(exporter: Any) -> Send | None:
-    """A function that sends one serialized ExportTraceServiceRequest with this exporter's client."""
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
-    except ImportError:
-        HTTPExporter = None
-    try:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
-    except ImportError:
-        GRPCExporter = None
-    kind = type(exporter)
-    if HTTPExporter is not None and kind is HTTPExporter and callable(getattr(exporter._client, "export", None)):
-        def send_http(data: bytes) -> bool:
-            if exporter._shutdown:
-                return False
-            return bool(exporter._client.export(data).success)  # retries with backoff, like export()
-
-        return send_http
-    if GRPCExporter is not None and kind is GRPCExporter and hasattr(exporter, "_client"):
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        def send_grpc(data: bytes) -> bool:
-            client = exporter._client
-            if exporter._shutdown or client is None:
-                return False
-            request = ExportTraceServiceRequest.FromString(data)  # C parse: ~0.1 µs a span
-            for attempt in range(2):  # one retry for a stale channel; a dead collector costs one timeout
-                try:
-                    client.Export(request=request, metadata=exporter._headers, timeout=exporter._timeout)
-                    return True
-                except Exception as exc:
-                    if attempt:
-                        _log.debug("otel-llm direct export over gRPC failed: %s", exc)
-            return False
-
-        return send_grpc
-    return None
 
 
 class DirectExport:
@@ -126,17 +66,15 @@ class DirectExport:
     @classmethod
     def for_tracer(cls, tracer: Any) -> "DirectExport | None":
         """One for an SDK tracer whose provider only batches to OTLP exporters; else None."""
-        try:
-            senders = senders_of(tracer.span_processor)
-            if not senders:
-                return None
-            frame = RequestFrame.for_tracer(tracer.resource, tracer._instrumentation_scope)
-            delay = min((getattr(getattr(p, "_batch_processor", None), "_schedule_delay", 5.0)
-                         for p in tracer.span_processor._span_processors), default=5.0)
-            return cls(senders, frame, schedule_delay=delay)
-        except Exception as exc:  # another SDK release: the SDK path still works
-            _log.debug("otel-llm direct export unavailable: %s", exc)
+        senders = sdk_bridge.senders_of(tracer)  # a moved SDK internal: None, with one warning
+        if senders is None:
             return None
+        try:
+            frame = RequestFrame.for_tracer(tracer.resource, sdk_bridge.instrumentation_scope(tracer))
+        except Exception as exc:  # the SDK's encoder or scope not as tested: the SDK path still works
+            _log.warning("otel-llm direct export unavailable: %s", exc)
+            return None
+        return cls(list(senders.sends), frame, schedule_delay=senders.schedule_delay)
 
     def add(self, spans: bytes, count: int, frame: RequestFrame | None = None) -> bool:
         """Buffer ``count`` encoded spans (as otlp_wire.SiblingSpans wrote them), to be sent under

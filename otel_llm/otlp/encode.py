@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import struct
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from opentelemetry.trace import SpanContext
 
@@ -132,6 +132,21 @@ class SiblingSpans:
         return b"\x12" + varint(len(body)) + body
 
 
+# ExportTraceServiceRequest{1: ResourceSpans}; ResourceSpans{1: Resource, 2: ScopeSpans, 3: schema_url};
+# ScopeSpans{1: InstrumentationScope, 2: Span, 3: schema_url}: the same three tags at each level
+_F1, _F2, _F3 = b"\x0a", b"\x12", b"\x1a"
+
+
+def _schema(url: str) -> bytes:
+    return field(_F3, url.encode()) if url else b""
+
+
+def _resource_spans(resource: bytes, scope_spans: Iterable[bytes], resource_tail: bytes) -> bytes:
+    """One ``ExportTraceServiceRequest.resource_spans`` entry: the framed resource (``resource``), each
+    ``ScopeSpans`` body, the schema URL (``resource_tail``). Requests concatenate these."""
+    return field(_F1, resource + b"".join(field(_F2, body) for body in scope_spans) + resource_tail)
+
+
 class RequestFrame:
     """The ``ExportTraceServiceRequest`` around encoded spans: one resource, one scope.
 
@@ -140,10 +155,10 @@ class RequestFrame:
     """
 
     def __init__(self, resource: bytes, resource_schema: str, scope: bytes, scope_schema: str) -> None:
-        self._resource = field(b"\x0a", resource)
-        self._resource_tail = field(b"\x1a", resource_schema.encode()) if resource_schema else b""
-        self._scope = field(b"\x0a", scope)
-        self._scope_tail = field(b"\x1a", scope_schema.encode()) if scope_schema else b""
+        self._resource = field(_F1, resource)
+        self._resource_tail = _schema(resource_schema)
+        self._scope = field(_F1, scope)
+        self._scope_tail = _schema(scope_schema)
 
     @classmethod
     def for_tracer(cls, resource: Any, scope: Any) -> "RequestFrame":
@@ -157,6 +172,39 @@ class RequestFrame:
         return cls(rs.resource.SerializeToString(), rs.schema_url, ss.scope.SerializeToString(), ss.schema_url)
 
     def request(self, spans: Iterable[bytes] | Sequence[bytes]) -> bytes:
-        scope_spans = self._scope + b"".join(spans) + self._scope_tail
-        resource_spans = self._resource + field(b"\x12", scope_spans) + self._resource_tail
-        return field(b"\x0a", resource_spans)
+        """``spans``: ``ScopeSpans.spans`` entries, each framed (as ``SiblingSpans.encode`` returns them)."""
+        return _resource_spans(self._resource, (self._scope + b"".join(spans) + self._scope_tail,),
+                               self._resource_tail)
+
+
+class SpanGroup(Protocol):
+    """Where a received span came from (the collector's ``spans.Group``): encoded resource and scope."""
+
+    resource: tuple[bytes, str]  # (encoded Resource, ResourceSpans.schema_url)
+    scope: tuple[bytes, str]  # (encoded InstrumentationScope, ScopeSpans.schema_url)
+
+
+_SMALL: list[bytes] = []  # varints below 16 KiB (span lengths), built on the first ``encode_request``
+
+
+def encode_request(items: Iterable[tuple[SpanGroup, bytes]]) -> bytes:
+    """An encoded ``ExportTraceServiceRequest`` of (group, encoded span) items, regrouped by resource and
+    scope (schema URLs included), each span framed as received: the collector's export path."""
+    small = _SMALL or _SMALL.extend(varint(i) for i in range(1 << 14)) or _SMALL
+    tree: dict[tuple[bytes, str], dict[tuple[bytes, str], list[bytes]]] = {}
+    for group, raw in items:
+        scopes = tree.get(group.resource)
+        if scopes is None:
+            scopes = tree[group.resource] = {}
+        spans = scopes.get(group.scope)
+        if spans is None:
+            spans = scopes[group.scope] = []
+        n = len(raw)
+        spans.append(_F2)
+        spans.append(small[n] if n < 16384 else varint(n))
+        spans.append(raw)
+    return b"".join(
+        _resource_spans(field(_F1, resource), [field(_F1, scope) + b"".join(framed) + _schema(scope_schema)
+                                               for (scope, scope_schema), framed in scopes.items()],
+                        _schema(resource_schema))
+        for (resource, resource_schema), scopes in tree.items())

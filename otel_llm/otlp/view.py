@@ -10,26 +10,26 @@ received), ``Span`` declares only the fields read here (the rest stays unknown, 
 map entry, so upb builds the key -> encoded ``AnyValue`` dict in C (a repeated key: the last wins,
 as when building a dict). ``value_of`` decodes one value as ``any_value`` does from the full class.
 
-The receivers validate a request with the full OTLP classes first (malformed input is refused
-there); this view only reads what was accepted.
+The receivers validate a request with the full OTLP classes first (``messages.parse_request``:
+malformed input is refused there); this view only reads what was accepted.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
-from otel_llm.core.summary import CONVERTERS
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 _F = descriptor_pb2.FieldDescriptorProto
-_PKG = "otel_llm_collector.wire"
+_PKG = "otel_llm.otlp.view"
 
 
 def _build() -> descriptor_pool.DescriptorPool:
-    fd = descriptor_pb2.FileDescriptorProto(name="otel_llm_collector_wire.proto", package=_PKG, syntax="proto3")
+    fd = descriptor_pb2.FileDescriptorProto(name="otel_llm_otlp_view.proto", package=_PKG, syntax="proto3")
 
     def message(name: str, fields: list[tuple[str, int, int, bool, str]],
                 parent: Any = None) -> descriptor_pb2.DescriptorProto:
@@ -119,24 +119,56 @@ def value_of(encoded: bytes) -> Any:
     return _any_cached(encoded)
 
 
-# -- typed decoders for ``RequestSummary.encoded_reader``: each equals ``CONVERTERS[kind](value_of(encoded))`` --------
-
-_to_float, _to_int = CONVERTERS["float"], CONVERTERS["int"]
-
-
-def float_of(encoded: bytes) -> Any:
-    if len(encoded) == 9 and encoded[0] == 0x21:  # double_value: what latencies are
-        return _DOUBLE(encoded, 1)[0]
-    return _to_float(value_of(encoded))
+STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
+SPAN_KIND_CLIENT = Span.SPAN_KIND_CLIENT
+SERVICE_NAME = "service.name"
 
 
-def int_of(encoded: bytes) -> Any:
-    n = len(encoded)
-    if n == 2 and encoded[0] == 0x18:  # int_value (field 3, varint) below 128: one byte
-        return encoded[1]
-    if n == 3 and encoded[0] == 0x18:  # below 16384: two bytes (a validated varint ends at its last byte)
-        return (encoded[1] & 0x7F) | (encoded[2] << 7)
-    return _to_int(value_of(encoded))
+def is_error(status: bytes) -> bool:
+    """Whether an encoded (non-empty) ``Status`` says ERROR."""
+    return StatusView.FromString(status).code == STATUS_CODE_ERROR
 
 
-TYPED = {"float": float_of, "int": int_of, "str": _cached(CONVERTERS["str"]), "first": _cached(CONVERTERS["first"])}
+def read_resource(encoded: bytes, keys: frozenset[str] = frozenset()) -> tuple[str, list[tuple[str, Any]]]:
+    """An encoded ``Resource``'s ``service.name`` (``unknown_service`` if none) and its attributes among ``keys``."""
+    resource = Resource.FromString(encoded)
+    service = "unknown_service"
+    for kv in resource.attributes:
+        if kv.key == SERVICE_NAME:
+            service = kv.value.string_value or "unknown_service"
+            break
+    values = [(kv.key, any_value(kv.value)) for kv in resource.attributes if kv.key in keys] if keys else []
+    return service, values
+
+
+def decode_spans(encoded: Iterable[bytes]) -> list[Span]:
+    """Encoded spans as full ``Span`` messages (tests and debugging, not the hot path)."""
+    return [Span.FromString(raw) for raw in encoded]
+
+
+# -- typed decoders for ``RequestSummary.encoded_reader``: each equals ``converters[kind](value_of(encoded))`` ---
+
+def float_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+    def decode(encoded: bytes) -> Any:
+        if len(encoded) == 9 and encoded[0] == 0x21:  # double_value: what latencies are
+            return _DOUBLE(encoded, 1)[0]
+        return convert(value_of(encoded))
+    return decode
+
+
+def int_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+    def decode(encoded: bytes) -> Any:
+        n = len(encoded)
+        if n == 2 and encoded[0] == 0x18:  # int_value (field 3, varint) below 128: one byte
+            return encoded[1]
+        if n == 3 and encoded[0] == 0x18:  # below 16384: two bytes (a validated varint ends at its last byte)
+            return (encoded[1] & 0x7F) | (encoded[2] << 7)
+        return convert(value_of(encoded))
+    return decode
+
+
+def typed_decoders(converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Callable[[bytes], Any]]:
+    """Decoders by kind (``float``, ``int``, ``str``, ``first``) for values ``converters`` turn into a
+    field: fast paths on the raw bytes for numbers, remembered results for the rest."""
+    return {"float": float_of(converters["float"]), "int": int_of(converters["int"]),
+            "str": _cached(converters["str"]), "first": _cached(converters["first"])}

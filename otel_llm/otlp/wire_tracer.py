@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from . import encode as w
+from . import sdk_bridge
 from .direct_export import DirectExport
 
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
@@ -30,8 +31,9 @@ _DROPPED_LINKS = b"\x70"  # Span.dropped_links_count, varint
 def usable(tracer: Any) -> bool:
     """Whether spans of this SDK tracer can be written here exactly as the SDK would: its span limits
     must not truncate or drop attributes we write (the defaults don't)."""
-    limits = getattr(tracer, "_span_limits", None)
-    if limits is None:
+    try:
+        limits = sdk_bridge.span_limits(tracer)
+    except sdk_bridge.Moved:
         return False
     no_truncation = limits.max_attribute_length is None and limits.max_span_attribute_length is None
     room = (limits.max_span_attributes or 0) >= 64 and (limits.max_events or 0) >= 64 \
@@ -48,7 +50,7 @@ class WireTracer(trace.Tracer):
         self.frame = frame
         self._ids = sdk_tracer.id_generator
         self._sampler = sdk_tracer.sampler
-        self._max_links = sdk_tracer._span_limits.max_links
+        self._max_links = sdk_bridge.span_limits(sdk_tracer).max_links
         self._links: dict[tuple[int, int, bool], bytes] = {}  # a kept request is linked from every step it was in
 
     def start_span(self, name: str, context: Any = None, kind: SpanKind = SpanKind.INTERNAL,

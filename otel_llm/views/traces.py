@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
 from ..core import semconv as sc
 from ..otlp.json_codec import OtlpJsonError, parse_request
 
@@ -49,7 +47,8 @@ class TraceFileError(ValueError):
     """A trace file that cannot be read: says which line and why."""
 
 
-def value(v: AnyValue) -> Any:
+def value(v: Any) -> Any:
+    """A parsed ``AnyValue``'s value (arrays as lists, kvlists as dicts)."""
     kind = v.WhichOneof("value")
     if kind == "array_value":
         return [value(x) for x in v.array_value.values]

@@ -131,7 +131,8 @@ def test_typed_decoders_equal_converting_the_decoded_value() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
     from otel_llm.core.summary import CONVERTERS
-    from otel_llm.otlp.view import TYPED, value_of
+    from otel_llm.otlp.view import value_of
+    from otel_llm_collector.spans import TYPED
 
     ints = [0, 1, 127, 128, 129, 255, 256, 300, 16383, 16384, 2**31, 2**63 - 1, -1, -128, -2**63]
     encodings = [AnyValue(int_value=v).SerializeToString() for v in ints]

@@ -13,22 +13,20 @@ counted like any unreachable backend.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import threading
 from typing import Protocol
 
 import grpc
 import requests
-from google.protobuf.message import DecodeError
 from requests.adapters import HTTPAdapter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                     ExportTraceServiceResponse)
+
+from otel_llm.otlp import messages
+from otel_llm.otlp.file import json_line
 
 from ..config import ExporterConfig, TLSClientConfig, read_pem
-from otel_llm.otlp.json_codec import to_dict
 
-EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+EXPORT_METHOD = messages.EXPORT_METHOD
 _RETRYABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.OUT_OF_RANGE,
                    grpc.StatusCode.DATA_LOSS}
@@ -59,9 +57,9 @@ class Rejected(tuple):
 ACCEPTED = Rejected((0, ""))
 
 
-def _partial(response: ExportTraceServiceResponse) -> Rejected:
-    ps = response.partial_success
-    return Rejected((max(0, ps.rejected_spans), ps.error_message)) if ps.rejected_spans else ACCEPTED
+def _partial(rejected: tuple[int, str]) -> Rejected:
+    """A response's ``partial_success`` (``messages.read_response``)."""
+    return Rejected(rejected) if rejected[0] else ACCEPTED
 
 
 class GrpcSender:
@@ -70,7 +68,7 @@ class GrpcSender:
         self._channel = grpc.insecure_channel(target) if cfg.tls is None else _secure_channel(target, cfg.tls)
         # identity serializer: the payload is already encoded, once, for every exporter
         self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
-                                               response_deserializer=ExportTraceServiceResponse.FromString)
+                                               response_deserializer=messages.read_response)
         self._timeout = cfg.timeout
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers.items())
         self._compression = grpc.Compression.Gzip if cfg.compression == "gzip" else None
@@ -151,11 +149,9 @@ def _http_partial(r: requests.Response) -> Rejected:
     ctype = r.headers.get("Content-Type", "")
     try:
         if "json" in ctype:
-            ps = (json.loads(r.content) or {}).get("partialSuccess") or {}
-            n = int(ps.get("rejectedSpans") or 0)
-            return Rejected((max(0, n), str(ps.get("errorMessage") or ""))) if n else ACCEPTED
-        return _partial(ExportTraceServiceResponse.FromString(r.content))
-    except (ValueError, TypeError, AttributeError, DecodeError):
+            return _partial(messages.read_json_response(r.content))
+        return _partial(messages.read_response(r.content))
+    except messages.RESPONSE_ERRORS:
         return ACCEPTED  # a 2xx whose body we cannot read: the request was accepted
 
 
@@ -168,7 +164,7 @@ class FileSender:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.path)), exist_ok=True)
 
     def send(self, payload: bytes) -> Rejected:
-        line = json.dumps(to_dict(ExportTraceServiceRequest.FromString(payload)), separators=(",", ":"))
+        line = json_line(payload)
         with self._lock, open(self._path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
         return ACCEPTED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otel_llm.otlp.messages import ExportTraceServiceRequest
 
 
 REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), span id (8 bytes, not all zero) "

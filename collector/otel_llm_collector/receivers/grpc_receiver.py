@@ -28,17 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTracePartialSuccess,
-                                                                     ExportTraceServiceRequest,
-                                                                     ExportTraceServiceResponse)
+from otel_llm.otlp import messages
 
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest
 
-SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+SERVICE = messages.SERVICE
 
 
 class _Refused(Exception):
@@ -139,20 +136,14 @@ class GrpcReceiver:
             raise
         finally:
             self._in_flight -= 1
-        response = ExportTraceServiceResponse()
-        if rejected:
-            response.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=rejected,
-                                                                        error_message=REFUSED_MESSAGE))
-        return response.SerializeToString()
+        return messages.response(rejected, REFUSED_MESSAGE)
 
     def _process(self, raw: bytes) -> int:
         """On a worker thread: parse (no lock held), then ingest (which takes the pipeline lock)."""
-        request = ExportTraceServiceRequest()
         try:
-            request.ParseFromString(raw)
-        except (DecodeError, RecursionError, ValueError) as exc:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                           f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}") from None
+            request = messages.parse_request(raw)
+        except messages.MalformedRequest as exc:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:
             return self._ingest(request, "grpc", raw)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down

@@ -32,13 +32,8 @@ import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from google.protobuf.message import DecodeError
-from google.rpc.status_pb2 import Status
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTracePartialSuccess,
-                                                                     ExportTraceServiceRequest,
-                                                                     ExportTraceServiceResponse)
-
-from otel_llm.otlp.json_codec import OtlpJsonError, parse_request, to_dict
+from otel_llm.otlp import messages
+from otel_llm.otlp.json_codec import OtlpJsonError, parse_request
 
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
@@ -273,11 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, err: BadRequest, json_reply: bool, close: bool = False,
                extra: dict[str, str] | None = None) -> None:
         self.owner.telemetry.inc("receiver_bad_requests", transport="http", reason=err.reason)
-        status = Status(code=_GRPC_CODE.get(err.status, 3), message=err.message)
-        if json_reply:
-            body, ctype = json.dumps(to_dict(status)).encode(), JSON
-        else:
-            body, ctype = status.SerializeToString(), PROTOBUF
+        body = messages.error_status(_GRPC_CODE.get(err.status, 3), err.message, as_json=json_reply)
+        ctype = JSON if json_reply else PROTOBUF
         if err.status == 503:
             extra = {**(extra or {}), "Retry-After": "1"}
         self._reply(err.status, ctype, body, close, extra)
@@ -342,14 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
             self.owner.slots.release()
-        response = ExportTraceServiceResponse()
-        if rejected:
-            response.partial_success.CopyFrom(ExportTracePartialSuccess(
-                rejected_spans=rejected, error_message=REFUSED_MESSAGE))
-        if is_json:
-            self._reply(200, JSON, json.dumps(to_dict(response)).encode())
-        else:
-            self._reply(200, PROTOBUF, response.SerializeToString())
+        self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, REFUSED_MESSAGE, as_json=is_json))
 
     def _read_body(self, length: int) -> bytes | None:
         """The body, read under ``read_timeout`` (the whole body, not each read); None when the client was
@@ -398,7 +383,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.watchdog.disarm(deadline)
 
     @staticmethod
-    def _parse(body: bytes, is_json: bool) -> ExportTraceServiceRequest:
+    def _parse(body: bytes, is_json: bool) -> messages.ExportTraceServiceRequest:
         if is_json:
             try:
                 return parse_request(body)
@@ -407,13 +392,10 @@ class _Handler(BaseHTTPRequestHandler):
             except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as exc:
                 # nested too deep for the parser, or a value the OTLP classes refuse: still the client's input
                 raise BadRequest(400, "malformed_json", f"cannot parse OTLP/JSON: {type(exc).__name__}") from None
-        request = ExportTraceServiceRequest()
         try:
-            request.ParseFromString(body)
-        except (DecodeError, RecursionError, ValueError) as exc:
-            raise BadRequest(400, "malformed_protobuf",
-                             f"malformed ExportTraceServiceRequest: {exc or 'cannot decode protobuf'}") from None
-        return request
+            return messages.parse_request(body)
+        except messages.MalformedRequest as exc:
+            raise BadRequest(400, "malformed_protobuf", str(exc)) from None
 
 
 # HTTP status -> google.rpc.Code, for the Status body
