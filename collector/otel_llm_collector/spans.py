@@ -2,7 +2,7 @@
 
 Each span is kept as its own encoded bytes, not as a live protobuf object: a buffered upb
 message keeps its whole received request (its arena) alive, which cost ~1.2 KB per buffered
-span; the bytes cost their length plus ~90 B. The request is read through ``wire``'s view, so
+span; the bytes cost their length plus ~90 B. The request is read through ``otel_llm.otlp.view``, so
 those bytes are the span as received (no re-encoding) and a span's attributes arrive as a
 key -> encoded value map built in C. Resource and scope stay encoded too, once per
 ``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept spans are framed back into
@@ -40,7 +40,7 @@ __all__ = ["any_value", "attributes", "extract", "encode_request", "spans_of"]
 
 
 def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
-    """Full-class ``KeyValue`` messages as a dict (tests and tools; the receive path reads ``wire``'s map)."""
+    """Full-class ``KeyValue`` messages as a dict (tests and tools; the receive path reads ``otlp.view``'s map)."""
     return {kv.key: any_value(kv.value) for kv in kvs}
 
 

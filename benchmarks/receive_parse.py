@@ -1,0 +1,187 @@
+"""The collector's receive path: validate-then-view (two passes) against one validating pass.
+
+    .venv/bin/python benchmarks/receive_parse.py [--rounds 7] [--requests 4]
+
+Per-span CPU (process time) of turning received OTLP bytes into what the gateway ingests, for trace
+shapes 1 (request spans only, 8 attributes each) and 8 (a request span and 7 decode steps), in
+interleaved rounds (medians). Writes benchmarks/results/receive_parse.json.
+
+* ``two_pass``: what the receivers do: ``messages.parse_request`` (the full OTLP classes, in C: this is
+  what refuses malformed bytes, invalid UTF-8 anywhere, truncated nested messages) then ``spans.extract``
+  over the bytes through ``otlp.view`` (spans kept as received, attributes as a C-built map of encoded values).
+* ``view_only``: ``extract`` alone. NOT a valid receive path (the view leaves attribute values, events
+  and links unparsed, so it would forward what a backend refuses); the floor any one-pass design could reach.
+* ``one_pass_value_checks``: ``extract`` plus the Python-level validation of every attribute value the view
+  leaves unparsed (a remembered-valid set, a fast path for doubles, the full ``AnyValue`` class otherwise):
+  one parse, but the checks run per value in Python.
+* ``one_pass_message_map``: one C parse of the whole request through a view whose spans are messages and
+  whose attribute map holds full ``AnyValue`` messages (validates everything), each span re-serialized and
+  the request spans' values read from the messages. Compared with ``two_pass_prototype``, the same
+  reading over the two-pass view, since it cannot reuse ``extract``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "collector"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402
+from opentelemetry.proto.common.v1 import common_pb2  # noqa: E402
+from opentelemetry.proto.resource.v1 import resource_pb2  # noqa: E402
+from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: E402
+
+from collector_throughput import build_requests  # noqa: E402
+from otel_llm.core import semconv as sc  # noqa: E402
+from otel_llm.otlp import messages, view  # noqa: E402
+from otel_llm_collector.spans import extract  # noqa: E402
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def _message_map_view() -> type:
+    """ExportTraceServiceRequest whose resources and scopes stay bytes, spans are full messages except
+    ``attributes``: ``map<string, AnyValue>`` (a KeyValue is a map entry on the wire)."""
+    pkg = "bench.onepass"
+    pool = descriptor_pool.DescriptorPool()
+    for module in (common_pb2, resource_pb2):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(fdp)
+        pool.Add(fdp)
+    fdp = descriptor_pb2.FileDescriptorProto()
+    trace_pb2.DESCRIPTOR.CopyToProto(fdp)
+    fdp.name, fdp.package = f"{pkg}.proto", pkg
+    by_name = {m.name: m for m in fdp.message_type}
+    for m in fdp.message_type:
+        for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
+            f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+    for msg, name in (("ResourceSpans", "resource"), ("ScopeSpans", "scope")):
+        f = next(f for f in by_name[msg].field if f.name == name)
+        f.type = _F.TYPE_BYTES
+        f.ClearField("type_name")
+    span = by_name["Span"]
+    entry = span.nested_type.add(name="AttributesEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=_F.LABEL_OPTIONAL,
+                    type_name=".opentelemetry.proto.common.v1.AnyValue")
+    next(f for f in span.field if f.name == "attributes").type_name = f".{pkg}.Span.AttributesEntry"
+    req = fdp.message_type.add(name="ExportTraceServiceRequest")
+    req.field.add(name="resource_spans", number=1, type=_F.TYPE_MESSAGE, label=_F.LABEL_REPEATED,
+                  type_name=f".{pkg}.ResourceSpans")
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.ExportTraceServiceRequest"))
+
+
+ONE_PASS = _message_map_view()
+E2E = sc.LATENCY_E2E
+
+
+def two_pass(raw: bytes) -> int:
+    return len(extract(messages.parse_request(raw), raw).spans)
+
+
+def view_only(raw: bytes) -> int:
+    return len(extract(None, raw).spans)  # type: ignore[arg-type]
+
+
+_valid: set[bytes] = set()
+
+
+def _check(encoded: bytes) -> None:
+    if encoded in _valid or (len(encoded) == 9 and encoded[0] == 0x21):
+        return
+    common_pb2.AnyValue.FromString(encoded)  # validates (C)
+    if len(_valid) > 4096:
+        _valid.clear()
+    _valid.add(encoded)
+
+
+def one_pass_value_checks(raw: bytes) -> int:
+    n = len(extract(None, raw).spans)  # type: ignore[arg-type]
+    for rs in view.RequestView.FromString(raw).resource_spans:  # the values extract's view left unparsed
+        for ss in rs.scope_spans:
+            for encoded in ss.spans:
+                attrs = view.SpanView.FromString(encoded).attributes
+                for key in attrs:
+                    _check(attrs[key])
+    return n
+
+
+def two_pass_prototype(raw: bytes) -> int:
+    messages.parse_request(raw)
+    n = 0
+    for rs in view.RequestView.FromString(raw).resource_spans:
+        view.read_resource(rs.resource)
+        for ss in rs.scope_spans:
+            for encoded in ss.spans:
+                s = view.SpanView.FromString(encoded)
+                attrs = s.attributes
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano, s.status)
+                if E2E in attrs:
+                    for key in attrs:
+                        view.value_of(attrs[key])
+                n += 1
+    return n
+
+
+def one_pass_message_map(raw: bytes) -> int:
+    n = 0
+    for rs in ONE_PASS.FromString(raw).resource_spans:
+        view.read_resource(rs.resource)
+        for ss in rs.scope_spans:
+            common_pb2.InstrumentationScope.FromString(ss.scope)  # the scope's validation, once per ScopeSpans
+            for s in ss.spans:
+                _ = s.SerializeToString()  # the span's bytes, to buffer and export
+                attrs = s.attributes
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano,
+                     s.status.code)
+                if E2E in attrs:
+                    for key in attrs:
+                        v = attrs[key]
+                        kind = v.WhichOneof("value")
+                        _ = getattr(v, kind) if kind else None
+                n += 1
+    return n
+
+
+VARIANTS = (two_pass, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--requests", type=int, default=4, help="export requests of ~1000 spans per round and shape")
+    args = ap.parse_args()
+    load = os.getloadavg()
+    results: dict[str, dict[str, float]] = {}
+    for shape in (1, 8):
+        payloads = build_requests(shape, args.requests)
+        for f in VARIANTS:  # each accepts what it measures (and warms caches) before timing
+            assert sum(f(p) for p in payloads) > 0
+        times: dict[str, list[float]] = {f.__name__: [] for f in VARIANTS}
+        for r in range(args.rounds):
+            for f in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:  # rotated order
+                t0, spans = time.process_time(), 0
+                for p in payloads:
+                    spans += f(p)
+                times[f.__name__].append((time.process_time() - t0) / spans * 1e6)
+        results[f"shape_{shape}"] = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    out = {"unit": "us CPU per span (median of rounds)", "rounds": args.rounds, "load_avg_before": load,
+           "load_avg_after": os.getloadavg(), "results": results}
+    print(json.dumps(out, indent=2))
+    path = ROOT / "benchmarks" / "results" / "receive_parse.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
