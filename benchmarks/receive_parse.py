@@ -63,7 +63,8 @@ def _message_map_view() -> type:
     by_name = {m.name: m for m in fdp.message_type}
     for m in fdp.message_type:
         for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
-            f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+            if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
+                f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
     for msg, name in (("ResourceSpans", "resource"), ("ScopeSpans", "scope")):
         f = next(f for f in by_name[msg].field if f.name == name)
         f.type = _F.TYPE_BYTES
