@@ -24,6 +24,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from ..core import semconv as sc
+
 _F = descriptor_pb2.FieldDescriptorProto
 _PKG = "otel_llm.otlp.view"
 
@@ -121,7 +123,7 @@ def value_of(encoded: bytes) -> Any:
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
 SPAN_KIND_CLIENT = Span.SPAN_KIND_CLIENT
-SERVICE_NAME = "service.name"
+SERVICE_NAME = sc.SERVICE_NAME
 
 
 def is_error(status: bytes) -> bool:
