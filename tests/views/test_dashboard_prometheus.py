@@ -182,7 +182,7 @@ def primed_names() -> set[str]:
     """The metrics the panels read that any load creates (not the zero-when-healthy ones, nor the good-request
     counter: with this SLO no request is good)."""
     return {name for _, spec, q in dashboard.queries() if not spec.zero_normal
-            for name in metric_names(q.expr)} - {dashboard.counter(m.GOOD_REQUESTS, "{request}")}
+            for name in metric_names(q.expr)} - {dashboard.counter(m.SERVER_METRICS.good_requests_spec)}
 
 
 def concrete(expr: str) -> str:
