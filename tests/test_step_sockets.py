@@ -92,9 +92,10 @@ def test_wire_round_trip_keeps_every_field():
 @pytest.mark.parametrize("mangle, why", [
     (lambda b: bytes([step_wire.VERSION + 1]) + b[1:], "wire version"),
     (lambda b: b[:step_wire.HEADER.size - 1], "shorter than"),
-    (lambda b: b[:-1], "request ids need"),  # one byte of an id missing
-    (lambda b: b + b"x", "request ids need"),
+    (lambda b: b[:-len("req-b") - 1], "1 request ids for its 2"),  # the last id cut off
+    (lambda b: b + b"\0x", "3 request ids for its 2"),
     (lambda b: b[:step_wire.HEADER.size + 3], "too short for its"),
+    (lambda b: b[:step_wire.HEADER.size - 4] + bytes(4) + b[step_wire.HEADER.size:], "no shares"),  # n = 0, bytes follow
 ])
 def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(mangle, why):
     good = step_wire.encode(record(5))
@@ -119,3 +120,9 @@ def test_pickle_is_not_accepted():
     with pytest.raises(step_wire.WireError):  # the old wire: a frontend never unpickles what arrives
         step_wire.decode(pickle.dumps(record(1), protocol=pickle.HIGHEST_PROTOCOL))
     assert struct.calcsize("<BBqddIIIdBdddddI") == step_wire.HEADER.size
+
+
+def test_an_id_with_nul_is_refused_at_the_sender():
+    bad = record(1)[:7] + ([("a\0b", 1, False, 0)],) + record(1)[8:]
+    with pytest.raises(step_wire.WireError, match="NUL"):
+        step_wire.encode(bad)

@@ -6,7 +6,8 @@ and a record of another layout is refused (and counted), never misread. Layout, 
     header   version:u8 flags:u8 step_id:i64 start:f64 end:f64 running:u32 waiting:u32 preempted:u32
              kv_cache_usage:f64 queue_blocked:u8 schedule_s:f64 execute_s:f64 output_s:f64 idle_s:f64
              model_s:f64 shares:u32
-    shares   tokens:u32[n] context:u32[n] prefill:u8[n] id_length:u16[n] ids:utf-8 (concatenated)
+    shares   tokens:u32[n] context:u32[n] prefill:u8[n] ids:utf-8, joined by NUL (an id with a NUL in it
+             is refused at the sender: the step is dropped and counted, never mis-split)
 
 ``flags`` says which optional seconds are present (idle, model). A change of layout is a new
 ``VERSION``; both sides are always the same otel-llm (the EngineCore imports the frontend's package).
@@ -38,9 +39,10 @@ def encode(payload: tuple) -> bytes:
     if not n:
         return head
     ids, tokens, prefill, contexts = zip(*shares)
-    raw = [i.encode() for i in ids]
-    return b"".join((head, struct.pack(f"<{n}I{n}I{n}B{n}H", *tokens, *contexts, *prefill, *map(len, raw)),
-                     *raw))
+    joined = "\0".join(ids)
+    if joined.count("\0") != n - 1:
+        raise WireError("a request id contains NUL: this step cannot be sent")
+    return head + _arrays(n).pack(*tokens, *contexts, *prefill) + joined.encode()
 
 
 def decode(data: bytes) -> StepRecord:
@@ -51,21 +53,37 @@ def decode(data: bytes) -> StepRecord:
         raise WireError(f"step record of wire version {data[0]}, this otel-llm reads version {VERSION}")
     (_, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
      schedule_s, execute_s, output_s, idle, model, n) = HEADER.unpack_from(data)
-    arrays = struct.Struct(f"<{n}I{n}I{n}B{n}H")
-    at = HEADER.size + arrays.size
-    if len(data) < at:
-        raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
-    fields = arrays.unpack_from(data, HEADER.size)
-    tokens, contexts, prefill, lengths = fields[:n], fields[n:2 * n], fields[2 * n:3 * n], fields[3 * n:]
-    if at + sum(lengths) != len(data):
-        raise WireError(f"step record of {len(data)} bytes, its {n} request ids need {at + sum(lengths)}")
-    shares = []
-    for tok, pre, size in zip(tokens, prefill, lengths):
-        shares.append((data[at:at + size].decode(), tok, bool(pre)))
-        at += size
+    shares: list = []
+    contexts: list[int] = []
+    if n:
+        arrays = _arrays(n)
+        at = HEADER.size + arrays.size
+        if len(data) <= at:
+            raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
+        fields = arrays.unpack_from(data, HEADER.size)
+        ids = data[at:].decode().split("\0")
+        if len(ids) != n:
+            raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
+        shares = list(zip(ids, fields[:n], map(bool, fields[2 * n:])))
+        contexts = list(fields[n:2 * n])
+    elif len(data) != HEADER.size:
+        raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
     step = StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
-    step.contexts = list(contexts)
+    step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s = idle if flags & _HAS_IDLE else None
     step.model_s = model if flags & _HAS_MODEL else None
     return step
+
+
+_ARRAYS: dict[int, struct.Struct] = {}
+
+
+def _arrays(n: int) -> struct.Struct:
+    """The shares' fixed part for n shares (compiled once per batch size: a step's n repeats)."""
+    s = _ARRAYS.get(n)
+    if s is None:
+        if len(_ARRAYS) > 4096:
+            _ARRAYS.clear()
+        s = _ARRAYS[n] = struct.Struct(f"<{n}I{n}I{n}B")
+    return s
