@@ -11,6 +11,10 @@ and end times from the engine's stamps. Layout (the README's trace contract):
         llm.decode.step (each)          [previous token, this token]
       llm.requeue / llm.reprefill       per preemption, under the phase it hit; event llm.preemption
 
+A user request that asked for n > 1 choices (parallel sampling) is one trace too: its request span
+(``request_group``) holds one ``llm.choice`` span per sequence, and each choice holds the layout above
+from ``llm.queue`` down.
+
 Children tile the request span: the queue span starts at arrival, so it includes the
 frontend's input processing and the hop to the engine (the engine's own queue time is
 the attribute ``llm.latency.queue`` and the event ``llm.engine.queued``); the decode
