@@ -102,13 +102,15 @@ class Harness:
         self.telemetry = Pipeline(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "test")
 
     def request(self, rid: str, *, queue=0.01, prefill=0.05, tokens=5, itl=0.01, preempt_at=None,
-                chunks=(), error=None, gaps=None) -> RequestSummary:
+                chunks=(), error=None, gaps=None, group=None, index=None) -> RequestSummary:
         """A request as an engine would report it, on this process's monotonic clock; ``gaps``
         (tokens - 1 of them) instead of a steady ``itl``."""
         base = time.monotonic() - 5.0
         arrival = time.time() - 5.0 - 0.002
-        t = RequestTimeline(rid, arrival, model="m", response_id=rid, input_tokens=100)
-        assert self.telemetry.start(t)
+        t = RequestTimeline(rid, arrival, model="m", response_id=group.group_id if group else rid, input_tokens=100,
+                            group=group, choice_index=index)
+        if not self.telemetry.start(t):
+            return None
         t.events += [(QUEUED, base), (SCHEDULED, base + queue)]
         first = base + queue + prefill
         for i, (start, end, n) in enumerate(chunks):
@@ -509,3 +511,87 @@ def test_fast_path_spans_encode_under_the_providers_one_resource():
     request = encode_spans(spans)
     assert len(request.resource_spans) == 1  # decode steps and the SDK-built spans share one group
     assert sum(len(ss.spans) for ss in request.resource_spans[0].scope_spans) == len(spans)
+
+
+# -- parallel sampling (n > 1): one user request, one trace ----------------------------------------
+
+def _choices(spans, root):
+    return sorted((x for x in spans if x.name == sc.SPAN_CHOICE and x.parent.span_id == root.context.span_id),
+                  key=lambda x: x.attributes[sc.CHOICE_INDEX])
+
+
+def test_n_sequences_of_one_request_are_one_trace_with_a_choice_span_each():
+    from otel_llm.core.timeline import RequestGroup
+
+    h = Harness(sample_rate=1.0, baseline_detail="steps")
+    group = RequestGroup("parent", choice_count=3, expected=3)
+    made = [h.request(f"{i}_parent", tokens=4 + i, group=group, index=i) for i in (2, 0, 1)]  # any finish order
+    spans = h.spans()
+    assert len({x.context.trace_id for x in spans}) == 1
+    (root,) = [x for x in spans if x.parent is None]
+    a = root.attributes
+    assert a[sc.REQUEST_CHOICE_COUNT] == 3 and a[sc.RESPONSE_ID] == "parent"
+    assert a[sc.USAGE_INPUT_TOKENS] == 100  # one prompt
+    assert a[sc.USAGE_OUTPUT_TOKENS] == sum(s.output_tokens for s in made) == 4 + 5 + 6
+    assert a[sc.LATENCY_E2E] == max(s.e2e for s in made) and a[sc.LATENCY_TTFT] == min(s.ttft for s in made)
+    assert a[sc.RESPONSE_FINISH_REASONS] == ("length",) * 3
+    choices = _choices(spans, root)
+    assert [c.attributes[sc.CHOICE_INDEX] for c in choices] == [0, 1, 2]
+    assert [c.attributes[sc.USAGE_OUTPUT_TOKENS] for c in choices] == [4, 5, 6]
+    for c in choices:  # each sequence has its own phases, tiling its choice span
+        kids = {x.name for x in spans if x.parent and x.parent.span_id == c.context.span_id}
+        assert kids == {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}
+        assert root.start_time <= c.start_time and c.end_time <= root.end_time
+        assert sc.RESPONSE_ID not in c.attributes  # the request's id is its request span's
+    assert root.end_time == max(c.end_time for c in choices)
+    assert h.telemetry.counts.requests_kept == 1 and h.telemetry.requests == {}
+    # metrics per sequence, as vLLM's own statistics count them
+    got = points_by_name(h.metric_data())
+    assert sum(p.count for p in got["gen_ai.server.time_to_first_token"]) == 3
+
+
+def test_one_decision_for_all_sequences_a_breach_of_one_keeps_the_whole_request():
+    from otel_llm.core.timeline import RequestGroup
+
+    h = Harness(sample_rate=0.0, slo="ttft=0.5", tail_quantile=0)
+    group = RequestGroup("p", choice_count=2, expected=2)
+    h.request("0_p", group=group, index=0)  # within the SLO
+    assert h.spans() == []  # nothing until the last sequence finished
+    h.request("1_p", queue=1.0, group=group, index=1)  # breaches TTFT
+    spans = h.spans()
+    (root,) = [x for x in spans if x.parent is None]
+    assert root.attributes[sc.SAMPLING_REASON] == "slo_breach:ttft" and root.attributes[sc.SLO_MET] is False
+    met = {c.attributes[sc.CHOICE_INDEX]: c.attributes[sc.SLO_MET] for c in _choices(spans, root)}
+    assert met == {0: True, 1: False}
+    h2 = Harness(sample_rate=0.0, slo="ttft=0.5", tail_quantile=0)
+    quiet = RequestGroup("q", choice_count=2, expected=2)
+    h2.request("0_q", group=quiet, index=0)
+    h2.request("1_q", group=quiet, index=1)
+    assert h2.spans() == []  # neither breached: one "no" for the request, no partial trace
+    assert sum(p.count for p in points_by_name(h2.metric_data())["gen_ai.server.time_to_first_token"]) == 2
+
+
+def test_a_sequence_refused_over_max_requests_does_not_hold_its_siblings_back():
+    from otel_llm.core.timeline import RequestGroup
+
+    h = Harness(sample_rate=1.0, max_requests=1)
+    group = RequestGroup("p", choice_count=2, expected=2)
+    base = time.time()
+    first = RequestTimeline("0_p", base, model="m", response_id="p", group=group, choice_index=0)
+    assert h.telemetry.start(first)
+    second = RequestTimeline("1_p", base, model="m", response_id="p", group=group, choice_index=1)
+    assert not h.telemetry.start(second) and group.expected == 1
+    h.telemetry.finish("1_p", RequestSummary(model="m", e2e=0.1))  # untracked: metrics only
+    h.telemetry.finish("0_p", RequestSummary(model="m", e2e=0.2))
+    (root,) = [x for x in h.spans() if x.parent is None]
+    assert root.attributes[sc.REQUEST_CHOICE_COUNT] == 2 and len(_choices(h.spans(), root)) == 1
+
+
+def test_materializer_refuses_what_is_not_a_job():
+    from otel_llm.core.guard import GUARD
+
+    h = Harness(sample_rate=1.0)
+    before = GUARD.errors["span materializer"]
+    assert h.telemetry.materializer.submit(("a", "tuple", None, None))
+    assert h.telemetry.flush(10)
+    assert GUARD.errors["span materializer"] == before + 1

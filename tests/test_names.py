@@ -92,7 +92,7 @@ def test_config_defaults_are_the_options_table():
 
 def test_emitted_spans_carry_only_what_the_contract_declares():
     """The pipeline's spans (full detail: chunks, decode steps and windows, a preemption, an SLO breach,
-    an abort, engine steps, content capture) hold no attribute or event their contract row lacks: a
+    an abort, engine steps, content capture, a request with n = 2 choices) hold no attribute or event their contract row lacks: a
     new attribute needs its row, so the README's table stays the truth."""
     from test_core import Harness  # the pipeline on constructed timelines
 
@@ -101,6 +101,11 @@ def test_emitted_spans_carry_only_what_the_contract_declares():
     h.request("r1", tokens=8, chunks=[(0.01, 0.03, 64), (0.03, 0.06, 36)], preempt_at=0.02,
               gaps=[0.01, 0.01, 0.2, 0.01, 0.01, 0.01, 0.01])
     h.request("r2", tokens=3, error="aborted")
+    from otel_llm.core.timeline import RequestGroup  # n = 2: a request span over two llm.choice spans
+
+    group = RequestGroup("g", choice_count=2, expected=2)
+    h.request("0_g", tokens=3, group=group, index=0)
+    h.request("1_g", tokens=3, group=group, index=1)
     spans = h.spans()
     seen = set()
     for span in spans:

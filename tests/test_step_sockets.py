@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import tempfile
 
-from otel_llm.instrumentation.vllm import steps
+import pytest
+
+from otel_llm.core.guard import GUARD
+from otel_llm.instrumentation.vllm import step_wire, steps
 
 
 def record(step_id: int) -> tuple:
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True), ("req-b", 1, False)], 0)
+    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, shares with their context)."""
+    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True, 0), ("req-b", 1, False, 40)], 0,
+            0.001, 0.008, 0.001, None, 0.006)
 
 
 def drained(receiver: steps.StepReceiver) -> list:
@@ -64,3 +71,58 @@ def test_api_server_processes_join_the_inherited_directory_others_make_their_own
         own = steps.step_dir()  # e.g. a server started by an instrumented test process
         assert own != inherited and os.environ[steps.STEP_DIR_ENV] == own
         os.rmdir(own)
+
+
+def test_wire_round_trip_keeps_every_field():
+    shares = [(f"{i}_cmpl-ü{i}", 1 + i % 3, i % 5 == 0, 100 + i) for i in range(64)]  # non-ASCII ids too
+    payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    wire = step_wire.decode(step_wire.encode(payload))
+    inproc = steps.decode(payload)  # what an in-process engine hands over, without a wire
+    for got in (wire, inproc):
+        assert got.requests == [s[:3] for s in shares] and got.contexts == [s[3] for s in shares]
+        assert (got.step_id, got.start, got.end, got.running, got.waiting, got.preempted, got.kv_cache_usage,
+                got.queue_blocked) == payload[:7] + (2,)
+        assert (got.schedule_s, got.execute_s, got.output_s, got.idle_s, got.model_s) == payload[9:]
+    none = step_wire.decode(step_wire.encode(payload[:12] + (None, None)))
+    assert (none.idle_s, none.model_s) == (None, None)
+    empty = step_wire.decode(step_wire.encode(payload[:7] + ([],) + payload[8:]))
+    assert empty.requests == [] and empty.contexts == []
+
+
+@pytest.mark.parametrize("mangle, why", [
+    (lambda b: bytes([step_wire.VERSION + 1]) + b[1:], "wire version"),
+    (lambda b: b[:step_wire.HEADER.size - 1], "shorter than"),
+    (lambda b: b[:-len("req-b") - 1], "1 request ids for its 2"),  # the last id cut off
+    (lambda b: b + b"\0x", "3 request ids for its 2"),
+    (lambda b: b[:step_wire.HEADER.size + 3], "too short for its"),
+    (lambda b: b[:step_wire.HEADER.size - 4] + bytes(4) + b[step_wire.HEADER.size:], "no shares"),  # n = 0, bytes follow
+])
+def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(mangle, why):
+    good = step_wire.encode(record(5))
+    with pytest.raises(step_wire.WireError, match=why):
+        step_wire.decode(mangle(good))
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        before = GUARD.errors["step record wire"]
+        for data in (mangle(good), good):  # the bad one is dropped, the next one still arrives
+            sender.sendto(data, receiver.path)
+        got = drained(receiver)
+        assert [x.step_id for x in got] == [5]
+        assert receiver.malformed == 1 and GUARD.errors["step record wire"] == before + 1
+        sender.close()
+        receiver.close()
+
+
+def test_pickle_is_not_accepted():
+    import pickle
+
+    with pytest.raises(step_wire.WireError):  # the old wire: a frontend never unpickles what arrives
+        step_wire.decode(pickle.dumps(record(1), protocol=pickle.HIGHEST_PROTOCOL))
+    assert struct.calcsize("<BBqddIIIdBdddddI") == step_wire.HEADER.size
+
+
+def test_an_id_with_nul_is_refused_at_the_sender():
+    bad = record(1)[:7] + ([("a\0b", 1, False, 0)],) + record(1)[8:]
+    with pytest.raises(step_wire.WireError, match="NUL"):
+        step_wire.encode(bad)

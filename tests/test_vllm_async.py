@@ -33,7 +33,13 @@ async def _drive(engine):
         if not engine.output_processor.has_unfinished_requests():
             break
         await asyncio.sleep(0.05)
-    return streamed
+    # parallel sampling: AsyncLLM fans n=2 out to two engine requests under one ParentRequest
+    parallel = {}
+    async for out in engine.generate(prompt, SamplingParams(max_tokens=6, n=2, ignore_eos=True, temperature=0.8,
+                                                       output_kind=RequestOutputKind.DELTA), "parallel-1"):
+        for c in out.outputs:
+            parallel[c.index] = parallel.get(c.index, 0) + len(c.token_ids)
+    return streamed, parallel
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +52,17 @@ def run(otel):
     with otel.instrumented(sample_rate=1.0, tail_quantile=0) as inst:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))
         try:
-            streamed = asyncio.run(_drive(engine))
+            streamed, parallel = asyncio.run(_drive(engine))
         finally:
             engine.shutdown()
         spans = otel.finished()
         held = set(inst.telemetry.requests)
         requests = otel.counter("llm.server.requests")
-    return streamed, spans, held, requests
+    return (streamed, parallel), spans, held, requests
 
 
 def test_streamed_request_is_traced(run):
-    streamed, spans, _, _ = run
+    (streamed, _), spans, _, _ = run
     t = request_trees(spans)["complete-1"]
     assert streamed == 16 == t.attributes[sc.USAGE_OUTPUT_TOKENS]
     assert t.span.status.status_code != StatusCode.ERROR
@@ -73,4 +79,17 @@ def test_abort_mid_stream_ends_in_error_and_releases_state(run):
     assert t.attributes[sc.SAMPLING_REASON] == "error"
     assert 0 < t.attributes[sc.USAGE_OUTPUT_TOKENS] < 400
     assert held == set(), "the adapter holds no state for finished or aborted requests"
-    assert requests == 2
+    assert requests == 4  # per sequence, as vLLM counts finished requests: 1 + 1 + the 2 of n=2
+
+
+def test_parallel_sampling_is_one_trace_with_a_choice_per_sequence(run):
+    (_, parallel), spans, _, _ = run
+    t = request_trees(spans)["parallel-1"]
+    assert t.attributes[sc.REQUEST_CHOICE_COUNT] == 2
+    choices = sorted(t.children[sc.SPAN_CHOICE], key=lambda c: c.attributes[sc.CHOICE_INDEX])
+    assert [c.attributes[sc.CHOICE_INDEX] for c in choices] == [0, 1]
+    assert [c.attributes[sc.USAGE_OUTPUT_TOKENS] for c in choices] == [parallel[0], parallel[1]] == [6, 6]
+    assert t.attributes[sc.USAGE_OUTPUT_TOKENS] == 12
+    in_trace = [x for x in spans if x.context.trace_id == t.span.context.trace_id]
+    assert {x.name for x in in_trace if x.parent and x.parent.span_id in {c.context.span_id for c in choices}} \
+        >= {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}

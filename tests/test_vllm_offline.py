@@ -240,3 +240,35 @@ def test_request_span_carries_the_sampling_parameters_the_engine_used(llm, otel)
     for key in (sc.REQUEST_TOP_K, sc.REQUEST_PRESENCE_PENALTY, sc.REQUEST_FREQUENCY_PENALTY,
                 sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_SEED, sc.REQUEST_STREAM):
         assert key not in b, key
+
+
+def test_parallel_sampling_is_one_trace(llm, otel):
+    """``n=2`` offline: vLLM runs two sequences under one ParentRequest; the user's request is one trace
+    (one request span, two ``llm.choice`` spans with their own phases), linked from its engine steps."""
+    from vllm import SamplingParams
+
+    # not greedy (n > 1 needs sampling); no seed: seeded sampling fails on vLLM's CPU backend
+    params = SamplingParams(n=2, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.8)
+    with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0):
+        (out,) = llm.generate([PROMPTS[4]], params, use_tqdm=False)
+        spans = otel.finished()
+        ttft = otel.histogram("gen_ai.server.time_to_first_token")
+    requests = [x for x in spans if x.attributes and sc.RESPONSE_ID in x.attributes]
+    (root,) = requests
+    a = root.attributes
+    assert a[sc.RESPONSE_ID] == out.request_id and a[sc.REQUEST_CHOICE_COUNT] == 2
+    assert a[sc.USAGE_INPUT_TOKENS] == len(out.prompt_token_ids)
+    assert a[sc.USAGE_OUTPUT_TOKENS] == sum(len(c.token_ids) for c in out.outputs) == 2 * MAX_TOKENS
+    choices = sorted((x for x in spans if x.name == sc.SPAN_CHOICE), key=lambda c: c.attributes[sc.CHOICE_INDEX])
+    assert [c.parent.span_id for c in choices] == [root.context.span_id] * 2
+    assert [c.attributes[sc.CHOICE_INDEX] for c in choices] == sorted(c.index for c in out.outputs) == [0, 1]
+    request_spans = [x for x in spans if x.name != sc.SPAN_ENGINE_STEP]
+    assert {x.context.trace_id for x in request_spans} == {root.context.trace_id}, "one trace"
+    for c in choices:
+        kids = [x for x in spans if x.parent and x.parent.span_id == c.context.span_id]
+        assert {x.name for x in kids} == {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}
+        assert c.attributes[sc.USAGE_OUTPUT_TOKENS] == MAX_TOKENS
+        assert c.end_time <= root.end_time
+    linked = {ln.context.span_id for x in engine_steps(spans) for ln in x.links}
+    assert {c.context.span_id for c in choices} <= linked  # each sequence's steps link its choice span
+    assert sum(p.count for p in ttft) == 2  # TTFT per sequence, as vLLM's own histogram

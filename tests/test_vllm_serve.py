@@ -22,17 +22,33 @@ def test_serve_reports_engine_steps_and_chunks():
         client = openai.OpenAI(base_url=s.base_url, api_key="unused")
         prompt = [3 + j % 400 for j in range(150)]  # > max_num_batched_tokens (64): prefilled in chunks
         client.completions.create(model=s.model, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
+        # parallel sampling: two choices of one request (vLLM fans them out to two engine requests)
+        two = client.completions.create(model=s.model, prompt=prompt[:20], max_tokens=5, n=2, temperature=0.8,
+                                        extra_body={"ignore_eos": True})
 
-        def ready(spans):  # exporters batch: wait until the request and all its steps are in
+        def ready(spans):  # exporters batch: wait until the requests and all their steps are in
             chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
             named = {x.attributes[sc.ENGINE_STEP_ID] for x in spans
                      if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
             steps = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name == sc.SPAN_ENGINE_STEP}
             decoded = any(x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW) for x in spans)
-            return any(x.kind == "SERVER" for x in spans) and chunks >= 3 and decoded and named <= steps
+            return sum(x.kind == "SERVER" for x in spans) == 2 and chunks >= 3 and decoded and named <= steps
         spans = sink.wait_for(ready, timeout=30)
-    (request,) = [x for x in spans if x.kind == "SERVER"]
+    (request,) = [x for x in spans if x.kind == "SERVER" and sc.REQUEST_CHOICE_COUNT not in x.attributes]
+    (parallel,) = [x for x in spans if x.kind == "SERVER" and sc.REQUEST_CHOICE_COUNT in x.attributes]
+    assert parallel.attributes[sc.REQUEST_CHOICE_COUNT] == 2
+    # vLLM's id of the engine request: the response's id plus the prompt's index ("cmpl-<id>-0")
+    assert parallel.attributes[sc.RESPONSE_ID].startswith(two.id)
+    choices = [x for x in spans if x.name == sc.SPAN_CHOICE and x.parent_span_id == parallel.span_id]
+    assert sorted(c.attributes[sc.CHOICE_INDEX] for c in choices) == [0, 1]
+    assert [c.attributes[sc.USAGE_OUTPUT_TOKENS] for c in choices] == [5, 5]
+    choice_links = {(parallel.trace_id, c.span_id) for c in choices}
+    for c in choices:  # each sequence's phases under its choice, its engine steps linking it
+        assert {x.name for x in spans if x.parent_span_id == c.span_id} >= {sc.SPAN_QUEUE, sc.SPAN_PREFILL}
+        assert any((c.trace_id, c.span_id) in x.links for x in spans if x.name == sc.SPAN_ENGINE_STEP)
     assert request.attributes[sc.USAGE_INPUT_TOKENS] == 150
+    # below: the n=1 request's spans and steps (the two requests ran one after the other)
+    spans = [x for x in spans if x.trace_id != parallel.trace_id and not choice_links & set(x.links)]
     prefill = [x for x in spans if x.name == sc.SPAN_PREFILL and x.parent_span_id == request.span_id]
     chunks = [x for x in spans if x.name == sc.SPAN_PREFILL_CHUNK and x.parent_span_id == prefill[0].span_id]
     assert len(chunks) >= 3 and sum(c.attributes[sc.CHUNK_TOKENS] for c in chunks) == 150

@@ -44,7 +44,8 @@ def request_trees(spans: list[ReadableSpan]) -> dict[str, RequestTree]:
     by_id = {s.context.span_id: s for s in spans}
     trees: dict[int, RequestTree] = {}
     for s in spans:
-        if s.attributes and sc.LATENCY_E2E in s.attributes:
+        # (an llm.choice span of a request with n > 1 has latencies too, but no response id: not a request)
+        if s.attributes and sc.LATENCY_E2E in s.attributes and sc.RESPONSE_ID in s.attributes:
             trees[s.context.span_id] = RequestTree(s)
     for s in spans:
         parent = s.parent.span_id if s.parent else None

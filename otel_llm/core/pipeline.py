@@ -12,6 +12,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
@@ -27,9 +28,10 @@ from . import self_metrics
 from .metrics import ServerMetrics
 from .policies import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
-from .spans import Materialized, SpanBuilder, request_attributes, yield_gil
+from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
+                    yield_gil)
 from .summary import RequestSummary
-from .timeline import PrefillChunk, RequestTimeline, StepRecord
+from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
 
 
 @dataclass
@@ -42,6 +44,45 @@ class Counts:
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
+
+
+# -- the materializer's jobs: one record type per kind of work, handled in submission order ----------
+
+@dataclass(slots=True, frozen=True)
+class RequestJob:
+    """A finished request: its spans (if ``decision`` kept it), metrics and step settlement."""
+    timeline: RequestTimeline
+    summary: RequestSummary
+    decision: Decision | None  # None: not kept (metrics and settlement only)
+    detail: Detail
+
+
+@dataclass(slots=True, frozen=True)
+class GroupJob:
+    """A user request whose n > 1 sequences all finished: one trace, one decision, for all of them."""
+    group: RequestGroup
+    decision: Decision | None
+    detail: Detail
+
+
+@dataclass(slots=True, frozen=True)
+class StepMetricsJob:
+    """Engine steps whose metrics this frontend records (in batches)."""
+    steps: list[StepRecord]
+
+
+@dataclass(slots=True, frozen=True)
+class EarlyStepJob:
+    """A step evicted from the buffer before its requests finished: emitted as it is."""
+    step: StepRecord
+
+
+@dataclass(slots=True, frozen=True)
+class CloseJob:
+    """``close()``: emit the steps still held."""
+
+
+Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob
 
 
 class Pipeline:
@@ -91,6 +132,8 @@ class Pipeline:
     def start(self, timeline: RequestTimeline) -> bool:
         if len(self.requests) >= self.config.max_requests:
             self.counts.requests_untracked += 1
+            if timeline.group is not None:  # its user request's trace is built without it
+                timeline.group.expected -= 1
             return False
         self.requests[timeline.request_id] = timeline
         self.counts.requests_started += 1
@@ -132,20 +175,21 @@ class Pipeline:
                 evicted.append(self.steps.popitem(last=False)[1])
         for old in evicted:
             self.counts.steps_settled_early += 1
-            self.materializer.submit((old, None, None, None))
+            self.materializer.submit(EarlyStepJob(old))
         if full:
             self._submit_step_metrics()
 
     # -- cold path ---------------------------------------------------------------------------
 
-    def decide(self, t: RequestTimeline, s: RequestSummary) -> tuple[Decision, Detail]:
+    def decide(self, t: RequestTimeline, summaries: tuple[RequestSummary, ...]) -> tuple[Decision, Detail]:
+        """One decision per trace: a request's, or all the sequences' of a user request with n > 1."""
         parent = trace.get_current_span(t.parent).get_span_context() if t.parent is not None else None
         if parent is not None and parent.is_valid and not parent.trace_flags.sampled:
             # the caller chose not to trace: no spans; still evaluate so rolling quantiles see it
-            first_match(self.causes, TraceView(parent.trace_id, (s,)), _policy_failed)
+            first_match(self.causes, TraceView(parent.trace_id, summaries), _policy_failed)
             return Decision(Verdict.NOT_SAMPLED, "parent_not_sampled"), Detail.REQUEST
         trace_id = parent.trace_id if parent is not None and parent.is_valid else random.getrandbits(128)
-        view = TraceView(trace_id, (s,))
+        view = TraceView(trace_id, summaries)
         cause = first_match(self.causes, view, _policy_failed)
         if cause.sampled:
             return cause, self.config.detail
@@ -161,21 +205,31 @@ class Pipeline:
         if t is None:  # untracked: metrics only
             self.metrics.record(s)
             return NOT_SAMPLED
-        decision, detail = self.decide(t, s)
+        group = t.group
+        if group is not None:  # one of n sequences: the user request is decided, and traced, as one
+            group.finished.append((t, s))
+            if not group.complete:
+                return _GROUP_PENDING
+            decision, detail = self.decide(t, tuple(x for _, x in group.finished))
+            job: Job = GroupJob(group, decision if decision.sampled else None, detail)
+        else:
+            decision, detail = self.decide(t, (s,))
+            job = RequestJob(t, s, decision if decision.sampled else None, detail)
         # spans, metrics and step settlement: all off this (the engine's) thread, in order
-        if self.materializer.submit((t, s, decision if decision.sampled else None, detail)):
+        if self.materializer.submit(job):
             return decision
         if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
             self.counts.requests_spans_dropped += 1
-        self.metrics.record(s)
-        self._settle_steps(t, None)
+        for member, summary in group.finished if group is not None else ((t, s),):
+            self.metrics.record(summary)
+            self._settle_steps(member, None)
         return decision
 
     def _submit_step_metrics(self) -> None:
         with self._steps_lock:  # flush() may come from another thread than add_step's
             batch, self._step_metrics = self._step_metrics, []
         if batch:
-            self.materializer.submit((batch, None, None, None))
+            self.materializer.submit(StepMetricsJob(batch))
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         self._submit_step_metrics()
@@ -186,7 +240,7 @@ class Pipeline:
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
         self._submit_step_metrics()
-        self.materializer.submit((None, None, None, None))
+        self.materializer.submit(CloseJob())
         self.materializer.close(timeout)
         self.diagnosis.close()
         self.spans.close(timeout)
@@ -194,35 +248,51 @@ class Pipeline:
 
     # -- on the materializer thread ------------------------------------------------------------
 
-    def _materialize(self, job: tuple) -> None:
-        t, s, decision, detail = job
-        if isinstance(t, list):  # engine steps' metrics
+    def _materialize(self, job: Job) -> None:
+        kind = job.__class__
+        if kind is RequestJob:
+            self._materialize_request(job)
+        elif kind is GroupJob:
+            self._materialize_group(job)
+        elif kind is StepMetricsJob:
             try:
-                self.diagnosis.record(t)
+                self.diagnosis.record(job.steps)
             except Exception as exc:
                 GUARD.failed("engine step metrics", exc)
-            return
-        if isinstance(t, StepRecord):  # settled early: its requests outlived the step buffer
-            self._emit_step(t)
-            return
-        if t is None:  # close(): emit the steps still held
+        elif kind is EarlyStepJob:  # settled early: its requests outlived the step buffer
+            self._emit_step(job.step)
+        elif kind is CloseJob:  # emit the steps still held
             with self._steps_lock:
                 held = list(self.steps.values())
                 self.steps.clear()
             for step in held:
                 self._emit_step(step)
-            return
+        else:
+            raise TypeError(f"not a materializer job: {kind.__name__}")
+
+    def _explain(self, t: RequestTimeline, s: RequestSummary, breached: tuple[str, ...],
+                 for_cause: bool) -> Any:
+        """Why it was slow: for kept requests, and for every breach's counter."""
+        if not (breached or for_cause):
+            return None
+        try:
+            verdict = slow_verdict(t, self.window, breached)
+            s.slow_cause = verdict.cause
+            return verdict
+        except Exception as exc:  # a bug of ours costs the verdict only
+            GUARD.failed("slow-cause verdict", exc)
+            return None
+
+    def _for_cause(self, decision: Decision | None) -> bool:
+        return decision is not None and decision.reason.partition(":")[0] in self._cause_names
+
+    def _materialize_request(self, job: RequestJob) -> None:
+        t, s, decision, detail = job.timeline, job.summary, job.decision, job.detail
         kept: Materialized | None = None
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
-        for_cause = decision is not None and decision.reason.partition(":")[0] in self._cause_names
-        verdict = None
-        if breached or for_cause:  # why was it slow: for kept requests, and for every breach's counter
-            try:
-                verdict = slow_verdict(t, self.window, breached)
-                s.slow_cause = verdict.cause
-            except Exception as exc:  # a bug of ours costs the verdict only
-                GUARD.failed("slow-cause verdict", exc)
+        for_cause = self._for_cause(decision)
+        verdict = self._explain(t, s, breached, for_cause)
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -241,6 +311,39 @@ class Pipeline:
         # engine steps are the most detailed layer: those behind a full-detail request's own chunk and
         # decode-step spans (the span budget bounds them) link to it
         self._settle_steps(t, kept if detail >= Detail.STEPS else None)
+
+    def _materialize_group(self, job: GroupJob) -> None:
+        """n sequences of one user request: one trace (a request span over one ``llm.choice`` per
+        sequence). Metrics stay per sequence, as vLLM's own (each sequence is a finished request in
+        its statistics); the exemplars of all of them point at the one trace."""
+        members = sorted(job.group.finished, key=lambda m: m[0].choice_index or 0)
+        decision, detail = job.decision, job.detail
+        slo = self.config.slo.for_model(members[0][1].model)
+        breaches = [slo.breaches(s) for _, s in members]
+        for_cause = self._for_cause(decision)
+        verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
+        root: Materialized | None = None
+        choices: list[Materialized | None] = [None] * len(members)
+        if decision is not None:
+            try:
+                breached = tuple(dict.fromkeys(o for b in breaches for o in b))
+                met = not breached and not any(s.failed for _, s in members)
+                attrs = group_attributes(members, decision.reason, met, breached, self.config.capture_content)
+                parts = []
+                for (t, s), b, verdict in zip(members, breaches, verdicts):
+                    a = choice_attributes(t, s, not b and not s.failed, b)
+                    if verdict is not None and for_cause:
+                        a.update(verdict.attributes())
+                    parts.append((t, s, a, self._held_steps(t) if detail >= Detail.PHASES else []))
+                root, choices = self.spans.request_group(parts, attrs, detail, WallClock(), slo.tpot)
+                if root is not None:
+                    self.counts.requests_kept += 1
+            except Exception as exc:
+                GUARD.failed("request spans", exc)
+        exemplar = trace.set_span_in_context(NonRecordingSpan(root.context)) if root is not None else None
+        for (t, s), kept in zip(members, choices):
+            self.metrics.record(s, exemplar)
+            self._settle_steps(t, kept if detail >= Detail.STEPS else None)
 
     def _held_steps(self, t: RequestTimeline) -> list[StepRecord]:
         """The engine steps of ``t`` still held (all of them, unless it outlived ``max_steps`` steps)."""
@@ -284,6 +387,9 @@ Pipeline = Pipeline
 
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
+
+
+_GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
 
 
 def _policy_failed(policy: Policy, exc: BaseException) -> None:

@@ -112,9 +112,11 @@ SPAN_DECODE_WINDOW = "llm.decode.window"
 SPAN_REQUEUE = "llm.requeue"
 SPAN_REPREFILL = "llm.reprefill"
 SPAN_ENGINE_STEP = "llm.engine.step"
+SPAN_CHOICE = "llm.choice"  # one sequence of a request that asked for n > 1 choices (parallel sampling)
 EVENT_PREEMPTION = "llm.preemption"
 EVENT_ENGINE_QUEUED = "llm.engine.queued"
 
+CHOICE_INDEX = "llm.choice.index"  # on llm.choice: the sequence's index among the n (0 .. n-1)
 CHUNK_TOKENS = "llm.prefill.chunk.tokens"
 CHUNK_INDEX = "llm.prefill.chunk.index"
 STEP_INDEX = "llm.decode.step.index"

@@ -11,6 +11,10 @@ and end times from the engine's stamps. Layout (the README's trace contract):
         llm.decode.step (each)          [previous token, this token]
       llm.requeue / llm.reprefill       per preemption, under the phase it hit; event llm.preemption
 
+A user request that asked for n > 1 choices (parallel sampling) is one trace too: its request span
+(``request_group``) holds one ``llm.choice`` span per sequence, and each choice holds the layout above
+from ``llm.queue`` down.
+
 Children tile the request span: the queue span starts at arrival, so it includes the
 frontend's input processing and the hop to the engine (the engine's own queue time is
 the attribute ``llm.latency.queue`` and the event ``llm.engine.queued``); the decode
@@ -79,6 +83,80 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     return a
 
 
+def group_attributes(members: Sequence[tuple[RequestTimeline, RequestSummary]], reason: str, slo_met: bool,
+                     breached: tuple[str, ...], capture_content: bool) -> dict[str, Any]:
+    """The request span of a user request that asked for n > 1 choices: what the user asked and got,
+    over all its sequences (each sequence's own numbers are on its ``llm.choice`` span)."""
+    t, s = members[0]
+    group = t.group
+    a: dict[str, Any] = {sc.OPERATION_NAME: t.operation}
+    if t.provider:
+        a[sc.PROVIDER_NAME] = t.provider
+    if t.model:
+        a[sc.REQUEST_MODEL] = a[sc.RESPONSE_MODEL] = t.model
+    a.update(t.request_attributes)
+    a.pop(sc.REQUEST_SEED, None)  # the engine seeds each sequence differently (seed + index): on the choices
+    if group is not None:
+        a[sc.REQUEST_CHOICE_COUNT] = group.choice_count
+    if t.response_id:
+        a[sc.RESPONSE_ID] = t.response_id
+    reasons = tuple(m.finish_reason for m, _ in members if m.finish_reason)
+    if reasons:
+        a[sc.RESPONSE_FINISH_REASONS] = reasons
+    if s.input_tokens is not None:
+        a[sc.USAGE_INPUT_TOKENS] = s.input_tokens  # one prompt, whatever n
+    outputs = [x.output_tokens for _, x in members if x.output_tokens is not None]
+    if outputs:
+        a[sc.USAGE_OUTPUT_TOKENS] = sum(outputs)
+    ttfts = [x.ttft for _, x in members if x.ttft is not None]
+    if ttfts:
+        a[sc.LATENCY_TTFT] = min(ttfts)  # the user's first token: the first of any sequence
+    e2es = [x.e2e for _, x in members if x.e2e is not None]
+    if e2es:
+        a[sc.LATENCY_E2E] = max(e2es)  # done when the last sequence is
+    a[sc.NUM_PREEMPTIONS] = sum(x.num_preemptions or 0 for _, x in members)
+    a[sc.SLO_MET] = slo_met
+    if breached:
+        a[sc.SLO_BREACHED] = breached
+    a[sc.SAMPLING_REASON] = reason
+    failed = next((x for _, x in members if x.error_type), None)
+    if failed is not None:
+        a[sc.ERROR_TYPE] = failed.error_type
+    if capture_content:
+        if t.prompt_text is not None:
+            a[sc.INPUT_MESSAGES] = input_messages([("user", t.prompt_text)])
+        texts = {i: [m.output_text] for i, (m, _) in enumerate(members) if m.output_text is not None}
+        if texts:
+            a[sc.OUTPUT_MESSAGES] = output_messages(texts, [m.finish_reason or "" for m, _ in members])
+    return a
+
+
+def choice_attributes(t: RequestTimeline, s: RequestSummary, slo_met: bool,
+                      breached: tuple[str, ...]) -> dict[str, Any]:
+    """One sequence's ``llm.choice`` span: its index, seed, finish reason, tokens and timings."""
+    a: dict[str, Any] = {sc.CHOICE_INDEX: t.choice_index if t.choice_index is not None else 0}
+    seed = t.request_attributes.get(sc.REQUEST_SEED)
+    if seed is not None:
+        a[sc.REQUEST_SEED] = seed
+    if t.finish_reason:
+        a[sc.RESPONSE_FINISH_REASONS] = (t.finish_reason,)
+    for key, value in (
+        (sc.USAGE_OUTPUT_TOKENS, s.output_tokens),
+        (sc.LATENCY_TTFT, s.ttft), (sc.LATENCY_TPOT, s.tpot), (sc.LATENCY_E2E, s.e2e),
+        (sc.LATENCY_QUEUE, s.queue), (sc.LATENCY_PREFILL, s.prefill), (sc.LATENCY_DECODE, s.decode),
+        (sc.USAGE_CACHE_READ_INPUT_TOKENS, s.prefix_cache_hit_tokens), (sc.OUTPUT_CHARACTERS, s.output_characters),
+    ):
+        if value is not None:
+            a[key] = value
+    a[sc.NUM_PREEMPTIONS] = s.num_preemptions
+    a[sc.SLO_MET] = slo_met
+    if breached:
+        a[sc.SLO_BREACHED] = breached
+    if s.error_type:
+        a[sc.ERROR_TYPE] = s.error_type
+    return a
+
+
 @dataclass(slots=True)
 class Materialized:
     """A kept request's root span, and the engine steps behind its own prefill-chunk and
@@ -126,14 +204,21 @@ class SpanBuilder:
 
     def request(self, t: RequestTimeline, s: RequestSummary, attributes: dict[str, Any], detail: Detail,
                 clock: WallClock, steps: Sequence[StepRecord] = (),
-                tpot_slo: float | None = None) -> Materialized | None:
+                tpot_slo: float | None = None, choice_of: Span | None = None,
+                max_spans: int | None = None) -> Materialized | None:
         """The request's spans; ``steps`` are the engine steps it took part in that are still held
-        (their facts go on its chunk and decode-step spans), ``tpot_slo`` its model's."""
+        (their facts go on its chunk and decode-step spans), ``tpot_slo`` its model's. ``choice_of``:
+        the request span of the user request this sequence is one choice of (see ``request_group``);
+        its spans then hang under an ``llm.choice`` span there, within ``max_spans``."""
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
-        name = f"{t.operation} {t.model}" if t.model else t.operation
-        self.wire_export()  # the route for this request
-        root = self._route.tracer.start_span(name, context=t.parent, kind=t.kind, start_time=start, attributes=attributes)
+        if choice_of is None:
+            name, context, kind = (f"{t.operation} {t.model}" if t.model else t.operation), t.parent, t.kind
+            self.wire_export()  # the route for this request
+        else:
+            name, context, kind = sc.SPAN_CHOICE, trace.set_span_in_context(choice_of), SpanKind.INTERNAL
+        root = self._route.tracer.start_span(name, context=context, kind=kind, start_time=start,
+                                             attributes=attributes)
         if not root.is_recording():  # the provider's own sampler said no (e.g. an unsampled parent)
             root.end(end_time=end)
             return None
@@ -141,12 +226,41 @@ class SpanBuilder:
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
         kept = Materialized(root.get_span_context())
         if detail >= Detail.PHASES:
-            self._phases(root, t, start, end, detail, clock, steps, tpot_slo, kept.linked_steps)
+            self._phases(root, t, start, end, detail, clock, steps, tpot_slo, kept.linked_steps,
+                         self._max_spans if max_spans is None else max_spans)
         root.end(end_time=end)
         return kept
 
+    def request_group(self, members: Sequence[tuple[RequestTimeline, RequestSummary, dict[str, Any],
+                                                     Sequence[StepRecord]]],
+                      attributes: dict[str, Any], detail: Detail, clock: WallClock,
+                      tpot_slo: float | None = None) -> tuple[Materialized | None, list[Materialized | None]]:
+        """A user request that asked for n > 1 choices: one request span (named and parented as a
+        single request's, carrying ``attributes``, from the first arrival to the last sequence's end)
+        over one ``llm.choice`` span per sequence, each with its own phases. The span budget is
+        shared: each choice gets an equal part of it. Returns the request span's and each choice's."""
+        first = members[0][0]
+        start = min(clock.wall_ns(t.arrival) for t, _, _, _ in members)
+        end = max(max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0))) for t, s, _, _ in members)
+        name = f"{first.operation} {first.model}" if first.model else first.operation
+        self.wire_export()  # the route for this request
+        root = self._route.tracer.start_span(name, context=first.parent, kind=first.kind, start_time=start,
+                                             attributes=attributes)
+        if not root.is_recording():
+            root.end(end_time=end)
+            return None, [None] * len(members)
+        failed = next((s for _, s, _, _ in members if s.error_type), None)
+        if failed is not None:
+            root.set_status(Status(StatusCode.ERROR, f"{failed.error_type}: a choice failed"))
+        budget = max((self._max_spans - 1) // len(members), 1)
+        choices = [self.request(t, s, attrs, detail, clock, steps, tpot_slo, choice_of=root, max_spans=budget)
+                   for t, s, attrs, steps in members]
+        root.end(end_time=end)
+        return Materialized(root.get_span_context()), choices
+
     def _phases(self, root: Span, t: RequestTimeline, start: int, end: int, detail: Detail,
-                clock: WallClock, steps: Sequence[StepRecord], tpot_slo: float | None, linked: set[int]) -> None:
+                clock: WallClock, steps: Sequence[StepRecord], tpot_slo: float | None, linked: set[int],
+                max_spans: int) -> None:
         ctx = trace.set_span_in_context(root)
         queued = t.first(QUEUED)
         scheduled = t.first_scheduled()
@@ -161,7 +275,7 @@ class SpanBuilder:
             return
         preemptions = t.preemptions()
         # the request, its phases and preemptions always; what is left goes to chunks and decode rows
-        room = self._max_spans - (4 if t.token_ts else 3) - 2 * len(preemptions)
+        room = max_spans - (4 if t.token_ts else 3) - 2 * len(preemptions)
         by_id = {st.step_id: st for st in steps}
         prefill = self._child(sc.SPAN_PREFILL, ctx, sched_ns)
         decode = self._child(sc.SPAN_DECODE, ctx, first_ns) if t.token_ts else None

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind
 
-QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # same values as vLLM's EngineCoreEventType
+QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # vLLM's EngineCoreEventType values (fenced: tests/test_vllm_fences.py)
 
 # Why the head of the engine's waiting queue was not admitted in a step (StepRecord.queue_blocked),
 # decided by the adapter where the scheduler's state is exact (see diagnosis/verdict.py).
@@ -52,6 +52,9 @@ class RequestTimeline:
     output_text: str | None = None
     prompt_text: str | None = None
     native: Any = None  # the engine's own per-request object, held until finish
+    # parallel sampling (n > 1): the user request this sequence is one choice of, and its index there
+    group: "RequestGroup | None" = None
+    choice_index: int | None = None
 
     def add_tokens(self, ts: float, count: int) -> None:
         if count > 1:
@@ -93,6 +96,24 @@ class RequestTimeline:
         if pending is not None:
             out.append((pending, None))
         return out
+
+
+@dataclass(slots=True)
+class RequestGroup:
+    """The n sequences (choices) of one user request that asked for n > 1 (parallel sampling).
+
+    The engine runs each sequence as a request of its own; the pipeline holds the finished ones
+    here until the last one finished, then decides once for the user request and builds one trace
+    (core/spans.py: a request span over one ``llm.choice`` span per sequence)."""
+
+    group_id: str  # the engine's id of the user request (vLLM: the ParentRequest's internal id)
+    choice_count: int  # n, as the user asked
+    expected: int  # sequences the pipeline tracks (n, less those refused over max_requests)
+    finished: list[tuple[RequestTimeline, Any]] = field(default_factory=list)  # (timeline, RequestSummary)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.finished) >= self.expected
 
 
 class RequestShare(NamedTuple):

@@ -100,8 +100,22 @@ REQUEST_SPAN = SpanDoc(
             sc.SPEC_ACCEPTANCE_RATE, sc.FIRST_ITER, sc.LAST_ITER)),
     shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat llama-3`)")
 
+CHOICE_SPAN = SpanDoc(
+    (sc.SPAN_CHOICE,), "INTERNAL",
+    f"a kept request that asked for n > 1 choices (`{sc.REQUEST_CHOICE_COUNT}`): one per sequence, "
+    "under the request span; the spans below hang under it",
+    "the sequence's arrival → the frontend received its last output",
+    (Item(sc.CHOICE_INDEX, " (0 … n−1)"), *_when_set(sc.REQUEST_SEED), Item(sc.RESPONSE_FINISH_REASONS),
+     Item(sc.USAGE_OUTPUT_TOKENS), Item(sc.LATENCY_TTFT), Item(sc.LATENCY_TPOT), Item(sc.LATENCY_E2E),
+     Item(sc.LATENCY_QUEUE), Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE), Item(sc.NUM_PREEMPTIONS),
+     Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS), Item(sc.SLO_MET), Item(sc.SLO_BREACHED),
+     Item(sc.ERROR_TYPE),
+     Group((sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()),
+           f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` when kept for a cause")))
+
 SERVER_SPANS: tuple[SpanDoc, ...] = (
     REQUEST_SPAN,
+    CHOICE_SPAN,
     SpanDoc((sc.SPAN_QUEUE,), "INTERNAL", "detail ≥ phases", "arrival → first scheduled",
             (Item(sc.EVENT_ENGINE_QUEUED, " when the engine queued it", event=True),)),
     SpanDoc((sc.SPAN_PREFILL,), "INTERNAL", "detail ≥ phases", "first scheduled → first token",

@@ -8,7 +8,8 @@ at schedule time, as vLLM's maintainers advise for async scheduling) and
 outputs). Each step becomes one small record:
 
 * in-process, handed straight to the frontend's ``Pipeline``;
-* across processes, one datagram per frontend on Unix sockets in a directory that the
+* across processes, one datagram (step_wire.py: a fixed struct layout) per frontend on Unix
+  sockets in a directory that the
   first frontend created and named in ``OTEL_LLM_STEP_DIR`` before the engine was spawned.
   Every frontend process that builds an engine client binds ``<dir>/<pid>.sock`` there:
   with ``vllm serve --api-server-count N`` the N API server processes share one EngineCore
@@ -26,8 +27,8 @@ import itertools
 import multiprocessing
 import logging
 import os
-import pickle
 import socket
+import struct
 import tempfile
 import time
 from typing import Any, Callable
@@ -36,6 +37,7 @@ from ...core.guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
+from . import step_wire
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 logger = logging.getLogger("otel_llm")
@@ -60,7 +62,7 @@ class SocketSink:
         now = time.monotonic()
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        data = step_wire.encode(payload)
         for path in self._targets:
             try:
                 self.sock.sendto(data, path)
@@ -103,7 +105,8 @@ class StepReceiver:
             pass
         self.sock.bind(self.path)
         self.sock.setblocking(False)
-        self.malformed = 0
+        self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError)
+        self.failed = 0  # records decoded but not taken (a bug of ours downstream)
 
     def drain(self, deliver: Callable[[StepRecord], None]) -> None:
         recv = self.sock.recv
@@ -113,9 +116,15 @@ class StepReceiver:
             except (BlockingIOError, OSError):
                 return
             try:
-                deliver(decode(pickle.loads(data)))
-            except Exception as exc:
+                step = step_wire.decode(data)
+            except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
                 self.malformed += 1
+                GUARD.failed("step record wire", exc)
+                continue
+            try:
+                deliver(step)
+            except Exception as exc:
+                self.failed += 1
                 GUARD.failed("step record", exc)
 
     def close(self) -> None:
@@ -127,7 +136,7 @@ class StepReceiver:
 
 
 def decode(payload: tuple) -> StepRecord:
-    """A step record from its wire tuple. The first eight fields are the original layout (an
+    """A step record from the hook's tuple (in-process; across processes see step_wire). The first eight fields are the original layout (an
     EngineCore of an older otel-llm still decodes: 3-field shares); then why waiting requests stayed
     waiting (``queue_blocked``), then the anatomy; with the anatomy each share carries the request's
     context before the step as a fourth field."""

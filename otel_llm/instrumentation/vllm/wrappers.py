@@ -24,7 +24,7 @@ from ...core.diagnosis.roofline import ModelShape
 from ...core.guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
-from ...core.timeline import PREEMPTED, QUEUED, RequestTimeline
+from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
 from . import steps
@@ -149,11 +149,17 @@ class VLLMWrappers:
     def add_request(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         try:
-            request = self.bind(wrapped).get(args, kwargs, "request")
+            b = self.bind(wrapped)
+            request = b.get(args, kwargs, "request")
             rid = request.request_id
             if rid in self.telemetry.requests:  # a streaming-input continuation of a known request
                 return result
-            self.telemetry.start(self._timeline(instance, request, self.bind(wrapped).get(args, kwargs, "prompt")))
+            t = self._timeline(instance, request, b.get(args, kwargs, "prompt"))
+            parent = b.get(args, kwargs, "parent_req")
+            if parent is not None:  # one of the n sequences vLLM fans a request with n > 1 out to
+                t.group = _group_of(parent)
+                t.choice_index = b.get(args, kwargs, "request_index")
+            self.telemetry.start(t)
         except Exception as exc:
             GUARD.failed("OutputProcessor.add_request", exc)
         return result
@@ -233,6 +239,20 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+def _group_of(parent: Any) -> RequestGroup:
+    """The one ``RequestGroup`` of a vLLM ``ParentRequest``, kept on it: it lives exactly as long as
+    vLLM's fan-out does, and every child added with that parent finds it."""
+    group = getattr(parent, _GROUP_ATTR, None)
+    if group is None:
+        n = parent.n
+        group = RequestGroup(group_id=parent.request_id, choice_count=n, expected=n)
+        setattr(parent, _GROUP_ATTR, group)
+    return group
+
+
+_GROUP_ATTR = "_otel_llm_group"
 
 
 async def _streams_keep_operation(call: Any, operation: str) -> Any:
