@@ -22,6 +22,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,7 +39,9 @@ from otel_llm.instrumentation.openai.ops import Chat
 from otel_llm.instrumentation.openai.record import CallRecord
 from otel_llm.instrumentation.openai.stream import StreamProxy
 from otel_llm.instrumentation.openai.wrappers import OpenAIWrappers
-from otel_llm.testing.server import VLLMServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: test helpers, not shipped
+from support.server import VLLMServer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_overhead.json"
 

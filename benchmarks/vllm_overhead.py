@@ -164,7 +164,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="workload repetitions per measurement")
     args = ap.parse_args()
 
-    from otel_llm.testing.engine import engine_args, prepare_env
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: test helpers, not shipped
+    from support.engine import engine_args, prepare_env
 
     prepare_env()
     os.environ.pop("OTEL_LLM_STEP_DIR", None)

@@ -22,6 +22,7 @@ import collections
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +38,11 @@ import otel_llm
 from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import SLO_BREACHES
 from otel_llm.otlp.file import OTLPJsonFileExporter
-from otel_llm.testing.engine import make_llm
-from otel_llm.testing.metrics import points_by_name
 from otel_llm.views.report import write_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: test helpers, not shipped
+from support.engine import make_llm  # noqa: E402
+from support.metrics import points_by_name  # noqa: E402
 
 RATE = 40.0  # requests/s offered at most; paced down to what the machine serves (calibrate)
 CALIBRATION_QUANTILE = 0.9  # each SLO is this quantile of the calibration run: ~10% breach each

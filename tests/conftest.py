@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
-from otel_llm.testing.engine import prepare_env
-from otel_llm.testing.metrics import points_by_name
-from otel_llm.testing.otlp_sink import OTLPSink
+from support.engine import prepare_env
+from support.metrics import points_by_name
+from support.otlp_sink import OTLPSink
 
 prepare_env()
 
@@ -99,7 +99,7 @@ def llm(otel: Otel) -> Any:
     Instrumented while it is built, so the engine starts with per-request statistics on and
     the step hooks armed in its EngineCore process.
     """
-    from otel_llm.testing.engine import make_llm
+    from support.engine import make_llm
 
     with otel.instrumented(sample_rate=1.0):
         engine = make_llm()

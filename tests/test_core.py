@@ -29,7 +29,7 @@ from otel_llm.core.timeline import (
     RequestTimeline,
     StepRecord,
 )
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 # -- configuration ----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from otel_llm.core.spans import token_steps
 from otel_llm.core.step_facts import step_facts
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import PREEMPTED, QUEUED, SCHEDULED, RequestShare, RequestTimeline, StepRecord
-from otel_llm.testing.otlp_sink import OTLPSink
+from support.otlp_sink import OTLPSink
 
 # -- the choice, on plain numbers ----------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def test_sdk_path_and_direct_bytes_path_make_the_same_spans(monkeypatch):
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     import otel_llm.core.pipeline as pipeline_module
-    from otel_llm.testing.otlp_sink import decode
+    from support.otlp_sink import decode
 
     class FixedClock(pipeline_module.WallClock):  # the offset is read per request: pin it for both runs
         def __init__(self) -> None:

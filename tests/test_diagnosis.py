@@ -24,9 +24,9 @@ from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
 from otel_llm.instrumentation.vllm import steps
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
-# The tiny test model (otel_llm/testing/tiny_model.py), float32.
+# The tiny test model (tests/support/tiny_model.py), float32.
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 512, "tie_word_embeddings": False,
         "torch_dtype": "float32"}

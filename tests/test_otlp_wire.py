@@ -28,7 +28,7 @@ from otel_llm.otlp.direct_export import DirectExport
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
-from otel_llm.testing.otlp_sink import OTLPSink, decode
+from support.otlp_sink import OTLPSink, decode
 
 RESOURCE = Resource.create({"service.name": "wire-test", "deployment": "ci", "replicas": 3})
 SCOPE = InstrumentationScope("otel_llm", "9.9", "https://example.test/schema")
@@ -374,7 +374,7 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
 
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_llm.testing.metrics import points_by_name
+    from support.metrics import points_by_name
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                     BLOCKED_TOKEN_BUDGET, PREEMPTED, QUEUED, SCHEDULED, PrefillChunk,
                                     RequestTimeline, StepRecord)
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 STEP, GAP = 0.010, 0.001
 ENGINE = 7 << 32

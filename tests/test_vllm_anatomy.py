@@ -79,7 +79,7 @@ def test_roofline_on_every_step(two_waves):
     from pathlib import Path
 
     from otel_llm.core.diagnosis.roofline import ModelShape
-    from otel_llm.testing.tiny_model import ensure_tiny_model
+    from support.tiny_model import ensure_tiny_model
 
     shape = ModelShape.from_hf_config(json.loads((Path(ensure_tiny_model()) / "config.json").read_text()))
     per_key = 4 * shape.layers * shape.heads * shape.head_dim

@@ -47,7 +47,7 @@ def run(otel):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from otel_llm.testing.engine import engine_args
+    from support.engine import engine_args
 
     with otel.instrumented(sample_rate=1.0, tail_quantile=0) as inst:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.engine
 def test_engine_built_before_instrument_still_gets_request_spans(otel):
     from vllm import SamplingParams
 
-    from otel_llm.testing.engine import in_process, make_llm
+    from support.engine import in_process, make_llm
 
     otel_llm.uninstrument()
     with in_process():

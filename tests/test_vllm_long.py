@@ -25,7 +25,7 @@ BUDGET = 1000  # the default max_spans_per_request
 def run(otel):
     from vllm import SamplingParams
 
-    from otel_llm.testing.engine import in_process, make_llm
+    from support.engine import in_process, make_llm
 
     with in_process():
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_embedding_requests_are_embeddings_spans_with_their_phases(otel):
-    from otel_llm.testing.engine import in_process, make_llm
+    from support.engine import in_process, make_llm
 
     otel_llm.uninstrument()
     with otel.instrumented(sample_rate=1.0, baseline_detail="steps") as inst:

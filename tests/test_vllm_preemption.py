@@ -16,7 +16,7 @@ PROMPT_LEN, MAX_TOKENS, N = 100, 60, 6
 def run(otel):
     from vllm import SamplingParams
 
-    from otel_llm.testing.engine import in_process, make_llm
+    from support.engine import in_process, make_llm
 
     with in_process():
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from otel_llm.core import semconv as sc
-from otel_llm.testing.otlp_sink import OTLPSink
-from otel_llm.testing.server import VLLMServer
+from support.otlp_sink import OTLPSink
+from support.server import VLLMServer
 
 pytestmark = pytest.mark.engine
 

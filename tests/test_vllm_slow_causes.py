@@ -91,8 +91,8 @@ LONG = 3000  # tokens: its prefill step costs many decode steps, whatever the ma
 
 @pytest.fixture(scope="module")
 def long_prompt_run(otel, tmp_path_factory):
-    from otel_llm.testing.engine import in_process, make_llm
-    from otel_llm.testing.tiny_model import ensure_tiny_model
+    from support.engine import in_process, make_llm
+    from support.tiny_model import ensure_tiny_model
 
     model = Path(ensure_tiny_model(tmp_path_factory.mktemp("long-context")))  # the tiny model, longer positions
     config = json.loads((model / "config.json").read_text())
@@ -141,7 +141,7 @@ BURST = [f"c{i}" for i in range(12)]
 @pytest.fixture(scope="module")
 def small_engine_runs(otel):
     """One engine for both: 4 sequences at most, 8 KV blocks of 32 tokens (7 usable: vLLM keeps one null block)."""
-    from otel_llm.testing.engine import in_process, make_llm
+    from support.engine import in_process, make_llm
 
     with in_process(), otel.instrumented(slo=f"ttft={TINY_SLO},tpot={TINY_SLO}", sample_rate=1.0,
                                          tail_quantile=0):

@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from otel_llm.testing.server import VLLMServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tests/support: test helpers, not shipped
+from support.server import VLLMServer  # noqa: E402
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from collector_testkit import export_request, loopback_config, request_attrs, sp
 from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import SLO_BREACHES
 from otel_llm_collector.gateway import Gateway
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 
 def test_breaches_are_counted_by_objective_and_the_span_s_slow_cause() -> None:

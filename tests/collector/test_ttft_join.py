@@ -8,7 +8,7 @@ from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.ttft_join import OVERHEAD, TTFTJoin
 
 from otel_llm.core import semconv as sc
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 
 def client_span(trace: int, ttfc: float, model: str = "m") -> Span:

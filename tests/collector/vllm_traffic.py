@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers in tests/support
 
 
 def main(native_endpoint: str, sdk_endpoint: str, out_path: str) -> None:
-    from otel_llm.testing.engine import make_llm, prepare_env
+    from support.engine import make_llm, prepare_env
 
     prepare_env()
     from opentelemetry import trace

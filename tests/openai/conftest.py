@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm.core.config import Config
 from otel_llm.instrumentation.openai import OpenAIInstrumentor
-from otel_llm.testing.metrics import points_by_name
-from otel_llm.testing.otlp_sink import OTLPSink
-from otel_llm.testing.server import VLLMServer
+from support.metrics import points_by_name
+from support.otlp_sink import OTLPSink
+from support.server import VLLMServer
 
 # A TPOT SLO low enough that the tiny model's chunk gaps cross it: the gap profile has something to count.
 SLO = "ttft=5,tpot=0.001,e2e=30"

