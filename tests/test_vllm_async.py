@@ -29,10 +29,12 @@ async def _drive(engine):
         if seen == 3:
             break  # the caller walks away mid-stream
     await gen.aclose()  # what the event loop does to an abandoned generator: vLLM aborts the request
-    for _ in range(50):  # the abort reaches the output processor asynchronously
-        if not engine.output_processor.has_unfinished_requests():
-            break
+    # the abort reaches the output processor asynchronously: wait for it (generously: a loaded machine
+    # can take seconds), not for a fixed number of polls
+    deadline = asyncio.get_running_loop().time() + 120
+    while engine.output_processor.has_unfinished_requests() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
+    assert not engine.output_processor.has_unfinished_requests(), "the abort never reached the output processor"
     # parallel sampling: AsyncLLM fans n=2 out to two engine requests under one ParentRequest
     parallel = {}
     async for out in engine.generate(prompt, SamplingParams(max_tokens=6, n=2, ignore_eos=True, temperature=0.8,
