@@ -7,6 +7,7 @@ import multiprocessing.util  # noqa: F401  (first: see below)
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -19,6 +20,11 @@ from support.metrics import points_by_name
 from support.otlp_sink import OTLPSink
 
 prepare_env()
+
+# Hypothesis times each example (200 ms deadline) and flags slow data generation: both measure the machine,
+# not our code, and fail on a loaded 2-core box. Every property test here runs without them.
+settings.register_profile("deterministic", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("deterministic")
 
 # multiprocessing's exit hook joins non-daemon children (vLLM's EngineCore); vLLM's own shutdown of
 # them runs from weakref.finalize's exit hook. atexit runs hooks in reverse order of registration,
