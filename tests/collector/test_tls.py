@@ -174,14 +174,14 @@ def test_sdk_exporters_deliver_to_a_tls_gateway(transport: str, pki: Pki, tmp_pa
     g = tls_gateway(server_tls(pki), out)
     try:
         if transport == "grpc":
-            exporter = GrpcExporter(endpoint=g.grpc_endpoint, timeout=5,
+            exporter = GrpcExporter(endpoint=g.grpc_endpoint, timeout=30,
                                     credentials=grpc.ssl_channel_credentials(root_certificates=pki.read("ca")))
         else:
             # the SDK sets certificate_file as its session's verify, which requests replaces with
             # REQUESTS_CA_BUNDLE when that is set (it is on many hosts): a session that ignores the environment
             session = requests.Session()
             session.trust_env = False
-            exporter = HttpExporter(endpoint=https_url(g), certificate_file=pki.ca, timeout=5, session=session)
+            exporter = HttpExporter(endpoint=https_url(g), certificate_file=pki.ca, timeout=30, session=session)
         provider = TracerProvider(resource=Resource.create({"service.name": "tls-app"}))
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         ids = set()
