@@ -198,15 +198,21 @@ def test_sdk_exporters_deliver_to_a_tls_gateway(transport: str, pki: Pki, tmp_pa
 
 # -- our exporters -> a mutual-TLS gateway ----------------------------------------------------------
 
-def sender_gateway(exporter: str, endpoint: str, tls: dict[str, Any] | None) -> Gateway:
-    """A receiver-less gateway forwarding everything it ingests to ``endpoint``; a short retry budget."""
-    cfg: dict[str, Any] = {"endpoint": endpoint, "timeout": "2s",
-                           "retry_on_failure": {"initial_interval": "10ms", "max_elapsed_time": "200ms"}}
+def sender_gateway(exporter: str, endpoint: str, tls: dict[str, Any] | None, timeout: str = "2s",
+                   retry_budget: str = "200ms") -> Gateway:
+    """A receiver-less gateway forwarding everything it ingests to ``endpoint``; by default a short retry
+    budget (for the sends that must fail); a delivery that must succeed passes a generous one."""
+    cfg: dict[str, Any] = {"endpoint": endpoint, "timeout": timeout,
+                           "retry_on_failure": {"initial_interval": "10ms", "max_elapsed_time": retry_budget}}
     if tls is not None:
         cfg["tls"] = tls
     return Gateway(loopback_config(receivers={"otlp": {"protocols": {}}}, processors={"tail_sampling": None},
                                    exporters={exporter: cfg, "prometheus": None}),
                    manual_ticks=True).start()
+
+
+# for a send that must succeed: a loaded machine's TLS handshake can take seconds
+PATIENT = {"timeout": "30s", "retry_budget": "60s"}
 
 
 def endpoint_of(g: Gateway, exporter: str) -> str:
@@ -216,7 +222,7 @@ def endpoint_of(g: Gateway, exporter: str) -> str:
 
 def forward(sender: Gateway, exporter: str, n: int = 3) -> None:
     sender.ingest(export_request(*(span(100 + i, 100 + i) for i in range(n))))
-    assert sender.flush(10)
+    assert sender.flush(90)
 
 
 @pytest.mark.parametrize("exporter", ["otlp", "otlphttp"])
@@ -224,10 +230,10 @@ def test_exporter_delivers_over_mutual_tls_to_a_second_gateway(exporter: str, pk
     out = tmp_path / "downstream.jsonl"
     downstream = tls_gateway(server_tls(pki, mtls=True), out)
     sender = sender_gateway(exporter, endpoint_of(downstream, exporter),
-                            {"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.client_key})
+                            {"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.client_key}, **PATIENT)
     try:
         forward(sender, exporter)
-        assert downstream.flush(10)
+        assert downstream.flush(60)
         assert span_ids(out) == {100, 101, 102}
         assert sender.telemetry.value("exporter_sent_spans", exporter=exporter) == 3
     finally:
@@ -263,10 +269,10 @@ def test_server_name_override_is_what_the_certificate_is_checked_against(exporte
     out = tmp_path / "named.jsonl"
     downstream = tls_gateway(server_tls(pki, cert="named"), out)
     tls = {"ca_file": pki.ca, **({"server_name_override": "gateway.internal"} if override else {})}
-    sender = sender_gateway(exporter, endpoint_of(downstream, exporter), tls)
+    sender = sender_gateway(exporter, endpoint_of(downstream, exporter), tls, **(PATIENT if override else {}))
     try:
         forward(sender, exporter)
-        assert downstream.flush(10)
+        assert downstream.flush(60)
         assert span_ids(out) == ({100, 101, 102} if override else set())
         assert sender.telemetry.value("exporter_sent_spans", exporter=exporter) == (3 if override else 0)
     finally:
@@ -280,10 +286,10 @@ def test_otlphttp_insecure_skip_verify_accepts_an_unknown_ca(skip: bool, pki: Pk
     downstream = tls_gateway(server_tls(pki), out)
     # no ca_file: verified against the system roots, which do not know our test CA
     tls = {"insecure_skip_verify": True} if skip else {}
-    sender = sender_gateway("otlphttp", endpoint_of(downstream, "otlphttp"), tls)
+    sender = sender_gateway("otlphttp", endpoint_of(downstream, "otlphttp"), tls, **(PATIENT if skip else {}))
     try:
         forward(sender, "otlphttp")
-        assert downstream.flush(10)
+        assert downstream.flush(60)
         assert span_ids(out) == ({100, 101, 102} if skip else set())
     finally:
         sender.shutdown()
