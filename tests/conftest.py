@@ -50,7 +50,7 @@ class Otel:
         self.otlp_provider: TracerProvider | None = None
 
     def finished(self) -> list[ReadableSpan]:
-        assert otel_llm.flush(10)  # spans are built on a background thread
+        assert otel_llm.flush(60)  # spans are built on a background thread (60 s: a bound for a hang, not a speed)
         if self.sink is not None:
             assert self.otlp_provider is not None and self.otlp_provider.force_flush()
             return [s.readable() for s in self.sink.spans()]
@@ -58,7 +58,7 @@ class Otel:
 
     def histogram(self, name: str) -> list[Any]:
         """Data points of one histogram, across all attribute sets."""
-        assert otel_llm.flush(10)  # kept requests record their metrics with their spans
+        assert otel_llm.flush(60)  # kept requests record their metrics with their spans
         return points_by_name(self.reader.get_metrics_data())[name]
 
     def counter(self, name: str) -> float:
