@@ -64,7 +64,8 @@ def test_every_third_party_import_is_declared(dist: Dist, owners: Owners):
             elif owner not in required | optional:
                 undeclared[owner].append(f"{imp.where()} {imp.module}")
     assert not unknown, f"no installed distribution provides these imports (add to NOT_INSTALLED_HERE?): {unknown}"
-    assert not undeclared, f"imported but not declared in {(dist.project / 'pyproject.toml').relative_to(ROOT)}: {dict(undeclared)}"
+    where = (dist.project / "pyproject.toml").relative_to(ROOT)
+    assert not undeclared, f"imported but not declared in {where}: {dict(undeclared)}"
 
 
 @pytest.mark.parametrize("dist", [SDK, COLLECTOR], ids=lambda d: d.name)

@@ -224,7 +224,8 @@ def clean_env() -> dict[str, str]:
 def run(cmd: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=kw.pop("env", clean_env()), timeout=timeout,
                           **kw)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"{' '.join(cmd)} exited {proc.returncode}:\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 
