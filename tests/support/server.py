@@ -69,7 +69,10 @@ class VLLMServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 240.0) -> "VLLMServer":
+    def start(self, timeout: float = 540.0) -> "VLLMServer":
+        """Wait until the server answers ``/v1/models``. The bound is for a hung start, not a speed: on a loaded
+        2-core machine ``--api-server-count 2`` took 350 s to come up (four processes importing vLLM), past the
+        240 s this used to allow; 540 s keeps it under pytest's 600 s per test."""
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # its own group: stop() ends the EngineCore too
