@@ -12,7 +12,8 @@ from otel_llm.core import semconv as sc
 from support.otlp_sink import OTLPSink
 from support.server import VLLMServer
 
-pytestmark = pytest.mark.engine
+# each test starts its own `vllm serve` (up to ~6 min on a loaded machine, see VLLMServer.start), then serves
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 
 def test_serve_reports_engine_steps_and_chunks():
