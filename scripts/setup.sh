@@ -19,8 +19,7 @@ fi
 if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null \
    || [ ! -x .venv/bin/otel-llm ]; then
-  # both distributions in one resolve: the views extra needs otel-llm-collector, which comes from ./collector
-  $V -m pip install -q -e ".[test,openai,views]" -e ./collector
+  $V -m pip install -q -e ".[test,openai,views]"
 fi
 # The collector is its own distribution (collector/pyproject.toml). An older .venv has it inside otel-llm,
 # with otel-llm's console script: reinstall the core then, so the two no longer overlap.

@@ -75,15 +75,11 @@ def test_every_required_dependency_is_imported(dist: Dist, owners: Owners):
     assert names(dist.requirements()) - used == set()
 
 
-def test_the_collector_depends_on_the_sdk_and_the_sdk_not_on_the_collector(owners: Owners):
+def test_the_collector_depends_on_the_sdk_and_the_sdk_not_on_the_collector():
     assert SDK.name in names(COLLECTOR.requirements())
-    assert COLLECTOR.name not in names(SDK.requirements())
-    # the direction of imports: a plain install of the core never imports the gateway (only the optional
-    # dashboard generator, in the `views` extra, reads the collector's metric table)
-    optional = optional_modules(SDK, owners)
-    for module, found in SDK.imports().items():
-        if module not in optional:
-            assert not [i.where() for i in found if i.module.split(".")[0] == COLLECTOR.package], module
+    assert COLLECTOR.name not in names(SDK.requirements()) | set().union(*runtime_extras(SDK).values())
+    for module, found in SDK.imports().items():  # the direction of imports: the core knows nothing of the gateway
+        assert not [i.where() for i in found if i.module.split(".")[0] == COLLECTOR.package], module
     find = SDK.pyproject["tool"]["setuptools"]["packages"]["find"]
     assert find["include"] == ["otel_llm*"]
     assert "otel-llm-collector" not in SDK.pyproject["project"].get("scripts", {})
