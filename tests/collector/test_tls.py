@@ -15,6 +15,7 @@ import datetime as dt
 import ipaddress
 import json
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -164,6 +165,15 @@ def http_export(url: str, timeout: float = 30, **kw: Any) -> requests.Response:
 
 def tls_failures(g: Gateway) -> float:
     return g.telemetry.value("receiver_bad_requests", transport="http", reason="tls")
+
+
+def tls_failures_settle(g: Gateway, expected: float, timeout: float = 30.0) -> float:
+    """The count once it reaches ``expected`` (or the bound passes): the server's handshake sends its alert
+    before its thread counts the failure, so the client can see the refusal first."""
+    deadline = time.monotonic() + timeout
+    while tls_failures(g) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return tls_failures(g)
 
 
 # -- the SDK's exporters -> a TLS gateway -----------------------------------------------------------
@@ -327,7 +337,7 @@ def test_http_receiver_with_client_ca_requires_a_client_certificate_from_that_ca
     for cert in (None, (pki.foreign_client_cert, pki.foreign_client_key)):
         with pytest.raises(requests.exceptions.ConnectionError):  # SSLError is one
             http_export(url, verify=pki.ca, cert=cert)
-    assert tls_failures(mtls_gateway) == 2
+    assert tls_failures_settle(mtls_gateway, 2) == 2
     assert mtls_gateway.telemetry.value("receiver_accepted_spans", transport="http") == 0
     r = http_export(url, verify=pki.ca, cert=(pki.client_cert, pki.client_key))
     assert r.status_code == 200
@@ -345,7 +355,7 @@ def test_plaintext_clients_fail_fast_and_the_tls_receivers_keep_serving(pki: Pki
         with pytest.raises(grpc.RpcError) as failed:
             grpc_export(g.grpc_endpoint, None, timeout=60)
         assert failed.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, failed.value
-        assert tls_failures(g) == 1
+        assert tls_failures_settle(g, 1) == 1
         # a client that connects and never starts a handshake must not stall the accept loop: the exports
         # succeed while it is still waiting (its handshake times out after 10 s, counted as a TLS failure; a
         # stalled loop would serve them only after that). Generous client deadlines: a loaded machine is slow.
