@@ -22,6 +22,7 @@ from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
 from .guard import GUARD
+from .inter_token import gap_summary
 from .materializer import Materializer
 from . import self_metrics
 from .metrics import ServerMetrics
@@ -167,6 +168,7 @@ class Pipeline:
             return decision
         if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
             self.counts.requests_spans_dropped += 1
+        _add_gaps(t, s)
         self.metrics.record(s)
         self._settle_steps(t, None)
         return decision
@@ -213,6 +215,7 @@ class Pipeline:
                 self._emit_step(step)
             return
         kept: Materialized | None = None
+        _add_gaps(t, s)
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
         for_cause = decision is not None and decision.reason.partition(":")[0] in self._cause_names
@@ -284,6 +287,18 @@ Pipeline = Pipeline
 
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
+
+
+def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:
+    """Inter-token latencies for every request, from its token stamps, unless the adapter gave them."""
+    if s.gaps is None:
+        try:
+            s.gaps = gap_summary(t.token_ts, t.multi_token_steps)
+        except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
+            GUARD.failed("inter-token latencies", exc)
+            return
+        if s.gaps is not None and s.max_gap is None:
+            s.max_gap = s.gaps.max_gap
 
 
 def _policy_failed(policy: Policy, exc: BaseException) -> None:
