@@ -13,7 +13,7 @@ from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.inter_token import ITL_BUCKETS, gap_summary
 from otel_llm.core.metrics import INTER_TOKEN_LATENCY
-from otel_llm.core.pipeline import Telemetry
+from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestTimeline
 from otel_llm.testing.metrics import points_by_name
@@ -52,7 +52,7 @@ def test_a_step_with_several_tokens_counts_them_at_the_gap_over_their_number() -
 
 def test_every_request_gets_its_gaps_in_the_histogram_and_the_max_gap_metric() -> None:
     reader = InMemoryMetricReader()
-    telemetry = Telemetry(Config(sample_rate=0.0, tail_quantile=0), TracerProvider().get_tracer("t"),
+    telemetry = Pipeline(Config(sample_rate=0.0, tail_quantile=0), TracerProvider().get_tracer("t"),
                           MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
     try:
         requests = [STAMPS, [1.0, 1.1], [5.0]]  # the last has no gap
