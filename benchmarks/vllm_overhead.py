@@ -16,6 +16,20 @@ consecutive batches of tokens reaching the frontend (the inter-token latency a s
 client would see, which GC stalls from telemetry would inflate; one probe, identical in all
 modes, stamps each ``process_outputs`` call). Plus a microbenchmark of the per-token hot path.
 
+Denominators (issue #12): on a GPU server the model's forward runs on the GPU, so what our CPU
+competes with is vLLM's *frontend* (this process: output processing, detokenization; an API
+server adds HTTP streaming) and the EngineCore's scheduling loop. So the instrumentation's
+extra frontend CPU per token is also reported as a share of vLLM's own frontend CPU per token
+(mode ``none``, same run), and the EngineCore's CPU per engine step beside it, with a direct
+microbenchmark of the step hooks at batch 64 (``engine_hooks_us_per_step``: the hooks cannot
+be switched off in an EngineCore that is already running, so the engine-side columns of the
+interleaved modes all include them).
+
+Observer effect on a streaming event loop: a ticker thread (identical in all modes) sleeps
+1 ms at a time and records how late it wakes up; its max and p99 lateness show the longest
+stretch something else held the GIL. The materializer's jobs are also timed one by one (wall
+and thread CPU), the direct measurement of its longest GIL-holding stretch.
+
 Run: ./run bench benchmarks/vllm_overhead.py [--rounds 5]
 """
 
@@ -75,6 +89,65 @@ class Probe:
         return 1000 * gaps[int(0.99 * (len(gaps) - 1))] if gaps else float("nan")
 
 
+class Ticker:
+    """A 1 ms ticker thread: how late it wakes up is how long another thread held the GIL."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.late: list[float] = []
+        self.cpu_s = 0.0  # the ticker's own CPU: taken out of the frontend's (the same per second in every mode,
+        # but modes differ in wall time, so left in it would add noise proportional to throughput's)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ticker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        perf, sleep, late, cpu = time.perf_counter, time.sleep, self.late, time.thread_time
+        c0 = cpu()
+        while not self._stop.is_set():
+            t0 = perf()
+            sleep(0.001)
+            late.append(perf() - t0 - 0.001)
+            self.cpu_s = cpu() - c0
+
+    def window(self, start: int) -> dict:
+        s = sorted(self.late[start:])
+        if not s:
+            return {}
+        return {"ticker_p99_late_ms": 1000 * s[int(0.99 * (len(s) - 1))], "ticker_max_late_ms": 1000 * s[-1]}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class JobTimer:
+    """Times each materializer job (wall and this thread's CPU): its longest stretch holding the GIL."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[float, float]] = []
+
+    def install(self, telemetry) -> None:
+        work = telemetry.materializer._work
+        jobs = self.jobs
+
+        def timed(job):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return work(job)
+            finally:
+                jobs.append((time.perf_counter() - w0, time.thread_time() - c0))
+        telemetry.materializer._work = timed
+
+    def window(self, start: int) -> dict:
+        jobs = self.jobs[start:]
+        if not jobs:
+            return {}
+        return {"materializer_jobs": len(jobs), "materializer_job_max_wall_ms": 1000 * max(w for w, _ in jobs),
+                "materializer_job_max_cpu_ms": 1000 * max(c for _, c in jobs),
+                "materializer_cpu_s": sum(c for _, c in jobs)}
+
+
 def providers(endpoint: str):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.metrics import MeterProvider
@@ -86,11 +159,13 @@ def providers(endpoint: str):
     return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
 
 
-def run_once(llm, prompts, params, probe: Probe, flush=None, repeat: int = 1) -> dict:
+def run_once(llm, prompts, params, probe: Probe, flush=None, repeat: int = 1, ticker: "Ticker | None" = None,
+             jobs: "JobTimer | None" = None) -> dict:
     """The workload ``repeat`` times back to back (one measurement; longer ones are less noisy)."""
     start = len(probe.stamps)
+    tick0, job0, steps0 = len(ticker.late) if ticker else 0, len(jobs.jobs) if jobs else 0, steps_recorded()
     engine0 = engine_cpu_s()
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0 = time.process_time() - (ticker.cpu_s if ticker else 0.0), time.perf_counter()
     tokens = 0
     for _ in range(repeat):
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -98,11 +173,14 @@ def run_once(llm, prompts, params, probe: Probe, flush=None, repeat: int = 1) ->
     wall = time.perf_counter() - t0
     if flush is not None:
         flush()  # the spans' export (encoding, sending) is part of what this run cost in CPU
-    cpu = time.process_time() - cpu0
+    cpu = time.process_time() - (ticker.cpu_s if ticker else 0.0) - cpu0  # without the probe's own CPU
     engine = engine_cpu_s() - engine0
     assert tokens == repeat * N_REQUESTS * OUTPUT_TOKENS
+    steps = steps_recorded()
     return {"tokens_per_s": tokens / wall, "cpu_s": cpu, "engine_cpu_s": engine, "wall_s": wall, "tokens": tokens,
-            "p99_gap_ms": probe.p99_gap_ms(start), **span_counts()}
+            "p99_gap_ms": probe.p99_gap_ms(start), **span_counts(),
+            "engine_steps": steps - steps0 if steps is not None and steps0 is not None else None,
+            **(ticker.window(tick0) if ticker else {}), **(jobs.window(job0) if jobs else {})}
 
 
 SINK_PIDS: set[int] = set()
@@ -134,6 +212,81 @@ def span_counts() -> dict:
     stats = telemetry.stats()
     return {k: stats.get(k) for k in ("requests_kept", "requests_spans_dropped", "direct_spans_sent",
                                       "direct_spans_dropped")}
+
+
+def steps_recorded() -> int | None:
+    """Engine steps our frontend has received so far (None when not instrumented)."""
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+
+    telemetry = VLLMInstrumentor().telemetry
+    return telemetry.counts.steps_recorded if telemetry is not None else None
+
+
+def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
+    """The EngineCore step hooks on their own: ``Scheduler.schedule`` and ``update_from_output`` wrapped
+    as the plugin wraps them, around stand-ins that return at once, at ``batch`` decoding requests, with
+    the real sink (one datagram per step to a frontend socket, drained between steps, untimed). CPU per
+    step with the hooks armed, disarmed (a wrapper that only checks), and the bare calls."""
+    import tempfile
+    import types
+
+    from vllm.v1.engine import EngineCoreOutput
+
+    from otel_llm.instrumentation.vllm import steps as st
+
+    class Req:
+        __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens")
+
+        def __init__(self) -> None:
+            self.num_computed_tokens, self.num_tokens, self.num_output_tokens = 100, 101, 5
+
+    class Waiting(list):
+        def peek_request(self):
+            return self[0]
+
+    scheduler = types.SimpleNamespace(
+        requests={str(i): Req() for i in range(batch)}, running=list(range(batch)), waiting=Waiting(),
+        kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
+        max_num_scheduled_tokens=8192)
+    out = types.SimpleNamespace(num_scheduled_tokens={str(i): 1 for i in range(batch)}, preempted_req_ids=set(),
+                                total_num_scheduled_tokens=batch)
+    outputs = {0: types.SimpleNamespace(timestamp=0.0, outputs=[EngineCoreOutput(request_id=str(i), new_token_ids=[7])
+                                                                for i in range(batch)])}
+    schedule = lambda: out  # noqa: E731
+    update = lambda scheduler_output, model_runner_output: outputs  # noqa: E731
+    model_output = types.SimpleNamespace()
+    directory = tempfile.mkdtemp(prefix="otel-llm-bench-")
+    receiver = st.StepReceiver(directory)
+    got = []
+
+    def per_step(hooked: bool) -> float:
+        samples = []
+        for _ in range(steps):
+            c0 = time.thread_time_ns()
+            if hooked:
+                st._schedule(schedule, scheduler, (), {})
+                st._update_from_output(update, scheduler, (out, model_output), {})
+            else:
+                schedule()
+                update(out, model_output)
+            samples.append(time.thread_time_ns() - c0)
+            receiver.drain(got.append)
+        return statistics.median(samples) / 1000
+
+    try:
+        bare = per_step(False)
+        st._sink = None
+        disarmed = per_step(True)
+        st._sink = st.SocketSink(directory)
+        armed = per_step(True)
+    except AttributeError as exc:  # the hooks moved (steps.py): say so rather than measure something else
+        return {"error": f"step hooks not found: {exc!r}"}
+    finally:
+        st._sink = None
+        st._pending.clear()
+        receiver.close()
+    return {"batch": batch, "bare_us": round(bare, 2), "disarmed_us": round(disarmed, 2), "armed_us": round(armed, 2),
+            "hooks_us_per_step": round(armed - bare, 2), "records_received": len(got)}
 
 
 def hot_path_ns_per_token() -> float:
@@ -175,12 +328,14 @@ def main() -> None:
         from vllm import LLM, SamplingParams
 
         import otel_llm
+        from otel_llm.instrumentation.vllm import VLLMInstrumentor, steps
 
         from opentelemetry import trace
         from vllm.tracing import init_tracer
 
         probe = Probe()
         probe.install()
+        ticker, jobs = Ticker(), JobTimer()
         tp, mp = providers(endpoint)
         otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # arms the step hooks for the engine
         llm = LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512))
@@ -202,6 +357,8 @@ def main() -> None:
             "native": "native",
         }
         run_once(llm, prompts, params, probe)  # warm-up
+        print(f"load average before: {os.getloadavg()}", flush=True)
+        load = [os.getloadavg()[0]]
         results: dict[str, list[dict]] = {m: [] for m in modes}
         order = list(modes)
         rng = random.Random(0)
@@ -215,15 +372,26 @@ def main() -> None:
                 elif options is not None:
                     otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
                     flush = lambda: otel_llm.flush() and tp.force_flush()  # noqa: E731
-                res = run_once(llm, prompts, params, probe, flush, args.repeat)
+                    jobs.install(VLLMInstrumentor().telemetry)
+                    # the EngineCore's step datagrams kept coming while nothing read them (the uninstrumented
+                    # modes): drop that backlog before the clock starts, or this measurement pays for decoding
+                    # up to two other measurements' steps
+                    receiver = VLLMInstrumentor().telemetry and steps.current_receiver()
+                    if receiver is not None:
+                        receiver.drain(lambda step: None)
+                res = run_once(llm, prompts, params, probe, flush, args.repeat, ticker, jobs)
                 processor.tracing_enabled = False
                 if isinstance(options, dict):
                     otel_llm.uninstrument()
                 results[mode].append(res)
                 print(f"round {r + 1} {mode:8s} {res['tokens_per_s']:8.0f} tok/s  cpu {res['cpu_s']:.2f}s  "
                       f"engine cpu {res['engine_cpu_s']:.2f}s  "
-                      f"p99 gap {res['p99_gap_ms']:.2f} ms", flush=True)
+                      f"p99 gap {res['p99_gap_ms']:.2f} ms  ticker max late {res.get('ticker_max_late_ms', 0):.1f} ms",
+                      flush=True)
+            load.append(os.getloadavg()[0])
+        ticker.stop()
         hot = hot_path_ns_per_token()
+        hooks = engine_hooks_us_per_step()
     finally:
         sink.terminate()
 
@@ -234,8 +402,19 @@ def main() -> None:
         return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(results[mode], results["none"]))
 
     tokens = results["none"][0]["tokens"]  # per measurement
+    # the workload is deterministic (same prompts, greedy, ignore_eos): every measurement runs the same
+    # engine steps, counted by our frontend where it is instrumented
+    step_counts = [r["engine_steps"] for m in ("default", "full") for r in results[m] if r.get("engine_steps")]
+    steps = statistics.median(step_counts) if step_counts else float("nan")
+    frontend_none = 1e6 * med("none", "cpu_s") / tokens  # vLLM's own frontend CPU per token (stats on)
+
+    def med_opt(mode: str, key: str) -> float | None:
+        values = [r[key] for r in results[mode] if r.get(key) is not None]
+        return round(statistics.median(values), 3) if values else None
+
     table = []
     for mode in modes:
+        extra = 1e6 * (med(mode, "cpu_s") - med("none", "cpu_s")) / tokens
         table.append({
             "mode": mode,
             "tokens_per_s": round(med(mode, "tokens_per_s")),
@@ -248,6 +427,16 @@ def main() -> None:
                                          / (med("none", "cpu_s") + med("none", "engine_cpu_s")), 4),
             "p99_itl_ms": round(med(mode, "p99_gap_ms"), 2),
             "p99_itl_vs_none": round(med(mode, "p99_gap_ms") / med("none", "p99_gap_ms"), 3),
+            # the right denominators (issue #12): vLLM's own frontend CPU per token, the EngineCore's per step
+            "frontend_cpu_us_per_token": round(1e6 * med(mode, "cpu_s") / tokens, 2),
+            "frontend_share_of_vllm_frontend": round(extra / frontend_none, 4),
+            "engine_cpu_us_per_step": round(1e6 * med(mode, "engine_cpu_s") / steps, 1),
+            "ticker_p99_late_ms": med_opt(mode, "ticker_p99_late_ms"),
+            "ticker_max_late_ms": med_opt(mode, "ticker_max_late_ms"),
+            "materializer_job_max_wall_ms": med_opt(mode, "materializer_job_max_wall_ms"),
+            "materializer_job_max_cpu_ms": med_opt(mode, "materializer_job_max_cpu_ms"),
+            "materializer_cpu_us_per_token": round(1e6 * med_opt(mode, "materializer_cpu_s") / tokens, 2)
+            if med_opt(mode, "materializer_cpu_s") is not None else None,
         })
     print()
     print(f"{'mode':8s} {'tok/s':>8s} {'vs none':>8s} {'CPU us/tok':>11s} {'CPU share':>10s} {'p99 ITL ms':>11s} "
@@ -258,12 +447,24 @@ def main() -> None:
               f"{row['p99_itl_ms']:11.2f} {row['p99_itl_vs_none']:8.3f}")
     allin = 1e6 * (med("none", "cpu_s") + med("none", "engine_cpu_s")) / tokens
     print(f"all-in CPU per token without telemetry: {allin:.1f} us (frontend + EngineCore)")
+    print(f"\nfrontend CPU per token without telemetry (vLLM's own, stats on): {frontend_none:.2f} us; "
+          f"engine steps per measurement: {steps}")
+    print(f"{'mode':8s} {'front us/tok':>12s} {'+ us/tok':>9s} {'share of vLLM frontend':>23s} "
+          f"{'engine us/step':>15s} {'ticker p99/max ms':>18s} {'job max wall/cpu ms':>20s}")
+    for row in table:
+        print(f"{row['mode']:8s} {row['frontend_cpu_us_per_token']:12.2f} {row['frontend_cpu_us_per_token_over_none']:9.2f} "
+              f"{100 * row['frontend_share_of_vllm_frontend']:22.1f}% {row['engine_cpu_us_per_step']:15.1f} "
+              f"{row['ticker_p99_late_ms']!s:>8s}/{row['ticker_max_late_ms']!s:<9s} "
+              f"{row['materializer_job_max_wall_ms']!s:>9s}/{row['materializer_job_max_cpu_ms']!s}")
     print(f"\nhot path: {hot:.0f} ns per token (vLLM EngineCoreOutput structs, batch 64)")
+    print(f"EngineCore step hooks alone (batch 64, CPU per step): {hooks}")
     RESULTS.mkdir(exist_ok=True)
     out = {"workload": f"{N_REQUESTS} requests x {OUTPUT_TOKENS} output tokens, offline LLM.generate, tiny model, CPU",
            "rounds": args.rounds, "repeat_per_measurement": args.repeat, "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "date": time.strftime("%Y-%m-%d"), "table": table, "hot_path_ns_per_token": round(hot),
            "allin_cpu_us_per_token_none": round(allin, 1),
+           "frontend_cpu_us_per_token_none": round(frontend_none, 2), "engine_steps_per_measurement": steps,
+           "engine_hooks_cpu_per_step": hooks, "load_average_1min_per_round": load,
            "raw": results}
     (RESULTS / "vllm_overhead.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {RESULTS / 'vllm_overhead.json'}")

@@ -16,6 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
 from . import semconv as sc
+from .sdk_metrics import CountsRecorder, bind_counts, bind_value
 from .slo import SLO, SLOTable
 from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 
@@ -104,7 +105,16 @@ SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     _server("llm.server.output.characters_per_second", f"{CHARACTER_UNIT}/s", RATE_BUCKETS,
             "Output characters over end-to-end time, per request (tokenizer-independent)",
             "output_characters_per_second"),
+    _server("llm.server.inter_token.max_gap", "s", PHASE_BUCKETS,
+            "Per request, the longest gap between two engine steps that produced its tokens (a stall detector)",
+            "max_gap"),
 )
+# One value per output token after the first, for every request: recorded as each request's bucket counts
+# (core/inter_token.py, core/sdk_metrics.py), not through ``HistogramSpec.value``.
+INTER_TOKEN_LATENCY = HistogramSpec(
+    "llm.server.inter_token.latency", "s", TPOT_BUCKETS,
+    "Time between consecutive output tokens, every token of every request (a step that produced k tokens "
+    "after a gap g counts k tokens of g/k)", attrgetter("gaps"))
 # the server histograms by summary field, for code that names one (the dashboard's panels)
 SERVER_HISTOGRAM = {spec.field: spec for spec in SERVER_HISTOGRAMS}
 TOKEN_USAGE = "llm.server.token.usage"
@@ -125,6 +135,7 @@ class MetricSet:
     characters: str | None = None
     noun: str = "request"
     slo_breaches: str | None = None  # a counter of breaches by objective and slow cause
+    inter_token: HistogramSpec | None = None  # per-token latencies, from RequestSummary.gaps' bucket counts
 
     @property
     def token_usage_spec(self) -> InstrumentSpec:
@@ -162,7 +173,7 @@ class MetricSet:
 
 
 SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS,
-                           slo_breaches=SLO_BREACHES)
+                           slo_breaches=SLO_BREACHES, inter_token=INTER_TOKEN_LATENCY)
 
 
 class RequestMetrics:
@@ -185,6 +196,10 @@ class RequestMetrics:
         self._requests = create(meter, metric_set.requests_spec)
         self._good = create(meter, metric_set.good_requests_spec)
         self._breaches = create(meter, breaches) if breaches is not None else None
+        itl = metric_set.inter_token
+        self._itl = (itl, meter.create_histogram(itl.name, unit=itl.unit, description=itl.description,
+                                                 explicit_bucket_boundaries_advisory=list(itl.buckets))
+                     ) if itl is not None else None
         self._attr_cache: LabelSetCache = label_sets if label_sets is not None else FirstN(4096)
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
@@ -204,6 +219,9 @@ class RequestMetrics:
             b.output_tokens(s.output_tokens, context)
         if b.chars is not None and s.output_characters is not None:
             b.chars(s.output_characters, context)
+        if s.gaps is not None and b.inter_token is not None:
+            g = s.gaps
+            b.inter_token(g.counts, g.total, g.lo, g.hi)
         missed = b.slo.breaches(s)
         good = not s.failed and not missed
         b.requests(1, context)
@@ -238,8 +256,11 @@ class RequestMetrics:
                 values = [v for v in map(value_of, group) if v is not None]
                 if values:
                     record(values)
-            slo, n_good, breaches = b.slo, 0, b.breaches
+            slo, n_good, breaches, itl = b.slo, 0, b.breaches, b.inter_token
             for s in group:
+                if itl is not None and s.gaps is not None:
+                    g = s.gaps
+                    itl(g.counts, g.total, g.lo, g.hi)
                 missed = slo.breaches(s)
                 if missed:
                     if breaches is not None:
@@ -283,7 +304,8 @@ class RequestMetrics:
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
                 tuple(many) if all(record is not None for _, record in many) else None,
-                _Breaches(self._breaches, attrs) if self._breaches is not None else None)
+                _Breaches(self._breaches, attrs) if self._breaches is not None else None,
+                bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None)
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
 
@@ -328,6 +350,7 @@ class _Bound:
     # (value of a summary, record a list of values) per histogram, token usage last; None: no list recording
     many: tuple[tuple[Callable[[RequestSummary], Any], Callable[[list], None]], ...] | None
     breaches: "_Breaches | None"
+    inter_token: CountsRecorder | None  # adds one request's inter-token bucket counts
 
 
 class _Breaches:
@@ -366,15 +389,11 @@ def _bind_many(instrument: Any, attributes: dict) -> Callable[[list], None] | No
 
 def _bind(instrument: Any, attributes: dict) -> Recorder:
     """``instrument.bind(attributes)`` where the backend offers it (the collector's aggregation backend
-    resolves the series once); for the OpenTelemetry SDK's instruments, a closure over the same call."""
+    resolves the series once); for the OpenTelemetry SDK's instruments, ``sdk_metrics.bind_value``."""
     bind = getattr(instrument, "bind", None)
     if bind is not None:
         return bind(attributes)
-    call = instrument.record if hasattr(instrument, "record") else instrument.add
-
-    def record(amount: float, context: Context | None = None) -> None:
-        call(amount, attributes, context=context)
-    return record
+    return bind_value(instrument, attributes)  # the SDK's own aggregations, without its per-call machinery
 
 
 # Recorded by the collector, which sees a client's call and the server's request in one trace.

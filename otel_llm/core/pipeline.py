@@ -23,6 +23,7 @@ from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
 from .guard import GUARD
+from .inter_token import gap_summary
 from .materializer import Materializer
 from . import self_metrics
 from .metrics import ServerMetrics
@@ -202,7 +203,7 @@ class Pipeline:
         """Settle a finished (or aborted, or failed) request; releases everything held for it."""
         t = self.requests.pop(request_id, None)
         self.counts.requests_finished += 1
-        if t is None:  # untracked: metrics only
+        if t is None:  # untracked: metrics only (no token stamps: no inter-token latencies)
             self.metrics.record(s)
             return NOT_SAMPLED
         group = t.group
@@ -221,6 +222,7 @@ class Pipeline:
         if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
             self.counts.requests_spans_dropped += 1
         for member, summary in group.finished if group is not None else ((t, s),):
+            _add_gaps(member, summary)
             self.metrics.record(summary)
             self._settle_steps(member, None)
         return decision
@@ -289,6 +291,7 @@ class Pipeline:
     def _materialize_request(self, job: RequestJob) -> None:
         t, s, decision, detail = job.timeline, job.summary, job.decision, job.detail
         kept: Materialized | None = None
+        _add_gaps(t, s)
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
         for_cause = self._for_cause(decision)
@@ -317,6 +320,8 @@ class Pipeline:
         sequence). Metrics stay per sequence, as vLLM's own (each sequence is a finished request in
         its statistics); the exemplars of all of them point at the one trace."""
         members = sorted(job.group.finished, key=lambda m: m[0].choice_index or 0)
+        for t, s in members:
+            _add_gaps(t, s)
         decision, detail = job.decision, job.detail
         slo = self.config.slo.for_model(members[0][1].model)
         breaches = [slo.breaches(s) for _, s in members]
@@ -390,6 +395,18 @@ _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine mo
 
 
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
+
+
+def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:
+    """Inter-token latencies for every request, from its token stamps, unless the adapter gave them."""
+    if s.gaps is None:
+        try:
+            s.gaps = gap_summary(t.token_ts, t.multi_token_steps)
+        except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
+            GUARD.failed("inter-token latencies", exc)
+            return
+        if s.gaps is not None and s.max_gap is None:
+            s.max_gap = s.gaps.max_gap
 
 
 def _policy_failed(policy: Policy, exc: BaseException) -> None:

@@ -51,7 +51,9 @@ def instruments_table(specs: Iterable[m.InstrumentSpec | m.HistogramSpec], attri
 
 
 def metrics_table(metric_set: m.MetricSet = m.SERVER_METRICS) -> str:
-    return instruments_table((*metric_set.histograms, *metric_set.instruments()), "attributes (beyond the request's)")
+    inter_token = (metric_set.inter_token,) if metric_set.inter_token is not None else ()
+    return instruments_table((*metric_set.histograms, *inter_token, *metric_set.instruments()),
+                             "attributes (beyond the request's)")
 
 
 def client_metrics_table() -> str:

@@ -57,6 +57,10 @@ LATENCY_E2E = "llm.latency.e2e"
 LATENCY_QUEUE = "llm.latency.queue"
 LATENCY_PREFILL = "llm.latency.prefill"
 LATENCY_DECODE = "llm.latency.decode"
+# the longest gap between two steps that produced tokens, and the inter-token latencies' bucket counts
+# (over the time-per-output-token histogram's boundaries; see core/inter_token.py)
+LATENCY_MAX_GAP = "llm.latency.max_inter_token_gap"
+LATENCY_ITL_COUNTS = "llm.latency.inter_token.bucket_counts"
 NUM_PREEMPTIONS = "llm.request.num_preemptions"
 OUTPUT_CHARACTERS = "llm.response.output_characters"
 SLO_MET = "llm.slo.met"

@@ -64,9 +64,12 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
         (sc.LATENCY_TTFT, s.ttft), (sc.LATENCY_TPOT, s.tpot), (sc.LATENCY_E2E, s.e2e),
         (sc.LATENCY_QUEUE, s.queue), (sc.LATENCY_PREFILL, s.prefill), (sc.LATENCY_DECODE, s.decode),
         (sc.USAGE_CACHE_READ_INPUT_TOKENS, s.prefix_cache_hit_tokens), (sc.OUTPUT_CHARACTERS, s.output_characters),
+        (sc.LATENCY_MAX_GAP, s.max_gap),
     ):
         if value is not None:
             a[key] = value
+    if s.gaps is not None:  # compact: the histogram's bucket counts, so a collector can add them up
+        a[sc.LATENCY_ITL_COUNTS] = tuple(s.gaps.counts)
     a[sc.NUM_PREEMPTIONS] = s.num_preemptions
     a[sc.SLO_MET] = slo_met
     if breached:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from . import semconv as sc
+
+if TYPE_CHECKING:
+    from .inter_token import GapSummary
 
 
 @dataclass(slots=True)
@@ -35,6 +38,8 @@ class RequestSummary:
     finish_reason: str | None = None
     error_type: str | None = None
     slow_cause: str | None = None  # the slow-cause verdict (llm.slow.cause), where one was made
+    max_gap: float | None = None  # the longest gap between two steps that produced tokens (seconds)
+    gaps: "GapSummary | None" = None  # the bucketed inter-token latencies (core/inter_token.py)
 
     @property
     def failed(self) -> bool:
@@ -217,6 +222,7 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.RESPONSE_FINISH_REASONS, "finish_reason", "first"),
         (sc.ERROR_TYPE, "error_type", "str"),
         (sc.SLOW_CAUSE, "slow_cause", "str"),
+        (sc.LATENCY_MAX_GAP, "max_gap", "float"),
     )
 }
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)

@@ -87,7 +87,11 @@ REQUEST_SPAN = SpanDoc(
      Item(sc.RESPONSE_MODEL), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
      Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),
      Item(sc.LATENCY_TTFT), Item(sc.LATENCY_TPOT), Item(sc.LATENCY_E2E), Item(sc.LATENCY_QUEUE),
-     Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE), Item(sc.NUM_PREEMPTIONS),
+     Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE),
+     Item(sc.LATENCY_MAX_GAP, " (the longest gap between two steps that produced tokens)"),
+     Item(sc.LATENCY_ITL_COUNTS, " (its inter-token latencies as counts over `llm.server.inter_token.latency`'s "
+          "buckets; both when it produced two or more tokens)"),
+     Item(sc.NUM_PREEMPTIONS),
      Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS),
      Item(sc.SLO_MET), Item(sc.SLO_BREACHED), Item(sc.SAMPLING_REASON),
      Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed"),

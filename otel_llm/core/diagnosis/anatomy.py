@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from .. import semconv as sc
 from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, create
+from ..sdk_metrics import bind_value
 from ..timeline import StepRecord
 from .devices import resolve
 from .roofline import DevicePeaks, ModelShape, Roofline, roofline, step_cost
@@ -58,10 +59,13 @@ class StepDiagnosis:
         self._meter = meter
         self._bound: dict[tuple, Any] = {}
         if meter is not None:
-            self._duration = create(meter, STEP_DURATION).record
-            self._mfu = create(meter, STEP_MFU).record
-            self._mbu = create(meter, STEP_MBU).record
+            self._duration = create(meter, STEP_DURATION)
+            self._mfu = create(meter, STEP_MFU)
+            self._mbu = create(meter, STEP_MBU)
             self._steps = create(meter, STEPS)
+        # (instrument, phase, part, bound) -> a recorder bound to that label set: a step's metrics are
+        # six calls, each through the SDK's public API several times what the step's bookkeeping costs
+        self._recorders: dict[tuple, Any] = {}
 
     def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
         self.shape, self.peaks = shape, peaks
@@ -122,17 +126,24 @@ class StepDiagnosis:
         """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU."""
         if self._meter is None:
             return
+        rec = self._recorder
         for step in steps:
             phase = step.phase
             for part, value in anatomy(step).items():
-                self._duration(value, self._attrs(phase, part))
+                rec(self._duration, phase, part)(value, None)
             r = self.roofline(step)
             bound = r.bound if r is not None else "unknown"
-            self._steps.add(1, self._attrs(phase, None, bound))
+            rec(self._steps, phase, None, bound)(1, None)
             if r is not None and r.mfu is not None:
-                attrs = self._attrs(phase, None, bound)
-                self._mfu(r.mfu, attrs)
-                self._mbu(r.mbu, attrs)
+                rec(self._mfu, phase, None, bound)(r.mfu, None)
+                rec(self._mbu, phase, None, bound)(r.mbu, None)
+
+    def _recorder(self, instrument: Any, phase: str, part: str | None, bound: str | None = None) -> Any:
+        key = (id(instrument), phase, part, bound)
+        found = self._recorders.get(key)
+        if found is None:
+            found = self._recorders[key] = bind_value(instrument, self._attrs(phase, part, bound))
+        return found
 
     def _attrs(self, phase: str, part: str | None, bound: str | None = None) -> dict[str, str]:
         key = (phase, part, bound)

@@ -1,0 +1,62 @@
+"""A request's inter-token latencies, bucketed once when it finishes (for 100 % of requests).
+
+The hot path only appends a stamp per step that produced tokens (``RequestTimeline.token_ts``);
+here, off the engine's thread, the gaps between those stamps become bucket counts over the
+conventions' time-per-output-token boundaries, which ``bucket_counts`` adds to the histogram
+in one call per request. A step that produced k tokens (speculative decoding) after a gap g
+counts k tokens of g / k each: the counts add up to the output tokens after the first step's,
+their sum is the decode time, and their mean is the request's TPOT. The longest gap itself
+(not divided) is the request's stall: what a streaming client waited for at worst.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from operator import sub
+from typing import Sequence
+
+from .metrics import INTER_TOKEN_LATENCY
+
+ITL_BUCKETS = INTER_TOKEN_LATENCY.buckets
+
+
+@dataclass(slots=True)
+class GapSummary:
+    counts: list[int]  # tokens per bucket of ITL_BUCKETS (len + 1: the last is above the last boundary)
+    total: float  # the sum of the per-token values: the time from the first to the last token
+    lo: float  # the smallest per-token value
+    hi: float  # the largest per-token value
+    max_gap: float  # the longest wall-clock gap between two steps that produced tokens
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+def gap_summary(token_ts: Sequence[float], multi_token_steps: dict[int, int] | None = None,
+                buckets: Sequence[float] = ITL_BUCKETS) -> GapSummary | None:
+    """The bucketed gaps of one request's token stamps; None with fewer than two stamps."""
+    if len(token_ts) < 2:
+        return None
+    counts = [0] * (len(buckets) + 1)
+    if not multi_token_steps:
+        # one token per stamp (the common case): the gaps sorted (C), then one bisection per boundary, so
+        # the Python-level work is per bucket, not per token. A value v belongs to the first bucket whose
+        # boundary is >= v (the SDK's bisect_left), so bucket i holds the values in (b[i-1], b[i]].
+        gaps = sorted(map(sub, token_ts[1:], token_ts))
+        below = 0
+        for i, bound in enumerate(buckets):
+            upto = bisect_right(gaps, bound, below)
+            counts[i] = upto - below
+            below = upto
+        counts[-1] = len(gaps) - below
+        return GapSummary(counts, token_ts[-1] - token_ts[0], gaps[0], gaps[-1], gaps[-1])
+    lo, hi, longest = float("inf"), float("-inf"), 0.0
+    for i in range(1, len(token_ts)):
+        gap = token_ts[i] - token_ts[i - 1]
+        k = multi_token_steps.get(i, 1)
+        per_token = gap / k
+        counts[bisect_left(buckets, per_token)] += k
+        lo, hi, longest = min(lo, per_token), max(hi, per_token), max(longest, gap)
+    return GapSummary(counts, token_ts[-1] - token_ts[0], lo, hi, longest)
