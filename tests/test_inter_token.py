@@ -16,7 +16,7 @@ from otel_llm.core.metrics import INTER_TOKEN_LATENCY
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestTimeline
-from otel_llm.testing.metrics import points_by_name
+from support.metrics import points_by_name
 
 STAMPS = [10.0, 10.012, 10.031, 10.032, 10.5, 10.51, 13.2]
 
