@@ -84,6 +84,14 @@ def one_span(client: Any) -> Any:
     return spans[0]
 
 
+def duration_count(client: Any) -> int:
+    """Duration records so far: one per call that ended (``finish`` ran once, whatever ended it)."""
+    try:
+        return sum(p.count for p in client.metric_points("gen_ai.client.operation.duration"))
+    except KeyError:
+        return 0
+
+
 def rate_points(client: Any) -> int:
     try:
         return sum(p.count for p in client.metric_points("llm.client.output.characters_per_second"))
@@ -96,10 +104,11 @@ def rate_points(client: Any) -> int:
 @pytest.mark.parametrize("name", STREAMS)
 def test_streams_every_output_kind(client: Any, replay: ReplayServer, name: str, mode: str, variant: str) -> None:
     rec, want = load(name), expected(load(name))
-    rates = rate_points(client)
+    rates, durations = rate_points(client), duration_count(client)
     outcome = call(mode, replay.base_url(name), rec, variant)
     span = one_span(client)
     a = span.attributes
+    assert duration_count(client) == durations + 1  # ended exactly once (the SDK would take a 2nd end quietly)
     failure = failure_of(rec)
     assert span.kind == SpanKind.CLIENT and span.name == f"chat {rec.request['model']}"
     if failure is None:
@@ -142,10 +151,11 @@ def test_responses_finish_reasons_are_finish_reasons(client: Any, replay: Replay
 @pytest.mark.parametrize("name", BODIES)
 def test_bodies_plain_and_raw_alike(client: Any, replay: ReplayServer, name: str, mode: str, variant: str) -> None:
     rec = load(name)
-    rates = rate_points(client)
+    rates, durations = rate_points(client), duration_count(client)
     outcome = call(mode, replay.base_url(name), rec, variant)
     assert outcome[0] == "ok"
     span = one_span(client)
+    assert duration_count(client) == durations + 1
     a = span.attributes
     assert span.status.status_code == StatusCode.UNSET
     body = rec.json
@@ -376,10 +386,6 @@ HELPER_CASES = [(n, h) for n in all_names() for h in HELPERS if helper_applies(l
                 and not (h != "stream" and "tools" in load(n).request)]  # openai refuses non-strict tools
 
 
-def duration_count(client: Any) -> int:
-    return sum(p.count for p in client.metric_points("gen_ai.client.operation.duration"))
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("name,helper", HELPER_CASES)
 def test_helpers_measured_as_create(client: Any, replay: ReplayServer, name: str, helper: str, mode: str) -> None:
@@ -477,3 +483,38 @@ def test_parse_of_a_filtered_response_is_an_error_with_the_responses_facts(clien
     assert span.status.status_code == StatusCode.ERROR and a["error.type"] == "ContentFilterFinishReasonError"
     assert a["gen_ai.response.finish_reasons"] == ("content_filter",) and a["gen_ai.response.id"] == rec.json["id"]
     assert a["gen_ai.usage.output_tokens"] == rec.json["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_stream_proxy_is_transparent(client: Any, replay: ReplayServer, mode: str) -> None:
+    """The stream the caller gets is a light proxy, not the ``openai.Stream`` itself, but it passes for it:
+    ``isinstance``, ``.response``, attribute writes, ``next()`` mixed with ``for``, ``with``."""
+    rec = load("chat_text_stream")
+    n = len(rec.payloads())
+
+    def sync_body() -> tuple[Any, ...]:
+        c = openai.OpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+        stream = c.chat.completions.create(**rec.request)
+        stream.caller_note = "kept"
+        with stream as same:
+            first = next(same)
+            rest = [chunk for chunk in same]
+        return (isinstance(stream, openai.Stream), type(stream) is openai.Stream, stream.response.status_code,
+                stream.__wrapped__.caller_note, same is stream, [first, *rest])
+
+    async def async_body() -> tuple[Any, ...]:
+        c = openai.AsyncOpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+        stream = await c.chat.completions.create(**rec.request)
+        stream.caller_note = "kept"
+        async with stream as same:
+            first = await same.__anext__()
+            rest = [chunk async for chunk in same]
+        await c.close()
+        return (isinstance(stream, openai.AsyncStream), type(stream) is openai.AsyncStream,
+                stream.response.status_code, stream.__wrapped__.caller_note, same is stream, [first, *rest])
+
+    is_stream, exact, status, note, same, chunks = sync_body() if mode == "sync" else asyncio.run(async_body())
+    assert (is_stream, exact, status, note, same) == (True, False, 200, "kept", True)
+    assert [c.model_dump(exclude_unset=True) for c in chunks] == rec.payloads()
+    a = one_span(client).attributes
+    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == expected(rec)["chunks"]
