@@ -142,7 +142,7 @@ def one_round(client: openai.OpenAI, model: str, streams: int, calls: int, token
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=7, help="end-to-end rounds; 0: the hot path and per-call cost only")
     p.add_argument("--streams", type=int, default=6)
     p.add_argument("--tokens", type=int, default=100)
     p.add_argument("--calls", type=int, default=20)
@@ -166,8 +166,10 @@ def main() -> None:
         hot = hot_path(chunks, inst)
         hot.update(per_call(client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4), client, inst))
+        print(f"hot path: {hot}", flush=True)  # before the long end-to-end rounds
         inst.uninstrument()
-        one_round(client, model, 2, 4, args.tokens)  # warm-up
+        if args.rounds:
+            one_round(client, model, 2, 4, args.tokens)  # warm-up
         rows: dict[str, list[dict[str, float]]] = {"plain": [], "instrumented": []}
         for r in range(args.rounds):
             order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
@@ -183,7 +185,7 @@ def main() -> None:
     def med(mode: str, key: str) -> float:
         return statistics.median(x[key] for x in rows[mode])
 
-    keys = ("stream_cpu_us_per_chunk", "stream_wall_ms_per_call", "call_cpu_us", "call_wall_ms")
+    keys = ("stream_cpu_us_per_chunk", "stream_wall_ms_per_call", "call_cpu_us", "call_wall_ms") if args.rounds else ()
     summary = {k: {"plain": med("plain", k), "instrumented": med("instrumented", k),
                    "ratio": med("instrumented", k) / med("plain", k),
                    "delta": med("instrumented", k) - med("plain", k)} for k in keys}
