@@ -64,7 +64,8 @@ class Adapter:
         self.StreamProxy = imp(f"{package}.instrumentation.openai.stream").StreamProxy
         self.reader = imp(f"{package}.instrumentation.openai.ops").Chat.chunk
         self.CallRecord = imp(f"{package}.instrumentation.openai.record").CallRecord
-        Telemetry = imp(f"{package}.instrumentation.openai.telemetry").ClientTelemetry
+        module = imp(f"{package}.instrumentation.openai.telemetry")
+        Telemetry = getattr(module, "ClientState", None) or module.ClientTelemetry  # renamed on main
         ClientMetrics = imp(f"{package}.core.client_metrics").ClientMetrics
         Config = imp(f"{package}.core.config").Config
         config = Config.resolve({"slo": "ttft=1,tpot=0.05"})

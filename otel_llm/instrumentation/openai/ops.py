@@ -97,8 +97,17 @@ class Chat:
                     rec.chars += len(text)
                     rec.kinds |= TEXT
                 return
-        Chat._usage(rec, chunk.usage)
-        rec.chunk(now, Chat._read(rec, choices))
+        usage = chunk.usage
+        if usage is not None:
+            rec.input_tokens = usage.prompt_tokens
+            rec.output_tokens = usage.completion_tokens
+        n = Chat._read(rec, choices)
+        if n >= 0:  # ``CallRecord.chunk``, inlined: a Python call is ~0.1-0.2 µs here
+            rec.stamps.append(now)
+            if n:
+                if not rec.chars:
+                    rec.first_content = now
+                rec.chars += n
 
     @staticmethod
     def _usage(rec: CallRecord, usage: Any) -> None:
