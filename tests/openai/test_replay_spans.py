@@ -18,7 +18,7 @@ import openai
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from replay_calls import VARIANTS, call
+from replay_calls import HELPERS, VARIANTS, call, helper_applies, helper_call
 from replay_server import Recording, ReplayServer, all_names, load
 
 STREAMS = [n for n in all_names() if load(n).stream]
@@ -84,6 +84,14 @@ def one_span(client: Any) -> Any:
     return spans[0]
 
 
+def duration_count(client: Any) -> int:
+    """Duration records so far: one per call that ended (``finish`` ran once, whatever ended it)."""
+    try:
+        return sum(p.count for p in client.metric_points("gen_ai.client.operation.duration"))
+    except KeyError:
+        return 0
+
+
 def rate_points(client: Any) -> int:
     try:
         return sum(p.count for p in client.metric_points("llm.client.output.characters_per_second"))
@@ -96,10 +104,11 @@ def rate_points(client: Any) -> int:
 @pytest.mark.parametrize("name", STREAMS)
 def test_streams_every_output_kind(client: Any, replay: ReplayServer, name: str, mode: str, variant: str) -> None:
     rec, want = load(name), expected(load(name))
-    rates = rate_points(client)
+    rates, durations = rate_points(client), duration_count(client)
     outcome = call(mode, replay.base_url(name), rec, variant)
     span = one_span(client)
     a = span.attributes
+    assert duration_count(client) == durations + 1  # ended exactly once (the SDK would take a 2nd end quietly)
     failure = failure_of(rec)
     assert span.kind == SpanKind.CLIENT and span.name == f"chat {rec.request['model']}"
     if failure is None:
@@ -127,7 +136,8 @@ def test_streams_every_output_kind(client: Any, replay: ReplayServer, name: str,
 
 
 REASONS = {"responses_text_stream": ("stop",), "responses_tool_calls_stream": ("tool_calls",),
-           "responses_text": ("stop",), "responses_failed_event_stream": ("error",)}
+           "responses_text": ("stop",), "responses_failed_event_stream": ("error",),
+           "responses_content_filter": ("content_filter",)}  # status incomplete, reason content_filter
 
 
 @pytest.mark.parametrize("name", list(REASONS))
@@ -141,10 +151,11 @@ def test_responses_finish_reasons_are_finish_reasons(client: Any, replay: Replay
 @pytest.mark.parametrize("name", BODIES)
 def test_bodies_plain_and_raw_alike(client: Any, replay: ReplayServer, name: str, mode: str, variant: str) -> None:
     rec = load(name)
-    rates = rate_points(client)
+    rates, durations = rate_points(client), duration_count(client)
     outcome = call(mode, replay.base_url(name), rec, variant)
     assert outcome[0] == "ok"
     span = one_span(client)
+    assert duration_count(client) == durations + 1
     a = span.attributes
     assert span.status.status_code == StatusCode.UNSET
     body = rec.json
@@ -360,5 +371,150 @@ def test_raw_parse_twice_is_one_stream(client: Any, replay: ReplayServer) -> Non
     stream = raw.parse()
     assert raw.parse() is stream
     assert len(list(stream)) == len(rec.payloads())
+    a = one_span(client).attributes
+    assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == expected(rec)["chunks"]
+
+
+# -- openai's helpers: ``.parse()`` (wrapped: it posts directly) and ``.stream()`` (timed through ``create``) --
+
+# what a span says about the exchange, whatever helper made the call
+FACTS = ("gen_ai.operation.name", "gen_ai.request.model", "server.address", "server.port", "gen_ai.response.id",
+         "gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+         "gen_ai.response.finish_reasons", "llm.client.output_characters", "llm.client.output.kinds",
+         "llm.client.chunks", "llm.client.stream.end", "gen_ai.request.stream")
+HELPER_CASES = [(n, h) for n in all_names() for h in HELPERS if helper_applies(load(n), h)
+                and not (h != "stream" and "tools" in load(n).request)]  # openai refuses non-strict tools
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("name,helper", HELPER_CASES)
+def test_helpers_measured_as_create(client: Any, replay: ReplayServer, name: str, helper: str, mode: str) -> None:
+    """The span of ``.parse()`` / ``with_raw_response.parse()`` / ``.stream()`` says what the span of the
+    plain ``create`` on the same exchange says (the same facts, one duration record each); where the
+    helper itself raises on a response the API did return (``.parse()``'s finish-reason errors), the span
+    is an error of that type and still carries the response's facts."""
+    rec = load(name)
+    call(mode, replay.base_url(name), rec, "plain")
+    base = one_span(client)
+    client.spans.clear()
+    count = duration_count(client)
+    outcome = helper_call(mode, replay.base_url(name), rec, helper)
+    span = one_span(client)
+    a, b = span.attributes, base.attributes
+    assert duration_count(client) == count + 1
+    assert span.name == base.name and span.kind == SpanKind.CLIENT
+    assert {k: a.get(k) for k in FACTS} == {k: b.get(k) for k in FACTS}
+    assert ("gen_ai.response.time_to_first_chunk" in a) == ("gen_ai.response.time_to_first_chunk" in b)
+    if helper != "stream" and outcome[0] == "raised":
+        assert span.status.status_code == StatusCode.ERROR and a["error.type"] == outcome[1]
+    else:  # ``.stream()``'s own raise after a complete stream (finish-reason errors) is not the call's
+        assert (span.status.status_code, a.get("error.type")) == (base.status.status_code, b.get("error.type"))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("name", ["chat_text_stream", "responses_text_stream"])
+def test_stream_helper_left_early_ends_closed_once(client: Any, replay: ReplayServer, name: str, mode: str) -> None:
+    """Leaving the ``with`` block of ``.stream()`` mid-stream closes the HTTP response behind our proxy's back;
+    the wrapped helper ``close()`` ends the span there, as ``closed`` (not later, as ``abandoned``)."""
+    rec = load(name)
+    kwargs = {k: v for k, v in rec.request.items() if k != "stream"}
+
+    def sync_body() -> Any:
+        c = openai.OpenAI(base_url=replay.base_url(name), api_key="sk-test", max_retries=0)
+        res = c.chat.completions if rec.api == "chat" else c.responses
+        with res.stream(**kwargs) as stream:
+            for i, _ in enumerate(stream):
+                if i == 5:
+                    break
+            spans = client.finished()  # still open inside the block
+        return stream, spans
+
+    async def async_body() -> Any:
+        c = openai.AsyncOpenAI(base_url=replay.base_url(name), api_key="sk-test", max_retries=0)
+        res = c.chat.completions if rec.api == "chat" else c.responses
+        async with res.stream(**kwargs) as stream:
+            i = 0
+            async for _ in stream:
+                i += 1
+                if i == 6:
+                    break
+            spans = client.finished()
+        await c.close()
+        return stream, spans
+
+    stream, inside = sync_body() if mode == "sync" else asyncio.run(async_body())
+    assert inside == []
+    (span,) = client.finished()  # ended at the block's exit, while the helper is still referenced
+    a = span.attributes
+    assert a["llm.client.stream.end"] == "closed" and span.status.status_code == StatusCode.UNSET
+    assert 0 < a["llm.client.chunks"] < expected(rec)["chunks"]
+    del stream
+    assert one_span(client) is not None  # collected: the proxy's finalizer does not end it a second time
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("name", ["chat_content_filter", "chat_content_filter_stream", "responses_content_filter"])
+def test_content_filter_is_a_finish_reason_not_an_error(client: Any, replay: ReplayServer, name: str,
+                                                        mode: str) -> None:
+    """Output cut by the content filter (composed recordings, the documented shapes): the call succeeded, the
+    span is not an error, its finish reason is ``content_filter`` (Responses: ``incomplete_details.reason``)."""
+    rec = load(name)
+    outcome = call(mode, replay.base_url(name), rec)
+    assert outcome[0] == "ok"
+    span = one_span(client)
+    a = span.attributes
+    assert span.status.status_code == StatusCode.UNSET and "error.type" not in a
+    assert a["gen_ai.response.finish_reasons"] == ("content_filter",)
+    assert a["llm.client.output_characters"] > 0 and a["llm.client.slo.met"] in (True, False)
+    if rec.stream:
+        assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == expected(rec)["chunks"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_parse_of_a_filtered_response_is_an_error_with_the_responses_facts(client: Any, replay: ReplayServer,
+                                                                           mode: str) -> None:
+    """``.parse()`` raises ``ContentFilterFinishReasonError`` for a filtered response: an error span of that type
+    that still says which response it was (id, usage, the ``content_filter`` finish reason)."""
+    rec = load("chat_content_filter")
+    outcome = helper_call(mode, replay.base_url(rec.name), rec, "parse")
+    assert outcome[:2] == ("raised", "ContentFilterFinishReasonError")
+    span = one_span(client)
+    a = span.attributes
+    assert span.status.status_code == StatusCode.ERROR and a["error.type"] == "ContentFilterFinishReasonError"
+    assert a["gen_ai.response.finish_reasons"] == ("content_filter",) and a["gen_ai.response.id"] == rec.json["id"]
+    assert a["gen_ai.usage.output_tokens"] == rec.json["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_stream_proxy_is_transparent(client: Any, replay: ReplayServer, mode: str) -> None:
+    """The stream the caller gets is a light proxy, not the ``openai.Stream`` itself, but it passes for it:
+    ``isinstance``, ``.response``, attribute writes, ``next()`` mixed with ``for``, ``with``."""
+    rec = load("chat_text_stream")
+    n = len(rec.payloads())
+
+    def sync_body() -> tuple[Any, ...]:
+        c = openai.OpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+        stream = c.chat.completions.create(**rec.request)
+        stream.caller_note = "kept"
+        with stream as same:
+            first = next(same)
+            rest = [chunk for chunk in same]
+        return (isinstance(stream, openai.Stream), type(stream) is openai.Stream, stream.response.status_code,
+                stream.__wrapped__.caller_note, same is stream, [first, *rest])
+
+    async def async_body() -> tuple[Any, ...]:
+        c = openai.AsyncOpenAI(base_url=replay.base_url(rec.name), api_key="sk-test", max_retries=0)
+        stream = await c.chat.completions.create(**rec.request)
+        stream.caller_note = "kept"
+        async with stream as same:
+            first = await same.__anext__()
+            rest = [chunk async for chunk in same]
+        await c.close()
+        return (isinstance(stream, openai.AsyncStream), type(stream) is openai.AsyncStream,
+                stream.response.status_code, stream.__wrapped__.caller_note, same is stream, [first, *rest])
+
+    is_stream, exact, status, note, same, chunks = sync_body() if mode == "sync" else asyncio.run(async_body())
+    assert (is_stream, exact, status, note, same) == (True, False, 200, "kept", True)
+    assert [c.model_dump(exclude_unset=True) for c in chunks] == rec.payloads()
     a = one_span(client).attributes
     assert a["llm.client.stream.end"] == "complete" and a["llm.client.chunks"] == expected(rec)["chunks"]

@@ -107,7 +107,7 @@ def test_error_while_reading_is_an_error_span(setup: Any) -> None:
 def test_instrumentation_error_never_reaches_the_caller(setup: Any) -> None:
     t, exporter = setup
 
-    def bad_reader(rec: CallRecord, c: Any) -> int:
+    def bad_reader(rec: CallRecord, c: Any, now: float) -> None:
         raise RuntimeError("bug in our chunk reader")
 
     before = GUARD.errors["openai stream chunk"]

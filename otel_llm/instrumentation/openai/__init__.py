@@ -2,7 +2,9 @@
 
 Wraps ``chat.completions.create``, ``completions.create``, ``responses.create`` and
 ``embeddings.create``, sync and async, streaming and not, plain or through ``with_raw_response`` /
-``with_streaming_response``. Each call gets a CLIENT span ``{gen_ai.operation.name} {model}``
+``with_streaming_response``; ``chat.completions.parse`` and ``responses.parse`` (which post directly,
+not through ``create``); the ``.stream()`` helpers call ``create``, so they are timed there, and
+their ``close()`` is wrapped so that leaving their ``with`` block ends the stream as ``closed``. Each call gets a CLIENT span ``{gen_ai.operation.name} {model}``
 whose W3C ``traceparent`` travels in the request's headers, so an instrumented server (our
 vLLM adapter) makes its request span a child. Streams are timed per chunk on a monotonic
 clock (time to the first content chunk, chunk gaps) and end their span exactly once.
@@ -36,7 +38,7 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
 
-        from ._fence import legacy_api_response
+        from ._fence import HELPER_CLOSES, legacy_api_response
 
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
@@ -52,13 +54,17 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._table = WrapTable([
             Target(chat, "Completions.create", w.sync(Chat)),
             Target(chat, "AsyncCompletions.create", w.asynchronous(Chat)),
+            Target(chat, "Completions.parse", w.sync(Chat)),
+            Target(chat, "AsyncCompletions.parse", w.asynchronous(Chat)),
             Target(completions, "Completions.create", w.sync(TextCompletion)),
             Target(completions, "AsyncCompletions.create", w.asynchronous(TextCompletion)),
             Target(responses, "Responses.create", w.sync(Responses)),
             Target(responses, "AsyncResponses.create", w.asynchronous(Responses)),
+            Target(responses, "Responses.parse", w.sync(Responses)),
+            Target(responses, "AsyncResponses.parse", w.asynchronous(Responses)),
             Target(embeddings, "Embeddings.create", w.sync(Embeddings)),
             Target(embeddings, "AsyncEmbeddings.create", w.asynchronous(Embeddings)),
-        ])
+        ] + [Target(module, name, w.helper_close(asynchronous)) for module, name, asynchronous in HELPER_CLOSES])
         self._table.wrap()
 
     def _uninstrument(self, **kwargs: Any) -> None:

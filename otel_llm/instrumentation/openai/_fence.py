@@ -15,3 +15,19 @@ def legacy_api_response() -> type | None:
     except ImportError:  # pragma: no cover - the fence test reports this
         return None
     return LegacyAPIResponse
+
+
+# The ``.stream()`` helpers (``ChatCompletionStream``, ``ResponseStream``, sync and async) iterate the
+# stream ``create`` returned (our proxy, so the call is timed), but their ``close()`` closes the HTTP
+# response directly. Their close is wrapped to end our stream as ``closed``; the helper holds the
+# stream in its private ``_raw_stream``, and lives in private modules.
+HELPER_MODULES = ("openai.lib.streaming.chat._completions", "openai.lib.streaming.responses._responses")
+HELPER_CLOSES = (("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", False),
+                 ("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", True),
+                 ("openai.lib.streaming.responses._responses", "ResponseStream.close", False),
+                 ("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", True))
+
+
+def helper_raw_stream(helper: object) -> object:
+    """The stream a ``.stream()`` helper reads (``None`` if openai renamed the attribute)."""
+    return getattr(helper, "_raw_stream", None)

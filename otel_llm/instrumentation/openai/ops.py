@@ -1,10 +1,11 @@
 """What each wrapped operation reads: request attributes, a streamed chunk, a whole response.
 
 One small class per API (chat completions, completions, responses, embeddings), all with the same
-methods; the wrappers and stream proxies are shared. ``chunk`` is on the hot path: attribute reads
-on the chunk and a few appends; it returns the characters of generated content the chunk carried
-(text, tool-call names and arguments, refusals, reasoning), 0 for a chunk without content, or
-``NOT_A_CHUNK`` for what is not an output chunk (the usage-only chunk, Responses lifecycle events).
+methods; the wrappers and stream proxies are shared. ``chunk(rec, chunk, now)`` is on the hot path:
+attribute reads on the chunk and a few appends; it notes the chunk in the record
+(``CallRecord.chunk``) with the characters of generated content it carried (text, tool-call names
+and arguments, refusals, reasoning), 0 for a chunk without content, or ``NOT_A_CHUNK`` for what is
+not an output chunk (the usage-only chunk, Responses lifecycle events), which is not timed.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def _usage(rec: CallRecord, usage: Any, input_name: str, output_name: str | None
             rec.output_tokens = getattr(usage, output_name, None)
 
 
+_CONTENT_ONLY = frozenset(("content",))  # a chat delta's keys when it carries text and nothing else
+
+
 class Chat:
     operation = sc.OPERATION_CHAT
 
@@ -68,15 +72,52 @@ class Chat:
             rec.input_messages = messages.dumps(messages.chat_input(msgs))
 
     @staticmethod
-    def chunk(rec: CallRecord, chunk: Any) -> int:
+    def chunk(rec: CallRecord, chunk: Any, now: float) -> None:
         if rec.response_id is None:
             rec.response_id = chunk.id
             rec.response_model = chunk.model
+        choices = chunk.choices
+        if choices and len(choices) == 1 and rec.output is None:
+            # The common chunk, inlined (``_read`` and ``CallRecord.chunk`` for one choice): a delta with
+            # only ``content`` (the JSON had no other key: no tool call, no refusal) and no extras
+            # (vLLM's reasoning), content capture off. ``usage`` rides on the usage-only chunk (no
+            # choices) or, for some servers, on the chunk with the finish reason: read only there.
+            c = choices[0]
+            d = c.delta
+            if d is not None and d.__pydantic_fields_set__ == _CONTENT_ONLY and not d.__pydantic_extra__:
+                reason = c.finish_reason
+                if reason:
+                    rec.finish_reasons.append(reason)
+                    Chat._usage(rec, chunk.usage)
+                rec.stamps.append(now)
+                text = d.content
+                if text:
+                    if not rec.chars:
+                        rec.first_content = now
+                    rec.chars += len(text)
+                    rec.kinds |= TEXT
+                return
         usage = chunk.usage
         if usage is not None:
             rec.input_tokens = usage.prompt_tokens
             rec.output_tokens = usage.completion_tokens
-        choices = chunk.choices
+        n = Chat._read(rec, choices)
+        if n >= 0:  # ``CallRecord.chunk``, inlined: a Python call is ~0.1-0.2 µs here
+            rec.stamps.append(now)
+            if n:
+                if not rec.chars:
+                    rec.first_content = now
+                rec.chars += n
+
+    @staticmethod
+    def _usage(rec: CallRecord, usage: Any) -> None:
+        if usage is not None:
+            rec.input_tokens = usage.prompt_tokens
+            rec.output_tokens = usage.completion_tokens
+
+    @staticmethod
+    def _read(rec: CallRecord, choices: Any) -> int:
+        """Characters of generated content in the chunk's choices (any number, any kind)."""
         if not choices:
             return NOT_A_CHUNK
         n = kinds = 0
@@ -172,7 +213,11 @@ class TextCompletion:
                                                  for p in prompt])
 
     @staticmethod
-    def chunk(rec: CallRecord, chunk: Any) -> int:
+    def chunk(rec: CallRecord, chunk: Any, now: float) -> None:
+        rec.chunk(now, TextCompletion._read(rec, chunk))
+
+    @staticmethod
+    def _read(rec: CallRecord, chunk: Any) -> int:
         if rec.response_id is None:
             rec.response_id = chunk.id
             rec.response_model = chunk.model
@@ -250,7 +295,11 @@ class Responses:
             rec.system_instructions = json.dumps([{"type": "text", "content": instructions}], ensure_ascii=False)
 
     @staticmethod
-    def chunk(rec: CallRecord, event: Any) -> int:
+    def chunk(rec: CallRecord, event: Any, now: float) -> None:
+        rec.chunk(now, Responses._read(rec, event))
+
+    @staticmethod
+    def _read(rec: CallRecord, event: Any) -> int:
         kind = event.type
         found = _DELTA_KINDS.get(kind)
         if found is not None or kind[-6:] == ".delta":
@@ -355,8 +404,8 @@ class Embeddings:
                                                  for v in value])
 
     @staticmethod
-    def chunk(rec: CallRecord, chunk: Any) -> int:  # embeddings do not stream
-        return NOT_A_CHUNK
+    def chunk(rec: CallRecord, chunk: Any, now: float) -> None:  # embeddings do not stream
+        return None
 
     @staticmethod
     def response(rec: CallRecord, r: Any) -> None:

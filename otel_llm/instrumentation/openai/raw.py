@@ -205,7 +205,7 @@ class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
         else:
             for out in self._self_parsed.values():
                 if isinstance(out, (StreamProxy, AsyncStreamProxy)):
-                    out._self_end(CLOSED)
+                    out._end(CLOSED)
 
 
 __all__ = ["RawResponse", "ABANDONED"]

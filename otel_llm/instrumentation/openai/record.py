@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
+from bisect import bisect_right
+from operator import sub
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -36,7 +39,7 @@ class CallRecord:
     """State of one call. Per chunk only ``chunk`` runs; everything else runs once."""
 
     __slots__ = ("owner", "span", "operation", "model", "stream", "server", "start", "start_wall_ns",
-                 "first", "first_content", "last", "n", "max_gap", "over", "chars", "kinds", "tpot_limit",
+                 "stamps", "first_content", "chars", "kinds", "tpot_limit",
                  "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens",
                  "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
                  "done", "__weakref__")
@@ -51,12 +54,9 @@ class CallRecord:
         self.server = server
         self.start_wall_ns = start_wall_ns
         self.start = time.perf_counter()
-        self.first: float | None = None  # the first chunk (the conventions' time to first chunk)
+        # arrival time of every output chunk (8 bytes each): the hot path appends, ``finish`` explains
+        self.stamps = array("d")
         self.first_content: float | None = None  # the first chunk with generated content
-        self.last: float | None = None
-        self.n = 0
-        self.max_gap = 0.0
-        self.over = 0
         self.chars = 0
         self.kinds = 0
         limit = owner.metrics.tpot_limit(model)
@@ -78,33 +78,55 @@ class CallRecord:
 
     def chunk(self, now: float, chars: int) -> None:
         """A chunk arrived at ``now`` carrying ``chars`` characters of generated content
-        (``NOT_A_CHUNK`` for lifecycle events and the usage-only chunk, which are not timed)."""
+        (``NOT_A_CHUNK`` for lifecycle events and the usage-only chunk, which are not timed).
+        The chunk readers inline this for their common case (ops.py: ``Chat.chunk``'s fast path)."""
         if chars < 0:
             return
-        last = self.last
-        if last is None:
-            self.first = now
-        else:
-            gap = now - last
-            if gap > self.max_gap:
-                self.max_gap = gap
-            if gap > self.tpot_limit:
-                self.over += 1
-        self.last = now
-        self.n += 1
+        self.stamps.append(now)
         if chars:
             if not self.chars:
                 self.first_content = now
             self.chars += chars
 
-    # -- cold path -----------------------------------------------------------------------------
+    # -- cold path: the gap profile, read from the stamps ---------------------------------------
+
+    @property
+    def n(self) -> int:
+        return len(self.stamps)
+
+    @property
+    def first(self) -> float | None:
+        """The first output chunk (the conventions' time to first chunk)."""
+        return self.stamps[0] if self.stamps else None
+
+    @property
+    def last(self) -> float | None:
+        return self.stamps[-1] if self.stamps else None
+
+    def gaps(self) -> tuple[float, int]:
+        """The largest gap between consecutive chunks and how many gaps exceed the TPOT SLO
+        (C-level passes over the stamps: a sort, not a Python loop per chunk)."""
+        s = self.stamps
+        if len(s) < 2:
+            return 0.0, 0
+        gaps = sorted(map(sub, s[1:], s[:-1]))
+        limit = self.tpot_limit
+        return gaps[-1], (len(gaps) - bisect_right(gaps, limit)) if limit != math.inf else 0
+
+    @property
+    def max_gap(self) -> float:
+        return self.gaps()[0]
+
+    @property
+    def over(self) -> int:
+        return self.gaps()[1]
 
     def wall_ns(self, t: float) -> int:
         return self.start_wall_ns + int((t - self.start) * 1e9)
 
     def abandon(self) -> None:
         """The caller dropped a stream it never finished or closed: end at the last thing we saw."""
-        self.finish(ABANDONED, at=self.last if self.last is not None else self.start)
+        self.finish(ABANDONED, at=self.stamps[-1] if self.stamps else self.start)
 
     def finish(self, how: str, exc: BaseException | None = None, at: float | None = None) -> None:
         """End the span and record the metrics; runs once, whatever calls it (and never raises)."""
@@ -135,10 +157,11 @@ class CallRecord:
             s.error_type = error_type(exc)
         elif self.failure is not None:
             s.error_type = self.failure
-        if self.stream and self.first is not None:
-            s.ttft = self.first - self.start
-            if self.n > 1:
-                s.time_per_output_chunk = (self.last - self.first) / (self.n - 1)  # type: ignore[operator]
+        stamps = self.stamps
+        if self.stream and stamps:
+            s.ttft = stamps[0] - self.start
+            if len(stamps) > 1:
+                s.time_per_output_chunk = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
             tokens = self.output_tokens
             # vLLM's benchmark definition: (e2e - ttft) / (output tokens - 1); else per chunk.
             s.tpot = (s.e2e - s.ttft) / (tokens - 1) if tokens and tokens > 1 else s.time_per_output_chunk
@@ -172,16 +195,17 @@ class CallRecord:
             a[sc.CLIENT_OUTPUT_KINDS] = tuple(name for bit, name in KIND_NAMES if self.kinds & bit)
         if self.stream:
             a[sc.CLIENT_STREAM_END] = how
-            a[sc.CLIENT_CHUNKS] = self.n
+            a[sc.CLIENT_CHUNKS] = len(self.stamps)
             if s.ttft is not None:
                 a[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = s.ttft
             if self.first_content is not None:
                 a[sc.CLIENT_TIME_TO_FIRST_CONTENT] = self.first_content - self.start
             if s.time_per_output_chunk is not None:
                 a[sc.CLIENT_TIME_PER_OUTPUT_CHUNK] = s.time_per_output_chunk
-                a[sc.CLIENT_CHUNK_GAP_MAX] = self.max_gap
+                max_gap, over = self.gaps()
+                a[sc.CLIENT_CHUNK_GAP_MAX] = max_gap
                 if self.tpot_limit != math.inf:
-                    a[sc.CLIENT_CHUNK_GAPS_OVER_SLO] = self.over
+                    a[sc.CLIENT_CHUNK_GAPS_OVER_SLO] = over
             if s.tpot is not None:
                 a[sc.CLIENT_TIME_PER_OUTPUT_TOKEN] = s.tpot
         if self.output is not None:  # content capture is on

@@ -16,8 +16,9 @@ from opentelemetry.trace import SpanKind
 
 from ...core import semconv as sc
 from ...core.guard import GUARD
+from ._fence import helper_raw_stream
 from .raw import RawResponse
-from .record import COMPLETE, ERROR, CallRecord
+from .record import CLOSED, COMPLETE, ERROR, CallRecord
 from .stream import AsyncStreamProxy, StreamProxy
 from .telemetry import PROVIDER, ClientState
 
@@ -40,7 +41,7 @@ class OpenAIWrappers:
             try:
                 result = wrapped(*args, **kwargs)
             except BaseException as exc:
-                self._failed(rec, token, exc)
+                self._failed(op, rec, token, exc)
                 raise
             return self._returned(op, rec, token, result)
         return wrapper
@@ -54,10 +55,30 @@ class OpenAIWrappers:
                 try:
                     result = await wrapped(*args, **kw)
                 except BaseException as exc:
-                    self._failed(rec, token, exc)
+                    self._failed(op, rec, token, exc)
                     raise
                 return self._returned(op, rec, token, result)
             return call()
+        return wrapper
+
+    def helper_close(self, asynchronous: bool) -> Callable[..., Any]:
+        """``close()`` of a ``.stream()`` helper: it closes the HTTP response behind our stream proxy's
+        back; end the stream as ``closed`` there (a stream already ended stays as it ended)."""
+        if asynchronous:
+            def awrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+                async def call() -> Any:
+                    try:
+                        return await wrapped(*args, **kwargs)
+                    finally:
+                        _helper_closed(instance)
+                return call()
+            return awrapper
+
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                _helper_closed(instance)
         return wrapper
 
     # -- shared by sync and async --------------------------------------------------------------
@@ -107,8 +128,9 @@ class OpenAIWrappers:
                     pass
             return None, original, None
 
-    def _failed(self, rec: CallRecord, token: object, exc: BaseException) -> None:
+    def _failed(self, op: Any, rec: CallRecord, token: object, exc: BaseException) -> None:
         _detach(token)
+        _completion_of(op, rec, exc)
         rec.finish(ERROR, exc)
 
     def _returned(self, op: Any, rec: CallRecord, token: object, result: Any) -> Any:
@@ -121,7 +143,13 @@ class OpenAIWrappers:
             legacy = self.legacy_raw_type
             if legacy is not None and isinstance(result, legacy) and not rec.stream:
                 # the body is already read: its facts now (openai caches the parse for the caller)
-                op.response(rec, result.parse())
+                try:
+                    parsed = result.parse()
+                except Exception as exc:  # the host's own (``.parse()``'s finish-reason errors): the
+                    _completion_of(op, rec, exc)  # caller's parse raises it too; the call failed as
+                    rec.finish(ERROR, exc)      # a plain ``.parse()`` does
+                    return result
+                op.response(rec, parsed)
                 rec.read_output = True
             elif (legacy is not None and isinstance(result, legacy)) or isinstance(result, self.raw_types):
                 return RawResponse(result, rec, op, (self.stream_type, self.async_stream_type))
@@ -173,6 +201,28 @@ def with_trace_headers(kwargs: dict, ctx: Any, instance: Any) -> dict:
     merged: dict[str, Any] = dict(given.items()) if given else {}
     merged.update(add)
     return {**kwargs, "extra_headers": merged}
+
+
+def _completion_of(op: Any, rec: CallRecord, exc: BaseException) -> None:
+    """``.parse()`` raises ``ContentFilterFinishReasonError`` / ``LengthFinishReasonError`` for a
+    response the API did return: the error span keeps that response's facts (id, usage, finish reasons)."""
+    completion = getattr(exc, "completion", None)
+    if completion is None or not hasattr(completion, "model_dump"):
+        return
+    try:
+        op.response(rec, completion)
+        rec.read_output = True
+    except Exception as err:
+        GUARD.failed("openai parse error facts", err)
+
+
+def _helper_closed(helper: Any) -> None:
+    try:
+        raw = helper_raw_stream(helper)
+        if type(raw) in (StreamProxy, AsyncStreamProxy):  # type(), not isinstance: the proxy answers
+            raw._end(CLOSED)                                  # the wrapped stream's class
+    except Exception as exc:
+        GUARD.failed("openai stream helper close", exc)
 
 
 def _detach(token: object) -> None:
