@@ -491,7 +491,7 @@ def test_a_full_materializer_drops_spans_but_not_metrics():
 
 
 def test_percentile_policy_caps_its_share_under_correlated_slowness():
-    from otel_llm.core.policies import LatencyPercentilePolicy, TraceView
+    from otel_llm.core.sampling import LatencyPercentilePolicy, TraceView
 
     policy = LatencyPercentilePolicy(quantile=0.99, min_samples=50)
     kept = 0

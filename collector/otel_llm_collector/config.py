@@ -67,7 +67,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from otel_llm.core.policy_registry import PolicyConfigError, build_policies
+from otel_llm.core.sampling.registry import PolicyConfigError, PolicySpec, parse_policies
 from otel_llm.core.slo import SLOTable
 
 DEFAULTS_YAML = """
@@ -244,7 +244,7 @@ class TailSamplingConfig:
     tick_interval: float = 0.2
     sampled_cache_size: int = 100_000
     non_sampled_cache_size: int = 100_000
-    policies: tuple[Mapping[str, Any], ...] = ()
+    policies: tuple[PolicySpec, ...] = ()  # validated at load; the gateway builds them (once)
 
 
 @dataclass(frozen=True)
@@ -520,6 +520,10 @@ def _tail(m: Any) -> TailSamplingConfig | None:
     policies = m.get("policies")
     if not isinstance(policies, list) or not policies:
         raise ConfigError(f"{w}.policies: expected a non-empty list of policies")
+    try:  # checked now, so a bad policy fails at load with its name; built when a gateway starts
+        specs = parse_policies(policies)
+    except PolicyConfigError as exc:
+        raise ConfigError(f"{w}.policies: {exc}") from None
     cfg = TailSamplingConfig(
         decision_wait=duration(m.get("decision_wait"), f"{w}.decision_wait"),
         decision_wait_after_root_received=duration(m.get("decision_wait_after_root_received"),
@@ -533,14 +537,10 @@ def _tail(m: Any) -> TailSamplingConfig | None:
                                         allow_zero=True),
         non_sampled_cache_size=positive_int(cache.get("non_sampled_cache_size"),
                                             f"{w}.decision_cache.non_sampled_cache_size", allow_zero=True),
-        policies=tuple(policies),
+        policies=specs,
     )
     if cfg.tick_interval <= 0:
         raise ConfigError(f"{w}.tick_interval must be positive")
-    try:  # validate policies now, so a bad one fails at load with its name
-        build_policies(list(cfg.policies), default_slo=SLOTable.parse("ttft=1"))
-    except PolicyConfigError as exc:
-        raise ConfigError(f"{w}.policies: {exc}") from None
     return cfg
 
 

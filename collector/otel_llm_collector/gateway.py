@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_llm.core import semconv as sc
 from otel_llm.otlp.messages import ExportTraceServiceRequest
-from otel_llm.core.policies import Policy, attribute_keys
-from otel_llm.core.policy_registry import build_policies
+from otel_llm.core.sampling import Policy, attribute_keys
+from otel_llm.core.sampling.registry import build
 
 from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
@@ -71,7 +71,7 @@ class Gateway:
         self.sampler: TailSampler | None = None
         self._keys: frozenset[str] = frozenset()  # attribute keys the policies read (collected per trace)
         if ts is not None:
-            built = list(policies) if policies is not None else build_policies(list(ts.policies), clock, config.slo)
+            built = list(policies) if policies is not None else build(ts.policies, clock, config.slo)
             self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
             self._keys = attribute_keys(built)
         self.grpc: GrpcReceiver | None = None

@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
-from otel_llm.core.policies import NOT_SAMPLED, Decision, Policy, TraceView, Verdict, first_match
+from otel_llm.core.sampling import NOT_SAMPLED, Decision, Policy, TraceView, Verdict, first_match
 from otel_llm.core.summary import RequestSummary
 
 from .config import TailSamplingConfig

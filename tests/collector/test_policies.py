@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from otel_llm.core.policies import (NOT_SAMPLED, AlwaysSample, AndPolicy, BooleanAttributePolicy, BytesLimitingPolicy,
+from otel_llm.core.sampling import (NOT_SAMPLED, AlwaysSample, AndPolicy, BooleanAttributePolicy, BytesLimitingPolicy,
                                     CompositePolicy,
                                     Decision, DropPolicy, ErrorPolicy, FirstMatchPolicy, LatencyPercentilePolicy,
                                     LatencyPolicy, NotPolicy, NumericAttributePolicy, ProbabilisticPolicy,
                                     RateLimitingPolicy, RecordedReasonPolicy, SLOPolicy, SpanCountPolicy,
                                     StatusCodePolicy, StringAttributePolicy, TraceView, Verdict, attribute_keys,
                                     first_match)
-from otel_llm.core.policy_registry import PolicyConfigError, build_policies, build_policy
+from otel_llm.core.sampling.registry import PolicyConfigError, build_policies, build_policy
 from otel_llm.core.slo import SLOTable
 from otel_llm.core.summary import RequestSummary
 

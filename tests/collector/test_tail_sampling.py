@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from collector_testkit import FakeClock, export_request, request_attrs, span
-from otel_llm.core.policies import ErrorPolicy, SLOPolicy
+from otel_llm.core.sampling import ErrorPolicy, SLOPolicy
 from otel_llm.core.slo import SLOTable
 from otel_llm_collector.config import TailSamplingConfig
 from otel_llm_collector.spans import extract, spans_of
@@ -120,7 +120,7 @@ def test_decide_all_at_shutdown(clock: FakeClock) -> None:
 
 
 def test_sdk_recorded_reason_is_honoured(clock: FakeClock) -> None:
-    from otel_llm.core.policies import RecordedReasonPolicy
+    from otel_llm.core.sampling import RecordedReasonPolicy
 
     sink, t = Sink(), GatewayMetrics()
     s = TailSampler(TailSamplingConfig(decision_wait_after_root_received=0.5), [RecordedReasonPolicy()], clock, t, sink)
@@ -187,7 +187,7 @@ def test_a_buffered_trace_sets_every_field_of_the_view_the_policies_read() -> No
     # TraceView must be set there too, or a policy reading it fails on buffered traces
     from dataclasses import fields
 
-    from otel_llm.core.policies import TraceView
+    from otel_llm.core.sampling import TraceView
     from otel_llm_collector.tail_sampling import PendingTrace
 
     trace = PendingTrace((5).to_bytes(16, "big"), 1.0, True, (None, b"x" * 123), 123, False, 1, 3_000_000_001).view()
