@@ -309,7 +309,8 @@ def test_requests_kept_by_the_baseline_get_no_verdict():
 
 
 def test_the_breach_counter_reads_the_cause_from_the_span_attribute():
-    """The collector's path: a summary rebuilt from a request span's attributes, recorded in a batch."""
+    """The collector's derivation: a summary rebuilt from a request span's attributes (the collector's batch
+    recorder is held against this one in tests/collector/test_aggregation.py)."""
     reader = InMemoryMetricReader()
     metrics = ServerMetrics(MeterProvider(metric_readers=[reader]).get_meter("t"), SLOTable.parse("ttft=0.1,tpot=0.01"))
     base = {sc.REQUEST_MODEL: "m", sc.LATENCY_E2E: 2.0, sc.LATENCY_TTFT: 0.5, sc.LATENCY_TPOT: 0.02}
@@ -317,7 +318,8 @@ def test_the_breach_counter_reads_the_cause_from_the_span_attribute():
                  RequestSummary.from_attributes({**base, sc.SLOW_CAUSE: "made-up"}),
                  RequestSummary.from_attributes(base)]
     assert summaries[0].slow_cause == sc.SLOW_QUEUE_KV_CACHE
-    metrics.record_many(summaries)
+    for s in summaries:
+        metrics.record(s)
     got = sorted((p.attributes[sc.SLO_OBJECTIVE], p.attributes[sc.SLOW_CAUSE], p.value)
                  for p in points_by_name(reader.get_metrics_data())[SERVER_METRICS.slo_breaches])
     assert got == [("tpot", sc.SLOW_QUEUE_KV_CACHE, 1), ("tpot", sc.SLOW_UNKNOWN, 2),

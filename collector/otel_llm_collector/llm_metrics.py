@@ -23,16 +23,15 @@ per instrument as well (a backstop, and for instruments with several series per 
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections import OrderedDict
 from typing import Any, Iterable
 
-from otel_llm.core.metrics import ServerMetrics
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.slo import SLOTable
 
 from .config import LabelLimits
+from .fast.metrics import BatchMetrics
 from .spans import SERVICE_NAME, RequestFacts
 from .telemetry import GatewayMetrics
 
@@ -94,14 +93,14 @@ def _key_cost(key: tuple) -> int:
 class LLMMetricsProcessor:
     def __init__(self, meter_provider: Any, slos: SLOTable, telemetry: GatewayMetrics,
                  limits: LabelLimits = LabelLimits()) -> None:
-        """``meter_provider``: an OpenTelemetry ``MeterProvider`` or the collector's ``AggregationBackend``."""
+        """``meter_provider``: the collector's ``AggregationBackend`` (its instruments take lists of values)."""
         self._meter = meter_provider.get_meter("otel_llm_collector.llm_metrics")
-        self._batch_lock = getattr(meter_provider, "lock", None) or contextlib.nullcontext()
+        self._batch_lock = meter_provider.lock
         self._slos = slos
         self._telemetry = telemetry
         self._max_len = limits.max_label_length
         self.label_sets = ByteBudgetLRU(limits.label_cache_bytes, _key_cost)
-        self._metrics = ServerMetrics(self._meter, slos, label_sets=self.label_sets)
+        self._metrics = BatchMetrics(self._meter, slos, self.label_sets)
         self._extra: dict[str, tuple[tuple[str, str], ...]] = {}  # service -> its extra labels (interned)
         self._max_series = limits.max_series
         self._share = limits.max_series_per_service
@@ -140,7 +139,7 @@ class LLMMetricsProcessor:
             counts[r.source] = counts.get(r.source, 0) + 1
         with self._batch_lock:  # the backend's lock, held once per batch (instruments re-enter it cheaply)
             for service, summaries in by_service.items():
-                self._metrics.record_many(summaries, self._service_labels(service))
+                self._metrics.record(summaries, self._service_labels(service))
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
         if overflowed:

@@ -11,9 +11,9 @@ resource and scope, schema URLs included.
 
 Attribute values are decoded only for spans that carry request latencies (ours or the engines'
 native ones) or a client's time to first chunk; every other span costs a few key lookups. A
-request span's encoded map goes to the core's ``RequestSummary.encoded_reader`` (``from_attributes``
-over encoded values, decoding only what it reads, in one pass): the derivation exists once, in the
-core. A span's status is read only when it is not empty (UNSET, the common case, costs nothing). A span with request latencies is a request span whatever its kind; otherwise a
+request span's encoded map goes to ``fast.summary``'s reader (``from_attributes`` over encoded values,
+built from the core's tables, decoding only what it reads, in one pass): the derivation exists once, in
+the core. A span's status is read only when it is not empty (UNSET, the common case, costs nothing). A span with request latencies is a request span whatever its kind; otherwise a
 CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttft_join``).
 """
 
@@ -28,6 +28,8 @@ from otel_llm.otlp import encode
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.otlp.view import (SERVICE_NAME, SPAN_KIND_CLIENT, RequestView, SpanView, any_value, decode_spans,
                                 is_error, read_resource, typed_decoders, value_of)
+
+from .fast.summary import summary_reader
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
 _TRIGGERS = (sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E)
@@ -121,7 +123,7 @@ def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, 
 
 
 TYPED = typed_decoders(CONVERTERS)  # decoders of encoded values into RequestSummary fields, by kind
-_read_summary = RequestSummary.encoded_reader(value_of, TYPED)
+_read_summary = summary_reader(value_of, TYPED)
 _is_error = is_error
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
@@ -176,13 +176,25 @@ SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUES
                            slo_breaches=SLO_BREACHES, inter_token=INTER_TOKEN_LATENCY)
 
 
+@dataclass(frozen=True)
+class Instruments:
+    """A metric set's instruments as created on one meter (public, so a recorder other than ``record`` can
+    bind them: the collector records lists of requests into its own aggregation backend)."""
+
+    histograms: tuple[tuple[HistogramSpec, Any], ...]
+    tokens: Any  # token usage, by ``gen_ai.token.type`` (input, output)
+    chars: Any | None
+    requests: Any
+    good: Any
+    breaches: Any | None
+    inter_token: tuple[Any, Any] | None = None  # (its spec, the histogram): a request's gap counts, added whole
+
+
 class RequestMetrics:
     """A metric set's instruments, built once per meter; ``record`` is called once per finished request."""
 
     def __init__(self, meter: Meter, slos: SLOTable, metric_set: MetricSet,
-                 extra_attributes: dict[str, Any] | None = None, label_sets: "LabelSetCache | None" = None) -> None:
-        """``label_sets``: where bound label sets are remembered (default: the first 4096); the collector
-        passes one cache with a byte budget, shared by all services."""
+                 extra_attributes: dict[str, Any] | None = None) -> None:
         self._slos = slos
         self._extra = dict(extra_attributes or {})
         self._histograms = [
@@ -200,7 +212,9 @@ class RequestMetrics:
         self._itl = (itl, meter.create_histogram(itl.name, unit=itl.unit, description=itl.description,
                                                  explicit_bucket_boundaries_advisory=list(itl.buckets))
                      ) if itl is not None else None
-        self._attr_cache: LabelSetCache = label_sets if label_sets is not None else FirstN(4096)
+        self.instruments = Instruments(tuple(self._histograms), self._tokens, self._chars, self._requests, self._good,
+                                       self._breaches, self._itl)
+        self._attr_cache = FirstN(4096)  # a process's label sets are few; a flood of new ones is not remembered
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
         return self._slos.for_model(s.model).breaches(s)
@@ -232,89 +246,35 @@ class RequestMetrics:
                 b.breaches.recorder(objective, s.slow_cause)(1, context)
         return good
 
-    def record_many(self, summaries: Sequence[RequestSummary], extra: tuple[tuple[str, Any], ...] = ()) -> int:
-        """Record a batch of requests (the collector's): the same as ``record`` for each, in order, but
-        a label set's values go to each instrument in one call where the backend takes lists
-        (``bind_many``). Returns how many met every SLO."""
-        groups: dict[tuple, list[RequestSummary]] = {}
-        for s in summaries:
-            key = (s.model, s.operation, s.provider, s.error_type)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [s]
-            else:
-                group.append(s)
-        good = 0
-        for group in groups.values():
-            b = self._bound(group[0], extra)
-            many = b.many
-            if many is None:  # a backend without list recording (the OpenTelemetry SDK)
-                for s in group:
-                    good += self.record(s, extra=extra)
-                continue
-            for value_of, record in many:
-                values = [v for v in map(value_of, group) if v is not None]
-                if values:
-                    record(values)
-            slo, n_good, breaches, itl = b.slo, 0, b.breaches, b.inter_token
-            for s in group:
-                if itl is not None and s.gaps is not None:
-                    g = s.gaps
-                    itl(g.counts, g.total, g.lo, g.hi)
-                missed = slo.breaches(s)
-                if missed:
-                    if breaches is not None:
-                        for objective in missed:
-                            breaches.recorder(objective, s.slow_cause)(1, None)
-                elif not s.failed:
-                    n_good += 1
-            if b.chars is not None:
-                # a negative count is ignored by a counter's add, so it must not lower the sum either
-                chars = [s.output_characters for s in group
-                         if s.output_characters is not None and s.output_characters >= 0]
-                if chars:
-                    b.chars(sum(chars), None)
-            b.requests(len(group), None)
-            if n_good:
-                b.good(n_good, None)
-            good += n_good
-        return good
+    def label_attributes(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+        """The label set of a request's metrics (token usage adds ``gen_ai.token.type``)."""
+        attrs = dict(self._extra)
+        attrs[sc.OPERATION_NAME] = s.operation
+        if s.provider:
+            attrs[sc.PROVIDER_NAME] = s.provider
+        if s.model:
+            attrs[sc.REQUEST_MODEL] = s.model
+        if s.error_type:
+            attrs[sc.ERROR_TYPE] = s.error_type
+        attrs.update(extra)
+        return attrs
 
     def _bound(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> "_Bound":
         key = (s.model, s.operation, s.provider, s.error_type, extra)
         found = self._attr_cache.get(key)
         if found is None:
-            attrs = dict(self._extra)
-            attrs[sc.OPERATION_NAME] = s.operation
-            if s.provider:
-                attrs[sc.PROVIDER_NAME] = s.provider
-            if s.model:
-                attrs[sc.REQUEST_MODEL] = s.model
-            if s.error_type:
-                attrs[sc.ERROR_TYPE] = s.error_type
-            attrs.update(extra)
+            attrs = self.label_attributes(s, extra)
             input_attrs, output_attrs = {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"}
-            many = [(spec.value, _bind_many(hist, attrs)) for spec, hist in self._histograms]
-            many += [(_INPUT_TOKENS, _bind_many(self._tokens, input_attrs)),
-                     (_OUTPUT_TOKENS, _bind_many(self._tokens, output_attrs))]
             found = _Bound(
                 tuple((spec.value, _bind(hist, attrs)) for spec, hist in self._histograms),
                 _bind(self._tokens, input_attrs), _bind(self._tokens, output_attrs),
                 _bind(self._chars, attrs) if self._chars is not None else None,
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
-                tuple(many) if all(record is not None for _, record in many) else None,
                 _Breaches(self._breaches, attrs) if self._breaches is not None else None,
                 bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None)
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
-
-
-class LabelSetCache(Protocol):
-    """Remembers bound label sets by key; may forget any of them (they are rebuilt on the next miss)."""
-
-    def get(self, key: tuple) -> Any: ...
-    def put(self, key: tuple, bound: Any) -> None: ...
 
 
 class FirstN:
@@ -347,8 +307,6 @@ class _Bound:
     requests: Recorder
     good: Recorder
     slo: SLO  # the model's objectives (the model is part of the label set)
-    # (value of a summary, record a list of values) per histogram, token usage last; None: no list recording
-    many: tuple[tuple[Callable[[RequestSummary], Any], Callable[[list], None]], ...] | None
     breaches: "_Breaches | None"
     inter_token: CountsRecorder | None  # adds one request's inter-token bucket counts
 
@@ -366,9 +324,7 @@ class _Breaches:
     def recorder(self, objective: str, cause: str | None) -> Recorder:
         found = self._bound.get((objective, cause))
         if found is None:
-            # the value may come from a span (the collector): only the declared causes become series
-            label = cause if cause in _CAUSES else sc.SLOW_UNKNOWN
-            found = _bind(self._counter, {**self._attributes, sc.SLO_OBJECTIVE: objective, sc.SLOW_CAUSE: label})
+            found = _bind(self._counter, breach_attributes(self._attributes, objective, cause))
             if len(self._bound) < 64:
                 self._bound[(objective, cause)] = found
         return found
@@ -377,23 +333,16 @@ class _Breaches:
 _CAUSES = frozenset(sc.SLOW_CAUSES)
 
 
-_INPUT_TOKENS = attrgetter("input_tokens")
-_OUTPUT_TOKENS = attrgetter("output_tokens")
-
-
-def _bind_many(instrument: Any, attributes: dict) -> Callable[[list], None] | None:
-    """``instrument.bind_many(attributes)`` (record a list of values in one call) where the backend has it."""
-    bind_many = getattr(instrument, "bind_many", None)
-    return bind_many(attributes) if bind_many is not None else None
+def breach_attributes(attributes: dict, objective: str, cause: str | None) -> dict:
+    """A breach counter's label set: the request's, the objective missed and the slow cause. The cause may
+    come from a span (the collector): only the declared causes become label values, others ``unknown``."""
+    return {**attributes, sc.SLO_OBJECTIVE: objective, sc.SLOW_CAUSE: cause if cause in _CAUSES else sc.SLOW_UNKNOWN}
 
 
 def _bind(instrument: Any, attributes: dict) -> Recorder:
-    """``instrument.bind(attributes)`` where the backend offers it (the collector's aggregation backend
-    resolves the series once); for the OpenTelemetry SDK's instruments, ``sdk_metrics.bind_value``."""
-    bind = getattr(instrument, "bind", None)
-    if bind is not None:
-        return bind(attributes)
-    return bind_value(instrument, attributes)  # the SDK's own aggregations, without its per-call machinery
+    """A recorder for one label set: ``sdk_metrics.bind_value`` (the SDK's own aggregations without its per-call
+    machinery; a closure over ``record`` / ``add`` for any other instrument)."""
+    return bind_value(instrument, attributes)
 
 
 # Recorded by the collector, which sees a client's call and the server's request in one trace.
@@ -403,9 +352,8 @@ CLIENT_OVERHEAD = InstrumentSpec(sc.CLIENT_OVERHEAD_TTFC, "s",
 
 
 class ServerMetrics(RequestMetrics):
-    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None,
-                 label_sets: LabelSetCache | None = None) -> None:
-        super().__init__(meter, slos, SERVER_METRICS, extra_attributes, label_sets)
+    def __init__(self, meter: Meter, slos: SLOTable, extra_attributes: dict[str, Any] | None = None) -> None:
+        super().__init__(meter, slos, SERVER_METRICS, extra_attributes)
 
 
 # -- engine steps and the GPU (core/diagnosis): one row per instrument -----------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import MappingProxyType
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -74,34 +75,6 @@ class RequestSummary:
         return None
 
     @classmethod
-    def encoded_reader(cls, decode: Callable[[Any], Any], typed: "Mapping[str, Callable[[Any], Any]] | None" = None
-                       ) -> "Callable[[Mapping[str, Any]], RequestSummary | None]":
-        """``from_attributes`` over still-encoded values, as a function of a span's encoded attribute map:
-        what the collector calls per request span. ``decode`` turns one encoded value into what
-        ``from_attributes`` would read; for our spans only the attributes the derivation uses are decoded,
-        in the same pass that fills the summary. ``typed``: optional cheaper decoders by kind
-        (``CONVERTERS``' keys), each returning exactly ``CONVERTERS[kind](decode(value))``; kinds it
-        lacks are composed from ``decode``."""
-        composed = {k: (lambda conv: lambda raw: conv(decode(raw)))(conv) for k, conv in CONVERTERS.items()}
-        table = {key: (i, (typed or {}).get(k) or composed[k]) for key, (i, k) in _KINDS.items()}
-        finish, from_native = cls._finish, cls._from_native
-        n, e2e, ttft, vllm_ttft, vllm_e2e = _N_FIELDS, sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E
-
-        def read(encoded: Mapping[str, Any]) -> "RequestSummary | None":
-            if e2e in encoded or ttft in encoded:
-                values: list[Any] = [None] * n
-                get = table.get
-                for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
-                    slot = get(key)
-                    if slot is not None:
-                        values[slot[0]] = slot[1](encoded[key])
-                return finish(values)
-            if vllm_ttft in encoded or vllm_e2e in encoded:
-                return from_native({key: decode(encoded[key]) for key in encoded})
-            return None
-        return read
-
-    @classmethod
     def _from_ours(cls, a: Mapping[str, Any]) -> "RequestSummary":
         # One pass over the span's attributes through a key -> (field, converter) table, then a positional
         # construction: the collector runs this for every request span, and sixteen lookups plus a
@@ -112,10 +85,12 @@ class RequestSummary:
             slot = table.get(key)
             if slot is not None:
                 values[slot[0]] = slot[1](raw)
-        return cls._finish(values)
+        return cls.from_slots(values)
 
     @classmethod
-    def _finish(cls, values: list[Any]) -> "RequestSummary":
+    def from_slots(cls, values: list[Any]) -> "RequestSummary":
+        """A summary from its fields' values in declaration order (``ATTRIBUTE_SLOTS`` gives each attribute's
+        position), absent ones ``None``: the defaults filled in as ``from_attributes`` fills them."""
         if values[_OPERATION] is None:
             values[_OPERATION] = "text_completion"
         if not values[_PREEMPTIONS]:
@@ -195,7 +170,7 @@ def _first(v: Any) -> str | None:
     return None
 
 
-# How ``_from_ours`` converts a value read for a field, by kind (``encoded_reader``'s ``typed`` keys).
+# How ``_from_ours`` converts a value read for a field, by kind (the kinds of ``ATTRIBUTE_SLOTS``).
 CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first}
 
 # Our attribute names -> (position in RequestSummary's fields, converter kind), for ``_from_ours``.
@@ -228,3 +203,7 @@ _KINDS: dict[str, tuple[int, str]] = {
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)
 ATTRIBUTE_OF_FIELD: dict[str, str] = {_FIELDS[i]: key for key, (i, _) in _KINDS.items()}
 _OURS: dict[str, tuple[int, Callable[[Any], Any]]] = {key: (i, CONVERTERS[k]) for key, (i, k) in _KINDS.items()}
+# Public: our attribute name -> (position in RequestSummary's fields, CONVERTERS kind). With ``CONVERTERS``
+# and ``RequestSummary.from_slots`` it is the derivation ``from_attributes`` makes for our spans, for a
+# reader that gets values another way (the collector reads them from still-encoded span attributes).
+ATTRIBUTE_SLOTS: Mapping[str, tuple[int, str]] = MappingProxyType(_KINDS)

@@ -15,10 +15,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 
-from otel_llm.core.metrics import ServerMetrics
+from otel_llm.core.metrics import FirstN, ServerMetrics
 from otel_llm.core.slo import SLOTable
 from otel_llm.core.summary import RequestSummary
 from otel_llm_collector.aggregation import CARDINALITY_LIMIT, AggregationBackend
+from otel_llm_collector.fast.metrics import BatchMetrics
 from otel_llm_collector.prometheus import OtelBridge
 
 SLOS = SLOTable.parse("ttft=0.5,tpot=0.05; big: ttft=2")
@@ -45,7 +46,8 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
 
 def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: bool = False,
                 batched: bool = False):
-    """The SDK records one request at a time; the backend too, or (``batched``) in lists through ``record_many``."""
+    """The SDK records one request at a time; the backend too, or (``batched``) in lists through the collector's
+    ``BatchMetrics`` (what the gateway records with)."""
     reader = InMemoryMetricReader()
     sdk = MeterProvider(metric_readers=[reader])
     fast = AggregationBackend(caller_locks=caller_locks)
@@ -55,10 +57,12 @@ def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: 
         per_service = [ServerMetrics(meter, SLOS, {"service.name": s}) for s in services]
         if batched and provider is fast:
             good[provider] = 0
+            batch = BatchMetrics(meter, SLOS, FirstN(4096))
             for start in range(0, len(items), 97):  # batches that split label sets and services unevenly
                 chunk = list(enumerate(items))[start:start + 97]
-                for k, metrics in enumerate(per_service):
-                    good[provider] += metrics.record_many([s for i, s in chunk if i % len(per_service) == k])
+                for k, service in enumerate(services):
+                    good[provider] += batch.record([s for i, s in chunk if i % len(services) == k],
+                                                   (("service.name", service),))
         else:
             good[provider] = sum(per_service[i % len(per_service)].record(s) for i, s in enumerate(items))
     assert good[sdk] == good[fast]

@@ -1,0 +1,129 @@
+"""The core's server metrics, recorded a list of requests at a time into the collector's aggregation backend.
+
+The instruments are the core's (``ServerMetrics`` creates them from its table on the backend's meter, and
+hands them out as ``Instruments``); so are the label sets (``label_attributes``, ``breach_attributes``) and
+the SLO judgement. What is the collector's own: requests are grouped by label set and each histogram gets
+the group's values in one call (``bind_many``), each counter one ``add`` per group. Same points as
+``ServerMetrics.record`` one request at a time (tests/collector/test_aggregation.py holds them against the
+OpenTelemetry SDK).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Protocol, Sequence
+
+from otel_llm.core import semconv as sc
+from otel_llm.core.metrics import ServerMetrics, breach_attributes
+from otel_llm.core.slo import SLO, SLOTable
+from otel_llm.core.summary import RequestSummary
+
+from ..aggregation import AggregatingMeter
+
+Extra = tuple[tuple[str, Any], ...]
+_INPUT_TOKENS = attrgetter("input_tokens")
+_OUTPUT_TOKENS = attrgetter("output_tokens")
+
+
+class LabelSetCache(Protocol):
+    """Remembers bound label sets by key; may forget any of them (they are bound again on the next miss)."""
+
+    def get(self, key: tuple) -> Any: ...
+    def put(self, key: tuple, bound: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSet:
+    """One label set's recorders, bound once: (value of a summary, record a list of values) per histogram
+    (token usage last), the counters' adds, the model's SLO and the breach counter's label set."""
+
+    attributes: dict
+    histograms: tuple[tuple[Callable[[RequestSummary], Any], Callable[[list], None]], ...]
+    chars: Callable[..., None] | None
+    requests: Callable[..., None]
+    good: Callable[..., None]
+    slo: SLO
+    breaches: "_Breaches | None"
+
+
+class BatchMetrics:
+    """``ServerMetrics`` for lists of requests, on an ``AggregatingMeter`` (which binds label sets once)."""
+
+    def __init__(self, meter: AggregatingMeter, slos: SLOTable, label_sets: LabelSetCache) -> None:
+        self._core = ServerMetrics(meter, slos)  # creates the core's instruments from its table, on this meter
+        self._instruments = self._core.instruments
+        self._slos = slos
+        self._cache = label_sets
+
+    def record(self, summaries: Sequence[RequestSummary], extra: Extra = ()) -> int:
+        """Record a batch of requests (the same points as ``ServerMetrics.record`` for each, in order);
+        returns how many met every SLO."""
+        groups: dict[tuple, list[RequestSummary]] = {}
+        for s in summaries:
+            key = (s.model, s.operation, s.provider, s.error_type)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [s]
+            else:
+                group.append(s)
+        good = 0
+        for key, group in groups.items():
+            b = self._bound(key + (extra,), group[0], extra)
+            for value_of, record in b.histograms:
+                values = [v for v in map(value_of, group) if v is not None]
+                if values:
+                    record(values)
+            slo, n_good, breaches = b.slo, 0, b.breaches
+            for s in group:
+                missed = slo.breaches(s)
+                if missed:
+                    if breaches is not None:
+                        for objective in missed:
+                            breaches.recorder(objective, s.slow_cause)(1)
+                elif s.error_type is None:
+                    n_good += 1
+            if b.chars is not None:
+                # a negative count is ignored by a counter's add, so it must not lower the sum either
+                chars = [s.output_characters for s in group
+                         if s.output_characters is not None and s.output_characters >= 0]
+                if chars:
+                    b.chars(sum(chars))
+            b.requests(len(group))
+            if n_good:
+                b.good(n_good)
+            good += n_good
+        return good
+
+    def _bound(self, key: tuple, s: RequestSummary, extra: Extra) -> BoundSet:
+        found = self._cache.get(key)
+        if found is None:
+            ins = self._instruments
+            attrs = self._core.label_attributes(s, extra)
+            histograms = [(spec.value, hist.bind_many(attrs)) for spec, hist in ins.histograms]
+            histograms += [(_INPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "input"})),
+                           (_OUTPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "output"}))]
+            found = BoundSet(attrs, tuple(histograms), ins.chars.bind(attrs) if ins.chars is not None else None,
+                             ins.requests.bind(attrs), ins.good.bind(attrs), self._slos.for_model(s.model),
+                             _Breaches(ins.breaches, attrs) if ins.breaches is not None else None)
+            self._cache.put(key, found)  # bounded by the cache: label values come from clients
+        return found
+
+
+class _Breaches:
+    """The breach counter for one label set: an ``add`` per (objective, cause), bound on first use."""
+
+    __slots__ = ("_counter", "_attributes", "_bound")
+
+    def __init__(self, counter: Any, attributes: dict) -> None:
+        self._counter = counter
+        self._attributes = attributes
+        self._bound: dict[tuple[str, str | None], Callable[..., None]] = {}
+
+    def recorder(self, objective: str, cause: str | None) -> Callable[..., None]:
+        found = self._bound.get((objective, cause))
+        if found is None:
+            found = self._counter.bind(breach_attributes(self._attributes, objective, cause))
+            if len(self._bound) < 64:
+                self._bound[(objective, cause)] = found
+        return found
