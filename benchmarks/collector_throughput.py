@@ -13,6 +13,12 @@ Prints a table and writes benchmarks/results/collector_throughput.json (full run
 * loopback: the same through the OTLP/gRPC receiver, with a load client and an export sink in child
   processes; gateway CPU time only; ``--runs`` runs per shape (default 3), each on a fresh gateway, median reported. The client sends unique trace ids (copies with fresh ids). The
   gateway process is tuned as the CLI tunes it after start-up (``cli.tune_process``: ``gc.freeze()``).
+* ceiling: a plain protobuf parse-and-touch loop over the same requests, in the same process and run: the
+  full OTLP classes parse each request, then every field of every span (ids, name, kind, flags, state,
+  times, each attribute's key and value, events, links, status) and of its resource and scope is read.
+  Measured in rounds interleaved with the gateway's, so the gateway's CPU per span is reported as a
+  multiple of it (``x_ceiling``): absolute rates do not carry between machines, this ratio does
+  (target: <= 3x at shape 1 over loopback). ``parse_only`` is the parse without touching.
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
 * --root: import the collector and the core from another checkout (e.g. a `git worktree` of an older
@@ -117,6 +123,74 @@ def unique_copies(payloads: list[bytes], n: int, seed: int) -> list[bytes]:
                     span.trace_id = tid
         out.append(req.SerializeToString())
     return out
+
+
+def parse_and_touch(payloads: list[bytes]) -> int:
+    """The ceiling: parse each request with the full OTLP classes and read every field of every span."""
+    n = 0
+    for p in payloads:
+        req = ExportTraceServiceRequest.FromString(p)
+        for rs in req.resource_spans:
+            for kv in rs.resource.attributes:
+                _touch_value(kv.key, kv.value)
+            for ss in rs.scope_spans:
+                ss.scope.name, ss.scope.version, ss.schema_url
+                for s in ss.spans:
+                    s.trace_id, s.span_id, s.parent_span_id, s.trace_state, s.flags, s.name, s.kind
+                    s.start_time_unix_nano, s.end_time_unix_nano
+                    for kv in s.attributes:
+                        _touch_value(kv.key, kv.value)
+                    for e in s.events:
+                        e.time_unix_nano, e.name
+                        for kv in e.attributes:
+                            _touch_value(kv.key, kv.value)
+                    for link in s.links:
+                        link.trace_id, link.span_id
+                    s.status.code, s.status.message
+                    n += 1
+    return n
+
+
+def _touch_value(key: str, value: AnyValue) -> None:
+    kind = value.WhichOneof("value")
+    if kind is not None:
+        getattr(value, kind)
+
+
+def parse_only(payloads: list[bytes]) -> None:
+    for p in payloads:
+        ExportTraceServiceRequest.FromString(p)
+
+
+class Ceiling:
+    """The parse-and-touch loop's CPU per span over one shape's requests, in rounds (call ``round`` between
+    the gateway's rounds, so both see the same machine); the median round is reported."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+        self.spans = sum(span_count(p) for p in payloads)
+        self.touch_us: list[float] = []
+        self.parse_us: list[float] = []
+
+    def round(self) -> None:
+        c0 = time.process_time()
+        parse_only(self.payloads)
+        c1 = time.process_time()
+        parse_and_touch(self.payloads)
+        c2 = time.process_time()
+        self.parse_us.append((c1 - c0) / self.spans * 1e6)
+        self.touch_us.append((c2 - c1) / self.spans * 1e6)
+
+    @property
+    def us_per_span(self) -> float:
+        return statistics.median(self.touch_us)
+
+    def report(self, gateway_us_per_span: float) -> dict:
+        return {"parse_touch_us_per_span": round(self.us_per_span, 3),
+                "parse_only_us_per_span": round(statistics.median(self.parse_us), 3),
+                "ceiling_rounds": len(self.touch_us),
+                "gateway_us_per_span": round(gateway_us_per_span, 3),
+                "x_ceiling": round(gateway_us_per_span / self.us_per_span, 2)}
 
 
 def span_count(payload: bytes) -> int:
@@ -228,8 +302,10 @@ def bench_ingest(shape: int, seconds: float) -> dict:
     n_spans = sum(span_count(p) for p in payloads)
     rates, spans, cpu_total, kept = [], 0, 0.0, 0
     takes_raw = "raw" in inspect.signature(Gateway.ingest).parameters
+    ceiling = Ceiling(payloads)
     start = time.monotonic()
     while time.monotonic() - start < seconds or len(rates) < 5:
+        ceiling.round()  # interleaved: the same machine state as the gateway's round after it
         g = Gateway(config(None), manual_ticks=True)
         sink = NullExporter()
         g.exporters = [sink]
@@ -248,9 +324,11 @@ def bench_ingest(shape: int, seconds: float) -> dict:
         cpu_total += cpu
         kept += sink.spans
     q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
+    median = statistics.median(rates)
     return {"shape": shape, "spans": spans, "rounds": len(rates), "cpu_s": round(cpu_total, 2),
-            "kept_share": round(kept / spans, 3), "spans_per_cpu_s": round(statistics.median(rates)),
-            "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates))}
+            "kept_share": round(kept / spans, 3), "spans_per_cpu_s": round(median),
+            "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates)),
+            **ceiling.report(1e6 / median)}
 
 
 def as_deployed(g: Gateway) -> Gateway:
@@ -260,8 +338,11 @@ def as_deployed(g: Gateway) -> Gateway:
     return g
 
 
-def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float) -> dict:
+def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float,
+                   ceiling: Ceiling | None = None) -> dict:
     payloads = build_requests(shape, 20, seed=shape)
+    if ceiling is not None:
+        ceiling.round()  # before and after the run: the same machine state as the gateway's
     g = as_deployed(Gateway(config(sink, grpc_on=True)).start())
     q, ready = ctx.Queue(), ctx.Event()
     unique = int(expected_spans_s * seconds * 1.5 / SPANS_PER_REQUEST) + 20
@@ -276,16 +357,19 @@ def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s:
     spans = g.telemetry.total("receiver_accepted_spans")
     sent = g.telemetry.total("exporter_sent_spans")
     g.shutdown()
+    if ceiling is not None:
+        ceiling.round()
     return {"shape": shape, "spans": int(spans), "exported_spans": int(sent), "gateway_cpu_s": round(cpu, 2),
             "spans_per_cpu_s": round(spans / cpu), "wall_spans_per_s": round(spans / seconds), **res}
 
 
 def loopback_runs(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float, runs: int) -> dict:
     """``runs`` loopback runs (each on a fresh gateway); the median run's numbers, with every run's rate."""
-    all_runs = [bench_loopback(shape, seconds, ctx, sink, expected_spans_s) for _ in range(runs)]
+    ceiling = Ceiling(build_requests(shape, 20, seed=shape))
+    all_runs = [bench_loopback(shape, seconds, ctx, sink, expected_spans_s, ceiling) for _ in range(runs)]
     rates = [r["spans_per_cpu_s"] for r in all_runs]
     median = sorted(all_runs, key=lambda r: r["spans_per_cpu_s"])[len(all_runs) // 2]
-    return {**median, "runs": runs, "spans_per_cpu_s_each": rates}
+    return {**median, "runs": runs, "spans_per_cpu_s_each": rates, **ceiling.report(1e6 / median["spans_per_cpu_s"])}
 
 
 def bench_memory(n_spans: int = 200_000) -> dict:
@@ -346,7 +430,9 @@ def main() -> None:
     ap.add_argument("--only", default="ingest,loopback,memory,overload")
     ap.add_argument("--root", default=None, help="measure the collector and core of another checkout")
     ap.add_argument("--runs", type=int, default=3, help="loopback runs per shape (the median is reported)")
+    ap.add_argument("--shapes", default="1,10,200", help="trace shapes (spans per trace) to measure")
     args = ap.parse_args()
+    shapes = tuple(int(s) for s in args.shapes.split(","))
     phases = set(args.only.split(","))
     ctx = mp.get_context("spawn")
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
@@ -359,10 +445,10 @@ def main() -> None:
         sink_proc.start()
         sink = f"127.0.0.1:{port_q.get()}"
     if "ingest" in phases or "loopback" in phases:
-        results["ingest"] = [bench_ingest(s, args.seconds) for s in (1, 10, 200)]
+        results["ingest"] = [bench_ingest(s, args.seconds) for s in shapes]
     if "loopback" in phases:
         results["loopback_grpc"] = [loopback_runs(s, args.seconds, ctx, sink, r["spans_per_cpu_s"], args.runs)
-                                    for s, r in zip((1, 10, 200), results["ingest"])]
+                                    for s, r in zip(shapes, results["ingest"])]
     if "memory" in phases:
         results["memory"] = bench_memory()
     if "overload" in phases:
@@ -372,14 +458,18 @@ def main() -> None:
         sink_proc.terminate()
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    print(f"{'path':<14}{'shape':>6}{'spans':>10}{'spans/s/core':>14}  spread")
+    print(f"{'path':<14}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
     for r in results.get("ingest", []):
-        print(f"{'ingest':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}  median of {r['rounds']} "
+        print(f"{'ingest':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}{r['gateway_us_per_span']:>9.2f}"
+              f"{r['parse_touch_us_per_span']:>9.2f}{r['x_ceiling']:>8.2f}  median of {r['rounds']} "
               f"rounds, p25-p75 {r['p25']}-{r['p75']}, min-max {r['min']}-{r['max']}")
     for r in results.get("loopback_grpc", []):
-        print(f"{'loopback_grpc':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}  median of "
+        print(f"{'loopback_grpc':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}"
+              f"{r['gateway_us_per_span']:>9.2f}{r['parse_touch_us_per_span']:>9.2f}{r['x_ceiling']:>8.2f}  median of "
               f"{r['runs']} runs {r['spans_per_cpu_s_each']}, wall {r['wall_spans_per_s']} spans/s, "
               f"repeated payloads {r['repeated_payloads']}")
+    print("ceiling: full OTLP classes parse + read every field of every span (parse only: "
+          + ", ".join(f"shape {r['shape']} {r['parse_only_us_per_span']} us" for r in results.get("ingest", [])) + ")")
     if "memory" in results:
         m = results["memory"]
         print(f"memory: {m['rss_bytes_per_span']} B RSS per buffered span ({m['encoded_bytes_per_span']} B encoded)")
@@ -391,7 +481,7 @@ def main() -> None:
               f"{o['rss_mb_second_half_max']} MB (2nd half), peak {o['peak_rss_mb']} MB")
     print(f"load average (1, 5, 15 min): start {results['machine']['loadavg_at_start']}, "
           f"end {results['machine']['loadavg_at_end']}")
-    if args.root is None and phases == {"ingest", "loopback", "memory", "overload"}:
+    if args.root is None and phases == {"ingest", "loopback", "memory", "overload"} and shapes == (1, 10, 200):
         out = Path(__file__).resolve().parent / "results" / "collector_throughput.json"
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(f"written {out}")

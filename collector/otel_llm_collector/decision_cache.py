@@ -28,6 +28,11 @@ class DecisionCache:
         if len(current) >= self._size:
             self._previous, self._current = current, set()
 
+    def generations(self) -> tuple[set[bytes], set[bytes]]:
+        """The two sets (``id in a or id in b`` is ``id in self``, without a method call per id); valid until
+        the next ``add``, which may start a new generation."""
+        return self._current, self._previous
+
     def __contains__(self, trace_id: bytes) -> bool:
         return trace_id in self._current or trace_id in self._previous
 

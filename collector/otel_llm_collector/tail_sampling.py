@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
-from otel_llm.core.sampling import NOT_SAMPLED, Decision, Policy, TraceView, Verdict, first_match
+from otel_llm.core.sampling import NOT_SAMPLED, Policy, TraceView, Verdict
 from otel_llm.core.summary import RequestSummary
 
 from .config import TailSamplingConfig
@@ -33,7 +33,7 @@ from .telemetry import GatewayMetrics
 Clock = Callable[[], float]
 Item = tuple[Group, bytes]  # (resource and scope, encoded span), as spans.encode_request takes them
 Emit = Callable[[list[Item]], None]
-_SAMPLED = Verdict.SAMPLED
+_SAMPLED, _DROPPED = Verdict.SAMPLED, Verdict.DROPPED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 _NO_ATTRIBUTES: dict[str, list] = {}
 
@@ -109,8 +109,11 @@ class TailSampler:
         out: list[Item] = []
         late_sampled = late_dropped = 0
         decided: dict[tuple[str, str], int] = {}
-        traces, sampled, not_sampled = self._traces, self._sampled, self._not_sampled
+        traces = self._traces
         with self._lock:
+            # no decision is made in the loop below, so the decision caches' sets stay the same through it
+            sampled, sampled_before = self._sampled.generations()
+            not_sampled, not_sampled_before = self._not_sampled.generations()
             # under the lock: a compaction (in another add) replaces the queues
             due_root, due_first = self._due_root.append, self._due_first.append
             now = self._clock()
@@ -122,12 +125,12 @@ class TailSampler:
                 added += size
                 trace = traces.get(tid)
                 if trace is None:
-                    if tid in sampled:
+                    if tid in sampled or tid in sampled_before:
                         late_sampled += 1
                         out.append((group, raw))
                         added -= size
                         continue
-                    if tid in not_sampled:
+                    if tid in not_sampled or tid in not_sampled_before:
                         late_dropped += 1
                         added -= size
                         continue
@@ -189,7 +192,7 @@ class TailSampler:
             reason = "num_traces" if len(self._traces) > self.cfg.num_traces else "max_buffer_bytes"
             _, oldest = self._traces.popitem(last=False)
             self._t.inc("sampling_evictions", reason=reason)
-            self._decide(oldest, out, decided)
+            self._decide([oldest], out, decided)
         limit = 4 * max(len(self._traces), 1024)
         if len(self._due_root) + len(self._due_first) > limit:  # drop stale entries left by evictions
             traces = self._traces
@@ -202,10 +205,11 @@ class TailSampler:
         """Decide every trace that is due; returns how many were decided."""
         out: list[Item] = []
         decided: dict[tuple[str, str], int] = {}
-        n = 0
+        due: list[PendingTrace] = []
         with self._lock:
             now = self._clock()
             traces, root, first = self._traces, self._due_root, self._due_first
+            pop = traces.pop
             while True:  # the earlier of the two queues' heads first: decisions in time order
                 if root and root[0][0] <= now and not (first and first[0][0] < root[0][0]):
                     at, tid = root.popleft()
@@ -216,9 +220,11 @@ class TailSampler:
                 trace = traces.get(tid)
                 if trace is None or trace.decide_at != at:
                     continue  # already decided, or moved to an earlier entry
-                del traces[tid]
-                self._decide(trace, out, decided)
-                n += 1
+                pop(tid)
+                due.append(trace)
+            n = len(due)
+            if due:
+                self._decide(due, out, decided)
             self._gauges()
         self._count(decided)
         if out:
@@ -234,27 +240,53 @@ class TailSampler:
             self._traces.clear()
             self._due_root.clear()
             self._due_first.clear()
-            for trace in traces:
-                self._decide(trace, out, decided)
+            self._decide(traces, out, decided)
             self._gauges()
         self._count(decided)
         if out:
             self._emit(out)
         return len(traces)
 
-    def _decide(self, trace: PendingTrace, out: list[Item], decided: dict[tuple[str, str], int]) -> Decision:
-        self._bytes -= trace.nbytes
-        decision = first_match(self.policies, trace.view(), self._policy_failed)
-        # counted once per batch (a labelled inc costs microseconds); most traces get the shared NOT_SAMPLED
-        key = _NOT_SAMPLED_KEY if decision is NOT_SAMPLED else (decision.reason.split(":", 1)[0] or "none",
-                                                               decision.verdict.value)
-        decided[key] = decided.get(key, 0) + 1
-        if decision.verdict is _SAMPLED:
-            self._sampled.add(trace.key)
-            out.extend(trace.items)
-        else:
-            self._not_sampled.add(trace.key)
-        return decision
+    def _decide(self, due: list[PendingTrace], out: list[Item], decided: dict[tuple[str, str], int]) -> None:
+        """Decide traces taken out of the buffer, in order: the policies' votes as ``first_match`` combines
+        them (an explicit drop wins, else the first SAMPLED vote; a policy that raises is no vote, counted),
+        in one loop over the traces (a decision per received request span at shape 1: the calls count)."""
+        policies, on_error = self.policies, self._policy_failed
+        keep, forget = self._sampled.add, self._not_sampled.add
+        not_sampled, released = 0, 0
+        for trace in due:
+            released += trace.nbytes
+            trace.view()
+            chosen = NOT_SAMPLED
+            for policy in policies:
+                try:
+                    decision = policy.evaluate(trace)
+                except Exception as exc:  # a broken policy must not break the pipeline: no vote
+                    on_error(policy, exc)
+                    continue
+                if decision is NOT_SAMPLED:  # the shared "no": most votes
+                    continue
+                verdict = decision.verdict
+                if verdict is _DROPPED:
+                    chosen = decision
+                    break
+                if verdict is _SAMPLED and chosen is NOT_SAMPLED:
+                    chosen = decision
+            if chosen is NOT_SAMPLED:
+                not_sampled += 1
+                forget(trace.key)
+                continue
+            # counted once per batch (a labelled inc costs microseconds)
+            key = (chosen.reason.split(":", 1)[0] or "none", chosen.verdict.value)
+            decided[key] = decided.get(key, 0) + 1
+            if chosen.verdict is _SAMPLED:
+                keep(trace.key)
+                out.extend(trace.items)
+            else:
+                forget(trace.key)
+        self._bytes -= released
+        if not_sampled:
+            decided[_NOT_SAMPLED_KEY] = decided.get(_NOT_SAMPLED_KEY, 0) + not_sampled
 
     def _count(self, decided: dict[tuple[str, str], int]) -> None:
         for (policy, verdict), n in decided.items():

@@ -82,7 +82,7 @@ def test_extract_keeps_each_span_as_received_and_the_last_of_repeated_keys() -> 
 
 
 def test_receive_path_facts_equal_the_cores_derivation_over_full_class_attributes() -> None:
-    """``extract`` decodes only what ``RequestSummary.encoded_reader`` reads: same summary, source and reason
+    """``extract`` decodes only what ``fast.summary``'s reader reads: same summary, source and reason
     as ``request_facts`` over the full classes' attribute dict, for ours, native, odd-typed and plain spans."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
