@@ -113,21 +113,25 @@ class LLMMetricsProcessor:
         by_service: dict[Any, list] = {}
         n = self._max_len
         overflowed = 0
+        admitted_of = self._admitted.get
         for r in requests:
             s = r.summary
-            for name in _LABEL_FIELDS:  # cut client-chosen label values (rarely long: a cheap test first)
-                v = getattr(s, name)
-                if v is not None and len(v) > n:
-                    setattr(s, name, v[:n])
-                    self._telemetry.inc("llm_metrics_labels_truncated", label=name)
             service = r.service
-            if len(service) > n:
-                service = service[:n]
-                self._telemetry.inc("llm_metrics_labels_truncated", label="service")
             key = (s.model, s.operation, s.provider, s.error_type)
-            admitted = self._admitted.get(service)
+            admitted = admitted_of(service)
+            # an admitted label set's values (and its service) were cut already: only a new one is looked at
             if admitted is None or key not in admitted:
-                if not self._admit(service, admitted, key):
+                for name in _LABEL_FIELDS:  # cut client-chosen label values
+                    v = getattr(s, name)
+                    if v is not None and len(v) > n:
+                        setattr(s, name, v[:n])
+                        self._telemetry.inc("llm_metrics_labels_truncated", label=name)
+                if len(service) > n:
+                    service = service[:n]
+                    self._telemetry.inc("llm_metrics_labels_truncated", label="service")
+                key = (s.model, s.operation, s.provider, s.error_type)
+                admitted = admitted_of(service)
+                if (admitted is None or key not in admitted) and not self._admit(service, admitted, key):
                     s = _overflow(s)
                     service = self._overflow_group(service)
                     overflowed += 1

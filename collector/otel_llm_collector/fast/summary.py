@@ -16,6 +16,7 @@ from otel_llm.core.summary import ATTRIBUTE_SLOTS, CONVERTERS, RequestSummary
 Decode = Callable[[Any], Any]
 Reader = Callable[[Mapping[str, Any]], "RequestSummary | None"]
 _N = len(RequestSummary.__slots__)
+MAX_PLANS = 256  # attribute-key sets remembered (they come from clients: bounded, then read key by key)
 
 
 def summary_reader(decode: Decode, typed: Mapping[str, Decode] | None = None) -> Reader:
@@ -34,15 +35,21 @@ def summary_reader(decode: Decode, typed: Mapping[str, Decode] | None = None) ->
     from_slots, from_attributes = RequestSummary.from_slots, RequestSummary.from_attributes
     e2e, ttft, vllm_ttft, vllm_e2e = sc.LATENCY_E2E, sc.LATENCY_TTFT, sc.VLLM_TTFT, sc.VLLM_E2E
     nones = [None] * _N
+    # a span's attribute keys (in the map's order) -> (key, field position, decoder) of the ones read: a
+    # sender's request spans carry the same keys again and again, so the lookups are made once per key set
+    plans: dict[tuple[str, ...], tuple[tuple[str, int, Decode], ...]] = {}
 
     def read(encoded: Mapping[str, Any]) -> RequestSummary | None:
         if e2e in encoded or ttft in encoded:
             values = nones[:]
-            get = index.get
-            for key in encoded:  # keys, then one lookup: a upb map's items() is a slow Python-level view
-                i = get(key)
-                if i is not None:
-                    values[i] = decoders[i](encoded[key])  # type: ignore[misc]
+            keys = tuple(encoded)  # keys, then one lookup each: a upb map's items() is a slow Python-level view
+            plan = plans.get(keys)
+            if plan is None:
+                plan = tuple((key, index[key], decoders[index[key]]) for key in keys if key in index)  # type: ignore[misc]
+                if len(plans) < MAX_PLANS:
+                    plans[keys] = plan
+            for key, i, decode_one in plan:
+                values[i] = decode_one(encoded[key])
             return from_slots(values)
         if vllm_ttft in encoded or vllm_e2e in encoded:
             return from_attributes({key: decode(encoded[key]) for key in encoded})
