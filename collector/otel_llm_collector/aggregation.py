@@ -33,6 +33,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry.sdk.metrics.export import (AggregationTemporality, Histogram, HistogramDataPoint, Metric,
@@ -235,7 +236,8 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
     call than a method). The series is looked up on the first value recorded, not at binding: a label
     set never recorded has no series, and the cardinality limit counts first use, as with ``record``.
     ``locked=False``: the caller holds the backend's lock (see ``AggregationBackend``)."""
-    boundaries, lock = inst.boundaries, inst._lock
+    lock = inst._lock
+    locate = partial(bisect_left, inst.boundaries)  # value -> its bucket, as in record
     series: list[_HistogramSeries] = []
 
     def add(values: list) -> None:
@@ -243,17 +245,20 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
         if not kept:
             return  # and no series for a label set with nothing recorded, as with record
         s = series[0] if series else _first(inst, attributes, series)
-        counts, total, low, high = s.counts, s.sum, s.min, s.max
+        total = s.sum
         if total + sum(kept) == _INF:  # some value would make the sum +Inf: take them one by one
             kept = _finite_prefix_sums(inst, total, kept)
-        for v in kept:
-            counts[bisect_left(boundaries, v)] += 1
-            total += v  # in order, as one record per value would add them
-            if v < low:
-                low = v
-            if v > high:
-                high = v
-        s.sum, s.min, s.max = total, low, high
+            if not kept:
+                return
+        counts = s.counts
+        for i in map(locate, kept):  # the bucket search in C; one increment per value here
+            counts[i] += 1
+        s.sum = sum(kept, total)  # left to right from the running sum (Python >= 3.12 compensates rounding)
+        low, high = min(kept), max(kept)
+        if low < s.min:
+            s.min = low
+        if high > s.max:
+            s.max = high
 
     def record_many(values: list) -> None:
         with lock:
