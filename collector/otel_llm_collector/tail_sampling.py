@@ -22,7 +22,7 @@ import threading
 from collections import OrderedDict, deque
 from typing import Callable, Sequence
 
-from otel_llm.core.sampling import NOT_SAMPLED, Policy, TraceView, Verdict
+from otel_llm.core.sampling import NOT_SAMPLED, Policy, TraceView, Verdict, first_match
 from otel_llm.core.summary import RequestSummary
 
 from .config import TailSamplingConfig
@@ -33,7 +33,7 @@ from .telemetry import GatewayMetrics
 Clock = Callable[[], float]
 Item = tuple[Group, bytes]  # (resource and scope, encoded span), as spans.encode_request takes them
 Emit = Callable[[list[Item]], None]
-_SAMPLED, _DROPPED = Verdict.SAMPLED, Verdict.DROPPED
+_SAMPLED = Verdict.SAMPLED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 _NO_ATTRIBUTES: dict[str, list] = {}
 
@@ -248,30 +248,15 @@ class TailSampler:
         return len(traces)
 
     def _decide(self, due: list[PendingTrace], out: list[Item], decided: dict[tuple[str, str], int]) -> None:
-        """Decide traces taken out of the buffer, in order: the policies' votes as ``first_match`` combines
-        them (an explicit drop wins, else the first SAMPLED vote; a policy that raises is no vote, counted),
-        in one loop over the traces (a decision per received request span at shape 1: the calls count)."""
+        """Decide traces taken out of the buffer, in order, with the core's ``first_match`` (an explicit drop
+        wins, else the first SAMPLED vote; a policy that raises is no vote, counted), in one loop over the
+        traces with the counters kept per batch (a decision per received request span at shape 1)."""
         policies, on_error = self.policies, self._policy_failed
         keep, forget = self._sampled.add, self._not_sampled.add
         not_sampled, released = 0, 0
         for trace in due:
             released += trace.nbytes
-            trace.view()
-            chosen = NOT_SAMPLED
-            for policy in policies:
-                try:
-                    decision = policy.evaluate(trace)
-                except Exception as exc:  # a broken policy must not break the pipeline: no vote
-                    on_error(policy, exc)
-                    continue
-                if decision is NOT_SAMPLED:  # the shared "no": most votes
-                    continue
-                verdict = decision.verdict
-                if verdict is _DROPPED:
-                    chosen = decision
-                    break
-                if verdict is _SAMPLED and chosen is NOT_SAMPLED:
-                    chosen = decision
+            chosen = first_match(policies, trace.view(), on_error)
             if chosen is NOT_SAMPLED:
                 not_sampled += 1
                 forget(trace.key)
