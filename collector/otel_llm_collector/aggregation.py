@@ -165,12 +165,9 @@ class FastHistogram(_Instrument):
             if amount > s.max:
                 s.max = amount
 
-    def bind(self, attributes: Mapping[str, Any] | None) -> Any:
-        """A recorder for one label set (the core binds its label sets once): ``record`` without the lookup."""
-        return _bound_histogram(self, attributes, not self.caller_locks)
-
     def bind_many(self, attributes: Mapping[str, Any] | None) -> Any:
-        """As ``bind``, for a list of values at a time: the same series, the same arithmetic in the same order."""
+        """A recorder of lists of values for one label set (the collector's ``fast.metrics`` binds each label
+        set once): the series ``record`` would use, the same arithmetic, values in order, without the lookup."""
         return _bound_histogram_many(self, attributes, not self.caller_locks)
 
     def _points(self, now: int) -> list[HistogramDataPoint]:
@@ -209,7 +206,7 @@ class FastCounter(_Instrument):
             s.value += amount
 
     def bind(self, attributes: Mapping[str, Any] | None) -> Any:
-        """An ``add`` for one label set, as ``FastHistogram.bind``."""
+        """An ``add`` for one label set, bound once (as ``FastHistogram.bind_many``)."""
         return _bound_counter(self, attributes, not self.caller_locks)
 
     def _points(self, now: int) -> list[NumberDataPoint]:
@@ -218,17 +215,6 @@ class FastCounter(_Instrument):
 
     def _data(self, points: list) -> Sum:
         return Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True)
-
-
-def _bound_histogram(inst: FastHistogram, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
-    """``FastHistogram.record`` for one label set: ``bind_many``'s recorder, one value at a time (the
-    gateway records lists; this serves ``RequestMetrics.record`` on this backend)."""
-    many = _bound_histogram_many(inst, attributes, locked)
-
-    def record(amount: float, context: Any = None) -> None:
-        many((amount,))
-
-    return record
 
 
 def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
@@ -340,9 +326,9 @@ class AggregationBackend:
 
     def __init__(self, resource: Resource | None = None, caller_locks: bool = False,
                  limits: SeriesLimits | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
-        """``caller_locks=True``: whoever records through bound recorders (``bind``, which the core's
-        ``RequestMetrics`` uses) holds ``lock`` around it, so they skip taking it per call (~40% of a
-        record). The gateway's ``llm_metrics`` processor holds it per batch. ``record``/``add`` always lock."""
+        """``caller_locks=True``: whoever records through bound recorders (``bind``/``bind_many``, which the
+        collector's ``fast.metrics`` uses) holds ``lock`` around it, so they skip taking it per call (~40% of
+        a record). The gateway's ``llm_metrics`` processor holds it per batch. ``record``/``add`` always lock."""
         self.resource = resource or Resource.create({})
         self._lock = threading.RLock()  # one for all instruments: a record is a few increments
         self.lock = self._lock  # hold it around a batch of records: each record then re-enters it cheaply
