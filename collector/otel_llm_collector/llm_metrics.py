@@ -31,7 +31,7 @@ from otel_llm.core.summary import RequestSummary
 from otel_llm.core.slo import SLOTable
 
 from .config import LabelLimits
-from .fast.metrics import BatchMetrics
+from .fast.metrics import BatchMetrics, label_key
 from .spans import SERVICE_NAME, RequestFacts
 from .telemetry import GatewayMetrics
 
@@ -110,14 +110,14 @@ class LLMMetricsProcessor:
 
     def process(self, requests: Iterable[RequestFacts]) -> None:
         counts: dict[str, int] = {}
-        by_service: dict[Any, list] = {}
+        by_service: dict[Any, dict[tuple, list]] = {}  # service -> label key -> its requests
         n = self._max_len
         overflowed = 0
         admitted_of = self._admitted.get
         for r in requests:
             s = r.summary
             service = r.service
-            key = (s.model, s.operation, s.provider, s.error_type)
+            key = label_key(s)
             admitted = admitted_of(service)
             # an admitted label set's values (and its service) were cut already: only a new one is looked at
             if admitted is None or key not in admitted:
@@ -129,21 +129,26 @@ class LLMMetricsProcessor:
                 if len(service) > n:
                     service = service[:n]
                     self._telemetry.inc("llm_metrics_labels_truncated", label="service")
-                key = (s.model, s.operation, s.provider, s.error_type)
+                key = label_key(s)
                 admitted = admitted_of(service)
                 if (admitted is None or key not in admitted) and not self._admit(service, admitted, key):
                     s = _overflow(s)
+                    key = label_key(s)
                     service = self._overflow_group(service)
                     overflowed += 1
-            group = by_service.get(service)
-            if group is None:
-                by_service[service] = [s]
+            groups = by_service.get(service)
+            if groups is None:
+                by_service[service] = {key: [s]}
             else:
-                group.append(s)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [s]
+                else:
+                    group.append(s)
             counts[r.source] = counts.get(r.source, 0) + 1
         with self._batch_lock:  # the backend's lock, held once per batch (instruments re-enter it cheaply)
-            for service, summaries in by_service.items():
-                self._metrics.record(summaries, self._service_labels(service))
+            for service, groups in by_service.items():
+                self._metrics.record_grouped(groups, self._service_labels(service))
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
         if overflowed:

@@ -26,6 +26,11 @@ _INPUT_TOKENS = attrgetter("input_tokens")
 _OUTPUT_TOKENS = attrgetter("output_tokens")
 
 
+def label_key(s: RequestSummary) -> tuple:
+    """What a request's label set depends on (with the caller's ``extra``)."""
+    return (s.model, s.operation, s.provider, s.error_type)
+
+
 class LabelSetCache(Protocol):
     """Remembers bound label sets by key; may forget any of them (they are bound again on the next miss)."""
 
@@ -61,12 +66,16 @@ class BatchMetrics:
         returns how many met every SLO."""
         groups: dict[tuple, list[RequestSummary]] = {}
         for s in summaries:
-            key = (s.model, s.operation, s.provider, s.error_type)
+            key = label_key(s)
             group = groups.get(key)
             if group is None:
                 groups[key] = [s]
             else:
                 group.append(s)
+        return self.record_grouped(groups, extra)
+
+    def record_grouped(self, groups: dict[tuple, list[RequestSummary]], extra: Extra = ()) -> int:
+        """``record`` of requests already grouped by ``label_key`` (the caller computed it anyway)."""
         good = 0
         for key, group in groups.items():
             b = self._bound(key + (extra,), group[0], extra)
