@@ -148,7 +148,7 @@ def decode_spans(encoded: Iterable[bytes]) -> list[Span]:
     return [Span.FromString(raw) for raw in encoded]
 
 
-# -- typed decoders for ``RequestSummary.encoded_reader``: each equals ``converters[kind](value_of(encoded))`` ---
+# -- typed decoders for the collector's summary reader: each equals ``converters[kind](value_of(encoded))`` ---
 
 def float_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
     def decode(encoded: bytes) -> Any:

@@ -15,7 +15,8 @@ from otel_llm.core.summary import ATTRIBUTE_SLOTS, RequestSummary
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.fast.summary import MAX_PLANS, summary_reader
 from otel_llm_collector.gateway import Gateway
-from otel_llm_collector.wire import TYPED, SpanView, value_of
+from otel_llm.otlp.view import SpanView, value_of
+from otel_llm_collector.spans import TYPED
 
 from collector_testkit import FakeClock, span
 
