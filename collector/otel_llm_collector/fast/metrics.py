@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import ServerMetrics, breach_attributes
+from otel_llm.core.sdk_metrics import bind_counts
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
 
@@ -50,6 +51,7 @@ class BoundSet:
     good: Callable[..., None]
     slo: SLO
     breaches: "_Breaches | None"
+    inter_token: Callable[..., None] | None  # adds one request's inter-token bucket counts (its gap summary)
 
 
 class BatchMetrics:
@@ -83,8 +85,11 @@ class BatchMetrics:
                 values = [v for v in map(value_of, group) if v is not None]
                 if values:
                     record(values)
-            slo, n_good, breaches = b.slo, 0, b.breaches
+            slo, n_good, breaches, itl = b.slo, 0, b.breaches, b.inter_token
             for s in group:
+                if itl is not None and s.gaps is not None:
+                    g = s.gaps
+                    itl(g.counts, g.total, g.lo, g.hi)
                 missed = slo.breaches(s)
                 if missed:
                     if breaches is not None:
@@ -114,7 +119,9 @@ class BatchMetrics:
                            (_OUTPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "output"}))]
             found = BoundSet(attrs, tuple(histograms), ins.chars.bind(attrs) if ins.chars is not None else None,
                              ins.requests.bind(attrs), ins.good.bind(attrs), self._slos.for_model(s.model),
-                             _Breaches(ins.breaches, attrs) if ins.breaches is not None else None)
+                             _Breaches(ins.breaches, attrs) if ins.breaches is not None else None,
+                             bind_counts(ins.inter_token[1], attrs, ins.inter_token[0].buckets)
+                             if ins.inter_token is not None else None)
             self._cache.put(key, found)  # bounded by the cache: label values come from clients
         return found
 
