@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, TTFT_BUCKETS
+from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, SERVER_METRICS, TTFT_BUCKETS
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm_collector.cli import main
 from otel_llm_collector.config import CollectorConfig
@@ -144,7 +144,9 @@ def test_connector_error_mode_and_numeric_guards_keep_a_bad_value_from_failing_t
     connector = _connector(doc, "v0.159")
     assert connector["error_mode"] == "ignore"
     histograms = [m for m in connector["spans"] if "histogram" in m]
-    assert len(histograms) == 8
+    # every server histogram whose value is a request-span attribute, and token usage (input, output)
+    derived = [spec.name for spec in SERVER_HISTOGRAMS if spec.attribute is not None]
+    assert [m["name"] for m in histograms] == derived + [SERVER_METRICS.token_usage_spec.name] * 2
     for m in histograms:
         attr = parse_value_expression(m["histogram"]["value"]).strings
         assert len(attr) == 1
