@@ -70,15 +70,14 @@ class SeriesLimits:
 
 
 class _Instrument:
-    __slots__ = ("name", "unit", "description", "_lock", "_by_id", "_by_key", "caller_locks", "_limits",
+    __slots__ = ("name", "unit", "description", "_lock", "_by_id", "_by_key", "_limits",
                  "_per_part", "on_refused")
 
     def __init__(self, name: str, unit: str, description: str, lock: threading.RLock,
-                 caller_locks: bool = False, limits: SeriesLimits | None = None,
+                 limits: SeriesLimits | None = None,
                  on_refused: Callable[[str, int], None] | None = None) -> None:
         self.name, self.unit, self.description = name, unit, description
         self._lock = lock
-        self.caller_locks = caller_locks  # bound recorders skip the lock: every caller holds it (see the backend)
         self._by_id: dict[int, tuple[Mapping[str, Any] | None, Any]] = {}  # id(attrs) -> (attrs, series)
         self._by_key: dict[tuple, Any] = {}  # attributes_key -> series
         self._limits = limits or SeriesLimits()
@@ -141,9 +140,9 @@ class FastHistogram(_Instrument):
     __slots__ = ("boundaries",)
 
     def __init__(self, name: str, unit: str, description: str, lock: threading.RLock,
-                 boundaries: Sequence[float], caller_locks: bool = False, limits: SeriesLimits | None = None,
+                 boundaries: Sequence[float], limits: SeriesLimits | None = None,
                  on_refused: Callable[[str, int], None] | None = None) -> None:
-        super().__init__(name, unit, description, lock, caller_locks, limits, on_refused)
+        super().__init__(name, unit, description, lock, limits, on_refused)
         self.boundaries = tuple(float(b) for b in boundaries)
 
     def _new_series(self, attributes: dict[str, Any]) -> _HistogramSeries:
@@ -165,10 +164,12 @@ class FastHistogram(_Instrument):
             if amount > s.max:
                 s.max = amount
 
-    def bind_many(self, attributes: Mapping[str, Any] | None) -> Any:
+    def bind_many(self, attributes: Mapping[str, Any] | None, caller_holds_lock: bool = False) -> Any:
         """A recorder of lists of values for one label set (the collector's ``fast.metrics`` binds each label
-        set once): the series ``record`` would use, the same arithmetic, values in order, without the lookup."""
-        return _bound_histogram_many(self, attributes, not self.caller_locks)
+        set once): the series ``record`` would use, the same arithmetic, values in order, without the lookup.
+        ``caller_holds_lock``: whoever binds promises to call the recorder only while holding the backend's
+        ``lock`` (skipping it is ~40% of a record); ``fast.metrics.BatchMetrics`` binds so and keeps it."""
+        return _bound_histogram_many(self, attributes, not caller_holds_lock)
 
     def _points(self, now: int) -> list[HistogramDataPoint]:
         return [HistogramDataPoint(attributes=dict(s.attributes), start_time_unix_nano=s.start, time_unix_nano=now,
@@ -205,9 +206,9 @@ class FastCounter(_Instrument):
             s = hit[1] if hit is not None and hit[0] is attributes else self._series(attributes)
             s.value += amount
 
-    def bind(self, attributes: Mapping[str, Any] | None) -> Any:
+    def bind(self, attributes: Mapping[str, Any] | None, caller_holds_lock: bool = False) -> Any:
         """An ``add`` for one label set, bound once (as ``FastHistogram.bind_many``)."""
-        return _bound_counter(self, attributes, not self.caller_locks)
+        return _bound_counter(self, attributes, not caller_holds_lock)
 
     def _points(self, now: int) -> list[NumberDataPoint]:
         return [NumberDataPoint(attributes=dict(s.attributes), start_time_unix_nano=s.start, time_unix_nano=now,
@@ -221,7 +222,7 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
     """``FastHistogram.bind_many``: record a list of values for one label set, as a closure (cheaper to
     call than a method). The series is looked up on the first value recorded, not at binding: a label
     set never recorded has no series, and the cardinality limit counts first use, as with ``record``.
-    ``locked=False``: the caller holds the backend's lock (see ``AggregationBackend``)."""
+    ``locked=False``: the caller holds the backend's lock (``bind_many(caller_holds_lock=True)``)."""
     lock = inst._lock
     locate = partial(bisect_left, inst.boundaries)  # value -> its bucket, as in record
     series: list[_HistogramSeries] = []
@@ -292,11 +293,10 @@ def _first(inst: _Instrument, attributes: Mapping[str, Any] | None, cell: list) 
 class AggregatingMeter:
     """The part of ``opentelemetry.metrics.Meter`` the core uses; same name -> same instrument."""
 
-    def __init__(self, name: str, version: str | None, lock: threading.RLock, caller_locks: bool = False,
+    def __init__(self, name: str, version: str | None, lock: threading.RLock,
                  limits: SeriesLimits | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
         self.scope = InstrumentationScope(name, version)
-        self._lock = lock
-        self._caller_locks = caller_locks
+        self.lock = self._lock = lock  # the backend's: bound recorders' callers may hold it (``bind_many``)
         self._limits = limits
         self._on_refused = on_refused
         self.instruments: dict[str, _Instrument] = {}
@@ -306,7 +306,7 @@ class AggregatingMeter:
             inst = self.instruments.get(name)
             if inst is None:
                 inst = self.instruments[name] = cls(name, unit, description, self._lock, *extra,
-                                                    caller_locks=self._caller_locks, limits=self._limits,
+                                                    limits=self._limits,
                                                     on_refused=self._on_refused)
             elif not isinstance(inst, cls):
                 raise ValueError(f"instrument {name!r} already exists as {type(inst).__name__}")
@@ -324,15 +324,13 @@ class AggregatingMeter:
 class AggregationBackend:
     """A ``MeterProvider`` stand-in (``get_meter``) and its reader (``get_metrics_data``), cumulative."""
 
-    def __init__(self, resource: Resource | None = None, caller_locks: bool = False,
+    def __init__(self, resource: Resource | None = None,
                  limits: SeriesLimits | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
-        """``caller_locks=True``: whoever records through bound recorders (``bind``/``bind_many``, which the
-        collector's ``fast.metrics`` uses) holds ``lock`` around it, so they skip taking it per call (~40% of
-        a record). The gateway's ``llm_metrics`` processor holds it per batch. ``record``/``add`` always lock."""
+        """``record``/``add`` always take ``lock``; recorders bound with ``caller_holds_lock`` leave it to
+        their caller (one hold per batch instead of one per record)."""
         self.resource = resource or Resource.create({})
         self._lock = threading.RLock()  # one for all instruments: a record is a few increments
         self.lock = self._lock  # hold it around a batch of records: each record then re-enters it cheaply
-        self._caller_locks = caller_locks
         self._limits = limits
         self._on_refused = on_refused
         self._meters: dict[tuple[str, str | None], AggregatingMeter] = {}
@@ -341,8 +339,7 @@ class AggregationBackend:
         with self._lock:
             meter = self._meters.get((name, version))
             if meter is None:
-                meter = self._meters[(name, version)] = AggregatingMeter(name, version, self._lock,
-                                                                         self._caller_locks, self._limits,
+                meter = self._meters[(name, version)] = AggregatingMeter(name, version, self._lock, self._limits,
                                                                          self._on_refused)
             return meter
 

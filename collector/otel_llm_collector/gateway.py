@@ -51,10 +51,9 @@ class Gateway:
         self.registry.register(_Registry(self.telemetry.registry))
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
-        # caller_locks: the llm_metrics processor holds the backend's lock around each batch it records
         labels = config.labels
         self.meter_provider = AggregationBackend(
-            Resource.create({sc.SERVICE_NAME: "otel-llm-collector"}), caller_locks=True,
+            Resource.create({sc.SERVICE_NAME: "otel-llm-collector"}),
             # a backstop behind llm_metrics' admission (which keeps label sets <= max_series + 1): token usage
             # has two series per label set; ttft_join's label sets are admitted here only
             limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),

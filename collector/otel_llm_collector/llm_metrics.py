@@ -95,7 +95,6 @@ class LLMMetricsProcessor:
                  limits: LabelLimits = LabelLimits()) -> None:
         """``meter_provider``: the collector's ``AggregationBackend`` (its instruments take lists of values)."""
         self._meter = meter_provider.get_meter("otel_llm_collector.llm_metrics")
-        self._batch_lock = meter_provider.lock
         self._slos = slos
         self._telemetry = telemetry
         self._max_len = limits.max_label_length
@@ -146,9 +145,8 @@ class LLMMetricsProcessor:
                 else:
                     group.append(s)
             counts[r.source] = counts.get(r.source, 0) + 1
-        with self._batch_lock:  # the backend's lock, held once per batch (instruments re-enter it cheaply)
-            for service, groups in by_service.items():
-                self._metrics.record_grouped(groups, self._service_labels(service))
+        for service, groups in by_service.items():  # each under the backend's lock (BatchMetrics holds it)
+            self._metrics.record_grouped(groups, self._service_labels(service))
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
         if overflowed:

@@ -44,13 +44,12 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
     return out
 
 
-def record_both(items: list[RequestSummary], services=("a", "b"), caller_locks: bool = False,
-                batched: bool = False):
+def record_both(items: list[RequestSummary], services=("a", "b"), batched: bool = False):
     """The SDK records one request at a time; the backend too, or (``batched``) in lists through the collector's
     ``BatchMetrics`` (what the gateway records with)."""
     reader = InMemoryMetricReader()
     sdk = MeterProvider(metric_readers=[reader])
-    fast = AggregationBackend(caller_locks=caller_locks)
+    fast = AggregationBackend()
     good = {}
     for provider in (sdk, fast):
         meter = provider.get_meter("otel_llm_collector.llm_metrics")
@@ -91,12 +90,12 @@ def exposition(reader) -> str:
     return generate_latest(reg).decode()
 
 
-@pytest.mark.parametrize("caller_locks, batched", [(False, False), (True, False), (True, True), (False, True)])
-def test_same_points_as_the_sdk(caller_locks: bool, batched: bool) -> None:
-    # caller_locks: the gateway's bound recorders skip the lock; batched: lists of requests, as the gateway records
+@pytest.mark.parametrize("batched", [False, True])
+def test_same_points_as_the_sdk(batched: bool) -> None:
+    # batched: lists of requests, as the gateway records (recorders bound to skip the lock, which the batch holds)
     odd = [RequestSummary(model="llama", ttft=-1.0, e2e=math.nan, tpot=math.inf, output_tokens=3),
            RequestSummary(model="llama", ttft=0.001, e2e=0.0, input_tokens=0, output_characters=0)]
-    reader, fast = record_both(summaries(3000) + odd * 3, caller_locks=caller_locks, batched=batched)
+    reader, fast = record_both(summaries(3000) + odd * 3, batched=batched)
     expected, got = points(reader), points(fast)
     assert got.keys() == expected.keys() and len(got) > 50
     for key, value in expected.items():
@@ -107,18 +106,17 @@ def test_same_points_as_the_sdk(caller_locks: bool, batched: bool) -> None:
             assert math.isclose(got[key][1], value[1], rel_tol=1e-9), key
 
 
-@pytest.mark.parametrize("caller_locks", [False, True])
-def test_a_batch_whose_values_are_all_ignored_makes_no_series(caller_locks: bool) -> None:
+def test_a_batch_whose_values_are_all_ignored_makes_no_series() -> None:
     # the SDK has no queue series for a label set whose only queue value was negative (nothing was recorded)
     items = [RequestSummary(model="solo", e2e=1.0, queue=-0.5), RequestSummary(model="solo", e2e=1.0)]
-    reader, fast = record_both(items, services=("a",), caller_locks=caller_locks, batched=True)
+    reader, fast = record_both(items, services=("a",), batched=True)
     assert points(fast) == points(reader)
 
 
 def test_a_negative_character_count_in_a_batch_is_ignored_not_subtracted() -> None:
     items = [RequestSummary(model="solo", e2e=1.0, output_characters=-5),
              RequestSummary(model="solo", e2e=1.0, output_characters=10)]
-    reader, fast = record_both(items, services=("a",), caller_locks=True, batched=True)
+    reader, fast = record_both(items, services=("a",), batched=True)
     assert points(fast) == points(reader)
 
 

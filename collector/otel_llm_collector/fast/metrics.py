@@ -58,6 +58,9 @@ class BatchMetrics:
     """``ServerMetrics`` for lists of requests, on an ``AggregatingMeter`` (which binds label sets once)."""
 
     def __init__(self, meter: AggregatingMeter, slos: SLOTable, label_sets: LabelSetCache) -> None:
+        # The recorders are bound with ``caller_holds_lock``: they are called only inside ``record_grouped``,
+        # which holds the backend's lock for the whole batch (one hold, not one per record).
+        self._lock = meter.lock
         self._core = ServerMetrics(meter, slos)  # creates the core's instruments from its table, on this meter
         self._instruments = self._core.instruments
         self._slos = slos
@@ -78,6 +81,10 @@ class BatchMetrics:
 
     def record_grouped(self, groups: dict[tuple, list[RequestSummary]], extra: Extra = ()) -> int:
         """``record`` of requests already grouped by ``label_key`` (the caller computed it anyway)."""
+        with self._lock:
+            return self._record_grouped(groups, extra)
+
+    def _record_grouped(self, groups: dict[tuple, list[RequestSummary]], extra: Extra) -> int:
         good = 0
         for key, group in groups.items():
             b = self._bound(key + (extra,), group[0], extra)
@@ -114,11 +121,13 @@ class BatchMetrics:
         if found is None:
             ins = self._instruments
             attrs = self._core.label_attributes(s, extra)
-            histograms = [(spec.value, hist.bind_many(attrs)) for spec, hist in ins.histograms]
-            histograms += [(_INPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "input"})),
-                           (_OUTPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "output"}))]
-            found = BoundSet(attrs, tuple(histograms), ins.chars.bind(attrs) if ins.chars is not None else None,
-                             ins.requests.bind(attrs), ins.good.bind(attrs), self._slos.for_model(s.model),
+            held = True  # see __init__: called only under the backend's lock
+            histograms = [(spec.value, hist.bind_many(attrs, held)) for spec, hist in ins.histograms]
+            histograms += [(_INPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "input"}, held)),
+                           (_OUTPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "output"}, held))]
+            found = BoundSet(attrs, tuple(histograms),
+                             ins.chars.bind(attrs, held) if ins.chars is not None else None,
+                             ins.requests.bind(attrs, held), ins.good.bind(attrs, held), self._slos.for_model(s.model),
                              _Breaches(ins.breaches, attrs) if ins.breaches is not None else None,
                              bind_counts(ins.inter_token[1], attrs, ins.inter_token[0].buckets)
                              if ins.inter_token is not None else None)
@@ -139,7 +148,7 @@ class _Breaches:
     def recorder(self, objective: str, cause: str | None) -> Callable[..., None]:
         found = self._bound.get((objective, cause))
         if found is None:
-            found = self._counter.bind(breach_attributes(self._attributes, objective, cause))
+            found = self._counter.bind(breach_attributes(self._attributes, objective, cause), True)  # under the lock
             if len(self._bound) < 64:
                 self._bound[(objective, cause)] = found
         return found
