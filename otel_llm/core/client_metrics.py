@@ -6,17 +6,17 @@ per output token after the first and ``e2e`` the call's duration, all measured o
 monotonic clock. Goodput uses the same ``SLOTable`` as the server side: a call is good when it met
 every SLO of its model at once, and a streamed call needs a first chunk to be good at all.
 
-The conventions' ``time_per_output_chunk`` is recorded once per streamed call, as the mean gap
-between chunks, not once per chunk: one SDK histogram ``record`` costs 5-20 µs of CPU (measured:
-attribute validation and hashing per call, no weighted or batched record in the SDK's API), several
-times the whole 2 µs per-chunk budget; aggregating bucket counts per stream does not help, since
-they can only reach the SDK one ``record`` per value. The per-chunk profile (max gap, gaps over the
-TPOT SLO) is on the span.
+The conventions' ``time_per_output_chunk`` is one value per chunk after the first, as they define it.
+The hot path only stamps each chunk's arrival; when the stream ends its gaps become bucket counts
+(``core/inter_token.py``) added to the histogram in one call (``core/sdk_metrics.bind_counts``), as the
+server's inter-token latency is: one SDK ``record`` per chunk would cost 5-20 µs of CPU each, several
+times the 2 µs per-chunk budget. The per-stream mean stays on the span (``llm.client.time_per_output_chunk``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
@@ -48,15 +48,18 @@ CLIENT_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     HistogramSpec(sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", DURATION_BUCKETS,
                   "Time from issuing the request to the first chunk of the response (successful streaming calls)",
                   _if_succeeded("ttft")),
-    HistogramSpec(sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, "s", DURATION_BUCKETS,
-                  "Mean time between chunks after the first, per successful streamed call",
-                  _if_succeeded("time_per_output_chunk")),
     HistogramSpec(sc.CLIENT_CHARS_PER_SECOND, f"{CHARACTER_UNIT}/s", RATE_BUCKETS,
                   "Output characters over the call's duration (tokenizer-independent)",
                   lambda s: s.output_characters_per_second),
 )
+# One value per chunk after the first, for every successful streamed call: recorded as the stream's bucket
+# counts (``ClientSummary.gaps``), not through ``HistogramSpec.value``.
+TIME_PER_OUTPUT_CHUNK = HistogramSpec(
+    sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, "s", DURATION_BUCKETS,
+    "Time between consecutive chunks after the first, every chunk of every successful streamed call",
+    attrgetter("gaps"))
 CLIENT_METRICS = MetricSet(CLIENT_HISTOGRAMS, sc.METRIC_CLIENT_TOKEN_USAGE, sc.CLIENT_REQUESTS, sc.CLIENT_GOOD_REQUESTS,
-                           noun="call")
+                           noun="call", inter_token=TIME_PER_OUTPUT_CHUNK)
 
 
 class ClientMetrics(RequestMetrics):

@@ -57,7 +57,9 @@ def metrics_table(metric_set: m.MetricSet = m.SERVER_METRICS) -> str:
 
 
 def client_metrics_table() -> str:
-    return instruments_table((*CLIENT_METRICS.histograms, *CLIENT_METRICS.instruments(), m.CLIENT_OVERHEAD),
+    per_chunk = (CLIENT_METRICS.inter_token,) if CLIENT_METRICS.inter_token is not None else ()
+    return instruments_table((*CLIENT_METRICS.histograms, *per_chunk, *CLIENT_METRICS.instruments(),
+                              m.CLIENT_OVERHEAD),
                              "attributes (beyond the call's)")
 
 

@@ -169,3 +169,34 @@ def test_our_failure_before_the_call_leaves_the_call_as_the_caller_made_it(setup
     assert seen == [kwargs]  # no traceparent added: the arguments as the caller gave them
     assert GUARD.errors["openai chat (before)"] == before + 1
     (span,) = exporter.get_finished_spans()  # the started span is ended, not leaked
+
+
+def test_time_per_output_chunk_is_one_value_per_chunk_after_the_first(setup: Any) -> None:
+    """The conventions' histogram: every gap between chunks of a successful stream, bucketed when the
+    stream ends and added in one call; the span keeps the per-stream mean."""
+    from opentelemetry.sdk.metrics import MeterProvider as Provider
+
+    from otel_llm.core.client_metrics import TIME_PER_OUTPUT_CHUNK
+
+    t, exporter = setup
+    reader = InMemoryMetricReader()
+    t = ClientState(t.config, t.tracer, ClientMetrics(Provider(metric_readers=[reader]).get_meter("t"), t.config.slo))
+    stamps = [1.0, 1.004, 1.03, 1.2, 1.2005]
+    for ok in (True, False):
+        rec = record(t)
+        for now in stamps:
+            rec.chunk(now, 1)
+        rec.finish("complete" if ok else "error", None if ok else RuntimeError("cut"), at=1.3)
+    (metric,) = [m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name == TIME_PER_OUTPUT_CHUNK.name]
+    (point,) = metric.data.data_points
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    bounds = list(TIME_PER_OUTPUT_CHUNK.buckets)
+    expected = [0] * (len(bounds) + 1)
+    for g in gaps:  # a value belongs to the first bucket whose boundary is >= it
+        expected[next((i for i, b in enumerate(bounds) if g <= b), len(bounds))] += 1
+    assert point.count == len(stamps) - 1  # the failed stream adds nothing
+    assert list(point.bucket_counts) == expected
+    assert point.sum == pytest.approx(sum(gaps)) and point.max == pytest.approx(max(gaps))
+    spans = exporter.get_finished_spans()
+    assert spans[0].attributes["llm.client.time_per_output_chunk"] == pytest.approx(sum(gaps) / len(gaps))

@@ -20,7 +20,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from ...core import semconv as sc
 from ...core.guard import GUARD
-from ...core.client_metrics import ClientSummary
+from ...core.client_metrics import TIME_PER_OUTPUT_CHUNK, ClientSummary
+from ...core.inter_token import gap_summary
 from .messages import Output, dumps
 
 if TYPE_CHECKING:
@@ -162,6 +163,8 @@ class CallRecord:
             s.ttft = stamps[0] - self.start
             if len(stamps) > 1:
                 s.time_per_output_chunk = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+                if s.error_type is None:  # the conventions' per-chunk histogram: successful streams only
+                    s.gaps = gap_summary(stamps, None, TIME_PER_OUTPUT_CHUNK.buckets)
             tokens = self.output_tokens
             # vLLM's benchmark definition: (e2e - ttft) / (output tokens - 1); else per chunk.
             s.tpot = (s.e2e - s.ttft) / (tokens - 1) if tokens and tokens > 1 else s.time_per_output_chunk
