@@ -194,6 +194,26 @@ def test_hooks_stamp_an_anatomy_that_sums_to_the_step():
     assert second.idle_s == pytest.approx(100.5 - 100.011)  # from the first's return to the second's start
 
 
+def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
+    """The owner (instrumentor or plugin) arms its StepHooks: vLLM's scheduler and model runner are
+    wrapped with that object's methods until it disarms; two objects share no state."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    before = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
+    hooks, other = steps.StepHooks(), steps.StepHooks()
+    hooks.arm(lambda payload: None)
+    try:
+        wrapped = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
+        assert [w.__wrapped__ for w in wrapped] == list(before)
+        hooks.pending[1] = ()
+        assert other.sink is None and not other.pending and other.event_pool is not hooks.event_pool
+    finally:
+        hooks.disarm()
+    assert (Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]) == before
+    assert hooks.sink is None and not hooks.pending and hooks.timing is False
+
+
 def test_idle_is_zero_while_another_step_is_in_flight():
     """vLLM's batch queue: step B is scheduled before step A's output is processed."""
     got = []
