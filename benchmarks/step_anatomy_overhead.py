@@ -140,6 +140,11 @@ def measure(mode: str, n: int, steps: int, before: types.ModuleType, after: type
             hooks.close()
 
 
+# The sink the hooks report to: None = a real SocketSink to the receiver thread; a callable replaces
+# it (step_wire_cost.py --null-sink: the hooks' own Python work, without the send's syscall noise).
+SINK = None
+
+
 class HookSet:
     """The hooks of one steps.py, wrapped onto the stand-ins and armed with a real SocketSink: the
     current tree's ``StepHooks`` object, or an older commit's module-level wrappers and globals."""
@@ -164,7 +169,8 @@ class HookSet:
                         Target(runner_name, "GPUModelRunner.sample_tokens", sample)]
         self.table = WrapTable(targets)
         self.table.wrap()
-        sink, cuda = mod.SocketSink(directory), (False if mode == "after_timed" else None)
+        sink = mod.SocketSink(directory) if SINK is None else SINK
+        cuda = False if mode == "after_timed" else None
         if hooks is not None:
             hooks.sink = sink
             if timed:

@@ -87,9 +87,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--null-sink", action="store_true",
+                    help="hooks report to a no-op sink (no encode, no send): their own Python work only; "
+                         "results in step_wire_cost_null_sink.json")
     args = ap.parse_args()
     from otel_llm.instrumentation.vllm import steps as new
 
+    if args.null_sink:
+        harness.SINK = lambda payload: None
     old = load_steps(PICKLE_COMMIT, "pickle")
     mods = {"pickle": old, "globals": load_steps(GLOBALS_COMMIT, "globals"), "struct": new}
     directory = tempfile.mkdtemp(prefix="otel-llm-bench-wire-")
@@ -130,7 +135,8 @@ def main() -> None:
            "python": platform.python_version(), "rounds": args.rounds, "steps": args.steps,
            "pickle_commit": PICKLE_COMMIT, "globals_commit": GLOBALS_COMMIT, "datagrams_received": frontend.received, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "step_wire_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    out["sink"] = "null" if args.null_sink else "socket"
+    (RESULTS / ("step_wire_cost_null_sink.json" if args.null_sink else "step_wire_cost.json")).write_text(json.dumps(out, indent=2) + "\n")
     print(f"load average {load} -> {os.getloadavg()}")
     print("batch | none | hooks+pickle | hooks+struct | hooks cost pickle | hooks cost struct | struct-pickle "
           "(paired) | read pickle | read struct   (us of CPU per step, medians)")
