@@ -127,37 +127,72 @@ def run_steps(sched: object, runner: object, steps: int) -> float:
 
 def measure(mode: str, n: int, steps: int, before: types.ModuleType, after: types.ModuleType,
             directory: str) -> float:
-    from otel_llm.instrumentation.wraps import Target, WrapTable
-
     sched_mod, runner_mod = make_fake_vllm(n)
     sys.modules[sched_mod.__name__], sys.modules[runner_mod.__name__] = sched_mod, runner_mod
-    table = None
     mod = before if mode == "before" else after
-    if mode != "none":
-        targets = [Target(sched_mod.__name__, "Scheduler.schedule", mod._schedule),
-                   Target(sched_mod.__name__, "Scheduler.update_from_output", mod._update_from_output)]
-        if mode in ("after_uniproc", "after_timed"):
-            targets += [Target(runner_mod.__name__, "GPUModelRunner.execute_model", mod._model_timer(False)),
-                        Target(runner_mod.__name__, "GPUModelRunner.sample_tokens", mod._model_timer(True))]
-        table = WrapTable(targets)
-        table.wrap()
-        mod._sink = mod.SocketSink(directory)
-        if mode in ("after_uniproc", "after_timed"):
-            mod._timing = True
-            mod._cuda_events = False if mode == "after_timed" else None
+    hooks = None if mode == "none" else HookSet(mod, mode, sched_mod.__name__, runner_mod.__name__, directory)
     try:
         sched, runner = sched_mod.Scheduler(), runner_mod.GPUModelRunner()
         run_steps(sched, runner, min(steps, 2000))  # warm up (and the sink's first directory scan)
         return run_steps(sched, runner, steps)
     finally:
-        if table is not None:
-            table.unwrap()
-            mod._sink = None
-            mod._pending.clear()
-            if mode in ("after_uniproc", "after_timed"):
-                mod._timing = False
-                mod._cuda_events = None
-                mod._model.clear()
+        if hooks is not None:
+            hooks.close()
+
+
+# The sink the hooks report to: None = a real SocketSink to the receiver thread; a callable replaces
+# it (step_wire_cost.py --null-sink: the hooks' own Python work, without the send's syscall noise).
+SINK = None
+
+
+class HookSet:
+    """The hooks of one steps.py, wrapped onto the stand-ins and armed with a real SocketSink: the
+    current tree's ``StepHooks`` object, or an older commit's module-level wrappers and globals."""
+
+    def __init__(self, mod: types.ModuleType, mode: str, sched_name: str, runner_name: str, directory: str) -> None:
+        from otel_llm.instrumentation.wraps import Target, WrapTable
+
+        timed = mode in ("after_uniproc", "after_timed")
+        self.mod, self.timed = mod, timed
+        self.hooks = hooks = mod.StepHooks() if hasattr(mod, "StepHooks") else None
+        if hooks is not None:
+            # armed by hand, not with arm(): that would also wrap vLLM's real scheduler on its import
+            schedule, update = hooks.schedule, hooks.update_from_output
+            execute, sample = hooks.execute_model, hooks.sample_tokens
+        else:
+            schedule, update = mod._schedule, mod._update_from_output
+            execute, sample = (mod._model_timer(False), mod._model_timer(True)) if timed else (None, None)
+        targets = [Target(sched_name, "Scheduler.schedule", schedule),
+                   Target(sched_name, "Scheduler.update_from_output", update)]
+        if timed:
+            targets += [Target(runner_name, "GPUModelRunner.execute_model", execute),
+                        Target(runner_name, "GPUModelRunner.sample_tokens", sample)]
+        self.table = WrapTable(targets)
+        self.table.wrap()
+        sink = mod.SocketSink(directory) if SINK is None else SINK
+        cuda = False if mode == "after_timed" else None
+        if hooks is not None:
+            hooks.sink = sink
+            if timed:
+                hooks.timing, hooks.cuda_events = True, cuda
+        else:
+            mod._sink = sink
+            if timed:
+                mod._timing, mod._cuda_events = True, cuda
+
+    def close(self) -> None:
+        self.table.unwrap()
+        if self.hooks is not None:
+            self.hooks.sink = None
+            self.hooks.timing = False
+            return
+        mod = self.mod
+        mod._sink = None
+        mod._pending.clear()
+        if self.timed:
+            mod._timing = False
+            mod._cuda_events = None
+            mod._model.clear()
 
 
 class Frontend(threading.Thread):

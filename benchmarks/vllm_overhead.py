@@ -258,14 +258,15 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
     directory = tempfile.mkdtemp(prefix="otel-llm-bench-")
     receiver = st.StepReceiver(directory)
     got = []
+    hooks = st.StepHooks()  # armed by hand below: arm() would also wrap vLLM's real scheduler
 
     def per_step(hooked: bool) -> float:
         samples = []
         for _ in range(steps):
             c0 = time.thread_time_ns()
             if hooked:
-                st._schedule(schedule, scheduler, (), {})
-                st._update_from_output(update, scheduler, (out, model_output), {})
+                hooks.schedule(schedule, scheduler, (), {})
+                hooks.update_from_output(update, scheduler, (out, model_output), {})
             else:
                 schedule()
                 update(out, model_output)
@@ -275,15 +276,14 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
 
     try:
         bare = per_step(False)
-        st._sink = None
+        hooks.sink = None
         disarmed = per_step(True)
-        st._sink = st.SocketSink(directory)
+        hooks.sink = st.SocketSink(directory)
         armed = per_step(True)
     except AttributeError as exc:  # the hooks moved (steps.py): say so rather than measure something else
         return {"error": f"step hooks not found: {exc!r}"}
     finally:
-        st._sink = None
-        st._pending.clear()
+        hooks.sink = None
         receiver.close()
     return {"batch": batch, "bare_us": round(bare, 2), "disarmed_us": round(disarmed, 2), "armed_us": round(armed, 2),
             "hooks_us_per_step": round(armed - bare, 2), "records_received": len(got)}
@@ -328,7 +328,7 @@ def main() -> None:
         from vllm import LLM, SamplingParams
 
         import otel_llm
-        from otel_llm.instrumentation.vllm import VLLMInstrumentor, steps
+        from otel_llm.instrumentation.vllm import VLLMInstrumentor
 
         from opentelemetry import trace
         from vllm.tracing import init_tracer
@@ -376,7 +376,7 @@ def main() -> None:
                     # the EngineCore's step datagrams kept coming while nothing read them (the uninstrumented
                     # modes): drop that backlog before the clock starts, or this measurement pays for decoding
                     # up to two other measurements' steps
-                    receiver = VLLMInstrumentor().telemetry and steps.current_receiver()
+                    receiver = VLLMInstrumentor().telemetry and VLLMInstrumentor().step_receiver
                     if receiver is not None:
                         receiver.drain(lambda step: None)
                 res = run_once(llm, prompts, params, probe, flush, args.repeat, ticker, jobs)

@@ -170,21 +170,19 @@ class FakeScheduler:
         self.kv_cache_manager = SimpleNamespace(usage=0.25)
 
 
-def test_hooks_stamp_an_anatomy_that_sums_to_the_step(monkeypatch):
+def test_hooks_stamp_an_anatomy_that_sums_to_the_step():
     got = []
-    monkeypatch.setattr(steps, "_sink", got.append)
-    monkeypatch.setattr(steps, "_last_end", None)
-    monkeypatch.setattr(steps, "_pending", {})
-    monkeypatch.setattr(steps, "_model", {})
+    hooks = steps.StepHooks()
+    hooks.sink = got.append  # armed, without wrapping vLLM's scheduler: the test calls the wrappers
     clock = iter([100.0, 100.002, 100.010, 100.011, 100.5, 100.501, 100.509, 100.510])
-    monkeypatch.setattr(steps, "_monotonic", lambda: next(clock))
+    hooks.clock = lambda: next(clock)
     sched = FakeScheduler({"p": SimpleNamespace(num_computed_tokens=16, num_tokens=16, num_output_tokens=0),
                            "d": SimpleNamespace(num_computed_tokens=31, num_tokens=31, num_output_tokens=5)})
     out = SimpleNamespace(num_scheduled_tokens={"p": 16, "d": 1}, preempted_req_ids=set())
     outputs = {0: SimpleNamespace(timestamp=100.0105)}  # vLLM stamps its outputs inside update_from_output
     for _ in range(2):  # two steps; the second after a 0.488 s pause
-        steps._schedule(lambda: out, sched, (), {})
-        steps._update_from_output(lambda *a: outputs, sched, (out, None), {})
+        hooks.schedule(lambda: out, sched, (), {})
+        hooks.update_from_output(lambda *a: outputs, sched, (out, None), {})
         outputs = {0: SimpleNamespace(timestamp=100.5095)}
     first, second = (steps.decode(p) for p in got)
     assert first.requests == [("p", 16, True), ("d", 1, False)] and first.contexts == [0, 30]
@@ -196,66 +194,80 @@ def test_hooks_stamp_an_anatomy_that_sums_to_the_step(monkeypatch):
     assert second.idle_s == pytest.approx(100.5 - 100.011)  # from the first's return to the second's start
 
 
-def test_idle_is_zero_while_another_step_is_in_flight(monkeypatch):
+def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
+    """The owner (instrumentor or plugin) arms its StepHooks: vLLM's scheduler and model runner are
+    wrapped with that object's methods until it disarms; two objects share no state."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    before = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
+    hooks, other = steps.StepHooks(), steps.StepHooks()
+    hooks.arm(lambda payload: None)
+    try:
+        wrapped = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
+        assert [w.__wrapped__ for w in wrapped] == list(before)
+        hooks.pending[1] = ()
+        assert other.sink is None and not other.pending and other.event_pool is not hooks.event_pool
+    finally:
+        hooks.disarm()
+    assert (Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]) == before
+    assert hooks.sink is None and not hooks.pending and hooks.timing is False
+
+
+def test_idle_is_zero_while_another_step_is_in_flight():
     """vLLM's batch queue: step B is scheduled before step A's output is processed."""
     got = []
-    monkeypatch.setattr(steps, "_sink", got.append)
-    monkeypatch.setattr(steps, "_last_end", 50.0)
-    monkeypatch.setattr(steps, "_pending", {})
-    monkeypatch.setattr(steps, "_model", {})
+    hooks = steps.StepHooks()
+    hooks.sink, hooks.last_end = got.append, 50.0
     sched = FakeScheduler({"d": SimpleNamespace(num_computed_tokens=9, num_tokens=9, num_output_tokens=2)})
     a = SimpleNamespace(num_scheduled_tokens={"d": 1}, preempted_req_ids=None)
     b = SimpleNamespace(num_scheduled_tokens={"d": 1}, preempted_req_ids=None)
-    steps._schedule(lambda: a, sched, (), {})
-    steps._schedule(lambda: b, sched, (), {})
-    steps._update_from_output(lambda **k: {}, sched, (), {"scheduler_output": a})
-    steps._update_from_output(lambda **k: {}, sched, (), {"scheduler_output": b})
+    hooks.schedule(lambda: a, sched, (), {})
+    hooks.schedule(lambda: b, sched, (), {})
+    hooks.update_from_output(lambda **k: {}, sched, (), {"scheduler_output": a})
+    hooks.update_from_output(lambda **k: {}, sched, (), {"scheduler_output": b})
     sa, sb = (steps.decode(p) for p in got)
     assert sa.idle_s > 0 and sb.idle_s == 0.0
 
 
-def test_model_time_is_measured_around_the_runner_and_kept_with_its_step(monkeypatch):
+def test_model_time_is_measured_around_the_runner_and_kept_with_its_step():
     """A worker process (no sink): execute_model + sample_tokens timed and kept under the step's key
     until the output comes back; a CPU runner in the EngineCore's own thread is not timed."""
-    monkeypatch.setattr(steps, "_sink", None)
-    monkeypatch.setattr(steps, "_model", {})
-    monkeypatch.setattr(steps, "_cuda_events", None)
-    monkeypatch.setattr(steps, "_timing", True)
+    hooks = steps.StepHooks()
+    hooks.timing = True  # as enable_model_timing(), without wrapping vLLM's runner
     clock = iter([0.002, 0.006, 0.007, 0.009])
-    monkeypatch.setattr(steps, "_monotonic", lambda: next(clock))
+    hooks.clock = lambda: next(clock)
     out = SimpleNamespace(num_scheduled_tokens={"d": 1})
     runner = SimpleNamespace(device=SimpleNamespace(type="cpu"))
-    execute, sample = steps._model_timer(False), steps._model_timer(True)
+    execute, sample = hooks.execute_model, hooks.sample_tokens
     execute(lambda *a: None, runner, (out,), {})  # forward 0.002 -> 0.006
     sample(lambda *a: "async output", runner, (None,), {})  # sampling 0.007 -> 0.009
-    assert steps._model == {id(out): pytest.approx(0.006)} and steps._cuda_events is False
+    assert hooks.model == {id(out): pytest.approx(0.006)} and hooks.cuda_events is False
     # the EngineCore with a CPU runner in its thread (UniProcExecutor): decided once, not timed
-    monkeypatch.setattr(steps, "_sink", lambda payload: None)
-    monkeypatch.setattr(steps, "_cuda_events", None)
+    hooks.sink, hooks.cuda_events = (lambda payload: None), None
     execute(lambda *a: None, runner, (out,), {})
-    assert steps._timing is False
+    assert hooks.timing is False
 
 
-def test_model_time_rides_on_the_runner_output_across_processes(monkeypatch):
+def test_model_time_rides_on_the_runner_output_across_processes():
     """MultiprocExecutor: the worker times the runner and the time travels on the pickled output."""
     import pickle
 
     from vllm.v1.outputs import ModelRunnerOutput
 
-    monkeypatch.setattr(steps, "_model", {})
-    monkeypatch.setattr(steps, "_cuda_events", None)
-    monkeypatch.setattr(steps, "_timing", True)
+    hooks = steps.StepHooks()
+    hooks.timing = True
     clock = iter([0.0, 0.004, 0.005, 0.006, 0.007, 0.008])
-    monkeypatch.setattr(steps, "_monotonic", lambda: next(clock))
+    hooks.clock = lambda: next(clock)
     runner = SimpleNamespace(device=SimpleNamespace(type="cpu"))
     so = SimpleNamespace(num_scheduled_tokens={"d": 1})
-    steps._model_timer(False)(lambda *a: None, runner, (so,), {})
+    hooks.execute_model(lambda *a: None, runner, (so,), {})
     made = ModelRunnerOutput(req_ids=["d"], req_id_to_index={"d": 0})
-    out = steps._model_timer(True)(lambda *a: made, runner, (None,), {})
+    out = hooks.sample_tokens(lambda *a: made, runner, (None,), {})
     received = pickle.loads(pickle.dumps(out))  # what the EngineCore gets from the worker's queue
-    assert getattr(received, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not steps._model
+    assert getattr(received, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
-    steps._model_timer(False)(lambda *a: EMPTY_MODEL_RUNNER_OUTPUT, runner, (so,), {})
+    hooks.execute_model(lambda *a: EMPTY_MODEL_RUNNER_OUTPUT, runner, (so,), {})
     assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, steps._MODEL_TIME_ATTR)  # vLLM's shared empty output
 
 
@@ -458,11 +470,9 @@ class FakeCudaEvent:
         return (end.at - self.at) * 1e3  # milliseconds, as torch reports
 
 
-def test_cuda_events_time_the_runner_and_are_read_only_when_done(monkeypatch):
-    monkeypatch.setattr(steps, "_model", {})
-    monkeypatch.setattr(steps, "_timing", True)
-    monkeypatch.setattr(steps, "_cuda_events", FakeCudaEvent)
-    monkeypatch.setattr(steps, "_event_pool", [])
+def test_cuda_events_time_the_runner_and_are_read_only_when_done():
+    hooks = steps.StepHooks()
+    hooks.timing, hooks.cuda_events = True, FakeCudaEvent
     clock = FakeCudaEvent.device_clock
     so = SimpleNamespace(num_scheduled_tokens={"d": 1})
 
@@ -473,12 +483,12 @@ def test_cuda_events_time_the_runner_and_are_read_only_when_done(monkeypatch):
     def sample(*a):
         clock[0] += 0.001
         return SimpleNamespace(req_ids=["d"])
-    steps._model_timer(False)(forward, None, (so,), {})
-    out = steps._model_timer(True)(sample, None, (None,), {})
-    assert getattr(out, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not steps._model
-    assert len(steps._event_pool) == 4  # read events are reused by the next steps
-    steps._model_timer(False)(forward, None, (so,), {})
-    assert len(steps._event_pool) == 2
+    hooks.execute_model(forward, None, (so,), {})
+    out = hooks.sample_tokens(sample, None, (None,), {})
+    assert getattr(out, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
+    assert len(hooks.event_pool) == 4  # read events are reused by the next steps
+    hooks.execute_model(forward, None, (so,), {})
+    assert len(hooks.event_pool) == 2
     begin, end = FakeCudaEvent(True), FakeCudaEvent(True)
     end.done = False
-    assert steps._cuda_seconds([(begin, end)]) is None  # never waits on the device
+    assert hooks.cuda_seconds([(begin, end)]) is None  # never waits on the device

@@ -29,7 +29,17 @@ def installed_distribution() -> str | None:
 
 
 class VLLMInstrumentor(BaseInstrumentor):
+    """One per process (BaseInstrumentor is a singleton), and it owns the step machinery there:
+
+    * ``step_hooks``: the scheduler hooks of an engine running in this process, armed while
+      instrumented (a spawned EngineCore's are the plugin's, see ``steps.plugin``);
+    * ``step_receiver``: this process's socket for the step records of spawned EngineCores, bound
+      when the first engine client is built and kept across instrument/uninstrument cycles, because
+      an EngineCore spawned earlier keeps sending to it for as long as it runs.
+    """
     telemetry: Pipeline | None = None
+    step_hooks: steps.StepHooks | None = None
+    step_receiver: steps.StepReceiver | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -42,7 +52,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
-        w = VLLMWrappers(telemetry)
+        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver)
         if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
             try:
                 telemetry.diagnosis.setup(wrappers.last_engine[0], config, *wrappers.last_engine[1:])
@@ -83,14 +93,22 @@ class VLLMInstrumentor(BaseInstrumentor):
             # build an engine client, see engine_init). In-process engines report straight to us.
             steps.step_dir()
             w.steps_armed = True
-            w.receiver = steps.current_receiver()
-            steps.set_sink(lambda payload: w.telemetry.add_step(steps.decode(payload)))
+            w.receiver = self.step_receiver
+            if self.step_hooks is None:
+                self.step_hooks = steps.StepHooks()
+            self.step_hooks.arm(lambda payload: w.telemetry.add_step(steps.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)
 
+    def _open_receiver(self) -> steps.StepReceiver:
+        if self.step_receiver is None:
+            self.step_receiver = steps.open_receiver()
+        return self.step_receiver
+
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
-        steps.remove_hooks()
+        if self.step_hooks is not None:
+            self.step_hooks.disarm()
         if self.telemetry is not None:
             try:
                 self.telemetry.close()  # spans of requests already finished still go out

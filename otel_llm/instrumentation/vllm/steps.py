@@ -42,7 +42,6 @@ from . import step_wire
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 logger = logging.getLogger("otel_llm")
 
-_SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
 
 class SocketSink:
@@ -152,7 +151,6 @@ def decode(payload: tuple) -> StepRecord:
 
 
 _dir: str | None = None
-_receiver: StepReceiver | None = None
 
 
 def step_dir() -> str:
@@ -173,18 +171,12 @@ def step_dir() -> str:
     return _dir
 
 
-def shared_receiver() -> StepReceiver:
-    """The process's one receiver, bound when it builds an engine client. It outlives
-    instrument/uninstrument cycles because an EngineCore spawned earlier keeps sending to it."""
-    global _receiver
-    if _receiver is None:
-        _receiver = StepReceiver(step_dir())
-        atexit.register(_receiver.close)
-    return _receiver
-
-
-def current_receiver() -> StepReceiver | None:
-    return _receiver
+def open_receiver() -> StepReceiver:
+    """This process's socket in the step directory (``<pid>.sock``), closed at exit. The caller keeps
+    it for as long as an EngineCore may send to it: see ``VLLMInstrumentor.step_receiver``."""
+    receiver = StepReceiver(step_dir())
+    atexit.register(receiver.close)
+    return receiver
 
 
 def _remove_if_empty(directory: str) -> None:
@@ -203,61 +195,225 @@ def _remove_if_empty(directory: str) -> None:
 #   batch queue the next batch is scheduled while one runs, and the device was not starved).
 # model_s: forward + sampling timed around the model runner where it runs (below); CUDA events on
 # a GPU, wall time on CPU.
+#
+# The model runner runs in the EngineCore process (UniProcExecutor) or in worker processes
+# (MultiprocExecutor: vLLM's default on CPU, and with tensor parallelism). Either way the time of a
+# step's forward + sampling is attached to the ModelRunnerOutput it returns, as one attribute: the
+# object is pickled to the EngineCore (its __dict__ travels with it) and handed to
+# update_from_output, where the step record picks it up. An asynchronous output (vLLM's async
+# scheduling) is resolved later: in-process its time waits in ``model`` under the step's key.
 
-_sink: Callable[[tuple], None] | None = None
-_pending: dict[int, tuple] = {}
-_counter = itertools.count(1)
-_prefix = 0
-_last_end: float | None = None  # u1 of the last step that carried work
-_model: dict[int, Any] = {}  # id(scheduler_output) -> seconds (CPU) or [(start, end) CUDA events]
-_current_model_step = 0  # id of the scheduler output whose forward ran last (sample_tokens follows it)
-_monotonic = time.monotonic
-
-
-def set_sink(sink: Callable[[tuple], None] | None) -> None:
-    global _sink, _prefix, _last_end, _timing, _cuda_events
-    _sink = sink
-    _timing = sink is not None
-    _cuda_events = None  # decided again at the next model runner's first call (a new engine may differ)
-    _prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
-    _last_end = None
-    if sink is not None:
-        _HOOKS.wrap()
+_MODEL_TIME_ATTR = "_otel_llm_model_s"
+_SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # the CPU model runner inherits both methods
 
 
-def _schedule(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if _sink is None:
-        return wrapped(*args, **kwargs)
-    start = _monotonic()
-    out = wrapped(*args, **kwargs)
-    left = _monotonic()
-    try:
-        get = instance.requests.get
-        shares: list[tuple] = []
-        append = shares.append
-        for req_id, n in out.num_scheduled_tokens.items():
-            req = get(req_id)
-            if req is None:
-                continue
-            # num_computed_tokens has already advanced by this step's n. A request is
-            # prefilling until its prompt is computed (it has no output yet), or, when it
-            # recomputes after a preemption, until all but its last sampled token are.
-            # ``before`` is also the context the step's tokens attend to (the roofline's).
-            before = req.num_computed_tokens - n
-            append((req_id, n, before < (req.num_tokens - 1 if req.num_output_tokens else req.num_tokens), before))
-        preempted = getattr(out, "preempted_req_ids", None)
-        kv = instance.kv_cache_manager.usage
-        if len(_pending) > 64:  # update_from_output never came (engine error): don't grow
-            _pending.clear()
-            _model.clear()
-        running, waiting, n_preempted = len(instance.running), len(instance.waiting), len(preempted) if preempted else 0
-        # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
-        idle = None if _last_end is None else (start - _last_end if not _pending else 0.0)
-        _pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
-                             _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
-    except Exception as exc:
-        GUARD.failed("scheduler.schedule hook", exc)
-    return out
+class StepHooks:
+    """The scheduler and model-runner hooks of one owner, with the state they keep between calls.
+
+    The owner arms them: ``VLLMInstrumentor`` for an engine in its own process (the sink hands the
+    record to its pipeline), ``plugin()`` in a spawned EngineCore (a ``SocketSink``) or in a
+    multiprocess executor's worker (model timing only). The bound methods are the wrapt wrappers:
+    the hot path reads this object's attributes, nothing module-wide."""
+
+    __slots__ = ("sink", "timing", "pending", "model", "counter", "prefix", "last_end", "current_model_step",
+                 "cuda_events", "event_pool", "clock", "_table")
+
+    def __init__(self) -> None:
+        self.sink: Callable[[tuple], None] | None = None
+        self.timing = False  # model runner hooks on: in the EngineCore (with a sink) or in a worker (plugin)
+        self.pending: dict[int, tuple] = {}  # id(scheduler_output) -> what schedule() saw
+        self.model: dict[int, Any] = {}  # id(scheduler_output) -> seconds (CPU) or [(start, end) CUDA events]
+        self.counter = itertools.count(1)
+        self.prefix = 0
+        self.last_end: float | None = None  # u1 of the last step that carried work
+        self.current_model_step = 0  # id of the scheduler output whose forward ran last (sample_tokens follows)
+        self.cuda_events: Any = None  # torch.cuda.Event once a CUDA model runner was seen; False: CPU
+        self.event_pool: list[Any] = []  # read CUDA events, reused (creating them costs more than recording)
+        self.clock: Callable[[], float] = time.monotonic
+        self._table = WrapTable([
+            Target(_SCHEDULER_MODULE, "Scheduler.schedule", self.schedule),
+            Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output),
+            Target(_RUNNER_MODULE, "GPUModelRunner.execute_model", self.execute_model),
+            Target(_RUNNER_MODULE, "GPUModelRunner.sample_tokens", self.sample_tokens),
+        ])
+
+    def arm(self, sink: Callable[[tuple], None]) -> None:
+        """Report every step to ``sink`` (and time the model runner, where it runs in this process)."""
+        self.sink = sink
+        self.timing = True
+        self.cuda_events = None  # decided again at the next model runner's first call (a new engine may differ)
+        self.prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
+        self.last_end = None
+        self._table.wrap()
+
+    def enable_model_timing(self) -> None:
+        """Time the model runner in this process (a vLLM worker process; the EngineCore does it with arm)."""
+        self.timing = True
+        self._table.wrap()
+
+    def disarm(self) -> None:
+        self.sink = None
+        self.timing = False
+        self._table.unwrap()
+        self.pending.clear()
+        self.model.clear()
+
+    def schedule(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self.sink is None:
+            return wrapped(*args, **kwargs)
+        clock = self.clock
+        start = clock()
+        out = wrapped(*args, **kwargs)
+        left = clock()
+        try:
+            get = instance.requests.get
+            shares: list[tuple] = []
+            append = shares.append
+            for req_id, n in out.num_scheduled_tokens.items():
+                req = get(req_id)
+                if req is None:
+                    continue
+                # num_computed_tokens has already advanced by this step's n. A request is
+                # prefilling until its prompt is computed (it has no output yet), or, when it
+                # recomputes after a preemption, until all but its last sampled token are.
+                # ``before`` is also the context the step's tokens attend to (the roofline's).
+                before = req.num_computed_tokens - n
+                append((req_id, n, before < (req.num_tokens - 1 if req.num_output_tokens else req.num_tokens), before))
+            preempted = getattr(out, "preempted_req_ids", None)
+            kv = instance.kv_cache_manager.usage
+            pending = self.pending
+            if len(pending) > 64:  # update_from_output never came (engine error): don't grow
+                pending.clear()
+                self.model.clear()
+            running, waiting, n_preempted = len(instance.running), len(instance.waiting), len(preempted) if preempted else 0
+            last_end = self.last_end
+            # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
+            idle = None if last_end is None else (start - last_end if not pending else 0.0)
+            pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
+                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
+        except Exception as exc:
+            GUARD.failed("scheduler.schedule hook", exc)
+        return out
+
+    def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        sink = self.sink
+        if sink is None:
+            return wrapped(*args, **kwargs)
+        clock = self.clock
+        entered = clock()
+        result = wrapped(*args, **kwargs)
+        left = clock()
+        try:
+            scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
+            key = id(scheduler_output)
+            pending = self.pending.pop(key, None)
+            model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
+            model = getattr(model_output, _MODEL_TIME_ATTR, None)
+            if model is None and self.model:
+                model = self.model.pop(key, None)
+            if pending is not None and pending[7]:
+                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
+                end = next((o.timestamp for o in result.values()), None) if result else None
+                if not end or end < entered:
+                    end = left
+                self.last_end = left
+                if model is not None and model.__class__ is not float:
+                    model = self.cuda_seconds(model)
+                sink((self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares, blocked,
+                      scheduled - start, entered - scheduled, end - entered, idle, model))
+        except Exception as exc:
+            GUARD.failed("scheduler.update_from_output hook", exc)
+        return result
+
+    # -- model execution, timed where it runs ---------------------------------------------------
+
+    def execute_model(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        return self._time_model(False, wrapped, instance, args, kwargs)
+
+    def sample_tokens(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        return self._time_model(True, wrapped, instance, args, kwargs)
+
+    def _time_model(self, sample: bool, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not self.timing:
+            return wrapped(*args, **kwargs)
+        if self.cuda_events is None:
+            self._pick_timer(instance)
+            if not self.timing:
+                return wrapped(*args, **kwargs)
+        model = self.model
+        if sample:
+            key = self.current_model_step
+        else:
+            key = self.current_model_step = id(args[0] if args else kwargs.get("scheduler_output"))
+            if len(model) > 64:  # outputs that never reached update_from_output (errors): don't grow
+                model.clear()
+        if self.cuda_events:
+            out = self._time_cuda(key, wrapped, args, kwargs)
+        else:
+            clock = self.clock
+            t = clock()
+            try:
+                out = wrapped(*args, **kwargs)
+            finally:
+                spent = clock() - t
+                model[key] = model.get(key, 0.0) + spent
+        if out is None:
+            return out
+        try:
+            if getattr(out, "req_ids", None) and hasattr(out, "__dict__"):
+                spent = model.pop(key, None)  # a ModelRunnerOutput with requests: this step's, done
+                if spent is not None and spent.__class__ is not float:
+                    spent = self.cuda_seconds(spent)
+                if spent is not None:
+                    setattr(out, _MODEL_TIME_ATTR, spent)
+        except Exception as exc:
+            GUARD.failed("model runner timer", exc)
+        return out
+
+    def _pick_timer(self, runner: Any) -> None:
+        """CUDA events where the runner's device is a CUDA device, wall time otherwise; decided once.
+        A CPU model runner in the EngineCore's own thread (UniProcExecutor) is not timed: the step's
+        execute time is the same wall time there, and the EngineCore's loop is spared the timers."""
+        try:
+            device = getattr(runner, "device", None)
+            if getattr(device, "type", None) == "cuda":
+                import torch
+                self.cuda_events = torch.cuda.Event
+            else:
+                self.cuda_events = False
+                if self.sink is not None:
+                    self.timing = False
+        except Exception as exc:
+            self.cuda_events = False
+            GUARD.failed("model timer", exc)
+
+    def _time_cuda(self, key: int, wrapped: Any, args: tuple, kwargs: dict) -> Any:
+        """Events on the current stream around the call: the device's time for it. They are read once
+        the step's sampled tokens reached the host (a synchronising copy), so reading never waits."""
+        pool, make = self.event_pool, self.cuda_events
+        begin = pool.pop() if pool else make(enable_timing=True)
+        begin.record()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            finish = pool.pop() if pool else make(enable_timing=True)
+            finish.record()
+            events = self.model.get(key)
+            if events is None or events.__class__ is float:
+                self.model[key] = events = []
+            events.append((begin, finish))
+
+    def cuda_seconds(self, events: list) -> float | None:
+        total = 0.0
+        for begin, finish in events:
+            if not finish.query():  # not done yet: report nothing rather than wait (and drop these events)
+                return None
+            total += begin.elapsed_time(finish) / 1e3
+        if len(self.event_pool) < 64:  # read: reusable
+            for pair in events:
+                self.event_pool.extend(pair)
+        return total
 
 
 def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
@@ -278,166 +434,6 @@ def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempt
     except (AttributeError, IndexError):  # another vLLM's internals: the step record is worth more than this
         pass
     return BLOCKED_OTHER  # a limit we do not model (LoRA slots, remote KV, grammar, encoder budget)
-
-
-def _update_from_output(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    global _last_end
-    if _sink is None:
-        return wrapped(*args, **kwargs)
-    entered = _monotonic()
-    result = wrapped(*args, **kwargs)
-    left = _monotonic()
-    try:
-        scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
-        key = id(scheduler_output)
-        pending = _pending.pop(key, None)
-        model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
-        model = getattr(model_output, _MODEL_TIME_ATTR, None)
-        if model is None and _model:
-            model = _model.pop(key, None)
-        if pending is not None and pending[7]:
-            start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
-            end = next((o.timestamp for o in result.values()), None) if result else None
-            if not end or end < entered:
-                end = left
-            _last_end = left
-            if model is not None and model.__class__ is not float:
-                model = _cuda_seconds(model)
-            _sink((_prefix | next(_counter), start, end, running, waiting, preempted, kv, shares, blocked,
-                   scheduled - start, entered - scheduled, end - entered, idle, model))
-    except Exception as exc:
-        GUARD.failed("scheduler.update_from_output hook", exc)
-    return result
-
-
-# -- model execution, timed where it runs --------------------------------------------------------
-#
-# The model runner runs in the EngineCore process (UniProcExecutor) or in worker processes
-# (MultiprocExecutor: vLLM's default on CPU, and with tensor parallelism). Either way the time of a
-# step's forward + sampling is attached to the ModelRunnerOutput it returns, as one attribute: the
-# object is pickled to the EngineCore (its __dict__ travels with it) and handed to
-# update_from_output, where the step record picks it up. An asynchronous output (vLLM's async
-# scheduling) is resolved later: in-process its time waits in ``_model`` under the step's key.
-
-_timing = False  # model runner hooks on: in the EngineCore (with a sink) or in a worker (plugin)
-_MODEL_TIME_ATTR = "_otel_llm_model_s"
-_cuda_events: Any = None  # torch.cuda.Event, once a model runner on a CUDA device was seen; False: CPU
-
-
-def _model_timer(sample: bool) -> Callable[..., Any]:
-    """A wrapper for the model runner's ``execute_model`` (sample=False) or ``sample_tokens`` (True)."""
-    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        global _current_model_step
-        if not _timing:
-            return wrapped(*args, **kwargs)
-        if _cuda_events is None:
-            _pick_timer(instance)
-            if not _timing:
-                return wrapped(*args, **kwargs)
-        if sample:
-            key = _current_model_step
-        else:
-            key = _current_model_step = id(args[0] if args else kwargs.get("scheduler_output"))
-            if len(_model) > 64:  # outputs that never reached update_from_output (errors): don't grow
-                _model.clear()
-        if _cuda_events:
-            out = _time_cuda(key, wrapped, args, kwargs)
-        else:
-            t = _monotonic()
-            try:
-                out = wrapped(*args, **kwargs)
-            finally:
-                spent = _monotonic() - t
-                _model[key] = _model.get(key, 0.0) + spent
-        if out is None:
-            return out
-        try:
-            if getattr(out, "req_ids", None) and hasattr(out, "__dict__"):
-                spent = _model.pop(key, None)  # a ModelRunnerOutput with requests: this step's, done
-                if spent is not None and spent.__class__ is not float:
-                    spent = _cuda_seconds(spent)
-                if spent is not None:
-                    setattr(out, _MODEL_TIME_ATTR, spent)
-        except Exception as exc:
-            GUARD.failed("model runner timer", exc)
-        return out
-    return wrapper
-
-
-def enable_model_timing() -> None:
-    """Time the model runner in this process (a vLLM worker process; the EngineCore does it with set_sink)."""
-    global _timing
-    _timing = True
-    _HOOKS.wrap()
-
-
-def _pick_timer(runner: Any) -> None:
-    """CUDA events where the runner's device is a CUDA device, wall time otherwise; decided once.
-    A CPU model runner in the EngineCore's own thread (UniProcExecutor) is not timed: the step's
-    execute time is the same wall time there, and the EngineCore's loop is spared the timers."""
-    global _cuda_events, _timing
-    try:
-        device = getattr(runner, "device", None)
-        if getattr(device, "type", None) == "cuda":
-            import torch
-            _cuda_events = torch.cuda.Event
-        else:
-            _cuda_events = False
-            if _sink is not None:
-                _timing = False
-    except Exception as exc:
-        _cuda_events = False
-        GUARD.failed("model timer", exc)
-
-
-def _time_cuda(key: int, wrapped: Any, args: tuple, kwargs: dict) -> Any:
-    """Events on the current stream around the call: the device's time for it. They are read once
-    the step's sampled tokens reached the host (a synchronising copy), so reading never waits."""
-    pool = _event_pool
-    begin = pool.pop() if pool else _cuda_events(enable_timing=True)
-    begin.record()
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        finish = pool.pop() if pool else _cuda_events(enable_timing=True)
-        finish.record()
-        events = _model.get(key)
-        if events is None or events.__class__ is float:
-            _model[key] = events = []
-        events.append((begin, finish))
-
-
-def _cuda_seconds(events: list) -> float | None:
-    total = 0.0
-    for begin, finish in events:
-        if not finish.query():  # not done yet: report nothing rather than wait (and drop these events)
-            return None
-        total += begin.elapsed_time(finish) / 1e3
-    if len(_event_pool) < 64:  # read: reusable (creating events costs more than recording them)
-        for pair in events:
-            _event_pool.extend(pair)
-    return total
-
-
-_event_pool: list[Any] = []
-
-
-_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # the CPU model runner inherits both methods
-_HOOKS = WrapTable([
-    Target(_SCHEDULER_MODULE, "Scheduler.schedule", _schedule),
-    Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", _update_from_output),
-    Target(_RUNNER_MODULE, "GPUModelRunner.execute_model", _model_timer(False)),
-    Target(_RUNNER_MODULE, "GPUModelRunner.sample_tokens", _model_timer(True)),
-])
-
-
-def remove_hooks() -> None:
-    global _sink, _timing
-    _sink = None
-    _timing = False
-    _HOOKS.unwrap()
-    _pending.clear()
-    _model.clear()
 
 
 def in_api_server_process() -> bool:
@@ -461,13 +457,21 @@ def plugin() -> None:
     Only a spawned EngineCore reports, to the frontends of the directory it inherited. A
     frontend, and an engine running inside it, is fed by ``instrument()`` directly.
     """
+    global _plugin_hooks
     directory = os.environ.get(STEP_DIR_ENV)
-    if not directory:
+    if not directory or _plugin_hooks is not None:
         return
     try:
         if in_engine_process():
-            set_sink(SocketSink(directory))
+            _plugin_hooks = StepHooks()
+            _plugin_hooks.arm(SocketSink(directory))
         elif in_worker_process():  # the model runs here (multiprocess executor): time it
-            enable_model_timing()
+            _plugin_hooks = StepHooks()
+            _plugin_hooks.enable_model_timing()
     except Exception as exc:
         GUARD.failed("vllm plugin", exc)
+
+
+# The plugin's hooks: armed once in a spawned EngineCore or worker, for the life of that process
+# (vLLM calls the plugin once per process; there is no instrumentor there to own them).
+_plugin_hooks: StepHooks | None = None

@@ -51,9 +51,12 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 
 class VLLMWrappers:
-    def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None) -> None:
+    def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
+                 open_receiver: Callable[[], StepReceiver] | None = None) -> None:
         self.telemetry = telemetry
         self.receiver = receiver
+        # the process's step socket, from its owner (the instrumentor: it outlives this object)
+        self.open_receiver = open_receiver or steps.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.bind = Binders()
         self._told_log_stats = False
@@ -74,7 +77,7 @@ class VLLMWrappers:
             GUARD.failed("vllm engine __init__ (before)", exc)
         if self.steps_armed and self.receiver is None:
             try:  # before the EngineCore starts sending: this process's socket in the step directory
-                self.receiver = steps.shared_receiver()
+                self.receiver = self.open_receiver()
             except Exception as exc:
                 GUARD.failed("vllm step receiver", exc)
         result = wrapped(*args, **kwargs)
