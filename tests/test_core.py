@@ -374,6 +374,25 @@ def test_boolean_options_take_python_bools_and_strings():
     assert Config.resolve({}, environ={"OTEL_LLM_CAPTURE_CONTENT": "true"}).capture_content is True
 
 
+@pytest.mark.parametrize("shared, ours, explicit, expected", [
+    ("true", None, None, True), ("SPAN_ONLY", None, None, True), ("span_and_event", None, None, True),
+    ("EVENT_ONLY", None, None, False), ("NO_CONTENT", None, None, False), ("false", None, None, False),
+    ("true", "false", None, False),  # ours, the more specific, wins over the ecosystem's variable
+    ("true", None, False, False),  # and an explicit argument over both
+    (None, None, None, False),
+])
+def test_content_capture_follows_the_genai_instrumentations_variable(shared, ours, explicit, expected):
+    env = {k: v for k, v in (("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", shared),
+                             ("OTEL_LLM_CAPTURE_CONTENT", ours)) if v is not None}
+    config = Config.resolve({"capture_content": explicit}, environ=env)
+    assert config.capture_content is expected
+
+
+def test_a_bad_genai_capture_value_names_the_variable():
+    with pytest.raises(ValueError, match="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"):
+        Config.resolve({}, environ={"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "sometimes"})
+
+
 def test_instrument_imports_no_engine_the_process_does_not_use():
     import subprocess
     import sys

@@ -98,6 +98,20 @@ def _peak(raw: str | float) -> float:
     return value
 
 
+def _genai_capture(raw: str) -> bool:
+    """The GenAI instrumentations' shared switch: ``true``/``false``, or the newer modes, of which only
+    the ones that put content on spans turn our capture on (we emit no content events)."""
+    v = str(raw).strip().upper()
+    if v in ("SPAN_ONLY", "SPAN_AND_EVENT"):
+        return True
+    if v in ("NO_CONTENT", "EVENT_ONLY"):
+        return False
+    return _bool(raw)
+
+
+GENAI_CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -105,6 +119,8 @@ class Option:
     parse: Callable[[Any], Any]
     default: Any
     doc: str
+    # an ecosystem-wide variable read when ours is unset (ours wins: it is the more specific)
+    shared_env: tuple[str, Callable[[Any], Any]] | None = None
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -119,7 +135,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("tail_quantile", "OTEL_LLM_TAIL_QUANTILE", _quantile, 0.99,
            "Keep requests slower (end-to-end) than this running quantile of their model; 0 turns it off"),
     Option("capture_content", "OTEL_LLM_CAPTURE_CONTENT", _bool, False,
-           "Record prompts and completions on spans (sensitive: off by default)"),
+           "Record prompts and completions on spans (sensitive: off by default); when unset, "
+           f"`{GENAI_CAPTURE_ENV}` (`true`, `SPAN_ONLY` or `SPAN_AND_EVENT` turn it on)",
+           shared_env=(GENAI_CAPTURE_ENV, _genai_capture)),
     Option("engine_steps", "OTEL_LLM_ENGINE_STEPS", _bool, True,
            "Record engine steps (batch composition) and emit `llm.engine.step` spans for kept requests"),
     Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
@@ -197,6 +215,12 @@ class Config:
                     values[opt.name] = opt.parse(env[opt.env])
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"{opt.env}: {exc}") from None
+            elif opt.shared_env is not None and env.get(opt.shared_env[0], "").strip():
+                name, parse = opt.shared_env
+                try:
+                    values[opt.name] = parse(env[name])
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{name}: {exc}") from None
             else:
                 values[opt.name] = opt.default
         return cls(**values)
