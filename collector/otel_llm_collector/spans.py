@@ -27,7 +27,7 @@ from otel_llm.core.summary import CONVERTERS, RequestSummary
 from otel_llm.otlp import encode
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.otlp.view import (SERVICE_NAME, SPAN_KIND_CLIENT, RequestView, SpanView, any_value, decode_spans,
-                                is_error, read_resource, typed_decoders, value_of)
+                                is_error, read_resource, scope_name, typed_decoders, value_of)
 
 from .fast.summary import summary_reader
 
@@ -122,6 +122,11 @@ def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, 
     return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
 
 
+def native_provider_of(scope: str) -> str | None:
+    """``gen_ai.provider.name`` of an engine's own span, by its tracer's instrumentation scope (a prefix)."""
+    return next((provider for prefix, provider in sc.NATIVE_SCOPE_PROVIDERS if scope.startswith(prefix)), None)
+
+
 TYPED = typed_decoders(CONVERTERS)  # decoders of encoded values into RequestSummary fields, by kind
 _read_summary = summary_reader(value_of, TYPED)
 _is_error = is_error
@@ -149,6 +154,7 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
         resource_key = (resource, rs.schema_url)
         for ss in rs.scope_spans:
             group = Group(resource_key, (ss.scope, ss.schema_url), service)
+            native_provider = native_provider_of(scope_name(ss.scope)) if ss.scope else None
             for encoded in ss.spans:
                 span = read_span(encoded)
                 tid = span.trace_id
@@ -173,6 +179,8 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
                         if key in attrs:
                             facts = _encoded_request_facts(tid, service, attrs, bool(parent))
                             if facts is not None:
+                                if facts.summary.provider is None and facts.source == "native":
+                                    facts.summary.provider = native_provider  # the engine's tracer's scope
                                 requests.append(facts)
                             break
                     else:

@@ -156,6 +156,12 @@ STEP_QUEUE_BLOCKED = "llm.engine.step.queue_blocked"  # why requests stayed wait
 # value then, and we use each engine's Python import name (see the README, "TensorRT-LLM").
 PROVIDER_VLLM = "vllm"
 PROVIDER_TENSORRT_LLM = "tensorrt_llm"
+# The engines' own ``llm_request`` spans carry no provider; their tracers' instrumentation scope names it, by
+# prefix: vLLM 0.32 ends the span through ``manual_instrument_otel`` (scope ``vllm.tracing.otel``), earlier
+# releases through ``init_tracer("vllm.llm_engine", ...)``; TensorRT-LLM ``tracing.init_tracer("trt.llm", ...)``
+# (tensorrt_llm/llmapi/llm.py, serve/openai_server.py).
+NATIVE_SCOPE_PROVIDERS = (("vllm.", PROVIDER_VLLM), ("trt.llm", PROVIDER_TENSORRT_LLM),
+                          ("tensorrt_llm", PROVIDER_TENSORRT_LLM))
 
 # Ours: request facts only TensorRT-LLM reports (its RequestPerfMetrics), on the request span
 KV_CACHE_REUSED_BLOCKS = "llm.request.kv_cache.reused_blocks"

@@ -17,10 +17,11 @@ malformed input is refused there); this view only reads what was accepted.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
@@ -141,6 +142,15 @@ def read_resource(encoded: bytes, keys: frozenset[str] = frozenset()) -> tuple[s
             break
     values = [(kv.key, any_value(kv.value)) for kv in resource.attributes if kv.key in keys] if keys else []
     return service, values
+
+
+@lru_cache(maxsize=256)  # once per distinct scope: exporters send the same few
+def scope_name(encoded: bytes) -> str:
+    """An encoded ``InstrumentationScope``'s name ("" when it has none or cannot be read)."""
+    try:
+        return InstrumentationScope.FromString(encoded).name
+    except Exception:  # a malformed scope costs only its name (the spans were validated already)
+        return ""
 
 
 def decode_spans(encoded: Iterable[bytes]) -> list[Span]:

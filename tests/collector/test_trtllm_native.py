@@ -185,6 +185,23 @@ def test_native_trtllm_spans_give_trtllm_formulas(gateway: Gateway) -> None:
     assert gateway.telemetry.value("llm_metrics_requests", source="native") == n_requests + 1
 
 
+@pytest.mark.parametrize("scope, provider", [("trt.llm", "tensorrt_llm"), ("vllm.llm_engine", "vllm"),
+                                             ("vllm.tracing.otel", "vllm"), ("someone.else", None), ("", None)])
+def test_a_native_span_gets_its_provider_from_its_tracers_scope(gateway: Gateway, scope: str,
+                                                                 provider: str | None) -> None:
+    """The engines' own spans name no provider (the conventions require one on the derived series): the
+    instrumentation scope of the engine's tracer says which engine sent it; an unknown scope says nothing."""
+    m = metrics_dict(10.0, 10.1, 10.2, 11.0, 5)
+    request = export_request(native_span(7, native_attributes(m, request_id=7, prompt_tokens=3, completion_tokens=5,
+                                                              finish_reason="length"), 10.0, 11.0))
+    request.resource_spans[0].scope_spans[0].scope.name = scope
+    gateway.ingest(request)
+    providers = {dict(p.attributes).get("gen_ai.provider.name")
+                 for rm in gateway.metric_reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                 for mt in sm.metrics if mt.name == TOKEN_USAGE for p in mt.data.data_points}
+    assert providers == {provider}
+
+
 def test_finish_reason_is_read_from_trtllms_json_string() -> None:
     from otel_llm.core.summary import RequestSummary
 

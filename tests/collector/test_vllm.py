@@ -79,6 +79,10 @@ def test_native_vllm_spans_ttft_matches_vllm_own_numbers(run) -> None:
     assert derived[0] == result["requests"] == result["vllm_ttft"]["count"]
     assert derived[1] == pytest.approx(result["vllm_ttft"]["sum"], rel=1e-9, abs=1e-9)
     assert native.telemetry.value("llm_metrics_requests", source="native") == result["requests"]
+    # vLLM's span names no provider; its tracer's scope (vllm.tracing.otel in 0.32) does: the series carry it
+    providers = {p["attributes"].get("gen_ai.provider.name") for p in gateway_points(native)[
+        "gen_ai.server.time_to_first_token"]}
+    assert providers == {"vllm"}
 
 
 def test_sdk_spans_yield_the_sdks_own_metrics(run) -> None:
