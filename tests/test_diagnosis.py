@@ -9,9 +9,7 @@ from types import SimpleNamespace
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_core import Harness  # the pipeline on constructed timelines
 from traces import engine_steps
 
 from otel_llm.core import semconv as sc
@@ -20,7 +18,6 @@ from otel_llm.core.diagnosis import devices
 from otel_llm.core.diagnosis.anatomy import StepDiagnosis
 from otel_llm.core.diagnosis.gpu import GpuSampler, throttle_names, visible_devices
 from otel_llm.core.diagnosis.roofline import ModelShape, roofline, step_cost
-from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
 from otel_llm.instrumentation.vllm import steps
@@ -272,16 +269,6 @@ def test_model_time_rides_on_the_runner_output_across_processes():
 
 
 # -- the frontend: span attributes and step metrics ---------------------------------------------------
-
-
-class Harness:
-    def __init__(self, **options) -> None:
-        self.exporter = InMemorySpanExporter()
-        tp = TracerProvider()
-        tp.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.reader = InMemoryMetricReader()
-        mp = MeterProvider(metric_readers=[self.reader])
-        self.telemetry = Pipeline(Config.resolve(options, environ={}), tp.get_tracer("t"), mp.get_meter("t"), "t")
 
 
 def test_step_span_and_metrics_carry_anatomy_and_roofline():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.summary import CONVERTERS, RequestSummary
+from otel_llm.core.summary import CONVERTERS, RequestSummary, native_provider_of
 from otel_llm.otlp import encode
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.otlp.view import (SERVICE_NAME, SPAN_KIND_CLIENT, RequestView, SpanView, any_value, decode_spans,
@@ -120,11 +120,6 @@ def _encoded_request_facts(trace_id: bytes, service: str, encoded: Mapping[str, 
         reason = value_of(reason)
     source = "otel_llm" if sc.LATENCY_E2E in encoded or sc.LATENCY_TTFT in encoded else "native"
     return RequestFacts(trace_id, service, summary, source, reason if isinstance(reason, str) else None, parented)
-
-
-def native_provider_of(scope: str) -> str | None:
-    """``gen_ai.provider.name`` of an engine's own span, by its tracer's instrumentation scope (a prefix)."""
-    return next((provider for prefix, provider in sc.NATIVE_SCOPE_PROVIDERS if scope.startswith(prefix)), None)
 
 
 TYPED = typed_decoders(CONVERTERS)  # decoders of encoded values into RequestSummary fields, by kind

@@ -210,19 +210,15 @@ class Config:
             given = explicit.get(opt.name)
             if given is not None:
                 values[opt.name] = opt.parse(given)
-            elif env.get(opt.env, "").strip():
-                try:
-                    values[opt.name] = opt.parse(env[opt.env])
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{opt.env}: {exc}") from None
-            elif opt.shared_env is not None and env.get(opt.shared_env[0], "").strip():
-                name, parse = opt.shared_env
-                try:
-                    values[opt.name] = parse(env[name])
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{name}: {exc}") from None
-            else:
-                values[opt.name] = opt.default
+                continue
+            values[opt.name] = opt.default
+            for name, parse in ((opt.env, opt.parse), *((opt.shared_env,) if opt.shared_env else ())):
+                if env.get(name, "").strip():  # ours first, then the ecosystem's
+                    try:
+                        values[opt.name] = parse(env[name])
+                    except (TypeError, ValueError) as exc:
+                        raise ValueError(f"{name}: {exc}") from None
+                    break
         return cls(**values)
 
 

@@ -34,24 +34,28 @@ class GapSummary:
         return sum(self.counts)
 
 
+def sorted_gap_summary(gaps: Sequence[float], total: float, buckets: Sequence[float] = ITL_BUCKETS) -> GapSummary:
+    """The summary of one token per gap, from the gaps already sorted (at least one). The sort is C; then
+    one bisection per boundary, so the Python-level work is per bucket, not per token. A value v belongs
+    to the first bucket whose boundary is >= v (the SDK's bisect_left): bucket i holds (b[i-1], b[i]]."""
+    counts = [0] * (len(buckets) + 1)
+    below = 0
+    for i, bound in enumerate(buckets):
+        upto = bisect_right(gaps, bound, below)
+        counts[i] = upto - below
+        below = upto
+    counts[-1] = len(gaps) - below
+    return GapSummary(counts, total, gaps[0], gaps[-1], gaps[-1])
+
+
 def gap_summary(token_ts: Sequence[float], multi_token_steps: dict[int, int] | None = None,
                 buckets: Sequence[float] = ITL_BUCKETS) -> GapSummary | None:
     """The bucketed gaps of one request's token stamps; None with fewer than two stamps."""
     if len(token_ts) < 2:
         return None
+    if not multi_token_steps:  # one token per stamp (the common case)
+        return sorted_gap_summary(sorted(map(sub, token_ts[1:], token_ts)), token_ts[-1] - token_ts[0], buckets)
     counts = [0] * (len(buckets) + 1)
-    if not multi_token_steps:
-        # one token per stamp (the common case): the gaps sorted (C), then one bisection per boundary, so
-        # the Python-level work is per bucket, not per token. A value v belongs to the first bucket whose
-        # boundary is >= v (the SDK's bisect_left), so bucket i holds the values in (b[i-1], b[i]].
-        gaps = sorted(map(sub, token_ts[1:], token_ts))
-        below = 0
-        for i, bound in enumerate(buckets):
-            upto = bisect_right(gaps, bound, below)
-            counts[i] = upto - below
-            below = upto
-        counts[-1] = len(gaps) - below
-        return GapSummary(counts, token_ts[-1] - token_ts[0], gaps[0], gaps[-1], gaps[-1])
     lo, hi, longest = float("inf"), float("-inf"), 0.0
     for i in range(1, len(token_ts)):
         gap = token_ts[i] - token_ts[i - 1]

@@ -124,6 +124,12 @@ class RequestSummary:
         )
 
 
+def native_provider_of(scope: str) -> str | None:
+    """``gen_ai.provider.name`` of an engine's own ``llm_request`` span (which names none), by its
+    tracer's instrumentation scope (a prefix; see ``semconv.NATIVE_SCOPE_PROVIDERS``)."""
+    return next((provider for prefix, provider in sc.NATIVE_SCOPE_PROVIDERS if scope.startswith(prefix)), None)
+
+
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) and v else None
 

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from ...core import semconv as sc
 from ...core.guard import GUARD
 from ...core.client_metrics import TIME_PER_OUTPUT_CHUNK, ClientSummary
-from ...core.inter_token import gap_summary
+from ...core.inter_token import sorted_gap_summary
 from .messages import Output, dumps
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class CallRecord:
     """State of one call. Per chunk only ``chunk`` runs; everything else runs once."""
 
     __slots__ = ("owner", "span", "operation", "model", "stream", "server", "start", "start_wall_ns",
-                 "stamps", "first_content", "chars", "kinds", "tpot_limit",
+                 "stamps", "_sorted_gaps", "first_content", "chars", "kinds", "tpot_limit",
                  "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens",
                  "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
                  "done", "__weakref__")
@@ -57,6 +57,7 @@ class CallRecord:
         self.start = time.perf_counter()
         # arrival time of every output chunk (8 bytes each): the hot path appends, ``finish`` explains
         self.stamps = array("d")
+        self._sorted_gaps: list[float] = []  # the gaps between stamps, sorted: computed once they are read
         self.first_content: float | None = None  # the first chunk with generated content
         self.chars = 0
         self.kinds = 0
@@ -104,13 +105,19 @@ class CallRecord:
     def last(self) -> float | None:
         return self.stamps[-1] if self.stamps else None
 
-    def gaps(self) -> tuple[float, int]:
-        """The largest gap between consecutive chunks and how many gaps exceed the TPOT SLO
-        (C-level passes over the stamps: a sort, not a Python loop per chunk)."""
+    def sorted_gaps(self) -> list[float]:
+        """The gaps between consecutive chunks, sorted (a C-level sort, not a Python loop per chunk);
+        sorted again only when chunks arrived since the last call."""
         s = self.stamps
-        if len(s) < 2:
+        if len(self._sorted_gaps) != max(len(s) - 1, 0):
+            self._sorted_gaps = sorted(map(sub, s[1:], s[:-1]))
+        return self._sorted_gaps
+
+    def gaps(self) -> tuple[float, int]:
+        """The largest gap between consecutive chunks and how many gaps exceed the TPOT SLO."""
+        gaps = self.sorted_gaps()
+        if not gaps:
             return 0.0, 0
-        gaps = sorted(map(sub, s[1:], s[:-1]))
         limit = self.tpot_limit
         return gaps[-1], (len(gaps) - bisect_right(gaps, limit)) if limit != math.inf else 0
 
@@ -164,7 +171,8 @@ class CallRecord:
             if len(stamps) > 1:
                 s.time_per_output_chunk = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
                 if s.error_type is None:  # the conventions' per-chunk histogram: successful streams only
-                    s.gaps = gap_summary(stamps, None, TIME_PER_OUTPUT_CHUNK.buckets)
+                    s.gaps = sorted_gap_summary(self.sorted_gaps(), stamps[-1] - stamps[0],
+                                                TIME_PER_OUTPUT_CHUNK.buckets)
             tokens = self.output_tokens
             # vLLM's benchmark definition: (e2e - ttft) / (output tokens - 1); else per chunk.
             s.tpot = (s.e2e - s.ttft) / (tokens - 1) if tokens and tokens > 1 else s.time_per_output_chunk
