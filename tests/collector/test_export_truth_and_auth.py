@@ -118,6 +118,49 @@ service: {{shutdown_timeout: 1s}}
             proc.wait()
 
 
+def test_a_signal_delivered_to_another_thread_still_stops_the_gateway() -> None:
+    """The kernel hands a process-directed SIGTERM to any thread; Python's handler then runs only when the
+    main thread executes bytecode. ``wait_for_signal`` must wake for it; an untimed ``Event.wait`` never
+    does (the gateway ignored SIGTERM under load). Aimed at a sleeping helper thread on purpose."""
+    import threading
+
+    from otel_llm_collector.cli import wait_for_signal
+
+    stop = threading.Event()
+    by_handler = threading.Event()
+    helper_up = threading.Event()
+    release = threading.Event()
+
+    def handler(*_: object) -> None:
+        by_handler.set()
+        stop.set()
+
+    def helper() -> None:
+        helper_up.set()
+        release.wait(60)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    t = threading.Thread(target=helper, daemon=True)
+    gave_up = threading.Event()
+
+    def give_up() -> None:  # so a regression fails instead of hanging the suite
+        gave_up.set()
+        stop.set()
+
+    fallback = threading.Timer(30, give_up)
+    try:
+        t.start()
+        helper_up.wait(10)
+        fallback.start()
+        signal.pthread_kill(t.ident, signal.SIGUSR1)
+        wait_for_signal(stop)
+        assert by_handler.is_set() and not gave_up.is_set(), "the handler did not run while the main thread waited"
+    finally:
+        fallback.cancel()
+        release.set()
+        signal.signal(signal.SIGUSR1, previous)
+
+
 # -- authentication --------------------------------------------------------------------------------
 
 def _auth_config(tmp_path: Path, monkeypatch) -> CollectorConfig:
