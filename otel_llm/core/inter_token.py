@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from operator import sub
 from typing import Sequence
 
-from .metrics import INTER_TOKEN_LATENCY
+from .buckets import INTER_TOKEN_BUCKETS
 
-ITL_BUCKETS = INTER_TOKEN_LATENCY.buckets
+ITL_BUCKETS = INTER_TOKEN_BUCKETS
+_INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -64,3 +65,33 @@ def gap_summary(token_ts: Sequence[float], multi_token_steps: dict[int, int] | N
         counts[bisect_left(buckets, per_token)] += k
         lo, hi, longest = min(lo, per_token), max(hi, per_token), max(longest, gap)
     return GapSummary(counts, token_ts[-1] - token_ts[0], lo, hi, longest)
+
+
+def from_counts(counts: Sequence[int], decode: float | None, max_gap: float | None,
+                buckets: Sequence[float] = ITL_BUCKETS) -> GapSummary | None:
+    """The summary a request span's bucket counts (``llm.latency.inter_token.bucket_counts``) stand for, as
+    the collector adds it to its histogram; None when the counts do not fit ``buckets`` or count nothing.
+    The counts are exact. The sum is the span's decode time (the gaps add up to the first-to-last-token
+    time; without it, each bucket's midpoint). Min and max are bounds: the lowest non-empty bucket's lower
+    edge, and the highest non-empty bucket's upper edge, or the longest gap where that is smaller."""
+    if len(counts) != len(buckets) + 1:
+        return None
+    if max_gap is not None and not 0 <= max_gap < _INF:  # a client's NaN, inf or negative: not a gap
+        max_gap = None
+    smallest = next(filter(None, counts), 0)  # the first non-zero count (C-level scans: this runs per span)
+    if not smallest:
+        return None
+    first = counts.index(smallest)
+    last = len(counts) - 1 - counts[::-1].index(next(filter(None, reversed(counts))))
+    lo = buckets[first - 1] if first else 0.0
+    hi = buckets[last] if last < len(buckets) else _INF
+    if max_gap is not None and max_gap < hi:
+        hi = max(max_gap, lo)
+    if hi == _INF:
+        hi = buckets[-1]  # above the last boundary and no longest gap: the boundary is what is known
+    if decode is not None and 0 <= decode < _INF:
+        total = decode
+    else:
+        edges = (0.0, *buckets, buckets[-1])
+        total = sum(c * (edges[i] + edges[i + 1]) / 2 for i, c in enumerate(counts) if c)
+    return GapSummary(list(counts), total, lo, hi, max_gap if max_gap is not None else hi)

@@ -17,17 +17,11 @@ from opentelemetry.metrics import Meter
 
 from . import semconv as sc
 from .sdk_metrics import CountsRecorder, bind_counts, bind_value
+from .buckets import (DURATION_BUCKETS, INTER_TOKEN_BUCKETS, PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS,
+                      TPOT_BUCKETS, TTFT_BUCKETS)
 from .slo import SLO, SLOTable
 from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
-TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
-# Phase durations are often sub-millisecond on a fast engine: TTFT's fine low end, then the duration scale.
-PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                 20.48, 40.96, 81.92)
-RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
 @dataclass(frozen=True)
@@ -112,7 +106,7 @@ SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
 # One value per output token after the first, for every request: recorded as each request's bucket counts
 # (core/inter_token.py, core/sdk_metrics.py), not through ``HistogramSpec.value``.
 INTER_TOKEN_LATENCY = HistogramSpec(
-    "llm.server.inter_token.latency", "s", TPOT_BUCKETS,
+    "llm.server.inter_token.latency", "s", INTER_TOKEN_BUCKETS,
     "Time between consecutive output tokens, every token of every request (a step that produced k tokens "
     "after a gap g counts k tokens of g/k)", attrgetter("gaps"))
 # the server histograms by summary field, for code that names one (the dashboard's panels)

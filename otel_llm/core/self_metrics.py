@@ -94,7 +94,8 @@ GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
                   "Requests recorded in their service's overflow series (label set not admitted: "
                   "max_series[_per_service])"),
     GatewayMetric("llm_metrics_values_refused", "counter", ("reason",),
-                  "Values not recorded (sum_overflow: the histogram's sum would become +Inf)"),
+                  "Values not recorded (sum_overflow: the histogram's sum would become +Inf; bad_counts: bucket counts "
+                  "that do not fit the histogram)"),
     GatewayMetric("ttft_join_joined", "counter", (),
                   "Client calls joined with their server request (TTFT overhead recorded)"),
     GatewayMetric("ttft_join_forgotten", "counter", (),

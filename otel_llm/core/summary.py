@@ -12,12 +12,10 @@ import json
 import math
 from types import MappingProxyType
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from . import semconv as sc
-
-if TYPE_CHECKING:
-    from .inter_token import GapSummary
+from .inter_token import GapSummary, from_counts
 
 
 @dataclass(slots=True)
@@ -40,7 +38,7 @@ class RequestSummary:
     error_type: str | None = None
     slow_cause: str | None = None  # the slow-cause verdict (llm.slow.cause), where one was made
     max_gap: float | None = None  # the longest gap between two steps that produced tokens (seconds)
-    gaps: "GapSummary | None" = None  # the bucketed inter-token latencies (core/inter_token.py)
+    gaps: GapSummary | None = None  # the bucketed inter-token latencies (core/inter_token.py)
 
     @property
     def failed(self) -> bool:
@@ -95,6 +93,9 @@ class RequestSummary:
             values[_OPERATION] = "text_completion"
         if not values[_PREEMPTIONS]:
             values[_PREEMPTIONS] = 0
+        counts = values[_GAPS]
+        if counts is not None:  # the span's bucket counts -> the summary the histogram adds (or None: unusable)
+            values[_GAPS] = from_counts(counts, values[_DECODE], values[_MAX_GAP])
         return cls(*values)
 
     @classmethod
@@ -168,6 +169,18 @@ def _int(v: Any) -> int | None:
     return int(v)
 
 
+_INT_ONLY = {int}  # (bool is not int here: type(True) is bool)
+_MAX_COUNT = 2**32  # per bucket: more tokens than any request has; a client's huge number is refused
+
+
+def _counts(v: Any) -> tuple[int, ...] | None:
+    """``llm.latency.inter_token.bucket_counts``: non-negative integer counts (checked against the
+    histogram's width by ``inter_token.from_counts``)."""
+    if not isinstance(v, (list, tuple)) or not v or set(map(type, v)) != _INT_ONLY:  # checks in C, not per count
+        return None
+    return tuple(v) if min(v) >= 0 and max(v) < _MAX_COUNT else None
+
+
 def _first(v: Any) -> str | None:
     if isinstance(v, str):
         return v
@@ -177,13 +190,17 @@ def _first(v: Any) -> str | None:
 
 
 # How ``_from_ours`` converts a value read for a field, by kind (the kinds of ``ATTRIBUTE_SLOTS``).
-CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first}
+CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first,
+                                               "counts": _counts}
 
 # Our attribute names -> (position in RequestSummary's fields, converter kind), for ``_from_ours``.
 _FIELDS = tuple(f.name for f in fields(RequestSummary))
 _N_FIELDS = len(_FIELDS)
 _OPERATION = _FIELDS.index("operation")
 _PREEMPTIONS = _FIELDS.index("num_preemptions")
+_GAPS = _FIELDS.index("gaps")
+_DECODE = _FIELDS.index("decode")
+_MAX_GAP = _FIELDS.index("max_gap")
 _KINDS: dict[str, tuple[int, str]] = {
     key: (_FIELDS.index(name), kind) for key, name, kind in (
         (sc.REQUEST_MODEL, "model", "str"),
@@ -204,6 +221,7 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.ERROR_TYPE, "error_type", "str"),
         (sc.SLOW_CAUSE, "slow_cause", "str"),
         (sc.LATENCY_MAX_GAP, "max_gap", "float"),
+        (sc.LATENCY_ITL_COUNTS, "gaps", "counts"),
     )
 }
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)

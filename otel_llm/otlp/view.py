@@ -16,6 +16,7 @@ malformed input is refused there); this view only reads what was accepted.
 
 from __future__ import annotations
 
+import re
 import struct
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
@@ -65,6 +66,7 @@ def _build() -> descriptor_pool.DescriptorPool:
                               ("scope_spans", 2, _F.TYPE_MESSAGE, True, "ScopeSpans"),
                               ("schema_url", 3, _F.TYPE_STRING, False, "")])
     message("ExportTraceServiceRequest", [("resource_spans", 1, _F.TYPE_MESSAGE, True, "ResourceSpans")])
+    message("Varints", [("values", 1, _F.TYPE_UINT64, True, "")])  # packed: a run of varints read in C
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     return pool
@@ -74,6 +76,7 @@ _POOL = _build()
 RequestView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.ExportTraceServiceRequest"))
 SpanView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Span"))
 StatusView = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Status"))
+_Varints = message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PKG}.Varints"))
 
 _SCALAR = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
 _DOUBLE = struct.Struct("<d").unpack_from
@@ -179,8 +182,39 @@ def int_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
     return decode
 
 
+def counts_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
+    """An array of small non-negative ints (a request's inter-token bucket counts) read off the bytes: an
+    ``array_value`` (field 5) of ``AnyValue``s that each hold only ``int_value`` (field 3) below 16384.
+    Anything else, or a count that needs more bytes, goes through the full class (~11 µs; this ~1 µs).
+    The bytes were validated by the receive path's full parse, so a varint's length says its range; such
+    a tuple is what ``convert`` returns for it (non-negative ints), so the fast paths return it as is."""
+    # width -> the bytes an array of one-byte counts has at offsets 0, 1, 2 of each 4-byte element
+    patterns = {w: b"\x0a" * w + b"\x02" * w + b"\x18" * w for w in range(1, 64)}
+    # otherwise: elements of 0x0a, length 2 or 3, 0x18 (int_value), a one- or two-byte varint; checked whole
+    # in C, then each element's three header bytes cut out (a header cannot start inside a varint: a varint
+    # byte 0x0a is followed by the next element's 0x0a, never by 0x02 or 0x03), and the varints read as one
+    # packed field by the protobuf parser
+    whole = re.compile(rb"(?:\x0a\x02\x18[\x00-\x7f]|\x0a\x03\x18[\x80-\xff][\x00-\x7f])+", re.S).fullmatch
+    headers = re.compile(rb"\x0a[\x02\x03]\x18").sub
+
+    def decode(encoded: bytes) -> Any:
+        n = len(encoded)
+        if n < 6 or encoded[0] != 0x2A or encoded[1] != n - 2:  # one-byte length (< 128) only
+            return convert(value_of(encoded))
+        body = encoded[2:]
+        width = (n - 2) >> 2
+        if (n - 2) & 3 == 0 and body[0::4] + body[1::4] + body[2::4] == patterns.get(width):
+            return tuple(body[3::4])  # every count below 128: four bytes each, sliced in C
+        if not whole(body):  # some element is not a one- or two-byte int_value
+            return convert(value_of(encoded))
+        varints = headers(b"", body)  # what is left: the counts' varints, back to back (<= 2 bytes each)
+        return tuple(_Varints.FromString(b"\x0a" + bytes((len(varints),)) + varints).values)
+    return decode
+
+
 def typed_decoders(converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, Callable[[bytes], Any]]:
-    """Decoders by kind (``float``, ``int``, ``str``, ``first``) for values ``converters`` turn into a
-    field: fast paths on the raw bytes for numbers, remembered results for the rest."""
+    """Decoders by kind (``float``, ``int``, ``str``, ``first``, ``counts``) for values ``converters`` turn
+    into a field: fast paths on the raw bytes for numbers and counts, remembered results for the rest."""
     return {"float": float_of(converters["float"]), "int": int_of(converters["int"]),
-            "str": _cached(converters["str"]), "first": _cached(converters["first"])}
+            "str": _cached(converters["str"]), "first": _cached(converters["first"]),
+            "counts": counts_of(converters["counts"])}

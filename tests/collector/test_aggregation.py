@@ -15,7 +15,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 
-from otel_llm.core.metrics import FirstN, ServerMetrics
+from otel_llm.core.inter_token import gap_summary
+from otel_llm.core.metrics import INTER_TOKEN_LATENCY, FirstN, ServerMetrics
 from otel_llm.core.slo import SLOTable
 from otel_llm.core.summary import RequestSummary
 from otel_llm_collector.aggregation import CARDINALITY_LIMIT, AggregationBackend
@@ -40,7 +41,17 @@ def summaries(n: int, seed: int = 3) -> list[RequestSummary]:
             output_tokens=rng.choice([rng.randint(0, 2000), None]),
             output_characters=rng.choice([rng.randint(0, 9000), None]),
             error_type=rng.choice([None] * 9 + ["timeout"]),
-            slow_cause=rng.choice([None, "queue_kv_cache", "preemption", "not-a-cause"])))
+            slow_cause=rng.choice([None, "queue_kv_cache", "preemption", "not-a-cause"]),
+            gaps=rng.choice([None, gap_summary(_stamps(rng))])))
+    return out
+
+
+def _stamps(rng: random.Random) -> list[float]:
+    """A request's token stamps: mostly steady decode, now and then a stall (above the last boundary too)."""
+    t, out = 0.0, [0.0]
+    for _ in range(rng.randint(1, 60)):
+        t += rng.choice([rng.uniform(0.005, 0.05)] * 8 + [rng.uniform(0.1, 3), rng.uniform(3, 20)])
+        out.append(t)
     return out
 
 
@@ -98,6 +109,7 @@ def test_same_points_as_the_sdk(batched: bool) -> None:
     reader, fast = record_both(summaries(3000) + odd * 3, batched=batched)
     expected, got = points(reader), points(fast)
     assert got.keys() == expected.keys() and len(got) > 50
+    assert any(key[0] == INTER_TOKEN_LATENCY.name for key in got)  # whole requests' bucket counts, added
     for key, value in expected.items():
         if len(value) == 1:  # a counter
             assert got[key] == value, key

@@ -22,7 +22,11 @@ from collector_testkit import FakeClock, span
 
 # values of every kind a client may send for our attributes, the odd ones included
 _VALUES: list[Any] = [0.25, 3.0, 0, 7, 200, 1 << 40, -1, True, "m", "", "stop", ["stop", "length"], 1e308,
-                      float("nan")]
+                      float("nan"),
+                      # inter-token bucket counts: small (one byte each), two-byte, larger, odd types and lengths
+                      [0, 3, 40, 100, 50, 5, 1, 0, 0, 0, 0, 0, 0, 0], [0, 300, 16383, 127, 128, 0, 0, 0, 0, 0, 0, 0, 0, 9],
+                      [16384] + [0] * 13, [1 << 40] + [1] * 13, [-1] + [0] * 13, [0.5] + [0] * 13, [True] + [0] * 13,
+                      [1] * 13, [1] * 40, [], ["1"] * 14]
 
 
 def _encoded(attrs: dict[str, Any]) -> Any:

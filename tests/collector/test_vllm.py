@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from collector_testkit import loopback_config
-from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_USAGE
+from otel_llm.core.metrics import INTER_TOKEN_LATENCY, SERVER_HISTOGRAMS, TOKEN_USAGE
 from otel_llm_collector.gateway import Gateway
 
 pytestmark = [pytest.mark.engine,
@@ -90,7 +90,7 @@ def test_sdk_spans_yield_the_sdks_own_metrics(run) -> None:
     assert "vllm" in result["instrumented"]
     sdk = histograms(sdk_points(result["sdk_metrics"]))
     derived = histograms(gateway_points(ours))
-    names = [s.name for s in SERVER_HISTOGRAMS] + [TOKEN_USAGE]
+    names = [s.name for s in SERVER_HISTOGRAMS] + [TOKEN_USAGE, INTER_TOKEN_LATENCY.name]
     compared = 0
     for name in names:
         if name not in sdk:
@@ -99,5 +99,5 @@ def test_sdk_spans_yield_the_sdks_own_metrics(run) -> None:
         assert derived[name][0] == sdk[name][0], name
         assert derived[name][1] == pytest.approx(sdk[name][1], rel=1e-9, abs=1e-12), name
         assert derived[name][2] == sdk[name][2], name
-    assert compared >= 5
+    assert compared >= 5 and INTER_TOKEN_LATENCY.name in sdk  # every token's gap, from the spans' bucket counts
     assert sdk["gen_ai.server.time_to_first_token"][0] == result["requests"]

@@ -16,7 +16,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 from otel_llm.core import semconv as sc
 from otel_llm.core.metrics import ServerMetrics, breach_attributes
-from otel_llm.core.sdk_metrics import bind_counts
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
 
@@ -129,8 +128,7 @@ class BatchMetrics:
                              ins.chars.bind(attrs, held) if ins.chars is not None else None,
                              ins.requests.bind(attrs, held), ins.good.bind(attrs, held), self._slos.for_model(s.model),
                              _Breaches(ins.breaches, attrs) if ins.breaches is not None else None,
-                             bind_counts(ins.inter_token[1], attrs, ins.inter_token[0].buckets)
-                             if ins.inter_token is not None else None)
+                             ins.inter_token[1].bind_counts(attrs, held) if ins.inter_token is not None else None)
             self._cache.put(key, found)  # bounded by the cache: label values come from clients
         return found
 
