@@ -14,9 +14,10 @@ from otel_llm.instrumentation.vllm import step_wire, steps
 
 
 def record(step_id: int) -> tuple:
-    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, shares with their context)."""
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True, 0), ("req-b", 1, False, 40)], 0,
-            0.001, 0.008, 0.001, None, 0.006)
+    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, the shares as vLLM's lists:
+    a new request of a 16-token prompt, then a decoding one with 3 outputs)."""
+    shares = (["req-a", "req-b"], [16, 1], [0, 40], [0, 3], [0], [16])
+    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
 
 
 def drained(receiver: steps.StepReceiver) -> list:
@@ -74,19 +75,57 @@ def test_api_server_processes_join_the_inherited_directory_others_make_their_own
 
 
 def test_wire_round_trip_keeps_every_field():
-    shares = [(f"{i}_cmpl-ü{i}", 1 + i % 3, i % 5 == 0, 100 + i) for i in range(64)]  # non-ASCII ids too
-    payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    ids = [f"{i}_cmpl-ü{i}" for i in range(64)]  # non-ASCII ids too
+    tokens = [1 + i % 3 for i in range(64)]
+    computed = [100 + i for i in range(64)]
+    outputs = [0 if i % 7 == 0 else 4 for i in range(64)]  # no output yet: a prefill chunk
+    prompt_at = [i for i in range(64) if i % 5 == 0]  # new or recomputing: their prompt length comes along
+    prompt_len = [120 + i % 10 for i in prompt_at]  # with 4 outputs: prefill while computed < prompt + 3
+    payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, (ids, tokens, computed, outputs, prompt_at, prompt_len),
+               2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    prompts = dict(zip(prompt_at, prompt_len))
+    prefill = [computed[i] < (prompts[i] + outputs[i] - 1 if outputs[i] else prompts[i]) if i in prompts
+               else outputs[i] == 0 for i in range(64)]
+    assert 0 < sum(prefill) < 64 and any(prefill[i] for i in prompt_at if outputs[i])  # both kinds, a recompute too
     wire = step_wire.decode(step_wire.encode(payload))
     inproc = steps.decode(payload)  # what an in-process engine hands over, without a wire
     for got in (wire, inproc):
-        assert got.requests == [s[:3] for s in shares] and got.contexts == [s[3] for s in shares]
+        assert got.requests == list(zip(ids, tokens, prefill)) and got.contexts == computed
         assert (got.step_id, got.start, got.end, got.running, got.waiting, got.preempted, got.kv_cache_usage,
                 got.queue_blocked) == payload[:7] + (2,)
         assert (got.schedule_s, got.execute_s, got.output_s, got.idle_s, got.model_s) == payload[9:]
     none = step_wire.decode(step_wire.encode(payload[:12] + (None, None)))
     assert (none.idle_s, none.model_s) == (None, None)
-    empty = step_wire.decode(step_wire.encode(payload[:7] + ([],) + payload[8:]))
+    empty = step_wire.decode(step_wire.encode(payload[:7] + (([], [], [], [], [], []),) + payload[8:]))
     assert empty.requests == [] and empty.contexts == []
+
+
+def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():
+    """step_wire.derive_shares against the per-request rule the EngineCore hook applied before wire
+    version 2 (num_computed_tokens had advanced by the step's tokens; prefill until the prompt is
+    computed, or when recomputing after a preemption, until all but the last sampled token are)."""
+    def old_rule(prompt: int, outputs: int, computed_after: int, n: int) -> tuple[bool, int]:
+        num_tokens = prompt + outputs
+        before = computed_after - n
+        return before < (num_tokens - 1 if outputs else num_tokens), before
+
+    cases = [  # (prompt, outputs, computed before the step, tokens, flagged with its prompt length)
+        (100, 0, 0, 64, True),  # new request, first chunk
+        (100, 0, 64, 36, False),  # its last chunk: no output yet, still prefill
+        (100, 5, 104, 1, False),  # decoding
+        (100, 5, 0, 64, True),  # resumed after a preemption: recomputes
+        (100, 5, 64, 40, True),  # the recompute's last chunk (samples the next token)
+        (100, 5, 104, 1, True),  # recomputing, everything but the last token cached already: a decode
+        (100, 5, 103, 1, True),  # the recompute's chunk stopped one short: still prefill
+    ]
+    shares = (
+        [f"r{i}" for i in range(len(cases))], [c[3] for c in cases], [c[2] for c in cases], [c[1] for c in cases],
+        [i for i, c in enumerate(cases) if c[4]], [c[0] for c in cases if c[4]])
+    requests, contexts = step_wire.derive_shares(*shares)
+    expected = [old_rule(p, o, before + n, n) for p, o, before, n, _ in cases]
+    assert [r[2] for r in requests] == [e[0] for e in expected]
+    assert contexts == [e[1] for e in expected]
+    assert [r[2] for r in requests] == [True, True, False, True, True, False, True]
 
 
 @pytest.mark.parametrize("mangle, why", [
@@ -95,7 +134,12 @@ def test_wire_round_trip_keeps_every_field():
     (lambda b: b[:-len("req-b") - 1], "1 request ids for its 2"),  # the last id cut off
     (lambda b: b + b"\0x", "3 request ids for its 2"),
     (lambda b: b[:step_wire.HEADER.size + 3], "too short for its"),
-    (lambda b: b[:step_wire.HEADER.size - 4] + bytes(4) + b[step_wire.HEADER.size:], "no shares"),  # n = 0, bytes follow
+    (lambda b: b[:step_wire.HEADER.size - 8] + bytes(4) + b[step_wire.HEADER.size - 4:], "no shares"),  # n = 0
+    (lambda b: b[:step_wire.HEADER.size - 4] + struct.pack("<I", 3) + b[step_wire.HEADER.size:],
+     "3 prompt lengths for its 2"),
+    (lambda b: b[:step_wire.HEADER.size + 24] + struct.pack("<I", 2) + b[step_wire.HEADER.size + 28:],
+     "prompt length for share 2 of its 2"),  # prompt_at out of range
+    (lambda b: bytes([1]) + b[1:], "wire version 1"),  # the layout before vLLM's lists were shipped raw
 ])
 def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(mangle, why):
     good = step_wire.encode(record(5))
@@ -119,10 +163,10 @@ def test_pickle_is_not_accepted():
 
     with pytest.raises(step_wire.WireError):  # the old wire: a frontend never unpickles what arrives
         step_wire.decode(pickle.dumps(record(1), protocol=pickle.HIGHEST_PROTOCOL))
-    assert struct.calcsize("<BBqddIIIdBdddddI") == step_wire.HEADER.size
+    assert struct.calcsize("<BBqddIIIdBdddddII") == step_wire.HEADER.size
 
 
 def test_an_id_with_nul_is_refused_at_the_sender():
-    bad = record(1)[:7] + ([("a\0b", 1, False, 0)],) + record(1)[8:]
+    bad = record(1)[:7] + ((["a\0b"], [1], [0], [2], [], []),) + record(1)[8:]
     with pytest.raises(step_wire.WireError, match="NUL"):
         step_wire.encode(bad)
