@@ -98,6 +98,17 @@ def test_wire_round_trip_keeps_every_field():
     assert (none.idle_s, none.model_s) == (None, None)
     empty = step_wire.decode(step_wire.encode(payload[:7] + (([], [], [], [], [], []),) + payload[8:]))
     assert empty.requests == [] and empty.contexts == []
+    # a plain decode batch: one token each, not listed; a sender's cache reuses the encoded ids
+    ones = payload[:7] + ((ids, None, computed, outputs, prompt_at, prompt_len),) + payload[8:]
+    cache: list = [None, b""]
+    first = step_wire.encode(ones, cache)
+    again = step_wire.encode(ones[:7] + ((list(ids), None, computed, outputs, prompt_at, prompt_len),) + ones[8:], cache)
+    assert first == again == step_wire.encode(ones) and len(first) == len(step_wire.encode(payload)) - 4 * 64
+    for got in (step_wire.decode(first), steps.decode(ones)):
+        assert got.requests == list(zip(ids, [1] * 64, prefill)) and got.contexts == computed
+    other = step_wire.decode(step_wire.encode(payload[:7] + ((ids[::-1], None, computed, outputs, [], []),)
+                                              + payload[8:], cache))
+    assert [r[0] for r in other.requests] == ids[::-1]  # another batch: encoded afresh
 
 
 def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():

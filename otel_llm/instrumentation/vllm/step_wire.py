@@ -6,7 +6,8 @@ and a record of another layout is refused (and counted), never misread. Layout, 
     header   version:u8 flags:u8 step_id:i64 start:f64 end:f64 running:u32 waiting:u32 preempted:u32
              kv_cache_usage:f64 queue_blocked:u8 schedule_s:f64 execute_s:f64 output_s:f64 idle_s:f64
              model_s:f64 shares:u32 prompts:u32
-    shares   tokens:u32[n] computed:u32[n] outputs:u32[n] prompt_at:u32[m] prompt_len:u32[m]
+    shares   tokens:u32[n] (absent with flag ONE_EACH: one token each, a plain decode batch)
+             computed:u32[n] outputs:u32[n] prompt_at:u32[m] prompt_len:u32[m]
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
@@ -17,7 +18,7 @@ given for the shares at ``prompt_at`` whose prefill flag needs it: new requests 
 after a preemption. The frontend derives the share's prefill flag and context from these
 (``derive_shares``), exactly as the scheduler hook once did per request.
 
-``flags`` says which optional seconds are present (idle, model). A change of layout is a new
+``flags`` says which optional seconds are present (idle, model) and whether every share is one token. A change of layout is a new
 ``VERSION``; both sides are always the same otel-llm (the EngineCore imports the frontend's package).
 Version 1 (tokens, context, prefill flag per share, derived in the EngineCore) is refused.
 """
@@ -31,7 +32,7 @@ from typing import Sequence
 from ...core.timeline import StepRecord
 
 VERSION = 2
-_HAS_IDLE, _HAS_MODEL = 1, 2
+_HAS_IDLE, _HAS_MODEL, _ONE_EACH = 1, 2, 4
 HEADER = struct.Struct("<BBqddIIIdBdddddII")
 
 
@@ -41,7 +42,7 @@ class WireError(ValueError):
 
 # The shares as the hook hands them over (in-process too): parallel lists of the scheduled requests,
 # then the sparse prompt lengths. ``computed`` is the context the step's tokens attend to.
-Shares = tuple  # (ids, tokens, computed, outputs, prompt_at, prompt_len), each a list
+Shares = tuple  # (ids, tokens, computed, outputs, prompt_at, prompt_len), each a list; tokens None: one each
 
 
 def derive_shares(ids: Sequence[str], tokens: Sequence[int], computed: Sequence[int], outputs: Sequence[int],
@@ -54,6 +55,8 @@ def derive_shares(ids: Sequence[str], tokens: Sequence[int], computed: Sequence[
     placeholders as outputs) can only be prefilling; one with outputs that is neither new nor
     recomputing has computed all but its last token, so it decodes: only the shares at ``prompt_at``
     need the comparison, with their prompt length."""
+    if tokens is None:
+        tokens = [1] * len(ids)
     prefill = list(map(not_, outputs))
     for i, p in zip(prompt_at, prompt_len):
         o = outputs[i]
@@ -61,21 +64,35 @@ def derive_shares(ids: Sequence[str], tokens: Sequence[int], computed: Sequence[
     return list(zip(ids, tokens, prefill)), list(computed)
 
 
-def encode(payload: tuple) -> bytes:
-    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one datagram."""
+def encode(payload: tuple, cache: list | None = None) -> bytes:
+    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one datagram.
+
+    ``cache`` (a sender's ``[ids, bytes]``) keeps the last ids encoded: in a steady batch vLLM lists the
+    same request ids, the same str objects, step after step (comparing them is a pointer compare each),
+    so they are joined and encoded only when the batch changes."""
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
     ids, tokens, computed, outputs, prompt_at, prompt_len = shares
     flags = (_HAS_IDLE if idle is not None else 0) | (_HAS_MODEL if model is not None else 0)
+    if tokens is None:
+        flags |= _ONE_EACH
     n, m = len(ids), len(prompt_at)
     head = HEADER.pack(VERSION, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
                        schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, m)
     if not n:
         return head
-    joined = "\0".join(ids)
-    if joined.count("\0") != n - 1:
-        raise WireError("a request id contains NUL: this step cannot be sent")
-    return head + _arrays(n, m).pack(*tokens, *computed, *outputs, *prompt_at, *prompt_len) + joined.encode()
+    if cache is not None and cache[0] == ids:
+        joined = cache[1]
+    else:
+        text = "\0".join(ids)
+        if text.count("\0") != n - 1:
+            raise WireError("a request id contains NUL: this step cannot be sent")
+        joined = text.encode()
+        if cache is not None:
+            cache[:] = (ids, joined)
+    if tokens is None:
+        return head + _arrays(0, n, m).pack(*computed, *outputs, *prompt_at, *prompt_len) + joined
+    return head + _arrays(n, n, m).pack(*tokens, *computed, *outputs, *prompt_at, *prompt_len) + joined
 
 
 def decode(data: bytes) -> StepRecord:
@@ -91,7 +108,8 @@ def decode(data: bytes) -> StepRecord:
     if n:
         if m > n:
             raise WireError(f"step record with {m} prompt lengths for its {n} shares")
-        arrays = _arrays(n, m)
+        k = 0 if flags & _ONE_EACH else n  # tokens listed, or one each
+        arrays = _arrays(k, n, m)
         at = HEADER.size + arrays.size
         if len(data) <= at:
             raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
@@ -99,11 +117,11 @@ def decode(data: bytes) -> StepRecord:
         ids = data[at:].decode().split("\0")
         if len(ids) != n:
             raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
-        prompt_at = fields[3 * n:3 * n + m]
+        prompt_at = fields[k + 2 * n:k + 2 * n + m]
         if m and max(prompt_at) >= n:
             raise WireError(f"step record with a prompt length for share {max(prompt_at)} of its {n}")
-        shares, contexts = derive_shares(ids, fields[:n], fields[n:2 * n], fields[2 * n:3 * n], prompt_at,
-                                         fields[3 * n + m:])
+        shares, contexts = derive_shares(ids, fields[:k] if k else None, fields[k:k + n], fields[k + n:k + 2 * n],
+                                         prompt_at, fields[k + 2 * n + m:])
     elif m or len(data) != HEADER.size:
         raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
     step = StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
@@ -114,14 +132,15 @@ def decode(data: bytes) -> StepRecord:
     return step
 
 
-_ARRAYS: dict[tuple[int, int], struct.Struct] = {}
+_ARRAYS: dict[tuple[int, int, int], struct.Struct] = {}
 
 
-def _arrays(n: int, m: int) -> struct.Struct:
-    """The shares' fixed part for n shares and m prompt lengths (compiled once per shape: they repeat)."""
-    s = _ARRAYS.get((n, m))
+def _arrays(k: int, n: int, m: int) -> struct.Struct:
+    """The shares' fixed part: k tokens (n or 0), n computed and outputs, m prompt lengths (compiled once
+    per shape: they repeat)."""
+    s = _ARRAYS.get((k, n, m))
     if s is None:
         if len(_ARRAYS) > 4096:
             _ARRAYS.clear()
-        s = _ARRAYS[n, m] = struct.Struct(f"<{3 * n}I{2 * m}I")
+        s = _ARRAYS[k, n, m] = struct.Struct(f"<{k + 2 * n + 2 * m}I")
     return s

@@ -56,6 +56,7 @@ class SocketSink:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.dropped = 0
+        self._ids: list = [None, b""]  # the last step's request ids and their encoding (step_wire.encode)
         self._targets: list[tuple[str, socket.socket]] = []
         self._scanned = float("-inf")
 
@@ -63,7 +64,7 @@ class SocketSink:
         now = time.monotonic()
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
-        data = step_wire.encode(payload)
+        data = step_wire.encode(payload, self._ids)
         for path, sock in self._targets:
             try:
                 sock.send(data)
@@ -384,8 +385,12 @@ class StepHooks:
                 prompt_len.append(p)
                 if o:
                     recompute[r.req_id] = p
-        keys = list(scheduled)
-        tokens = list(scheduled.values()) if keys == ids else list(map(scheduled.__getitem__, ids))
+        if out.total_num_scheduled_tokens == len(ids):
+            tokens = None  # one token each (every scheduled request has at least one): a plain decode batch
+        elif list(scheduled) == ids:  # vLLM's dict in the lists' order (no new or resumed request in between)
+            tokens = list(scheduled.values())
+        else:
+            tokens = list(map(scheduled.__getitem__, ids))
         return ids, tokens, computed, outputs, prompt_at, prompt_len
 
     def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -406,7 +411,10 @@ class StepHooks:
                 model = self.model.pop(key, None)
             if pending is not None and pending[7][0]:
                 start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
-                end = next((o.timestamp for o in result.values()), None) if result else None
+                end = None
+                for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
+                    end = o.timestamp
+                    break
                 if not end or end < entered:
                     end = left
                 self.last_end = left
