@@ -48,16 +48,16 @@ BASE_COMMIT = "49d67c8"  # before wire version 2: shares captured per request in
 PACKAGE = "otel_llm.instrumentation.vllm"
 
 
-def load_old() -> types.ModuleType:
-    """BASE_COMMIT's steps.py with its own step_wire.py (the frontend's wire changed with it)."""
-    tmp = Path(tempfile.mkdtemp(prefix="otel-llm-old-"))
+def load_old(commit: str = BASE_COMMIT, tag: str = "old") -> types.ModuleType:
+    """A commit's steps.py with its own step_wire.py (the frontend's wire changed with it)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"otel-llm-{tag}-"))
     sources = {}
     for name in ("steps", "step_wire"):
-        sources[name] = subprocess.run(["git", "show", f"{BASE_COMMIT}:otel_llm/instrumentation/vllm/{name}.py"],
+        sources[name] = subprocess.run(["git", "show", f"{commit}:otel_llm/instrumentation/vllm/{name}.py"],
                                        cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    sources["steps"] = sources["steps"].replace("from . import step_wire", "from . import _old_step_wire as step_wire")
+    sources["steps"] = sources["steps"].replace("from . import step_wire", f"from . import _{tag}_step_wire as step_wire")
     mods = {}
-    for name, mod_name in (("step_wire", "_old_step_wire"), ("steps", "_old_steps")):
+    for name, mod_name in (("step_wire", f"_{tag}_step_wire"), ("steps", f"_{tag}_steps")):
         path = tmp / f"{mod_name}.py"
         path.write_text(sources[name])
         spec = importlib.util.spec_from_file_location(f"{PACKAGE}.{mod_name}", path)
@@ -141,15 +141,16 @@ def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
         hooks.sink = lambda payload, mod=mod, name=name: got.__setitem__(
             name, (mod.step_wire if mod is old else step_wire).encode(payload))
         per_step_us(hooks, scene, 1, lambda: None)
-    out = {}
-    for name, fn, data in (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"])):
-        samples = []
-        for _ in range(7):
+    cases = (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"]))
+    samples: dict[str, list[float]] = {"old": [], "new": []}
+    for r in range(9):  # interleaved, alternating order
+        for name, fn, data in cases if r % 2 else cases[::-1]:
             c0 = time.thread_time_ns()
             for _ in range(n):
                 fn(data)
-            samples.append((time.thread_time_ns() - c0) / n)
-        out[name] = {"decode_ns": round(statistics.median(samples)), "datagram_bytes": len(data)}
+            samples[name].append((time.thread_time_ns() - c0) / n)
+    out = {name: {"decode_ns": round(statistics.median(samples[name])), "datagram_bytes": len(data)}
+           for name, _, data in cases}
     a, b = old.step_wire.decode(got["old"]), step_wire.decode(got["new"])
     assert sorted(zip(a.requests, a.contexts)) == sorted(zip(b.requests, b.contexts)), "the two wires disagree"
     return out
@@ -162,6 +163,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new", type=int, default=0, help="new requests (prefill chunks) in the step besides the batch")
     ap.add_argument("--burners", type=int, default=2, help="busy processes during the loaded rounds (0: none)")
+    ap.add_argument("--also", default=None, help="a commit whose hooks are measured too (mode 'also')")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -170,6 +172,7 @@ def main() -> None:
     from otel_llm.instrumentation.vllm import steps as new
 
     old = load_old()
+    also = load_old(args.also, "also") if args.also else None
     scene = Scene(args.batch, args.new)
     directory = tempfile.mkdtemp(prefix="otel-llm-ab-")
     frontend = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -191,9 +194,9 @@ def main() -> None:
     def make(mode: str):
         if mode == "bare":
             return None
-        mod = old if mode == "old" else new
+        mod = {"old": old, "also": also}.get(mode, new)
         hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
-        if mode in ("old", "new"):
+        if mode in ("old", "new", "also"):
             hooks.sink = mod.SocketSink(directory)
         elif mode == "new_enc":
             cache: list = [None, b""]  # as SocketSink keeps it
@@ -202,7 +205,7 @@ def main() -> None:
             hooks.sink = lambda payload: None
         return hooks
 
-    modes = ["bare", "old", "new", "new_enc", "new_hook"]
+    modes = ["bare", "old", "new", "new_enc", "new_hook"] + (["also"] if also else [])
     hooks = {m: make(m) for m in modes}
     for m in modes:  # warm up: struct layouts compiled, sockets connected
         per_step_us(hooks[m], scene, 50, drain)
@@ -231,7 +234,7 @@ def main() -> None:
             flush=True)
     frontend_cost = decode_ns(old, new, scene)
 
-    result: dict = {"benchmark": "engine_hooks_ab", "started": started, "base_commit": BASE_COMMIT,
+    result: dict = {"benchmark": "engine_hooks_ab", "started": started, "base_commit": BASE_COMMIT, "also": args.also,
                     "batch": args.batch, "new_requests": args.new, "steps_per_measurement": args.steps,
                     "rounds": args.rounds, "burners": args.burners, "python": platform.python_version(),
                     "machine": platform.machine(), "cpus": os.cpu_count(), "records_received": received[0],
@@ -244,7 +247,7 @@ def main() -> None:
         result["conditions"][condition] = {
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
-            "hooks_us_per_step": {"old": round(med["old"] - med["bare"], 2), "new": round(med["new"] - med["bare"], 2)},
+            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "also") if m in med},
             "new_split_us": {"hooks": round(med["new_hook"] - med["bare"], 2),
                              "encode": round(med["new_enc"] - med["new_hook"], 2),
                              "send": round(med["new"] - med["new_enc"], 2)},

@@ -35,7 +35,9 @@ def run(otel):
 
     def both(hooks, scheduler, out):
         new = shares(hooks, scheduler, out)
-        compared.append((old_rule_shares(scheduler, out), new))
+        cached = out.scheduled_cached_reqs
+        outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
+        compared.append((old_rule_shares(scheduler, out), new, outputs))
         return new
 
     with in_process(), pytest.MonkeyPatch.context() as mp:
@@ -122,13 +124,12 @@ def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
     *_, compared = run
     assert compared
     recomputes = chunks = 0
-    for old, new in compared:
+    for old, new, outputs in compared:
         payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
         for step in (step_wire.decode(step_wire.encode(payload)), step_wire.derive_shares(*new)):
             requests, contexts = (step.requests, step.contexts) if hasattr(step, "requests") else step
             got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, contexts)}
             assert len(got) == len(requests) and got == old
-        outputs = dict(zip(new[0], new[3]))
-        recomputes += sum(1 for rid, (_, prefill, _) in old.items() if prefill and outputs[rid])
-        chunks += sum(1 for rid, (_, prefill, before) in old.items() if prefill and before and not outputs[rid])
+        recomputes += sum(1 for rid, (_, prefill, _) in old.items() if prefill and outputs.get(rid))
+        chunks += sum(1 for rid, (_, prefill, before) in old.items() if prefill and before and not outputs.get(rid))
     assert recomputes and chunks  # the scenario has both: recomputes after preemptions, chunked prefills

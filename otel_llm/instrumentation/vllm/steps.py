@@ -344,13 +344,15 @@ class StepHooks:
     def _shares(self, scheduler: Any, out: Any) -> tuple:
         """The step's shares as vLLM's scheduler output lists them (step_wire.Shares), with no Python
         loop over the batch: the frontend derives each share's prefill flag and context from them
-        (step_wire.derive_shares). Python loops run only over this step's new requests and the
-        requests recomputing after a preemption (few, and none in a steady decode batch)."""
+        (step_wire.derive_shares). Python loops run only over this step's new requests, the requests
+        recomputing after a preemption and, in a step with a prefill chunk, the output counts: none of
+        them in a steady decode batch."""
         cached = out.scheduled_cached_reqs
         ids, computed, outputs = cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens
         scheduled = out.num_scheduled_tokens
         prompt_at: list[int] = []
         prompt_len: list[int] = []
+        prompt_outputs: list[int] = []
         recompute = self.recompute
         resumed = cached.resumed_req_ids
         if resumed:  # back from a preemption: recomputes (a prefill) until all but its last token are computed
@@ -365,24 +367,29 @@ class StepHooks:
                     i = ids.index(rid)
                 except ValueError:
                     continue  # not scheduled in this step
+                o = outputs[i]
                 prompt_at.append(i)
                 prompt_len.append(p)
-                if computed[i] + scheduled[rid] >= p + outputs[i] - 1:
+                prompt_outputs.append(o)
+                if computed[i] + scheduled[rid] >= p + o - 1:
                     del recompute[rid]  # from the next step on it decodes
             if len(recompute) > 4096:  # bounded (requests that vanished unseen): these shares read as decodes
                 recompute.clear()
+        # no output yet (placeholders count): a prefill chunk; C-level count, a loop only when there are some
+        no_output_at = [i for i, o in enumerate(outputs) if not o] if outputs.count(0) else []
         new = out.scheduled_new_reqs
         if new:
-            ids, computed, outputs = list(ids), list(computed), list(outputs)
+            ids, computed = list(ids), list(computed)
             for r in new:
-                prompt_at.append(len(ids))
+                i = len(ids)
                 ids.append(r.req_id)
                 computed.append(r.num_computed_tokens)
                 p = r.prompt_len
                 total = r.prefill_token_ids  # vLLM's v2 model runner: every token, a resumed request's outputs too
                 o = len(total) - p if total is not None else 0
-                outputs.append(o)
+                prompt_at.append(i)
                 prompt_len.append(p)
+                prompt_outputs.append(o)
                 if o:
                     recompute[r.req_id] = p
         if out.total_num_scheduled_tokens == len(ids):
@@ -391,7 +398,7 @@ class StepHooks:
             tokens = list(scheduled.values())
         else:
             tokens = list(map(scheduled.__getitem__, ids))
-        return ids, tokens, computed, outputs, prompt_at, prompt_len
+        return ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs
 
     def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         sink = self.sink
