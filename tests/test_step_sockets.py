@@ -58,6 +58,27 @@ def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkey
         assert os.listdir(d) == []
 
 
+def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkeypatch):
+    """The sink sends on a socket connected once per frontend path: when that frontend died and a new
+    process with the same pid bound the path since, the refused send is counted and the path
+    connected again (its file left alone), so the new frontend gets the next steps."""
+    with tempfile.TemporaryDirectory() as d:
+        monkeypatch.setattr(os, "getpid", lambda: 999_003)
+        old = steps.StepReceiver(d)
+        sink = steps.SocketSink(d)
+        sink(record(1))
+        assert [x.step_id for x in drained(old)] == [1]
+        old.sock.close()  # dies without removing its file; its pid comes back
+        reborn = steps.StepReceiver(d)
+        monkeypatch.undo()
+        sink(record(2))  # to the dead one: refused, counted
+        sink(record(3))
+        assert sink.dropped == 1 and os.path.exists(reborn.path)
+        assert [x.step_id for x in drained(reborn)] == [3]
+        reborn.close()
+        sink.close()
+
+
 def test_api_server_processes_join_the_inherited_directory_others_make_their_own(monkeypatch):
     import multiprocessing
 
