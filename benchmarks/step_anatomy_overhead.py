@@ -69,6 +69,11 @@ class SchedulerOutput:
     def __init__(self, n: int) -> None:
         self.num_scheduled_tokens = {f"req-{i}-abcdef12": 1 for i in range(n)}  # vLLM-shaped request ids
         self.preempted_req_ids: set[str] = set()
+        # what the hooks read since wire version 2 (vLLM's own per-step lists; see engine_hooks_ab.py)
+        self.total_num_scheduled_tokens, self.finished_req_ids, self.scheduled_new_reqs = n, set(), []
+        ids = list(self.num_scheduled_tokens)
+        self.scheduled_cached_reqs = types.SimpleNamespace(
+            req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[99 + i for i in range(n)], num_output_tokens=[5] * n)
 
 
 class EngineCoreOutputs:

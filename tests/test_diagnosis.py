@@ -167,28 +167,65 @@ class FakeScheduler:
         self.kv_cache_manager = SimpleNamespace(usage=0.25)
 
 
+def scheduler_output(scheduled: dict, cached: list = (), new: list = ()) -> SimpleNamespace:
+    """vLLM's SchedulerOutput as the hooks read it: ``cached`` = (id, computed before the step, outputs),
+    ``new`` = (id, computed, prompt length); the real classes are fenced in test_vllm_fences.py."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    c = CachedRequestData.make_empty()
+    c.req_ids, c.num_computed_tokens, c.num_output_tokens = ([x[i] for x in cached] for i in range(3))
+    return SimpleNamespace(
+        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()), preempted_req_ids=set(),
+        finished_req_ids=set(), scheduled_cached_reqs=c,
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=b, prompt_len=p, prefill_token_ids=None)
+                            for r, b, p in new])
+
+
 def test_hooks_stamp_an_anatomy_that_sums_to_the_step():
     got = []
     hooks = steps.StepHooks()
     hooks.sink = got.append  # armed, without wrapping vLLM's scheduler: the test calls the wrappers
     clock = iter([100.0, 100.002, 100.010, 100.011, 100.5, 100.501, 100.509, 100.510])
     hooks.clock = lambda: next(clock)
-    sched = FakeScheduler({"p": SimpleNamespace(num_computed_tokens=16, num_tokens=16, num_output_tokens=0),
-                           "d": SimpleNamespace(num_computed_tokens=31, num_tokens=31, num_output_tokens=5)})
-    out = SimpleNamespace(num_scheduled_tokens={"p": 16, "d": 1}, preempted_req_ids=set())
+    sched = FakeScheduler({"p": None, "d": None})
+    out = scheduler_output({"d": 1, "p": 16}, cached=[("d", 30, 5)], new=[("p", 0, 16)])
     outputs = {0: SimpleNamespace(timestamp=100.0105)}  # vLLM stamps its outputs inside update_from_output
     for _ in range(2):  # two steps; the second after a 0.488 s pause
         hooks.schedule(lambda: out, sched, (), {})
         hooks.update_from_output(lambda *a: outputs, sched, (out, None), {})
         outputs = {0: SimpleNamespace(timestamp=100.5095)}
     first, second = (steps.decode(p) for p in got)
-    assert first.requests == [("p", 16, True), ("d", 1, False)] and first.contexts == [0, 30]
+    assert first.requests == [("d", 1, False), ("p", 16, True)] and first.contexts == [30, 0]
     assert first.idle_s is None  # nothing came before it
     assert first.schedule_s == pytest.approx(0.002) and first.execute_s == pytest.approx(0.008)
     assert first.output_s == pytest.approx(0.0005) and first.end == 100.0105
     for s in (first, second):
         assert s.schedule_s + s.execute_s + s.output_s == pytest.approx(s.end - s.start, abs=1e-9)
     assert second.idle_s == pytest.approx(100.5 - 100.011)  # from the first's return to the second's start
+
+
+def test_a_request_recomputing_after_a_preemption_is_prefill_until_its_last_token():
+    """The hook ships vLLM's lists with no per-request loop; a resumed request's prompt length rides
+    along (from the scheduler's Request) until its recompute is done, so the frontend still tells its
+    chunks from decodes; then nothing is kept for it."""
+    got = []
+    hooks = steps.StepHooks()
+    hooks.sink = got.append
+    sched = FakeScheduler({"r": SimpleNamespace(num_prompt_tokens=100), "d": None, "gone": None})
+    sched.requests["gone"] = SimpleNamespace(num_prompt_tokens=7)
+    resumed = scheduler_output({"r": 64, "gone": 7}, cached=[("r", 0, 5), ("gone", 0, 1)])
+    resumed.scheduled_cached_reqs.resumed_req_ids = {"r", "gone"}
+    last_chunk = scheduler_output({"d": 1, "r": 41}, cached=[("d", 50, 3), ("r", 64, 5)])
+    last_chunk.finished_req_ids = {"gone"}  # aborted while still recomputing: forgotten
+    decode = scheduler_output({"d": 1, "r": 1}, cached=[("d", 51, 4), ("r", 105, 6)])
+    for out in (resumed, last_chunk, decode):
+        hooks.schedule(lambda: out, sched, (), {})
+        hooks.update_from_output(lambda *a: {}, sched, (out, None), {})
+    first, second, third = (steps.decode(p) for p in got)
+    assert first.requests == [("r", 64, True), ("gone", 7, True)]
+    assert second.requests == [("d", 1, False), ("r", 41, True)] and second.contexts == [50, 64]
+    assert third.requests == [("d", 1, False), ("r", 1, False)] and third.contexts == [51, 105]
+    assert hooks.recompute == {} and got[2][7][4] == []  # no prompt lengths shipped once it decodes
 
 
 def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
@@ -216,9 +253,9 @@ def test_idle_is_zero_while_another_step_is_in_flight():
     got = []
     hooks = steps.StepHooks()
     hooks.sink, hooks.last_end = got.append, 50.0
-    sched = FakeScheduler({"d": SimpleNamespace(num_computed_tokens=9, num_tokens=9, num_output_tokens=2)})
-    a = SimpleNamespace(num_scheduled_tokens={"d": 1}, preempted_req_ids=None)
-    b = SimpleNamespace(num_scheduled_tokens={"d": 1}, preempted_req_ids=None)
+    sched = FakeScheduler({"d": None})
+    a = scheduler_output({"d": 1}, cached=[("d", 8, 2)])
+    b = scheduler_output({"d": 1}, cached=[("d", 9, 2)])
     hooks.schedule(lambda: a, sched, (), {})
     hooks.schedule(lambda: b, sched, (), {})
     hooks.update_from_output(lambda **k: {}, sched, (), {"scheduler_output": a})

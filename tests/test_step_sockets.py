@@ -14,9 +14,10 @@ from otel_llm.instrumentation.vllm import step_wire, steps
 
 
 def record(step_id: int) -> tuple:
-    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, shares with their context)."""
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, [("req-a", 16, True, 0), ("req-b", 1, False, 40)], 0,
-            0.001, 0.008, 0.001, None, 0.006)
+    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, the shares as vLLM's lists:
+    a new request of a 16-token prompt, then a decoding one with 3 outputs)."""
+    shares = (["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
+    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
 
 
 def drained(receiver: steps.StepReceiver) -> list:
@@ -57,6 +58,27 @@ def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkey
         assert os.listdir(d) == []
 
 
+def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkeypatch):
+    """The sink sends on a socket connected once per frontend path: when that frontend died and a new
+    process with the same pid bound the path since, the refused send is counted and the path
+    connected again (its file left alone), so the new frontend gets the next steps."""
+    with tempfile.TemporaryDirectory() as d:
+        monkeypatch.setattr(os, "getpid", lambda: 999_003)
+        old = steps.StepReceiver(d)
+        sink = steps.SocketSink(d)
+        sink(record(1))
+        assert [x.step_id for x in drained(old)] == [1]
+        old.sock.close()  # dies without removing its file; its pid comes back
+        reborn = steps.StepReceiver(d)
+        monkeypatch.undo()
+        sink(record(2))  # to the dead one: refused, counted
+        sink(record(3))
+        assert sink.dropped == 1 and os.path.exists(reborn.path)
+        assert [x.step_id for x in drained(reborn)] == [3]
+        reborn.close()
+        sink.close()
+
+
 def test_api_server_processes_join_the_inherited_directory_others_make_their_own(monkeypatch):
     import multiprocessing
 
@@ -74,19 +96,70 @@ def test_api_server_processes_join_the_inherited_directory_others_make_their_own
 
 
 def test_wire_round_trip_keeps_every_field():
-    shares = [(f"{i}_cmpl-ü{i}", 1 + i % 3, i % 5 == 0, 100 + i) for i in range(64)]  # non-ASCII ids too
+    ids = [f"{i}_cmpl-ü{i}" for i in range(64)]  # non-ASCII ids too
+    tokens = [1 + i % 3 for i in range(64)]
+    computed = [100 + i for i in range(64)]
+    no_output_at = [i for i in range(64) if i % 7 == 0]  # no output yet: a prefill chunk
+    prompt_at = [i for i in range(64) if i % 5 == 0]  # new or recomputing: their prompt length comes along
+    prompt_len = [120 + i % 10 for i in prompt_at]
+    outputs = [0 if i % 7 == 0 else 4 for i in prompt_at]  # with 4 outputs: prefill while computed < prompt + 3
+    shares = (ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs)
     payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    prompts = {i: (p, o) for i, p, o in zip(prompt_at, prompt_len, outputs)}
+    prefill = [computed[i] < (prompts[i][0] + prompts[i][1] - 1 if prompts[i][1] else prompts[i][0]) if i in prompts
+               else i in no_output_at for i in range(64)]
+    assert 0 < sum(prefill) < 64 and any(prefill[i] for i in prompt_at if i % 7)  # both kinds, a recompute too
     wire = step_wire.decode(step_wire.encode(payload))
     inproc = steps.decode(payload)  # what an in-process engine hands over, without a wire
     for got in (wire, inproc):
-        assert got.requests == [s[:3] for s in shares] and got.contexts == [s[3] for s in shares]
+        assert got.requests == list(zip(ids, tokens, prefill)) and got.contexts == computed
         assert (got.step_id, got.start, got.end, got.running, got.waiting, got.preempted, got.kv_cache_usage,
                 got.queue_blocked) == payload[:7] + (2,)
         assert (got.schedule_s, got.execute_s, got.output_s, got.idle_s, got.model_s) == payload[9:]
     none = step_wire.decode(step_wire.encode(payload[:12] + (None, None)))
     assert (none.idle_s, none.model_s) == (None, None)
-    empty = step_wire.decode(step_wire.encode(payload[:7] + ([],) + payload[8:]))
+    empty = step_wire.decode(step_wire.encode(payload[:7] + (([], [], [], [], [], [], []),) + payload[8:]))
     assert empty.requests == [] and empty.contexts == []
+    # a plain decode batch: one token each, not listed; a sender's cache reuses the encoded ids
+    ones = payload[:7] + ((ids, None) + shares[2:],) + payload[8:]
+    cache: list = [None, b""]
+    first = step_wire.encode(ones, cache)
+    again = step_wire.encode(ones[:7] + ((list(ids), None) + shares[2:],) + ones[8:], cache)
+    assert first == again == step_wire.encode(ones) and len(first) == len(step_wire.encode(payload)) - 4 * 64
+    for got in (step_wire.decode(first), steps.decode(ones)):
+        assert got.requests == list(zip(ids, [1] * 64, prefill)) and got.contexts == computed
+    other = step_wire.decode(step_wire.encode(payload[:7] + ((ids[::-1], None, computed, [], [], [], []),)
+                                              + payload[8:], cache))
+    assert [r[0] for r in other.requests] == ids[::-1]  # another batch: encoded afresh
+
+
+def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():
+    """step_wire.derive_shares against the per-request rule the EngineCore hook applied before wire
+    version 2 (num_computed_tokens had advanced by the step's tokens; prefill until the prompt is
+    computed, or when recomputing after a preemption, until all but the last sampled token are)."""
+    def old_rule(prompt: int, outputs: int, computed_after: int, n: int) -> tuple[bool, int]:
+        num_tokens = prompt + outputs
+        before = computed_after - n
+        return before < (num_tokens - 1 if outputs else num_tokens), before
+
+    cases = [  # (prompt, outputs, computed before the step, tokens, flagged with its prompt length)
+        (100, 0, 0, 64, True),  # new request, first chunk
+        (100, 0, 64, 36, False),  # its last chunk: no output yet, still prefill
+        (100, 5, 104, 1, False),  # decoding
+        (100, 5, 0, 64, True),  # resumed after a preemption: recomputes
+        (100, 5, 64, 40, True),  # the recompute's last chunk (samples the next token)
+        (100, 5, 104, 1, True),  # recomputing, everything but the last token cached already: a decode
+        (100, 5, 103, 1, True),  # the recompute's chunk stopped one short: still prefill
+    ]
+    shares = (
+        [f"r{i}" for i in range(len(cases))], [c[3] for c in cases], [c[2] for c in cases],
+        [i for i, c in enumerate(cases) if not c[1]],  # no output yet
+        [i for i, c in enumerate(cases) if c[4]], [c[0] for c in cases if c[4]], [c[1] for c in cases if c[4]])
+    requests, contexts = step_wire.derive_shares(*shares)
+    expected = [old_rule(p, o, before + n, n) for p, o, before, n, _ in cases]
+    assert [r[2] for r in requests] == [e[0] for e in expected]
+    assert contexts == [e[1] for e in expected]
+    assert [r[2] for r in requests] == [True, True, False, True, True, False, True]
 
 
 @pytest.mark.parametrize("mangle, why", [
@@ -95,7 +168,12 @@ def test_wire_round_trip_keeps_every_field():
     (lambda b: b[:-len("req-b") - 1], "1 request ids for its 2"),  # the last id cut off
     (lambda b: b + b"\0x", "3 request ids for its 2"),
     (lambda b: b[:step_wire.HEADER.size + 3], "too short for its"),
-    (lambda b: b[:step_wire.HEADER.size - 4] + bytes(4) + b[step_wire.HEADER.size:], "no shares"),  # n = 0, bytes follow
+    (lambda b: b[:step_wire.HEADER.size - 12] + bytes(4) + b[step_wire.HEADER.size - 8:], "no shares"),  # n = 0
+    (lambda b: b[:step_wire.HEADER.size - 4] + struct.pack("<I", 3) + b[step_wire.HEADER.size:],
+     "3 prompt lengths for its 2"),
+    (lambda b: b[:step_wire.HEADER.size + 16] + struct.pack("<I", 2) + b[step_wire.HEADER.size + 20:],
+     "share index beyond its 2"),  # prompt_at out of range (after 2 tokens, 2 computed)
+    (lambda b: bytes([1]) + b[1:], "wire version 1"),  # the layout before vLLM's lists were shipped raw
 ])
 def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(mangle, why):
     good = step_wire.encode(record(5))
@@ -119,10 +197,10 @@ def test_pickle_is_not_accepted():
 
     with pytest.raises(step_wire.WireError):  # the old wire: a frontend never unpickles what arrives
         step_wire.decode(pickle.dumps(record(1), protocol=pickle.HIGHEST_PROTOCOL))
-    assert struct.calcsize("<BBqddIIIdBdddddI") == step_wire.HEADER.size
+    assert struct.calcsize("<BBqddIIIdBdddddIII") == step_wire.HEADER.size
 
 
 def test_an_id_with_nul_is_refused_at_the_sender():
-    bad = record(1)[:7] + ([("a\0b", 1, False, 0)],) + record(1)[8:]
+    bad = record(1)[:7] + ((["a\0b"], [1], [0], [], [], [], []),) + record(1)[8:]
     with pytest.raises(step_wire.WireError, match="NUL"):
         step_wire.encode(bad)

@@ -26,3 +26,31 @@ def test_parallel_sampling_fan_out_is_as_the_adapter_reads_it():
     assert {"request", "prompt", "parent_req", "request_index"} <= set(params)
     assert isinstance(inspect.getattr_static(ParentRequest, "n"), property)
     assert "__slots__" not in vars(ParentRequest)  # our attribute fits on it
+
+
+def test_scheduler_output_lists_are_as_the_step_hooks_ship_them():
+    """steps.StepHooks._shares ships these lists of vLLM's SchedulerOutput raw (no per-request loop) and
+    the frontend derives prefill and context from them: the fields, and when they are taken (before the
+    scheduler advances num_computed_tokens; outputs counting in-flight placeholders). The equality with
+    the per-request rule on a real engine is test_vllm_preemption's."""
+    import dataclasses
+    import inspect
+
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert {"scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "finished_req_ids",
+            "preempted_req_ids", "total_num_scheduled_tokens"} <= names(SchedulerOutput)
+    assert {"req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens"} <= names(CachedRequestData)
+    assert {"req_id", "num_computed_tokens", "prompt_token_ids", "prefill_token_ids"} <= names(NewRequestData)
+    assert isinstance(inspect.getattr_static(NewRequestData, "prompt_len"), property)
+    assert "self.num_prompt_tokens" in inspect.getsource(Request.__init__)
+    schedule = inspect.getsource(Scheduler.schedule)
+    assert schedule.index("self._make_cached_request_data(") < schedule.index("self._update_after_schedule(")
+    cached = inspect.getsource(Scheduler._make_cached_request_data)
+    assert "num_computed_tokens.append(req.num_computed_tokens)" in cached
+    assert "req.num_output_tokens + req.num_output_placeholders" in cached

@@ -12,13 +12,36 @@ pytestmark = pytest.mark.engine
 PROMPT_LEN, MAX_TOKENS, N = 100, 60, 6
 
 
+def old_rule_shares(scheduler, out) -> dict:
+    """The shares as the EngineCore hook derived them before wire version 2: a Python loop over the
+    scheduled requests, right after schedule() advanced their num_computed_tokens."""
+    shares = {}
+    for rid, n in out.num_scheduled_tokens.items():
+        req = scheduler.requests[rid]
+        before = req.num_computed_tokens - n
+        shares[rid] = (n, before < (req.num_tokens - 1 if req.num_output_tokens else req.num_tokens), before)
+    return shares
+
+
 @pytest.fixture(scope="module")
 def run(otel):
     from vllm import SamplingParams
 
+    from otel_llm.instrumentation.vllm import steps
     from support.engine import in_process, make_llm
 
-    with in_process():
+    compared = []  # (old rule's shares, the hook's shares) per step
+    shares = steps.StepHooks._shares
+
+    def both(hooks, scheduler, out):
+        new = shares(hooks, scheduler, out)
+        cached = out.scheduled_cached_reqs
+        outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
+        compared.append((old_rule_shares(scheduler, out), new, outputs))
+        return new
+
+    with in_process(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(steps.StepHooks, "_shares", both)
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
             # 128-token blocks: 6 requests of 100 + 60 tokens each need 2 blocks past token 128; 6 blocks can't hold them
             llm = make_llm(num_gpu_blocks_override=6, max_num_batched_tokens=256)
@@ -28,11 +51,11 @@ def run(otel):
             spans = otel.finished()
             held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
         del llm
-    return outputs, spans, held
+    return outputs, spans, held, compared
 
 
 def test_preemptions_show_as_events_and_requeue_spans(run):
-    outputs, spans, held = run
+    outputs, spans, held, _ = run
     trees = request_trees(spans)
     total = sum(o.metrics.num_preemptions for o in outputs)
     assert total > 0, "the tiny KV cache forced preemptions"
@@ -53,7 +76,7 @@ def test_preemptions_show_as_events_and_requeue_spans(run):
 
 
 def test_phases_still_tile_and_match_the_engine(run):
-    outputs, spans, _ = run
+    outputs, spans, _, _ = run
     trees = request_trees(spans)
     for o in outputs:
         t = trees[o.request_id]
@@ -72,7 +95,7 @@ def test_phases_still_tile_and_match_the_engine(run):
 
 
 def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
-    outputs, spans, _ = run
+    outputs, spans, _, _ = run
     steps = engine_steps(spans)
     assert sum(s.attributes[sc.STEP_NUM_PREEMPTED] for s in steps) == sum(o.metrics.num_preemptions for o in outputs)
     # recomputation after a preemption is prefill work: more prefill tokens than the prompts alone
@@ -82,7 +105,7 @@ def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
 def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
     """EngineCore in this process: the records are handed over in-process, the anatomy still sums to
     the step, and a CPU model runner in the EngineCore's own thread is not timed (by design)."""
-    _, spans, _ = run
+    _, spans, _, _ = run
     steps = engine_steps(spans)
     assert steps
     for s in steps:
@@ -91,3 +114,22 @@ def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
         assert parts == pytest.approx((s.end_time - s.start_time) / 1e9, abs=1e-3)
         assert sc.STEP_MODEL_TIME not in a
         assert a[sc.STEP_FLOPS] > 0  # the roofline's composition arrived (contexts with the shares)
+
+
+def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
+    """The frontend derives each share's prefill flag and context from vLLM's own lists (wire version 2);
+    on chunked prefills, preemptions and their recomputes it gets what the per-request rule got."""
+    from otel_llm.instrumentation.vllm import step_wire
+
+    *_, compared = run
+    assert compared
+    recomputes = chunks = 0
+    for old, new, outputs in compared:
+        payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
+        for step in (step_wire.decode(step_wire.encode(payload)), step_wire.derive_shares(*new)):
+            requests, contexts = (step.requests, step.contexts) if hasattr(step, "requests") else step
+            got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, contexts)}
+            assert len(got) == len(requests) and got == old
+        recomputes += sum(1 for rid, (_, prefill, _) in old.items() if prefill and outputs.get(rid))
+        chunks += sum(1 for rid, (_, prefill, before) in old.items() if prefill and before and not outputs.get(rid))
+    assert recomputes and chunks  # the scenario has both: recomputes after preemptions, chunked prefills

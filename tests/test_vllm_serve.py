@@ -64,8 +64,10 @@ def test_serve_reports_engine_steps_and_chunks():
     assert {x.service for x in steps} == {f"{request.service}-engine-steps"}
 
 
-def _step_sockets_of(server: VLLMServer) -> set[int]:
-    """Pids of the processes of ``server``'s session that bound a socket in a step directory."""
+def _step_sockets_of(server: VLLMServer, since: float) -> set[int]:
+    """Pids of the processes of ``server``'s session that bound a socket in a step directory since
+    ``since`` (wall clock). A socket file a killed process of an earlier run left behind is older: its
+    pid may belong to one of this server's processes by now (pids wrap at 32768 on a busy machine)."""
     import glob
     import tempfile
 
@@ -73,7 +75,7 @@ def _step_sockets_of(server: VLLMServer) -> set[int]:
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "otel-llm-steps-*", "*.sock")):
         try:
             pid = int(os.path.basename(path).split(".")[0])
-            if server.proc is not None and os.getsid(pid) == server.proc.pid:
+            if server.proc is not None and os.getsid(pid) == server.proc.pid and os.stat(path).st_mtime >= since:
                 pids.add(pid)
         except (ValueError, OSError):
             pass  # not a pid-named socket, or a process that is gone
@@ -91,6 +93,7 @@ def test_serve_with_several_api_servers_reports_steps_to_each():
     import openai
 
     env = {"OTEL_LLM_BASELINE_DETAIL": "steps", "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process"}
+    started = time.time() - 1.0  # file times are coarser than time.time()
     with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env=env,
                                         extra_args=("--api-server-count", "2"), cli=True) as s:
         client = openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0)
@@ -107,7 +110,7 @@ def test_serve_with_several_api_servers_reports_steps_to_each():
             return len(requests) == 16 and all((r.trace_id, r.span_id) in linked for r in requests)
         spans = sink.wait_for(ready, timeout=60)
         deadline = time.monotonic() + 30
-        while len(sockets := _step_sockets_of(s)) < 2 and time.monotonic() < deadline:
+        while len(sockets := _step_sockets_of(s, started)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
     requests = [x for x in spans if x.kind == "SERVER"]
     linked = {link for x in spans if x.name == sc.SPAN_ENGINE_STEP for link in x.links}

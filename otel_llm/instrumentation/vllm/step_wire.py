@@ -5,44 +5,100 @@ and a record of another layout is refused (and counted), never misread. Layout, 
 
     header   version:u8 flags:u8 step_id:i64 start:f64 end:f64 running:u32 waiting:u32 preempted:u32
              kv_cache_usage:f64 queue_blocked:u8 schedule_s:f64 execute_s:f64 output_s:f64 idle_s:f64
-             model_s:f64 shares:u32
-    shares   tokens:u32[n] context:u32[n] prefill:u8[n] ids:utf-8, joined by NUL (an id with a NUL in it
-             is refused at the sender: the step is dropped and counted, never mis-split)
+             model_s:f64 shares:u32 no_output:u32 prompts:u32
+    shares   tokens:u32[n] (absent with flag ONE_EACH: one token each, a plain decode batch)
+             computed:u32[n] no_output_at:u32[z] prompt_at:u32[m] prompt_len:u32[m] outputs:u32[m]
+             ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
+             dropped and counted, never mis-split)
 
-``flags`` says which optional seconds are present (idle, model). A change of layout is a new
+The shares are vLLM's own per-step lists, shipped as the scheduler made them (steps.py: no Python loop
+over the batch in the EngineCore): per scheduled request its id, the tokens scheduled and the tokens it
+had computed before the step; which shares have no output yet (``no_output_at``: vLLM's output count,
+in-flight placeholders included, is 0); and for the shares at ``prompt_at`` whose prefill flag needs
+them (new requests, requests recomputing after a preemption) their prompt length and output count. The
+frontend derives each share's prefill flag and context from these (``derive_shares``), exactly as the
+scheduler hook once did per request.
+
+``flags`` says which optional seconds are present (idle, model) and whether every share is one token. A change of layout is a new
 ``VERSION``; both sides are always the same otel-llm (the EngineCore imports the frontend's package).
+Version 1 (tokens, context, prefill flag per share, derived in the EngineCore) is refused.
 """
 
 from __future__ import annotations
 
 import struct
+from operator import not_
+from typing import Sequence
 
 from ...core.timeline import StepRecord
 
-VERSION = 1
-_HAS_IDLE, _HAS_MODEL = 1, 2
-HEADER = struct.Struct("<BBqddIIIdBdddddI")
+VERSION = 2
+_HAS_IDLE, _HAS_MODEL, _ONE_EACH = 1, 2, 4
+HEADER = struct.Struct("<BBqddIIIdBdddddIII")
 
 
 class WireError(ValueError):
     """A datagram that is not a step record of this version: refused whole."""
 
 
-def encode(payload: tuple) -> bytes:
-    """The step hook's tuple (steps.py: 14 fields, shares of 4) as one datagram."""
+# The shares as the hook hands them over (in-process too): parallel lists of the scheduled requests,
+# then the sparse prompt lengths. ``computed`` is the context the step's tokens attend to.
+# (ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs), each a list; tokens None: one each
+Shares = tuple
+
+
+def derive_shares(ids: Sequence[str], tokens: Sequence[int] | None, computed: Sequence[int],
+                  no_output_at: Sequence[int], prompt_at: Sequence[int], prompt_len: Sequence[int],
+                  outputs: Sequence[int]) -> tuple[list, list[int]]:
+    """(request id, tokens, prefill) per share, and each share's context before the step.
+
+    A request is prefilling until its prompt is computed (it has no output yet), or, when it recomputes
+    after a preemption, until all but its last sampled token are: ``computed < prompt + outputs - 1``
+    with outputs, ``computed < prompt`` without. A request with no output (vLLM counts in-flight
+    placeholders as outputs) can only be prefilling; one with outputs that is neither new nor
+    recomputing has computed all but its last token, so it decodes: only the shares at ``prompt_at``
+    need the comparison, with their prompt length and output count."""
+    n = len(ids)
+    if tokens is None:
+        tokens = [1] * n
+    prefill = [False] * n
+    for i in no_output_at:
+        prefill[i] = True
+    for i, p, o in zip(prompt_at, prompt_len, outputs):
+        prefill[i] = computed[i] < (p + o - 1 if o else p)
+    return list(zip(ids, tokens, prefill)), list(computed)
+
+
+def encode(payload: tuple, cache: list | None = None) -> bytes:
+    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one datagram.
+
+    ``cache`` (a sender's ``[ids, bytes]``) keeps the last ids encoded: in a steady batch vLLM lists the
+    same request ids, the same str objects, step after step (comparing them is a pointer compare each),
+    so they are joined and encoded only when the batch changes."""
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
+    ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
     flags = (_HAS_IDLE if idle is not None else 0) | (_HAS_MODEL if model is not None else 0)
-    n = len(shares)
+    if tokens is None:
+        flags |= _ONE_EACH
+    n, z, m = len(ids), len(no_output_at), len(prompt_at)
     head = HEADER.pack(VERSION, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
-                       schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n)
+                       schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, z, m)
     if not n:
         return head
-    ids, tokens, prefill, contexts = zip(*shares)
-    joined = "\0".join(ids)
-    if joined.count("\0") != n - 1:
-        raise WireError("a request id contains NUL: this step cannot be sent")
-    return head + _arrays(n).pack(*tokens, *contexts, *prefill) + joined.encode()
+    if cache is not None and cache[0] == ids:
+        joined = cache[1]
+    else:
+        text = "\0".join(ids)
+        if text.count("\0") != n - 1:
+            raise WireError("a request id contains NUL: this step cannot be sent")
+        joined = text.encode()
+        if cache is not None:
+            cache[:] = (ids, joined)
+    if tokens is None:
+        return head + _arrays(0, n, z, m).pack(*computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
+    return head + _arrays(n, n, z, m).pack(*tokens, *computed, *no_output_at, *prompt_at, *prompt_len,
+                                           *outputs) + joined
 
 
 def decode(data: bytes) -> StepRecord:
@@ -52,11 +108,14 @@ def decode(data: bytes) -> StepRecord:
     if data[0] != VERSION:
         raise WireError(f"step record of wire version {data[0]}, this otel-llm reads version {VERSION}")
     (_, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
-     schedule_s, execute_s, output_s, idle, model, n) = HEADER.unpack_from(data)
+     schedule_s, execute_s, output_s, idle, model, n, z, m) = HEADER.unpack_from(data)
     shares: list = []
     contexts: list[int] = []
     if n:
-        arrays = _arrays(n)
+        if z > n or m > n:
+            raise WireError(f"step record with {z} shares without output, {m} prompt lengths for its {n} shares")
+        k = 0 if flags & _ONE_EACH else n  # tokens listed, or one each
+        arrays = _arrays(k, n, z, m)
         at = HEADER.size + arrays.size
         if len(data) <= at:
             raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
@@ -64,9 +123,13 @@ def decode(data: bytes) -> StepRecord:
         ids = data[at:].decode().split("\0")
         if len(ids) != n:
             raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
-        shares = list(zip(ids, fields[:n], map(bool, fields[2 * n:])))
-        contexts = list(fields[n:2 * n])
-    elif len(data) != HEADER.size:
+        c = k + n  # computed ends, the indices begin
+        at_z, at_m = fields[c:c + z], fields[c + z:c + z + m]
+        if (z and max(at_z) >= n) or (m and max(at_m) >= n):
+            raise WireError(f"step record with a share index beyond its {n} shares")
+        shares, contexts = derive_shares(ids, fields[:k] if k else None, fields[k:c], at_z, at_m,
+                                         fields[c + z + m:c + z + 2 * m], fields[c + z + 2 * m:])
+    elif z or m or len(data) != HEADER.size:
         raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
     step = StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
     step.contexts = contexts
@@ -76,14 +139,15 @@ def decode(data: bytes) -> StepRecord:
     return step
 
 
-_ARRAYS: dict[int, struct.Struct] = {}
+_ARRAYS: dict[tuple[int, int, int, int], struct.Struct] = {}
 
 
-def _arrays(n: int) -> struct.Struct:
-    """The shares' fixed part for n shares (compiled once per batch size: a step's n repeats)."""
-    s = _ARRAYS.get(n)
+def _arrays(k: int, n: int, z: int, m: int) -> struct.Struct:
+    """The shares' fixed part: k tokens (n or 0), n computed, z indices, m prompt entries (compiled once
+    per shape: they repeat)."""
+    s = _ARRAYS.get((k, n, z, m))
     if s is None:
         if len(_ARRAYS) > 4096:
             _ARRAYS.clear()
-        s = _ARRAYS[n] = struct.Struct(f"<{n}I{n}I{n}B")
+        s = _ARRAYS[k, n, z, m] = struct.Struct(f"<{k + n + z + 3 * m}I")
     return s

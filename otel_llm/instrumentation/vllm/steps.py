@@ -23,6 +23,7 @@ always holds a step's record before it sees the step's tokens.
 from __future__ import annotations
 
 import atexit
+import errno
 import itertools
 import multiprocessing
 import logging
@@ -45,46 +46,96 @@ logger = logging.getLogger("otel_llm")
 
 
 class SocketSink:
-    """EngineCore side: one non-blocking datagram per step to each frontend socket in ``directory``."""
+    """EngineCore side: one non-blocking datagram per step to each frontend socket in ``directory``.
+
+    One socket per frontend, connected once (at the rescan that found it): a ``send`` on a connected
+    socket skips the path lookup a ``sendto`` makes in the kernel every step."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
         self.dropped = 0
-        self._targets: list[str] = []
+        self._ids: list = [None, b""]  # the last step's request ids and their encoding (step_wire.encode)
+        self._targets: list[tuple[str, socket.socket]] = []
         self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
         now = time.monotonic()
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
-        data = step_wire.encode(payload)
-        for path in self._targets:
+        data = step_wire.encode(payload, self._ids)
+        for path, sock in self._targets:
             try:
-                self.sock.sendto(data, path)
-            except (ConnectionRefusedError, FileNotFoundError):
-                self.dropped += 1  # that frontend is gone: forget it (and its stale socket file)
-                self._forget(path)
-            except OSError:
-                self.dropped += 1  # lagging (buffer full) or otherwise unreachable: telemetry is what we lose
+                sock.send(data)
+            except OSError as exc:
+                self.dropped += 1  # lagging (buffer full) or unreachable: telemetry is what we lose
+                if exc.errno in _GONE:  # that frontend is gone: forget it (and its stale socket file)
+                    self._forget(path)
 
     def _rescan(self, now: float) -> None:
         self._scanned = now
         try:
-            self._targets = [os.path.join(self.directory, f) for f in sorted(os.listdir(self.directory))
-                             if f.endswith(".sock")]
+            paths = [os.path.join(self.directory, f) for f in sorted(os.listdir(self.directory))
+                     if f.endswith(".sock")]
         except OSError:
-            self._targets = []
+            paths = []
+        known = dict(self._targets)
+        targets = []
+        for path in paths:
+            sock = known.pop(path, None)
+            if sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.setblocking(False)
+                try:
+                    sock.connect(path)
+                except (ConnectionRefusedError, FileNotFoundError):
+                    sock.close()
+                    self.dropped += 1  # a stale socket file of a frontend that is gone
+                    _unlink(path)
+                    continue
+                except OSError:
+                    sock.close()
+                    continue
+            targets.append((path, sock))
+        for sock in known.values():  # their files are gone
+            sock.close()
+        self._targets = targets
 
     def _forget(self, path: str) -> None:
-        self._targets = [p for p in self._targets if p != path]
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        """A frontend whose socket refused: gone, unless another process bound the path since (a pid
+        reused): then the path is connected again."""
+        targets = []
+        for p, sock in self._targets:
+            if p != path:
+                targets.append((p, sock))
+                continue
+            sock.close()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(path)
+                targets.append((path, sock))
+            except OSError:
+                sock.close()
+                _unlink(path)
+        self._targets = targets
+
+    def close(self) -> None:
+        for _, sock in self._targets:
+            sock.close()
+        self._targets = []
+
+
+# a connected peer that closed: ECONNREFUSED once, ENOTCONN after (Linux); its file removed: ENOENT
+_GONE = frozenset((errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOENT))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class StepReceiver:
@@ -135,17 +186,21 @@ class StepReceiver:
 
 
 def decode(payload: tuple) -> StepRecord:
-    """A step record from the hook's tuple (in-process; across processes see step_wire). The first eight fields are the original layout (an
-    EngineCore of an older otel-llm still decodes: 3-field shares); then why waiting requests stayed
-    waiting (``queue_blocked``), then the anatomy; with the anatomy each share carries the request's
-    context before the step as a fourth field."""
+    """A step record from the hook's tuple (in-process; across processes see step_wire). The first eight
+    fields are the original layout (an EngineCore of an older otel-llm still decodes: 3-field shares); then
+    why waiting requests stayed waiting (``queue_blocked``), then the anatomy. The shares are a list of
+    (id, tokens, prefill[, context]) tuples in the older layouts, vLLM's own lists (``step_wire.Shares``) in
+    this one: prefill flags and contexts derived as the wire's decoder derives them."""
     step_id, start, end, running, waiting, preempted, kv, shares = payload[:8]
     blocked = payload[8] if len(payload) > 8 else 0
     if len(payload) < 14:
         return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
-    step = StepRecord(step_id, start, end, [s[:3] for s in shares], running, waiting, preempted, kv,
-                      queue_blocked=blocked)
-    step.contexts = [s[3] for s in shares]
+    if shares.__class__ is tuple:
+        requests, contexts = step_wire.derive_shares(*shares)
+    else:
+        requests, contexts = [s[:3] for s in shares], [s[3] for s in shares]
+    step = StepRecord(step_id, start, end, requests, running, waiting, preempted, kv, queue_blocked=blocked)
+    step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s, step.idle_s, step.model_s = payload[9:14]
     return step
 
@@ -217,7 +272,7 @@ class StepHooks:
     the hot path reads this object's attributes, nothing module-wide."""
 
     __slots__ = ("sink", "timing", "pending", "model", "counter", "prefix", "last_end", "current_model_step",
-                 "cuda_events", "event_pool", "clock", "_table")
+                 "cuda_events", "event_pool", "clock", "recompute", "_table")
 
     def __init__(self) -> None:
         self.sink: Callable[[tuple], None] | None = None
@@ -231,6 +286,7 @@ class StepHooks:
         self.cuda_events: Any = None  # torch.cuda.Event once a CUDA model runner was seen; False: CPU
         self.event_pool: list[Any] = []  # read CUDA events, reused (creating them costs more than recording)
         self.clock: Callable[[], float] = time.monotonic
+        self.recompute: dict[str, int] = {}  # request id -> prompt length, while it recomputes after a preemption
         self._table = WrapTable([
             Target(_SCHEDULER_MODULE, "Scheduler.schedule", self.schedule),
             Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output),
@@ -258,6 +314,7 @@ class StepHooks:
         self._table.unwrap()
         self.pending.clear()
         self.model.clear()
+        self.recompute.clear()
 
     def schedule(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         if self.sink is None:
@@ -267,19 +324,7 @@ class StepHooks:
         out = wrapped(*args, **kwargs)
         left = clock()
         try:
-            get = instance.requests.get
-            shares: list[tuple] = []
-            append = shares.append
-            for req_id, n in out.num_scheduled_tokens.items():
-                req = get(req_id)
-                if req is None:
-                    continue
-                # num_computed_tokens has already advanced by this step's n. A request is
-                # prefilling until its prompt is computed (it has no output yet), or, when it
-                # recomputes after a preemption, until all but its last sampled token are.
-                # ``before`` is also the context the step's tokens attend to (the roofline's).
-                before = req.num_computed_tokens - n
-                append((req_id, n, before < (req.num_tokens - 1 if req.num_output_tokens else req.num_tokens), before))
+            shares = self._shares(instance, out)
             preempted = getattr(out, "preempted_req_ids", None)
             kv = instance.kv_cache_manager.usage
             pending = self.pending
@@ -295,6 +340,65 @@ class StepHooks:
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
         return out
+
+    def _shares(self, scheduler: Any, out: Any) -> tuple:
+        """The step's shares as vLLM's scheduler output lists them (step_wire.Shares), with no Python
+        loop over the batch: the frontend derives each share's prefill flag and context from them
+        (step_wire.derive_shares). Python loops run only over this step's new requests, the requests
+        recomputing after a preemption and, in a step with a prefill chunk, the output counts: none of
+        them in a steady decode batch."""
+        cached = out.scheduled_cached_reqs
+        ids, computed, outputs = cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens
+        scheduled = out.num_scheduled_tokens
+        prompt_at: list[int] = []
+        prompt_len: list[int] = []
+        prompt_outputs: list[int] = []
+        recompute = self.recompute
+        resumed = cached.resumed_req_ids
+        if resumed:  # back from a preemption: recomputes (a prefill) until all but its last token are computed
+            requests = scheduler.requests
+            for rid in resumed:
+                recompute[rid] = requests[rid].num_prompt_tokens
+        if recompute:
+            for rid in out.finished_req_ids:
+                recompute.pop(rid, None)
+            for rid, p in list(recompute.items()):
+                try:
+                    i = ids.index(rid)
+                except ValueError:
+                    continue  # not scheduled in this step
+                o = outputs[i]
+                prompt_at.append(i)
+                prompt_len.append(p)
+                prompt_outputs.append(o)
+                if computed[i] + scheduled[rid] >= p + o - 1:
+                    del recompute[rid]  # from the next step on it decodes
+            if len(recompute) > 4096:  # bounded (requests that vanished unseen): these shares read as decodes
+                recompute.clear()
+        # no output yet (placeholders count): a prefill chunk; C-level count, a loop only when there are some
+        no_output_at = [i for i, o in enumerate(outputs) if not o] if outputs.count(0) else []
+        new = out.scheduled_new_reqs
+        if new:
+            ids, computed = list(ids), list(computed)
+            for r in new:
+                i = len(ids)
+                ids.append(r.req_id)
+                computed.append(r.num_computed_tokens)
+                p = r.prompt_len
+                total = r.prefill_token_ids  # vLLM's v2 model runner: every token, a resumed request's outputs too
+                o = len(total) - p if total is not None else 0
+                prompt_at.append(i)
+                prompt_len.append(p)
+                prompt_outputs.append(o)
+                if o:
+                    recompute[r.req_id] = p
+        if out.total_num_scheduled_tokens == len(ids):
+            tokens = None  # one token each (every scheduled request has at least one): a plain decode batch
+        elif list(scheduled) == ids:  # vLLM's dict in the lists' order (no new or resumed request in between)
+            tokens = list(scheduled.values())
+        else:
+            tokens = list(map(scheduled.__getitem__, ids))
+        return ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs
 
     def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         sink = self.sink
@@ -312,9 +416,12 @@ class StepHooks:
             model = getattr(model_output, _MODEL_TIME_ATTR, None)
             if model is None and self.model:
                 model = self.model.pop(key, None)
-            if pending is not None and pending[7]:
+            if pending is not None and pending[7][0]:
                 start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
-                end = next((o.timestamp for o in result.values()), None) if result else None
+                end = None
+                for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
+                    end = o.timestamp
+                    break
                 if not end or end < entered:
                     end = left
                 self.last_end = left

@@ -1,0 +1,266 @@
+"""EngineCore CPU per engine step added by the step hooks: the hooks of BASE_COMMIT (a Python loop over
+the scheduled requests, ``sendto`` per frontend, wire version 1) against this tree's (vLLM's own
+scheduler-output lists shipped as they are, a connected socket per frontend, wire version 2), measured in
+interleaved rounds in one run (modes in a fresh random order each round; medians of per-step medians).
+
+The harness is ``vllm_overhead.engine_hooks_us_per_step``'s: ``Scheduler.schedule`` and
+``update_from_output`` wrapped as the plugin wraps them, around stand-ins that return at once, on the
+thread's CPU clock; the stand-in scheduler output is vLLM's real ``CachedRequestData`` for ``batch``
+decoding requests with vLLM-shaped ids (``cmpl-<32 hex>-0``), plus ``--new`` new requests (prefill chunks)
+if asked. One frontend socket, drained between steps (untimed). Modes:
+
+    bare      the stand-ins alone
+    old       BASE_COMMIT's hooks and SocketSink (its own step_wire: version 1)
+    new       this tree's hooks and SocketSink
+    new_enc   this tree's hooks, the record encoded (step_wire.encode, as SocketSink calls it) but not sent
+    new_hook  this tree's hooks, the record handed to a no-op (their own Python work)
+
+So new - new_enc is the send, new_enc - new_hook the encoding. Rounds alternate between a quiet machine
+and one loaded by ``--burners`` busy processes (started before, stopped after the loaded rounds): the
+send's cost under load is what the issue saw. Frontend side, per record: decoding (BASE_COMMIT's
+decode vs this tree's, which now derives prefill flags and contexts).
+
+Run: python benchmarks/engine_hooks_ab.py [--rounds 9] [--steps 400] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support: test helpers, not shipped
+RESULTS = ROOT / "benchmarks" / "results"
+BASE_COMMIT = "49d67c8"  # before wire version 2: shares captured per request in Python, sendto
+PACKAGE = "otel_llm.instrumentation.vllm"
+
+
+def load_old(commit: str = BASE_COMMIT, tag: str = "old") -> types.ModuleType:
+    """A commit's steps.py with its own step_wire.py (the frontend's wire changed with it)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"otel-llm-{tag}-"))
+    sources = {}
+    for name in ("steps", "step_wire"):
+        sources[name] = subprocess.run(["git", "show", f"{commit}:otel_llm/instrumentation/vllm/{name}.py"],
+                                       cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    sources["steps"] = sources["steps"].replace("from . import step_wire", f"from . import _{tag}_step_wire as step_wire")
+    mods = {}
+    for name, mod_name in (("step_wire", f"_{tag}_step_wire"), ("steps", f"_{tag}_steps")):
+        path = tmp / f"{mod_name}.py"
+        path.write_text(sources[name])
+        spec = importlib.util.spec_from_file_location(f"{PACKAGE}.{mod_name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        mods[name] = mod
+    return mods["steps"]
+
+
+class Scene:
+    """One step's worth of stand-ins: what both hook versions read of vLLM's scheduler and its output."""
+
+    def __init__(self, batch: int, new: int) -> None:
+        from vllm.v1.core.sched.output import CachedRequestData
+        from vllm.v1.engine import EngineCoreOutput
+
+        ids = [f"cmpl-{random.getrandbits(128):032x}-0" for _ in range(batch + new)]
+        decoding, fresh = ids[:batch], ids[batch:]
+        prompt, outputs, chunk = 96, 5, 32
+
+        class Req:  # the scheduler's Request right after schedule(): num_computed_tokens advanced
+            __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens", "num_prompt_tokens")
+
+            def __init__(self, computed: int, outs: int) -> None:
+                self.num_computed_tokens, self.num_output_tokens = computed, outs
+                self.num_tokens, self.num_prompt_tokens = prompt + outs, prompt
+
+        class Waiting(list):
+            def peek_request(self):
+                return self[0]
+
+        requests = {r: Req(prompt + outputs, outputs) for r in decoding}
+        requests.update({r: Req(chunk, 0) for r in fresh})
+        cached = CachedRequestData.make_empty()
+        cached.req_ids = list(decoding)
+        cached.num_computed_tokens = [prompt + outputs - 1] * batch
+        cached.num_output_tokens = [outputs] * batch
+        self.scheduler = types.SimpleNamespace(
+            requests=requests, running=list(range(batch + new)), waiting=Waiting(),
+            kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
+            max_num_scheduled_tokens=8192)
+        scheduled = dict.fromkeys(decoding, 1)
+        scheduled.update(dict.fromkeys(fresh, chunk))
+        self.out = types.SimpleNamespace(
+            num_scheduled_tokens=scheduled, preempted_req_ids=set(), finished_req_ids=set(),
+            total_num_scheduled_tokens=batch + chunk * new, scheduled_cached_reqs=cached,
+            scheduled_new_reqs=[types.SimpleNamespace(req_id=r, num_computed_tokens=0, prompt_len=prompt,
+                                                      prefill_token_ids=None) for r in fresh])
+        self.outputs = {0: types.SimpleNamespace(timestamp=0.0, outputs=[
+            EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in decoding])}
+        self.model_output = types.SimpleNamespace()
+
+
+def per_step_us(hooks, scene: Scene, steps: int, drain) -> float:
+    out, outputs, scheduler, model_output = scene.out, scene.outputs, scene.scheduler, scene.model_output
+    schedule = lambda: out  # noqa: E731
+    update = lambda scheduler_output, model_runner_output: outputs  # noqa: E731
+    clock = time.thread_time_ns
+    samples = []
+    for _ in range(steps):
+        c0 = clock()
+        if hooks is None:
+            schedule()
+            update(out, model_output)
+        else:
+            hooks.schedule(schedule, scheduler, (), {})
+            hooks.update_from_output(update, scheduler, (out, model_output), {})
+        samples.append(clock() - c0)
+        drain()
+    return statistics.median(samples) / 1000
+
+
+def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
+    """Frontend CPU to turn one datagram into a StepRecord, per wire version."""
+    from otel_llm.instrumentation.vllm import step_wire
+
+    got: dict[str, bytes] = {}
+    for name, mod in (("old", old), ("new", new)):
+        hooks = mod.StepHooks()
+        hooks.sink = lambda payload, mod=mod, name=name: got.__setitem__(
+            name, (mod.step_wire if mod is old else step_wire).encode(payload))
+        per_step_us(hooks, scene, 1, lambda: None)
+    cases = (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"]))
+    samples: dict[str, list[float]] = {"old": [], "new": []}
+    for r in range(9):  # interleaved, alternating order
+        for name, fn, data in cases if r % 2 else cases[::-1]:
+            c0 = time.thread_time_ns()
+            for _ in range(n):
+                fn(data)
+            samples[name].append((time.thread_time_ns() - c0) / n)
+    out = {name: {"decode_ns": round(statistics.median(samples[name])), "datagram_bytes": len(data)}
+           for name, _, data in cases}
+    a, b = old.step_wire.decode(got["old"]), step_wire.decode(got["new"])
+    assert sorted(zip(a.requests, a.contexts)) == sorted(zip(b.requests, b.contexts)), "the two wires disagree"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--new", type=int, default=0, help="new requests (prefill chunks) in the step besides the batch")
+    ap.add_argument("--burners", type=int, default=2, help="busy processes during the loaded rounds (0: none)")
+    ap.add_argument("--also", default=None, help="a commit whose hooks are measured too (mode 'also')")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from support.engine import prepare_env
+    prepare_env()
+    from otel_llm.instrumentation.vllm import steps as new
+
+    old = load_old()
+    also = load_old(args.also, "also") if args.also else None
+    scene = Scene(args.batch, args.new)
+    directory = tempfile.mkdtemp(prefix="otel-llm-ab-")
+    frontend = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    frontend.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    frontend.bind(os.path.join(directory, "1.sock"))
+    frontend.setblocking(False)
+    received = [0]
+
+    def drain() -> None:
+        try:
+            while True:
+                frontend.recv(1 << 20)
+                received[0] += 1
+        except BlockingIOError:
+            pass
+
+    from otel_llm.instrumentation.vllm import step_wire
+
+    def make(mode: str):
+        if mode == "bare":
+            return None
+        mod = {"old": old, "also": also}.get(mode, new)
+        hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
+        if mode in ("old", "new", "also"):
+            hooks.sink = mod.SocketSink(directory)
+        elif mode == "new_enc":
+            cache: list = [None, b""]  # as SocketSink keeps it
+            hooks.sink = lambda payload: step_wire.encode(payload, cache)
+        else:
+            hooks.sink = lambda payload: None
+        return hooks
+
+    modes = ["bare", "old", "new", "new_enc", "new_hook"] + (["also"] if also else [])
+    hooks = {m: make(m) for m in modes}
+    for m in modes:  # warm up: struct layouts compiled, sockets connected
+        per_step_us(hooks[m], scene, 50, drain)
+    rows: dict[str, dict[str, list[float]]] = {"quiet": {m: [] for m in modes}, "loaded": {m: [] for m in modes}}
+    load: dict[str, list[float]] = {"quiet": [], "loaded": []}
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    burn = "import time\nt=time.time()+120\nwhile time.time()<t: pass"
+    for r in range(args.rounds):
+        for condition in ("quiet", "loaded") if args.burners else ("quiet",):
+            burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(args.burners)] \
+                if condition == "loaded" else []
+            try:
+                if burners:
+                    time.sleep(0.3)  # let them take the cores
+                order = modes[:]
+                random.shuffle(order)
+                for m in order:
+                    rows[condition][m].append(per_step_us(hooks[m], scene, args.steps, drain))
+                load[condition].append(os.getloadavg()[0])
+            finally:
+                for p in burners:
+                    p.kill()
+                    p.wait()
+        print(f"round {r + 1}/{args.rounds}: " + "; ".join(
+            f"{c}: " + " ".join(f"{m} {rows[c][m][-1]:.1f}" for m in modes) for c in rows if rows[c]["bare"]),
+            flush=True)
+    frontend_cost = decode_ns(old, new, scene)
+
+    result: dict = {"benchmark": "engine_hooks_ab", "started": started, "base_commit": BASE_COMMIT, "also": args.also,
+                    "batch": args.batch, "new_requests": args.new, "steps_per_measurement": args.steps,
+                    "rounds": args.rounds, "burners": args.burners, "python": platform.python_version(),
+                    "machine": platform.machine(), "cpus": os.cpu_count(), "records_received": received[0],
+                    "frontend_decode_per_record": frontend_cost, "conditions": {}}
+    for condition, by_mode in rows.items():
+        if not by_mode["bare"]:
+            continue
+        med = {m: statistics.median(v) for m, v in by_mode.items()}
+        paired = [o - n for o, n in zip(by_mode["old"], by_mode["new"])]
+        result["conditions"][condition] = {
+            "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
+            "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
+            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "also") if m in med},
+            "new_split_us": {"hooks": round(med["new_hook"] - med["bare"], 2),
+                             "encode": round(med["new_enc"] - med["new_hook"], 2),
+                             "send": round(med["new"] - med["new_enc"], 2)},
+            "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
+            "old_minus_new_paired_range_us": [round(min(paired), 2), round(max(paired), 2)],
+            "load_average_1min": [round(x, 2) for x in load[condition]],
+        }
+    print(json.dumps(result["conditions"], indent=1))
+    print(json.dumps(frontend_cost))
+    out = Path(args.out) if args.out else RESULTS / "engine_hooks_ab.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
