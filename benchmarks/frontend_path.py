@@ -10,8 +10,10 @@ through the SDK's BatchSpanProcessor to a null exporter; metrics are recorded in
 records, outputs and engine statistics are built before the clock starts: only our code is timed.
 
 Reported per token (medians over repetitions): CPU of the whole process (output thread + materializer +
-span processor), of the output thread alone, and the output thread's parts (add_step, record_outputs,
-finish). The slow-cause verdict, spans and metrics are the pipeline's own (``instrument()`` defaults).
+span processor), of the output thread alone, and the output thread's parts (decode: the step datagram
+as the receiver decodes it, when this checkout's ``step_wire`` takes the 14-field hook tuple; add_step,
+record_outputs, finish); and the wall time of the garbage collections our allocations set off in the
+timed window (the decoded step records' share tuples live until their requests finish). The slow-cause verdict, spans and metrics are the pipeline's own (``instrument()`` defaults).
 
 A/B: ``--root A --root B`` runs each checkout's ``otel_llm`` in its own subprocess, alternating per
 round (order flipped every round), and reports per-round paired differences; the results go to
@@ -105,6 +107,8 @@ class State:
 def child(repeat: int) -> dict:
     """One checkout's measurement (runs in a subprocess with that checkout first on sys.path)."""
     import copy
+    import gc
+    import random
 
     import otel_llm
     from opentelemetry.sdk.metrics import MeterProvider
@@ -125,12 +129,27 @@ def child(repeat: int) -> dict:
     pipeline = Pipeline(Config.resolve({}), tp.get_tracer("bench"), MeterProvider().get_meter("bench"), "vllm")
     w = VLLMWrappers(pipeline)
     rids, stats, steps, outputs, finished = workload()
+    wire = encoded(steps)
+    if wire is not None:
+        from otel_llm.instrumentation.vllm import step_wire
+    gc_ns = [0, 0]  # (collections, ns) in the timed window: what our allocations cost the process's collector
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_ns[1] -= time.perf_counter_ns()
+        else:
+            gc_ns[0] += 1
+            gc_ns[1] += time.perf_counter_ns()
     tokens = N_REQUESTS * OUTPUT_TOKENS
     rows = []
     for rep in range(repeat + 1):  # the first is a warm-up
-        recs = [copy.copy(s) for s in steps]  # fresh settlement state (pending, links) each time
-        for r in recs:
-            r.links = []
+        random.seed(rep)  # the same baseline sample (trace ids) in every checkout
+        if wire is None:  # fresh settlement state (pending, links) each time
+            recs = [copy.copy(s) for s in steps]
+            for r in recs:
+                r.links = []
+        else:
+            recs = wire  # decoded in the loop, as the frontend's receiver does
         states = {rid: State(stats[rid]) for rid in rids}
         for i, rid in enumerate(rids):
             t = RequestTimeline(request_id=rid, arrival=time.time(), model="m", operation="text_completion",
@@ -138,11 +157,18 @@ def child(repeat: int) -> dict:
             t.native = states[rid]
             pipeline.start(t)
         requests = pipeline.requests
-        add = finish = rec = 0
+        add = finish = rec = dec = 0
+        decode = step_wire.decode if wire is not None else None
         tt = time.thread_time_ns
+        gc.collect()
+        gc_ns[:] = [0, 0]
+        gc.callbacks.append(on_gc)
         p0, m0 = time.process_time_ns(), tt()
         for record, outs, done in zip(recs, outputs, finished):
             a = tt()
+            if decode is not None:
+                record = decode(record)
+                a, dec = tt(), dec + tt() - a
             pipeline.add_step(record)
             b = tt()
             for rid in done:
@@ -161,15 +187,29 @@ def child(repeat: int) -> dict:
         pipeline.flush(30.0)
         tp.force_flush()
         total = time.process_time_ns() - p0
+        gc.callbacks.remove(on_gc)
         if rep:
             rows.append({"total": total / tokens / 1e3, "output_thread": main / tokens / 1e3,
                          "add_step": add / tokens / 1e3, "record_outputs": rec / tokens / 1e3,
-                         "finish": finish / tokens / 1e3})
+                         "finish": finish / tokens / 1e3, "gc": gc_ns[1] / tokens / 1e3, "gc_runs": gc_ns[0],
+                         "decode": dec / tokens / 1e3})
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     out["kept"] = pipeline.counts.requests_kept
     out["steps_emitted"] = pipeline.counts.steps_emitted
     pipeline.close()
     return out
+
+
+def encoded(steps: list) -> list[bytes] | None:
+    """The step records as the EngineCore sends them (None if this checkout's wire differs)."""
+    try:
+        from otel_llm.instrumentation.vllm import step_wire
+
+        return [step_wire.encode((s.step_id, s.start, s.end, s.running, s.waiting, s.preempted, s.kv_cache_usage,
+                                  [(*sh, c) for sh, c in zip(s.requests, s.contexts)], s.queue_blocked,
+                                  s.schedule_s, s.execute_s, s.output_s, s.idle_s, s.model_s)) for s in steps]
+    except Exception:
+        return None
 
 
 def main() -> None:
@@ -207,7 +247,7 @@ def main() -> None:
     if len(roots) == 2:
         a, b = roots
         out["paired_b_minus_a"] = {k: round(statistics.median(y[k] - x[k] for x, y in zip(results[a], results[b])), 3)
-                                   for k in ("total", "output_thread", "add_step", "record_outputs", "finish")}
+                                   for k in ("total", "output_thread", "add_step", "record_outputs", "finish", "gc")}
     for r in roots:
         print(r, summary[r])
     if "paired_b_minus_a" in out:
