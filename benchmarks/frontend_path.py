@@ -11,7 +11,9 @@ records, outputs and engine statistics are built before the clock starts: only o
 
 Reported per token (medians over repetitions): CPU of the whole process (output thread + materializer +
 span processor), of the output thread alone, and the output thread's parts (decode: the step datagram
-as the receiver decodes it, when this checkout's ``step_wire`` takes the 14-field hook tuple; add_step,
+as the receiver decodes it, when this checkout's ``step_wire.encode`` takes shares as (id, tokens,
+prefill, context) tuples, i.e. wire v1; with wire v2 (vLLM's own lists, ``step_wire.Shares``) ``encoded``
+returns None, the records are copied instead and decode and GC read 0 — adapting it is still to do; add_step,
 record_outputs, finish); and the wall time of the garbage collections our allocations set off in the
 timed window (the decoded step records' share tuples live until their requests finish). The slow-cause verdict, spans and metrics are the pipeline's own (``instrument()`` defaults).
 
