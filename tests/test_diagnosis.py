@@ -516,3 +516,35 @@ def test_cuda_events_time_the_runner_and_are_read_only_when_done():
     begin, end = FakeCudaEvent(True), FakeCudaEvent(True)
     end.done = False
     assert hooks.cuda_seconds([(begin, end)]) is None  # never waits on the device
+
+
+def test_step_metrics_per_phase_and_part_are_the_anatomy_of_each_step():
+    """Step metrics go through per-phase bound recorders: each (phase, part) series holds exactly the
+    anatomy of the steps of that phase, and a part the engine did not report has no series at all."""
+    from otel_llm.core.diagnosis.anatomy import anatomy
+
+    reader = InMemoryMetricReader()
+    diagnosis = StepDiagnosis(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    shares = {"decode": [("a", 1, False), ("b", 1, False)], "prefill": [("c", 16, True)],
+              "mixed": [("a", 1, False), ("c", 8, True)]}
+    recorded = []
+    for i, phase in enumerate(["decode", "prefill", "decode", "mixed", "decode"]):
+        step = StepRecord(i, 10.0 + i, 10.5 + i * 1.25, list(shares[phase]))
+        step.schedule_s, step.execute_s, step.output_s = 0.001 * (i + 1), 0.01 * (i + 1), 0.002
+        step.idle_s = 0.1 if i % 2 else None  # reported for some steps only; model time never
+        assert step.phase == phase
+        recorded.append(step)
+    diagnosis.record(recorded[:3])
+    diagnosis.record(recorded[3:])
+    expected: dict[tuple[str, str], list[float]] = {}
+    for step in recorded:
+        for part, value in anatomy(step).items():
+            expected.setdefault((step.phase, part), []).append(value)
+    points = points_by_name(reader.get_metrics_data())
+    got = {(dict(p.attributes)[sc.STEP_PHASE], dict(p.attributes)[sc.STEP_PART]): p
+           for p in points["llm.server.engine.step.duration"]}
+    assert set(got) == set(expected) and not any(part == "model" for _, part in got)
+    for key, values in expected.items():
+        assert got[key].count == len(values) and got[key].sum == pytest.approx(sum(values))
+    counts = {dict(p.attributes)[sc.STEP_PHASE]: p.value for p in points["llm.server.engine.steps"]}
+    assert counts == {"decode": 3, "prefill": 1, "mixed": 1}

@@ -361,15 +361,13 @@ class Pipeline:
         linked = kept.linked_steps if kept is not None else ()
         with self._steps_lock:
             steps = self.steps
-            for step_id in t.steps:
-                step = steps.get(step_id)
-                if step is None:
-                    continue
-                if step_id in linked:
+            # the held ones among its steps, looked up in C; a step leaves once its last request settled
+            for step in filter(None, map(steps.get, t.steps)):
+                if linked and step.step_id in linked:
                     step.links.append(kept.context)
                 step.pending -= 1
                 if step.pending <= 0:
-                    del steps[step_id]
+                    del steps[step.step_id]
                     done.append(step)
         for step in done:
             if step.links:  # only emitted steps cost enough to offer the GIL between them

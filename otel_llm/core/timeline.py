@@ -7,6 +7,7 @@ finishes; ``clock.py`` converts them once. Appending a token stamp is one list a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
@@ -152,7 +153,7 @@ class StepRecord:
 
     @property
     def prefill_requests(self) -> int:
-        return sum(1 for _, _, prefill in self.requests if prefill)
+        return sum(map(_prefill_of, self.requests))
 
     @property
     def prefill_tokens(self) -> int:
@@ -160,7 +161,7 @@ class StepRecord:
 
     @property
     def decode_requests(self) -> int:
-        return sum(1 for _, _, prefill in self.requests if not prefill)
+        return len(self.requests) - self.prefill_requests
 
     @property
     def decode_tokens(self) -> int:
@@ -168,8 +169,13 @@ class StepRecord:
 
     @property
     def phase(self) -> str:
-        has_prefill = any(prefill for _, _, prefill in self.requests)
-        has_decode = any(not prefill for _, _, prefill in self.requests)
+        # per step on the materializer thread (step metrics): the flags are read in C, not a generator
+        flags = list(map(_prefill_of, self.requests))
+        has_prefill = any(flags)
+        has_decode = not all(flags)
         if has_prefill and has_decode:
             return "mixed"
         return "prefill" if has_prefill else "decode"
+
+
+_prefill_of = itemgetter(2)  # a share's prefill flag

@@ -36,6 +36,11 @@ def anatomy(step: StepRecord) -> dict[str, float]:
     return out
 
 
+# ``anatomy``'s parts in its order, with the StepRecord field each is read from ("total": end - start)
+_PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), ("model", "model_s"),
+          ("output", "output_s"), ("idle", "idle_s"))
+
+
 def work(step: StepRecord) -> list[tuple[int, int]]:
     """(tokens, context before the step) per request in the step, for the roofline."""
     contexts = step.contexts
@@ -66,6 +71,7 @@ class StepDiagnosis:
         # (instrument, phase, part, bound) -> a recorder bound to that label set: a step's metrics are
         # six calls, each through the SDK's public API several times what the step's bookkeeping costs
         self._recorders: dict[tuple, Any] = {}
+        self._durations: dict[str, list[tuple[str, Any]]] = {}  # phase -> (StepRecord field, recorder) per part
 
     def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
         self.shape, self.peaks = shape, peaks
@@ -127,10 +133,18 @@ class StepDiagnosis:
         if self._meter is None:
             return
         rec = self._recorder
+        durations = self._durations
         for step in steps:
             phase = step.phase
-            for part, value in anatomy(step).items():
-                rec(self._duration, phase, part)(value, None)
+            # the step's parts, each to its phase's bound recorder (looked up once per phase)
+            by_part = durations.get(phase)
+            if by_part is None:
+                by_part = durations[phase] = [(attr, rec(self._duration, phase, part)) for part, attr in _PARTS]
+            by_part[0][1](step.end - step.start, None)
+            for attr, record in by_part[1:]:
+                value = getattr(step, attr)
+                if value is not None:
+                    record(value, None)
             r = self.roofline(step)
             bound = r.bound if r is not None else "unknown"
             rec(self._steps, phase, None, bound)(1, None)
