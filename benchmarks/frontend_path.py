@@ -11,9 +11,8 @@ records, outputs and engine statistics are built before the clock starts: only o
 
 Reported per token (medians over repetitions): CPU of the whole process (output thread + materializer +
 span processor), of the output thread alone, and the output thread's parts (decode: the step datagram
-as the receiver decodes it, when this checkout's ``step_wire.encode`` takes shares as (id, tokens,
-prefill, context) tuples, i.e. wire v1; with wire v2 (vLLM's own lists, ``step_wire.Shares``) ``encoded``
-returns None, the records are copied instead and decode and GC read 0 — adapting it is still to do; add_step,
+as the receiver decodes it, in this checkout's wire: v1's (id, tokens, prefill, context) tuples or v2's
+lists (``step_wire.Shares``, prefilling shares listed as having no output); add_step,
 record_outputs, finish); and the wall time of the garbage collections our allocations set off in the
 timed window (the decoded step records' share tuples live until their requests finish). The slow-cause verdict, spans and metrics are the pipeline's own (``instrument()`` defaults).
 
@@ -34,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 N_REQUESTS, OUTPUT_TOKENS, BUDGET = 64, 128, 512
@@ -207,11 +207,20 @@ def encoded(steps: list) -> list[bytes] | None:
     try:
         from otel_llm.instrumentation.vllm import step_wire
 
+        v2 = getattr(step_wire, "derive_shares", None) is not None
         return [step_wire.encode((s.step_id, s.start, s.end, s.running, s.waiting, s.preempted, s.kv_cache_usage,
-                                  [(*sh, c) for sh, c in zip(s.requests, s.contexts)], s.queue_blocked,
-                                  s.schedule_s, s.execute_s, s.output_s, s.idle_s, s.model_s)) for s in steps]
+                                  _shares_v2(s) if v2 else [(*sh, c) for sh, c in zip(s.requests, s.contexts)],
+                                  s.queue_blocked, s.schedule_s, s.execute_s, s.output_s, s.idle_s, s.model_s))
+                for s in steps]
     except Exception:
         return None
+
+
+def _shares_v2(s: Any) -> tuple:
+    """Wire v2's lists for a record's shares: the prefilling ones listed as having no output yet, which
+    ``derive_shares`` reads back as prefill (what a new request's first chunks are)."""
+    ids, tokens, prefill = zip(*s.requests) if s.requests else ((), (), ())
+    return (list(ids), list(tokens), list(s.contexts), [i for i, p in enumerate(prefill) if p], [], [], [])
 
 
 def main() -> None:
