@@ -216,9 +216,14 @@ def sender_gateway(exporter: str, endpoint: str, tls: dict[str, Any] | None, tim
                            "retry_on_failure": {"initial_interval": "10ms", "max_elapsed_time": retry_budget}}
     if tls is not None:
         cfg["tls"] = tls
-    return Gateway(loopback_config(receivers={"otlp": {"protocols": {}}}, processors={"tail_sampling": None},
-                                   exporters={exporter: cfg, "prometheus": None}),
-                   manual_ticks=True).start()
+    # no receivers: an empty ``protocols`` would merge over the defaults and bind 4317/4318 (fixed ports:
+    # taken by anything else on the machine, another test run included)
+    g = Gateway(loopback_config(receivers={"otlp": {"protocols": {"grpc": None, "http": None}}},
+                                processors={"tail_sampling": None},
+                                exporters={exporter: cfg, "prometheus": None}),
+                manual_ticks=True).start()
+    assert g.grpc is None and g.http is None and g.prometheus is None
+    return g
 
 
 # for a send that must succeed: a loaded machine's TLS handshake can take seconds
