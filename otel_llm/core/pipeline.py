@@ -385,9 +385,6 @@ class Pipeline:
             self.counts.steps_emitted += 1
 
 
-# The former name (until 2026-11-30), while branches written against it land; use ``Pipeline``.
-Pipeline = Pipeline
-
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 

@@ -185,7 +185,8 @@ def int_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
 def counts_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
     """An array of small non-negative ints (a request's inter-token bucket counts) read off the bytes: an
     ``array_value`` (field 5) of ``AnyValue``s that each hold only ``int_value`` (field 3) below 16384.
-    Anything else, or a count that needs more bytes, goes through the full class (~11 µs; this ~1 µs).
+    Anything else, or a count that needs more bytes, goes through the full class (~11 µs; these paths ~1 µs
+    when every count is below 128, ~5 µs otherwise).
     The bytes were validated by the receive path's full parse, so a varint's length says its range; such
     a tuple is what ``convert`` returns for it (non-negative ints), so the fast paths return it as is."""
     # width -> the bytes an array of one-byte counts has at offsets 0, 1, 2 of each 4-byte element
