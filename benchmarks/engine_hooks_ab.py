@@ -112,20 +112,47 @@ class Scene:
         self.model_output = types.SimpleNamespace()
 
 
-def per_step_us(hooks, scene: Scene, steps: int, drain) -> float:
-    out, outputs, scheduler, model_output = scene.out, scene.outputs, scene.scheduler, scene.model_output
-    schedule = lambda: out  # noqa: E731
-    update = lambda scheduler_output, model_runner_output: outputs  # noqa: E731
+class Wired:
+    """A stand-in ``Scheduler`` class of its own module, its two methods wrapped the way the plugin wraps
+    vLLM's (the hooks' ``wrap_scheduler``/``WrapTable``: the wrapper call is part of the cost)."""
+
+    _made = 0
+
+    def __init__(self, hooks, scene: Scene, plain: bool | None = None) -> None:
+        Wired._made += 1
+        name = f"_engine_hooks_ab_{Wired._made}"
+        module = types.ModuleType(name)
+        out, outputs = scene.out, scene.outputs
+
+        class Scheduler:
+            def schedule(self):
+                return out
+
+            def update_from_output(self, scheduler_output, model_runner_output):
+                return outputs
+
+        Scheduler.__module__ = name
+        module.Scheduler = Scheduler
+        sys.modules[name] = module
+        self.scheduler = Scheduler()
+        self.scheduler.__dict__.update(vars(scene.scheduler))
+        if hooks is not None:
+            from otel_llm.instrumentation.wraps import Target, WrapTable
+            if plain is None:  # as the hooks' own table wraps vLLM's scheduler (BASE_COMMIT: wrapt)
+                table = getattr(hooks, "_table", None)
+                plain = any(getattr(t, "plain", False) for t in table.targets) if table else False
+            WrapTable([Target(name, "Scheduler.schedule", hooks.schedule, plain=plain),
+                       Target(name, "Scheduler.update_from_output", hooks.update_from_output, plain=plain)]).wrap()
+
+
+def per_step_us(wired: Wired, scene: Scene, steps: int, drain) -> float:
+    out, model_output, scheduler = scene.out, scene.model_output, wired.scheduler
     clock = time.thread_time_ns
     samples = []
     for _ in range(steps):
         c0 = clock()
-        if hooks is None:
-            schedule()
-            update(out, model_output)
-        else:
-            hooks.schedule(schedule, scheduler, (), {})
-            hooks.update_from_output(update, scheduler, (out, model_output), {})
+        scheduler.schedule()
+        scheduler.update_from_output(out, model_output)
         samples.append(clock() - c0)
         drain()
     return statistics.median(samples) / 1000
@@ -140,7 +167,7 @@ def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
         hooks = mod.StepHooks()
         hooks.sink = lambda payload, mod=mod, name=name: got.__setitem__(
             name, (mod.step_wire if mod is old else step_wire).encode(payload))
-        per_step_us(hooks, scene, 1, lambda: None)
+        per_step_us(Wired(hooks, scene), scene, 1, lambda: None)
     cases = (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"]))
     samples: dict[str, list[float]] = {"old": [], "new": []}
     for r in range(9):  # interleaved, alternating order
@@ -194,6 +221,9 @@ def main() -> None:
     def make(mode: str):
         if mode == "bare":
             return None
+        if mode in ("wrap", "wrap_plain"):  # the wrapping alone: wrappers that only call through
+            through = lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs)  # noqa: E731
+            return types.SimpleNamespace(schedule=through, update_from_output=through)
         mod = {"old": old, "also": also}.get(mode, new)
         hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
         if mode in ("old", "new", "also"):
@@ -205,8 +235,8 @@ def main() -> None:
             hooks.sink = lambda payload: None
         return hooks
 
-    modes = ["bare", "old", "new", "new_enc", "new_hook"] + (["also"] if also else [])
-    hooks = {m: make(m) for m in modes}
+    modes = ["bare", "wrap", "wrap_plain", "old", "new", "new_enc", "new_hook"] + (["also"] if also else [])
+    hooks = {m: Wired(make(m), scene, {"wrap": False, "wrap_plain": True}.get(m)) for m in modes}
     for m in modes:  # warm up: struct layouts compiled, sockets connected
         per_step_us(hooks[m], scene, 50, drain)
     rows: dict[str, dict[str, list[float]]] = {"quiet": {m: [] for m in modes}, "loaded": {m: [] for m in modes}}
@@ -248,7 +278,9 @@ def main() -> None:
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
             "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "also") if m in med},
-            "new_split_us": {"hooks": round(med["new_hook"] - med["bare"], 2),
+            "wrapping_us": {"wrapt": round(med["wrap"] - med["bare"], 2),
+                            "plain": round(med["wrap_plain"] - med["bare"], 2)},
+            "new_split_us": {"hooks incl. wrapping": round(med["new_hook"] - med["bare"], 2),
                              "encode": round(med["new_enc"] - med["new_hook"], 2),
                              "send": round(med["new"] - med["new_enc"], 2)},
             "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
