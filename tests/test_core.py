@@ -461,6 +461,61 @@ def test_wrap_table_coexists_with_other_wrappers():
         del sys.modules[mod.__name__]
 
 
+def test_a_plain_target_wraps_with_a_plain_function_and_unwraps_exactly():
+    """Target(plain=True) (the EngineCore's per-step hooks): a plain function in the class, the same
+    wrapper signature as wrapt's (bound original, instance, args, kwargs), off when the table is
+    unwrapped, the original put back; on top of someone's wrapt wrapper it falls back to wrapt."""
+    import sys
+    import types
+
+    import wrapt
+
+    from otel_llm.instrumentation.wraps import Target, WrapTable
+
+    mod = types.ModuleType("otel_llm_fake_scheduler")
+
+    class Base:
+        def step(self, n: int, *, extra: int = 0) -> list:
+            return [n + extra]
+
+    class Scheduler(Base):  # the method inherited: wrapped on the named class, as wrapt does
+        pass
+
+    mod.Scheduler = Scheduler
+    original = Base.__dict__["step"]
+    sys.modules[mod.__name__] = mod
+    seen: list = []
+    try:
+        def ours(wrapped, instance, args, kwargs):
+            seen.append((wrapped.__self__ is instance, instance, args, kwargs))
+            return wrapped(*args, **kwargs) + ["ours"]
+
+        table = WrapTable([Target(mod.__name__, "Scheduler.step", ours, plain=True)])
+        table.wrap()
+        table.wrap()  # not twice
+        installed = Scheduler.__dict__["step"]
+        assert installed.__class__ is types.FunctionType and installed.__wrapped__ is original
+        s = Scheduler()
+        assert s.step(1, extra=2) == [3, "ours"]
+        assert seen == [(True, s, (1,), {"extra": 2})]
+        assert Base().step(1) == [1]  # the base class is left alone
+        table.unwrap()
+        assert "step" not in Scheduler.__dict__ or Scheduler.__dict__["step"] is original
+        assert s.step(1) == [1] and len(seen) == 1
+
+        def theirs(wrapped, instance, args, kwargs):
+            return wrapped(*args, **kwargs) + ["theirs"]
+
+        wrapt.wrap_function_wrapper(Scheduler, "step", theirs)  # someone's wrapt wrapper first: we use wrapt
+        table.wrap()
+        assert isinstance(Scheduler.__dict__["step"], wrapt.FunctionWrapper)
+        assert s.step(1) == [1, "theirs", "ours"]
+        table.unwrap()
+        assert s.step(1) == [1, "theirs"]
+    finally:
+        del sys.modules[mod.__name__]
+
+
 def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
     h = Harness(sample_rate=1.0, baseline_detail="steps")
     assert h.telemetry.spans.route.kind == "sdk"

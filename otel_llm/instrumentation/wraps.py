@@ -64,7 +64,7 @@ class WrapTable:
                 if any(o is owner and a == attr for o, a, _ in self.applied):
                     continue  # ours is in place (switched on again if it was left in someone's chain)
                 original = inspect.getattr_static(owner, attr)
-                if t.plain and isinstance(owner, type) and isinstance(original, types.FunctionType):
+                if t.plain and isinstance(owner, type) and type(original) is types.FunctionType:  # not a proxy
                     setattr(owner, attr, self._plain(original, t.wrapper))
                 else:
                     wrapt.wrap_function_wrapper(owner, attr, self._switchable(t.wrapper))
