@@ -202,19 +202,12 @@ def main() -> None:
     also = load_old(args.also, "also") if args.also else None
     scene = Scene(args.batch, args.new)
     directory = tempfile.mkdtemp(prefix="otel-llm-ab-")
-    frontend = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    frontend.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    frontend.bind(os.path.join(directory, "1.sock"))
-    frontend.setblocking(False)
+    frontend = new.StepReceiver(directory)  # its socket, and the rings handed to it
     received = [0]
+    frontend._take = lambda data, deliver: received.__setitem__(0, received[0] + 1)  # count, don't decode
 
     def drain() -> None:
-        try:
-            while True:
-                frontend.recv(1 << 20)
-                received[0] += 1
-        except BlockingIOError:
-            pass
+        frontend.drain(None)
 
     from otel_llm.instrumentation.vllm import step_wire
 
@@ -226,8 +219,10 @@ def main() -> None:
             return types.SimpleNamespace(schedule=through, update_from_output=through)
         mod = {"old": old, "also": also}.get(mode, new)
         hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
-        if mode in ("old", "new", "also"):
+        if mode in ("old", "new", "new_dgram", "also"):
             hooks.sink = mod.SocketSink(directory)
+            if mode == "new_dgram":
+                hooks.sink.RING = False  # this tree's datagram path (where rings are not available)
         elif mode == "new_enc":
             cache: list = [None, b""]  # as SocketSink keeps it
             hooks.sink = lambda payload: step_wire.encode(payload, cache)
@@ -235,8 +230,9 @@ def main() -> None:
             hooks.sink = lambda payload: None
         return hooks
 
-    modes = ["bare", "wrap", "wrap_plain", "old", "new", "new_enc", "new_hook"] + (["also"] if also else [])
-    hooks = {m: Wired(make(m), scene, {"wrap": False, "wrap_plain": True}.get(m)) for m in modes}
+    modes = ["bare", "wrap", "wrap_plain", "old", "new", "new_dgram", "new_enc", "new_hook"] + (["also"] if also else [])
+    hooks_by_mode = {m: make(m) for m in modes}
+    hooks = {m: Wired(hooks_by_mode[m], scene, {"wrap": False, "wrap_plain": True}.get(m)) for m in modes}
     for m in modes:  # warm up: struct layouts compiled, sockets connected
         per_step_us(hooks[m], scene, 50, drain)
     rows: dict[str, dict[str, list[float]]] = {"quiet": {m: [] for m in modes}, "loaded": {m: [] for m in modes}}
@@ -268,6 +264,8 @@ def main() -> None:
                     "batch": args.batch, "new_requests": args.new, "steps_per_measurement": args.steps,
                     "rounds": args.rounds, "burners": args.burners, "python": platform.python_version(),
                     "machine": platform.machine(), "cpus": os.cpu_count(), "records_received": received[0],
+                    "sink_dropped": {m: h.sink.dropped for m, h in hooks_by_mode.items() if hasattr(getattr(h, "sink", None), "dropped")},
+                    "ring": new.SocketSink.RING,
                     "frontend_decode_per_record": frontend_cost, "conditions": {}}
     for condition, by_mode in rows.items():
         if not by_mode["bare"]:
@@ -277,12 +275,13 @@ def main() -> None:
         result["conditions"][condition] = {
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
-            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "also") if m in med},
+            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "new_dgram", "also") if m in med},
             "wrapping_us": {"wrapt": round(med["wrap"] - med["bare"], 2),
                             "plain": round(med["wrap_plain"] - med["bare"], 2)},
             "new_split_us": {"hooks incl. wrapping": round(med["new_hook"] - med["bare"], 2),
                              "encode": round(med["new_enc"] - med["new_hook"], 2),
-                             "send": round(med["new"] - med["new_enc"], 2)},
+                             "transport": round(med["new"] - med["new_enc"], 2),
+                             "transport_datagram": round(med["new_dgram"] - med["new_enc"], 2)},
             "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
             "old_minus_new_paired_range_us": [round(min(paired), 2), round(max(paired), 2)],
             "load_average_1min": [round(x, 2) for x in load[condition]],

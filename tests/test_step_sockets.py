@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from otel_llm.core.guard import GUARD
-from otel_llm.instrumentation.vllm import step_wire, steps
+from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
 
 
 def record(step_id: int) -> tuple:
@@ -26,7 +26,18 @@ def drained(receiver: steps.StepReceiver) -> list:
     return got
 
 
-def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkeypatch):
+@pytest.fixture(params=["ring", "datagram"])
+def transport(request):
+    """Both ways a sink carries records: shared-memory rings (step_ring, where available) and datagrams.
+    (Its own patch: the tests undo their ``monkeypatch`` midway.)"""
+    if request.param == "ring" and not step_ring.AVAILABLE:
+        pytest.skip("no step rings on this platform")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(steps.SocketSink, "RING", request.param == "ring")
+        yield request.param
+
+
+def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkeypatch, transport):
     with tempfile.TemporaryDirectory() as d:
         a = steps.StepReceiver(d)
         monkeypatch.setattr(os, "getpid", lambda: 999_001)  # a second frontend process
@@ -37,6 +48,8 @@ def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkey
         (r,) = drained(a)
         assert [x.step_id for x in drained(b)] == [1]
         assert (r.step_id, r.requests, r.kv_cache_usage) == (1, [("req-a", 16, True), ("req-b", 1, False)], 0.25)
+        assert [ring is not None for _, _, ring in sink._targets] == [transport == "ring"] * 2
+        assert len(a.rings) == len(b.rings) == (transport == "ring")
 
         # a frontend that binds after the engine started is found on the next rescan
         monkeypatch.setattr(os, "getpid", lambda: 999_002)
@@ -45,20 +58,24 @@ def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkey
         sink._scanned = float("-inf")  # as if RESCAN_S had passed
         sink(record(2))
         assert [x.step_id for x in drained(c)] == [2] and [x.step_id for x in drained(a)] == [2]
+        assert [x.step_id for x in drained(b)] == [2]
 
-        # a frontend that died: counted once, its stale socket removed, the others unaffected
+        # a frontend that died: its lost record counted once (datagrams: the refused send; rings: the
+        # record left unread, when the next rescan's probe is refused), its stale socket removed
         b.sock.close()
         sink(record(3))
-        assert sink.dropped == 1 and not os.path.exists(b.path)
+        sink._scanned = float("-inf")
         sink(record(4))
+        assert sink.dropped == 1 and not os.path.exists(b.path)
+        sink(record(5))
         assert sink.dropped == 1
-        assert [x.step_id for x in drained(a)] == [3, 4] and [x.step_id for x in drained(c)] == [3, 4]
+        assert [x.step_id for x in drained(a)] == [3, 4, 5] and [x.step_id for x in drained(c)] == [3, 4, 5]
         a.close()
         c.close()
         assert os.listdir(d) == []
 
 
-def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkeypatch):
+def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkeypatch, transport):
     """The sink sends on a socket connected once per frontend path: when that frontend died and a new
     process with the same pid bound the path since, the refused send is counted and the path
     connected again (its file left alone), so the new frontend gets the next steps."""
@@ -71,10 +88,12 @@ def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkey
         old.sock.close()  # dies without removing its file; its pid comes back
         reborn = steps.StepReceiver(d)
         monkeypatch.undo()
-        sink(record(2))  # to the dead one: refused, counted
+        sink(record(2))  # to the dead one: refused (datagram) or left unread in its ring: counted
+        sink._scanned = float("-inf")  # rings: the rescan's probe is refused, the path connected again
         sink(record(3))
         assert sink.dropped == 1 and os.path.exists(reborn.path)
         assert [x.step_id for x in drained(reborn)] == [3]
+        assert len(reborn.rings) == (transport == "ring")
         reborn.close()
         sink.close()
 

@@ -22,6 +22,7 @@ always holds a step's record before it sees the step's tokens.
 
 from __future__ import annotations
 
+import array
 import atexit
 import errno
 import itertools
@@ -38,7 +39,7 @@ from ...core.guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
-from . import step_wire
+from . import step_ring, step_wire
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 logger = logging.getLogger("otel_llm")
@@ -46,18 +47,23 @@ logger = logging.getLogger("otel_llm")
 
 
 class SocketSink:
-    """EngineCore side: one non-blocking datagram per step to each frontend socket in ``directory``.
+    """EngineCore side: each step's record to every frontend socket in ``directory``.
 
-    One socket per frontend, connected once (at the rescan that found it): a ``send`` on a connected
-    socket skips the path lookup a ``sendto`` makes in the kernel every step."""
+    One socket per frontend, connected once (at the rescan that found it). Where the platform allows
+    (step_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
+    record is then copied with no syscall; the socket is probed once per rescan to notice a frontend
+    that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
+    path lookup a ``sendto`` makes in the kernel every step)."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
+    RING = step_ring.AVAILABLE
+    RING_CAPACITY = step_ring.CAPACITY
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.dropped = 0
         self._ids: list = [None, b""]  # the last step's request ids and their encoding (step_wire.encode)
-        self._targets: list[tuple[str, socket.socket]] = []
+        self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
         self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
@@ -65,7 +71,11 @@ class SocketSink:
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
         data = step_wire.encode(payload, self._ids)
-        for path, sock in self._targets:
+        for path, sock, ring in self._targets:
+            if ring is not None:
+                if not ring.write(data):
+                    self.dropped += 1  # that frontend lags: its ring is full
+                continue
             try:
                 sock.send(data)
             except OSError as exc:
@@ -75,55 +85,85 @@ class SocketSink:
 
     def _rescan(self, now: float) -> None:
         self._scanned = now
+        for path, sock, ring in self._targets:
+            if ring is not None:
+                try:
+                    sock.send(b"")  # alive? (an empty datagram, skipped by the frontend)
+                except OSError as exc:
+                    if exc.errno in _GONE:
+                        self._forget(path)
         try:
             paths = [os.path.join(self.directory, f) for f in sorted(os.listdir(self.directory))
                      if f.endswith(".sock")]
         except OSError:
             paths = []
-        known = dict(self._targets)
+        known = {path: (sock, ring) for path, sock, ring in self._targets}
         targets = []
         for path in paths:
-            sock = known.pop(path, None)
-            if sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.setblocking(False)
-                try:
-                    sock.connect(path)
-                except (ConnectionRefusedError, FileNotFoundError):
-                    sock.close()
-                    self.dropped += 1  # a stale socket file of a frontend that is gone
-                    _unlink(path)
+            target = known.pop(path, None)
+            if target is None:
+                target = self._connect(path)
+                if target is None:
                     continue
-                except OSError:
-                    sock.close()
-                    continue
-            targets.append((path, sock))
-        for sock in known.values():  # their files are gone
-            sock.close()
+            targets.append((path, *target))
+        for sock, ring in known.values():  # their files are gone
+            self._close(sock, ring)
         self._targets = targets
+
+    def _connect(self, path: str, forget_stale: bool = True) -> tuple | None:
+        """A socket connected to the frontend at ``path``, and the ring handed to it (None: datagrams)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            if forget_stale:
+                self.dropped += 1  # a stale socket file of a frontend that is gone
+            _unlink(path)
+            return None
+        except OSError:
+            sock.close()
+            return None
+        ring = None
+        if self.RING:
+            try:
+                ring = step_ring.RingWriter(self.RING_CAPACITY)
+            except OSError as exc:
+                GUARD.failed("step ring", exc)
+            else:
+                try:
+                    ring.announce(sock)
+                except OSError:  # refused now (gone) or the buffer is full: datagrams for this one
+                    ring.close()
+                    ring = None
+        return sock, ring
 
     def _forget(self, path: str) -> None:
         """A frontend whose socket refused: gone, unless another process bound the path since (a pid
-        reused): then the path is connected again."""
+        reused): then the path is connected again. Records left unread in its ring are counted."""
         targets = []
-        for p, sock in self._targets:
+        for p, sock, ring in self._targets:
             if p != path:
-                targets.append((p, sock))
+                targets.append((p, sock, ring))
                 continue
-            sock.close()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            try:
-                sock.connect(path)
-                targets.append((path, sock))
-            except OSError:
-                sock.close()
-                _unlink(path)
+            if ring is not None:
+                self.dropped += ring.unread()
+            self._close(sock, ring)
+            target = self._connect(path, forget_stale=False)
+            if target is not None:
+                targets.append((path, *target))
         self._targets = targets
 
+    @staticmethod
+    def _close(sock: socket.socket, ring: step_ring.RingWriter | None) -> None:
+        sock.close()
+        if ring is not None:
+            ring.close()
+
     def close(self) -> None:
-        for _, sock in self._targets:
-            sock.close()
+        for _, sock, ring in self._targets:
+            self._close(sock, ring)
         self._targets = []
 
 
@@ -139,8 +179,10 @@ def _unlink(path: str) -> None:
 
 
 class StepReceiver:
-    """Frontend side: this process's socket in the step directory, drained before each batch of
-    outputs is processed."""
+    """Frontend side: this process's socket in the step directory and the rings EngineCores handed
+    over it, drained before each batch of outputs is processed."""
+
+    MAX_RINGS = 16
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}.sock")
@@ -155,30 +197,75 @@ class StepReceiver:
             pass
         self.sock.bind(self.path)
         self.sock.setblocking(False)
-        self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError)
+        self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError), bad rings
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
+        self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
 
     def drain(self, deliver: Callable[[StepRecord], None]) -> None:
-        recv = self.sock.recv
+        """Every record that arrived: the socket's datagrams (and ring announcements), then the rings."""
+        recvmsg, take = self.sock.recvmsg, self._take
         while True:
             try:
-                data = recv(1 << 20)
+                data, ancillary, _, _ = recvmsg(1 << 20, step_ring.FDS_SPACE)
             except (BlockingIOError, OSError):
-                return
+                break
+            if ancillary:
+                self._add_ring(data, ancillary)
+            elif data:  # empty: the sink's probe
+                take(data, deliver)
+        for ring in self.rings.values():
             try:
-                step = step_wire.decode(data)
-            except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
+                records = ring.read()
+            except step_ring.RingError as exc:
                 self.malformed += 1
-                GUARD.failed("step record wire", exc)
-                continue
-            try:
-                deliver(step)
-            except Exception as exc:
-                self.failed += 1
-                GUARD.failed("step record", exc)
+                GUARD.failed("step ring", exc)
+                records = exc.args[1]
+            for data in records:
+                take(data, deliver)
+
+    def _take(self, data: bytes, deliver: Callable[[StepRecord], None]) -> None:
+        try:
+            step = step_wire.decode(data)
+        except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
+            self.malformed += 1
+            GUARD.failed("step record wire", exc)
+            return
+        try:
+            deliver(step)
+        except Exception as exc:
+            self.failed += 1
+            GUARD.failed("step record", exc)
+
+    def _add_ring(self, data: bytes, ancillary: list) -> None:
+        """An EngineCore's ring (step_ring): mapped, its descriptor closed. A newer one of the same
+        EngineCore process (it reconnected) replaces the older; at most MAX_RINGS are kept."""
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+        try:
+            if len(fds) != 1:
+                raise step_ring.RingError(f"ring announcement with {len(fds)} descriptors")
+            ring = step_ring.RingReader(data, fds[0])
+        except (step_ring.RingError, OSError, ValueError) as exc:
+            self.malformed += 1
+            GUARD.failed("step ring", exc)
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        old = self.rings.pop(ring.writer_pid, None)
+        if old is not None:
+            old.close()
+        while len(self.rings) >= self.MAX_RINGS:  # EngineCores that came and went: the oldest goes
+            self.rings.pop(next(iter(self.rings))).close()
+        self.rings[ring.writer_pid] = ring
 
     def close(self) -> None:
         self.sock.close()
+        for ring in self.rings.values():
+            ring.close()
+        self.rings.clear()
         try:
             os.unlink(self.path)
         except OSError:

@@ -1,0 +1,151 @@
+"""The shared-memory ring between an EngineCore and a frontend (step_ring), on its own and through the
+sink and receiver: every record read is one written, in order; what does not fit is refused (counted by
+the sink), never overwritten unread; a bad ring or announcement is refused and counted."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+
+from otel_llm.instrumentation.vllm import step_ring, steps
+
+pytestmark = pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+
+
+def pair(capacity: int) -> tuple[step_ring.RingWriter, step_ring.RingReader]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        writer = step_ring.RingWriter(capacity)
+        writer.announce(a)
+        data, fds, _, _ = socket.recv_fds(b, 1 << 16, 1)
+        try:
+            return writer, step_ring.RingReader(data, fds[0])
+        finally:
+            os.close(fds[0])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_records_wrap_around_the_end_and_read_back_in_order_none_overwritten_unread():
+    writer, reader = pair(256)
+    written, read, refused, wrapped = [], [], 0, 0
+    for i in range(600):
+        record = bytes([i % 251]) * (1 + (i * 37) % 90)  # 1..90 bytes, sizes that don't divide the ring
+        before = writer.head % writer.cap
+        if writer.write(record):
+            written.append(record)
+            wrapped += before + 4 + len(record) > writer.cap
+        else:
+            refused += 1
+        if i % 7 == 6:  # the reader comes by now and then: the ring fills up in between
+            read.extend(reader.read())
+            assert writer.unread() == 0
+    read.extend(reader.read())
+    assert read == written
+    assert refused and wrapped  # the case is exercised: full rings and records split at the end
+    assert writer.written == reader.consumed == len(written)
+    writer.close()
+    reader.close()
+
+
+def test_a_full_ring_refuses_and_keeps_what_it_holds():
+    writer, reader = pair(128)
+    accepted = [r for r in (bytes([i]) * 20 for i in range(10)) if writer.write(r)]
+    assert len(accepted) == 5  # 24 bytes each, 128 of room
+    assert not writer.write(b"x" * 200)  # larger than the ring: never fits
+    assert writer.unread() == 5
+    assert reader.read() == accepted and writer.unread() == 0
+    assert writer.write(b"y" * 20) and reader.read() == [b"y" * 20]
+    writer.close()
+    reader.close()
+
+
+def test_a_record_with_an_impossible_size_is_refused_and_the_ring_goes_on():
+    writer, reader = pair(256)
+    writer.write(b"good")
+    assert reader.read() == [b"good"]
+    writer.write(b"bad record")
+    writer._sizes[8 >> 2] = 10_000  # its size field (after "good": 4 + 4 bytes), mangled
+    with pytest.raises(step_ring.RingError) as err:
+        reader.read()
+    assert err.value.args[1] == []
+    writer.write(b"after")
+    assert reader.read() == [b"after"]
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize("mangle, why", [
+    (lambda data: b"notaring" + data[8:], "layout"),
+    (lambda data: data[:8] + (step_ring.LAYOUT + 1).to_bytes(4, "little") + data[12:], "layout"),
+    (lambda data: data[:12] + (1 << 16).to_bytes(4, "little") + data[16:], "capacity"),
+    (lambda data: data[:-1], "bytes"),
+])
+def test_a_bad_announcement_is_refused_and_counted(mangle, why):
+    """Another layout, a capacity its memory file does not have, a short announcement: refused,
+    counted as malformed, its descriptor closed; the frontend's records still arrive."""
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.connect(receiver.path)
+        writer = step_ring.RingWriter(256)
+        data = step_ring.ANNOUNCE.pack(step_ring.MAGIC, step_ring.LAYOUT, 256, 1)
+        socket.send_fds(sock, [mangle(data)], [writer._fd])
+        with pytest.raises(step_ring.RingError, match=why):
+            step_ring.RingReader(mangle(data), writer._fd)
+        before = len(os.listdir("/proc/self/fd"))
+        assert receiver.drain(lambda step: None) is None
+        assert receiver.malformed == 1 and receiver.rings == {}
+        assert len(os.listdir("/proc/self/fd")) == before  # the descriptor it carried was received and closed
+        writer.close()
+        sock.close()
+        receiver.close()
+
+
+def test_several_frontends_each_read_every_record_from_their_ring_with_no_datagram(monkeypatch):
+    with tempfile.TemporaryDirectory() as d:
+        receivers = []
+        for pid in (999_101, 999_102):
+            monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+            receivers.append(steps.StepReceiver(d))
+        monkeypatch.undo()
+        sink = steps.SocketSink(d)
+        from test_step_sockets import record
+
+        sink(record(1))  # connects, hands each frontend its ring
+        for step_id in range(2, 6):
+            sink(record(step_id))
+        for r in receivers:
+            got: list = []
+            r.drain(got.append)
+            assert [s.step_id for s in got] == [1, 2, 3, 4, 5] and len(r.rings) == 1
+            with pytest.raises(BlockingIOError):
+                r.sock.recv(1 << 16)  # nothing left on the socket: the records came through the ring
+        assert sink.dropped == 0
+        for r in receivers:
+            r.close()
+        sink.close()
+
+
+def test_a_frontend_that_lags_loses_records_counted_by_the_sink():
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        sink = steps.SocketSink(d)
+        sink.RING_CAPACITY = 1024  # a few records' room
+        from test_step_sockets import record
+
+        for step_id in range(1, 41):
+            sink(record(step_id))
+        got: list = []
+        receiver.drain(got.append)
+        assert got and [s.step_id for s in got] == list(range(1, len(got) + 1))  # the first ones, in order
+        assert sink.dropped == 40 - len(got)
+        sink(record(41))
+        receiver.drain(got.append)
+        assert got[-1].step_id == 41 and sink.dropped == 40 - len(got) + 1
+        receiver.close()
+        sink.close()
