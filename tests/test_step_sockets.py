@@ -152,6 +152,22 @@ def test_wire_round_trip_keeps_every_field():
     assert [r[0] for r in other.requests] == ids[::-1]  # another batch: encoded afresh
 
 
+def test_a_plain_decode_batch_encodes_the_same_bytes_on_the_array_fast_path(monkeypatch):
+    """One token each, no share without output or with a prompt entry: the context counts go through
+    array("I") (step_wire._NATIVE_U32), byte for byte what struct's "<I" makes."""
+    ids = [f"cmpl-{i:032x}-0" for i in range(64)]
+    computed = [(1 << 32) - 1, 0] + [100 + 7 * i for i in range(62)]  # the u32 range's ends too
+    payload = (5, 1.0, 1.5, 64, 0, 0, 0.5, (ids, None, computed, [], [], [], []), 0, 0.1, 0.2, 0.3, None, None)
+    fast = step_wire.encode(payload)
+    monkeypatch.setattr(step_wire, "_NATIVE_U32", False)
+    assert fast == step_wire.encode(payload)
+    got = step_wire.decode(fast)
+    assert got.contexts == computed and got.requests == [(i, 1, False) for i in ids]
+    monkeypatch.undo()
+    with pytest.raises((OverflowError, struct.error)):  # out of the wire's range: refused at the sender
+        step_wire.encode(payload[:7] + ((ids[:1], None, [1 << 32], [], [], [], []),) + payload[8:])
+
+
 def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():
     """step_wire.derive_shares against the per-request rule the EngineCore hook applied before wire
     version 2 (num_computed_tokens had advanced by the step's tokens; prefill until the prompt is
