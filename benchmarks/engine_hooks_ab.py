@@ -1,26 +1,32 @@
 """EngineCore CPU per engine step added by the step hooks: the hooks of BASE_COMMIT (a Python loop over
 the scheduled requests, ``sendto`` per frontend, wire version 1) against this tree's (vLLM's own
-scheduler-output lists shipped as they are, a connected socket per frontend, wire version 2), measured in
-interleaved rounds in one run (modes in a fresh random order each round; medians of per-step medians).
+scheduler-output lists shipped as they are, wire version 2, a shared-memory ring per frontend where
+available, else a datagram on a connected socket), measured in interleaved rounds in one run (modes in a
+fresh random order each round; medians of per-step medians).
 
-The harness is ``vllm_overhead.engine_hooks_us_per_step``'s: ``Scheduler.schedule`` and
-``update_from_output`` wrapped as the plugin wraps them, around stand-ins that return at once, on the
+The harness: a stand-in ``Scheduler`` class whose ``schedule`` and ``update_from_output`` return at once,
+wrapped by the hooks through the same ``WrapTable`` the plugin uses (so the wrapper call is in the
+figure: wrapt's for BASE_COMMIT, a plain function for this tree, ``wraps.Target(plain=True)``), on the
 thread's CPU clock; the stand-in scheduler output is vLLM's real ``CachedRequestData`` for ``batch``
 decoding requests with vLLM-shaped ids (``cmpl-<32 hex>-0``), plus ``--new`` new requests (prefill chunks)
-if asked. One frontend socket, drained between steps (untimed). Modes:
+if asked. One frontend (a real ``StepReceiver``, its records counted, not decoded), drained between
+steps (untimed). Modes:
 
-    bare      the stand-ins alone
-    old       BASE_COMMIT's hooks and SocketSink (its own step_wire: version 1)
-    new       this tree's hooks and SocketSink
-    new_enc   this tree's hooks, the record encoded (step_wire.encode, as SocketSink calls it) but not sent
-    new_hook  this tree's hooks, the record handed to a no-op (their own Python work)
+    bare        the stand-ins alone, unwrapped
+    wrap        wrapped by wrapt with wrappers that only call through (BASE_COMMIT's wrapping)
+    wrap_plain  the same through plain-function wrappers (this tree's)
+    old         BASE_COMMIT's hooks and SocketSink (its own step_wire: version 1), wrapt
+    new         this tree's hooks and SocketSink (a ring, where step_ring.AVAILABLE)
+    new_dgram   this tree's hooks and SocketSink with rings off (one datagram a step)
+    new_enc     this tree's hooks, the record encoded (step_wire.encode, as SocketSink calls it) but not sent
+    new_hook    this tree's hooks, the record handed to a no-op (their own Python work and wrapping)
 
-So new - new_enc is the send, new_enc - new_hook the encoding. Rounds alternate between a quiet machine
-and one loaded by ``--burners`` busy processes (started before, stopped after the loaded rounds): the
-send's cost under load is what the issue saw. Frontend side, per record: decoding (BASE_COMMIT's
-decode vs this tree's, which now derives prefill flags and contexts).
+So new - new_enc is the transport (ring), new_dgram - new_enc the datagram's, new_enc - new_hook the
+encoding. With ``--burners N`` every round is also run with N busy processes (started before, stopped
+after). Frontend side, per record: decoding (BASE_COMMIT's decode vs this tree's), and taking a record
+off the transport (``StepReceiver.drain``: ring vs datagram).
 
-Run: python benchmarks/engine_hooks_ab.py [--rounds 9] [--steps 400] [--batch 64]
+Run: python benchmarks/engine_hooks_ab.py [--rounds 9] [--steps 400] [--batch 64] [--burners 0]
 """
 
 from __future__ import annotations
@@ -183,6 +189,39 @@ def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
     return out
 
 
+def drain_ns(new, scene: Scene, n: int = 2000) -> dict:
+    """Frontend CPU to take one step's record off its transport (``StepReceiver.drain``, decoding left
+    out), ring vs datagram, interleaved: the receiving side of the transport choice."""
+    captured: list = []
+    hooks = new.StepHooks()
+    hooks.sink = captured.append
+    per_step_us(Wired(hooks, scene), scene, 1, lambda: None)
+    payload = captured[0]
+    samples: dict[str, list[float]] = {"ring": [], "datagram": []}
+    for r in range(9):
+        for name in ("ring", "datagram") if r % 2 else ("datagram", "ring"):
+            directory = tempfile.mkdtemp(prefix="otel-llm-drain-")
+            receiver = new.StepReceiver(directory)
+            taken = [0]
+            receiver._take = lambda data, deliver: taken.__setitem__(0, taken[0] + 1)
+            sink = new.SocketSink(directory)
+            sink.RING = name == "ring"
+            sink(payload)
+            receiver.drain(None)
+            total = 0
+            for _ in range(n):
+                sink(payload)
+                c0 = time.thread_time_ns()
+                receiver.drain(None)
+                total += time.thread_time_ns() - c0
+            assert taken[0] == n + 1, "records lost"
+            samples[name].append(total / n)
+            sink.close()
+            receiver.close()
+            os.rmdir(directory)
+    return {name: round(statistics.median(v)) for name, v in samples.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
@@ -259,6 +298,7 @@ def main() -> None:
             f"{c}: " + " ".join(f"{m} {rows[c][m][-1]:.1f}" for m in modes) for c in rows if rows[c]["bare"]),
             flush=True)
     frontend_cost = decode_ns(old, new, scene)
+    frontend_cost["drain_ns"] = drain_ns(new, scene)
 
     result: dict = {"benchmark": "engine_hooks_ab", "started": started, "base_commit": BASE_COMMIT, "also": args.also,
                     "batch": args.batch, "new_requests": args.new, "steps_per_measurement": args.steps,
