@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -201,24 +200,25 @@ class HookSet:
 
 
 class Frontend(threading.Thread):
-    """The receiving end: drains the socket so that sends succeed as they do in a healthy deployment."""
+    """The receiving end: drains the socket (and the rings handed over it, this tree's transport) so that
+    sends succeed as they do in a healthy deployment. Records are counted, not decoded."""
 
     def __init__(self, directory: str) -> None:
         super().__init__(daemon=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.bind(os.path.join(directory, f"{os.getpid()}.sock"))
-        self.sock.settimeout(0.2)
+        from otel_llm.instrumentation.vllm.steps import StepReceiver
+
+        self.receiver = StepReceiver(directory)
+        self.receiver._take = lambda data, deliver: self._count()
         self.received = 0
         self.stop = False
 
+    def _count(self) -> None:
+        self.received += 1
+
     def run(self) -> None:
         while not self.stop:
-            try:
-                self.sock.recv(1 << 20)
-                self.received += 1
-            except (socket.timeout, OSError):
-                continue
+            self.receiver.drain(None)
+            time.sleep(0.0005)  # a poll, as a frontend drains before each batch of outputs
 
 
 def main() -> None:

@@ -149,3 +149,27 @@ def test_a_frontend_that_lags_loses_records_counted_by_the_sink():
         assert got[-1].step_id == 41 and sink.dropped == 40 - len(got) + 1
         receiver.close()
         sink.close()
+
+
+def test_a_restarted_engine_replaces_its_ring_and_rings_of_engines_gone_are_bounded(monkeypatch):
+    """Rings are keyed by the EngineCore's pid: a new one from the same pid (it reconnected) replaces
+    the old; at most MAX_RINGS are kept, the oldest closed first."""
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.connect(receiver.path)
+        writers = []
+        for pid in [1, 2, 1] + list(range(3, 3 + steps.StepReceiver.MAX_RINGS)):
+            monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+            writer = step_ring.RingWriter(256)
+            writer.announce(sock)
+            writer.write(pid.to_bytes(4, "little") * 8)  # not a step record: refused when read, counted
+            writers.append(writer)
+            receiver.drain(lambda step: None)
+        monkeypatch.undo()
+        assert list(receiver.rings) == list(range(3, 3 + steps.StepReceiver.MAX_RINGS))  # 1 and 2 went first
+        assert receiver.malformed == 3 + steps.StepReceiver.MAX_RINGS
+        for w in writers:
+            w.close()
+        sock.close()
+        receiver.close()
