@@ -32,6 +32,7 @@ import os
 import socket
 import struct
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
@@ -200,9 +201,15 @@ class StepReceiver:
         self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError), bad rings
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
+        self._lock = threading.Lock()
 
     def drain(self, deliver: Callable[[StepRecord], None]) -> None:
-        """Every record that arrived: the socket's datagrams (and ring announcements), then the rings."""
+        """Every record that arrived: the socket's datagrams (and ring announcements), then the rings.
+        One drain at a time (a ring has one reader: two threads would read a record twice)."""
+        with self._lock:
+            self._drain(deliver)
+
+    def _drain(self, deliver: Callable[[StepRecord], None]) -> None:
         recvmsg, take = self.sock.recvmsg, self._take
         while True:
             try:
