@@ -107,7 +107,9 @@ class SocketSink:
                 if target is None:
                     continue
             targets.append((path, *target))
-        for sock, ring in known.values():  # their files are gone
+        for sock, ring in known.values():  # their files are gone (the frontend closed)
+            if ring is not None:
+                self.dropped += ring.unread()
             self._close(sock, ring)
         self._targets = targets
 
