@@ -259,9 +259,11 @@ def main() -> None:
         mod = {"old": old, "also": also}.get(mode, new)
         hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
         if mode in ("old", "new", "new_dgram", "also"):
-            hooks.sink = mod.SocketSink(directory)
+            sink = mod.SocketSink(directory)
             if mode == "new_dgram":
-                hooks.sink.RING = False  # this tree's datagram path (where rings are not available)
+                sink.RING = False  # this tree's datagram path (where rings are not available)
+            # as the plugin arms it (this tree: the bound method)
+            hooks.sink = sink.__call__ if mode in ("new", "new_dgram") else sink
         elif mode == "new_enc":
             cache: list = [None, b""]  # as SocketSink keeps it
             hooks.sink = lambda payload: step_wire.encode(payload, cache)
@@ -304,7 +306,8 @@ def main() -> None:
                     "batch": args.batch, "new_requests": args.new, "steps_per_measurement": args.steps,
                     "rounds": args.rounds, "burners": args.burners, "python": platform.python_version(),
                     "machine": platform.machine(), "cpus": os.cpu_count(), "records_received": received[0],
-                    "sink_dropped": {m: h.sink.dropped for m, h in hooks_by_mode.items() if hasattr(getattr(h, "sink", None), "dropped")},
+                    "sink_dropped": {m: getattr(h.sink, "__self__", h.sink).dropped for m, h in hooks_by_mode.items()
+                                     if hasattr(getattr(getattr(h, "sink", None), "__self__", getattr(h, "sink", None)), "dropped")},
                     "ring": new.SocketSink.RING,
                     "frontend_decode_per_record": frontend_cost, "conditions": {}}
     for condition, by_mode in rows.items():

