@@ -1,8 +1,8 @@
 """EngineCore CPU per engine step added by the step hooks: the hooks of BASE_COMMIT (a Python loop over
 the scheduled requests, ``sendto`` per frontend, wire version 1) against this tree's (vLLM's own
 scheduler-output lists shipped as they are, wire version 2, a shared-memory ring per frontend where
-available, else a datagram on a connected socket), measured in interleaved rounds in one run (modes in a
-fresh random order each round; medians of per-step medians).
+available, else a datagram on a connected socket), measured in interleaved rounds in one run (each round
+in slices of 25 steps per mode, the modes in a fresh random order per slice; medians of per-round medians).
 
 The harness: a stand-in ``Scheduler`` class whose ``schedule`` and ``update_from_output`` return at once,
 wrapped by the hooks through the same ``WrapTable`` the plugin uses (so the wrapper call is in the
@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests/support: test helpers, not ship
 RESULTS = ROOT / "benchmarks" / "results"
 BASE_COMMIT = "49d67c8"  # before wire version 2: shares captured per request in Python, sendto
 PACKAGE = "otel_llm.instrumentation.vllm"
+CHUNK = 25  # steps per mode per slice of a round (see main)
 
 
 def load_old(commit: str = BASE_COMMIT, tag: str = "old") -> types.ModuleType:
@@ -151,17 +152,20 @@ class Wired:
                        Target(name, "Scheduler.update_from_output", hooks.update_from_output, plain=plain)]).wrap()
 
 
-def per_step_us(wired: Wired, scene: Scene, steps: int, drain) -> float:
+def per_step_us(wired: Wired, scene: Scene, steps: int, drain, samples: list | None = None) -> float:
+    """Median CPU µs per step over ``steps`` steps (the samples, ns, also appended to ``samples``)."""
     out, model_output, scheduler = scene.out, scene.model_output, wired.scheduler
     clock = time.thread_time_ns
-    samples = []
+    taken = []
     for _ in range(steps):
         c0 = clock()
         scheduler.schedule()
         scheduler.update_from_output(out, model_output)
-        samples.append(clock() - c0)
+        taken.append(clock() - c0)
         drain()
-    return statistics.median(samples) / 1000
+    if samples is not None:
+        samples.extend(taken)
+    return statistics.median(taken) / 1000
 
 
 def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
@@ -287,10 +291,16 @@ def main() -> None:
             try:
                 if burners:
                     time.sleep(0.3)  # let them take the cores
-                order = modes[:]
-                random.shuffle(order)
-                for m in order:
-                    rows[condition][m].append(per_step_us(hooks[m], scene, args.steps, drain))
+                # the round's steps in slices of CHUNK per mode, the modes' order reshuffled per slice: a
+                # burst of interference from other processes (this machine is shared) hits every mode alike
+                taken: dict[str, list] = {m: [] for m in modes}
+                for _ in range(max(1, args.steps // CHUNK)):
+                    order = modes[:]
+                    random.shuffle(order)
+                    for m in order:
+                        per_step_us(hooks[m], scene, CHUNK, drain, taken[m])
+                for m in modes:
+                    rows[condition][m].append(statistics.median(taken[m]) / 1000)
                 load[condition].append(os.getloadavg()[0])
             finally:
                 for p in burners:
