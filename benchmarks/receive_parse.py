@@ -23,6 +23,7 @@ interleaved rounds (medians). Writes benchmarks/results/receive_parse.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -84,6 +85,75 @@ def _message_map_view() -> type:
 
 
 ONE_PASS = _message_map_view()
+
+
+def _checked_views() -> tuple[type, type]:
+    """(request, span) view types for ``one_pass_checked_spans``: the request with its resources and scopes as
+    full messages (validated) and each span as bytes; a span type with every ``Span`` field declared as in
+    trace.proto (so its parse validates name, trace_state, events, links, status) except ``attributes``:
+    ``map<string, AnyValue>`` (each entry parsed as a full ``AnyValue``: validated, duplicates included)."""
+    pkg = "bench.checked"
+    pool = descriptor_pool.DescriptorPool()
+    for module in (common_pb2, resource_pb2):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(fdp)
+        pool.Add(fdp)
+    fdp = descriptor_pb2.FileDescriptorProto()
+    trace_pb2.DESCRIPTOR.CopyToProto(fdp)
+    fdp.name, fdp.package = f"{pkg}.proto", pkg
+    by_name = {m.name: m for m in fdp.message_type}
+    for m in fdp.message_type:
+        for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
+            if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
+                f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+    spans = next(f for f in by_name["ScopeSpans"].field if f.name == "spans")
+    spans.type = _F.TYPE_BYTES
+    spans.ClearField("type_name")
+    span = by_name["Span"]
+    entry = span.nested_type.add(name="AttributesEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=_F.LABEL_OPTIONAL,
+                    type_name=".opentelemetry.proto.common.v1.AnyValue")
+    next(f for f in span.field if f.name == "attributes").type_name = f".{pkg}.Span.AttributesEntry"
+    req = fdp.message_type.add(name="ExportTraceServiceRequest")
+    req.field.add(name="resource_spans", number=1, type=_F.TYPE_MESSAGE, label=_F.LABEL_REPEATED,
+                  type_name=f".{pkg}.ResourceSpans")
+    pool.Add(fdp)
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{name}"))
+                 for name in ("ExportTraceServiceRequest", "Span"))  # type: ignore[return-value]
+
+
+CHECKED_REQUEST, CHECKED_SPAN = _checked_views()
+
+
+def _validating_bytes_view() -> type:
+    """``view.SpanView`` with every other ``Span`` field declared (name, trace_state, events, links, status as
+    in trace.proto): its parse validates all but the attribute map's encoded values (and what last-wins drops)."""
+    pkg = "bench.bytesview"
+    pool = descriptor_pool.DescriptorPool()
+    for module in (common_pb2, resource_pb2):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(fdp)
+        pool.Add(fdp)
+    fdp = descriptor_pb2.FileDescriptorProto()
+    trace_pb2.DESCRIPTOR.CopyToProto(fdp)
+    fdp.name, fdp.package = f"{pkg}.proto", pkg
+    span = next(m for m in fdp.message_type if m.name == "Span")
+    for m in fdp.message_type:
+        for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
+            if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
+                f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+    entry = span.nested_type.add(name="AttributesEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=_F.TYPE_BYTES, label=_F.LABEL_OPTIONAL)
+    next(f for f in span.field if f.name == "attributes").type_name = f".{pkg}.Span.AttributesEntry"
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.Span"))
+
+
+BYTES_SPAN = _validating_bytes_view()
 E2E = sc.LATENCY_E2E
 
 
@@ -155,13 +225,109 @@ def one_pass_message_map(raw: bytes) -> int:
     return n
 
 
-VARIANTS = (two_pass, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map)
+def _anyvalue(v: common_pb2.AnyValue) -> object:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def one_pass_checked_spans(raw: bytes) -> int:
+    """One C parse per span that validates all of it (attribute values as full ``AnyValue`` map values); spans'
+    bytes as received (no re-encoding); resources and scopes validated in the request's parse and encoded once
+    per group. Values read from the ``AnyValue`` messages (no bytes to remember decodings by)."""
+    n = 0
+    for rs in CHECKED_REQUEST.FromString(raw).resource_spans:
+        view.read_resource(rs.resource.SerializeToString())  # once per ResourceSpans: the group's key
+        for ss in rs.scope_spans:
+            ss.scope.SerializeToString()
+            for encoded in ss.spans:
+                s = CHECKED_SPAN.FromString(encoded)
+                attrs = s.attributes
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano,
+                     s.HasField("status") and s.status.code)
+                if E2E in attrs:
+                    for key in attrs:
+                        _anyvalue(attrs[key])
+                n += 1
+    return n
+
+
+_valid_values: set[bytes] = set()
+
+
+def one_pass_bytesize_checks(raw: bytes) -> int:
+    """The two-pass view with every ``Span`` field but the attribute values validated by its parse (BYTES_SPAN),
+    ``ByteSize() == len`` to prove nothing was dropped by last-wins (duplicate keys, repeated fields), and each
+    attribute value validated once (a remembered set; the full ``AnyValue`` class for a new one)."""
+    n = 0
+    for rs in view.RequestView.FromString(raw).resource_spans:
+        view.read_resource(rs.resource)
+        for ss in rs.scope_spans:
+            view.scope_name(ss.scope)
+            for encoded in ss.spans:
+                s = BYTES_SPAN.FromString(encoded)
+                if s.ByteSize() != len(encoded):
+                    raise AssertionError("the benchmark's spans are canonical")
+                attrs = s.attributes
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano,
+                     s.HasField("status") and s.status.code)
+                for key in attrs:
+                    encoded_value = attrs[key]
+                    if encoded_value not in _valid_values:
+                        common_pb2.AnyValue.FromString(encoded_value)
+                        _valid_values.add(encoded_value)
+                if E2E in attrs:
+                    for key in attrs:
+                        view.value_of(attrs[key])
+                n += 1
+        if len(_valid_values) > 4096:
+            _valid_values.clear()
+    return n
+
+
+def one_pass_full_read(raw: bytes) -> int:
+    """The validating parse's result read directly: the full classes, each span re-encoded for buffering."""
+    n = 0
+    for rs in messages.parse_request(raw).resource_spans:
+        rs.resource.SerializeToString()
+        for ss in rs.scope_spans:
+            ss.scope.SerializeToString()
+            for s in ss.spans:
+                _ = s.SerializeToString()
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.start_time_unix_nano, s.end_time_unix_nano,
+                     s.HasField("status") and s.status.code)
+                attrs = {kv.key: kv.value for kv in s.attributes}
+                if E2E in attrs:
+                    for v in attrs.values():
+                        _anyvalue(v)
+                n += 1
+    return n
+
+
+def parse_only(raw: bytes) -> int:
+    """Component: the validating full parse alone."""
+    return messages.span_count(messages.parse_request(raw))
+
+
+def view_parse_only(raw: bytes) -> int:
+    """Component: the view's parses alone (request, then each span), nothing read."""
+    n = 0
+    for rs in view.RequestView.FromString(raw).resource_spans:
+        for ss in rs.scope_spans:
+            for encoded in ss.spans:
+                view.SpanView.FromString(encoded)
+                n += 1
+    return n
+
+
+VARIANTS = (two_pass, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map,
+            one_pass_checked_spans, one_pass_bytesize_checks, one_pass_full_read, parse_only, view_parse_only)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--requests", type=int, default=4, help="export requests of ~1000 spans per round and shape")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "receive_parse.json"))
     args = ap.parse_args()
     load = os.getloadavg()
     results: dict[str, dict[str, float]] = {}
@@ -172,16 +338,20 @@ def main() -> None:
         times: dict[str, list[float]] = {f.__name__: [] for f in VARIANTS}
         for r in range(args.rounds):
             for f in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:  # rotated order
-                t0, spans = time.process_time(), 0
-                for p in payloads:
-                    spans += f(p)
-                times[f.__name__].append((time.process_time() - t0) / spans * 1e6)
+                gc.collect()
+                gc.disable()  # a collection landing in one variant's timing is most of the noise between rounds
+                try:
+                    t0, spans = time.process_time(), 0
+                    for p in payloads:
+                        spans += f(p)
+                    times[f.__name__].append((time.process_time() - t0) / spans * 1e6)
+                finally:
+                    gc.enable()
         results[f"shape_{shape}"] = {k: round(statistics.median(v), 3) for k, v in times.items()}
     out = {"unit": "us CPU per span (median of rounds)", "rounds": args.rounds, "load_avg_before": load,
            "load_avg_after": os.getloadavg(), "results": results}
     print(json.dumps(out, indent=2))
-    path = ROOT / "benchmarks" / "results" / "receive_parse.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
