@@ -358,6 +358,9 @@ def test_add_above_answers_as_comparing_with_the_upper_bound_before_adding():
             assert one.add_above(v, 0.99, min_count) == want, (i, v, bound)
             kept += want
         assert one._buckets == two._buckets and one.count == two.count and 0 < kept < 500
+        # add_above's inline path (an existing bucket, no decay due) leaves the state add() leaves
+        assert (one._keys, one._zeros, one._since_decay, one._hq, one._hidx, one._hbelow) == \
+            (two._keys, two._zeros, two._since_decay, two._hq, two._hidx, two._hbelow)
 
 
 def test_summary_from_attributes_converts_and_defaults_like_reading_each_key():
