@@ -44,18 +44,17 @@ class PendingTrace(TraceView):
     __slots__ = ("key", "decide_at", "items", "nbytes", "request_seen", "start_ns", "end_ns")
 
     def __init__(self, key: bytes, decide_at: float, request_seen: bool, first: Item, nbytes: int, error: bool,
-                 start_ns: int, end_ns: int) -> None:
-        """A trace from its first span (one constructor call on the receive path, not a call and five stores)."""
-        # TraceView's fields: summaries and reasons start as the shared empty tuple (most traces have one
-        # summary, no reason); trace_id, span_count and duration are set when the trace is decided
-        self.trace_id = 0
-        self.summaries: list[RequestSummary] | tuple = ()
+                 start_ns: int, end_ns: int, summaries: list[RequestSummary] | tuple = ()) -> None:
+        """A trace from its first span (one constructor call on the receive path, not a call and five stores).
+
+        ``summaries``: the first span's request summary as a one-item list, if it has one. TraceView's
+        ``trace_id``, ``span_count``, ``duration`` and ``size_bytes`` are left unset here: ``view()`` sets
+        them before any policy reads the trace (four stores fewer per new trace)."""
+        # reasons start as the shared empty tuple (most traces have none)
+        self.summaries = summaries
         self.has_error = error
-        self.span_count = 0
-        self.duration: float | None = None
         self.recorded_reasons: list[str] | tuple = ()
         self.attributes: dict[str, list] = _NO_ATTRIBUTES  # replaced, never changed in place
-        self.size_bytes = 0
         self.key = key
         self.decide_at = decide_at
         self.items: list[Item] = [first]
@@ -136,7 +135,14 @@ class TailSampler:
                         continue
                     # a new trace, filled from its first span (a 1-span trace never takes the path below);
                     # one that starts with its request (or root) span waits only for stragglers
-                    if request is not None or root:
+                    if request is not None:  # its summary goes in with it (the common case at shape 1)
+                        trace = traces[tid] = PendingTrace(tid, soon, True, (group, raw), size, error, start, end,
+                                                           [request.summary])
+                        due_root((soon, tid))
+                        if request.reason:
+                            trace.recorded_reasons = [request.reason]
+                        continue
+                    if root:
                         trace = traces[tid] = PendingTrace(tid, soon, True, (group, raw), size, error, start, end)
                         due_root((soon, tid))
                     else:
