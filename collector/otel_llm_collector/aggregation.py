@@ -32,6 +32,7 @@ import math
 import threading
 import time
 from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from operator import add as add_int
@@ -225,6 +226,9 @@ class FastCounter(_Instrument):
         return Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True)
 
 
+_COUNT_IN_C = 16  # values per batch from which counting per bucket with a Counter beats a loop per value
+
+
 def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | None, locked: bool) -> Any:
     """``FastHistogram.bind_many``: record a list of values for one label set, as a closure (cheaper to
     call than a method). The series is looked up on the first value recorded, not at binding: a label
@@ -235,20 +239,35 @@ def _bound_histogram_many(inst: FastHistogram, attributes: Mapping[str, Any] | N
     series: list[_HistogramSeries] = []
 
     def add(values: list) -> None:
-        kept = [v for v in values if 0 <= v < _INF]  # negative, NaN, inf: ignored, as by record
-        if not kept:
-            return  # and no series for a label set with nothing recorded, as with record
+        if not values:
+            return
+        # negative, NaN, inf: ignored, as by record. The common case (none of them) is checked in C: the
+        # smallest value is >= 0 (a NaN first makes min NaN, which fails too), and the plain sum is finite
+        # (any NaN or inf makes it NaN or inf, where x - x is not 0); otherwise filtered one by one
+        low, plain = min(values), sum(values)
+        if low >= 0 and plain - plain == 0:
+            kept = values
+        else:
+            kept = [v for v in values if 0 <= v < _INF]
+            if not kept:
+                return  # and no series for a label set with nothing recorded, as with record
+            low, plain = min(kept), sum(kept)
         s = series[0] if series else _first(inst, attributes, series)
         total = s.sum
-        if total + sum(kept) == _INF:  # some value would make the sum +Inf: take them one by one
+        if total + plain == _INF:  # some value would make the sum +Inf: take them one by one
             kept = _finite_prefix_sums(inst, total, kept)
             if not kept:
                 return
+            low = min(kept)
         counts = s.counts
-        for i in map(locate, kept):  # the bucket search in C; one increment per value here
-            counts[i] += 1
+        if len(kept) < _COUNT_IN_C:
+            for i in map(locate, kept):  # the bucket search in C; one increment per value here
+                counts[i] += 1
+        else:  # a batch: the values counted per bucket in C, one increment per bucket used here
+            for i, n in Counter(map(locate, kept)).items():
+                counts[i] += n
         s.sum = sum(kept, total)  # left to right from the running sum (Python >= 3.12 compensates rounding)
-        low, high = min(kept), max(kept)
+        high = max(kept)
         if low < s.min:
             s.min = low
         if high > s.max:

@@ -197,3 +197,33 @@ def test_concurrent_records_are_not_lost() -> None:
         t.join()
     p = backend.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0]
     assert p.count == 80_000 and p.sum == 40_000.0
+
+
+def test_a_histogram_batch_equals_its_values_recorded_one_by_one() -> None:
+    """``bind_many``'s recorder (checks the common case in C, counts large batches per bucket with a Counter)
+    leaves each series as ``record`` of the same values in order does: random batches of every length around
+    the Counter threshold, with negatives, NaN, infinities, ints and values whose sum overflows mixed in."""
+    rng = random.Random(3)
+    odd = [-1.0, -0.0, 0.0, math.nan, math.inf, -math.inf, 1e308, 5, 0, 2.0, 1.0]
+    one, many = AggregationBackend(), AggregationBackend()
+    h1 = one.get_meter("m").create_histogram("h", explicit_bucket_boundaries_advisory=[0.5, 1.0, 2.0, 4.0])
+    hm = many.get_meter("m").create_histogram("h", explicit_bucket_boundaries_advisory=[0.5, 1.0, 2.0, 4.0])
+    for label in range(60):
+        attrs = {"k": label % 7}
+        record_many = hm.bind_many(attrs)
+        for _ in range(3):
+            values = [rng.choice(odd) if rng.random() < 0.2 else rng.lognormvariate(0, 1)
+                      for _ in range(rng.randint(1, 40))]
+            record_many(values)
+            for v in values:
+                h1.record(v, attrs)
+
+    def series(backend) -> dict:
+        data = backend.get_metrics_data()
+        return {tuple(p.attributes.items()): p for p in data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points}
+    got, want = series(many), series(one)
+    assert got.keys() == want.keys() and len(want) == 7
+    for key, p in want.items():
+        q = got[key]
+        assert (q.count, q.bucket_counts, q.min, q.max) == (p.count, p.bucket_counts, p.min, p.max), key
+        assert math.isclose(q.sum, p.sum, rel_tol=1e-9), key

@@ -88,7 +88,9 @@ class BatchMetrics:
         for key, group in groups.items():
             b = self._bound(key + (extra,), group[0], extra)
             for value_of, record in b.histograms:
-                values = [v for v in map(value_of, group) if v is not None]
+                values = list(map(value_of, group))  # in C; filtered in Python only when some are None
+                if None in values:
+                    values = [v for v in values if v is not None]
                 if values:
                     record(values)
             slo, n_good, breaches, itl = b.slo, 0, b.breaches, b.inter_token
