@@ -4,7 +4,6 @@ built once: the config holds validated specs, each gateway builds its own polici
 from __future__ import annotations
 
 import random
-import struct
 from typing import Any
 
 import pytest
@@ -56,40 +55,6 @@ def test_the_summary_reader_equals_from_attributes_over_every_key_set_beyond_its
             a, b = getattr(got, name), getattr(want, name)
             assert type(a) is type(b) and (a == b or (a != a and b != b)), (name, attrs)
     assert len(seen_key_sets) > MAX_PLANS  # the reader's bound was passed: later key sets read key by key
-
-
-def test_the_summary_reader_reads_a_key_sets_latencies_in_one_batch_and_falls_back_key_by_key() -> None:
-    """Every float-kind attribute a lone double (the batch path), then the same key set with one of them an
-    int, a string, a NaN or missing its double (each value decoded as before): always what from_attributes gives."""
-    read = summary_reader(value_of, TYPED)
-    floats = [k for k, (_, kind) in ATTRIBUTE_SLOTS.items() if kind == "float"]
-    assert len(floats) >= 4
-    rng = random.Random(5)
-    for odd in (None, 7, "0.5", True, float("nan"), 1e308, -0.0):
-        for _ in range(5):
-            attrs: dict[str, Any] = {k: rng.lognormvariate(0, 1) for k in floats}
-            attrs[sc.REQUEST_MODEL] = "m"
-            if odd is not None:
-                attrs[rng.choice(floats)] = odd
-            want, got = RequestSummary.from_attributes(attrs), read(_encoded(attrs))
-            for name in RequestSummary.__slots__:
-                a, b = getattr(got, name), getattr(want, name)
-                assert type(a) is type(b) and (a == b or (a != a and b != b)), (name, odd)
-
-
-def test_the_batch_reads_only_lone_doubles_however_the_bytes_line_up() -> None:
-    """Two float-kind values whose bytes, joined, look like two lone doubles: the first a double_value given
-    twice (18 bytes: the last one counts), the second an empty AnyValue (no value). Read as the core reads them."""
-    floats = [k for k, (_, kind) in ATTRIBUTE_SLOTS.items() if kind == "float"][:2]
-    double = lambda x: b"\x21" + struct.pack("<d", x)  # noqa: E731
-    view = SpanView()
-    view.attributes[sc.LATENCY_E2E] = double(1.5)
-    for key, raw in zip(floats, (double(2.0) + double(3.0), b"")):
-        view.attributes[key] = raw
-    decoded = {k: value_of(v) for k, v in view.attributes.items()}
-    assert decoded[floats[0]] == 3.0 and decoded[floats[1]] is None
-    got, want = summary_reader(value_of, TYPED)(view.attributes), RequestSummary.from_attributes(decoded)
-    assert got == want
 
 
 def test_the_summary_reader_hands_native_spans_to_the_core_and_ignores_others() -> None:
