@@ -18,6 +18,15 @@ interleaved rounds (medians). Writes benchmarks/results/receive_parse.json.
   whose attribute map holds full ``AnyValue`` messages (validates everything), each span re-serialized and
   the request spans' values read from the messages. Compared with ``two_pass_prototype``, the same
   reading over the two-pass view, since it cannot reuse ``extract``.
+* ``one_pass_checked_spans``: the request parsed with resources and scopes as full messages and spans as bytes;
+  each span parsed once by a type declaring every ``Span`` field as trace.proto does except
+  ``attributes: map<string, AnyValue>`` (validates everything the full parse does, duplicates included; a
+  per-span parse allows three more nesting levels than the request's); values read through the messages.
+* ``one_pass_bytesize_checks``: the view's span type with every other field declared, ``ByteSize() == len``
+  (nothing dropped by last-wins), and a remembered set of validated attribute values.
+* ``one_pass_full_read``: the validating parse's result read directly, spans re-encoded for buffering.
+  (These three against ``two_pass_prototype``.)
+* ``parse_only`` / ``view_parse_only``: components: the full parse alone; the view's parses alone.
 """
 
 from __future__ import annotations
