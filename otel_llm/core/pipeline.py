@@ -105,7 +105,13 @@ class Pipeline:
         self._cause_names = frozenset(p.name for p in causes)
         self.baseline = ProbabilisticPolicy(config.sample_rate)
         self.requests: dict[str, RequestTimeline] = {}
+        # held engine steps, in the order they arrived (StepRecord.seq): a step that served a tracked request
+        # stays until no request that may be in it is left to settle (see _settle_steps), or max_steps push it out
         self.steps: OrderedDict[int, StepRecord] = OrderedDict()
+        self._seq = 0  # steps held so far: a request started at seq s is only in steps of seq > s
+        # tracked requests not settled yet (finished ones too, until the materializer is done with them), in
+        # the order they started: the first one's ``steps_from`` is the oldest step that may still be theirs
+        self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
@@ -136,49 +142,78 @@ class Pipeline:
             if timeline.group is not None:  # its user request's trace is built without it
                 timeline.group.expected -= 1
             return False
-        self.requests[timeline.request_id] = timeline
+        rid = timeline.request_id
+        self.requests[rid] = timeline
+        timeline.steps_from = self._seq + 1
+        with self._steps_lock:
+            unsettled = self._unsettled
+            if rid in unsettled:  # an id reused before its earlier request settled: keep start order
+                del unsettled[rid]
+            unsettled[rid] = timeline
         self.counts.requests_started += 1
         return True
 
     def add_step(self, step: StepRecord) -> None:
-        """An engine step, as the scheduler saw it; ties it to the requests it served."""
+        """An engine step, as the scheduler saw it. O(1) per step but for its prefilling shares: which
+        steps served a request is worked out when it finishes, and only for the requests whose verdict
+        or spans read them (``_own_steps``), not by touching each request in each step."""
         self.counts.steps_recorded += 1
         requests = self.requests
-        pending = prefill_tokens = prefill_requests = 0
-        step_id = step.step_id
-        for rid, tokens, prefill in step.requests:
-            t = requests.get(rid)
-            if prefill:  # (the same two tests a share costs without the counts)
-                prefill_tokens += tokens
-                prefill_requests += 1
+        ids = step.ids
+        prefill_at = step.prefill_at
+        prefill_tokens = 0
+        if prefill_at:  # a few shares a step at most (new prompts' chunks): each request's own chunks
+            step_id, start, end, tokens = step.step_id, step.start, step.end, step.tokens
+            for i in prefill_at:
+                n = tokens[i] if tokens is not None else 1
+                prefill_tokens += n
+                t = requests.get(ids[i])
                 if t is not None:
-                    t.chunks.append(PrefillChunk(step_id, step.start, step.end, tokens))
-            if t is None:
-                continue
-            pending += 1
-            t.steps.append(step_id)
-        self.window.add(step, prefill_tokens, len(step.requests) - prefill_requests)
-        if not pending or not self.config.engine_steps:
+                    t.chunks.append(PrefillChunk(step_id, start, end, n))
+        self.window.add(step, prefill_tokens, len(ids) - len(prefill_at))
+        if not ids:
             return
         # Metrics count each step once: in the frontend that owns its first request (with several API
         # servers each receives every step). Recorded on the materializer thread, in batches.
-        counted = step.requests[0][0] in requests
-        step.pending = pending
+        counted = ids[0] in requests
+        if not counted and not any(map(requests.__contains__, ids)):  # (in C; stops at the first of ours)
+            return  # serves no request tracked here: not held
+        counted = counted and self.config.engine_steps
         evicted = []
         full = False
         with self._steps_lock:
+            self._seq += 1
+            step.seq = self._seq
             if counted:
                 batch = self._step_metrics
                 batch.append(step)
                 full = len(batch) >= _STEP_BATCH or step.end - batch[0].end > _STEP_BATCH_S
-            self.steps[step.step_id] = step
-            while len(self.steps) > self.config.max_steps:
-                evicted.append(self.steps.popitem(last=False)[1])
-        for old in evicted:
-            self.counts.steps_settled_early += 1
-            self.materializer.submit(EarlyStepJob(old))
+            steps = self.steps
+            if step.step_id in steps:  # a reused id: held in arrival order all the same
+                del steps[step.step_id]
+            steps[step.step_id] = step
+            while len(steps) > self.config.max_steps:
+                old = steps.popitem(last=False)[1]
+                lost = self._lose(old)
+                if lost or old.links:
+                    evicted.append((old, lost))
+        if self.config.engine_steps:
+            for old, lost in evicted:
+                self.counts.steps_settled_early += lost  # its requests outlived the buffer
+                self.materializer.submit(EarlyStepJob(old))  # emitted if linked
         if full:
             self._submit_step_metrics()
+
+    def _lose(self, step: StepRecord) -> bool:
+        """``step`` leaves the buffer (under the lock): the requests it served that are still to settle lose
+        it (their verdict then cannot place them: unknown). True if there were such requests."""
+        unsettled = self._unsettled
+        lost = False
+        for rid in step.ids:
+            t = unsettled.get(rid)
+            if t is not None and t.steps_from <= step.seq:
+                t.steps_lost = lost = True
+        return lost
 
     # -- cold path ---------------------------------------------------------------------------
 
@@ -295,6 +330,7 @@ class Pipeline:
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
         for_cause = self._for_cause(decision)
+        own = self._own_steps(t) if breached or for_cause or decision is not None else ()
         verdict = self._explain(t, s, breached, for_cause)
         if decision is not None:
             try:
@@ -302,7 +338,7 @@ class Pipeline:
                                            self.config.capture_content)
                 if verdict is not None and for_cause:
                     attrs.update(verdict.attributes())
-                held = self._held_steps(t) if detail >= Detail.PHASES else []
+                held = own if detail >= Detail.PHASES and self.config.engine_steps else []
                 kept = self.spans.request(t, s, attrs, detail, WallClock(), held, slo.tpot)
                 if kept is not None:
                     self.counts.requests_kept += 1
@@ -326,6 +362,7 @@ class Pipeline:
         slo = self.config.slo.for_model(members[0][1].model)
         breaches = [slo.breaches(s) for _, s in members]
         for_cause = self._for_cause(decision)
+        owns = [self._own_steps(t) if b or for_cause or decision is not None else () for (t, _), b in zip(members, breaches)]
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
@@ -335,11 +372,12 @@ class Pipeline:
                 met = not breached and not any(s.failed for _, s in members)
                 attrs = group_attributes(members, decision.reason, met, breached, self.config.capture_content)
                 parts = []
-                for (t, s), b, verdict in zip(members, breaches, verdicts):
+                phases = detail >= Detail.PHASES and self.config.engine_steps
+                for (t, s), b, verdict, own in zip(members, breaches, verdicts, owns):
                     a = choice_attributes(t, s, not b and not s.failed, b)
                     if verdict is not None and for_cause:
                         a.update(verdict.attributes())
-                    parts.append((t, s, a, self._held_steps(t) if detail >= Detail.PHASES else []))
+                    parts.append((t, s, a, own if phases else []))
                 root, choices = self.spans.request_group(parts, attrs, detail, WallClock(), slo.tpot)
                 if root is not None:
                     self.counts.requests_kept += 1
@@ -350,25 +388,53 @@ class Pipeline:
             self.metrics.record(s, exemplar)
             self._settle_steps(t, kept if detail >= Detail.STEPS else None)
 
-    def _held_steps(self, t: RequestTimeline) -> list[StepRecord]:
-        """The engine steps of ``t`` still held (all of them, unless it outlived ``max_steps`` steps)."""
+    def _own_steps(self, t: RequestTimeline) -> list[StepRecord]:
+        """The held engine steps that served ``t`` (all of them, unless it outlived ``max_steps`` steps),
+        in order; also fills ``t.steps`` with their ids for the verdict (empty if one was lost: its verdict
+        cannot place it). A scan of the steps held since it started, a set lookup each (a step's id set
+        is built once, and shared by the steps of an unchanged batch: their records share the id list)."""
+        rid = t.request_id
+        since = t.steps_from
+        out = []
+        last_ids: Any = None
+        last_set: Any = None
         with self._steps_lock:
-            steps = self.steps
-            return [st for st in map(steps.get, t.steps) if st is not None]
+            for step in reversed(self.steps.values()):
+                if step.seq < since:
+                    break
+                ids = step.ids
+                if ids is last_ids and step.members is None:
+                    step.members = last_set
+                else:
+                    last_ids, last_set = ids, step.member_ids()
+                if rid in last_set:
+                    out.append(step)
+        out.reverse()
+        if not t.steps and not t.steps_lost:
+            t.steps = [step.step_id for step in out]
+        return out
 
     def _settle_steps(self, t: RequestTimeline, kept: Materialized | None) -> None:
+        """``t`` is done with: link its kept spans' steps, and release the steps no request left to settle
+        can be in (those before the oldest unsettled request started); emit the linked ones."""
         done = []
-        linked = kept.linked_steps if kept is not None else ()
         with self._steps_lock:
+            unsettled = self._unsettled
+            rid = t.request_id
+            if unsettled.get(rid) is t:
+                del unsettled[rid]
             steps = self.steps
-            # the held ones among its steps, looked up in C; a step leaves once its last request settled
-            for step in filter(None, map(steps.get, t.steps)):
-                if linked and step.step_id in linked:
-                    step.links.append(kept.context)
-                step.pending -= 1
-                if step.pending <= 0:
-                    del steps[step.step_id]
-                    done.append(step)
+            if kept is not None and kept.linked_steps:
+                context = kept.context
+                for step in filter(None, map(steps.get, kept.linked_steps)):
+                    step.links.append(context)
+            floor = next(iter(unsettled.values())).steps_from if unsettled else None
+            while steps:
+                step = next(iter(steps.values()))
+                if floor is not None and step.seq >= floor:
+                    break
+                steps.popitem(last=False)
+                done.append(step)
         for step in done:
             if step.links:  # only emitted steps cost enough to offer the GIL between them
                 self._emit_step(step)

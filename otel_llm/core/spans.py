@@ -390,7 +390,7 @@ class SpanBuilder:
             sc.STEP_NUM_PREFILL_TOKENS: step.prefill_tokens,
             sc.STEP_NUM_DECODE_REQS: step.decode_requests,
             sc.STEP_NUM_DECODE_TOKENS: step.decode_tokens,
-            sc.STEP_BATCH_SIZE: len(step.requests),
+            sc.STEP_BATCH_SIZE: len(step.ids),
             sc.STEP_NUM_RUNNING: step.running,
             sc.STEP_NUM_WAITING: step.waiting,
             sc.STEP_NUM_PREEMPTED: step.preempted,

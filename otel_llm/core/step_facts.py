@@ -25,7 +25,7 @@ def step_facts(step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
     facts: dict[str, Any] = {
         sc.ENGINE_STEP_ID: step.step_id,
         sc.STEP_DURATION: max(0.0, step.end - step.start),
-        sc.STEP_BATCH_SIZE: len(step.requests),
+        sc.STEP_BATCH_SIZE: len(step.ids),
         sc.STEP_OTHER_PREFILL_TOKENS: step.prefill_tokens - own_prefill_tokens,
     }
     # the step's anatomy where the engine measured it: was the token slow in the model, or around it?

@@ -7,8 +7,7 @@ finishes; ``clock.py`` converts them once. Appending a token stamp is one list a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind
@@ -45,7 +44,11 @@ class RequestTimeline:
     events: list[tuple[int, float]] = field(default_factory=list)
     token_ts: list[float] = field(default_factory=list)
     multi_token_steps: dict[int, int] | None = None  # index in token_ts -> tokens, only when > 1 (spec decode)
+    # the engine steps that served it (ids, in order): filled at finish by the pipeline, for the requests
+    # whose verdict needs them (core/pipeline.py: steps are linked lazily, not per token)
     steps: list[int] = field(default_factory=list)
+    steps_from: int = 0  # the pipeline's step sequence number when it started: its steps come at or after
+    steps_lost: bool = False  # a held step that served it was evicted (max_steps) before it finished
     chunks: list[PrefillChunk] = field(default_factory=list)
     # filled at finish
     finish_reason: str | None = None
@@ -125,57 +128,111 @@ class RequestShare(NamedTuple):
     prefill: bool
 
 
-@dataclass(slots=True)
 class StepRecord:
-    step_id: int
-    start: float  # engine monotonic: the scheduler was entered
-    end: float  # engine monotonic: the step's outputs were built
-    requests: list[tuple[str, int, bool]]  # RequestShare-shaped: (request_id, tokens, prefill)
-    running: int = 0
-    waiting: int = 0
-    preempted: int = 0
-    kv_cache_usage: float | None = None
-    # engine-specific facts for the span (e.g. TensorRT-LLM's iteration latency), set once at record time
-    attributes: dict[str, Any] | None = None
-    queue_blocked: int = BLOCKED_NONE  # why waiting requests stayed waiting (BLOCKED_*); NONE: nothing waited
-    # settlement: requests still running, and the kept request spans to link to
-    pending: int = 0
-    links: list[SpanContext] = field(default_factory=list)
-    # anatomy (seconds; None where the engine did not say): see core/diagnosis/anatomy.py
-    schedule_s: float | None = None  # inside the scheduler
-    execute_s: float | None = None  # scheduled -> outputs handed back (the executor: forward, sampling, IPC)
-    output_s: float | None = None  # processing the model's output into the step's outputs
-    idle_s: float | None = None  # before the step: no step in flight since the previous one ended
-    model_s: float | None = None  # forward + sampling measured in the worker (CUDA events on GPU)
-    # composition for the roofline: tokens already in the KV cache before the step, per share
-    # (parallel to ``requests``); a prefill chunk covers positions context .. context + tokens - 1
-    contexts: list[int] | None = None
+    """One engine step. The shares are kept as parallel lists, not a tuple per scheduled request: a step
+    of a batch of 64 is a few objects for the collector to track instead of 64 more (the frontend holds
+    thousands of steps), and the pipeline reads the ids as one list (core/pipeline.py links requests
+    to their steps lazily, at finish, and only for the requests whose verdict or spans need them).
+
+    ``ids``: the scheduled requests' ids; ``tokens``: tokens scheduled per share, ``None`` when each
+    share is one token (a plain decode batch); ``prefill_at``: indices of the shares that compute prompt
+    tokens (ascending). ``requests`` gives the (request_id, tokens, prefill) tuples, built on demand,
+    and accepts them (adapters that build shares one by one, tests)."""
+
+    __slots__ = ("step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
+                 "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
+                 "output_s", "idle_s", "model_s", "contexts", "members")
+
+    def __init__(self, step_id: int, start: float, end: float, requests: Iterable[tuple[str, int, bool]] = (),
+                 running: int = 0, waiting: int = 0, preempted: int = 0, kv_cache_usage: float | None = None,
+                 attributes: dict[str, Any] | None = None, queue_blocked: int = BLOCKED_NONE,
+                 links: list[SpanContext] | None = None, schedule_s: float | None = None,
+                 execute_s: float | None = None, output_s: float | None = None, idle_s: float | None = None,
+                 model_s: float | None = None, contexts: list[int] | None = None) -> None:
+        self.step_id = step_id
+        self.start = start  # engine monotonic: the scheduler was entered
+        self.end = end  # engine monotonic: the step's outputs were built
+        self.requests = requests  # -> ids, tokens, prefill_at
+        self.running = running
+        self.waiting = waiting
+        self.preempted = preempted
+        self.kv_cache_usage = kv_cache_usage
+        # engine-specific facts for the span (e.g. TensorRT-LLM's iteration latency), set once at record time
+        self.attributes = attributes
+        self.queue_blocked = queue_blocked  # why waiting requests stayed waiting (BLOCKED_*); NONE: nothing waited
+        # settlement: the order the pipeline held it in, and the kept request spans to link to
+        self.seq = 0
+        self.links: list[SpanContext] = [] if links is None else links
+        # anatomy (seconds; None where the engine did not say): see core/diagnosis/anatomy.py
+        self.schedule_s = schedule_s  # inside the scheduler
+        self.execute_s = execute_s  # scheduled -> outputs handed back (the executor: forward, sampling, IPC)
+        self.output_s = output_s  # processing the model's output into the step's outputs
+        self.idle_s = idle_s  # before the step: no step in flight since the previous one ended
+        self.model_s = model_s  # forward + sampling measured in the worker (CUDA events on GPU)
+        # composition for the roofline: tokens already in the KV cache before the step, per share
+        # (parallel to ``ids``); a prefill chunk covers positions context .. context + tokens - 1
+        self.contexts = contexts
+        self.members: frozenset[str] | set[str] | None = None  # set(ids), built when a lookup needs it
+
+    @classmethod
+    def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
+                 prefill_at: Sequence[int], running: int = 0, waiting: int = 0, preempted: int = 0,
+                 kv_cache_usage: float | None = None, queue_blocked: int = BLOCKED_NONE) -> "StepRecord":
+        """A record from the parallel lists as they arrive (no tuple per share)."""
+        step = cls(step_id, start, end, (), running, waiting, preempted, kv_cache_usage, None, queue_blocked)
+        step.ids, step.tokens, step.prefill_at = ids, tokens, prefill_at
+        return step
+
+    @property
+    def requests(self) -> list[tuple[str, int, bool]]:
+        """(request_id, tokens, prefill) per share (RequestShare-shaped), built on each call."""
+        n = len(self.ids)
+        flags = [False] * n
+        for i in self.prefill_at:
+            flags[i] = True
+        return list(zip(self.ids, self.tokens if self.tokens is not None else [1] * n, flags))
+
+    @requests.setter
+    def requests(self, shares: Iterable[tuple[str, int, bool]]) -> None:
+        shares = list(shares)
+        self.ids = [s[0] for s in shares]
+        tokens = [s[1] for s in shares]
+        self.tokens = None if all(n == 1 for n in tokens) else tokens
+        self.prefill_at = [i for i, s in enumerate(shares) if s[2]]
+        self.members = None
 
     @property
     def prefill_requests(self) -> int:
-        return sum(map(_prefill_of, self.requests))
+        return len(self.prefill_at)
 
     @property
     def prefill_tokens(self) -> int:
-        return sum(n for _, n, prefill in self.requests if prefill)
+        if self.tokens is None:
+            return len(self.prefill_at)
+        return sum(map(self.tokens.__getitem__, self.prefill_at))
 
     @property
     def decode_requests(self) -> int:
-        return len(self.requests) - self.prefill_requests
+        return len(self.ids) - len(self.prefill_at)
 
     @property
     def decode_tokens(self) -> int:
-        return sum(n for _, n, prefill in self.requests if not prefill)
+        total = len(self.ids) if self.tokens is None else sum(self.tokens)
+        return total - self.prefill_tokens
 
     @property
     def phase(self) -> str:
-        # per step on the materializer thread (step metrics): the flags are read in C, not a generator
-        flags = list(map(_prefill_of, self.requests))
-        has_prefill = any(flags)
-        has_decode = not all(flags)
-        if has_prefill and has_decode:
+        prefill = len(self.prefill_at)
+        if prefill and prefill < len(self.ids):
             return "mixed"
-        return "prefill" if has_prefill else "decode"
+        return "prefill" if prefill else "decode"
 
+    def member_ids(self) -> frozenset[str] | set[str]:
+        """The ids as a set (built once a step; the pipeline shares it between steps of one batch)."""
+        found = self.members
+        if found is None:
+            found = self.members = set(self.ids)
+        return found
 
-_prefill_of = itemgetter(2)  # a share's prefill flag
+    def __repr__(self) -> str:
+        return f"StepRecord({self.step_id}, {self.start}, {self.end}, {self.requests!r})"

@@ -17,6 +17,7 @@ The roofline takes model time as the measured time where present, else execute t
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Sequence
 
 from .. import semconv as sc
@@ -44,9 +45,10 @@ _PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), (
 def work(step: StepRecord) -> list[tuple[int, int]]:
     """(tokens, context before the step) per request in the step, for the roofline."""
     contexts = step.contexts
-    if contexts is None or len(contexts) != len(step.requests):
+    if contexts is None or len(contexts) != len(step.ids):
         return []
-    return [(share[1], c) for share, c in zip(step.requests, contexts)]
+    tokens = step.tokens
+    return list(zip(tokens if tokens is not None else repeat(1, len(contexts)), contexts))
 
 
 def measured_time(step: StepRecord) -> float | None:

@@ -74,6 +74,18 @@ def derive_shares(ids: Sequence[str], tokens: Sequence[int] | None, computed: Se
     return list(zip(ids, tokens, prefill)), list(computed)
 
 
+def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
+                   prompt_len: Sequence[int], outputs: Sequence[int]) -> list[int]:
+    """The indices of the prefilling shares, ascending: ``derive_shares``' rule without a tuple per share
+    (what the frontend keeps: ``StepRecord.prefill_at``). A plain decode batch lists no index at all."""
+    if not no_output_at and not prompt_at:
+        return []
+    flags = dict.fromkeys(no_output_at, True)
+    for i, p, o in zip(prompt_at, prompt_len, outputs):
+        flags[i] = computed[i] < (p + o - 1 if o else p)
+    return sorted(i for i, f in flags.items() if f and 0 <= i < n)
+
+
 def encode(payload: tuple, cache: list | None = None) -> bytes:
     """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one datagram.
 
@@ -108,15 +120,23 @@ def encode(payload: tuple, cache: list | None = None) -> bytes:
                                            *outputs) + joined
 
 
-def decode(data: bytes) -> StepRecord:
-    """A step record from one datagram; ``WireError`` for any other version or size."""
+def decode(data: bytes, cache: list | None = None) -> StepRecord:
+    """A step record from one datagram; ``WireError`` for any other version or size.
+
+    The record keeps the shares as the datagram lists them (``StepRecord.of_lists``: ids, tokens or
+    ``None`` for one each, the prefilling shares' indices, contexts): no tuple per share. ``cache`` (a
+    receiver's ``[ids bytes, ids]``) keeps the last id list: in a steady batch the ids' bytes repeat step
+    after step, so they are split and decoded only when the batch changes, and consecutive records
+    share one list (read-only: nothing downstream changes a record's ids)."""
     if len(data) < HEADER.size:
         raise WireError(f"step record of {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     if data[0] != VERSION:
         raise WireError(f"step record of wire version {data[0]}, this otel-llm reads version {VERSION}")
     (_, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
      schedule_s, execute_s, output_s, idle, model, n, z, m) = HEADER.unpack_from(data)
-    shares: list = []
+    ids: list[str] = []
+    tokens = None
+    prefill_at: list[int] = []
     contexts: list[int] = []
     if n:
         if z > n or m > n:
@@ -127,18 +147,27 @@ def decode(data: bytes) -> StepRecord:
         if len(data) <= at:
             raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
         fields = arrays.unpack_from(data, HEADER.size)
-        ids = data[at:].decode().split("\0")
-        if len(ids) != n:
-            raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
+        raw = data[at:]
+        if cache is not None and cache[0] == raw:
+            ids = cache[1]
+        else:
+            ids = raw.decode().split("\0")
+            if len(ids) != n:
+                raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
+            if cache is not None:
+                cache[:] = (raw, ids)
         c = k + n  # computed ends, the indices begin
         at_z, at_m = fields[c:c + z], fields[c + z:c + z + m]
         if (z and max(at_z) >= n) or (m and max(at_m) >= n):
             raise WireError(f"step record with a share index beyond its {n} shares")
-        shares, contexts = derive_shares(ids, fields[:k] if k else None, fields[k:c], at_z, at_m,
-                                         fields[c + z + m:c + z + 2 * m], fields[c + z + 2 * m:])
+        if k:
+            tokens = list(fields[:k])
+        contexts = list(fields[k:c])
+        prefill_at = derive_prefill(n, contexts, at_z, at_m, fields[c + z + m:c + z + 2 * m], fields[c + z + 2 * m:])
     elif z or m or len(data) != HEADER.size:
         raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
-    step = StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
+    step = StepRecord.of_lists(step_id, start, end, ids, tokens, prefill_at, running, waiting, preempted, kv,
+                               queue_blocked=blocked)
     step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s = idle if flags & _HAS_IDLE else None

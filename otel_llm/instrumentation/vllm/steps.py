@@ -204,6 +204,7 @@ class StepReceiver:
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
+        self._ids: list = [None, None]  # the last record's ids, bytes and decoded (step_wire.decode's cache)
 
     def drain(self, deliver: Callable[[StepRecord], None]) -> None:
         """Every record that arrived: the socket's datagrams (and ring announcements), then the rings.
@@ -234,7 +235,7 @@ class StepReceiver:
 
     def _take(self, data: bytes, deliver: Callable[[StepRecord], None]) -> None:
         try:
-            step = step_wire.decode(data)
+            step = step_wire.decode(data, self._ids)
         except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
             self.malformed += 1
             GUARD.failed("step record wire", exc)
@@ -291,11 +292,17 @@ def decode(payload: tuple) -> StepRecord:
     blocked = payload[8] if len(payload) > 8 else 0
     if len(payload) < 14:
         return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
-    if shares.__class__ is tuple:
-        requests, contexts = step_wire.derive_shares(*shares)
+    if shares.__class__ is tuple:  # vLLM's lists, kept as lists (StepRecord.of_lists: no tuple per share)
+        ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
+        contexts = list(computed)
+        step = StepRecord.of_lists(step_id, start, end, list(ids), list(tokens) if tokens is not None else None,
+                                   step_wire.derive_prefill(len(ids), contexts, no_output_at, prompt_at,
+                                                            prompt_len, outputs),
+                                   running, waiting, preempted, kv, queue_blocked=blocked)
     else:
-        requests, contexts = [s[:3] for s in shares], [s[3] for s in shares]
-    step = StepRecord(step_id, start, end, requests, running, waiting, preempted, kv, queue_blocked=blocked)
+        step = StepRecord(step_id, start, end, [s[:3] for s in shares], running, waiting, preempted, kv,
+                          queue_blocked=blocked)
+        contexts = [s[3] for s in shares]
     step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s, step.idle_s, step.model_s = payload[9:14]
     return step
