@@ -82,7 +82,7 @@ def child(repeat: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", action="append", required=True, help="a checkout to measure (twice: A and B)")
+    ap.add_argument("--root", action="append", default=[], help="a checkout to measure (twice: A and B)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=2, help="workloads per measurement")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -15,9 +15,9 @@ from traces import engine_steps
 from otel_llm.core import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis import devices
-from otel_llm.core.diagnosis.anatomy import StepDiagnosis
+from otel_llm.core.diagnosis.anatomy import StepDiagnosis, cost as anatomy_cost
 from otel_llm.core.diagnosis.gpu import GpuSampler, throttle_names, visible_devices
-from otel_llm.core.diagnosis.roofline import ModelShape, roofline, step_cost
+from otel_llm.core.diagnosis.roofline import ModelShape, decode_step_cost, roofline, step_cost
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
 from otel_llm.instrumentation.vllm import steps
@@ -103,6 +103,23 @@ def test_moe_counts_active_experts():
     many = step_cost(shape, [(1, 100)] * 64)
     # one token reads 2 experts' weights a layer; 64 tokens can reach all 8
     assert many.bytes - one.bytes > 2 * 32 * 3 * 4096 * 14336 * 5
+
+
+def test_a_plain_decode_batch_costs_what_its_shares_cost():
+    """decode_step_cost (sums in C, from the contexts) equals step_cost over (1, context) per request, and
+    the step-level cost of a record picks it only for a one-token-each batch."""
+    shape = ModelShape.from_hf_config(LLAMA_7B)
+    contexts = [17 + 31 * i for i in range(64)]
+    assert decode_step_cost(shape, contexts) == step_cost(shape, [(1, c) for c in contexts])
+    ids = [f"r{i}" for i in range(64)]
+    plain = StepRecord.of_lists(1, 0.0, 0.01, ids, None, [])
+    plain.contexts = contexts
+    assert anatomy_cost(shape, plain) == step_cost(shape, [(1, c) for c in contexts])
+    mixed = StepRecord(2, 0.0, 0.01, [(r, 16 if i == 3 else 1, i == 3) for i, r in enumerate(ids)], contexts=contexts)
+    assert mixed.tokens is not None
+    assert anatomy_cost(shape, mixed) == step_cost(shape, [(16 if i == 3 else 1, c) for i, c in enumerate(contexts)])
+    mixed.contexts = contexts[:-1]  # not one context a share: no cost
+    assert anatomy_cost(shape, mixed) is None
 
 
 def test_dtype_and_kv_dtype():

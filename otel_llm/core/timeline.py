@@ -178,9 +178,15 @@ class StepRecord:
     def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
                  prefill_at: Sequence[int], running: int = 0, waiting: int = 0, preempted: int = 0,
                  kv_cache_usage: float | None = None, queue_blocked: int = BLOCKED_NONE) -> "StepRecord":
-        """A record from the parallel lists as they arrive (no tuple per share)."""
-        step = cls(step_id, start, end, (), running, waiting, preempted, kv_cache_usage, None, queue_blocked)
+        """A record from the parallel lists as they arrive (no tuple per share; once per step on the
+        engine's output thread, so the slots are set here directly)."""
+        step = cls.__new__(cls)
+        step.step_id, step.start, step.end = step_id, start, end
         step.ids, step.tokens, step.prefill_at = ids, tokens, prefill_at
+        step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
+        step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, []
+        step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
+        step.contexts = step.members = None
         return step
 
     @property

@@ -25,7 +25,7 @@ from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, create
 from ..sdk_metrics import bind_value
 from ..timeline import StepRecord
 from .devices import resolve
-from .roofline import DevicePeaks, ModelShape, Roofline, roofline, step_cost
+from .roofline import DevicePeaks, ModelShape, Roofline, StepCost, decode_step_cost, roofline, step_cost
 
 def anatomy(step: StepRecord) -> dict[str, float]:
     """The step's parts in seconds (only those the engine reported), and its total."""
@@ -49,6 +49,16 @@ def work(step: StepRecord) -> list[tuple[int, int]]:
         return []
     tokens = step.tokens
     return list(zip(tokens if tokens is not None else repeat(1, len(contexts)), contexts))
+
+
+def cost(shape: ModelShape, step: StepRecord) -> StepCost | None:
+    """The step's FLOPs and bytes (``step_cost`` of its ``work``; a plain decode batch without a loop)."""
+    contexts = step.contexts
+    if not contexts or len(contexts) != len(step.ids):
+        return None
+    if step.tokens is None:
+        return decode_step_cost(shape, contexts)
+    return step_cost(shape, work(step))
 
 
 def measured_time(step: StepRecord) -> float | None:
@@ -95,10 +105,10 @@ class StepDiagnosis:
         shape, peaks = self.shape, self.peaks
         if shape is None or peaks is None:
             return None
-        w = work(step)
-        if not w:
+        c = cost(shape, step)
+        if c is None:
             return None
-        return roofline(step_cost(shape, w), peaks, measured_time(step))
+        return roofline(c, peaks, measured_time(step))
 
     def attributes(self, step: StepRecord) -> dict[str, Any]:
         """Anatomy, roofline and the nearest GPU sample, for the step's span."""
@@ -109,14 +119,13 @@ class StepDiagnosis:
             if value is not None:
                 out[key] = value
         shape = self.shape
-        w = work(step) if shape is not None else []
-        if w:
-            cost = step_cost(shape, w)  # type: ignore[arg-type]
-            out[sc.STEP_FLOPS] = cost.flops
-            out[sc.STEP_BYTES] = cost.bytes
-            out[sc.STEP_INTENSITY] = cost.intensity
+        c = cost(shape, step) if shape is not None else None
+        if c is not None:
+            out[sc.STEP_FLOPS] = c.flops
+            out[sc.STEP_BYTES] = c.bytes
+            out[sc.STEP_INTENSITY] = c.intensity
             if self.peaks is not None:
-                r = roofline(cost, self.peaks, measured_time(step))
+                r = roofline(c, self.peaks, measured_time(step))
                 out[sc.STEP_BOUND] = r.bound
                 out[sc.STEP_PREDICTED_TIME] = r.predicted_s
                 out[sc.STEP_DEVICE] = self.peaks.name

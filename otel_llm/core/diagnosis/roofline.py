@@ -30,7 +30,7 @@ min(E, T*k) of E per layer (every expert once a batch is large); P counts k expe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
                 "bf16": 2, "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "uint8": 1}
@@ -153,6 +153,18 @@ def step_cost(shape: ModelShape, work: Iterable[tuple[int, int]]) -> StepCost:
         requests += 1
         attended += n * c + n * (n + 1) / 2
         kv_read += c + n
+    return _cost(shape, tokens, requests, attended, kv_read)
+
+
+def decode_step_cost(shape: ModelShape, contexts: Sequence[int]) -> StepCost:
+    """``step_cost`` of a step where every request computes one token (a plain decode batch), from the
+    contexts alone: sums in C instead of a Python loop per request (each step's metrics need it)."""
+    n = len(contexts)
+    c = sum(contexts)
+    return _cost(shape, n, n, float(c + n), c + n)  # n * c + n(n+1)/2 with n = 1 is c + 1
+
+
+def _cost(shape: ModelShape, tokens: int, requests: int, attended: float, kv_read: int) -> StepCost:
     s = shape
     h, d, L = s.hidden, s.head_dim, s.layers
     flops = 2.0 * s.active_params * tokens + 4.0 * L * s.heads * d * attended + 2.0 * h * s.vocab * requests
