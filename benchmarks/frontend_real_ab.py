@@ -7,7 +7,10 @@ socket is per pid), which builds its engine once; then rounds alternate between 
 flipped every round; the other child waits idle on its pipe), and in each round a child measures mode
 ``none`` (uninstrumented, vLLM's statistics on) and ``default`` (``instrument()`` defaults, spans
 through a BatchSpanProcessor to a null exporter) back to back, order flipped too. Per measurement:
-the frontend process's CPU per output token (``--repeat`` workloads).
+the frontend process's CPU per output token (``--repeat`` workloads), and (probes, the same in both
+checkouts) the thread CPU inside our code on vLLM's output thread (step drain: receive, decode,
+``add_step``; ``record_outputs``; ``_finish``), the materializer thread's CPU and the wall time of
+garbage collections (``none_gc`` is vLLM's own).
 
 Reported per checkout: median of per-round paired ``default - none`` (µs/token) and of
 ``(default - none) / none``: the default's CPU as a share of vLLM's own frontend CPU, the issue's
@@ -59,6 +62,7 @@ def child(repeat: int) -> None:
     params = SamplingParams(max_tokens=128, ignore_eos=True, temperature=0.0)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     tokens = repeat * 64 * 128
+    parts = _probe()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         order = line.strip().split(",")
@@ -69,15 +73,68 @@ def child(repeat: int) -> None:
                 r = VLLMInstrumentor().step_receiver
                 if r is not None:  # records of the uninstrumented workloads (none are sent then, but to be sure)
                     r.drain(lambda s: None)
+            parts.reset()
             c0 = time.process_time()
             for _ in range(repeat):
                 llm.generate(prompts, params, use_tqdm=False)
             if mode == "default":
                 otel_llm.flush()
+                th = VLLMInstrumentor().telemetry.materializer._thread
+                parts.ns["materializer"] = time.clock_gettime_ns(time.pthread_getcpuclockid(th.ident)) - parts.mat0
             out[mode] = (time.process_time() - c0) / tokens * 1e6
+            out.update({f"{mode}_{k}": v / tokens / 1e3 for k, v in parts.ns.items()})
             if mode == "default":
                 otel_llm.uninstrument()
         print(json.dumps(out), flush=True)
+
+
+class _Parts:
+    """Thread CPU inside our code on vLLM's output thread (step drain, output stamps, finish), the
+    materializer thread's CPU, and the wall time of garbage collections, per measurement."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self.mat0 = 0
+
+    def reset(self) -> None:
+        self.ns = {"drain": 0, "record_outputs": 0, "finish": 0, "gc": 0}
+        self.mat0 = 0
+        try:
+            from otel_llm.instrumentation.vllm import VLLMInstrumentor
+            th = VLLMInstrumentor().telemetry.materializer._thread
+            self.mat0 = time.clock_gettime_ns(time.pthread_getcpuclockid(th.ident))
+        except Exception:
+            pass
+
+
+def _probe() -> _Parts:
+    import gc
+
+    from otel_llm.instrumentation.vllm import steps, wrappers
+    parts = _Parts()
+    tt = time.thread_time_ns
+
+    def timed(name, f):
+        def g(*a, **k):
+            t0 = tt()
+            try:
+                return f(*a, **k)
+            finally:
+                parts.ns[name] += tt() - t0
+        return g
+    steps.StepReceiver.drain = timed("drain", steps.StepReceiver.drain)
+    wrappers.record_outputs = timed("record_outputs", wrappers.record_outputs)
+    wrappers.VLLMWrappers._finish = timed("finish", wrappers.VLLMWrappers._finish)
+    started = [0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter_ns()
+        elif "gc" in parts.ns:
+            parts.ns["gc"] += time.perf_counter_ns() - started[0]
+    gc.callbacks.append(on_gc)
+    parts.reset()
+    return parts
 
 
 def main() -> None:

@@ -565,3 +565,16 @@ def test_step_metrics_per_phase_and_part_are_the_anatomy_of_each_step():
         assert got[key].count == len(values) and got[key].sum == pytest.approx(sum(values))
     counts = {dict(p.attributes)[sc.STEP_PHASE]: p.value for p in points["llm.server.engine.steps"]}
     assert counts == {"decode": 3, "prefill": 1, "mixed": 1}
+    # a batch's values are added as bucket counts at once: the same points as one record per value
+    from otel_llm.core.metrics import STEP_DURATION, create
+    one_by_one = InMemoryMetricReader()
+    hist = create(MeterProvider(metric_readers=[one_by_one]).get_meter("t"), STEP_DURATION)
+    for (phase, part), values in expected.items():
+        for value in values:
+            hist.record(value, {sc.STEP_PHASE: phase, sc.STEP_PART: part})
+    for p in points_by_name(one_by_one.get_metrics_data())["llm.server.engine.step.duration"]:
+        mine = got[dict(p.attributes)[sc.STEP_PHASE], dict(p.attributes)[sc.STEP_PART]]
+        assert (list(mine.bucket_counts), mine.min, mine.max, mine.count) == (list(p.bucket_counts), p.min, p.max,
+                                                                              p.count)
+        assert list(mine.explicit_bounds) == list(p.explicit_bounds) and mine.sum == pytest.approx(p.sum)
+        assert sum(mine.bucket_counts) == mine.count

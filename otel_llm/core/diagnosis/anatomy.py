@@ -17,12 +17,13 @@ The roofline takes model time as the measured time where present, else execute t
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from itertools import repeat
 from typing import Any, Sequence
 
 from .. import semconv as sc
-from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEPS, create
-from ..sdk_metrics import bind_value
+from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
+from ..sdk_metrics import bind_counts, bind_value, fast_path
 from ..timeline import StepRecord
 from .devices import resolve
 from .roofline import DevicePeaks, ModelShape, Roofline, StepCost, decode_step_cost, roofline, step_cost
@@ -40,6 +41,8 @@ def anatomy(step: StepRecord) -> dict[str, float]:
 # ``anatomy``'s parts in its order, with the StepRecord field each is read from ("total": end - start)
 _PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), ("model", "model_s"),
           ("output", "output_s"), ("idle", "idle_s"))
+_OPTIONAL_PARTS = tuple((i, attr) for i, (_, attr) in enumerate(_PARTS) if attr)  # (index, field) but total
+_INF = float("inf")
 
 
 def work(step: StepRecord) -> list[tuple[int, int]]:
@@ -83,7 +86,7 @@ class StepDiagnosis:
         # (instrument, phase, part, bound) -> a recorder bound to that label set: a step's metrics are
         # six calls, each through the SDK's public API several times what the step's bookkeeping costs
         self._recorders: dict[tuple, Any] = {}
-        self._durations: dict[str, list[tuple[str, Any]]] = {}  # phase -> (StepRecord field, recorder) per part
+        self._counts: dict[tuple[str, str], Any] = {}  # (phase, part) -> bucket-counts recorder, False: none
 
     def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
         self.shape, self.peaks = shape, peaks
@@ -140,28 +143,63 @@ class StepDiagnosis:
         return out
 
     def record(self, steps: Sequence[StepRecord]) -> None:
-        """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU."""
+        """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU. The durations of the
+        batch go to each (phase, part) series as bucket counts in one call (``_add_durations``), the
+        step counts as one add per (phase, bound): a handful of calls a batch, not six a step."""
         if self._meter is None:
             return
         rec = self._recorder
-        durations = self._durations
+        values: dict[str, list[list[float]]] = {}  # phase -> values per part, in _PARTS' order
+        counted: dict[tuple[str, str], int] = {}
         for step in steps:
             phase = step.phase
-            # the step's parts, each to its phase's bound recorder (looked up once per phase)
-            by_part = durations.get(phase)
+            by_part = values.get(phase)
             if by_part is None:
-                by_part = durations[phase] = [(attr, rec(self._duration, phase, part)) for part, attr in _PARTS]
-            by_part[0][1](step.end - step.start, None)
-            for attr, record in by_part[1:]:
+                by_part = values[phase] = [[] for _ in _PARTS]
+            by_part[0].append(step.end - step.start)
+            for i, attr in _OPTIONAL_PARTS:
                 value = getattr(step, attr)
                 if value is not None:
-                    record(value, None)
+                    by_part[i].append(value)
             r = self.roofline(step)
             bound = r.bound if r is not None else "unknown"
-            rec(self._steps, phase, None, bound)(1, None)
+            counted[phase, bound] = counted.get((phase, bound), 0) + 1
             if r is not None and r.mfu is not None:
                 rec(self._mfu, phase, None, bound)(r.mfu, None)
                 rec(self._mbu, phase, None, bound)(r.mbu, None)
+        for phase, by_part in values.items():
+            for (part, _), got in zip(_PARTS, by_part):
+                if got:
+                    self._add_durations(phase, part, got)
+        for (phase, bound), n in counted.items():
+            rec(self._steps, phase, None, bound)(n, None)
+
+    def _add_durations(self, phase: str, part: str, values: list[float]) -> None:
+        """Values of one (phase, part) series: bucket counts, sum, min and max added to the SDK's
+        aggregation at once where the recorder can (exactly what recording each would give), else
+        one record each (another metrics SDK, a view, a value the SDK refuses: negative, NaN)."""
+        key = (phase, part)
+        counts_of = self._counts.get(key)
+        if counts_of is None:
+            counts_of = bind_counts(self._duration, self._attrs(phase, part), STEP_TIME_BUCKETS)
+            self._counts[key] = counts_of = counts_of if fast_path(counts_of) else False
+        if counts_of is False or not all(0 <= v < _INF for v in values):
+            record = self._recorder(self._duration, phase, part)
+            for v in values:
+                record(v, None)
+            return
+        total = 0.0
+        for v in values:  # in order, as the SDK's aggregation adds them one by one
+            total += v
+        ordered = sorted(values)
+        counts = [0] * (len(STEP_TIME_BUCKETS) + 1)
+        below = 0
+        for i, bound in enumerate(STEP_TIME_BUCKETS):  # bucket i holds (b[i-1], b[i]], as the SDK's bisect_left
+            upto = bisect_right(ordered, bound, below)
+            counts[i] = upto - below
+            below = upto
+        counts[-1] = len(ordered) - below
+        counts_of(counts, total, ordered[0], ordered[-1])
 
     def _recorder(self, instrument: Any, phase: str, part: str | None, bound: str | None = None) -> Any:
         key = (id(instrument), phase, part, bound)
