@@ -427,7 +427,10 @@ class Pipeline:
             if kept is not None and kept.linked_steps:
                 context = kept.context
                 for step in filter(None, map(steps.get, kept.linked_steps)):
-                    step.links.append(context)
+                    if step.links:
+                        step.links.append(context)
+                    else:  # the record's shared empty tuple until now
+                        step.links = [context]
             floor = next(iter(unsettled.values())).steps_from if unsettled else None
             while steps:
                 step = next(iter(steps.values()))

@@ -128,6 +128,9 @@ class RequestShare(NamedTuple):
     prefill: bool
 
 
+_NO_LINKS: tuple = ()
+
+
 class StepRecord:
     """One engine step. The shares are kept as parallel lists, not a tuple per scheduled request: a step
     of a batch of 64 is a few objects for the collector to track instead of 64 more (the frontend holds
@@ -162,7 +165,8 @@ class StepRecord:
         self.queue_blocked = queue_blocked  # why waiting requests stayed waiting (BLOCKED_*); NONE: nothing waited
         # settlement: the order the pipeline held it in, and the kept request spans to link to
         self.seq = 0
-        self.links: list[SpanContext] = [] if links is None else links
+        # () until a kept span links to it (most steps never are: no list to allocate, hold and collect)
+        self.links: list[SpanContext] | tuple = _NO_LINKS if links is None else links
         # anatomy (seconds; None where the engine did not say): see core/diagnosis/anatomy.py
         self.schedule_s = schedule_s  # inside the scheduler
         self.execute_s = execute_s  # scheduled -> outputs handed back (the executor: forward, sampling, IPC)
@@ -184,7 +188,7 @@ class StepRecord:
         step.step_id, step.start, step.end = step_id, start, end
         step.ids, step.tokens, step.prefill_at = ids, tokens, prefill_at
         step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
-        step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, []
+        step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, _NO_LINKS
         step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
         step.contexts = step.members = None
         return step

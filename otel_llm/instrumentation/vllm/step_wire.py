@@ -74,12 +74,16 @@ def derive_shares(ids: Sequence[str], tokens: Sequence[int] | None, computed: Se
     return list(zip(ids, tokens, prefill)), list(computed)
 
 
+_NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to allocate
+
+
 def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
                    prompt_len: Sequence[int], outputs: Sequence[int]) -> list[int]:
     """The indices of the prefilling shares, ascending: ``derive_shares``' rule without a tuple per share
-    (what the frontend keeps: ``StepRecord.prefill_at``). A plain decode batch lists no index at all."""
+    (what the frontend keeps: ``StepRecord.prefill_at``). A plain decode batch lists no index at all
+    (an empty tuple, shared)."""
     if not no_output_at and not prompt_at:
-        return []
+        return _NONE
     flags = dict.fromkeys(no_output_at, True)
     for i, p, o in zip(prompt_at, prompt_len, outputs):
         flags[i] = computed[i] < (p + o - 1 if o else p)
@@ -136,7 +140,7 @@ def decode(data: bytes, cache: list | None = None) -> StepRecord:
      schedule_s, execute_s, output_s, idle, model, n, z, m) = HEADER.unpack_from(data)
     ids: list[str] = []
     tokens = None
-    prefill_at: list[int] = []
+    prefill_at: Sequence[int] = _NONE
     contexts: list[int] = []
     if n:
         if z > n or m > n:
