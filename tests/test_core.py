@@ -229,6 +229,37 @@ def test_engine_steps_wait_for_their_requests_then_link_only_kept_ones():
     assert not tele.steps and not tele.requests
 
 
+def test_steps_are_linked_to_requests_when_they_settle_and_released_when_none_left_can_be_in_them():
+    """add_step does not touch each request: which steps served a request is found when it settles (for
+    those whose verdict or spans read them), from the steps held since it started. Records of one batch
+    share their id list (as the wire decoder's cache makes them); a step is released once the oldest
+    request still to settle started after it."""
+    h = Harness(sample_rate=0.0, slo="ttft=0.1")
+    tele = h.telemetry
+    base = time.monotonic() - 5.0
+    for rid in ("a", "b"):
+        tele.start(RequestTimeline(rid, time.time() - 5.0, model="m", response_id=rid))
+    both = ["a", "b"]
+    tele.add_step(StepRecord.of_lists(1, base, base + 0.01, ["a", "b"], [10, 20], [0, 1]))
+    for i in range(2, 6):  # a steady batch: one list for all its records
+        tele.add_step(StepRecord.of_lists(i, base + 0.01 * i, base + 0.01 * i + 0.005, both, None, ()))
+    tele.start(RequestTimeline("c", time.time() - 5.0, model="m", response_id="c"))
+    tele.add_step(StepRecord.of_lists(6, base + 0.06, base + 0.065, ["b", "c"], [1, 8], [1]))
+    tele.add_step(StepRecord.of_lists(7, base + 0.07, base + 0.075, ["c"], None, ()))
+    a, b, c = (tele.requests[r] for r in ("a", "b", "c"))
+    assert a.steps == [] and b.steps == [] and [x.step_id for x in a.chunks] == [1]  # nothing linked per step
+    tele.finish("a", RequestSummary(model="m", ttft=0.5, e2e=0.6))  # breached: its verdict reads its steps
+    assert tele.flush(10)
+    assert a.steps == [1, 2, 3, 4, 5]
+    assert list(tele.steps) == [1, 2, 3, 4, 5, 6, 7]  # b, which started as early, may be in any of them
+    tele.finish("b", RequestSummary(model="m", ttft=0.01, e2e=0.02))  # met: nothing reads its steps
+    assert tele.flush(10)
+    assert b.steps == [] and list(tele.steps) == [6, 7]  # c started after step 5
+    tele.finish("c", RequestSummary(model="m", ttft=0.5, e2e=0.6))
+    assert tele.flush(10)
+    assert c.steps == [6, 7] and not tele.steps and tele.counts.steps_settled_early == 0
+
+
 def test_memory_stays_bounded():
     h = Harness(sample_rate=0.0, max_requests=10, max_steps=5)
     tele = h.telemetry
