@@ -79,6 +79,7 @@ def child(repeat: int) -> None:
                 llm.generate(prompts, params, use_tqdm=False)
             if mode == "default":
                 otel_llm.flush()
+                out["steps_per_workload"] = VLLMInstrumentor().telemetry.counts.steps_recorded / repeat
                 th = VLLMInstrumentor().telemetry.materializer._thread
                 parts.ns["materializer"] = time.clock_gettime_ns(time.pthread_getcpuclockid(th.ident)) - parts.mat0
             out[mode] = (time.process_time() - c0) / tokens * 1e6
