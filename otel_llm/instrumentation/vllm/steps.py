@@ -186,6 +186,7 @@ class StepReceiver:
     over it, drained before each batch of outputs is processed."""
 
     MAX_RINGS = 16
+    MAX_DATAGRAM = 1 << 20  # the largest record read off the socket (a longer one arrives truncated: malformed)
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}.sock")
@@ -205,6 +206,10 @@ class StepReceiver:
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
         self._ids: list = [None, None]  # the last record's ids, bytes and decoded (step_wire.decode's cache)
+        # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
+        # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
+        self._view = memoryview(bytearray(self.MAX_DATAGRAM))
+        self._into = [self._view]
 
     def drain(self, deliver: Callable[[StepRecord], None]) -> None:
         """Every record that arrived: the socket's datagrams (and ring announcements), then the rings.
@@ -213,12 +218,13 @@ class StepReceiver:
             self._drain(deliver)
 
     def _drain(self, deliver: Callable[[StepRecord], None]) -> None:
-        recvmsg, take = self.sock.recvmsg, self._take
+        recvmsg_into, take, into, view = self.sock.recvmsg_into, self._take, self._into, self._view
         while True:
             try:
-                data, ancillary, _, _ = recvmsg(1 << 20, step_ring.FDS_SPACE)
+                n, ancillary, _, _ = recvmsg_into(into, step_ring.FDS_SPACE)
             except (BlockingIOError, OSError):
                 break
+            data = view[:n].tobytes()
             if ancillary:
                 self._add_ring(data, ancillary)
             elif data:  # empty: the sink's probe
