@@ -58,10 +58,9 @@ from otel_llm_collector.spans import extract  # noqa: E402
 _F = descriptor_pb2.FieldDescriptorProto
 
 
-def _message_map_view() -> type:
-    """ExportTraceServiceRequest whose resources and scopes stay bytes, spans are full messages except
-    ``attributes``: ``map<string, AnyValue>`` (a KeyValue is a map entry on the wire)."""
-    pkg = "bench.onepass"
+def _trace_file_copy(pkg: str) -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.FileDescriptorProto, dict]:
+    """A pool holding common.proto and resource.proto, and a copy of trace.proto renamed into ``pkg`` (not yet
+    added: the caller edits its messages first), with its messages by name."""
     pool = descriptor_pool.DescriptorPool()
     for module in (common_pb2, resource_pb2):
         fdp = descriptor_pb2.FileDescriptorProto()
@@ -70,16 +69,17 @@ def _message_map_view() -> type:
     fdp = descriptor_pb2.FileDescriptorProto()
     trace_pb2.DESCRIPTOR.CopyToProto(fdp)
     fdp.name, fdp.package = f"{pkg}.proto", pkg
-    by_name = {m.name: m for m in fdp.message_type}
     for m in fdp.message_type:
         for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
             if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
                 f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
-    for msg, name in (("ResourceSpans", "resource"), ("ScopeSpans", "scope")):
-        f = next(f for f in by_name[msg].field if f.name == name)
-        f.type = _F.TYPE_BYTES
-        f.ClearField("type_name")
-    span = by_name["Span"]
+    return pool, fdp, {m.name: m for m in fdp.message_type}
+
+
+def _attributes_as_map_and_request(pool: descriptor_pool.DescriptorPool, fdp: descriptor_pb2.FileDescriptorProto,
+                                   span: descriptor_pb2.DescriptorProto, pkg: str) -> None:
+    """``Span.attributes`` as ``map<string, AnyValue>`` (a KeyValue is a map entry on the wire), an
+    ``ExportTraceServiceRequest`` of the copy's ``ResourceSpans`` added, and the file added to the pool."""
     entry = span.nested_type.add(name="AttributesEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
@@ -90,6 +90,18 @@ def _message_map_view() -> type:
     req.field.add(name="resource_spans", number=1, type=_F.TYPE_MESSAGE, label=_F.LABEL_REPEATED,
                   type_name=f".{pkg}.ResourceSpans")
     pool.Add(fdp)
+
+
+def _message_map_view() -> type:
+    """ExportTraceServiceRequest whose resources and scopes stay bytes, spans are full messages except
+    ``attributes``: ``map<string, AnyValue>`` (a KeyValue is a map entry on the wire)."""
+    pkg = "bench.onepass"
+    pool, fdp, by_name = _trace_file_copy(pkg)
+    for msg, name in (("ResourceSpans", "resource"), ("ScopeSpans", "scope")):
+        f = next(f for f in by_name[msg].field if f.name == name)
+        f.type = _F.TYPE_BYTES
+        f.ClearField("type_name")
+    _attributes_as_map_and_request(pool, fdp, by_name["Span"], pkg)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.ExportTraceServiceRequest"))
 
 
@@ -102,33 +114,11 @@ def _checked_views() -> tuple[type, type]:
     trace.proto (so its parse validates name, trace_state, events, links, status) except ``attributes``:
     ``map<string, AnyValue>`` (each entry parsed as a full ``AnyValue``: validated, duplicates included)."""
     pkg = "bench.checked"
-    pool = descriptor_pool.DescriptorPool()
-    for module in (common_pb2, resource_pb2):
-        fdp = descriptor_pb2.FileDescriptorProto()
-        module.DESCRIPTOR.CopyToProto(fdp)
-        pool.Add(fdp)
-    fdp = descriptor_pb2.FileDescriptorProto()
-    trace_pb2.DESCRIPTOR.CopyToProto(fdp)
-    fdp.name, fdp.package = f"{pkg}.proto", pkg
-    by_name = {m.name: m for m in fdp.message_type}
-    for m in fdp.message_type:
-        for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
-            if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
-                f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+    pool, fdp, by_name = _trace_file_copy(pkg)
     spans = next(f for f in by_name["ScopeSpans"].field if f.name == "spans")
     spans.type = _F.TYPE_BYTES
     spans.ClearField("type_name")
-    span = by_name["Span"]
-    entry = span.nested_type.add(name="AttributesEntry")
-    entry.options.map_entry = True
-    entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=_F.LABEL_OPTIONAL,
-                    type_name=".opentelemetry.proto.common.v1.AnyValue")
-    next(f for f in span.field if f.name == "attributes").type_name = f".{pkg}.Span.AttributesEntry"
-    req = fdp.message_type.add(name="ExportTraceServiceRequest")
-    req.field.add(name="resource_spans", number=1, type=_F.TYPE_MESSAGE, label=_F.LABEL_REPEATED,
-                  type_name=f".{pkg}.ResourceSpans")
-    pool.Add(fdp)
+    _attributes_as_map_and_request(pool, fdp, by_name["Span"], pkg)
     return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{name}"))
                  for name in ("ExportTraceServiceRequest", "Span"))  # type: ignore[return-value]
 
