@@ -130,19 +130,8 @@ def _validating_bytes_view() -> type:
     """``view.SpanView`` with every other ``Span`` field declared (name, trace_state, events, links, status as
     in trace.proto): its parse validates all but the attribute map's encoded values (and what last-wins drops)."""
     pkg = "bench.bytesview"
-    pool = descriptor_pool.DescriptorPool()
-    for module in (common_pb2, resource_pb2):
-        fdp = descriptor_pb2.FileDescriptorProto()
-        module.DESCRIPTOR.CopyToProto(fdp)
-        pool.Add(fdp)
-    fdp = descriptor_pb2.FileDescriptorProto()
-    trace_pb2.DESCRIPTOR.CopyToProto(fdp)
-    fdp.name, fdp.package = f"{pkg}.proto", pkg
-    span = next(m for m in fdp.message_type if m.name == "Span")
-    for m in fdp.message_type:
-        for f in list(m.field) + [f for n in m.nested_type for f in n.field]:
-            if f.type_name.startswith(".opentelemetry.proto.trace.v1."):
-                f.type_name = f.type_name.replace(".opentelemetry.proto.trace.v1.", f".{pkg}.")
+    pool, fdp, by_name = _trace_file_copy(pkg)
+    span = by_name["Span"]
     entry = span.nested_type.add(name="AttributesEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
