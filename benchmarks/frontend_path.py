@@ -106,8 +106,13 @@ class State:
         self.stats, self.num_cached_tokens, self.detokenizer = stats, 0, None
 
 
-def child(repeat: int) -> dict:
-    """One checkout's measurement (runs in a subprocess with that checkout first on sys.path)."""
+MODES = {"default": {}, "full": {"sample_rate": 1.0, "baseline_detail": "steps"}}  # as vllm_overhead.py's
+
+
+def child(repeat: int, mode: str = "default", endpoint: str | None = None) -> dict:
+    """One checkout's measurement (runs in a subprocess with that checkout first on sys.path). ``full``:
+    every request kept at full detail, its spans written as OTLP bytes (direct export) to the sink at
+    ``endpoint`` through the SDK's OTLP exporter, as vllm_overhead.py's full mode does."""
     import copy
     import gc
     import inspect
@@ -128,9 +133,24 @@ def child(repeat: int) -> dict:
             return SpanExportResult.SUCCESS
 
     tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(Null()))
-    pipeline = Pipeline(Config.resolve({}), tp.get_tracer("bench"), MeterProvider().get_meter("bench"), "vllm")
+    if endpoint is None:
+        tp.add_span_processor(BatchSpanProcessor(Null()))
+    else:  # an OTLP exporter: what direct export writes bytes for
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+    pipeline = Pipeline(Config.resolve(MODES[mode]), tp.get_tracer("bench"), MeterProvider().get_meter("bench"), "vllm")
     w = VLLMWrappers(pipeline)
+    mat_ns = [0]  # CPU of the span materializer's thread (the cold path: spans built and encoded)
+    work = pipeline.materializer._work
+
+    def timed(job: Any) -> None:
+        a = time.thread_time_ns()
+        try:
+            work(job)
+        finally:
+            mat_ns[0] += time.thread_time_ns() - a
+    pipeline.materializer._work = timed
     rids, stats, steps, outputs, finished = workload()
     wire = encoded(steps)
     if wire is not None:
@@ -167,6 +187,7 @@ def child(repeat: int) -> dict:
         tt = time.thread_time_ns
         gc.collect()
         gc_ns[:] = [0, 0]
+        mat_ns[0] = 0
         gc.callbacks.append(on_gc)
         p0, m0 = time.process_time_ns(), tt()
         for record, outs, done in zip(recs, outputs, finished):
@@ -197,10 +218,12 @@ def child(repeat: int) -> dict:
             rows.append({"total": total / tokens / 1e3, "output_thread": main / tokens / 1e3,
                          "add_step": add / tokens / 1e3, "record_outputs": rec / tokens / 1e3,
                          "finish": finish / tokens / 1e3, "gc": gc_ns[1] / tokens / 1e3, "gc_runs": gc_ns[0],
-                         "decode": dec / tokens / 1e3})
+                         "decode": dec / tokens / 1e3, "materializer": mat_ns[0] / tokens / 1e3})
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     out["kept"] = pipeline.counts.requests_kept
     out["steps_emitted"] = pipeline.counts.steps_emitted
+    direct = getattr(getattr(getattr(pipeline.spans, "_router", None), "route", None), "direct", None)
+    out["spans_sent_direct"] = getattr(getattr(direct, "counts", None), "spans_sent", 0)  # 0: the SDK path
     pipeline.close()
     return out
 
@@ -233,12 +256,24 @@ def main() -> None:
     ap.add_argument("--root", action="append", help="a checkout whose otel_llm to measure (repeatable)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--repeat", type=int, default=5, help="workload repetitions per measurement")
+    ap.add_argument("--mode", choices=sorted(MODES), default="default",
+                    help="default: instrument() defaults, spans to a null SDK exporter; full: every request at "
+                         "full detail, spans by direct export to a discarding OTLP/HTTP sink")
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "frontend_path.json"))
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.repeat)))
+        print(json.dumps(child(args.repeat, args.mode, args.endpoint)))
         return
+    sink = None
+    extra = ["--mode", args.mode]
+    if args.mode == "full":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from vllm_overhead import start_sink
+
+        sink, endpoint = start_sink()
+        extra += ["--endpoint", endpoint]
     roots = [str(Path(r).resolve()) for r in (args.root or [str(Path(__file__).resolve().parents[1])])]
     results: dict[str, list[dict]] = {r: [] for r in roots}
     load = [os.getloadavg()[0]]
@@ -246,7 +281,7 @@ def main() -> None:
         order = roots if rnd % 2 == 0 else roots[::-1]
         for root in order:
             env = dict(os.environ, PYTHONPATH=root)
-            proc = subprocess.run([sys.executable, __file__, "--child", "--repeat", str(args.repeat)], env=env,
+            proc = subprocess.run([sys.executable, __file__, "--child", "--repeat", str(args.repeat), *extra], env=env,
                                   capture_output=True, text=True, cwd=root)
             if proc.returncode:
                 sys.exit(f"{root}: {proc.stderr[-3000:]}")
@@ -254,6 +289,8 @@ def main() -> None:
             results[root].append(res)
             print(f"round {rnd + 1} {root}: " + " ".join(f"{k} {v:.2f}" for k, v in res.items()), flush=True)
         load.append(os.getloadavg()[0])
+    if sink is not None:
+        sink.terminate()
     summary = {r: {k: round(statistics.median(x[k] for x in results[r]), 3) for k in results[r][0]} for r in roots}
     out = {"workload": f"{N_REQUESTS} requests x {OUTPUT_TOKENS} output tokens, replayed on the frontend path, "
                        "instrument() defaults", "unit": "CPU us per output token",
@@ -263,7 +300,8 @@ def main() -> None:
     if len(roots) == 2:
         a, b = roots
         out["paired_b_minus_a"] = {k: round(statistics.median(y[k] - x[k] for x, y in zip(results[a], results[b])), 3)
-                                   for k in ("total", "output_thread", "add_step", "record_outputs", "finish", "gc")}
+                                   for k in ("total", "output_thread", "add_step", "record_outputs", "finish", "gc",
+                                                     "materializer")}
     for r in roots:
         print(r, summary[r])
     if "paired_b_minus_a" in out:
