@@ -444,3 +444,25 @@ def test_a_sampler_that_drops_the_decode_span_drops_its_steps_too():
         tel.close()
         tp.shutdown()
     assert sc.SPAN_QUEUE in names and sc.SPAN_DECODE not in names and sc.SPAN_DECODE_STEP not in names
+
+
+def test_attributes_inline_path_writes_the_generic_encoders_bytes():
+    """``attributes`` writes str/int/float inline and caches encoded names: the same bytes as ``key_value``
+    for every value type (bool and IntEnum are int subclasses and take the generic path), and the same error."""
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    values = [0, 1, 127, 128, -1, -2 ** 63, 2 ** 64 - 1, 0.0, -0.5, 1e300, float("inf"), True, False, "", "x" * 200,
+              "é漢", (1, 2), ["a", "b"], (True, 1.5), Level.HIGH, ()]
+    for i, value in enumerate(values):
+        attrs = {"gen_ai.request.model": "m", f"k{i}": value, "ключ" * 40: value}
+        for _ in range(2):  # names encoded, then from the cache
+            assert wire.attributes(attrs) == b"".join(
+                wire.field(b"\x4a", wire.key_value(k, v)) for k, v in attrs.items())
+    nan = wire.attributes({"v": float("nan")})
+    assert nan == wire.field(b"\x4a", wire.key_value("v", float("nan")))
+    for bad in (None, object(), [None]):
+        with pytest.raises(TypeError, match="attribute 'k'"):
+            wire.attributes({"k": bad})
