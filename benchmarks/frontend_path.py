@@ -20,7 +20,11 @@ A/B: ``--root A --root B`` runs each checkout's ``otel_llm`` in its own subproce
 round (order flipped every round), and reports per-round paired differences; the results go to
 ``benchmarks/results/frontend_path.json`` (``--out`` to change).
 
-Run: /work/bin/wtpy benchmarks/frontend_path.py --root . --root /tmp/main-src [--rounds 9]
+``--mode full``: every request kept at full detail (``sample_rate=1.0, baseline_detail="steps"``, as
+``vllm_overhead.py``'s full mode), spans written as OTLP bytes (direct export) through the SDK's OTLP/HTTP
+exporter to a discarding sink process; the materializer column is that background thread's CPU.
+
+Run: /work/bin/wtpy benchmarks/frontend_path.py --root . --root /tmp/main-src [--rounds 9] [--mode full]
 """
 
 from __future__ import annotations
@@ -293,7 +297,8 @@ def main() -> None:
         sink.terminate()
     summary = {r: {k: round(statistics.median(x[k] for x in results[r]), 3) for k in results[r][0]} for r in roots}
     out = {"workload": f"{N_REQUESTS} requests x {OUTPUT_TOKENS} output tokens, replayed on the frontend path, "
-                       "instrument() defaults", "unit": "CPU us per output token",
+                       + ("instrument() defaults" if args.mode == "default" else "full detail (sample_rate=1.0, "
+                          "baseline_detail=steps), direct export to an OTLP/HTTP sink"), "unit": "CPU us per output token",
            "rounds": args.rounds, "repeat_per_measurement": args.repeat,
            "machine": f"{platform.machine()} {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d %H:%M"),
            "load_average_1min_per_round": load, "median": summary, "raw": results}
