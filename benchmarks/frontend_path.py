@@ -237,7 +237,7 @@ def encoded(steps: list) -> list[bytes] | None:
     try:
         from otel_llm.instrumentation.vllm import step_wire
 
-        v2 = getattr(step_wire, "derive_shares", None) is not None
+        v2 = getattr(step_wire, "VERSION", 1) >= 2
         return [step_wire.encode((s.step_id, s.start, s.end, s.running, s.waiting, s.preempted, s.kv_cache_usage,
                                   _shares_v2(s) if v2 else [(*sh, c) for sh, c in zip(s.requests, s.contexts)],
                                   s.queue_blocked, s.schedule_s, s.execute_s, s.output_s, s.idle_s, s.model_s))
@@ -248,7 +248,7 @@ def encoded(steps: list) -> list[bytes] | None:
 
 def _shares_v2(s: Any) -> tuple:
     """Wire v2's lists for a record's shares: the prefilling ones listed as having no output yet, which
-    ``derive_shares`` reads back as prefill (what a new request's first chunks are)."""
+    the decoder reads back as prefill (what a new request's first chunks are)."""
     ids, tokens, prefill = zip(*s.requests) if s.requests else ((), (), ())
     one_each = all(n == 1 for n in tokens)  # the hook sends no token list then (wire flag ONE_EACH)
     return (list(ids), None if one_each else list(tokens), list(s.contexts), [i for i, p in enumerate(prefill) if p],

@@ -169,7 +169,7 @@ def test_a_plain_decode_batch_encodes_the_same_bytes_on_the_array_fast_path(monk
 
 
 def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():
-    """step_wire.derive_shares against the per-request rule the EngineCore hook applied before wire
+    """step_wire.derive_prefill against the per-request rule the EngineCore hook applied before wire
     version 2 (num_computed_tokens had advanced by the step's tokens; prefill until the prompt is
     computed, or when recomputing after a preemption, until all but the last sampled token are)."""
     def old_rule(prompt: int, outputs: int, computed_after: int, n: int) -> tuple[bool, int]:
@@ -190,11 +190,13 @@ def test_prefill_and_context_derive_as_the_scheduler_hook_once_did():
         [f"r{i}" for i in range(len(cases))], [c[3] for c in cases], [c[2] for c in cases],
         [i for i, c in enumerate(cases) if not c[1]],  # no output yet
         [i for i, c in enumerate(cases) if c[4]], [c[0] for c in cases if c[4]], [c[1] for c in cases if c[4]])
-    requests, contexts = step_wire.derive_shares(*shares)
     expected = [old_rule(p, o, before + n, n) for p, o, before, n, _ in cases]
-    assert [r[2] for r in requests] == [e[0] for e in expected]
-    assert contexts == [e[1] for e in expected]
-    assert [r[2] for r in requests] == [True, True, False, True, True, False, True]
+    assert step_wire.derive_prefill(len(cases), *shares[2:]) == [i for i, e in enumerate(expected) if e[0]]
+    payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, shares, 0, 0.0, 0.0, 0.0, None, None)
+    step = step_wire.decode(step_wire.encode(payload))  # and as the frontend reads it off the wire
+    assert [r[2] for r in step.requests] == [e[0] for e in expected]
+    assert step.contexts == [e[1] for e in expected]
+    assert [r[2] for r in step.requests] == [True, True, False, True, True, False, True]
 
 
 @pytest.mark.parametrize("mangle, why", [

@@ -119,16 +119,16 @@ def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
 def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
     """The frontend derives each share's prefill flag and context from vLLM's own lists (wire version 2);
     on chunked prefills, preemptions and their recomputes it gets what the per-request rule got."""
-    from otel_llm.instrumentation.vllm import step_wire
+    from otel_llm.instrumentation.vllm import step_wire, steps
 
     *_, compared = run
     assert compared
     recomputes = chunks = 0
     for old, new, outputs in compared:
         payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
-        for step in (step_wire.decode(step_wire.encode(payload)), step_wire.derive_shares(*new)):
-            requests, contexts = (step.requests, step.contexts) if hasattr(step, "requests") else step
-            got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, contexts)}
+        for step in (step_wire.decode(step_wire.encode(payload)), steps.decode(payload)):  # wire, in-process
+            requests = step.requests
+            got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, step.contexts)}
             assert len(got) == len(requests) and got == old
         recomputes += sum(1 for rid, (_, prefill, _) in old.items() if prefill and outputs.get(rid))
         chunks += sum(1 for rid, (_, prefill, before) in old.items() if prefill and before and not outputs.get(rid))

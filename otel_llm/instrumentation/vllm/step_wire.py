@@ -16,7 +16,7 @@ over the batch in the EngineCore): per scheduled request its id, the tokens sche
 had computed before the step; which shares have no output yet (``no_output_at``: vLLM's output count,
 in-flight placeholders included, is 0); and for the shares at ``prompt_at`` whose prefill flag needs
 them (new requests, requests recomputing after a preemption) their prompt length and output count. The
-frontend derives each share's prefill flag and context from these (``derive_shares``), exactly as the
+frontend derives each share's prefill flag and context from these (``derive_prefill``), exactly as the
 scheduler hook once did per request.
 
 ``flags`` says which optional seconds are present (idle, model) and whether every share is one token. A change of layout is a new
@@ -52,36 +52,21 @@ class WireError(ValueError):
 Shares = tuple
 
 
-def derive_shares(ids: Sequence[str], tokens: Sequence[int] | None, computed: Sequence[int],
-                  no_output_at: Sequence[int], prompt_at: Sequence[int], prompt_len: Sequence[int],
-                  outputs: Sequence[int]) -> tuple[list, list[int]]:
-    """(request id, tokens, prefill) per share, and each share's context before the step.
+_NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to allocate
+
+
+def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
+                   prompt_len: Sequence[int], outputs: Sequence[int]) -> list[int]:
+    """The indices of the prefilling shares, ascending (what the frontend keeps: ``StepRecord.prefill_at``;
+    a share's context is its ``computed``, the tokens it had before the step).
 
     A request is prefilling until its prompt is computed (it has no output yet), or, when it recomputes
     after a preemption, until all but its last sampled token are: ``computed < prompt + outputs - 1``
     with outputs, ``computed < prompt`` without. A request with no output (vLLM counts in-flight
     placeholders as outputs) can only be prefilling; one with outputs that is neither new nor
     recomputing has computed all but its last token, so it decodes: only the shares at ``prompt_at``
-    need the comparison, with their prompt length and output count."""
-    n = len(ids)
-    if tokens is None:
-        tokens = [1] * n
-    prefill = [False] * n
-    for i in no_output_at:
-        prefill[i] = True
-    for i, p, o in zip(prompt_at, prompt_len, outputs):
-        prefill[i] = computed[i] < (p + o - 1 if o else p)
-    return list(zip(ids, tokens, prefill)), list(computed)
-
-
-_NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to allocate
-
-
-def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
-                   prompt_len: Sequence[int], outputs: Sequence[int]) -> list[int]:
-    """The indices of the prefilling shares, ascending: ``derive_shares``' rule without a tuple per share
-    (what the frontend keeps: ``StepRecord.prefill_at``). A plain decode batch lists no index at all
-    (an empty tuple, shared)."""
+    need the comparison, with their prompt length and output count. A plain decode batch lists no
+    index at all (an empty tuple, shared)."""
     if not no_output_at and not prompt_at:
         return _NONE
     flags = dict.fromkeys(no_output_at, True)

@@ -454,7 +454,7 @@ class StepHooks:
     def _shares(self, scheduler: Any, out: Any) -> tuple:
         """The step's shares as vLLM's scheduler output lists them (step_wire.Shares), with no Python
         loop over the batch: the frontend derives each share's prefill flag and context from them
-        (step_wire.derive_shares). Python loops run only over this step's new requests, the requests
+        (step_wire.derive_prefill). Python loops run only over this step's new requests, the requests
         recomputing after a preemption and, in a step with a prefill chunk, the output counts: none of
         them in a steady decode batch."""
         cached = out.scheduled_cached_reqs
