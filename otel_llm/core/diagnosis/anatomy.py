@@ -17,13 +17,13 @@ The roofline takes model time as the measured time where present, else execute t
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from itertools import repeat
 from typing import Any, Sequence
 
 from .. import semconv as sc
 from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
 from ..sdk_metrics import bind_counts, bind_value, fast_path
+from ..inter_token import sorted_gap_summary
 from ..timeline import StepRecord
 from .devices import resolve
 from .roofline import DevicePeaks, ModelShape, Roofline, StepCost, decode_step_cost, roofline, step_cost
@@ -191,15 +191,9 @@ class StepDiagnosis:
         total = 0.0
         for v in values:  # in order, as the SDK's aggregation adds them one by one
             total += v
-        ordered = sorted(values)
-        counts = [0] * (len(STEP_TIME_BUCKETS) + 1)
-        below = 0
-        for i, bound in enumerate(STEP_TIME_BUCKETS):  # bucket i holds (b[i-1], b[i]], as the SDK's bisect_left
-            upto = bisect_right(ordered, bound, below)
-            counts[i] = upto - below
-            below = upto
-        counts[-1] = len(ordered) - below
-        counts_of(counts, total, ordered[0], ordered[-1])
+        # the inter-token histogram's bucketing of sorted values (the SDK's buckets: (b[i-1], b[i]])
+        s = sorted_gap_summary(sorted(values), total, STEP_TIME_BUCKETS)
+        counts_of(s.counts, s.total, s.lo, s.hi)
 
     def _recorder(self, instrument: Any, phase: str, part: str | None, bound: str | None = None) -> Any:
         key = (id(instrument), phase, part, bound)
