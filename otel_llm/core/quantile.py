@@ -64,25 +64,14 @@ class QuantileSketch:
             return False
         key = math.ceil(math.log(value) / self._gamma_log)
         above = False
-        count = self._count
-        if count >= min_count and count > 0:
+        if self._count >= min_count and self._count > 0:
             if q == self._hq and self._keys:  # the tracked quantile (every call but the first): no walk
-                rank = q * (count - 1)
+                rank = q * (self._count - 1)
                 at = None if rank < self._zeros else self._track(rank)
             else:
                 at = self._key_at(q)
             above = at is None or key > at  # None: the quantile is a zero, whose upper bound is 0.0
-        found = self._buckets.get(key)
-        if found is None or not self._window or self._since_decay + 1 >= self._window:
-            self._add_key(key)  # a new bucket, or a decay due: the general path
-            return above
-        # an existing bucket, no decay due (nearly every call): _add_key's and _added's common steps inline,
-        # two method calls fewer per decided trace
-        self._buckets[key] = found + 1
-        if self._hq is not None and key < self._keys[self._hidx]:
-            self._hbelow += 1
-        self._count = count + 1
-        self._since_decay += 1
+        self._add_key(key)
         return above
 
     def _add_zero(self) -> None:
