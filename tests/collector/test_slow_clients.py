@@ -198,3 +198,28 @@ def test_disconnecting_clients_are_counted_not_logged_with_a_traceback(gw: Gatew
     assert http_export(gw) == 200
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_a_pause_inside_the_body_within_read_timeout_is_not_cut(monkeypatch) -> None:
+    """The socket's per-read backstop (here 0.3 s) must not cut a client that pauses between two chunks of
+    its body for longer than that but stays well inside ``read_timeout`` (60 s): the deadline is the
+    watchdog's. Before the fix the pause ended the connection, counted as `disconnected`."""
+    from otel_llm_collector.receivers import http_receiver
+
+    monkeypatch.setattr(http_receiver._Handler, "timeout", 0.3)
+    g = gateway(read_timeout="60s")
+    try:
+        s = socket.create_connection(("127.0.0.1", g.http.port), timeout=30)
+        try:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(GOOD) + GOOD[:10])
+            time.sleep(1.0)  # the client's pause: more than the backstop, far less than read_timeout
+            s.sendall(GOOD[10:])
+            reply = s.recv(200)
+        finally:
+            s.close()
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        assert bad(g, "http", "disconnected") == 0
+        assert g.telemetry.value("receiver_accepted_spans", transport="http") == 1
+    finally:
+        g.shutdown()

@@ -342,6 +342,10 @@ class _Handler(BaseHTTPRequestHandler):
         what the client declared."""
         owner = self.owner
         deadline = owner.watchdog.arm(self.connection, owner.cfg.read_timeout, "read_timeout")
+        # The watchdog owns the body's deadline. The socket's own timeout (a backstop per read) would cut a
+        # client that pauses longer than it between two chunks while still inside ``read_timeout``, and
+        # count it as disconnected: while the body arrives, it is the whole deadline.
+        self.connection.settimeout(max(self.timeout, owner.cfg.read_timeout))
         parts, left = [], length
         try:
             while left > 0:
@@ -350,13 +354,15 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 parts.append(chunk)
                 left -= len(chunk)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            late = isinstance(exc, TimeoutError) and "read_timeout"
             owner.telemetry.inc("receiver_bad_requests", transport="http",
-                                reason=deadline.expired or "disconnected")
+                                reason=deadline.expired or late or "disconnected")
             self.close_connection = True
             return None
         finally:
             owner.watchdog.disarm(deadline)
+            self._restore_timeout()
         if deadline.expired:
             owner.telemetry.inc("receiver_bad_requests", transport="http", reason=deadline.expired)
             self.close_connection = True
@@ -367,10 +373,17 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return b"".join(parts)
 
+    def _restore_timeout(self) -> None:
+        try:
+            self.connection.settimeout(self.timeout)
+        except OSError:  # already closed by the watchdog
+            pass
+
     def _drain(self, length: int, cap: int = 64 << 20) -> None:
         """Discard up to ``cap`` bytes of an unwanted body in small chunks (constant memory)."""
         left = min(length, cap)
         deadline = self.owner.watchdog.arm(self.connection, self.owner.cfg.read_timeout, "read_timeout")
+        self.connection.settimeout(max(self.timeout, self.owner.cfg.read_timeout))  # as in _read_body
         try:
             while left > 0:
                 chunk = self.rfile.read1(min(left, _CHUNK))
@@ -381,6 +394,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         finally:
             self.owner.watchdog.disarm(deadline)
+            self._restore_timeout()
 
     @staticmethod
     def _parse(body: bytes, is_json: bool) -> messages.ExportTraceServiceRequest:
