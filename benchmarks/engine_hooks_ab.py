@@ -207,7 +207,7 @@ def drain_ns(new, scene: Scene, n: int = 2000) -> dict:
             directory = tempfile.mkdtemp(prefix="otel-llm-drain-")
             receiver = new.StepReceiver(directory)
             taken = [0]
-            receiver._take = lambda data, deliver: taken.__setitem__(0, taken[0] + 1)
+            receiver._take = lambda data, deliver, ids=None: taken.__setitem__(0, taken[0] + 1)
             sink = new.SocketSink(directory)
             sink.RING = name == "ring"
             sink(payload)
@@ -247,7 +247,7 @@ def main() -> None:
     directory = tempfile.mkdtemp(prefix="otel-llm-ab-")
     frontend = new.StepReceiver(directory)  # its socket, and the rings handed to it
     received = [0]
-    frontend._take = lambda data, deliver: received.__setitem__(0, received[0] + 1)  # count, don't decode
+    frontend._take = lambda data, deliver, ids=None: received.__setitem__(0, received[0] + 1)  # count, don't decode
 
     def drain() -> None:
         frontend.drain(None)
@@ -269,7 +269,7 @@ def main() -> None:
             # as the plugin arms it (this tree: the bound method)
             hooks.sink = sink.__call__ if mode in ("new", "new_dgram") else sink
         elif mode == "new_enc":
-            cache: list = [None, b""]  # as SocketSink keeps it
+            cache: list = [None, b"", None]  # as SocketSink keeps it (every frontend on a ring: ids left out while they repeat)
             hooks.sink = lambda payload: step_wire.encode(payload, cache)
         else:
             hooks.sink = lambda payload: None
@@ -325,6 +325,7 @@ def main() -> None:
             continue
         med = {m: statistics.median(v) for m, v in by_mode.items()}
         paired = [o - n for o, n in zip(by_mode["old"], by_mode["new"])]
+        also_paired = [a - n for a, n in zip(by_mode["also"], by_mode["new"])] if "also" in by_mode else None
         result["conditions"][condition] = {
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
@@ -337,6 +338,11 @@ def main() -> None:
                              "transport_datagram": round(med["new_dgram"] - med["new_enc"], 2)},
             "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
             "old_minus_new_paired_range_us": [round(min(paired), 2), round(max(paired), 2)],
+            **({"also_minus_new_paired_median_us": round(statistics.median(also_paired), 2),
+                "also_minus_new_paired_range_us": [round(min(also_paired), 2), round(max(also_paired), 2)],
+                "new_over_also_paired_median": round(statistics.median(
+                    [(n - b) / (a - b) for a, n, b in zip(by_mode["also"], by_mode["new"], by_mode["bare"])]), 3)}
+               if also_paired else {}),
             "load_average_1min": [round(x, 2) for x in load[condition]],
         }
     print(json.dumps(result["conditions"], indent=1))

@@ -137,7 +137,7 @@ class RingWriter:
 class RingReader:
     """Frontend side of one pair, from the announcement datagram and the descriptor it carried."""
 
-    __slots__ = ("mm", "cap", "writer_pid", "tail", "consumed", "_words", "_data", "_sizes")
+    __slots__ = ("mm", "cap", "writer_pid", "tail", "consumed", "ids", "_words", "_data", "_sizes")
 
     def __init__(self, announcement: bytes, fd: int) -> None:
         try:
@@ -155,6 +155,7 @@ class RingReader:
         self.cap, self.writer_pid = cap, pid
         self._words, self._data, self._sizes = _views(self.mm)
         self.tail, self.consumed = self._words[_TAIL], self._words[_CONSUMED]
+        self.ids: list = [None, None, None]  # step_wire.decode's cache for this ring's records (one sender)
 
     def read(self) -> list[bytes]:
         """The records written since the last read, oldest first. ``RingError`` when the positions or a
