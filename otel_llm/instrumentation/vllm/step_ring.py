@@ -102,23 +102,23 @@ class RingWriter:
             self._fd = -1
 
     def write(self, data: bytes) -> bool:
-        cap, head = self.cap, self.head
+        # once a step in the EngineCore's loop: kept to the fewest interpreter steps (each ~35 ns there)
         size = len(data)
-        step = 4 + ((size + 3) & ~3)
+        head = self.head
+        end = head + ((size + 7) & ~3)  # the size word, then the record padded to 4 bytes
         words = self._words
-        if head + step - words[_TAIL] > cap:
+        if end - words[_TAIL] > self.cap:
             return False  # the frontend has not read enough yet (or the record is larger than the ring)
-        p = head % cap
+        p = head % self.cap
         self._sizes[p >> 2] = size
-        q = p + 4
-        if q + size <= cap:
-            self._data[q:q + size] = data
+        p += 4
+        if p + size <= self.cap:
+            self._data[p:p + size] = data
         else:  # wraps around the end
-            first = cap - q
-            self._data[q:cap] = data[:first]
+            first = self.cap - p
+            self._data[p:] = data[:first]
             self._data[:size - first] = data[first:]
-        self.head = head = head + step
-        words[_HEAD] = head  # published after the bytes (see the module's note on ordering)
+        self.head = words[_HEAD] = end  # published after the bytes (see the module's note on ordering)
         self.written += 1
         return True
 
