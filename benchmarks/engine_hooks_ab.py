@@ -23,8 +23,11 @@ steps (untimed). Modes:
 
 So new - new_enc is the transport (ring), new_dgram - new_enc the datagram's, new_enc - new_hook the
 encoding. With ``--burners N`` every round is also run with N busy processes (started before, stopped
-after). Frontend side, per record: decoding (BASE_COMMIT's decode vs this tree's), and taking a record
-off the transport (``StepReceiver.drain``: ring vs datagram).
+after). ``--also <commit>`` adds that commit's hooks as mode ``also`` (e.g. ``--also main``: the paired
+``also - new`` per round and ``new_over_also``, the hooks' cost of this tree over that commit's, are in the
+results). Frontend side, per record: decoding (BASE_COMMIT's decode vs this tree's, a full record and the
+next record of a steady batch, whose ids are left out: ``new_same_ids``), and taking a record off the
+transport (``StepReceiver.drain``: ring vs datagram, full records).
 
 Run: python benchmarks/engine_hooks_ab.py [--rounds 9] [--steps 400] [--batch 64] [--burners 0]
 """
@@ -178,8 +181,32 @@ def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
         hooks.sink = lambda payload, mod=mod, name=name: got.__setitem__(
             name, (mod.step_wire if mod is old else step_wire).encode(payload))
         per_step_us(Wired(hooks, scene), scene, 1, lambda: None)
-    cases = (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"]))
-    samples: dict[str, list[float]] = {"old": [], "new": []}
+    # the same step as the next record of a steady batch: its ids left out (SAME_IDS), read with a cache
+    # that read the record before (set back before each decode: a list store, ~0.05 µs, counted in)
+    payload = step_wire.decode(got["new"])
+    sender: list = [None, b"", None]
+    shares = (payload.ids, payload.tokens, payload.contexts, (), (), (), ())
+    first = (payload.step_id, payload.start, payload.end, payload.running, payload.waiting, payload.preempted,
+             payload.kv_cache_usage, shares, payload.queue_blocked, payload.schedule_s, payload.execute_s,
+             payload.output_s, payload.idle_s, payload.model_s)
+    step_wire.encode(first, sender)
+    got["new_same_ids"] = step_wire.encode((first[0] + 1,) + first[1:], sender)
+    reader: list = [None, None, None]
+    step_wire.decode(step_wire.encode(first), reader)
+    before = first[0]
+
+    def same(data: bytes, reader: list = reader) -> None:
+        reader[2] = before
+        step_wire.decode(data, reader)
+
+    full_cache: list = [None, None, None]  # as StepReceiver reads: the repeated ids' bytes compared, not split
+
+    def full(data: bytes, cache: list = full_cache) -> None:
+        step_wire.decode(data, cache)
+
+    cases = (("old", old.step_wire.decode, got["old"]), ("new", full, got["new"]),
+             ("new_same_ids", same, got["new_same_ids"]))
+    samples: dict[str, list[float]] = {"old": [], "new": [], "new_same_ids": []}
     for r in range(9):  # interleaved, alternating order
         for name, fn, data in cases if r % 2 else cases[::-1]:
             c0 = time.thread_time_ns()
