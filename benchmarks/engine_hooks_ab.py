@@ -23,8 +23,11 @@ steps (untimed). Modes:
 
 So new - new_enc is the transport (ring), new_dgram - new_enc the datagram's, new_enc - new_hook the
 encoding. With ``--burners N`` every round is also run with N busy processes (started before, stopped
-after). Frontend side, per record: decoding (BASE_COMMIT's decode vs this tree's), and taking a record
-off the transport (``StepReceiver.drain``: ring vs datagram).
+after). ``--also <commit>`` adds that commit's hooks as mode ``also`` (e.g. ``--also main``: the paired
+``also - new`` per round and ``new_over_also``, the hooks' cost of this tree over that commit's, are in the
+results). Frontend side, per record: decoding (BASE_COMMIT's decode vs this tree's, a full record and the
+next record of a steady batch, whose ids are left out: ``new_same_ids``), and taking a record off the
+transport (``StepReceiver.drain``: ring vs datagram, full records).
 
 Run: python benchmarks/engine_hooks_ab.py [--rounds 9] [--steps 400] [--batch 64] [--burners 0]
 """
@@ -178,8 +181,32 @@ def decode_ns(old, new, scene: Scene, n: int = 2000) -> dict:
         hooks.sink = lambda payload, mod=mod, name=name: got.__setitem__(
             name, (mod.step_wire if mod is old else step_wire).encode(payload))
         per_step_us(Wired(hooks, scene), scene, 1, lambda: None)
-    cases = (("old", old.step_wire.decode, got["old"]), ("new", step_wire.decode, got["new"]))
-    samples: dict[str, list[float]] = {"old": [], "new": []}
+    # the same step as the next record of a steady batch: its ids left out (SAME_IDS), read with a cache
+    # that read the record before (set back before each decode: a list store, ~0.05 µs, counted in)
+    payload = step_wire.decode(got["new"])
+    sender: list = [None, b"", None]
+    shares = (payload.ids, payload.tokens, payload.contexts, (), (), (), ())
+    first = (payload.step_id, payload.start, payload.end, payload.running, payload.waiting, payload.preempted,
+             payload.kv_cache_usage, shares, payload.queue_blocked, payload.schedule_s, payload.execute_s,
+             payload.output_s, payload.idle_s, payload.model_s)
+    step_wire.encode(first, sender)
+    got["new_same_ids"] = step_wire.encode((first[0] + 1,) + first[1:], sender)
+    reader: list = [None, None, None]
+    step_wire.decode(step_wire.encode(first), reader)
+    before = first[0]
+
+    def same(data: bytes, reader: list = reader) -> None:
+        reader[2] = before
+        step_wire.decode(data, reader)
+
+    full_cache: list = [None, None, None]  # as StepReceiver reads: the repeated ids' bytes compared, not split
+
+    def full(data: bytes, cache: list = full_cache) -> None:
+        step_wire.decode(data, cache)
+
+    cases = (("old", old.step_wire.decode, got["old"]), ("new", full, got["new"]),
+             ("new_same_ids", same, got["new_same_ids"]))
+    samples: dict[str, list[float]] = {"old": [], "new": [], "new_same_ids": []}
     for r in range(9):  # interleaved, alternating order
         for name, fn, data in cases if r % 2 else cases[::-1]:
             c0 = time.thread_time_ns()
@@ -207,7 +234,7 @@ def drain_ns(new, scene: Scene, n: int = 2000) -> dict:
             directory = tempfile.mkdtemp(prefix="otel-llm-drain-")
             receiver = new.StepReceiver(directory)
             taken = [0]
-            receiver._take = lambda data, deliver: taken.__setitem__(0, taken[0] + 1)
+            receiver._take = lambda data, deliver, ids=None: taken.__setitem__(0, taken[0] + 1)
             sink = new.SocketSink(directory)
             sink.RING = name == "ring"
             sink(payload)
@@ -247,7 +274,7 @@ def main() -> None:
     directory = tempfile.mkdtemp(prefix="otel-llm-ab-")
     frontend = new.StepReceiver(directory)  # its socket, and the rings handed to it
     received = [0]
-    frontend._take = lambda data, deliver: received.__setitem__(0, received[0] + 1)  # count, don't decode
+    frontend._take = lambda data, deliver, ids=None: received.__setitem__(0, received[0] + 1)  # count, don't decode
 
     def drain() -> None:
         frontend.drain(None)
@@ -269,7 +296,7 @@ def main() -> None:
             # as the plugin arms it (this tree: the bound method)
             hooks.sink = sink.__call__ if mode in ("new", "new_dgram") else sink
         elif mode == "new_enc":
-            cache: list = [None, b""]  # as SocketSink keeps it
+            cache: list = [None, b"", None]  # as SocketSink keeps it (every frontend on a ring: ids left out while they repeat)
             hooks.sink = lambda payload: step_wire.encode(payload, cache)
         else:
             hooks.sink = lambda payload: None
@@ -325,6 +352,7 @@ def main() -> None:
             continue
         med = {m: statistics.median(v) for m, v in by_mode.items()}
         paired = [o - n for o, n in zip(by_mode["old"], by_mode["new"])]
+        also_paired = [a - n for a, n in zip(by_mode["also"], by_mode["new"])] if "also" in by_mode else None
         result["conditions"][condition] = {
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
@@ -337,6 +365,11 @@ def main() -> None:
                              "transport_datagram": round(med["new_dgram"] - med["new_enc"], 2)},
             "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
             "old_minus_new_paired_range_us": [round(min(paired), 2), round(max(paired), 2)],
+            **({"also_minus_new_paired_median_us": round(statistics.median(also_paired), 2),
+                "also_minus_new_paired_range_us": [round(min(also_paired), 2), round(max(also_paired), 2)],
+                "new_over_also_paired_median": round(statistics.median(
+                    [(n - b) / (a - b) for a, n, b in zip(by_mode["also"], by_mode["new"], by_mode["bare"])]), 3)}
+               if also_paired else {}),
             "load_average_1min": [round(x, 2) for x in load[condition]],
         }
     print(json.dumps(result["conditions"], indent=1))

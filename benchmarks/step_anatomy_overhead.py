@@ -208,7 +208,7 @@ class Frontend(threading.Thread):
         from otel_llm.instrumentation.vllm.steps import StepReceiver
 
         self.receiver = StepReceiver(directory)
-        self.receiver._take = lambda data, deliver: self._count()
+        self.receiver._take = lambda data, deliver, ids=None: self._count()
         self.received = 0
         self.stop = False
 

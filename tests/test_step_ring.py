@@ -173,3 +173,68 @@ def test_a_restarted_engine_replaces_its_ring_and_rings_of_engines_gone_are_boun
             w.close()
         sock.close()
         receiver.close()
+
+
+def test_after_a_drop_or_a_new_frontend_the_next_record_lists_its_ids(monkeypatch):
+    """A steady batch's records leave their ids out (step_wire SAME_IDS); a frontend whose ring was
+    full, and one that appears at a rescan, get a record with every id next: each frontend decodes
+    every record it was given, none refused, and the lost ones are counted by the sink."""
+    from test_step_sockets import steady
+
+    with tempfile.TemporaryDirectory() as d:
+        monkeypatch.setattr(os, "getpid", lambda: 999_201)
+        a = steps.StepReceiver(d)
+        monkeypatch.undo()
+        sink = steps.SocketSink(d)
+        sink.RING_CAPACITY = 2048  # room for the first full record and a few short ones
+        ids = [f"cmpl-{i:032x}-0" for i in range(32)]
+        got_a: list = []
+        for step_id in range(1, 31):  # a lags: its ring fills up
+            sink(steady(step_id, ids, [50 + step_id] * 32))
+        a.drain(got_a.append)
+        lost = sink.dropped
+        assert lost and [s.step_id for s in got_a] == list(range(1, 31 - lost))
+        monkeypatch.setattr(os, "getpid", lambda: 999_202)
+        b = steps.StepReceiver(d)  # a frontend that starts now
+        monkeypatch.undo()
+        sink._scanned = float("-inf")
+        got_b: list = []
+        for step_id in range(31, 41):
+            sink(steady(step_id, ids, [50 + step_id] * 32))
+            a.drain(got_a.append)
+            b.drain(got_b.append)
+        assert [s.step_id for s in got_a[-10:]] == [s.step_id for s in got_b] == list(range(31, 41))
+        assert all(s.ids == ids and s.contexts == [50 + s.step_id] * 32 for s in got_a + got_b)
+        assert a.malformed == b.malformed == 0 and sink.dropped == lost
+        a.close()
+        b.close()
+        sink.close()
+
+
+def test_two_engines_rings_into_one_frontend_each_keep_their_own_ids(monkeypatch):
+    """Two EngineCores (data parallel) with steady batches of different requests, read by one
+    frontend in one drain: each ring's records reuse that ring's ids, never the other's."""
+    from test_step_sockets import steady
+
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        sinks = []
+        for pid in (999_301, 999_302):
+            monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+            sinks.append(steps.SocketSink(d))
+            sinks[-1](steady(pid << 32 | 1, [f"{pid}-{i}" for i in range(8)], [1] * 8))  # rings announced as pid
+        monkeypatch.undo()
+        got: list = []
+        receiver.drain(got.append)
+        for k in range(2, 6):  # drained after each pair: the two engines' records alternate
+            for pid, sink in zip((999_301, 999_302), sinks):
+                sink(steady(pid << 32 | k, [f"{pid}-{i}" for i in range(8)], [k] * 8))
+            receiver.drain(got.append)
+        assert receiver.malformed == 0 and len(got) == 10
+        for pid in (999_301, 999_302):
+            mine = [s for s in got if s.step_id >> 32 == pid]
+            assert [s.step_id & 0xFFFFFFFF for s in mine] == [1, 2, 3, 4, 5]
+            assert all(s.ids == [f"{pid}-{i}" for i in range(8)] for s in mine)
+        for sink in sinks:
+            sink.close()
+        receiver.close()

@@ -241,3 +241,96 @@ def test_an_id_with_nul_is_refused_at_the_sender():
     bad = record(1)[:7] + ((["a\0b"], [1], [0], [], [], [], []),) + record(1)[8:]
     with pytest.raises(step_wire.WireError, match="NUL"):
         step_wire.encode(bad)
+
+
+def steady(step_id: int, ids: list[str], computed: list[int]) -> tuple:
+    """A plain decode batch as the hooks hand it over: one token each, no prompt entries."""
+    return (step_id, 1.0, 1.5, len(ids), 0, 0, 0.5, (list(ids), None, computed, (), (), (), ()), 0,
+            0.1, 0.2, 0.3, 0.01, None)
+
+
+def fields(step) -> tuple:
+    return (step.step_id, step.start, step.end, step.ids, step.tokens, list(step.prefill_at), step.contexts,
+            step.running, step.waiting, step.preempted, step.kv_cache_usage, step.queue_blocked, step.schedule_s,
+            step.execute_s, step.output_s, step.idle_s, step.model_s)
+
+
+def test_a_steady_batch_leaves_its_ids_out_and_decodes_to_the_same_records():
+    """With a three-item cache on both sides, a record whose ids are those of the record before
+    (step_id - 1) carries no id bytes (SAME_IDS) and decodes to exactly the record a full one gives."""
+    ids = [f"cmpl-{i:032x}-0" for i in range(64)]
+    other = ids[:-1] + ["cmpl-new-0"]
+    sender: list = [None, b"", None]
+    receiver: list = [None, None, None]
+    batches = [ids, ids, ids, other, other, ids]
+    sizes, flags = [], []
+    for step_id, batch in enumerate(batches, start=10):
+        payload = steady(step_id, batch, [100 + step_id + i for i in range(len(batch))])
+        data = step_wire.encode(payload, sender)
+        full = step_wire.encode(payload)  # no cache: always every id
+        sizes.append((len(data), len(full)))
+        flags.append(bool(data[1] & step_wire._SAME_IDS))
+        assert fields(step_wire.decode(data, receiver)) == fields(step_wire.decode(full)) == fields(steps.decode(payload))
+    assert flags == [False, True, True, False, True, False]  # a new batch lists its ids once
+    joined = [len("\0".join(batch).encode()) for batch in batches]
+    assert [s for s, _ in sizes] == [f - (j if same else 0) for (_, f), same, j in zip(sizes, flags, joined)]
+    # a two-item cache (senders and readers of the previous layout) never leaves the ids out
+    two: list = [None, b""]
+    assert [step_wire.encode(steady(i, ids, [1] * 64), two)[1] & step_wire._SAME_IDS for i in (1, 2, 3)] == [0, 0, 0]
+    assert len(two) == 2
+
+
+def test_a_record_reusing_ids_is_refused_unless_its_reader_read_the_record_before():
+    """A reader that missed the record before (lost, refused, or it came later) refuses a SAME_IDS
+    record, never reuses older ids; a refused full record lends its ids to nobody."""
+    ids = [f"r{i}" for i in range(8)]
+    sender: list = [None, b"", None]
+    records = [step_wire.encode(steady(i, ids, list(range(8))), sender) for i in range(1, 6)]
+    assert [bool(r[1] & step_wire._SAME_IDS) for r in records] == [False, True, True, True, True]
+    for cache in (None, [None, None], [None, None, None]):  # no cache, a two-item one, one that read nothing
+        with pytest.raises(step_wire.WireError, match="lost"):
+            step_wire.decode(records[1], cache)
+    reader: list = [None, None, None]
+    assert step_wire.decode(records[0], reader).ids == ids
+    with pytest.raises(step_wire.WireError, match="lost"):  # record 2 missed: 3 is refused
+        step_wire.decode(records[2], reader)
+    with pytest.raises(step_wire.WireError, match="ids where none should be"):
+        step_wire.decode(records[1] + b"x", reader)
+    assert step_wire.decode(records[1], reader).ids == ids  # the record after the one it read: fine
+    # a full record refused after its ids were read (a share index out of range) lends them to nobody
+    mangled = step_wire.encode(steady(100, ["x", "y"], [1, 2]))
+    mangled = bytearray(mangled)
+    mangled[step_wire.HEADER.size - 8:step_wire.HEADER.size - 4] = struct.pack("<I", 1)  # z = 1 ...
+    bad = bytes(mangled[:step_wire.HEADER.size + 8]) + struct.pack("<I", 5) + bytes(mangled[step_wire.HEADER.size + 8:])
+    with pytest.raises(step_wire.WireError, match="beyond"):  # ... at index 5 of 2
+        step_wire.decode(bad, reader)
+    same_after = step_wire.encode(steady(101, ["x", "y"], [1, 2]), [["x", "y"], b"x\0y", 100])
+    assert same_after[1] & step_wire._SAME_IDS
+    with pytest.raises(step_wire.WireError, match="lost"):
+        step_wire.decode(same_after, reader)
+    assert reader[1] == ids and reader[2] == 2
+
+
+def test_an_encoding_failure_or_datagram_frontends_make_every_record_list_its_ids(monkeypatch, transport):
+    """The sink leaves ids out only while every frontend reads a ring of its own; after a record it
+    could not encode (its ids already compared), the next one lists them again. Every record reaches the frontend, none refused."""
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        raw: list = []
+        take = receiver._take
+        monkeypatch.setattr(receiver, "_take", lambda data, deliver, ids=None: (raw.append(data), take(data, deliver, ids)))
+        sink = steps.SocketSink(d)
+        ids = [f"cmpl-{i}" for i in range(16)]
+        for step_id in range(1, 5):
+            sink(steady(step_id, ids, [7] * 16))
+        with pytest.raises((OverflowError, struct.error)):  # a count out of the wire's range: after the ids
+            sink(steady(5, ids, [1 << 32] * 16))
+        for step_id in range(6, 9):
+            sink(steady(step_id, ids, [7] * 16))
+        got = drained(receiver)
+        assert [s.step_id for s in got] == [1, 2, 3, 4, 6, 7, 8] and all(s.ids == ids for s in got)
+        same = [bool(data[1] & step_wire._SAME_IDS) for data in raw]
+        assert same == ([False, True, True, True, False, True, True] if transport == "ring" else [False] * 7)
+        assert receiver.malformed == 0 and sink.dropped == 0
+        receiver.close()
+        sink.close()

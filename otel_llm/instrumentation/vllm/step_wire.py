@@ -19,9 +19,18 @@ them (new requests, requests recomputing after a preemption) their prompt length
 frontend derives each share's prefill flag and context from these (``derive_prefill``), exactly as the
 scheduler hook once did per request.
 
-``flags`` says which optional seconds are present (idle, model) and whether every share is one token. A change of layout is a new
-``VERSION``; both sides are always the same otel-llm (the EngineCore imports the frontend's package).
-Version 1 (tokens, context, prefill flag per share, derived in the EngineCore) is refused.
+``flags`` says which optional seconds are present (idle, model), whether every share is one token, and
+whether the ids are left out (``SAME_IDS``): a steady batch lists the same requests step after step, and
+their ids are ~2.6 KB of a 3 KB record at batch 64. A record with SAME_IDS carries no id bytes; its ids are
+those of the record numbered ``step_id - 1`` (the EngineCore numbers its records one by one), which the
+reader must have read last from the same sender: a reader that missed that record (lost, refused, or a
+reader that came later) refuses this one as a ``WireError`` (counted) and never reuses older ids. The
+sender lists the ids again after anything it could not deliver to every reader (steps.SocketSink), so a
+gap costs at most the records up to the next full one, and only where a record was already lost.
+
+A change of layout is a new ``VERSION``; both sides are always the same otel-llm (the EngineCore imports
+the frontend's package). Versions 1 (tokens, context, prefill flag per share, derived in the EngineCore)
+and 2 (no SAME_IDS) are refused.
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ from typing import Sequence
 
 from ...core.timeline import StepRecord
 
-VERSION = 2
-_HAS_IDLE, _HAS_MODEL, _ONE_EACH = 1, 2, 4
+VERSION = 3
+_HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS = 1, 2, 4, 8
 HEADER = struct.Struct("<BBqddIIIdBdddddIII")
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
 # list of counts converts in one C call, cheaper than struct's argument unpacking (engine_hooks_ab.py)
@@ -76,37 +85,52 @@ def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int],
 
 
 def encode(payload: tuple, cache: list | None = None) -> bytes:
-    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one datagram.
+    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one record.
 
-    ``cache`` (a sender's ``[ids, bytes]``) keeps the last ids encoded: in a steady batch vLLM lists the
-    same request ids, the same str objects, step after step (comparing them is a pointer compare each),
-    so they are joined and encoded only when the batch changes."""
+    ``cache`` (a sender's ``[ids, bytes, step_id]``) keeps the last ids encoded: in a steady batch vLLM
+    lists the same request ids, the same str objects, step after step (comparing them is a pointer
+    compare each), so they are joined and encoded only when the batch changes. With a three-item cache
+    whose ``step_id`` is this record's ``step_id - 1`` (the last record encoded had these ids), the ids
+    are left out (flag SAME_IDS): the sender sets ``cache[2] = None`` when a record may not have reached
+    every reader, and the next record lists them again. A two-item cache never leaves them out."""
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
     ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
     flags = (_HAS_IDLE if idle is not None else 0) | (_HAS_MODEL if model is not None else 0)
     if tokens is None:
         flags |= _ONE_EACH
-    n, z, m = len(ids), len(no_output_at), len(prompt_at)
+    n = len(ids)
+    joined = b""
+    if n:
+        if cache is not None and cache[0] == ids:
+            if len(cache) < 3:
+                joined = cache[1]
+            else:
+                if cache[2] == step_id - 1:
+                    flags |= _SAME_IDS
+                else:
+                    joined = cache[1]
+                cache[2] = step_id
+        else:
+            text = "\0".join(ids)
+            if text.count("\0") != n - 1:
+                raise WireError("a request id contains NUL: this step cannot be sent")
+            joined = text.encode()
+            if cache is not None:
+                cache[0], cache[1] = ids, joined
+                if len(cache) > 2:
+                    cache[2] = step_id
     head = HEADER.pack(VERSION, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
-                       schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, z, m)
+                       schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, len(no_output_at), len(prompt_at))
     if not n:
         return head
-    if cache is not None and cache[0] == ids:
-        joined = cache[1]
-    else:
-        text = "\0".join(ids)
-        if text.count("\0") != n - 1:
-            raise WireError("a request id contains NUL: this step cannot be sent")
-        joined = text.encode()
-        if cache is not None:
-            cache[:] = (ids, joined)
     if tokens is None:
-        if not (z or m) and _NATIVE_U32:  # a plain decode batch: the context counts alone, converted in C
-            return head + _array("I", computed).tobytes() + joined
-        return head + _arrays(0, n, z, m).pack(*computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
-    return head + _arrays(n, n, z, m).pack(*tokens, *computed, *no_output_at, *prompt_at, *prompt_len,
-                                           *outputs) + joined
+        if not (no_output_at or prompt_at) and _NATIVE_U32:  # a plain decode batch: the context counts alone, in C
+            return head + _array("I", computed) + joined  # bytes + any buffer: no tobytes() copy
+        return head + _arrays(0, n, len(no_output_at), len(prompt_at)).pack(
+            *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
+    return head + _arrays(n, n, len(no_output_at), len(prompt_at)).pack(
+        *tokens, *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
 
 
 def decode(data: bytes, cache: list | None = None) -> StepRecord:
@@ -114,9 +138,11 @@ def decode(data: bytes, cache: list | None = None) -> StepRecord:
 
     The record keeps the shares as the datagram lists them (``StepRecord.of_lists``: ids, tokens or
     ``None`` for one each, the prefilling shares' indices, contexts): no tuple per share. ``cache`` (a
-    receiver's ``[ids bytes, ids]``) keeps the last id list: in a steady batch the ids' bytes repeat step
-    after step, so they are split and decoded only when the batch changes, and consecutive records
-    share one list (read-only: nothing downstream changes a record's ids)."""
+    receiver's ``[ids bytes, ids, step_id]``, one per sender) keeps the last id list: in a steady batch
+    the ids' bytes repeat step after step, so they are split and decoded only when the batch changes, and
+    consecutive records share one list (read-only: nothing downstream changes a record's ids). A record
+    with SAME_IDS needs a three-item cache that read the record before it (``step_id - 1``), else it is
+    refused. A two-item cache reads full records only."""
     if len(data) < HEADER.size:
         raise WireError(f"step record of {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     if data[0] != VERSION:
@@ -133,18 +159,29 @@ def decode(data: bytes, cache: list | None = None) -> StepRecord:
         k = 0 if flags & _ONE_EACH else n  # tokens listed, or one each
         arrays = _arrays(k, n, z, m)
         at = HEADER.size + arrays.size
-        if len(data) <= at:
-            raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
-        fields = arrays.unpack_from(data, HEADER.size)
-        raw = data[at:]
-        if cache is not None and cache[0] == raw:
+        raw = None
+        if flags & _SAME_IDS:  # the ids of the record before, which must be the last one this cache saw
+            last = cache[2] if cache is not None and len(cache) > 2 else None
+            if last != step_id - 1:
+                raise WireError(f"step record {step_id:#x} reuses the ids of the record before it, but the last "
+                                f"record read from its sender was {'none' if last is None else hex(last)}: "
+                                "a record in between was lost")
+            if len(data) != at:
+                raise WireError(f"step record of {len(data)} bytes, not {at}: ids where none should be")
             ids = cache[1]
-        else:
-            ids = raw.decode().split("\0")
             if len(ids) != n:
-                raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
-            if cache is not None:
-                cache[:] = (raw, ids)
+                raise WireError(f"step record reusing {len(ids)} request ids for its {n} shares")
+        elif len(data) <= at:
+            raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
+        else:
+            raw = data[at:]
+            if cache is not None and cache[0] == raw:
+                ids = cache[1]
+            else:
+                ids = raw.decode().split("\0")
+                if len(ids) != n:
+                    raise WireError(f"step record with {len(ids)} request ids for its {n} shares")
+        fields = arrays.unpack_from(data, HEADER.size)
         c = k + n  # computed ends, the indices begin
         at_z, at_m = fields[c:c + z], fields[c + z:c + z + m]
         if (z and max(at_z) >= n) or (m and max(at_m) >= n):
@@ -153,6 +190,11 @@ def decode(data: bytes, cache: list | None = None) -> StepRecord:
             tokens = list(fields[:k])
         contexts = list(fields[k:c])
         prefill_at = derive_prefill(n, contexts, at_z, at_m, fields[c + z + m:c + z + 2 * m], fields[c + z + 2 * m:])
+        if cache is not None:  # only a record read whole: a refused one never lends its ids to the next
+            if raw is not None:
+                cache[0], cache[1] = raw, ids
+            if len(cache) > 2:
+                cache[2] = step_id
     elif z or m or len(data) != HEADER.size:
         raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
     step = StepRecord.of_lists(step_id, start, end, ids, tokens, prefill_at, running, waiting, preempted, kv,

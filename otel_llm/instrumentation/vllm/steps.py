@@ -63,19 +63,36 @@ class SocketSink:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.dropped = 0
-        self._ids: list = [None, b""]  # the last step's request ids and their encoding (step_wire.encode)
+        # the last step's request ids, their encoding, and the step id of the last record that every
+        # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
+        # None after anything that may have kept a record from a frontend, and while any frontend takes
+        # datagrams (one socket may hear several EngineCores: its reader keeps one cache for all)
+        self._ids: list = [None, b"", None]
         self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
+        self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
         self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
-        now = time.monotonic()
-        if now - self._scanned > self.RESCAN_S:
-            self._rescan(now)
-        data = step_wire.encode(payload, self._ids)
+        # the step's start (payload[1]) is the hooks' clock, time.monotonic: no clock read of our own
+        if payload[1] - self._scanned > self.RESCAN_S:
+            self._rescan(payload[1])
+        try:
+            data = step_wire.encode(payload, self._ids)
+        except Exception:
+            self._resync()  # not sent: the next record lists its ids
+            raise
+        writes = self._writes
+        if writes is not None:  # every frontend reads a ring (the rule where rings are available)
+            for write in writes:
+                if not write(data):
+                    self.dropped += 1  # that frontend lags: its ring is full
+                    self._resync()  # it missed this record: the next one lists its ids
+            return
         for path, sock, ring in self._targets:
             if ring is not None:
                 if not ring.write(data):
                     self.dropped += 1  # that frontend lags: its ring is full
+                    self._resync()  # it missed this record: the next one lists its ids
                 continue
             try:
                 sock.send(data)
@@ -112,6 +129,7 @@ class SocketSink:
                 self.dropped += ring.unread()
             self._close(sock, ring)
         self._targets = targets
+        self._resync()  # a new frontend has read nothing yet (once a second: one record with its ids)
 
     def _connect(self, path: str, forget_stale: bool = True) -> tuple | None:
         """A socket connected to the frontend at ``path``, and the ring handed to it (None: datagrams)."""
@@ -157,6 +175,17 @@ class SocketSink:
             if target is not None:
                 targets.append((path, *target))
         self._targets = targets
+        self._resync()
+
+    def _resync(self) -> None:
+        """The next record lists its request ids (step_wire: SAME_IDS), after anything that may have kept
+        a record from a frontend. The records after it leave them out while they repeat, but only where
+        every frontend reads a ring of its own (the cache's third item): a datagram socket may hear several
+        EngineCores, interleaved, through one reader's cache."""
+        ids, joined = self._ids[0], self._ids[1]
+        rings = all(ring is not None for _, _, ring in self._targets)
+        self._ids = [ids, joined, None] if rings else [ids, joined]
+        self._writes = tuple(ring.write for _, _, ring in self._targets) if rings else None
 
     @staticmethod
     def _close(sock: socket.socket, ring: step_ring.RingWriter | None) -> None:
@@ -168,6 +197,7 @@ class SocketSink:
         for _, sock, ring in self._targets:
             self._close(sock, ring)
         self._targets = []
+        self._writes = ()
 
 
 # a connected peer that closed: ECONNREFUSED once, ENOTCONN after (Linux); its file removed: ENOENT
@@ -205,7 +235,7 @@ class StepReceiver:
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
-        self._ids: list = [None, None]  # the last record's ids, bytes and decoded (step_wire.decode's cache)
+        self._ids: list = [None, None, None]  # the socket's last record's ids (step_wire.decode's cache; rings keep their own)
         # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
         # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
         self._view = memoryview(bytearray(self.MAX_DATAGRAM))
@@ -236,12 +266,14 @@ class StepReceiver:
                 self.malformed += 1
                 GUARD.failed("step ring", exc)
                 records = exc.args[1]
+            ids = ring.ids
             for data in records:
-                take(data, deliver)
+                take(data, deliver, ids)
 
-    def _take(self, data: bytes, deliver: Callable[[StepRecord], None]) -> None:
+    def _take(self, data: bytes, deliver: Callable[[StepRecord], None], ids: list | None = None) -> None:
+        """One record decoded (with the cache of the ring it came from, else the socket's) and delivered."""
         try:
-            step = step_wire.decode(data, self._ids)
+            step = step_wire.decode(data, self._ids if ids is None else ids)
         except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
             self.malformed += 1
             GUARD.failed("step record wire", exc)
@@ -369,6 +401,7 @@ def _remove_if_empty(directory: str) -> None:
 
 _MODEL_TIME_ATTR = "_otel_llm_model_s"
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
 _RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # the CPU model runner inherits both methods
 
 
@@ -459,12 +492,20 @@ class StepHooks:
         them in a steady decode batch."""
         cached = out.scheduled_cached_reqs
         ids, computed, outputs = cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens
+        recompute = self.recompute
+        resumed = cached.resumed_req_ids
+        new = out.scheduled_new_reqs
+        # no output yet (placeholders count): a prefill chunk. all(): a C-level truth test per count, a
+        # third of count(0)'s rich comparisons (~0.4 vs ~1.1 µs at 64); the loop only when there are some
+        no_output_at = _NONE if all(outputs) else [i for i, o in enumerate(outputs) if not o]
+        if not (resumed or recompute or new):  # no share has a prompt entry (a steady batch): nothing allocated
+            if out.total_num_scheduled_tokens == len(ids):
+                return ids, None, computed, no_output_at, _NONE, _NONE, _NONE  # one token each
+            return ids, self._tokens(out.num_scheduled_tokens, ids), computed, no_output_at, _NONE, _NONE, _NONE
         scheduled = out.num_scheduled_tokens
         prompt_at: list[int] = []
         prompt_len: list[int] = []
         prompt_outputs: list[int] = []
-        recompute = self.recompute
-        resumed = cached.resumed_req_ids
         if resumed:  # back from a preemption: recomputes (a prefill) until all but its last token are computed
             requests = scheduler.requests
             for rid in resumed:
@@ -485,10 +526,6 @@ class StepHooks:
                     del recompute[rid]  # from the next step on it decodes
             if len(recompute) > 4096:  # bounded (requests that vanished unseen): these shares read as decodes
                 recompute.clear()
-        # no output yet (placeholders count): a prefill chunk. all(): a C-level truth test per count, a
-        # third of count(0)'s rich comparisons (~0.4 vs ~1.1 µs at 64); the loop only when there are some
-        no_output_at = [] if all(outputs) else [i for i, o in enumerate(outputs) if not o]
-        new = out.scheduled_new_reqs
         if new:
             ids, computed = list(ids), list(computed)
             for r in new:
@@ -503,13 +540,15 @@ class StepHooks:
                 prompt_outputs.append(o)
                 if o:
                     recompute[r.req_id] = p
-        if out.total_num_scheduled_tokens == len(ids):
-            tokens = None  # one token each (every scheduled request has at least one): a plain decode batch
-        elif list(scheduled) == ids:  # vLLM's dict in the lists' order (no new or resumed request in between)
-            tokens = list(scheduled.values())
-        else:
-            tokens = list(map(scheduled.__getitem__, ids))
+        # one token each (every scheduled request has at least one): a plain decode batch
+        tokens = None if out.total_num_scheduled_tokens == len(ids) else self._tokens(scheduled, ids)
         return ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs
+
+    @staticmethod
+    def _tokens(scheduled: dict, ids: list) -> list[int]:
+        if list(scheduled) == ids:  # vLLM's dict in the lists' order (no new or resumed request in between)
+            return list(scheduled.values())
+        return list(map(scheduled.__getitem__, ids))
 
     def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         sink = self.sink
@@ -520,10 +559,13 @@ class StepHooks:
         result = wrapped(*args, **kwargs)
         left = clock()
         try:
-            scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
+            if len(args) == 2:  # as vLLM's EngineCore calls it
+                scheduler_output, model_output = args
+            else:
+                scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
+                model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
             key = id(scheduler_output)
             pending = self.pending.pop(key, None)
-            model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
             model = getattr(model_output, _MODEL_TIME_ATTR, None)
             if model is None and self.model:
                 model = self.model.pop(key, None)
