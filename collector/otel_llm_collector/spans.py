@@ -20,15 +20,17 @@ CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 from otel_llm.core import semconv as sc
-from otel_llm.core.summary import CONVERTERS, RequestSummary, native_provider_of
+from otel_llm.core.summary import ATTRIBUTE_SLOTS, CONVERTERS, RequestSummary, native_provider_of
 from otel_llm.otlp import encode
-from otel_llm.otlp.messages import ExportTraceServiceRequest
+from otel_llm.otlp.messages import ExportTraceServiceRequest, parse_request
 from otel_llm.otlp.view import (SERVICE_NAME, SPAN_KIND_CLIENT, RequestView, SpanView, any_value, decode_spans,
                                 is_error, read_resource, scope_name, typed_decoders, value_of)
 
+from .fast import wire
 from .fast.summary import summary_reader
 
 # keys whose presence marks a request span (see RequestSummary.from_attributes)
@@ -39,7 +41,7 @@ _TTFC = sc.RESPONSE_TIME_TO_FIRST_CHUNK
 _REASON = sc.SAMPLING_REASON
 _CLIENT = SPAN_KIND_CLIENT
 
-__all__ = ["any_value", "attributes", "extract", "encode_request", "spans_of"]
+__all__ = ["any_value", "attributes", "extract", "encode_request", "read_request", "spans_of", "Received"]
 
 
 def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
@@ -127,36 +129,109 @@ _read_summary = summary_reader(value_of, TYPED)
 _is_error = is_error
 
 
-def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
+def _wanted_keys() -> frozenset[str]:
+    """The attribute keys ``extract`` reads from a span (the one-pass reader keeps only these, plus the policies'
+    keys): the triggers, the client-call keys, the summary reader's table, and the keys the core's derivation
+    reads from a native (vLLM / TensorRT-LLM) request span, recorded by running it on a probe (so a key added
+    there is followed)."""
+    read: set[str] = set()
+
+    class Probe(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            read.add(key)
+            if key in (sc.VLLM_TTFT, sc.VLLM_E2E):
+                return 1.0
+            raise KeyError(key)
+
+        def __iter__(self) -> Any:
+            return iter(())
+
+        def __len__(self) -> int:
+            return 0
+
+    RequestSummary.from_attributes(Probe())
+    return frozenset(read) | frozenset(ATTRIBUTE_SLOTS) | frozenset(_TRIGGERS) | {_TTFC, _REASON, sc.REQUEST_MODEL}
+
+
+WANTED = _wanted_keys()
+ONE_PASS = wire.AVAILABLE  # the receivers validate and read in one pass (fast/_wire.c); else the two passes
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A request validated and read by the one-pass reader (``fast.wire.read``): what ``extract`` takes from it."""
+
+    resources: list  # [(encoded Resource, schema_url, [(encoded scope, schema_url, [span tuple, ...])])]
+    wanted: frozenset[str]  # the attribute keys kept
+    raw: bytes
+
+
+@lru_cache(maxsize=16)
+def _wanted(keys: frozenset[str]) -> frozenset[str]:
+    return WANTED | keys
+
+
+def read_request(raw: bytes, keys: frozenset[str] = frozenset(),
+                 one_pass: bool | None = None) -> "ExportTraceServiceRequest | Received":
+    """Validate a request's bytes as received: ``MalformedRequest`` with the reason when upb would refuse them.
+
+    One pass in C when the extension is built (``one_pass`` None: ``ONE_PASS``), returning what ``extract`` reads
+    (``keys``: the policies' attribute keys, kept too); else the full OTLP classes (``messages.parse_request``)."""
+    if ONE_PASS if one_pass is None else one_pass:
+        wanted = _wanted(keys)
+        return Received(wire.read(raw, wanted), wanted, raw)
+    return parse_request(raw)
+
+
+def _view_resources(raw: bytes) -> list:
+    """``otel_llm.otlp.view``'s reading of a (validated) request, in the shape ``fast.wire.read`` returns."""
+    read_span, out = SpanView.FromString, []
+    for rs in RequestView.FromString(raw).resource_spans:
+        scopes = []
+        for ss in rs.scope_spans:
+            spans = []
+            for encoded in ss.spans:
+                s = read_span(encoded)
+                status = s.status
+                spans.append((encoded, s.trace_id, s.span_id, s.parent_span_id, s.kind, s.start_time_unix_nano,
+                              s.end_time_unix_nano, bool(status) and _is_error(status), s.attributes))
+            scopes.append((ss.scope, ss.schema_url, spans))
+        out.append((rs.resource, rs.schema_url, scopes))
+    return out
+
+
+def extract(request: "ExportTraceServiceRequest | Received", raw: bytes | None = None,
             keys: frozenset[str] = frozenset()) -> Extracted:
     """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries.
 
-    ``raw``: the request's bytes as received, when the receiver has them (saves encoding it again).
-    ``keys``: attribute keys whose values (on spans and their resources) to collect per trace, for the
-    attribute policies; nothing is collected without them."""
-    view = RequestView.FromString(request.SerializeToString() if raw is None else raw)
+    ``request``: what ``read_request`` returned (the one-pass reading), or a parsed request (read again
+    through ``otel_llm.otlp.view``). ``raw``: the request's bytes as received, when the receiver has them (saves
+    encoding it again). ``keys``: attribute keys whose values (on spans and their resources) to collect per
+    trace, for the attribute policies; nothing is collected without them."""
+    if type(request) is Received and keys <= request.wanted:
+        resources = request.resources
+    else:
+        if type(request) is Received:
+            raw = request.raw
+        resources = _view_resources(request.SerializeToString() if raw is None else raw)
     spans: list[SpanRecord] = []
     requests: list[RequestFacts] = []
     clients: list[ClientFacts] | None = None
     rejected = 0
     rejected_by: dict[str, int] | None = None
-    triggers, read_span = _TRIGGERS, SpanView.FromString
+    triggers = _TRIGGERS
     found: dict[bytes, dict[str, list[Any]]] | None = {} if keys else None
     resource_values: list[tuple[str, Any]] = []
-    for rs in view.resource_spans:
-        resource = rs.resource
+    for resource, resource_url, scopes in resources:
         service, resource_values = read_resource(resource, keys)
-        resource_key = (resource, rs.schema_url)
-        for ss in rs.scope_spans:
-            group = Group(resource_key, (ss.scope, ss.schema_url), service)
-            native_provider = native_provider_of(scope_name(ss.scope)) if ss.scope else None
-            for encoded in ss.spans:
-                span = read_span(encoded)
-                tid = span.trace_id
-                parent = span.parent_span_id
+        resource_key = (resource, resource_url)
+        for scope, scope_url, scope_spans in scopes:
+            group = Group(resource_key, (scope, scope_url), service)
+            native_provider = native_provider_of(scope_name(scope)) if scope else None
+            for encoded, tid, sid, parent, kind, start, end, error, attrs in scope_spans:
                 if len(tid) != 16 or tid == _NO_TRACE:
                     why = "invalid_trace_id"  # the OTLP spec: a span without a valid trace id is invalid
-                elif len(sid := span.span_id) != 8 or sid == _NO_SPAN:
+                elif len(sid) != 8 or sid == _NO_SPAN:
                     why = "invalid_span_id"
                 elif parent and len(parent) != 8:  # a strict backend refuses the whole batch for one of these
                     why = "invalid_parent_span_id"
@@ -168,7 +243,6 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
                     rejected_by[why] = rejected_by.get(why, 0) + 1
                     continue
                 facts = None
-                attrs = span.attributes
                 if attrs:
                     for key in triggers:
                         if key in attrs:
@@ -179,17 +253,17 @@ def extract(request: ExportTraceServiceRequest, raw: bytes | None = None,
                                 requests.append(facts)
                             break
                     else:
-                        if _TTFC in attrs and span.kind == _CLIENT:
+                        if _TTFC in attrs and kind == _CLIENT:
                             ttfc, model = value_of(attrs[_TTFC]), attrs.get(sc.REQUEST_MODEL)
                             model = value_of(model) if model is not None else None
                             if isinstance(ttfc, float):
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
-                if found is not None:
-                    _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
-                status = span.status
-                spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
-                              bool(status) and _is_error(status), not parent, facts))
+                    if found is not None:
+                        _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
+                elif found is not None:
+                    _collect(found, tid, resource_values)
+                spans.append((tid, group, encoded, start, end, error, not parent, facts))
     return Extracted(spans, requests, rejected, clients, found, rejected_by)
 
 
