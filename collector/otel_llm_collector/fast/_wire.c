@@ -222,24 +222,29 @@ static PyObject *wanted_key(Ctx *c, const char *s, Py_ssize_t n) {
     }
 }
 
-/* one span attribute (a KeyValue at `level`) validated; its key and encoded value (last occurrences) */
+/* one span attribute (a KeyValue at `level`) validated; its key and encoded value (last occurrences). Returns
+ * 0 when the KeyValue holds any other field (key_strindex, an unknown field, a key or value with another wire
+ * type): the view reads it as a map entry and upb leaves such an entry out of the map (keeping it unknown), so
+ * it is left out here too; 1 otherwise; -1 on error. */
 static int read_kv(Ctx *c, const char *p, const char *end, int m, int level, const char **key, Py_ssize_t *klen,
                    const char **value, Py_ssize_t *vlen) {
     const Msg *msg = &c->s->msgs[m];
     *key = *value = p;
     *klen = *vlen = 0;
+    int clean = 1;
     while (p < end) {
         const Field *f;
         const char *data;
         Py_ssize_t len;
         uint64_t val;
         if (!(p = next_field(c, p, end, msg, level, &f, &data, &len, &val))) return -1;
-        if (!f) continue;
+        if (!f) { clean = 0; continue; }
         if (f->kind == K_MESSAGE && validate(c, data, data + len, f->sub, level + 1) < 0) return -1;
         if (f->role == R_KEY) { *key = data; *klen = len; }
         else if (f->role == R_VALUE) { *value = data; *vlen = len; }
+        else clean = 0;
     }
-    return 0;
+    return clean;
 }
 
 /* whether encoded (validated) Status bytes say code == ERROR (2), the last code read as an int32 */
@@ -288,7 +293,9 @@ static PyObject *read_span(Ctx *c, const char *p, const char *end) {
         case R_ATTRIBUTES: {
             const char *key, *value;
             Py_ssize_t klen, vlen;
-            if (read_kv(c, data, data + len, f->sub, level + 1, &key, &klen, &value, &vlen) < 0) goto error;
+            int clean = read_kv(c, data, data + len, f->sub, level + 1, &key, &klen, &value, &vlen);
+            if (clean < 0) goto error;
+            if (!clean) break;
             PyObject *k = wanted_key(c, key, klen);
             if (!k) {
                 if (PyErr_Occurred()) goto error;
