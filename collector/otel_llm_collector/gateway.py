@@ -29,6 +29,7 @@ from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
+from .fast import wire
 from .spans import REQUEST, TRACE_ID, Extracted, Received, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
 from .telemetry import GatewayMetrics
@@ -89,6 +90,9 @@ class Gateway:
     def start(self) -> "Gateway":
         cfg = self.config
         warn_unprotected(cfg)
+        if not wire.AVAILABLE and (cfg.grpc is not None or cfg.http is not None):
+            log.warning("receivers validate and read each request in two passes (%s); the one-pass path needs the "
+                        "C extension built by `pip install ./collector` with a C compiler", wire.REASON)
         try:
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
