@@ -11,9 +11,8 @@ interleaved rounds (medians). Writes benchmarks/results/receive_parse.json.
   extract reads, in one pass) then ``spans.extract`` over that. ``one_pass_read_only``: the C pass alone.
 * ``two_pass``: the fallback (no extension): ``messages.parse_request`` (the full OTLP classes, in C: this is
   what refuses malformed bytes, invalid UTF-8 anywhere, truncated nested messages) then ``spans.extract``
-  over the bytes through ``otlp.view`` (spans kept as received, attributes as a C-built map of encoded values).
-  ``two_pass_main``: the same with ``extract`` as it was before the one-pass path (a frozen copy below: it
-  read the view's spans directly; ``extract`` now reads tuples, which the fallback builds from the view).
+  over the bytes through ``otlp.view`` (spans kept as received, attributes as a C-built map of encoded values):
+  what the receivers did before the one-pass path, unchanged.
 * ``view_only``: ``extract`` alone. NOT a valid receive path (the view leaves attribute values, events
   and links unparsed, so it would forward what a backend refuses); the floor any one-pass design could reach.
 * ``one_pass_value_checks``: ``extract`` plus the Python-level validation of every attribute value the view
@@ -163,86 +162,6 @@ def one_pass(raw: bytes) -> int:
 def one_pass_read_only(raw: bytes) -> int:
     """Component: the C pass alone (validation and the reading extract takes)."""
     return sum(len(ss[2]) for rs in wire.read(raw, S.WANTED) for ss in rs[2])
-
-
-# -- extract as on main before the one-pass path (frozen copy; the names it used are spans.py's) -----------
-Extracted, RequestView, SpanView = S.Extracted, view.RequestView, view.SpanView
-_TRIGGERS, _NO_TRACE, _NO_SPAN, _TTFC, _CLIENT = S._TRIGGERS, S._NO_TRACE, S._NO_SPAN, S._TTFC, S._CLIENT
-read_resource, scope_name, native_provider_of, value_of = view.read_resource, view.scope_name, S.native_provider_of, view.value_of
-_encoded_request_facts, _collect, _is_error, Group, ClientFacts = (S._encoded_request_facts, S._collect, S._is_error,
-                                                                   S.Group, S.ClientFacts)
-RequestFacts = S.RequestFacts
-from typing import Any  # noqa: E402
-
-
-def _extract_main(request: object, raw: bytes | None = None, keys: frozenset[str] = frozenset()) -> Extracted:
-    """Every span with a valid (16-byte) trace id, encoded, and the request spans' summaries.
-
-    ``raw``: the request's bytes as received, when the receiver has them (saves encoding it again).
-    ``keys``: attribute keys whose values (on spans and their resources) to collect per trace, for the
-    attribute policies; nothing is collected without them."""
-    view = RequestView.FromString(request.SerializeToString() if raw is None else raw)
-    spans: list[SpanRecord] = []
-    requests: list[RequestFacts] = []
-    clients: list[ClientFacts] | None = None
-    rejected = 0
-    rejected_by: dict[str, int] | None = None
-    triggers, read_span = _TRIGGERS, SpanView.FromString
-    found: dict[bytes, dict[str, list[Any]]] | None = {} if keys else None
-    resource_values: list[tuple[str, Any]] = []
-    for rs in view.resource_spans:
-        resource = rs.resource
-        service, resource_values = read_resource(resource, keys)
-        resource_key = (resource, rs.schema_url)
-        for ss in rs.scope_spans:
-            group = Group(resource_key, (ss.scope, ss.schema_url), service)
-            native_provider = native_provider_of(scope_name(ss.scope)) if ss.scope else None
-            for encoded in ss.spans:
-                span = read_span(encoded)
-                tid = span.trace_id
-                parent = span.parent_span_id
-                if len(tid) != 16 or tid == _NO_TRACE:
-                    why = "invalid_trace_id"  # the OTLP spec: a span without a valid trace id is invalid
-                elif len(sid := span.span_id) != 8 or sid == _NO_SPAN:
-                    why = "invalid_span_id"
-                elif parent and len(parent) != 8:  # a strict backend refuses the whole batch for one of these
-                    why = "invalid_parent_span_id"
-                else:
-                    why = None
-                if why is not None:
-                    rejected += 1
-                    rejected_by = rejected_by if rejected_by is not None else {}
-                    rejected_by[why] = rejected_by.get(why, 0) + 1
-                    continue
-                facts = None
-                attrs = span.attributes
-                if attrs:
-                    for key in triggers:
-                        if key in attrs:
-                            facts = _encoded_request_facts(tid, service, attrs, bool(parent))
-                            if facts is not None:
-                                if facts.summary.provider is None and facts.source == "native":
-                                    facts.summary.provider = native_provider  # the engine's tracer's scope
-                                requests.append(facts)
-                            break
-                    else:
-                        if _TTFC in attrs and span.kind == _CLIENT:
-                            ttfc, model = value_of(attrs[_TTFC]), attrs.get(sc.REQUEST_MODEL)
-                            model = value_of(model) if model is not None else None
-                            if isinstance(ttfc, float):
-                                (clients := clients if clients is not None else []).append(
-                                    ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
-                if found is not None:
-                    _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
-                status = span.status
-                spans.append((tid, group, encoded, span.start_time_unix_nano, span.end_time_unix_nano,
-                              bool(status) and _is_error(status), not parent, facts))
-    return Extracted(spans, requests, rejected, clients, found, rejected_by)
-
-
-
-def two_pass_main(raw: bytes) -> int:
-    return len(_extract_main(messages.parse_request(raw), raw).spans)
 
 
 def view_only(raw: bytes) -> int:
@@ -403,7 +322,7 @@ def view_parse_only(raw: bytes) -> int:
     return n
 
 
-VARIANTS = (one_pass, two_pass, two_pass_main, one_pass_read_only, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map,
+VARIANTS = (one_pass, two_pass, one_pass_read_only, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map,
             one_pass_checked_spans, one_pass_bytesize_checks, one_pass_full_read, parse_only, view_parse_only)
 
 
@@ -420,8 +339,7 @@ def main() -> None:
         for f in VARIANTS:  # each accepts what it measures (and warms caches) before timing
             assert sum(f(p) for p in payloads) > 0
         for p in payloads:  # the paths the receivers can take read the same
-            assert repr(extract(S.read_request(p, one_pass=True))) == repr(extract(S.read_request(p, one_pass=False), p)) \
-                == repr(_extract_main(messages.parse_request(p), p))
+            assert repr(extract(S.read_request(p, one_pass=True))) == repr(extract(S.read_request(p, one_pass=False), p))
         times: dict[str, list[float]] = {f.__name__: [] for f in VARIANTS}
         for r in range(args.rounds):
             for f in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:  # rotated order

@@ -20,6 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_llm.core import semconv as sc
 from otel_llm.otlp.messages import MalformedRequest, parse_request
+from otel_llm.otlp.view import RequestView, SpanView, is_error
 from otel_llm_collector import spans as S
 from otel_llm_collector.fast import wire
 
@@ -328,8 +329,20 @@ def _c_reads(raw: bytes, wanted: frozenset[str] | None) -> list | None:
 
 
 def _view_reading(raw: bytes) -> list:
-    return [(res, url, [(scope, surl, [(*span[:8], dict(span[8]) or None) for span in spans])
-                        for scope, surl, spans in scopes]) for res, url, scopes in S._view_resources(raw)]
+    """What the two-pass path reads (``otel_llm.otlp.view``), in the shape ``fast.wire.read`` returns."""
+    out = []
+    for rs in RequestView.FromString(raw).resource_spans:
+        scopes = []
+        for ss in rs.scope_spans:
+            spans = []
+            for encoded in ss.spans:
+                s = SpanView.FromString(encoded)
+                status = s.status
+                spans.append((encoded, s.trace_id, s.span_id, s.parent_span_id, s.kind, s.start_time_unix_nano,
+                              s.end_time_unix_nano, bool(status) and is_error(status), dict(s.attributes) or None))
+            scopes.append((ss.scope, ss.schema_url, spans))
+        out.append((rs.resource, rs.schema_url, scopes))
+    return out
 
 
 def _check(raw: bytes, counts: dict[str, int]) -> None:
