@@ -2,9 +2,10 @@
 
 Each span is kept as its own encoded bytes, not as a live protobuf object: a buffered upb
 message keeps its whole received request (its arena) alive, which cost ~1.2 KB per buffered
-span; the bytes cost their length plus ~90 B. The request is read through ``otel_llm.otlp.view``, so
-those bytes are the span as received (no re-encoding) and a span's attributes arrive as a
-key -> encoded value map built in C. Resource and scope stay encoded too, once per
+span; the bytes cost their length plus ~90 B. The receivers validate and read a request in one pass in C
+(``read_request``: ``fast/_wire.c``, where built), or else validate it with the full classes and read it through
+``otel_llm.otlp.view``; either way those bytes are the span as received (no re-encoding) and a span's attributes
+arrive as a key -> encoded value map built in C (the one-pass reader keeps only the keys read here). Resource and scope stay encoded too, once per
 ``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept spans are framed back into
 an ``ExportTraceServiceRequest`` at the byte level (``encode_request``), regrouped under their
 resource and scope, schema URLs included.
