@@ -22,6 +22,7 @@ from otel_llm.core import semconv as sc
 from otel_llm.otlp.messages import MalformedRequest, parse_request
 from otel_llm.otlp.view import RequestView, SpanView, is_error
 from otel_llm_collector import spans as S
+from otel_llm.otlp import wire_schema
 from otel_llm_collector.fast import wire
 
 _DESC = ExportTraceServiceRequest.DESCRIPTOR
@@ -474,8 +475,8 @@ def test_schema_tables_follow_the_descriptors() -> None:
         todo.extend(f.message_type for f in d.fields if f.message_type is not None)
     assert len(msgs) == n
     names = {name: (number, kind) for fields in msgs for number, kind, _, _, name in fields}
-    assert names["opentelemetry.proto.trace.v1.Span.name"] == (5, wire.STRING)
-    assert names["opentelemetry.proto.trace.v1.Span.trace_id"] == (1, wire.BYTES)
-    assert names["opentelemetry.proto.trace.v1.Span.start_time_unix_nano"] == (7, wire.FIXED64)
-    assert names["opentelemetry.proto.common.v1.AnyValue.double_value"] == (4, wire.FIXED64)
-    assert names["opentelemetry.proto.trace.v1.Span.flags"] == (16, wire.FIXED32)
+    assert names["opentelemetry.proto.trace.v1.Span.name"] == (5, wire_schema.STRING)
+    assert names["opentelemetry.proto.trace.v1.Span.trace_id"] == (1, wire_schema.BYTES)
+    assert names["opentelemetry.proto.trace.v1.Span.start_time_unix_nano"] == (7, wire_schema.FIXED64)
+    assert names["opentelemetry.proto.common.v1.AnyValue.double_value"] == (4, wire_schema.FIXED64)
+    assert names["opentelemetry.proto.trace.v1.Span.flags"] == (16, wire_schema.FIXED32)

@@ -3,7 +3,7 @@
  * Why: the receivers parsed each request twice - the full upb classes to validate it (what refuses malformed
  * input), then otel_llm/otlp/view.py's stand-in types to read it (spans as bytes, attributes as a C-built
  * map). upb's Python API cannot do both in one parse, so this does: it walks the wire format once, checks
- * every field against tables that fast/wire.py derives from the installed descriptors at import time
+ * every field against tables that otel_llm/otlp/wire_schema.py derives from the installed descriptors at import
  * (nothing about the schema is typed here), and returns, per ResourceSpans / ScopeSpans / Span, the same
  * values the view gives.
  *
@@ -26,11 +26,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* field kinds (fast/wire.py's KINDS, same order) and the wire type each expects */
+/* field kinds (otel_llm/otlp/wire_schema.py's VARINT ... FIXED32, same order) and the wire type each expects */
 enum { K_ABSENT = -1, K_VARINT = 0, K_FIXED64 = 1, K_BYTES = 2, K_STRING = 3, K_MESSAGE = 4, K_FIXED32 = 5 };
 static const int WIRE_OF[] = {0, 1, 2, 2, 2, 5};
 
-/* what extraction reads from a field (fast/wire.py's ROLES, same order); 0: nothing */
+/* what extraction reads from a field (otel_llm/otlp/wire_schema.py's ROLES, same order, from 1); 0: nothing */
 enum { R_NONE, R_RESOURCE_SPANS, R_RESOURCE, R_SCOPE_SPANS, R_RS_URL, R_SCOPE, R_SPANS, R_SS_URL, R_TRACE_ID,
        R_SPAN_ID, R_PARENT, R_KIND, R_START, R_END, R_ATTRIBUTES, R_STATUS, R_KEY, R_VALUE, R_CODE, R_COUNT };
 
@@ -129,7 +129,7 @@ static inline const char *read_value(Ctx *c, const char *p, const char *end, int
         return q ? q : fail(c, p, end - p >= 10 ? "varint too long" : "truncated varint", where);
     case 1:
         if (end - p < 8) return fail(c, p, "truncated fixed64", where);
-        memcpy(val, p, 8);  /* little-endian machines only: checked at import (fast/wire.py) */
+        memcpy(val, p, 8);  /* little-endian machines only: fast/wire.py checks at import */
         return p + 8;
     case 5:
         if (end - p < 4) return fail(c, p, "truncated fixed32", where);
@@ -437,7 +437,7 @@ static PyObject *wire_compile(PyObject *self, PyObject *args) {
             if (role != R_NONE && kind == K_MESSAGE) s->sub[role] = sub;
         }
     }
-    /* the request's ResourceSpans are message 0's R_RESOURCE_SPANS field; checked by fast/wire.py */
+    /* every role is present with the kind assumed here: checked by wire_schema.tables */
     if (wanted != Py_None) {
         PyObject *seq = PySequence_Fast(wanted, "wanted: a sequence of str or None");
         if (!seq) goto fail;
