@@ -155,9 +155,11 @@ static const char *skip_group(Ctx *c, const char *p, const char *end, uint32_t n
         Py_ssize_t len;
         uint64_t val;
         if (p >= end) return fail(c, p, "unterminated group", NULL);
+        const char *at = p;
         if (!(p = read_tag(c, p, end, &tag))) return NULL;
         int wt = tag & 7;
-        if (wt == 4) return (tag >> 3) == number ? p : fail(c, p, "end group does not match its start", NULL);
+        if (wt == 4) return (tag >> 3) == number ? p : fail(c, at, "end group does not match its start", NULL);
+        if (wt > 5) return fail(c, at, "invalid wire type", NULL);
         p = wt == 3 ? skip_group(c, p, end, tag >> 3, level + 1) : read_value(c, p, end, wt, &data, &len, &val, NULL);
         if (!p) return NULL;
     }
@@ -179,6 +181,7 @@ static inline const char *next_field(Ctx *c, const char *p, const char *end, con
     *f = known;
     if (wt == 3) return skip_group(c, p, end, number, level + 1);
     if (wt == 4) return fail(c, start, "end group without a start", NULL);
+    if (wt > 5) return fail(c, start, "invalid wire type", NULL);
     const char *where = known ? known->name : NULL;
     if (!(p = read_value(c, p, end, wt, data, len, val, where))) return NULL;
     if (known) {
@@ -325,11 +328,21 @@ static PyObject *read_span(Ctx *c, const char *p, const char *end) {
         Py_INCREF(trace);
     }
     if (!attrs) { attrs = Py_None; Py_INCREF(attrs); }
-    /* N: the tuple takes each reference (and releases those built when one of them is NULL) */
-    out = Py_BuildValue("(y#NNNNNNON)", start, (Py_ssize_t)(end - start), trace, bytes_of(sid, nsid),
-                        bytes_of(parent, nparent), PyLong_FromLong((int32_t)(uint32_t)kind),
-                        PyLong_FromUnsignedLongLong(t0), PyLong_FromUnsignedLongLong(t1),
-                        error ? Py_True : Py_False, attrs);
+    if (!(out = PyTuple_New(9))) { Py_DECREF(trace); goto error; }
+    PyObject *bool_error = error ? Py_True : Py_False;
+    Py_INCREF(bool_error);
+    /* the tuple owns each item as it is set: a NULL item (no memory) is released with the tuple */
+    PyTuple_SET_ITEM(out, 0, bytes_of(start, end - start));
+    PyTuple_SET_ITEM(out, 1, trace);
+    PyTuple_SET_ITEM(out, 2, bytes_of(sid, nsid));
+    PyTuple_SET_ITEM(out, 3, bytes_of(parent, nparent));
+    PyTuple_SET_ITEM(out, 4, PyLong_FromLong((int32_t)(uint32_t)kind));
+    PyTuple_SET_ITEM(out, 5, PyLong_FromUnsignedLongLong(t0));
+    PyTuple_SET_ITEM(out, 6, PyLong_FromUnsignedLongLong(t1));
+    PyTuple_SET_ITEM(out, 7, bool_error);
+    PyTuple_SET_ITEM(out, 8, attrs);
+    for (int i = 0; i < 9; i++)
+        if (!PyTuple_GET_ITEM(out, i)) { Py_DECREF(out); return NULL; }
     return out;
 error:
     Py_XDECREF(attrs);
