@@ -322,7 +322,8 @@ def view_parse_only(raw: bytes) -> int:
     return n
 
 
-VARIANTS = (one_pass, two_pass, one_pass_read_only, view_only, one_pass_value_checks, two_pass_prototype, one_pass_message_map,
+VARIANTS = (one_pass, two_pass, one_pass_read_only, view_only, one_pass_value_checks, two_pass_prototype,
+            one_pass_message_map,
             one_pass_checked_spans, one_pass_bytesize_checks, one_pass_full_read, parse_only, view_parse_only)
 
 
@@ -339,7 +340,8 @@ def main() -> None:
         for f in VARIANTS:  # each accepts what it measures (and warms caches) before timing
             assert sum(f(p) for p in payloads) > 0
         for p in payloads:  # the paths the receivers can take read the same
-            assert repr(extract(S.read_request(p, one_pass=True))) == repr(extract(S.read_request(p, one_pass=False), p))
+            one, two = S.read_request(p, one_pass=True), S.read_request(p, one_pass=False)
+            assert repr(extract(one)) == repr(extract(two, p))
         times: dict[str, list[float]] = {f.__name__: [] for f in VARIANTS}
         for r in range(args.rounds):
             for f in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:  # rotated order

@@ -154,7 +154,8 @@ class Gateway:
         and, with the C extension built, the reading ``extract`` needs, in one pass (``spans.read_request``)."""
         return read_request(raw, self._keys)
 
-    def ingest(self, request: "ExportTraceServiceRequest | Received", transport: str = "direct", raw: bytes | None = None) -> int:
+    def ingest(self, request: "ExportTraceServiceRequest | Received", transport: str = "direct",
+               raw: bytes | None = None) -> int:
         """Process one export request; returns the number of spans refused (invalid trace, span or parent id).
 
         ``raw``: the protobuf bytes ``request`` was parsed from, when at hand (the receivers pass them).

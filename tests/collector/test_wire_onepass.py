@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm.core import semconv as sc
 from otel_llm.otlp.messages import MalformedRequest, parse_request
@@ -64,7 +64,8 @@ def _value(r: random.Random, depth: int = 0) -> AnyValue:
     if kind == 7:
         return AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=r.choice(_KEYS), value=_value(r, depth + 1))
                                                           for _ in range(r.randrange(3))]))
-    return AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=r.randrange(300)) for _ in range(r.randrange(6))]))
+    counts = [AnyValue(int_value=r.randrange(300)) for _ in range(r.randrange(6))]  # bucket counts' shape
+    return AnyValue(array_value=ArrayValue(values=counts))
 
 
 def _attrs(r: random.Random, n: int) -> list[KeyValue]:
@@ -408,7 +409,8 @@ def test_nesting_limit_boundary(delta: int) -> None:
     # a span attribute's AnyValue is at level 5 (request 0, resource_spans 1, scope_spans 2, span 3, kv 4)
     for finish in ("array", "kvlist", "groups", "empty"):
         value = _encode(_deep_exact(5, target, finish))
-        raw = _span_request(_field(1, b"\1" * 16) + _field(2, b"\1" * 8) + _field(9, _field(1, b"k") + _field(2, value)))
+        attribute = _field(9, _field(1, b"k") + _field(2, value))
+        raw = _span_request(_field(1, b"\1" * 16) + _field(2, b"\1" * 8) + attribute)
         _check(raw, counts)
     groups = b"\x2b" * target + b"\x2c" * target  # at the top: unknown field 5 groups, levels 1..target
     _check(groups, counts)

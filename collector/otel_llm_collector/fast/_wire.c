@@ -319,7 +319,8 @@ static PyObject *read_span(Ctx *c, const char *p, const char *end) {
     int error = nstatus ? status_error(c, status, status + nstatus, level + 1) : 0;
     if (error < 0) goto error;
     PyObject *trace;
-    if (c->last_tid && PyBytes_GET_SIZE(c->last_tid) == ntid && memcmp(PyBytes_AS_STRING(c->last_tid), tid, ntid) == 0) {
+    PyObject *last = c->last_tid;
+    if (last && PyBytes_GET_SIZE(last) == ntid && memcmp(PyBytes_AS_STRING(last), tid, ntid) == 0) {
         trace = c->last_tid;
         Py_INCREF(trace);
     } else {
@@ -466,7 +467,8 @@ static PyObject *wire_compile(PyObject *self, PyObject *args) {
             if (!utf8) { Py_DECREF(seq); if (!PyErr_Occurred()) goto bad; goto fail; }
             uint64_t h = hash_key(utf8, len);
             size_t j = h & s->mask;
-            while (s->table[j].key && !(s->table[j].n == len && memcmp(s->table[j].s, utf8, len) == 0)) j = (j + 1) & s->mask;
+            while (s->table[j].key && !(s->table[j].n == len && memcmp(s->table[j].s, utf8, len) == 0))
+                j = (j + 1) & s->mask;
             if (s->table[j].key) continue;  /* a duplicate */
             Py_INCREF(key);
             s->table[j] = (Wanted){key, utf8, len, h};
