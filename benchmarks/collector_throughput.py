@@ -21,9 +21,9 @@ Prints a table and writes benchmarks/results/collector_throughput.json (full run
   (target: <= 3x at shape 1 over loopback). ``parse_only`` is the parse without touching.
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
-* --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: one after the other,
-  each with its own interleaved ceiling rounds; loopback: runs alternating between the paths, each on a fresh
-  gateway), by switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
+* --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: each round runs every
+  path after one ceiling round; loopback: runs alternating between the paths; always on fresh gateways), by
+  switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
   the view (the fallback). Without it: whatever the checkout uses.
 * --root: import the collector and the core from another checkout (e.g. a `git worktree` of an older
   commit), to compare before/after in one session on this noisy shared machine.
@@ -301,41 +301,52 @@ def _load(target: str, payloads: list[bytes], seconds: float, rate: float, resul
 
 # -- measurements ---------------------------------------------------------------------------------------
 
-def bench_ingest(shape: int, seconds: float) -> dict:
+def bench_ingest(shape: int, seconds: float, paths: list | None = None) -> dict:
+    """Rounds on fresh gateways until ``seconds`` (at least 5 per path); with ``paths`` (``--paths``) each round
+    runs every path in turn (rotated order) after one ceiling round: {path: result}; else the one result."""
     payloads = build_requests(shape, 20, seed=shape)
     n_spans = sum(span_count(p) for p in payloads)
-    rates, spans, cpu_total, kept = [], 0, 0.0, 0
+    names = paths or [None]
+    stats = {path: {"rates": [], "spans": 0, "cpu": 0.0, "kept": 0} for path in names}
     takes_raw = "raw" in inspect.signature(Gateway.ingest).parameters
     reads = hasattr(Gateway, "read_request")  # a checkout whose receivers validate through the gateway
     ceiling = Ceiling(payloads)
-    start = time.monotonic()
-    while time.monotonic() - start < seconds or len(rates) < 5:
-        ceiling.round()  # interleaved: the same machine state as the gateway's round after it
-        g = Gateway(config(None), manual_ticks=True)
-        sink = NullExporter()
-        g.exporters = [sink]
-        c0 = time.process_time()
-        for p in payloads:
-            if reads:  # as the receivers do: validated (and read, on the one-pass path), with its bytes
-                g.ingest(g.read_request(p), raw=p)
-            elif takes_raw:  # as the receivers did: the validated request and its bytes
-                g.ingest(ExportTraceServiceRequest.FromString(p), raw=p)
-            else:  # an older checkout (--root)
-                g.ingest(ExportTraceServiceRequest.FromString(p))
-            g.tick()
-        cpu = time.process_time() - c0
-        g.exporters = []
-        g.shutdown()
-        rates.append(n_spans / cpu)
-        spans += n_spans
-        cpu_total += cpu
-        kept += sink.spans
-    q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
-    median = statistics.median(rates)
-    return {"shape": shape, "spans": spans, "rounds": len(rates), "cpu_s": round(cpu_total, 2),
-            "kept_share": round(kept / spans, 3), "spans_per_cpu_s": round(median),
-            "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates)),
-            **ceiling.report(1e6 / median)}
+    start, i = time.monotonic(), 0
+    while time.monotonic() - start < seconds * len(names) or i < 5:
+        ceiling.round()  # interleaved: the same machine state as the gateway's rounds after it
+        for path in names[i % len(names):] + names[:i % len(names)]:
+            use_path(path)
+            g = Gateway(config(None), manual_ticks=True)
+            sink = NullExporter()
+            g.exporters = [sink]
+            c0 = time.process_time()
+            for p in payloads:
+                if reads:  # as the receivers do: validated (and read, on the one-pass path), with its bytes
+                    g.ingest(g.read_request(p), raw=p)
+                elif takes_raw:  # as the receivers did: the validated request and its bytes
+                    g.ingest(ExportTraceServiceRequest.FromString(p), raw=p)
+                else:  # an older checkout (--root)
+                    g.ingest(ExportTraceServiceRequest.FromString(p))
+                g.tick()
+            cpu = time.process_time() - c0
+            g.exporters = []
+            g.shutdown()
+            st = stats[path]
+            st["rates"].append(n_spans / cpu)
+            st["spans"] += n_spans
+            st["cpu"] += cpu
+            st["kept"] += sink.spans
+        i += 1
+    out = {}
+    for path, st in stats.items():
+        rates = st["rates"]
+        q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
+        median = statistics.median(rates)
+        out[path] = {"shape": shape, "spans": st["spans"], "rounds": len(rates), "cpu_s": round(st["cpu"], 2),
+                     "kept_share": round(st["kept"] / st["spans"], 3), "spans_per_cpu_s": round(median),
+                     "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates)),
+                     **ceiling.report(1e6 / median), **({"path": path} if path else {})}
+    return out if paths else out[None]
 
 
 def as_deployed(g: Gateway) -> Gateway:
@@ -476,9 +487,10 @@ def main() -> None:
     if "ingest" in phases or "loopback" in phases:
         results["ingest"] = []
         for s in shapes:
-            for path in paths:
-                use_path(path)
-                results["ingest"].append({**bench_ingest(s, args.seconds), **({"path": path} if path else {})})
+            if args.paths:
+                results["ingest"] += list(bench_ingest(s, args.seconds, paths).values())
+            else:
+                results["ingest"].append(bench_ingest(s, args.seconds))
     if "loopback" in phases:
         results["loopback_grpc"] = []
         for s in shapes:
