@@ -18,6 +18,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from collector_testkit import export_request, loopback_config, request_attrs, span
 from otel_llm.otlp import messages
 from otel_llm_collector.gateway import Gateway
+from otel_llm_collector import spans
 from otel_llm_collector.spans import ONE_PASS, Received, extract, read_request
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -121,8 +122,12 @@ def gw():
     g.shutdown()
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
 @pytest.mark.parametrize("label", sorted(CASES))
-def test_both_receivers_refuse_it_and_count_it(gw: Gateway, label: str) -> None:
+def test_both_receivers_refuse_it_and_count_it(gw: Gateway, label: str, one_pass: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the path the gateway uses (one pass, the extension being built) and on the fallback (two passes)."""
+    monkeypatch.setattr(spans, "ONE_PASS", one_pass)  # read_request reads it per call
     raw = CASES[label]
     accepted = gw.telemetry.value("receiver_accepted_spans", transport="grpc")
     before = gw.telemetry.value("receiver_bad_requests", transport="grpc", reason="malformed")

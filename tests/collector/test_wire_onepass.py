@@ -482,3 +482,17 @@ def test_schema_tables_follow_the_descriptors() -> None:
     assert names["opentelemetry.proto.trace.v1.Span.start_time_unix_nano"] == (7, wire_schema.FIXED64)
     assert names["opentelemetry.proto.common.v1.AnyValue.double_value"] == (4, wire_schema.FIXED64)
     assert names["opentelemetry.proto.trace.v1.Span.flags"] == (16, wire_schema.FIXED32)
+
+
+def test_the_gateway_says_when_its_receivers_parse_twice(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Without the extension the gateway starts anyway and logs why its receivers use two passes."""
+    from collector_testkit import loopback_config
+    from otel_llm_collector.gateway import Gateway
+
+    monkeypatch.setattr(wire, "AVAILABLE", False)
+    monkeypatch.setattr(wire, "REASON", "the C extension is not built (test)")
+    with caplog.at_level("WARNING", logger="otel_llm_collector"):
+        g = Gateway(loopback_config(), manual_ticks=True).start()
+        g.shutdown()
+    assert any("two passes" in r.getMessage() and "(test)" in r.getMessage() for r in caplog.records)
