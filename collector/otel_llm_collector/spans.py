@@ -5,10 +5,10 @@ message keeps its whole received request (its arena) alive, which cost ~1.2 KB p
 span; the bytes cost their length plus ~90 B. The receivers validate and read a request in one pass in C
 (``read_request``: ``fast/_wire.c``, where built), or else validate it with the full classes and read it through
 ``otel_llm.otlp.view``; either way those bytes are the span as received (no re-encoding) and a span's attributes
-arrive as a key -> encoded value map built in C (the one-pass reader keeps only the keys read here). Resource and scope stay encoded too, once per
-``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept spans are framed back into
-an ``ExportTraceServiceRequest`` at the byte level (``encode_request``), regrouped under their
-resource and scope, schema URLs included.
+arrive as a key -> encoded value map built in C (the one-pass reader keeps only the keys read here). Resource
+and scope stay encoded too, once per ``ScopeSpans`` (a ``Group`` shared by its spans). On export the kept
+spans are framed back into an ``ExportTraceServiceRequest`` at the byte level (``encode_request``), regrouped
+under their resource and scope, schema URLs included.
 
 Attribute values are decoded only for spans that carry request latencies (ours or the engines'
 native ones) or a client's time to first chunk; every other span costs a few key lookups. A
