@@ -21,6 +21,10 @@ Prints a table and writes benchmarks/results/collector_throughput.json (full run
   (target: <= 3x at shape 1 over loopback). ``parse_only`` is the parse without touching.
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
+* --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: each round runs every
+  path after one ceiling round; loopback: runs alternating between the paths; always on fresh gateways), by
+  switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
+  the view (the fallback). Without it: whatever the checkout uses.
 * --root: import the collector and the core from another checkout (e.g. a `git worktree` of an older
   commit), to compare before/after in one session on this noisy shared machine.
 """
@@ -297,38 +301,52 @@ def _load(target: str, payloads: list[bytes], seconds: float, rate: float, resul
 
 # -- measurements ---------------------------------------------------------------------------------------
 
-def bench_ingest(shape: int, seconds: float) -> dict:
+def bench_ingest(shape: int, seconds: float, paths: list | None = None) -> dict:
+    """Rounds on fresh gateways until ``seconds`` (at least 5 per path); with ``paths`` (``--paths``) each round
+    runs every path in turn (rotated order) after one ceiling round: {path: result}; else the one result."""
     payloads = build_requests(shape, 20, seed=shape)
     n_spans = sum(span_count(p) for p in payloads)
-    rates, spans, cpu_total, kept = [], 0, 0.0, 0
+    names = paths or [None]
+    stats = {path: {"rates": [], "spans": 0, "cpu": 0.0, "kept": 0} for path in names}
     takes_raw = "raw" in inspect.signature(Gateway.ingest).parameters
+    reads = hasattr(Gateway, "read_request")  # a checkout whose receivers validate through the gateway
     ceiling = Ceiling(payloads)
-    start = time.monotonic()
-    while time.monotonic() - start < seconds or len(rates) < 5:
-        ceiling.round()  # interleaved: the same machine state as the gateway's round after it
-        g = Gateway(config(None), manual_ticks=True)
-        sink = NullExporter()
-        g.exporters = [sink]
-        c0 = time.process_time()
-        for p in payloads:
-            if takes_raw:  # as the receivers do: the validated request and its bytes
-                g.ingest(ExportTraceServiceRequest.FromString(p), raw=p)
-            else:  # an older checkout (--root)
-                g.ingest(ExportTraceServiceRequest.FromString(p))
-            g.tick()
-        cpu = time.process_time() - c0
-        g.exporters = []
-        g.shutdown()
-        rates.append(n_spans / cpu)
-        spans += n_spans
-        cpu_total += cpu
-        kept += sink.spans
-    q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
-    median = statistics.median(rates)
-    return {"shape": shape, "spans": spans, "rounds": len(rates), "cpu_s": round(cpu_total, 2),
-            "kept_share": round(kept / spans, 3), "spans_per_cpu_s": round(median),
-            "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates)),
-            **ceiling.report(1e6 / median)}
+    start, i = time.monotonic(), 0
+    while time.monotonic() - start < seconds * len(names) or i < 5:
+        ceiling.round()  # interleaved: the same machine state as the gateway's rounds after it
+        for path in names[i % len(names):] + names[:i % len(names)]:
+            use_path(path)
+            g = Gateway(config(None), manual_ticks=True)
+            sink = NullExporter()
+            g.exporters = [sink]
+            c0 = time.process_time()
+            for p in payloads:
+                if reads:  # as the receivers do: validated (and read, on the one-pass path), with its bytes
+                    g.ingest(g.read_request(p), raw=p)
+                elif takes_raw:  # as the receivers did: the validated request and its bytes
+                    g.ingest(ExportTraceServiceRequest.FromString(p), raw=p)
+                else:  # an older checkout (--root)
+                    g.ingest(ExportTraceServiceRequest.FromString(p))
+                g.tick()
+            cpu = time.process_time() - c0
+            g.exporters = []
+            g.shutdown()
+            st = stats[path]
+            st["rates"].append(n_spans / cpu)
+            st["spans"] += n_spans
+            st["cpu"] += cpu
+            st["kept"] += sink.spans
+        i += 1
+    out = {}
+    for path, st in stats.items():
+        rates = st["rates"]
+        q = statistics.quantiles(rates, n=4) if len(rates) > 1 else rates * 3
+        median = statistics.median(rates)
+        out[path] = {"shape": shape, "spans": st["spans"], "rounds": len(rates), "cpu_s": round(st["cpu"], 2),
+                     "kept_share": round(st["kept"] / st["spans"], 3), "spans_per_cpu_s": round(median),
+                     "p25": round(q[0]), "p75": round(q[2]), "min": round(min(rates)), "max": round(max(rates)),
+                     **ceiling.report(1e6 / median), **({"path": path} if path else {})}
+    return out if paths else out[None]
 
 
 def as_deployed(g: Gateway) -> Gateway:
@@ -363,13 +381,32 @@ def bench_loopback(shape: int, seconds: float, ctx, sink: str, expected_spans_s:
             "spans_per_cpu_s": round(spans / cpu), "wall_spans_per_s": round(spans / seconds), **res}
 
 
-def loopback_runs(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float, runs: int) -> dict:
-    """``runs`` loopback runs (each on a fresh gateway); the median run's numbers, with every run's rate."""
+def use_path(path: str | None) -> None:
+    """Switch the receive path (``--paths``): ``one_pass`` or ``two_pass``; None leaves the checkout's default."""
+    if path is not None:
+        from otel_llm_collector import spans
+        if path == "one_pass" and not spans.wire.AVAILABLE:
+            raise SystemExit(f"one_pass: {spans.wire.REASON}")
+        spans.ONE_PASS = path == "one_pass"
+
+
+def loopback_paths(shape: int, seconds: float, ctx, sink: str, expected_spans_s: float, runs: int,
+                   paths: list) -> dict:
+    """``loopback_runs`` for each receive path, the runs alternating between the paths (same machine state);
+    one ceiling for all (its rounds interleaved with every run)."""
     ceiling = Ceiling(build_requests(shape, 20, seed=shape))
-    all_runs = [bench_loopback(shape, seconds, ctx, sink, expected_spans_s, ceiling) for _ in range(runs)]
-    rates = [r["spans_per_cpu_s"] for r in all_runs]
-    median = sorted(all_runs, key=lambda r: r["spans_per_cpu_s"])[len(all_runs) // 2]
-    return {**median, "runs": runs, "spans_per_cpu_s_each": rates, **ceiling.report(1e6 / median["spans_per_cpu_s"])}
+    all_runs: dict = {path: [] for path in paths}
+    for i in range(runs):
+        for path in paths[i % len(paths):] + paths[:i % len(paths)]:  # rotated order
+            use_path(path)
+            all_runs[path].append(bench_loopback(shape, seconds, ctx, sink, expected_spans_s, ceiling))
+    out = {}
+    for path, done in all_runs.items():
+        rates = [r["spans_per_cpu_s"] for r in done]
+        median = sorted(done, key=lambda r: r["spans_per_cpu_s"])[len(done) // 2]
+        out[path] = {**median, "runs": runs, "spans_per_cpu_s_each": rates,
+                     **ceiling.report(1e6 / median["spans_per_cpu_s"])}
+    return out
 
 
 def bench_memory(n_spans: int = 200_000) -> dict:
@@ -431,7 +468,10 @@ def main() -> None:
     ap.add_argument("--root", default=None, help="measure the collector and core of another checkout")
     ap.add_argument("--runs", type=int, default=3, help="loopback runs per shape (the median is reported)")
     ap.add_argument("--shapes", default="1,10,200", help="trace shapes (spans per trace) to measure")
+    ap.add_argument("--paths", default=None, help="receive paths to compare in this run: one_pass,two_pass")
+    ap.add_argument("--out", default=None, help="write the results here (any phases, shapes, paths)")
     args = ap.parse_args()
+    paths = args.paths.split(",") if args.paths else [None]
     shapes = tuple(int(s) for s in args.shapes.split(","))
     phases = set(args.only.split(","))
     ctx = mp.get_context("spawn")
@@ -445,10 +485,18 @@ def main() -> None:
         sink_proc.start()
         sink = f"127.0.0.1:{port_q.get()}"
     if "ingest" in phases or "loopback" in phases:
-        results["ingest"] = [bench_ingest(s, args.seconds) for s in shapes]
+        results["ingest"] = []
+        for s in shapes:
+            if args.paths:
+                results["ingest"] += list(bench_ingest(s, args.seconds, paths).values())
+            else:
+                results["ingest"].append(bench_ingest(s, args.seconds))
     if "loopback" in phases:
-        results["loopback_grpc"] = [loopback_runs(s, args.seconds, ctx, sink, r["spans_per_cpu_s"], args.runs)
-                                    for s, r in zip(shapes, results["ingest"])]
+        results["loopback_grpc"] = []
+        for s in shapes:
+            expected = max(r["spans_per_cpu_s"] for r in results["ingest"] if r["shape"] == s)
+            by_path = loopback_paths(s, args.seconds, ctx, sink, expected, args.runs, paths)
+            results["loopback_grpc"] += [{**r, **({"path": path} if path else {})} for path, r in by_path.items()]
     if "memory" in phases:
         results["memory"] = bench_memory()
     if "overload" in phases:
@@ -458,13 +506,13 @@ def main() -> None:
         sink_proc.terminate()
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    print(f"{'path':<14}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
+    print(f"{'phase':<24}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
     for r in results.get("ingest", []):
-        print(f"{'ingest':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}{r['gateway_us_per_span']:>9.2f}"
+        print(f"{'ingest ' + r.get('path', ''):<24}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}{r['gateway_us_per_span']:>9.2f}"
               f"{r['parse_touch_us_per_span']:>9.2f}{r['x_ceiling']:>8.2f}  median of {r['rounds']} "
               f"rounds, p25-p75 {r['p25']}-{r['p75']}, min-max {r['min']}-{r['max']}")
     for r in results.get("loopback_grpc", []):
-        print(f"{'loopback_grpc':<14}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}"
+        print(f"{'loopback_grpc ' + r.get('path', ''):<24}{r['shape']:>6}{r['spans']:>10}{r['spans_per_cpu_s']:>14}"
               f"{r['gateway_us_per_span']:>9.2f}{r['parse_touch_us_per_span']:>9.2f}{r['x_ceiling']:>8.2f}  median of "
               f"{r['runs']} runs {r['spans_per_cpu_s_each']}, wall {r['wall_spans_per_s']} spans/s, "
               f"repeated payloads {r['repeated_payloads']}")
@@ -481,8 +529,9 @@ def main() -> None:
               f"{o['rss_mb_second_half_max']} MB (2nd half), peak {o['peak_rss_mb']} MB")
     print(f"load average (1, 5, 15 min): start {results['machine']['loadavg_at_start']}, "
           f"end {results['machine']['loadavg_at_end']}")
-    if args.root is None and phases == {"ingest", "loopback", "memory", "overload"} and shapes == (1, 10, 200):
-        out = Path(__file__).resolve().parent / "results" / "collector_throughput.json"
+    if args.out or (args.root is None and phases == {"ingest", "loopback", "memory", "overload"}
+                    and shapes == (1, 10, 200) and args.paths is None):
+        out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "collector_throughput.json"
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(f"written {out}")
 

@@ -26,8 +26,11 @@ fi
 if $V -c "from importlib.metadata import distribution as d; assert any(e.name=='otel-llm-collector' for e in d('otel-llm').entry_points)" 2>/dev/null; then
   $V -m pip install -q -e ".[test,openai]"
 fi
+# With a C compiler the install builds the one-pass receive path's extension (collector/setup.py; optional:
+# without one it installs without it and the receivers parse twice): an existing .venv without it rebuilds.
 if ! $V -c "import otel_llm_collector.cli, yaml, prometheus_client, grpc, requests; from importlib.metadata import distribution; distribution('otel-llm-collector')" 2>/dev/null \
-   || [ ! -x .venv/bin/otel-llm-collector ]; then
+   || [ ! -x .venv/bin/otel-llm-collector ] \
+   || { command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm_collector.fast._wire" 2>/dev/null; }; then
   $V -m pip install -q -e ./collector
 fi
 if ! command -v prometheus >/dev/null 2>&1; then

@@ -29,7 +29,8 @@ from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
-from .spans import REQUEST, TRACE_ID, Extracted, encode_request, extract
+from .fast import wire
+from .spans import REQUEST, TRACE_ID, Extracted, Received, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
 from .telemetry import GatewayMetrics
 
@@ -89,15 +90,18 @@ class Gateway:
     def start(self) -> "Gateway":
         cfg = self.config
         warn_unprotected(cfg)
+        if not wire.AVAILABLE and (cfg.grpc is not None or cfg.http is not None):
+            log.warning("receivers validate and read each request in two passes (%s); the one-pass path needs the "
+                        "C extension built by `pip install ./collector` with a C compiler", wire.REASON)
         try:
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
                                                      BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
             if cfg.grpc is not None:
-                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry)
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request)
                 self.grpc.start()
             if cfg.http is not None:
-                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry)
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request)
                 self.http.start()
         except Exception:
             self.shutdown()
@@ -145,7 +149,13 @@ class Gateway:
 
     # -- pipeline ------------------------------------------------------------------------------
 
-    def ingest(self, request: ExportTraceServiceRequest, transport: str = "direct", raw: bytes | None = None) -> int:
+    def read_request(self, raw: bytes) -> "ExportTraceServiceRequest | Received":
+        """What the receivers run on a protobuf body before ``ingest``: validation (``MalformedRequest``: refused)
+        and, with the C extension built, the reading ``extract`` needs, in one pass (``spans.read_request``)."""
+        return read_request(raw, self._keys)
+
+    def ingest(self, request: "ExportTraceServiceRequest | Received", transport: str = "direct",
+               raw: bytes | None = None) -> int:
         """Process one export request; returns the number of spans refused (invalid trace, span or parent id).
 
         ``raw``: the protobuf bytes ``request`` was parsed from, when at hand (the receivers pass them).

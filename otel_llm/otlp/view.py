@@ -10,8 +10,9 @@ received), ``Span`` declares only the fields read here (the rest stays unknown, 
 map entry, so upb builds the key -> encoded ``AnyValue`` dict in C (a repeated key: the last wins,
 as when building a dict). ``value_of`` decodes one value as ``any_value`` does from the full class.
 
-The receivers validate a request with the full OTLP classes first (``messages.parse_request``:
-malformed input is refused there); this view only reads what was accepted.
+This view only reads what was validated: by the full OTLP classes (``messages.parse_request``) on the
+collector's two-pass fallback, or by its one-pass C reader (``otel_llm_collector.fast._wire``), which reads
+the same values as these types and is tested against them.
 """
 
 from __future__ import annotations

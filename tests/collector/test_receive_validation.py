@@ -1,8 +1,9 @@
-"""Why the receive path keeps its first pass: requests that the reading view alone would accept (it leaves
-attribute values, names, events and status messages encoded) are refused by both receivers, because the full
-OTLP classes parse every request first. If a one-pass receive path replaces the two passes (see
-benchmarks/receive_parse.py), each of these must still be refused: this list is what it has to refuse beyond
-plain garbage (tests/collector/test_bad_input.py)."""
+"""What the receive path must refuse beyond plain garbage (tests/collector/test_bad_input.py): requests that the
+reading view alone would accept (it leaves attribute values, names, events and status messages encoded). The
+two-pass path refuses them because the full OTLP classes parse every request first; the one-pass path
+(``fast/_wire.c``, what the receivers use when it is built) refuses them itself, with the reason. Both receivers
+are checked end to end with the path the gateway uses (tests/collector/test_wire_onepass.py: that it is the
+one-pass path, and its verdicts against upb's on thousands of inputs)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from collector_testkit import export_request, loopback_config, request_attrs, span
 from otel_llm.otlp import messages
 from otel_llm_collector.gateway import Gateway
-from otel_llm_collector.spans import extract
+from otel_llm_collector import spans
+from otel_llm_collector.spans import ONE_PASS, Received, extract, read_request
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -107,6 +109,12 @@ def test_the_view_alone_would_accept_what_the_full_parse_refuses(label: str) -> 
         messages.parse_request(raw)
 
 
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_the_one_pass_reader_refuses_it_with_a_reason(label: str) -> None:
+    with pytest.raises(messages.MalformedRequest, match=r"^malformed ExportTraceServiceRequest: .+ at byte \d+$"):
+        read_request(CASES[label], one_pass=True)
+
+
 @pytest.fixture(scope="module")
 def gw():
     g = Gateway(loopback_config(), manual_ticks=True).start()
@@ -114,8 +122,12 @@ def gw():
     g.shutdown()
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
 @pytest.mark.parametrize("label", sorted(CASES))
-def test_both_receivers_refuse_it_and_count_it(gw: Gateway, label: str) -> None:
+def test_both_receivers_refuse_it_and_count_it(gw: Gateway, label: str, one_pass: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the path the gateway uses (one pass, the extension being built) and on the fallback (two passes)."""
+    monkeypatch.setattr(spans, "ONE_PASS", one_pass)  # read_request reads it per call
     raw = CASES[label]
     accepted = gw.telemetry.value("receiver_accepted_spans", transport="grpc")
     before = gw.telemetry.value("receiver_bad_requests", transport="grpc", reason="malformed")
@@ -136,3 +148,11 @@ def test_both_receivers_refuse_it_and_count_it(gw: Gateway, label: str) -> None:
     finally:
         conn.close()
     assert status == 400 and "malformed" in Status.FromString(body).message
+
+
+def test_the_receivers_read_in_one_pass(gw: Gateway) -> None:
+    """The receivers above ran the gateway's ``read_request``: the one-pass reader (the extension is built)."""
+    assert ONE_PASS
+    assert gw.grpc is not None and gw.grpc._parse == gw.read_request
+    assert gw.http is not None and gw.http.parse == gw.read_request
+    assert isinstance(gw.read_request(export_request(span(1, 1)).SerializeToString()), Received)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 
@@ -14,6 +14,11 @@ REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), spa
 class Ingest(Protocol):
     """(request, transport, its protobuf bytes as received if any) -> number of spans refused (partial success).
 
-    The request is validated (parsed by the full OTLP classes); ``raw`` spares the gateway encoding it again."""
+    The request is validated: what ``Parse`` returned for a protobuf body (the gateway's one-pass reading, or a
+    request parsed by the full OTLP classes), or an OTLP/JSON request; ``raw`` spares the gateway encoding it again."""
 
-    def __call__(self, request: ExportTraceServiceRequest, transport: str, raw: bytes | None = None) -> int: ...
+    def __call__(self, request: ExportTraceServiceRequest | Any, transport: str, raw: bytes | None = None) -> int: ...
+
+
+# a protobuf body -> what ``Ingest`` takes; ``messages.MalformedRequest`` (with the reason) when it is refused
+Parse = Callable[[bytes], Any]

@@ -33,7 +33,7 @@ from otel_llm.otlp import messages
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest
+from . import REFUSED_MESSAGE, Ingest, Parse
 
 SERVICE = messages.SERVICE
 
@@ -45,9 +45,11 @@ class _Refused(Exception):
 
 
 class GrpcReceiver:
-    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics) -> None:
+    def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
+                 parse: Parse = messages.parse_request) -> None:
         self._cfg = cfg
         self._ingest = ingest
+        self._parse = parse  # validates the bytes (MalformedRequest: refused) into what ``ingest`` takes
         self._t = telemetry
         self._auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self._in_flight = 0
@@ -141,7 +143,7 @@ class GrpcReceiver:
     def _process(self, raw: bytes) -> int:
         """On a worker thread: parse (no lock held), then ingest (which takes the pipeline lock)."""
         try:
-            request = messages.parse_request(raw)
+            request = self._parse(raw)
         except messages.MalformedRequest as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:

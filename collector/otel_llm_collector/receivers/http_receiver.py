@@ -38,7 +38,7 @@ from otel_llm.otlp.json_codec import OtlpJsonError, parse_request
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest
+from . import REFUSED_MESSAGE, Ingest, Parse
 from .watchdog import Deadline, Watchdog
 
 log = logging.getLogger("otel_llm_collector")
@@ -179,10 +179,13 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 
 class HttpReceiver:
-    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics) -> None:
-        """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing."""
+    def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
+                 parse: Parse = messages.parse_request) -> None:
+        """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing;
+        ``parse`` validates a protobuf body (``MalformedRequest``: refused) into what ``ingest`` takes."""
         self.cfg = cfg
         self.ingest = ingest
+        self.parse = parse
         self.telemetry = telemetry
         self.slots = threading.BoundedSemaphore(cfg.max_concurrent_requests)
         self.auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
@@ -396,8 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.watchdog.disarm(deadline)
             self._restore_timeout()
 
-    @staticmethod
-    def _parse(body: bytes, is_json: bool) -> messages.ExportTraceServiceRequest:
+    def _parse(self, body: bytes, is_json: bool) -> object:
         if is_json:
             try:
                 return parse_request(body)
@@ -407,7 +409,7 @@ class _Handler(BaseHTTPRequestHandler):
                 # nested too deep for the parser, or a value the OTLP classes refuse: still the client's input
                 raise BadRequest(400, "malformed_json", f"cannot parse OTLP/JSON: {type(exc).__name__}") from None
         try:
-            return messages.parse_request(body)
+            return self.owner.parse(body)
         except messages.MalformedRequest as exc:
             raise BadRequest(400, "malformed_protobuf", str(exc)) from None
 
