@@ -124,6 +124,22 @@ class IntAttribute:
         return field(_ATTRIBUTE, key_value(self._key, value))
 
 
+class FloatAttribute:
+    """One float attribute's encoded bytes: the key's bytes once, the value packed per call (exactly
+    ``attributes({key: value})``; values other than a ``float`` take that generic path)."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+        kb = field(b"\x0a", key.encode())
+        kv_len = len(kb) + 2 + 9  # key, then the value field: tag, length 9, AnyValue.double_value (tag + 8 bytes)
+        self._prefix = _ATTRIBUTE + varint(kv_len) + kb + b"\x12\x09\x21"
+
+    def __call__(self, value: float) -> bytes:
+        if type(value) is float:
+            return self._prefix + _DOUBLE(value)
+        return attributes({self._key: value})
+
+
 def span_ids(n: int) -> list[bytes]:
     """``n`` random non-zero 8-byte span ids, drawn in one call (as the SDK's RandomIdGenerator does, per id)."""
     raw = random.getrandbits(64 * n).to_bytes(8 * n, "big") if n else b""
