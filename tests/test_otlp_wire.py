@@ -286,25 +286,39 @@ def script(tracer) -> None:
     step.end(end_time=20)
 
 
+def _samplers():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    # the default (children of our spans: the sampler's known answer, without calling it), and others
+    # that must be asked: one that drops every child of a local sampled parent, one that is not ParentBased
+    return {"default": None, "local-children-off": ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF),
+            "ratio": TraceIdRatioBased(1.0)}
+
+
+@pytest.mark.parametrize("sampler", sorted(_samplers()))
 @pytest.mark.parametrize("max_links", [None, 3])
-def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links):
+def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links, sampler):
     from opentelemetry.sdk.trace import SpanLimits
 
     from otel_llm.otlp.wire_tracer import WireTracer
 
     limits = SpanLimits(max_links=max_links) if max_links else None
+    chosen = {"sampler": _samplers()[sampler]} if _samplers()[sampler] is not None else {}
     memory = InMemorySpanExporter()
-    sdk_tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    sdk_tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits, **chosen)
     sdk_tp.add_span_processor(SimpleSpanProcessor(memory))
     script(sdk_tp.get_tracer("otel_llm", "9.9"))
     expected = encode_spans(memory.get_finished_spans())
 
     sent: list[bytes] = []
-    tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits, **chosen)
     sdk_tracer = tp.get_tracer("otel_llm", "9.9")
     direct = DirectExport([lambda data: sent.append(data) or True],
                           wire.RequestFrame.for_tracer(RESOURCE, sdk_tracer._instrumentation_scope))
-    script(WireTracer(sdk_tracer, direct))
+    tracer = WireTracer(sdk_tracer, direct)
+    # the fence: the default sampler is recognized (else every span would ask it, correct but dearer)
+    assert tracer._local_children == (sampler == "default")
+    script(tracer)
     assert direct.flush(5)
     assert ExportTraceServiceRequest.FromString(b"".join(sent)) == expected
     assert b"".join(sent) == expected.SerializeToString()  # byte for byte, too
@@ -455,7 +469,10 @@ def test_attributes_inline_path_writes_the_generic_encoders_bytes():
         HIGH = 3
 
     values = [0, 1, 127, 128, -1, -2 ** 63, 2 ** 64 - 1, 0.0, -0.5, 1e300, float("inf"), True, False, "", "x" * 200,
-              "é漢", (1, 2), ["a", "b"], (True, 1.5), Level.HIGH, ()]
+              "é漢", (1, 2), ["a", "b"], (True, 1.5), Level.HIGH, (),
+              # arrays, written inline item by item: small and large ints, negative, str, float, mixed, nested
+              tuple(range(130)), (0, 127, 128, -1, 2 ** 63 - 1), ("length",), ("é漢", "", "x" * 130),
+              [0.25, -0.0, float("inf")], [1, "a", 2.5, False, Level.HIGH], ((1, 2), ["a"]), (1 << 70,)]
     for i, value in enumerate(values):
         attrs = {"gen_ai.request.model": "m", f"k{i}": value, "ключ" * 40: value}
         for _ in range(2):  # names encoded, then from the cache
@@ -463,6 +480,6 @@ def test_attributes_inline_path_writes_the_generic_encoders_bytes():
                 wire.field(b"\x4a", wire.key_value(k, v)) for k, v in attrs.items())
     nan = wire.attributes({"v": float("nan")})
     assert nan == wire.field(b"\x4a", wire.key_value("v", float("nan")))
-    for bad in (None, object(), [None]):
+    for bad in (None, object(), [None], (1, None), ["a", object()]):
         with pytest.raises(TypeError, match="attribute 'k'"):
             wire.attributes({"k": bad})
