@@ -316,8 +316,12 @@ def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links, sa
     direct = DirectExport([lambda data: sent.append(data) or True],
                           wire.RequestFrame.for_tracer(RESOURCE, sdk_tracer._instrumentation_scope))
     tracer = WireTracer(sdk_tracer, direct)
-    # the fence: the default sampler is recognized (else every span would ask it, correct but dearer)
+    # the fences: the default sampler is recognized (else every span would ask it, correct but dearer), and a
+    # link's cache key is read as one slice of the SpanContext tuple (else its three properties, dearer)
+    from otel_llm.otlp import wire_tracer
+
     assert tracer._local_children == (sampler == "default")
+    assert wire_tracer._SLICE_KEY
     script(tracer)
     assert direct.flush(5)
     assert ExportTraceServiceRequest.FromString(b"".join(sent)) == expected

@@ -100,7 +100,9 @@ class WireTracer(trace.Tracer):
         out = []
         for ln in kept:
             c = ln.context
-            key = (c.trace_id, c.span_id, c.is_remote)  # SpanContext itself is unhashable (its TraceState)
+            # SpanContext itself is unhashable (its TraceState): (trace_id, span_id, is_remote), read as one slice
+            # of the tuple it is where that holds (_SLICE_KEY: ~0.35 µs a link less; an engine step has ~64)
+            key = c[:3] if _SLICE_KEY else (c.trace_id, c.span_id, c.is_remote)
             b = cache.get(key)
             if b is None:
                 b = cache[key] = w.link(c)
@@ -200,6 +202,16 @@ class WireSpan(trace.Span):
         return b"\x12" + w.varint(len(body)) + body
 
 
+def _slice_key() -> bool:
+    """Whether a SpanContext's first three items are (trace_id, span_id, is_remote), as the API builds it."""
+    try:
+        c = SpanContext(0x1234, 0x5678, True, TraceFlags(1))
+        return type(c[:3]) is tuple and c[:3] == (c.trace_id, c.span_id, c.is_remote) == (0x1234, 0x5678, True)
+    except Exception:
+        return False
+
+
+_SLICE_KEY = _slice_key()
 _UNSET = Status(StatusCode.UNSET)
 _EMPTY_STATUS = b"\x7a\x00"
 _NAMES: dict[str, bytes] = {}  # a span name's field, encoded once
