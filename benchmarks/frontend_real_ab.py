@@ -108,6 +108,11 @@ def child(repeat: int, mode_name: str = "default", endpoint: str | None = None) 
             out.update({f"{mode}_{k}": v / tokens / 1e3 for k, v in parts.ns.items()})
             if mode != "none":
                 out["probes"] = sum(out[f"{mode}_{k}"] for k in PROBES if f"{mode}_{k}" in out)
+                # how many spans a request gets depends on its timing (stalls are kept as rows), which load
+                # changes: the background threads' CPU per span sent compares checkouts whatever the count
+                sent = out["spans_sent_direct_per_workload"] * repeat
+                if sent:
+                    out["background_us_per_span"] = (parts.ns["materializer"] + parts.ns["sender"]) / sent / 1e3
                 otel_llm.uninstrument()
         print(json.dumps(out), flush=True)
 
