@@ -125,8 +125,10 @@ def attributes(attrs: Mapping[str, Any]) -> bytes:
             body = any_value(v)
             if body is None:
                 raise TypeError(f"attribute {k!r}: {t.__name__} values are not encoded here")
-        kv = entry[0] + b"\x12" + varint(len(body)) + body
-        append(_ATTRIBUTE + varint(len(kv)) + kv)
+        n = len(body)
+        kv = entry[0] + b"\x12" + (one[n] if n < 128 else varint(n)) + body
+        n = len(kv)
+        append(_ATTRIBUTE + (one[n] if n < 128 else varint(n)) + kv)
     return b"".join(out)
 
 
