@@ -17,7 +17,15 @@ Reported per checkout: median of per-round paired ``default - none`` (µs/token)
 denominator, measured in the same round. Noisy on a shared 2-core machine: compare the two checkouts'
 shares from this one run, not absolute times across runs.
 
-Run: /work/bin/wtpy benchmarks/frontend_real_ab.py --root /tmp/main-src --root . [--rounds 6]
+``--mode full``: every request at full detail (``sample_rate=1.0, baseline_detail="steps"``, as
+``vllm_overhead.py``'s full mode), spans written as OTLP bytes by direct export through the SDK's
+OTLP/HTTP exporter to a discarding sink process (one for the run); the direct exporter's sender thread
+(``sender``: joining the batch, the HTTP post) is probed too. ``probes`` sums the thread-CPU probes;
+``probe_share`` = (probes + the collections' wall time the mode adds over ``none``) / ``none``: our
+code's CPU per token as a share of vLLM's own frontend CPU per token in the same round. One ``--root``
+measures one checkout.
+
+Run: /work/bin/wtpy benchmarks/frontend_real_ab.py --root /tmp/main-src --root . [--rounds 6] [--mode full]
 """
 
 from __future__ import annotations
@@ -34,8 +42,12 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def child(repeat: int) -> None:
-    """Build the engine, then measure one round per line read from stdin (``none,default`` order)."""
+MODES = {"default": {}, "full": {"sample_rate": 1.0, "baseline_detail": "steps"}}  # as vllm_overhead.py's
+PROBES = ("drain", "record_outputs", "finish", "materializer", "sender")  # thread CPU inside our code, summed
+
+
+def child(repeat: int, mode_name: str = "default", endpoint: str | None = None) -> None:
+    """Build the engine, then measure one round per line read from stdin (``none,<mode>`` order)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from support.engine import engine_args, prepare_env
     prepare_env()
@@ -53,8 +65,14 @@ def child(repeat: int) -> None:
             return SpanExportResult.SUCCESS
 
     tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(Null()))
+    if endpoint is None:
+        tp.add_span_processor(BatchSpanProcessor(Null()))
+    else:  # an OTLP exporter to the discarding sink: what direct export writes bytes for (full mode)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
     mp = MeterProvider()
+    options = MODES[mode_name]
     otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # vLLM's statistics on, the step hooks armed
     llm = LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512))
     otel_llm.uninstrument()
@@ -68,8 +86,8 @@ def child(repeat: int) -> None:
         order = line.strip().split(",")
         out = {}
         for mode in order:
-            if mode == "default":
-                otel_llm.instrument(tracer_provider=tp, meter_provider=mp)
+            if mode != "none":
+                otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
                 r = VLLMInstrumentor().step_receiver
                 if r is not None:  # records of the uninstrumented workloads (none are sent then, but to be sure)
                     r.drain(lambda s: None)
@@ -77,16 +95,31 @@ def child(repeat: int) -> None:
             c0 = time.process_time()
             for _ in range(repeat):
                 llm.generate(prompts, params, use_tqdm=False)
-            if mode == "default":
+            if mode != "none":
                 otel_llm.flush()
-                out["steps_per_workload"] = VLLMInstrumentor().telemetry.counts.steps_recorded / repeat
-                th = VLLMInstrumentor().telemetry.materializer._thread
+                telemetry = VLLMInstrumentor().telemetry
+                out["steps_per_workload"] = telemetry.counts.steps_recorded / repeat
+                out["kept_per_workload"] = telemetry.counts.requests_kept / repeat
+                direct = _direct(telemetry)
+                out["spans_sent_direct_per_workload"] = (direct.counts.spans_sent if direct else 0) / repeat
+                th = telemetry.materializer._thread
                 parts.ns["materializer"] = time.clock_gettime_ns(time.pthread_getcpuclockid(th.ident)) - parts.mat0
             out[mode] = (time.process_time() - c0) / tokens * 1e6
             out.update({f"{mode}_{k}": v / tokens / 1e3 for k, v in parts.ns.items()})
-            if mode == "default":
+            if mode != "none":
+                out["probes"] = sum(out[f"{mode}_{k}"] for k in PROBES if f"{mode}_{k}" in out)
+                # how many spans a request gets depends on its timing (stalls are kept as rows), which load
+                # changes: the background threads' CPU per span sent compares checkouts whatever the count
+                sent = out["spans_sent_direct_per_workload"] * repeat
+                if sent:
+                    out["background_us_per_span"] = (parts.ns["materializer"] + parts.ns["sender"]) / sent / 1e3
                 otel_llm.uninstrument()
         print(json.dumps(out), flush=True)
+
+
+def _direct(telemetry):
+    """The pipeline's direct exporter (None: spans go through the SDK)."""
+    return getattr(getattr(getattr(telemetry.spans, "_router", None), "route", None), "direct", None)
 
 
 class _Parts:
@@ -98,7 +131,7 @@ class _Parts:
         self.mat0 = 0
 
     def reset(self) -> None:
-        self.ns = {"drain": 0, "record_outputs": 0, "finish": 0, "gc": 0}
+        self.ns = {"drain": 0, "record_outputs": 0, "finish": 0, "gc": 0, "sender": 0}
         self.mat0 = 0
         try:
             from otel_llm.instrumentation.vllm import VLLMInstrumentor
@@ -126,6 +159,11 @@ def _probe() -> _Parts:
     steps.StepReceiver.drain = timed("drain", steps.StepReceiver.drain)
     wrappers.record_outputs = timed("record_outputs", wrappers.record_outputs)
     wrappers.VLLMWrappers._finish = timed("finish", wrappers.VLLMWrappers._finish)
+    try:  # the direct exporter's sender thread: joining the batch, the exporter's HTTP post
+        from otel_llm.otlp import direct_export
+        direct_export.DirectExport._send = timed("sender", direct_export.DirectExport._send)
+    except ImportError:
+        pass
     started = [0]
 
     def on_gc(phase, info):
@@ -143,18 +181,31 @@ def main() -> None:
     ap.add_argument("--root", action="append", default=[], help="a checkout to measure (twice: A and B)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=2, help="workloads per measurement")
+    ap.add_argument("--mode", choices=sorted(MODES), default="default",
+                    help="default: instrument() defaults, spans to a null SDK exporter; full: every request at "
+                         "full detail, spans by direct export to a discarding OTLP/HTTP sink process")
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(RESULTS / "frontend_real_ab.json"))
+    ap.add_argument("--out", default=None, help="default: results/frontend_real_ab.json (full: _full.json)")
     args = ap.parse_args()
     if args.child:
-        child(args.repeat)
+        child(args.repeat, args.mode, args.endpoint)
         return
-    roots = [str(Path(r).resolve()) for r in args.root]
+    out_path = args.out or str(RESULTS / ("frontend_real_ab.json" if args.mode == "default" else "frontend_real_ab_full.json"))
+    extra = ["--mode", args.mode]
+    sink = None
+    if args.mode == "full":  # one sink process for the run, shared by the children
+        sys.path.insert(0, str(Path(__file__).parent))
+        from vllm_overhead import start_sink
+
+        sink, endpoint = start_sink()
+        extra += ["--endpoint", endpoint]
+    roots = [str(Path(r).resolve()) for r in (args.root or [str(Path(__file__).resolve().parents[1])])]
     procs = {}
     for root in roots:
         env = dict(os.environ, PYTHONPATH=root)
-        procs[root] = subprocess.Popen([sys.executable, __file__, "--child", "--repeat", str(args.repeat)], env=env,
-                                       cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs[root] = subprocess.Popen([sys.executable, __file__, "--child", "--repeat", str(args.repeat), *extra],
+                                       env=env, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for root, p in procs.items():  # engines built one after the other finish in turn
         for line in p.stdout:
             if line.startswith("{") and "ready" in line:
@@ -167,14 +218,18 @@ def main() -> None:
         for rnd in range(args.rounds):
             for root in (roots if rnd % 2 == 0 else roots[::-1]):
                 p = procs[root]
-                p.stdin.write(("none,default" if rnd % 2 == 0 else "default,none") + "\n")
+                p.stdin.write((f"none,{args.mode}" if rnd % 2 == 0 else f"{args.mode},none") + "\n")
                 p.stdin.flush()
                 line = p.stdout.readline()
                 while line and not line.startswith("{"):
                     line = p.stdout.readline()
                 res = json.loads(line)
-                res["over"] = res["default"] - res["none"]
-                res["share"] = res["over"] / res["none"]
+                res["over"] = res[args.mode] - res["none"]
+                res["share"] = res["over"] / res["none"]  # whole process: noisy
+                # collections' wall time our mode adds (the probes' threads may count part of it too)
+                res["gc_extra"] = res[f"{args.mode}_gc"] - res["none_gc"]
+                # our code's CPU over vLLM's own frontend CPU, the same round
+                res["probe_share"] = (res["probes"] + res["gc_extra"]) / res["none"]
                 rows[root].append(res)
                 print(f"round {rnd + 1} {root}: " + " ".join(f"{k} {v:.3f}" for k, v in res.items()), flush=True)
             load.append(os.getloadavg()[0])
@@ -182,9 +237,15 @@ def main() -> None:
         for p in procs.values():
             p.stdin.close()
             p.wait(timeout=120)
+        if sink is not None:
+            sink.terminate()
     summary = {r: {k: round(statistics.median(x[k] for x in rows[r]), 4) for k in rows[r][0]} for r in roots}
     out = {"workload": "64 requests x 128 output tokens per workload, offline LLM.generate, tiny model, CPU, "
-                       "EngineCore in its own process", "unit": "frontend process CPU us per output token",
+                       "EngineCore in its own process", "mode": args.mode + (
+                           " (sample_rate=1.0, baseline_detail=steps; direct export over OTLP/HTTP to a discarding "
+                           "sink process)" if args.mode == "full" else " (instrument() defaults, null SDK exporter)"),
+           "probes": list(PROBES), "share_of": "probe_share = (probes + gc_extra) / none: our code's CPU per token "
+                                                "over vLLM's own frontend CPU per token, same round", "unit": "frontend process CPU us per output token",
            "rounds": args.rounds, "repeat_per_measurement": args.repeat, "date": time.strftime("%Y-%m-%d %H:%M"),
            "machine": f"{os.cpu_count()} cores, shared", "load_average_1min_per_round": load,
            "median": summary, "raw": rows}
@@ -192,10 +253,14 @@ def main() -> None:
         a, b = roots
         out["paired_b_minus_a_over"] = round(statistics.median(
             y["over"] - x["over"] for x, y in zip(rows[a], rows[b])), 3)
+        out["paired_b_minus_a_probes"] = round(statistics.median(
+            y["probes"] - x["probes"] for x, y in zip(rows[a], rows[b])), 3)
+        out["paired_b_minus_a_probe_share"] = round(statistics.median(
+            y["probe_share"] - x["probe_share"] for x, y in zip(rows[a], rows[b])), 4)
     for r in roots:
         print(r, summary[r])
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}; load {load}")
+    Path(out_path).write_text(json.dumps(out, indent=1))
+    print(f"wrote {out_path}; load {load}")
 
 
 if __name__ == "__main__":

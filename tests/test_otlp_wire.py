@@ -286,25 +286,43 @@ def script(tracer) -> None:
     step.end(end_time=20)
 
 
+def _samplers():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    # the default (children of our spans: the sampler's known answer, without calling it), and others
+    # that must be asked: one that drops every child of a local sampled parent, one that is not ParentBased
+    return {"default": None, "local-children-off": ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF),
+            "ratio": TraceIdRatioBased(1.0)}
+
+
+@pytest.mark.parametrize("sampler", sorted(_samplers()))
 @pytest.mark.parametrize("max_links", [None, 3])
-def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links):
+def test_wire_tracer_writes_what_the_sdk_writes_for_the_same_spans(max_links, sampler):
     from opentelemetry.sdk.trace import SpanLimits
 
     from otel_llm.otlp.wire_tracer import WireTracer
 
     limits = SpanLimits(max_links=max_links) if max_links else None
+    chosen = {"sampler": _samplers()[sampler]} if _samplers()[sampler] is not None else {}
     memory = InMemorySpanExporter()
-    sdk_tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    sdk_tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits, **chosen)
     sdk_tp.add_span_processor(SimpleSpanProcessor(memory))
     script(sdk_tp.get_tracer("otel_llm", "9.9"))
     expected = encode_spans(memory.get_finished_spans())
 
     sent: list[bytes] = []
-    tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits)
+    tp = TracerProvider(resource=RESOURCE, id_generator=CountingIds(), span_limits=limits, **chosen)
     sdk_tracer = tp.get_tracer("otel_llm", "9.9")
     direct = DirectExport([lambda data: sent.append(data) or True],
                           wire.RequestFrame.for_tracer(RESOURCE, sdk_tracer._instrumentation_scope))
-    script(WireTracer(sdk_tracer, direct))
+    tracer = WireTracer(sdk_tracer, direct)
+    # the fences: the default sampler is recognized (else every span would ask it, correct but dearer), and a
+    # link's cache key is read as one slice of the SpanContext tuple (else its three properties, dearer)
+    from otel_llm.otlp import wire_tracer
+
+    assert tracer._local_children == (sampler == "default")
+    assert wire_tracer._SLICE_KEY
+    script(tracer)
     assert direct.flush(5)
     assert ExportTraceServiceRequest.FromString(b"".join(sent)) == expected
     assert b"".join(sent) == expected.SerializeToString()  # byte for byte, too
@@ -455,7 +473,10 @@ def test_attributes_inline_path_writes_the_generic_encoders_bytes():
         HIGH = 3
 
     values = [0, 1, 127, 128, -1, -2 ** 63, 2 ** 64 - 1, 0.0, -0.5, 1e300, float("inf"), True, False, "", "x" * 200,
-              "é漢", (1, 2), ["a", "b"], (True, 1.5), Level.HIGH, ()]
+              "é漢", (1, 2), ["a", "b"], (True, 1.5), Level.HIGH, (),
+              # arrays, written inline item by item: small and large ints, negative, str, float, mixed, nested
+              tuple(range(130)), (0, 127, 128, -1, 2 ** 63 - 1), ("length",), ("é漢", "", "x" * 130),
+              [0.25, -0.0, float("inf")], [1, "a", 2.5, False, Level.HIGH], ((1, 2), ["a"]), (1 << 70,)]
     for i, value in enumerate(values):
         attrs = {"gen_ai.request.model": "m", f"k{i}": value, "ключ" * 40: value}
         for _ in range(2):  # names encoded, then from the cache
@@ -463,6 +484,77 @@ def test_attributes_inline_path_writes_the_generic_encoders_bytes():
                 wire.field(b"\x4a", wire.key_value(k, v)) for k, v in attrs.items())
     nan = wire.attributes({"v": float("nan")})
     assert nan == wire.field(b"\x4a", wire.key_value("v", float("nan")))
-    for bad in (None, object(), [None]):
+    for bad in (None, object(), [None], (1, None), ["a", object()]):
         with pytest.raises(TypeError, match="attribute 'k'"):
             wire.attributes({"k": bad})
+
+
+def _full_detail_request(multi: bool):
+    """A kept request with everything full detail writes: two prefill chunks (one step shared with another
+    request's prompt), a preemption, decode steps whose engine steps carry facts (others' prefill, anatomy),
+    stalls kept as rows and windows between them; ``multi``: speculative steps of several tokens."""
+    from otel_llm.core.timeline import PREEMPTED, PrefillChunk, RequestShare, StepRecord
+
+    base = 1000.0
+    t = RequestTimeline("r", 1_700_000_000.0, model="m", response_id="r", input_tokens=48)
+    t.events += [(QUEUED, base), (SCHEDULED, base + 0.01)]
+    t.chunks = [PrefillChunk(1, base + 0.01, base + 0.02, 32), PrefillChunk(2, base + 0.02, base + 0.03, 16)]
+    steps = [StepRecord(1, base + 0.01, base + 0.02, [RequestShare("r", 32, True), RequestShare("o", 20, True)]),
+             StepRecord(2, base + 0.02, base + 0.03, [RequestShare("r", 16, True)])]
+    ts = base + 0.03
+    for i in range(1, 60):
+        gap = 0.05 if i % 10 == 5 else 0.01 + (i % 3) * 1e-4
+        shares = [RequestShare("r", 2 if multi and i % 4 == 0 else 1, False)]
+        if i == 7:  # another request's prompt in this step: a decode stall with a cause
+            shares.append(RequestShare("p", 24, True))
+        step = StepRecord(10 + i, ts, ts + gap, shares, running=3, waiting=1, preempted=int(i == 21))
+        step.model_s, step.execute_s, step.idle_s = gap * 0.8, gap * 0.9, 1e-5 * i
+        steps.append(step)
+        ts += gap
+        t.add_tokens(ts, shares[0].tokens)
+    t.events += [(PREEMPTED, base + 0.3), (SCHEDULED, base + 0.35)]
+    t.token_ts.insert(0, base + 0.03)
+    if t.multi_token_steps:  # the first token was inserted in front: shift the multi-token indices
+        t.multi_token_steps = {i + 1: n for i, n in t.multi_token_steps.items()}
+    e2e = ts - base
+    s = RequestSummary(model="m", ttft=0.03, e2e=e2e, queue=0.01, prefill=0.02, decode=e2e - 0.03, tpot=0.012,
+                       input_tokens=48, output_tokens=len(t.token_ts))
+    return t, s, steps
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch, multi):
+    """Decode rows (steps and windows) are written as attribute bytes without building a dict, and the
+    request's other spans through WireSpan's encoder: the bytes sent must be exactly what the attribute-dict
+    path (``attributes`` of the same dicts, checked above against the generic encoder) sends."""
+    import random
+
+    from otel_llm.core.clock import WallClock
+    from otel_llm.core.config import Detail
+    from otel_llm.core.spans import SpanBuilder
+    from otel_llm.otlp import routes
+
+    sent: list[tuple[bytes, int]] = []
+    monkeypatch.setattr(DirectExport, "add", lambda self, spans, count, frame=None: sent.append((spans, count)) or True)
+    tp = TracerProvider(resource=RESOURCE)
+    tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint="http://127.0.0.1:9/v1/traces")))
+    t, s, steps = _full_detail_request(multi)
+    clock = WallClock()
+    out = {}
+    for encoded in (True, False):
+        monkeypatch.setattr(routes._WireRows, "encoded", encoded)
+        builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"))
+        assert builder.wire_export() is not None
+        sent.clear()
+        random.seed(7)  # the same span and trace ids on both paths
+        kept = builder.request(t, s, {"gen_ai.request.model": "m", "llm.slo.met": True, "n": (1, 2)}, Detail.STEPS,
+                               clock, steps, tpot_slo=0.02)
+        assert kept is not None and kept.linked_steps
+        out[encoded] = list(sent)
+    assert out[True] == out[False]
+    names = [sp.name for sp in decode(wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request(
+        [b for b, _ in out[True]]))]
+    # everything was there to compare: chunks, a preemption's spans, decode-step rows and windows
+    for name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_REQUEUE, sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW):
+        assert name in names, name
+    tp.shutdown()

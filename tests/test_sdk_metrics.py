@@ -7,6 +7,7 @@ inter-token histogram silently becoming a record call per token.
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left
 
 import pytest
@@ -180,3 +181,58 @@ def test_an_always_on_exemplar_filter_gets_the_public_api() -> None:
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()], exemplar_filter=AlwaysOnExemplarFilter())
     hist = provider.get_meter("t").create_histogram("h")
     assert not fast_path(bind_value(hist, ATTRS))
+
+
+def _exemplars(data) -> dict[str, list]:
+    """Per instrument: each point's series and its exemplars, less their timestamps (the SDK reads the clock
+    once per record: the two paths' reads differ)."""
+    return {m.name: [(tuple(sorted(p.attributes.items())),
+                      [(e.value, e.trace_id, e.span_id, dict(e.filtered_attributes or {})) for e in p.exemplars])
+                     for p in m.data.data_points]
+            for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+@pytest.mark.parametrize("keys", [None, {"gen_ai.request.model"}])
+@pytest.mark.parametrize("temporality", [AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA])
+def test_values_with_contexts_keep_the_exemplars_the_sdks_own_record_and_add_keep(
+        temporality: AggregationTemporality, keys: set[str] | None) -> None:
+    """A kept request's values carry its span context: the fast path hands them to the SDK's aggregations
+    with that context, so exemplars (which span, which value, the attributes a view dropped) are the
+    ones the public calls make; an unsampled context or none offers no exemplar."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.metrics import Counter, Histogram
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality, Counter: temporality})
+    views = [View(instrument_name="*", attribute_keys=keys)] if keys else []
+    meter = MeterProvider(metric_readers=[reader], views=views).get_meter("t")
+    (hist, counter), (sdk_hist, sdk_counter) = [
+        (meter.create_histogram(f"{side}_h", explicit_bucket_boundaries_advisory=list(BOUNDS)),
+         meter.create_counter(f"{side}_c")) for side in ("ours", "sdk")]
+    record, add = bind_value(hist, ATTRS), bind_value(counter, ATTRS)
+    assert fast_path(record) and fast_path(add), "the SDK's metrics internals moved: see core/sdk_metrics.py"
+
+    def ctx(span_id: int, sampled: bool):
+        return trace.set_span_in_context(NonRecordingSpan(SpanContext(7, span_id, False, TraceFlags(int(sampled)))))
+    calls = [(0.02, ctx(1, True)), (0.3, ctx(2, True)), (0.03, ctx(3, False)), (0.001, None), (7.5, ctx(4, True)),
+             (-1.0, ctx(5, True)), (float("nan"), ctx(6, True)), (0.0, ctx(7, True))]
+    for round_ in range(2):
+        # a counter's reservoir keeps a random one of the values offered: both sides draw the same numbers
+        random.seed(round_)
+        for v, c in calls:
+            record(v, c)
+            add(v, c)
+        random.seed(round_)
+        for v, c in calls:
+            sdk_hist.record(v, ATTRS, context=c)
+            sdk_counter.add(v, ATTRS, context=c)
+        data = reader.get_metrics_data()  # once: a delta reader's collection resets
+        points, sums, exemplars = _points(data), _sums(data), _exemplars(data)
+        assert points["ours_h"] == points["sdk_h"], round_
+        assert sums["ours_c"] == sums["sdk_c"], round_
+        assert exemplars["ours_h"] == exemplars["sdk_h"], round_
+        assert exemplars["ours_c"] == exemplars["sdk_c"], round_
+        kept = {e[2] for _, es in exemplars["ours_h"] for e in es}
+        assert kept and kept <= {1, 2, 4, 7}, round_  # sampled contexts only
+        if keys:  # the dropped label is the exemplar's own attribute, as the SDK keeps it
+            assert all(e[3] == {"gen_ai.operation.name": "chat"} for _, es in exemplars["ours_h"] for e in es)

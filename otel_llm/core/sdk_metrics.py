@@ -9,8 +9,11 @@ histogram has one value per output token, while the API has no call that adds co
 * ``bind_value(instrument, attributes)``: a recorder for one label set that hands the value
   to the SDK's own aggregation objects (the ones ``record`` reaches, found once per label set
   and again when readers change) through their own ``aggregate``. With a context (a kept
-  request's exemplar), a value the SDK would refuse, or an exemplar filter other than the
-  trace-based default or off, it calls the public API instead.
+  request's exemplar) it asks the SDK's own exemplar filter, as ``record`` does, and hands the
+  aggregation a measurement carrying the value, time, context and the label set (cleaned once,
+  by the SDK's own ``Measurement``), so its exemplar reservoir keeps what it would have kept. A
+  value the SDK would refuse, or an exemplar filter other than the trace-based default or off,
+  takes the public API instead.
 * ``bind_counts(instrument, attributes, boundaries)``: adds a whole request's bucket counts
   to an explicit-bucket histogram, under the same locks the SDK's ``aggregate`` takes.
   A backend with its own ``bind_counts`` (an aggregation of ours) is used as is; elsewhere
@@ -25,6 +28,7 @@ loudly when the internals move (``fast_path`` says which path a recorder took).
 from __future__ import annotations
 
 import logging
+from time import time_ns as _time_ns
 from typing import Any, Callable, Sequence
 
 logger = logging.getLogger("otel_llm")
@@ -78,10 +82,26 @@ class _Value:
         self.value = value
 
 
+class _Measured:
+    """What an aggregation's ``aggregate`` (and its exemplar reservoir's ``offer``) reads of a ``Measurement``
+    when an exemplar may be offered: the SDK's ``Measurement`` less its per-call attribute cleaning."""
+
+    __slots__ = ("value", "time_unix_nano", "instrument", "context", "attributes")
+
+    def __init__(self, value: float, time_unix_nano: int, instrument: Any, context: Any,
+                 attributes: dict[str, Any]) -> None:
+        self.value = value
+        self.time_unix_nano = time_unix_nano
+        self.instrument = instrument
+        self.context = context
+        self.attributes = attributes
+
+
 class _SDKValue:
     """One instrument and label set: each value goes to the SDK's aggregations through their ``aggregate``."""
 
-    __slots__ = ("_instrument", "_public", "_consumer", "_attributes", "_storages", "_matches")
+    __slots__ = ("_instrument", "_public", "_consumer", "_attributes", "_storages", "_matches", "_measured",
+                 "_filter")
 
     def __init__(self, instrument: Any, attributes: dict[str, Any]) -> None:
         self._instrument = instrument
@@ -90,10 +110,13 @@ class _SDKValue:
         self._attributes = dict(attributes)
         self._storages: Any = None
         self._matches: list[tuple[Any, Any, dict[str, Any]]] = []
+        # the label set as the SDK's Measurement cleans it (what an exemplar keeps), once: it never changes
+        self._measured = _SDK.measurement(0, 0, instrument, None, self._attributes).attributes
+        self._filter = self._consumer._sdk_config.exemplar_filter
 
     def usable(self) -> bool:
         # the default filter offers exemplars only for a sampled span in the context: none without one
-        if not isinstance(self._consumer._sdk_config.exemplar_filter, _SDK.no_exemplar_without_context):
+        if not isinstance(self._filter, _SDK.no_exemplar_without_context):
             return False
         self._resolve()
         return True
@@ -110,25 +133,30 @@ class _SDKValue:
         self._storages, self._matches = storages, matches
 
     def __call__(self, amount: float, context: Any = None) -> None:
-        # a context may carry an exemplar; NaN, infinities and negative values: the SDK warns and ignores
-        if context is not None or not 0 <= amount < _INF:
+        # NaN, infinities and negative values: the SDK warns and ignores (its public call says so)
+        if not 0 <= amount < _INF:
             self._public(amount, self._attributes, context=context)
             return
         if not self._instrument._is_enabled():
             return
         if self._consumer._reader_storages is not self._storages:
             self._resolve()
-        value = _Value(amount)
+        if context is None:  # no exemplar: the filters usable() allows offer none without a context
+            value, sample = _Value(amount), False
+        else:  # as Histogram.record / Counter.add, then consume_measurement: the time, then the filter's say
+            now = _time_ns()
+            sample = self._filter.should_sample(amount, now, self._measured, context)
+            value = _Measured(amount, now, self._instrument, context, self._measured)
         for match, key, attrs in self._matches:
             if match._reset_on_collect:  # as consume_measurement: collect() discards aggregations meanwhile
                 with match._lock:
-                    match._get_or_create_aggregation(key, attrs).aggregate(value, False)
+                    match._get_or_create_aggregation(key, attrs).aggregate(value, sample)
                 continue
             agg = match._attributes_aggregation.get(key)
             if agg is None:
                 with match._lock:
                     agg = match._get_or_create_aggregation(key, attrs)
-            agg.aggregate(value, False)
+            agg.aggregate(value, sample)
 
 
 _INF = float("inf")
@@ -229,7 +257,7 @@ class _SDKNames:
     def __init__(self) -> None:
         from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, TraceBasedExemplarFilter
         from opentelemetry.sdk.metrics._internal import _view_instrument_match as vim
-        from opentelemetry.sdk.metrics._internal import aggregation, instrument
+        from opentelemetry.sdk.metrics._internal import aggregation, instrument, measurement
 
         self.histogram = instrument._Histogram
         self.counter = instrument._Counter
@@ -237,6 +265,7 @@ class _SDKNames:
         self.explicit = aggregation._ExplicitBucketHistogramAggregation
         self.drop = aggregation._DropAggregation
         self.hash = vim._hash_attributes
+        self.measurement = measurement.Measurement
 
 
 def _load() -> "_SDKNames | None":

@@ -39,7 +39,7 @@ from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
 from ..otlp.direct_export import DirectExport
-from ..otlp.encode import IntAttribute
+from ..otlp.encode import FloatAttribute, IntAttribute
 from ..otlp.routes import Route, Router
 from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
@@ -279,12 +279,12 @@ class SpanBuilder:
         preemptions = t.preemptions()
         # the request, its phases and preemptions always; what is left goes to chunks and decode rows
         room = max_spans - (4 if t.token_ts else 3) - 2 * len(preemptions)
-        by_id = {st.step_id: st for st in steps}
         prefill = self._child(sc.SPAN_PREFILL, ctx, sched_ns)
         decode = self._child(sc.SPAN_DECODE, ctx, first_ns) if t.token_ts else None
         if t.chunks:
             rows_later = detail >= Detail.STEPS and len(t.token_ts) > 1
-            room -= self._chunks(prefill, t, sched_ns, end, clock, by_id, room // 2 if rows_later else room, linked)
+            room -= self._chunks(prefill, t, sched_ns, end, clock, _chunk_steps(t.chunks, steps),
+                                 room // 2 if rows_later else room, linked)
         for preempted, rescheduled in preemptions:
             p_ns = _clamp(clock.mono_ns(preempted), sched_ns, end)
             phase = prefill if p_ns < first_ns or decode is None else decode
@@ -363,7 +363,8 @@ class SpanBuilder:
                     linked.add(step.step_id)
                 if encoded:
                     extra = facts.encoded(step, own_tokens) if step is not None else b""
-                    out.add_encoded(name, prev, now, _STEP_INDEX(a) + _STEP_TOKENS(t.tokens_at(a)) + extra)
+                    out.add_encoded(name, prev, now, _STEP_INDEX(a) + (_STEP_TOKENS(t.tokens_at(a)) if multi
+                                                                       else _ONE_TOKEN) + extra)
                     prev = now
                     continue
                 attrs = {sc.STEP_INDEX: a, sc.STEP_TOKENS: t.tokens_at(a)}
@@ -372,8 +373,14 @@ class SpanBuilder:
             else:
                 name = sc.SPAN_DECODE_WINDOW
                 tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
+                mean, peak = (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b])
+                if encoded:  # the same five attributes, in the same order, as bytes (no dict, names encoded once)
+                    out.add_encoded(name, prev, now, _WINDOW_TOKENS(tokens) + _WINDOW_FIRST(a) + _WINDOW_LAST(b)
+                                    + _WINDOW_MEAN(mean) + _WINDOW_MAX(peak))
+                    prev = now
+                    continue
                 attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: a, sc.WINDOW_LAST_INDEX: b,
-                         sc.WINDOW_GAP_MEAN: (ts[b] - ts[a - 1]) / tokens, sc.WINDOW_GAP_MAX: max(gaps[a - 1:b])}
+                         sc.WINDOW_GAP_MEAN: mean, sc.WINDOW_GAP_MAX: peak}
             out.add(name, prev, now, attrs)
             prev = now
         out.close()
@@ -419,6 +426,12 @@ _YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms 
 _SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
 _STEP_INDEX = IntAttribute(sc.STEP_INDEX)
 _STEP_TOKENS = IntAttribute(sc.STEP_TOKENS)
+_ONE_TOKEN = _STEP_TOKENS(1)  # a decode step's token count, but for speculative decoding's multi-token steps
+_WINDOW_TOKENS = IntAttribute(sc.WINDOW_TOKENS)
+_WINDOW_FIRST = IntAttribute(sc.WINDOW_FIRST_INDEX)
+_WINDOW_LAST = IntAttribute(sc.WINDOW_LAST_INDEX)
+_WINDOW_MEAN = FloatAttribute(sc.WINDOW_GAP_MEAN)
+_WINDOW_MAX = FloatAttribute(sc.WINDOW_GAP_MAX)
 
 
 def yield_gil() -> None:
@@ -426,6 +439,19 @@ def yield_gil() -> None:
     Python thread keeps the GIL for up to the switch interval (5 ms) each time the engine's
     thread wants it back; short slices keep the engine's waits short."""
     time.sleep(0)
+
+
+def _chunk_steps(chunks: Sequence[Any], steps: Sequence[StepRecord]) -> dict[int, StepRecord]:
+    """The steps that computed these prefill chunks, by id: a prompt's chunks come first among a request's
+    steps, so the scan stops once every chunk's step is found (not a dict of every step it ran in)."""
+    want = {c.step_id for c in chunks}
+    out: dict[int, StepRecord] = {}
+    for st in steps:
+        if st.step_id in want:
+            out[st.step_id] = st
+            if len(out) == len(want):
+                break
+    return out
 
 
 def _clamp(v: int, lo: int, hi: int) -> int:

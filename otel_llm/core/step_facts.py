@@ -66,7 +66,8 @@ class FactsCache:
         prefill tokens per step id). One pass, per token of a kept request: kept tight."""
         cached, entry, key, mine = self._facts.get, self._entry, sc.STEP_OTHER_PREFILL_TOKENS, own.get
         out = set()
-        for i, st in by_token.items():
+        # a step that prefilled nobody (no prefilling share: no prefill tokens) carried no one's prompt
+        for i, st in [(i, st) for i, st in by_token.items() if st.prefill_at]:
             facts = cached(st.step_id) or entry(st)
             if facts[key] > mine(st.step_id, 0):
                 out.add(i)

@@ -61,6 +61,16 @@ def span_processors(tracer: Any) -> tuple[Any, ...]:
     return _attr(_attr(tracer, "span_processor"), "_span_processors")
 
 
+def samples_local_children(sampler: Any) -> bool:
+    """Whether ``sampler`` samples every span whose parent is a local sampled span, keeping the attributes
+    given and the parent's trace state, and reads nothing else: the SDK's default ``ParentBased`` whose
+    local-sampled-parent delegate (``ParentBased._local_parent_sampled``) is ``ALWAYS_ON``. Its
+    ``should_sample`` then returns ``SamplingResult(RECORD_AND_SAMPLE, attributes, parent's trace_state)``."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    return type(sampler) is ParentBased and _attr(sampler, "_local_parent_sampled") is ALWAYS_ON
+
+
 # -- processors and exporters ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -212,6 +222,13 @@ def check() -> list[str]:
                 read(tracer)
             except Moved as m:
                 problems.append(f"{name}: {m}")
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+        try:
+            if not samples_local_children(ParentBased(ALWAYS_ON)):
+                problems.append("ParentBased(ALWAYS_ON) not recognized as sampling local sampled children")
+        except Moved as m:
+            problems.append(f"ParentBased._local_parent_sampled: {m}")
         try:
             found = senders_of_strict(tracer)
             if len(found.sends) != 3:
