@@ -71,13 +71,15 @@ class SocketSink:
         self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
         self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
         self._rings: tuple = ()  # the same targets' RingWriters (for step_wire.encode_into_rings)
+        # step_wire's choice: the C accelerator (encode and ring writes in one call) or the pure-Python path
+        self._encode, self._into_rings = step_wire.encode, step_wire.encode_into_rings
         self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
         # the step's start (payload[1]) is the hooks' clock, time.monotonic: no clock read of our own
         if payload[1] - self._scanned > self.RESCAN_S:
             self._rescan(payload[1])
-        into_rings = step_wire.encode_into_rings
+        into_rings = self._into_rings
         if into_rings is not None and self._writes is not None:
             # the C accelerator (step_wire picks it): encode and RingWriter.write in one call, same bytes
             try:
@@ -90,7 +92,7 @@ class SocketSink:
                 self._resync()  # they missed this record: the next one lists its ids
             return
         try:
-            data = step_wire.encode(payload, self._ids)
+            data = self._encode(payload, self._ids)
         except Exception:
             self._resync()  # not sent: the next record lists its ids
             raise
