@@ -167,6 +167,14 @@ static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
         return 1; /* the header alone: no ids, no counts, cache untouched */
     /* the counts: array("I", computed) for a plain decode batch (any length, as array takes it), else the
      * struct of exactly k + n + z + 3m values, the lists concatenated (as `pack(*a, *b, ...)` takes them) */
+    /* compared first (no side effect; with ids of str only it runs no Python code): from here on until the
+     * record is emitted nothing runs Python code that could re-enter this module and reuse `vals` */
+    int same = 0;
+    if (cache != Py_None) {
+        same = PyObject_RichCompareBool(PyList_GET_ITEM(cache, 0), ids, Py_EQ);
+        if (same < 0)
+            return -1;
+    }
     int plain = tokens == Py_None && !z && !m;
     int first = tokens == Py_None ? 2 : 1, last = plain ? 3 : 7;
     Py_ssize_t total = 0;
@@ -180,12 +188,6 @@ static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
         if (!put_counts(s[i], &r->nvals))
             return 0;
     /* the ids: as step_wire.encode_py, the cache last (everything above could still refuse) */
-    int same = 0;
-    if (cache != Py_None) {
-        same = PyObject_RichCompareBool(PyList_GET_ITEM(cache, 0), ids, Py_EQ);
-        if (same < 0)
-            return -1;
-    }
     if (same) {
         PyObject *bytes = PyList_GET_ITEM(cache, 1);
         if (!PyBytes_CheckExact(bytes))
