@@ -17,11 +17,13 @@ steps (untimed). Modes:
     wrap_plain  the same through plain-function wrappers (this tree's)
     old         BASE_COMMIT's hooks and SocketSink (its own step_wire: version 1), wrapt
     new         this tree's hooks and SocketSink (a ring, where step_ring.AVAILABLE)
+    new_py      this tree's hooks and SocketSink without the C accelerator (step_wire.encode_py, RingWriter.write:
+                the fallback where _step_fast is not built or not x86-64)
     new_dgram   this tree's hooks and SocketSink with rings off (one datagram a step)
-    new_enc     this tree's hooks, the record encoded (step_wire.encode, as SocketSink calls it) but not sent
+    new_enc     this tree's hooks, the record encoded (step_wire.encode: the C accelerator where built) but not sent
     new_hook    this tree's hooks, the record handed to a no-op (their own Python work and wrapping)
 
-So new - new_enc is the transport (ring), new_dgram - new_enc the datagram's, new_enc - new_hook the
+So new - new_enc is the transport (ring; with the C accelerator encode and ring write are one call), new_dgram - new_enc the datagram's, new_enc - new_hook the
 encoding. With ``--burners N`` every round is also run with N busy processes (started before, stopped
 after). ``--also <commit>`` adds that commit's hooks as mode ``also`` (e.g. ``--also main``: the paired
 ``also - new`` per round and ``new_over_also``, the hooks' cost of this tree over that commit's, are in the
@@ -65,7 +67,12 @@ def load_old(commit: str = BASE_COMMIT, tag: str = "old") -> types.ModuleType:
     for name in ("steps", "step_wire"):
         sources[name] = subprocess.run(["git", "show", f"{commit}:otel_llm/instrumentation/vllm/{name}.py"],
                                        cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    sources["steps"] = sources["steps"].replace("from . import step_wire", f"from . import _{tag}_step_wire as step_wire")
+    # its own step_wire, whichever way it imports it (session 7 on: `from . import step_ring, step_wire`; before
+    # this fix that form kept the current tree's step_wire, so 'also' figures of main encoded with this tree's)
+    sources["steps"] = sources["steps"].replace(
+        "from . import step_ring, step_wire", f"from . import step_ring\nfrom . import _{tag}_step_wire as step_wire").replace(
+        "from . import step_wire\n", f"from . import _{tag}_step_wire as step_wire\n")
+    assert f"_{tag}_step_wire as step_wire" in sources["steps"], "the commit's steps.py imports step_wire another way"
     mods = {}
     for name, mod_name in (("step_wire", f"_{tag}_step_wire"), ("steps", f"_{tag}_steps")):
         path = tmp / f"{mod_name}.py"
@@ -289,12 +296,14 @@ def main() -> None:
             return types.SimpleNamespace(schedule=through, update_from_output=through)
         mod = {"old": old, "also": also}.get(mode, new)
         hooks = mod.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
-        if mode in ("old", "new", "new_dgram", "also"):
+        if mode in ("old", "new", "new_dgram", "new_py", "also"):
             sink = mod.SocketSink(directory)
             if mode == "new_dgram":
                 sink.RING = False  # this tree's datagram path (where rings are not available)
+            if mode == "new_py":  # this tree without its C accelerator (the fallback: no compiler, not x86-64)
+                sink._encode, sink._into_rings = step_wire.encode_py, None
             # as the plugin arms it (this tree: the bound method)
-            hooks.sink = sink.__call__ if mode in ("new", "new_dgram") else sink
+            hooks.sink = sink.__call__ if mode in ("new", "new_dgram", "new_py") else sink
         elif mode == "new_enc":
             cache: list = [None, b"", None]  # as SocketSink keeps it (every frontend on a ring: ids left out while they repeat)
             hooks.sink = lambda payload: step_wire.encode(payload, cache)
@@ -302,7 +311,7 @@ def main() -> None:
             hooks.sink = lambda payload: None
         return hooks
 
-    modes = ["bare", "wrap", "wrap_plain", "old", "new", "new_dgram", "new_enc", "new_hook"] + (["also"] if also else [])
+    modes = ["bare", "wrap", "wrap_plain", "old", "new", "new_py", "new_dgram", "new_enc", "new_hook"] + (["also"] if also else [])
     hooks_by_mode = {m: make(m) for m in modes}
     hooks = {m: Wired(hooks_by_mode[m], scene, {"wrap": False, "wrap_plain": True}.get(m)) for m in modes}
     for m in modes:  # warm up: struct layouts compiled, sockets connected
@@ -345,7 +354,7 @@ def main() -> None:
                     "machine": platform.machine(), "cpus": os.cpu_count(), "records_received": received[0],
                     "sink_dropped": {m: getattr(h.sink, "__self__", h.sink).dropped for m, h in hooks_by_mode.items()
                                      if hasattr(getattr(getattr(h, "sink", None), "__self__", getattr(h, "sink", None)), "dropped")},
-                    "ring": new.SocketSink.RING,
+                    "ring": new.SocketSink.RING, "c_accelerator": step_wire.REASON or "built and chosen",
                     "frontend_decode_per_record": frontend_cost, "conditions": {}}
     for condition, by_mode in rows.items():
         if not by_mode["bare"]:
@@ -356,7 +365,7 @@ def main() -> None:
         result["conditions"][condition] = {
             "cpu_us_per_step_median": {m: round(v, 2) for m, v in med.items()},
             "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in by_mode.items()},
-            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "new_dgram", "also") if m in med},
+            "hooks_us_per_step": {m: round(med[m] - med["bare"], 2) for m in ("old", "new", "new_py", "new_dgram", "also") if m in med},
             "wrapping_us": {"wrapt": round(med["wrap"] - med["bare"], 2),
                             "plain": round(med["wrap_plain"] - med["bare"], 2)},
             "new_split_us": {"hooks incl. wrapping": round(med["new_hook"] - med["bare"], 2),
@@ -365,6 +374,8 @@ def main() -> None:
                              "transport_datagram": round(med["new_dgram"] - med["new_enc"], 2)},
             "old_minus_new_paired_median_us": round(statistics.median(paired), 2),
             "old_minus_new_paired_range_us": [round(min(paired), 2), round(max(paired), 2)],
+            "new_py_minus_new_paired_median_us": round(statistics.median(
+                [p - n for p, n in zip(by_mode["new_py"], by_mode["new"])]), 2),
             **({"also_minus_new_paired_median_us": round(statistics.median(also_paired), 2),
                 "also_minus_new_paired_range_us": [round(min(also_paired), 2), round(max(also_paired), 2)],
                 "new_over_also_paired_median": round(statistics.median(

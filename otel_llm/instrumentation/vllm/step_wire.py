@@ -35,6 +35,7 @@ and 2 (no SAME_IDS) are refused.
 
 from __future__ import annotations
 
+import platform
 import struct
 import sys
 from array import array as _array
@@ -84,7 +85,7 @@ def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int],
     return sorted(i for i, f in flags.items() if f and 0 <= i < n)
 
 
-def encode(payload: tuple, cache: list | None = None) -> bytes:
+def encode_py(payload: tuple, cache: list | None = None) -> bytes:
     """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one record.
 
     ``cache`` (a sender's ``[ids, bytes, step_id]``) keeps the last ids encoded: in a steady batch vLLM
@@ -131,6 +132,26 @@ def encode(payload: tuple, cache: list | None = None) -> bytes:
             *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
     return head + _arrays(n, n, len(no_output_at), len(prompt_at)).pack(
         *tokens, *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
+
+
+def _choose() -> tuple:
+    """The one place that picks the C accelerator (``_step_fast.c``, built by setup.py when a compiler is
+    there) or the pure-Python encoder: (encode, encode_into_rings or None, why not C or None). The C path is
+    taken only on x86-64 (the ring's memory-ordering contract, and the wire's u32 is the native one), and
+    produces the same bytes: any input it does not take whole it hands to ``encode_py``."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _NATIVE_U32:
+        return encode_py, None, f"not on x86-64 ({platform.machine()}): the pure-Python encoder"
+    try:
+        from . import _step_fast
+        from . import step_ring
+        _step_fast.setup(encode_py, VERSION, HEADER.size, step_ring._DATA, 8 * step_ring._HEAD, 8 * step_ring._TAIL)
+    except (ImportError, ValueError) as exc:
+        return encode_py, None, f"the C accelerator is not importable ({exc}): the pure-Python encoder"
+    return _step_fast.encode, _step_fast.encode_into_rings, None
+
+
+# encode(payload, cache=None) -> bytes; encode_into_rings(payload, cache, ring writers) -> rings that were full
+encode, encode_into_rings, REASON = _choose()
 
 
 def decode(data: bytes, cache: list | None = None) -> StepRecord:

@@ -70,14 +70,29 @@ class SocketSink:
         self._ids: list = [None, b"", None]
         self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
         self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
+        self._rings: tuple = ()  # the same targets' RingWriters (for step_wire.encode_into_rings)
+        # step_wire's choice: the C accelerator (encode and ring writes in one call) or the pure-Python path
+        self._encode, self._into_rings = step_wire.encode, step_wire.encode_into_rings
         self._scanned = float("-inf")
 
     def __call__(self, payload: tuple) -> None:
         # the step's start (payload[1]) is the hooks' clock, time.monotonic: no clock read of our own
         if payload[1] - self._scanned > self.RESCAN_S:
             self._rescan(payload[1])
+        into_rings = self._into_rings
+        if into_rings is not None and self._writes is not None:
+            # the C accelerator (step_wire picks it): encode and RingWriter.write in one call, same bytes
+            try:
+                full = into_rings(payload, self._ids, self._rings)
+            except Exception:
+                self._resync()  # not sent: the next record lists its ids
+                raise
+            if full:
+                self.dropped += full  # those frontends lag: their rings are full
+                self._resync()  # they missed this record: the next one lists its ids
+            return
         try:
-            data = step_wire.encode(payload, self._ids)
+            data = self._encode(payload, self._ids)
         except Exception:
             self._resync()  # not sent: the next record lists its ids
             raise
@@ -186,6 +201,7 @@ class SocketSink:
         rings = all(ring is not None for _, _, ring in self._targets)
         self._ids = [ids, joined, None] if rings else [ids, joined]
         self._writes = tuple(ring.write for _, _, ring in self._targets) if rings else None
+        self._rings = tuple(ring for _, _, ring in self._targets) if rings else ()
 
     @staticmethod
     def _close(sock: socket.socket, ring: step_ring.RingWriter | None) -> None:
@@ -198,6 +214,7 @@ class SocketSink:
             self._close(sock, ring)
         self._targets = []
         self._writes = ()
+        self._rings = ()
 
 
 # a connected peer that closed: ECONNREFUSED once, ENOTCONN after (Linux); its file removed: ENOENT

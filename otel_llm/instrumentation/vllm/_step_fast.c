@@ -1,0 +1,452 @@
+/* Optional C accelerator of the EngineCore's per-step path: step_wire.encode, and the copy of the record
+ * into each frontend's shared-memory ring (step_ring.RingWriter.write), in one call.
+ *
+ * Byte-identical to the Python path by construction where it matters: this module encodes only input it
+ * fully understands (exact tuples, lists, ints, floats in the wire's ranges) and checks all of it BEFORE
+ * touching the sender's cache; anything else (a count >= 2^32, a NUL in an id, an unexpected type...) is
+ * handed whole to the Python encoder (step_wire.encode_py), which produces the same bytes or raises the same
+ * error as it always did. Tests compare both paths record by record and ring byte by ring byte.
+ *
+ * step_wire.py is the one module that chooses this or Python (step_wire.FAST, REASON), and only on x86-64
+ * (the ring's memory-ordering contract below, and the wire's little-endian u32 as the native layout).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER_SIZE 99 /* step_wire.HEADER "<BBqddIIIdBdddddIII": checked against it by setup() */
+#define F_IDLE 1
+#define F_MODEL 2
+#define F_ONE_EACH 4
+#define F_SAME_IDS 8
+
+static PyObject *py_encode;    /* step_wire.encode_py: every input the fast path does not take */
+static int wire_version;
+static Py_ssize_t ring_data;   /* step_ring: offset of the data, and of the head/tail words */
+static Py_ssize_t ring_head, ring_tail;
+static PyObject *s_mm, *s_cap, *s_head, *s_written;
+
+/* one growable scratch buffer for the counts and one for the record (the GIL is held throughout, and
+ * nothing in here calls back into code that could re-enter this module) */
+static uint32_t *vals;
+static Py_ssize_t vals_cap;
+static unsigned char *rec;
+static Py_ssize_t rec_cap;
+
+typedef struct {
+    long long step_id;
+    double start, end, kv, schedule_s, execute_s, output_s, idle, model;
+    uint32_t running, waiting, preempted, n, z, m;
+    uint8_t flags, blocked;
+    Py_ssize_t nvals;     /* u32 values in vals */
+    PyObject *joined;     /* new reference or NULL (no id bytes) */
+} record_t;
+
+static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
+    if (need <= *cap)
+        return 0;
+    Py_ssize_t want = need < 256 ? 256 : need * 2;
+    void *q = PyMem_Realloc(*p, (size_t)want * item);
+    if (q == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = want;
+    return 0;
+}
+
+/* struct's 'd' for the values the hooks pass (exact floats); 0: not taken (the Python path decides) */
+static int get_double(PyObject *o, double *out) {
+    if (!PyFloat_CheckExact(o))
+        return 0;
+    *out = PyFloat_AS_DOUBLE(o);
+    return 1;
+}
+
+static int get_uint(PyObject *o, unsigned long long limit, unsigned long long *out) {
+    if (!PyLong_Check(o))
+        return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || v < 0 || (unsigned long long)v > limit) {
+        if (v == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        return 0;
+    }
+    *out = (unsigned long long)v;
+    return 1;
+}
+
+/* `x or 0.0` of an optional seconds value; flag set when it is not None */
+static int get_optional(PyObject *o, double *out, uint8_t *flags, uint8_t bit) {
+    if (o == Py_None) {
+        *out = 0.0;
+        return 1;
+    }
+    *flags |= bit;
+    if (!get_double(o, out))
+        return 0;
+    if (*out == 0.0)
+        *out = 0.0; /* -0.0 is falsy in Python: `-0.0 or 0.0` packs +0.0 */
+    return 1;
+}
+
+static int seq(PyObject *o) { return PyList_CheckExact(o) || PyTuple_CheckExact(o); }
+
+static int put_counts(PyObject *o, Py_ssize_t *at) {
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        unsigned long long v;
+        if (!get_uint(items[i], 0xFFFFFFFFull, &v))
+            return 0;
+        vals[(*at)++] = (uint32_t)v;
+    }
+    return 1;
+}
+
+/* 1: r filled (and the cache updated as step_wire.encode_py would); 0: not taken, nothing changed (no
+ * exception set); -1: an exception (the same one the Python path raises at the same point) */
+static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
+    r->joined = NULL;
+    if (py_encode == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_step_fast.setup was not called (step_wire does it)");
+        return -1;
+    }
+    r->flags = 0;
+    if (!PyTuple_CheckExact(payload) || PyTuple_GET_SIZE(payload) != 14)
+        return 0;
+    PyObject **p = &PyTuple_GET_ITEM(payload, 0);
+    PyObject *shares = p[7];
+    if (!PyTuple_CheckExact(shares) || PyTuple_GET_SIZE(shares) != 7)
+        return 0;
+    PyObject **s = &PyTuple_GET_ITEM(shares, 0);
+    PyObject *ids = s[0], *tokens = s[1];
+    for (int i = 2; i < 7; i++)
+        if (!seq(s[i]))
+            return 0;
+    if (!seq(ids) || (tokens != Py_None && !seq(tokens)))
+        return 0;
+    if (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) < 2))
+        return 0;
+    /* the header */
+    int overflow;
+    if (!PyLong_Check(p[0]))
+        return 0;
+    r->step_id = PyLong_AsLongLongAndOverflow(p[0], &overflow);
+    if (overflow || r->step_id == LLONG_MIN) { /* (step_id - 1 below) */
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        return 0;
+    }
+    unsigned long long u;
+    if (!get_double(p[1], &r->start) || !get_double(p[2], &r->end) || !get_double(p[6], &r->kv)
+        || !get_double(p[9], &r->schedule_s) || !get_double(p[10], &r->execute_s) || !get_double(p[11], &r->output_s))
+        return 0;
+    if (!get_uint(p[3], 0xFFFFFFFFull, &u)) return 0;
+    r->running = (uint32_t)u;
+    if (!get_uint(p[4], 0xFFFFFFFFull, &u)) return 0;
+    r->waiting = (uint32_t)u;
+    if (!get_uint(p[5], 0xFFFFFFFFull, &u)) return 0;
+    r->preempted = (uint32_t)u;
+    if (!get_uint(p[8], 0xFFull, &u)) return 0;
+    r->blocked = (uint8_t)u;
+    if (!get_optional(p[12], &r->idle, &r->flags, F_IDLE) || !get_optional(p[13], &r->model, &r->flags, F_MODEL))
+        return 0;
+    if (tokens == Py_None)
+        r->flags |= F_ONE_EACH;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids), z = PySequence_Fast_GET_SIZE(s[3]),
+               m = PySequence_Fast_GET_SIZE(s[4]);
+    if (n > 0xFFFFFFFFll)
+        return 0;
+    r->n = (uint32_t)n, r->z = (uint32_t)z, r->m = (uint32_t)m;
+    r->nvals = 0;
+    if (!n)
+        return 1; /* the header alone: no ids, no counts, cache untouched */
+    /* the counts: array("I", computed) for a plain decode batch (any length, as array takes it), else the
+     * struct of exactly k + n + z + 3m values, the lists concatenated (as `pack(*a, *b, ...)` takes them) */
+    /* compared first (no side effect; with ids of str only it runs no Python code): from here on until the
+     * record is emitted nothing runs Python code that could re-enter this module and reuse `vals` */
+    int same = 0;
+    if (cache != Py_None) {
+        same = PyObject_RichCompareBool(PyList_GET_ITEM(cache, 0), ids, Py_EQ);
+        if (same < 0)
+            return -1;
+    }
+    int plain = tokens == Py_None && !z && !m;
+    int first = tokens == Py_None ? 2 : 1, last = plain ? 3 : 7;
+    Py_ssize_t total = 0;
+    for (int i = first; i < last; i++)
+        total += PySequence_Fast_GET_SIZE(s[i]);
+    if (!plain && total != (tokens == Py_None ? 0 : n) + n + z + 3 * m)
+        return 0;
+    if (grow((void **)&vals, &vals_cap, total, sizeof(uint32_t)) < 0)
+        return -1;
+    for (int i = first; i < last; i++)
+        if (!put_counts(s[i], &r->nvals))
+            return 0;
+    /* the ids: as step_wire.encode_py, the cache last (everything above could still refuse) */
+    if (same) {
+        PyObject *bytes = PyList_GET_ITEM(cache, 1);
+        if (!PyBytes_CheckExact(bytes))
+            return 0;
+        if (PyList_GET_SIZE(cache) < 3) {
+            r->joined = Py_NewRef(bytes);
+            return 1;
+        }
+        PyObject *last = PyList_GET_ITEM(cache, 2);
+        int follows = 0;
+        if (PyLong_CheckExact(last)) {
+            long long v = PyLong_AsLongLongAndOverflow(last, &overflow);
+            if (v == -1 && PyErr_Occurred())
+                PyErr_Clear();
+            follows = !overflow && v == r->step_id - 1;
+        } else if (last != Py_None) {
+            return 0;
+        }
+        PyObject *sid = PyLong_FromLongLong(r->step_id);
+        if (sid == NULL)
+            return -1;
+        if (follows)
+            r->flags |= F_SAME_IDS;
+        else
+            r->joined = Py_NewRef(bytes);
+        PyList_SetItem(cache, 2, sid); /* steals sid */
+        return 1;
+    }
+    static PyObject *nul;
+    if (nul == NULL && (nul = PyUnicode_FromStringAndSize("\0", 1)) == NULL)
+        return -1;
+    PyObject *text = PyUnicode_Join(nul, ids);
+    if (text == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *joined = PyUnicode_AsUTF8String(text);
+    Py_DECREF(text);
+    if (joined == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    /* an id with a NUL in it: the Python path raises WireError (UTF-8 has a 0 byte only for U+0000) */
+    const char *b = PyBytes_AS_STRING(joined), *e = b + PyBytes_GET_SIZE(joined);
+    Py_ssize_t nuls = 0;
+    while ((b = memchr(b, 0, (size_t)(e - b))) != NULL) {
+        nuls++;
+        b++;
+    }
+    if (nuls != n - 1) {
+        Py_DECREF(joined);
+        return 0;
+    }
+    if (cache != Py_None) {
+        PyObject *sid = NULL;
+        if (PyList_GET_SIZE(cache) > 2 && (sid = PyLong_FromLongLong(r->step_id)) == NULL) {
+            Py_DECREF(joined);
+            return -1;
+        }
+        PyList_SetItem(cache, 0, Py_NewRef(ids));
+        PyList_SetItem(cache, 1, Py_NewRef(joined));
+        if (sid != NULL)
+            PyList_SetItem(cache, 2, sid);
+    }
+    r->joined = joined;
+    return 1;
+}
+
+static Py_ssize_t record_size(const record_t *r) {
+    return HEADER_SIZE + 4 * r->nvals + (r->joined ? PyBytes_GET_SIZE(r->joined) : 0);
+}
+
+#define PUT(v) (memcpy(out, &(v), sizeof(v)), out += sizeof(v))
+
+/* little-endian fields, no padding: x86-64's own layout (step_wire.py checks the platform) */
+static void emit(const record_t *r, unsigned char *out) {
+    uint8_t version = (uint8_t)wire_version;
+    PUT(version); PUT(r->flags); PUT(r->step_id); PUT(r->start); PUT(r->end);
+    PUT(r->running); PUT(r->waiting); PUT(r->preempted); PUT(r->kv); PUT(r->blocked);
+    PUT(r->schedule_s); PUT(r->execute_s); PUT(r->output_s); PUT(r->idle); PUT(r->model);
+    PUT(r->n); PUT(r->z); PUT(r->m);
+    if (r->nvals) {
+        memcpy(out, vals, 4 * (size_t)r->nvals);
+        out += 4 * r->nvals;
+    }
+    if (r->joined)
+        memcpy(out, PyBytes_AS_STRING(r->joined), (size_t)PyBytes_GET_SIZE(r->joined));
+}
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    PyObject *payload, *cache = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O:encode", &payload, &cache))
+        return NULL;
+    record_t r;
+    int ok = prepare(payload, cache, &r);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        return PyObject_CallFunctionObjArgs(py_encode, payload, cache, NULL);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, record_size(&r));
+    if (out != NULL)
+        emit(&r, (unsigned char *)PyBytes_AS_STRING(out));
+    Py_XDECREF(r.joined);
+    return out;
+}
+
+static int get_size(PyObject *o, const char *what, unsigned long long *out) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "ring writer's %s is not an int", what);
+        return -1;
+    }
+    *out = PyLong_AsUnsignedLongLong(o);
+    return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* step_ring.RingWriter.write in C: 1 written, 0 full (dropped), -1 exception. Same bytes, same positions. */
+static int ring_put(PyObject *writer, const unsigned char *data, Py_ssize_t size) {
+    PyObject *mm = PyObject_GetAttr(writer, s_mm);
+    if (mm == NULL)
+        return -1;
+    Py_buffer view;
+    int got = PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE); /* fails on a closed mmap: never a dangling pointer */
+    Py_DECREF(mm);
+    if (got < 0)
+        return -1;
+    int result = -1;
+    unsigned long long cap, head, written;
+    PyObject *o = PyObject_GetAttr(writer, s_cap);
+    if (o == NULL || get_size(o, "cap", &cap) < 0)
+        goto done;
+    Py_DECREF(o);
+    o = PyObject_GetAttr(writer, s_head);
+    if (o == NULL || get_size(o, "head", &head) < 0)
+        goto done;
+    Py_DECREF(o);
+    o = NULL;
+    if (cap == 0 || cap % 4 || view.len < ring_data + (Py_ssize_t)cap || (unsigned long long)size > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_ValueError, "step ring of another size than its writer says");
+        goto done;
+    }
+    unsigned char *base = view.buf;
+    unsigned char *data_at = base + ring_data;
+    /* Memory ordering (step_ring's module docstring). The reader publishes `tail` after copying records out:
+     * the acquire load pairs with its store, so our writes into that space come after its reads of it. The
+     * record's bytes are written first, then `head` with a release store: a reader that loads `head` (and
+     * acquires it) sees every byte of the record. On x86-64 both compile to plain moves; the builtins keep
+     * the compiler from reordering or tearing them (8-byte aligned words: offsets 16 and 24 of a page). */
+    uint64_t tail = __atomic_load_n((uint64_t *)(base + ring_tail), __ATOMIC_ACQUIRE);
+    unsigned long long end = head + (((unsigned long long)size + 7) & ~3ull);
+    if (tail <= end && end - tail > cap) { /* as Python's `end - tail > cap` (a tail beyond end: negative) */
+        result = 0;
+        goto done;
+    }
+    unsigned long long at = head % cap;
+    uint32_t size32 = (uint32_t)size;
+    memcpy(data_at + at, &size32, 4); /* never straddles the end: positions and capacity are multiples of 4 */
+    at += 4;
+    if (at + (unsigned long long)size <= cap) {
+        memcpy(data_at + at, data, (size_t)size);
+    } else {
+        size_t first = (size_t)(cap - at);
+        memcpy(data_at + at, data, first);
+        memcpy(data_at, data + first, (size_t)size - first);
+    }
+    __atomic_store_n((uint64_t *)(base + ring_head), (uint64_t)end, __ATOMIC_RELEASE);
+    o = PyLong_FromUnsignedLongLong(end);
+    if (o == NULL || PyObject_SetAttr(writer, s_head, o) < 0)
+        goto done;
+    Py_DECREF(o);
+    o = PyObject_GetAttr(writer, s_written);
+    if (o == NULL || get_size(o, "written", &written) < 0)
+        goto done;
+    Py_DECREF(o);
+    o = PyLong_FromUnsignedLongLong(written + 1);
+    if (o == NULL || PyObject_SetAttr(writer, s_written, o) < 0)
+        goto done;
+    result = 1;
+done:
+    Py_XDECREF(o);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* encode_into_rings(payload, cache, writers): the record encoded (as encode) and copied into each
+ * RingWriter's ring (as RingWriter.write); returns how many rings were full (the record dropped there). */
+static PyObject *encode_into_rings(PyObject *self, PyObject *args) {
+    PyObject *payload, *cache, *writers;
+    if (!PyArg_ParseTuple(args, "OOO!:encode_into_rings", &payload, &cache, &PyTuple_Type, &writers))
+        return NULL;
+    record_t r;
+    int ok = prepare(payload, cache, &r);
+    if (ok < 0)
+        return NULL;
+    PyObject *fallback = NULL;
+    const unsigned char *data;
+    Py_ssize_t size;
+    if (ok == 0) {
+        fallback = PyObject_CallFunctionObjArgs(py_encode, payload, cache, NULL);
+        if (fallback == NULL)
+            return NULL;
+        if (!PyBytes_Check(fallback)) {
+            Py_DECREF(fallback);
+            PyErr_SetString(PyExc_TypeError, "step_wire.encode_py returned no bytes");
+            return NULL;
+        }
+        data = (const unsigned char *)PyBytes_AS_STRING(fallback);
+        size = PyBytes_GET_SIZE(fallback);
+    } else {
+        size = record_size(&r);
+        if (grow((void **)&rec, &rec_cap, size, 1) < 0) {
+            Py_XDECREF(r.joined);
+            return NULL;
+        }
+        emit(&r, rec);
+        Py_XDECREF(r.joined);
+        data = rec;
+    }
+    long full = 0;
+    Py_ssize_t k = PyTuple_GET_SIZE(writers);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int put = ring_put(PyTuple_GET_ITEM(writers, i), data, size);
+        if (put < 0) {
+            Py_XDECREF(fallback);
+            return NULL;
+        }
+        full += !put;
+    }
+    Py_XDECREF(fallback);
+    return PyLong_FromLong(full);
+}
+
+/* setup(encode_py, version, header_size, ring_data, ring_head, ring_tail): the Python side's constants */
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *fn;
+    Py_ssize_t header_size;
+    if (!PyArg_ParseTuple(args, "Oinnnn:setup", &fn, &wire_version, &header_size, &ring_data, &ring_head, &ring_tail))
+        return NULL;
+    if (header_size != HEADER_SIZE || ring_head % 8 || ring_tail % 8 || ring_data % 8) {
+        PyErr_SetString(PyExc_ValueError, "_step_fast was built for another wire or ring layout");
+        return NULL;
+    }
+    Py_XSETREF(py_encode, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS, "setup(encode_py, version, header_size, ring_data, ring_head, ring_tail)"},
+    {"encode", encode, METH_VARARGS, "encode(payload, cache=None) -> bytes: step_wire.encode's record"},
+    {"encode_into_rings", encode_into_rings, METH_VARARGS,
+     "encode_into_rings(payload, cache, writers) -> int: the record copied into each RingWriter; rings that were full"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_step_fast", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__step_fast(void) {
+    if ((s_mm = PyUnicode_InternFromString("mm")) == NULL || (s_cap = PyUnicode_InternFromString("cap")) == NULL
+        || (s_head = PyUnicode_InternFromString("head")) == NULL
+        || (s_written = PyUnicode_InternFromString("written")) == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,233 @@
+"""The optional C accelerator of the EngineCore's step path (``_step_fast.c``, chosen in step_wire): on x86-64
+it must be built (else CI would test only the fallback), and it must write exactly what the pure-Python path
+writes: the same record bytes, the same sender cache afterwards, the same ring contents and positions, the
+same errors (the hooks' guard counts them) and the same drops."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import random
+import socket
+import struct
+import sys
+
+import pytest
+
+from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
+
+X86_64 = platform.machine() in ("x86_64", "AMD64")
+fast = pytest.mark.skipif(step_wire.encode_into_rings is None, reason=f"no C accelerator: {step_wire.REASON}")
+
+
+def test_the_c_accelerator_is_built_and_chosen_on_x86_64():
+    """`pip install -e .` (setup.py) builds it wherever there is a compiler; a test run without it would
+    silently test the fallback alone. Elsewhere the pure-Python encoder is the one chosen."""
+    if not X86_64:
+        assert step_wire.encode is step_wire.encode_py and step_wire.encode_into_rings is None
+        return
+    from otel_llm.instrumentation.vllm import _step_fast  # ImportError here: build it (pip install -e .)
+
+    assert step_wire.REASON is None, step_wire.REASON
+    assert step_wire.encode is _step_fast.encode and step_wire.encode_into_rings is _step_fast.encode_into_rings
+
+
+def _ids(rng: random.Random, n: int) -> list[str]:
+    return [f"cmpl-{rng.getrandbits(64):016x}-{i}" + ("é" if rng.random() < 0.1 else "") for i in range(n)]
+
+
+def _payloads(rng: random.Random, count: int):
+    """Steps of a changing batch: steady stretches (the same id list object: SAME_IDS), new batches, equal
+    but new lists, gaps in the step ids, tokens listed or one each, prefilling shares, optional seconds
+    None / 0 / -0.0 / floats, empty batches."""
+    ids = _ids(rng, 64)
+    step = 1 << 32
+    for _ in range(count):
+        r = rng.random()
+        if r < 0.08:
+            ids = _ids(rng, rng.choice((0, 1, 3, 64, 200)))
+        elif r < 0.12:
+            ids = list(ids)  # equal, another list
+        step += 1 if rng.random() < 0.9 else rng.randint(2, 5)
+        n = len(ids)
+        computed = [rng.randint(0, 5000) for _ in range(n)]
+        if n and rng.random() < 0.3:
+            tokens = [rng.randint(1, 512) for _ in range(n)]
+        else:
+            tokens = None
+        z = sorted(rng.sample(range(n), rng.randint(0, min(n, 3)))) if n and rng.random() < 0.3 else []
+        m = sorted(rng.sample(range(n), rng.randint(0, min(n, 3)))) if n and rng.random() < 0.3 else []
+        shares = (ids, tokens, computed, z, m, [rng.randint(1, 900) for _ in m], [rng.randint(0, 9) for _ in m])
+        if rng.random() < 0.1:  # lists the plain decode path ignores (array of computed alone)
+            shares = (ids, None, computed, [], [], [1, 2], [3])
+        idle = rng.choice((None, 0.0, -0.0, 0, 0.25, rng.random()))
+        model = rng.choice((None, -0.0, rng.random()))
+        yield (step, rng.random() * 1e4, rng.random() * 1e4, n, rng.randint(0, 9), rng.randint(0, 3), rng.random(),
+               shares, rng.randint(0, 5), rng.random(), rng.random(), rng.random(), idle, model)
+
+
+@fast
+@pytest.mark.parametrize("cache_items", [0, 2, 3])
+def test_encode_writes_the_python_paths_bytes_and_leaves_the_same_cache(cache_items):
+    rng = random.Random(1200 + cache_items)
+    c_cache = py_cache = None
+    if cache_items:
+        c_cache, py_cache = [None, b"", None][:cache_items], [None, b"", None][:cache_items]
+    flags = 0
+    for payload in _payloads(rng, 1500):
+        got, want = step_wire.encode(payload, c_cache), step_wire.encode_py(payload, py_cache)
+        assert got == want
+        assert c_cache == py_cache
+        flags |= want[1]
+    if cache_items == 3:  # the cases were exercised
+        assert flags & step_wire._SAME_IDS and flags & step_wire._ONE_EACH and flags & step_wire._HAS_IDLE
+
+
+@fast
+@pytest.mark.parametrize("bad", [
+    ([1 << 32], None, [], []),  # a plain decode batch: array("I") refuses (OverflowError)
+    ([-1], None, [], []),
+    ([1], [1 << 32], [], []),  # tokens listed: struct refuses (struct.error)
+    ([1 << 40], None, [0], []),
+    ([1.5], None, [], []),
+    ([1, 2], None, [], []),  # more counts than shares on the struct path: not packed
+])
+def test_encode_refuses_what_the_python_path_refuses_with_the_same_error(bad):
+    computed, tokens, z, m = bad
+    ids = ["a"]
+    shares = (ids, tokens, computed, z, m, [5] * len(m), [0] * len(m))
+    payload = (7, 1.0, 2.0, 1, 0, 0, 0.5, shares, 0, 0.1, 0.2, 0.3, None, None)
+    caches = [[None, b"", None], [None, b"", None]]
+    errors = []
+    for encode, cache in zip((step_wire.encode, step_wire.encode_py), caches):
+        try:
+            encode(payload, cache)
+        except Exception as exc:
+            errors.append((type(exc), str(exc)))
+        else:
+            errors.append(None)
+    assert errors[0] == errors[1]
+    assert caches[0] == caches[1]
+    if computed != [1, 2]:
+        assert errors[0] is not None and errors[0][0] in (OverflowError, struct.error, TypeError)
+
+
+@fast
+@pytest.mark.parametrize("ids", [["a\0b", "c"], ["a", 5], ["\udcff"]])
+def test_ids_the_python_path_refuses_are_refused_alike(ids):
+    payload = (7, 1.0, 2.0, 1, 0, 0, 0.5, (ids, None, [1] * len(ids), [], [], [], []), 0, 0.1, 0.2, 0.3, None, None)
+    caches = [[None, b"", None], [None, b"", None]]
+    errors = []
+    for encode, cache in zip((step_wire.encode, step_wire.encode_py), caches):
+        with pytest.raises(Exception) as info:
+            encode(payload, cache)
+        errors.append((info.type, str(info.value)))
+    assert errors[0] == errors[1] and caches[0] == caches[1]
+
+
+def _pair(capacity: int) -> tuple[step_ring.RingWriter, step_ring.RingReader]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        writer = step_ring.RingWriter(capacity)
+        writer.announce(a)
+        data, fds, _, _ = socket.recv_fds(b, 1 << 16, 1)
+        try:
+            return writer, step_ring.RingReader(data, fds[0])
+        finally:
+            os.close(fds[0])
+    finally:
+        a.close()
+        b.close()
+
+
+@fast
+@pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+def test_encode_into_rings_leaves_the_rings_byte_for_byte_as_encode_and_write_do():
+    """Two rings per path (one lagging reader: full rings, drops), sizes that wrap around the end: after
+    every step the whole memory of each ring, its positions and counts, the drops and the cache agree."""
+    rng = random.Random(77)
+    c_rings = [_pair(8192), _pair(20000)]
+    py_rings = [_pair(8192), _pair(20000)]
+    c_cache, py_cache = [None, b"", None], [None, b"", None]
+    drops = wraps = 0
+    for i, payload in enumerate(_payloads(rng, 900)):
+        before = c_rings[0][0].head % c_rings[0][0].cap
+        full = step_wire.encode_into_rings(payload, c_cache, tuple(w for w, _ in c_rings))
+        data = step_wire.encode_py(payload, py_cache)
+        py_full = sum(not w.write(data) for w, _ in py_rings)
+        assert full == py_full and c_cache == py_cache
+        drops += full
+        wraps += full == 0 and before + 4 + len(data) > c_rings[0][0].cap
+        if full:  # the sink lists the ids again after a drop
+            c_cache[2] = py_cache[2] = None
+        for (cw, cr), (pw, pr) in zip(c_rings, py_rings):
+            assert cw.mm[:] == pw.mm[:]
+            assert (cw.head, cw.written) == (pw.head, pw.written)
+        if i % 5 == 4:
+            assert c_rings[1][1].read() == py_rings[1][1].read()
+        if i % 23 == 22:  # the first ring's reader lags
+            assert c_rings[0][1].read() == py_rings[0][1].read()
+    assert drops and wraps  # the cases were exercised
+    for w, r in c_rings + py_rings:
+        w.close()
+        r.close()
+
+
+@fast
+def test_no_memory_is_kept_per_call():
+    """Live allocations stay flat over many calls of every path (C encode, into rings, the fallback)."""
+    rng = random.Random(5)
+    payloads = list(_payloads(rng, 300))
+    bad = payloads[0][:7] + (([" x"], None, [1 << 32], [], [], [], []),) + payloads[0][8:]
+    writer, reader = _pair(1 << 16)
+    rings = (writer,)
+
+    def run() -> None:
+        cache = [None, b"", None]
+        for payload in payloads:
+            step_wire.encode(payload, cache)
+            step_wire.encode(payload)
+            step_wire.encode_into_rings(payload, cache, rings)
+            reader.read()
+            try:
+                step_wire.encode_into_rings(bad, cache, rings)
+            except OverflowError:
+                pass
+
+    run()
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(10):
+        run()
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 200  # 10 x 300 x 5 calls: a leak of one block each is 15,000
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tmp_path):
+    """SocketSink through step_wire's choice, and with the C path switched off: the frontend reads every
+    record, equal to the in-process record, SAME_IDS included."""
+    if path == "c" and step_wire.encode_into_rings is None:
+        pytest.skip(f"no C accelerator: {step_wire.REASON}")
+    if path == "python":
+        monkeypatch.setattr(step_wire, "encode_into_rings", None)
+        monkeypatch.setattr(step_wire, "encode", step_wire.encode_py)
+    receiver = steps.StepReceiver(str(tmp_path))
+    sink = steps.SocketSink(str(tmp_path))
+    rng = random.Random(9)
+    payloads = list(_payloads(rng, 200))
+    got = []
+    try:
+        for payload in payloads:
+            sink(payload)
+            receiver.drain(got.append)
+    finally:
+        sink.close()
+        receiver.close()
+    assert sink.dropped == 0 and receiver.malformed == 0
+    assert [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in got] == \
+        [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(steps.decode, payloads)]
