@@ -6,16 +6,15 @@ same errors (the hooks' guard counts them) and the same drops."""
 from __future__ import annotations
 
 import gc
-import os
 import platform
 import random
-import socket
 import struct
 import sys
 
 import pytest
 
 from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
+from test_step_ring import pair as _pair  # a ring writer and its reader, as a frontend gets them
 
 X86_64 = platform.machine() in ("x86_64", "AMD64")
 fast = pytest.mark.skipif(step_wire.encode_into_rings is None, reason=f"no C accelerator: {step_wire.REASON}")
@@ -124,21 +123,6 @@ def test_ids_the_python_path_refuses_are_refused_alike(ids):
             encode(payload, cache)
         errors.append((info.type, str(info.value)))
     assert errors[0] == errors[1] and caches[0] == caches[1]
-
-
-def _pair(capacity: int) -> tuple[step_ring.RingWriter, step_ring.RingReader]:
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        writer = step_ring.RingWriter(capacity)
-        writer.announce(a)
-        data, fds, _, _ = socket.recv_fds(b, 1 << 16, 1)
-        try:
-            return writer, step_ring.RingReader(data, fds[0])
-        finally:
-            os.close(fds[0])
-    finally:
-        a.close()
-        b.close()
 
 
 @fast
