@@ -200,8 +200,11 @@ def test_connection_refused(client: Any, mode: str, stream: bool) -> None:
 
 
 def test_timeout(client: Any, server: VLLMServer) -> None:
+    # the reply comes only after all 400 tokens (hundreds of engine steps, far past 20 ms), so the model must
+    # not end early: random weights sampled the end-of-sequence token soon enough once to answer in time
     with pytest.raises(openai.APITimeoutError):
-        call("sync", server.base_url, "chat", model=server.model, messages=MESSAGES, max_tokens=400, timeout=0.02)
+        call("sync", server.base_url, "chat", model=server.model, messages=MESSAGES, max_tokens=400, timeout=0.02,
+             extra_body=LONG_ENOUGH)
     span = only_span(client)
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes["error.type"] == "APITimeoutError"
