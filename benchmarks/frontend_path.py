@@ -123,27 +123,15 @@ def child(repeat: int, mode: str = "default", endpoint: str | None = None) -> di
     import random
 
     import otel_llm
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
     from otel_llm.core.config import Config
     from otel_llm.core.pipeline import Pipeline
     from otel_llm.core.timeline import RequestTimeline
     from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers, record_outputs
 
-    class Null(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
+    from vllm_overhead import providers
 
-    tp = TracerProvider()
-    if endpoint is None:
-        tp.add_span_processor(BatchSpanProcessor(Null()))
-    else:  # an OTLP exporter: what direct export writes bytes for
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
-    pipeline = Pipeline(Config.resolve(MODES[mode]), tp.get_tracer("bench"), MeterProvider().get_meter("bench"), "vllm")
+    tp, mp = providers(endpoint)  # full mode: an OTLP exporter to the sink, what direct export writes bytes for
+    pipeline = Pipeline(Config.resolve(MODES[mode]), tp.get_tracer("bench"), mp.get_meter("bench"), "vllm")
     w = VLLMWrappers(pipeline)
     mat_ns = [0]  # CPU of the span materializer's thread (the cold path: spans built and encoded)
     work = pipeline.materializer._work

@@ -55,23 +55,10 @@ def child(repeat: int, mode_name: str = "default", endpoint: str | None = None) 
     from vllm import LLM, SamplingParams
 
     import otel_llm
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from otel_llm.instrumentation.vllm import VLLMInstrumentor
+    from vllm_overhead import providers
 
-    class Null(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
-
-    tp = TracerProvider()
-    if endpoint is None:
-        tp.add_span_processor(BatchSpanProcessor(Null()))
-    else:  # an OTLP exporter to the discarding sink: what direct export writes bytes for (full mode)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
-    mp = MeterProvider()
+    tp, mp = providers(endpoint)  # full mode: an OTLP exporter to the discarding sink
     options = MODES[mode_name]
     otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # vLLM's statistics on, the step hooks armed
     llm = LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512))

@@ -148,14 +148,24 @@ class JobTimer:
                 "materializer_cpu_s": sum(c for _, c in jobs)}
 
 
-def providers(endpoint: str):
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+def providers(endpoint: str | None):
+    """A tracer provider whose batch processor exports over OTLP/HTTP to the sink at ``endpoint`` (what direct
+    export writes bytes for), or to an exporter that discards (``None``); and a meter provider."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Null(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
 
     tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+    if endpoint is None:
+        tp.add_span_processor(BatchSpanProcessor(Null()))
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
     return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
 
 
