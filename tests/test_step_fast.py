@@ -215,3 +215,98 @@ def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tm
     assert sink.dropped == 0 and receiver.malformed == 0
     assert [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in got] == \
         [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(steps.decode, payloads)]
+
+
+# -- the frontend's decoder (step_wire.decode: _step_fast.decode where built) --------------------------
+
+def _slots(step) -> dict:
+    from otel_llm.core.timeline import StepRecord
+
+    return {name: getattr(step, name) for name in StepRecord.__slots__}
+
+
+def _decoded(decode, data: bytes, cache):
+    try:
+        return ("ok", _slots(decode(data, cache)))
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+def _records(rng: random.Random, count: int):
+    """A sender's records (steady stretches with SAME_IDS, new batches, prefilling shares, gaps), some
+    damaged as a lossy or hostile channel would: truncated, a byte changed, another version, ids that are
+    not UTF-8, the wrong number of ids, a record left out (the next SAME_IDS refers to it)."""
+    cache = [None, b"", None]
+    for payload in _payloads(rng, count):
+        data = step_wire.encode_py(payload, cache)
+        r = rng.random()
+        if r < 0.04:
+            continue  # lost: the reader never sees it
+        if r < 0.08:
+            data = data[:rng.randint(0, len(data) - 1)]
+        elif r < 0.12:
+            i = rng.randrange(len(data))
+            data = data[:i] + bytes([rng.randrange(256)]) + data[i + 1:]
+        elif r < 0.14:
+            data = data + (b"\xff\xfe" if rng.random() < 0.5 else b"\0x")
+        yield data
+
+
+@fast
+@pytest.mark.parametrize("cache_items", [0, 2, 3])
+def test_decode_gives_the_python_paths_records_errors_and_cache(cache_items):
+    """Record by record, the C decoder and decode_py give a StepRecord with equal slots (the same shared
+    empty tuples for prefill_at and links) or the same error, and leave the reader's cache equal."""
+    from otel_llm.instrumentation.vllm import _step_fast
+
+    assert step_wire.decode is _step_fast.decode
+    rng = random.Random(2400 + cache_items)
+    c_cache = py_cache = None
+    if cache_items:
+        c_cache, py_cache = [None, None, None][:cache_items], [None, None, None][:cache_items]
+    seen = {"ok": 0, "error": 0, "plain": 0, "same_ids": 0}
+    for data in _records(rng, 3000):
+        got, want = _decoded(step_wire.decode, data, c_cache), _decoded(step_wire.decode_py, data, py_cache)
+        assert got == want
+        assert c_cache == py_cache
+        if got[0] == "ok":
+            seen["ok"] += 1
+            assert (got[1]["prefill_at"] is step_wire._NONE) == (want[1]["prefill_at"] is step_wire._NONE)
+            assert got[1]["links"] is want[1]["links"]
+            if got[1]["ids"] and not got[1]["prefill_at"]:
+                seen["plain"] += 1
+                seen["same_ids"] += bool(data[1] & step_wire._SAME_IDS)
+        else:
+            seen["error"] += 1
+    assert seen["plain"] > 200 and seen["error"] > 100, seen  # both paths exercised
+    assert (seen["same_ids"] > 100) == (cache_items == 3), seen
+
+
+@fast
+def test_decode_hands_anything_but_bytes_and_a_list_cache_to_the_python_path():
+    payload = (9, 1.0, 2.0, 1, 0, 0, 0.5, (["a", "b"], None, [3, 4], [], [], [], []), 0, 0.1, 0.2, 0.3, None, None)
+    data = step_wire.encode_py(payload)
+    for arg, cache in ((bytearray(data), None), (memoryview(data), None), (data, (None, None, None)),
+                       (data, [None])):
+        copies = [list(cache) if isinstance(cache, list) else cache for _ in range(2)]  # decode_py may change it
+        assert _decoded(step_wire.decode, arg, copies[0]) == _decoded(step_wire.decode_py, arg, copies[1])
+        assert copies[0] == copies[1]
+
+
+@fast
+def test_the_decoder_keeps_no_memory_per_call():
+    payload = (9, 1.0, 2.0, 3, 0, 0, 0.5, (["a", "b", "c"], [1, 2, 3], [3, 4, 5], [], [], [], []), 0, 0.1, 0.2, 0.3,
+               0.5, None)
+    full = step_wire.encode_py(payload)
+    records = [full[:10], full]
+    cache = [None, None, None]
+    for _ in range(2000):  # warm up caches and free lists
+        for data in records:
+            _decoded(step_wire.decode, data, cache)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(20000):
+        for data in records:
+            _decoded(step_wire.decode, data, cache)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 200

@@ -14,6 +14,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
 
 #define HEADER_SIZE 99 /* step_wire.HEADER "<BBqddIIIdBdddddIII": checked against it by setup() */
 #define F_IDLE 1
@@ -419,6 +420,206 @@ static PyObject *encode_into_rings(PyObject *self, PyObject *args) {
     return PyLong_FromLong(full);
 }
 
+
+/* ---- the frontend's side: step_wire.decode of the common record, straight into a StepRecord ----
+ *
+ * Taken only when the record is valid and no share prefills (no no_output_at, no prompt entries: every
+ * steady decode batch, and most mixed ones listing tokens); anything else, including every record the
+ * Python decoder refuses, is handed whole to step_wire.decode_py, which decodes it or raises as it always
+ * did. The record's slots are set exactly as StepRecord.of_lists + decode_py set them (the tests compare
+ * every slot and the reader's cache afterwards). The reader's cache is touched only once the record is
+ * known to be taken. Little-endian wire = native layout: x86-64 only (step_wire chooses). */
+
+static PyObject *py_decode;    /* step_wire.decode_py */
+static PyObject *record_type;  /* core.timeline.StepRecord */
+static PyObject *no_prefill;   /* step_wire._NONE: the shared empty prefill_at */
+static PyObject *no_links;     /* timeline._NO_LINKS */
+#define N_SLOTS 21
+static PyObject *slot_names[N_SLOTS];
+static const char *slot_strs[N_SLOTS] = {
+    "step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
+    "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
+    "output_s", "idle_s", "model_s", "contexts", "members"};
+
+static PyObject *fallback(PyObject *data, PyObject *cache) {
+    return PyObject_CallFunctionObjArgs(py_decode, data, cache, NULL);
+}
+
+static PyObject *u32_list(const unsigned char *p, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        PyObject *o = PyLong_FromUnsignedLong(v);
+        if (o == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, o);
+    }
+    return list;
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    PyObject *data, *cache = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O:decode", &data, &cache))
+        return NULL;
+    if (record_type == NULL || !PyBytes_CheckExact(data)
+        || (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) < 2)))
+        return fallback(data, cache);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t len = PyBytes_GET_SIZE(data);
+    if (len < HEADER_SIZE || b[0] != wire_version)
+        return fallback(data, cache);
+    uint8_t flags = b[1], blocked;
+    long long step_id;
+    double start, end, kv, schedule_s, execute_s, output_s, idle, model;
+    uint32_t running, waiting, preempted, n, z, m;
+    memcpy(&step_id, b + 2, 8);
+    memcpy(&start, b + 10, 8);
+    memcpy(&end, b + 18, 8);
+    memcpy(&running, b + 26, 4);
+    memcpy(&waiting, b + 30, 4);
+    memcpy(&preempted, b + 34, 4);
+    memcpy(&kv, b + 38, 8);
+    blocked = b[46];
+    memcpy(&schedule_s, b + 47, 8);
+    memcpy(&execute_s, b + 55, 8);
+    memcpy(&output_s, b + 63, 8);
+    memcpy(&idle, b + 71, 8);
+    memcpy(&model, b + 79, 8);
+    memcpy(&n, b + 87, 4);
+    memcpy(&z, b + 91, 4);
+    memcpy(&m, b + 95, 4);
+    if (n == 0 || z || m)  /* no shares, or prefilling shares to derive: the Python decoder */
+        return fallback(data, cache);
+    Py_ssize_t k = (flags & F_ONE_EACH) ? 0 : (Py_ssize_t)n;
+    Py_ssize_t at = HEADER_SIZE + 4 * (k + (Py_ssize_t)n);
+    Py_ssize_t cache_len = cache == Py_None ? 0 : PyList_GET_SIZE(cache);
+    PyObject *ids = NULL, *raw = NULL;  /* new references */
+    if (flags & F_SAME_IDS) {
+        if (cache_len < 3 || len != at)
+            return fallback(data, cache);
+        PyObject *last = PyList_GET_ITEM(cache, 2);
+        if (!PyLong_CheckExact(last) || step_id == LLONG_MIN)
+            return fallback(data, cache);
+        int overflow;
+        long long l = PyLong_AsLongLongAndOverflow(last, &overflow);
+        if (overflow || (l == -1 && PyErr_Occurred()) || l != step_id - 1) {
+            PyErr_Clear();
+            return fallback(data, cache);
+        }
+        ids = PyList_GET_ITEM(cache, 1);
+        if (!PyList_CheckExact(ids) || PyList_GET_SIZE(ids) != (Py_ssize_t)n)
+            return fallback(data, cache);
+        Py_INCREF(ids);
+    } else {
+        if (len <= at)
+            return fallback(data, cache);
+        const char *text = (const char *)b + at;
+        Py_ssize_t size = len - at;
+        if (cache_len >= 2) {
+            PyObject *known = PyList_GET_ITEM(cache, 0);
+            if (PyBytes_CheckExact(known) && PyBytes_GET_SIZE(known) == size
+                && memcmp(PyBytes_AS_STRING(known), text, (size_t)size) == 0) {
+                ids = PyList_GET_ITEM(cache, 1);
+                if (!PyList_CheckExact(ids))
+                    return fallback(data, cache);
+                Py_INCREF(ids);
+            }
+        }
+        if (ids == NULL) {
+            /* count the separators first: a wrong count is the Python decoder's WireError */
+            Py_ssize_t seps = 0;
+            for (Py_ssize_t i = 0; i < size; i++)
+                seps += text[i] == 0;
+            if (seps != (Py_ssize_t)n - 1)
+                return fallback(data, cache);
+            ids = PyList_New(n);
+            if (ids == NULL)
+                return NULL;
+            Py_ssize_t from = 0, j = 0;
+            for (Py_ssize_t i = 0; i <= size; i++) {
+                if (i == size || text[i] == 0) {
+                    PyObject *id = PyUnicode_DecodeUTF8(text + from, i - from, NULL);
+                    if (id == NULL) {  /* not UTF-8: the Python decoder raises it */
+                        Py_DECREF(ids);
+                        PyErr_Clear();
+                        return fallback(data, cache);
+                    }
+                    PyList_SET_ITEM(ids, j++, id);
+                    from = i + 1;
+                }
+            }
+        }
+        if (cache_len >= 2 && (raw = PyBytes_FromStringAndSize(text, size)) == NULL) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+    }
+    PyObject *tokens = k ? u32_list(b + HEADER_SIZE, k) : Py_NewRef(Py_None);
+    PyObject *contexts = tokens ? u32_list(b + HEADER_SIZE + 4 * k, n) : NULL;
+    /* StepRecord.__new__(StepRecord) (a class with __slots__: object's allocation, no __init__) */
+    PyTypeObject *type = (PyTypeObject *)record_type;
+    PyObject *step = contexts ? type->tp_alloc(type, 0) : NULL;
+    PyObject *values[N_SLOTS] = {NULL};
+    int ok = step != NULL;
+    if (ok) {
+        PyObject *v[N_SLOTS] = {
+            PyLong_FromLongLong(step_id), PyFloat_FromDouble(start), PyFloat_FromDouble(end), Py_NewRef(ids),
+            Py_NewRef(tokens), Py_NewRef(no_prefill), PyLong_FromUnsignedLong(running),
+            PyLong_FromUnsignedLong(waiting), PyLong_FromUnsignedLong(preempted), PyFloat_FromDouble(kv),
+            Py_NewRef(Py_None), PyLong_FromLong(blocked), PyLong_FromLong(0), Py_NewRef(no_links),
+            PyFloat_FromDouble(schedule_s), PyFloat_FromDouble(execute_s), PyFloat_FromDouble(output_s),
+            (flags & F_IDLE) ? PyFloat_FromDouble(idle) : Py_NewRef(Py_None),
+            (flags & F_MODEL) ? PyFloat_FromDouble(model) : Py_NewRef(Py_None), Py_NewRef(contexts),
+            Py_NewRef(Py_None)};
+        for (int i = 0; i < N_SLOTS; i++) {
+            values[i] = v[i];
+            if (ok && (v[i] == NULL || PyObject_SetAttr(step, slot_names[i], v[i]) < 0))
+                ok = 0;
+        }
+    }
+    for (int i = 0; i < N_SLOTS; i++)
+        Py_XDECREF(values[i]);
+    if (ok && cache_len >= 2) {  /* taken: the reader's cache, as decode_py leaves it */
+        if (raw != NULL) {
+            PyObject *ids_ref = Py_NewRef(ids);
+            if (PyList_SetItem(cache, 0, raw) < 0 || PyList_SetItem(cache, 1, ids_ref) < 0)
+                ok = 0;
+            raw = NULL;  /* stolen */
+        }
+        if (ok && cache_len > 2) {
+            PyObject *sid = PyLong_FromLongLong(step_id);
+            if (sid == NULL || PyList_SetItem(cache, 2, sid) < 0)
+                ok = 0;
+        }
+    }
+    Py_XDECREF(raw);
+    Py_XDECREF(tokens);
+    Py_XDECREF(contexts);
+    Py_DECREF(ids);
+    if (!ok) {
+        Py_XDECREF(step);
+        return NULL;
+    }
+    return step;
+}
+
+/* setup_decode(decode_py, StepRecord, empty prefill_at, empty links) */
+static PyObject *setup_decode(PyObject *self, PyObject *args) {
+    PyObject *fn, *cls, *none, *links;
+    if (!PyArg_ParseTuple(args, "OO!OO:setup_decode", &fn, &PyType_Type, &cls, &none, &links))
+        return NULL;
+    Py_XSETREF(py_decode, Py_NewRef(fn));
+    Py_XSETREF(record_type, Py_NewRef(cls));
+    Py_XSETREF(no_prefill, Py_NewRef(none));
+    Py_XSETREF(no_links, Py_NewRef(links));
+    Py_RETURN_NONE;
+}
+
 /* setup(encode_py, version, header_size, ring_data, ring_head, ring_tail): the Python side's constants */
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *fn;
@@ -438,6 +639,8 @@ static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "encode(payload, cache=None) -> bytes: step_wire.encode's record"},
     {"encode_into_rings", encode_into_rings, METH_VARARGS,
      "encode_into_rings(payload, cache, writers) -> int: the record copied into each RingWriter; rings that were full"},
+    {"setup_decode", setup_decode, METH_VARARGS, "setup_decode(decode_py, StepRecord, no_prefill, no_links)"},
+    {"decode", decode, METH_VARARGS, "decode(data, cache=None) -> StepRecord: step_wire.decode_py's record"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -448,5 +651,8 @@ PyMODINIT_FUNC PyInit__step_fast(void) {
         || (s_head = PyUnicode_InternFromString("head")) == NULL
         || (s_written = PyUnicode_InternFromString("written")) == NULL)
         return NULL;
+    for (int i = 0; i < N_SLOTS; i++)
+        if ((slot_names[i] = PyUnicode_InternFromString(slot_strs[i])) == NULL)
+            return NULL;
     return PyModule_Create(&module);
 }

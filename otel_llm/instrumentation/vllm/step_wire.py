@@ -154,8 +154,9 @@ def _choose() -> tuple:
 encode, encode_into_rings, REASON = _choose()
 
 
-def decode(data: bytes, cache: list | None = None) -> StepRecord:
-    """A step record from one datagram; ``WireError`` for any other version or size.
+def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
+    """A step record from one datagram; ``WireError`` for any other version or size. (``decode``: this, or
+    the C accelerator's equal decoder where it is built, see ``_choose_decode``.)
 
     The record keeps the shares as the datagram lists them (``StepRecord.of_lists``: ids, tokens or
     ``None`` for one each, the prefilling shares' indices, contexts): no tuple per share. ``cache`` (a
@@ -225,6 +226,28 @@ def decode(data: bytes, cache: list | None = None) -> StepRecord:
     step.idle_s = idle if flags & _HAS_IDLE else None
     step.model_s = model if flags & _HAS_MODEL else None
     return step
+
+
+def _choose_decode():
+    """The frontend's decoder: the C accelerator's (``_step_fast.decode``) where ``_choose`` took the C encoder
+    (x86-64, built), else ``decode_py``. The C decoder takes the valid records with no prefilling share (every
+    steady decode batch) and hands any other record whole to ``decode_py``: the same StepRecord slots and the
+    same reader cache afterwards, the same errors (tests/test_step_fast.py). Measured on the real engine,
+    where vLLM's output thread runs cache-cold after each wait: decode was ~30 µs of a ~80 µs drain in
+    Python (benchmarks/drain_probe.py)."""
+    if encode_into_rings is None:
+        return decode_py
+    try:
+        from . import _step_fast
+        from ...core import timeline
+        _step_fast.setup_decode(decode_py, StepRecord, _NONE, timeline._NO_LINKS)
+        return _step_fast.decode
+    except (ImportError, AttributeError, TypeError):  # a build of the accelerator without the decoder
+        return decode_py
+
+
+# decode(data, cache=None) -> StepRecord
+decode = _choose_decode()
 
 
 _ARRAYS: dict[tuple[int, int, int, int], struct.Struct] = {}
