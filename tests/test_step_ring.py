@@ -238,3 +238,37 @@ def test_two_engines_rings_into_one_frontend_each_keep_their_own_ids(monkeypatch
         for sink in sinks:
             sink.close()
         receiver.close()
+
+
+def test_the_socket_is_still_read_at_every_drain_once_a_ring_is_attached(monkeypatch):
+    """The receiver asks the socket whether anything waits (poll) instead of reading it empty: a second
+    EngineCore's ring announced after the first ring is attached, and a sender of datagrams (no ring),
+    are read in the very next drain, in the order the socket holds them; a closed receiver drains nothing."""
+    from test_step_sockets import record
+
+    with tempfile.TemporaryDirectory() as d:
+        receiver = steps.StepReceiver(d)
+        monkeypatch.setattr(os, "getpid", lambda: 999_401)
+        first = steps.SocketSink(d)
+        first(record(999_401 << 32 | 1))
+        got: list = []
+        receiver.drain(got.append)
+        for _ in range(3):
+            receiver.drain(got.append)  # nothing waits: nothing read, nothing counted
+        assert len(receiver.rings) == 1 and [s.step_id & 0xFFFFFFFF for s in got] == [1]
+        monkeypatch.setattr(os, "getpid", lambda: 999_402)
+        second = steps.SocketSink(d)
+        second(record(999_402 << 32 | 1))  # announced (and written) after the first ring was attached
+        datagrams = steps.SocketSink(d)
+        datagrams.RING = False  # this one sends a datagram a step
+        datagrams(record(7))
+        monkeypatch.undo()
+        receiver.drain(got.append)
+        assert len(receiver.rings) == 2 and receiver.malformed == 0
+        assert sorted(s.step_id for s in got[1:]) == sorted([7, 999_402 << 32 | 1])
+        receiver.close()
+        datagrams(record(8))
+        receiver.drain(got.append)  # closed: nothing read, nothing raised
+        assert len(got) == 3
+        for sink in (first, second, datagrams):
+            sink.close()
