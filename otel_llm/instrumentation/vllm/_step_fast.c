@@ -1,5 +1,6 @@
 /* Optional C accelerator of the EngineCore's per-step path: step_wire.encode, and the copy of the record
- * into each frontend's shared-memory ring (step_ring.RingWriter.write), in one call.
+ * into each frontend's shared-memory ring (step_ring.RingWriter.write), in one call. And of the frontend's:
+ * step_wire.decode of the common record (see "the frontend's side" below).
  *
  * Byte-identical to the Python path by construction where it matters: this module encodes only input it
  * fully understands (exact tuples, lists, ints, floats in the wire's ranges) and checks all of it BEFORE
