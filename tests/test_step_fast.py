@@ -310,3 +310,37 @@ def test_the_decoder_keeps_no_memory_per_call():
             _decoded(step_wire.decode, data, cache)
     gc.collect()
     assert sys.getallocatedblocks() - before < 200
+
+
+@fast
+def test_ring_read_takes_what_the_python_reader_takes_and_leaves_the_same_positions():
+    """Two rings written alike (records of random sizes, wrapping around the end), one read by
+    ``_step_fast.ring_read`` and one by ``RingReader.read``: the same records, the same reader positions
+    (``tail``, ``consumed``) and header words; a ring whose positions or a size make no sense is left
+    untouched by the C read (None) and the Python reader raises for it as before."""
+    assert step_wire.ring_read is not None
+    rng = random.Random(77)
+    (wc, rc), (wp, rp) = _pair(256), _pair(256)
+    for _ in range(400):
+        for _ in range(rng.randint(0, 4)):
+            data = bytes(rng.randrange(256) for _ in range(rng.randint(0, 60)))
+            assert wc.write(data) == wp.write(data)
+        assert step_wire.ring_read(rc) == rp.read()
+        assert (rc.tail, rc.consumed) == (rp.tail, rp.consumed)
+        assert list(rc._words) == list(rp._words)
+    # a size word that runs past what was written: C leaves it to Python, which raises and skips it
+    for w in (wc, wp):
+        w.write(b"abcd")
+    for r in (rc, rp):
+        r._sizes[r.tail % r.cap >> 2] = 200
+    before = (rc.tail, rc.consumed, list(rc._words))
+    assert step_wire.ring_read(rc) is None and before == (rc.tail, rc.consumed, list(rc._words))
+    for r in (rc, rp):
+        with pytest.raises(step_ring.RingError):
+            r.read()
+    assert (rc.tail, rc.consumed) == (rp.tail, rp.consumed) and step_wire.ring_read(rc) == []
+    for w, r in ((wc, rc), (wp, rp)):
+        w.close()
+        r.close()
+    with pytest.raises(ValueError):  # a closed ring: an error, never a read of unmapped memory
+        step_wire.ring_read(rc)

@@ -621,6 +621,125 @@ static PyObject *setup_decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---- the frontend's ring read: step_ring.RingReader.read of a ring whose positions and sizes make sense ----
+ *
+ * Returns the records written since the last read (bytes, oldest first) and publishes `consumed` and `tail`
+ * as the Python reader does, or None, having touched nothing, when the positions or a record's size make no
+ * sense: RingReader.read then reads the same ring and raises its RingError (it skips what was written). */
+
+static PyObject *s_tail, *s_consumed;
+static Py_ssize_t ring_consumed = -1;
+
+static PyObject *ring_read(PyObject *self, PyObject *reader) {
+    if (ring_consumed < 0)
+        Py_RETURN_NONE;
+    PyObject *mm = PyObject_GetAttr(reader, s_mm);
+    if (mm == NULL)
+        return NULL;
+    Py_buffer view;
+    int got = PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE); /* fails on a closed mmap: never a dangling pointer */
+    Py_DECREF(mm);
+    if (got < 0)
+        return NULL;
+    PyObject *out = NULL, *o = NULL;
+    unsigned long long cap, tail, consumed;
+    o = PyObject_GetAttr(reader, s_cap);
+    if (o == NULL || get_size(o, "cap", &cap) < 0)
+        goto done;
+    Py_SETREF(o, PyObject_GetAttr(reader, s_tail));
+    if (o == NULL || get_size(o, "tail", &tail) < 0)
+        goto done;
+    Py_SETREF(o, PyObject_GetAttr(reader, s_consumed));
+    if (o == NULL || get_size(o, "consumed", &consumed) < 0)
+        goto done;
+    Py_CLEAR(o);
+    if (cap == 0 || cap % 4 || view.len < ring_data + (Py_ssize_t)cap) {
+        PyErr_SetString(PyExc_ValueError, "step ring of another size than its reader says");
+        goto done;
+    }
+    unsigned char *base = view.buf;
+    const unsigned char *data_at = base + ring_data;
+    /* acquire: pairs with the writer's release store of head, so the records' bytes are there (step_ring) */
+    uint64_t head = __atomic_load_n((uint64_t *)(base + ring_head), __ATOMIC_ACQUIRE);
+    if (head == tail) {
+        out = PyList_New(0);
+        goto done;
+    }
+    if (head < tail || head - tail > cap || head % 4) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t count = 0;
+    for (unsigned long long t = tail; t < head; count++) {  /* every size checked before anything is taken */
+        uint32_t size;
+        memcpy(&size, data_at + t % cap, 4);
+        unsigned long long step = 4 + (((unsigned long long)size + 3) & ~3ull);
+        if (step > head - t) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        t += step;
+    }
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    unsigned long long t = tail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        unsigned long long p = t % cap;
+        uint32_t size;
+        memcpy(&size, data_at + p, 4);
+        unsigned long long q = p + 4;
+        PyObject *rec = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (rec == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        char *dst = PyBytes_AS_STRING(rec);
+        if (q + size <= cap) {
+            memcpy(dst, data_at + q, size);
+        } else {  /* wraps around the end */
+            size_t first = (size_t)(cap - q);
+            memcpy(dst, data_at + q, first);
+            memcpy(dst + first, data_at, size - first);
+        }
+        PyList_SET_ITEM(out, i, rec);
+        t += 4 + (((unsigned long long)size + 3) & ~3ull);
+    }
+    /* the reader's own positions, then published: consumed, and tail last with a release store (after the
+     * copies: from then on the writer may reuse the space) */
+    o = PyLong_FromUnsignedLongLong(consumed + (unsigned long long)count);
+    if (o == NULL || PyObject_SetAttr(reader, s_consumed, o) < 0)
+        goto fail;
+    Py_SETREF(o, PyLong_FromUnsignedLongLong(head));
+    if (o == NULL || PyObject_SetAttr(reader, s_tail, o) < 0)
+        goto fail;
+    Py_CLEAR(o);
+    __atomic_store_n((uint64_t *)(base + ring_consumed), (uint64_t)(consumed + (unsigned long long)count),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)(base + ring_tail), (uint64_t)head, __ATOMIC_RELEASE);
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(o);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* setup_ring_read(consumed offset) */
+static PyObject *setup_ring_read(PyObject *self, PyObject *args) {
+    Py_ssize_t at;
+    if (!PyArg_ParseTuple(args, "n:setup_ring_read", &at))
+        return NULL;
+    if (at % 8 || at < 0) {
+        PyErr_SetString(PyExc_ValueError, "_step_fast was built for another ring layout");
+        return NULL;
+    }
+    ring_consumed = at;
+    Py_RETURN_NONE;
+}
+
 /* setup(encode_py, version, header_size, ring_data, ring_head, ring_tail): the Python side's constants */
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *fn;
@@ -641,6 +760,8 @@ static PyMethodDef methods[] = {
     {"encode_into_rings", encode_into_rings, METH_VARARGS,
      "encode_into_rings(payload, cache, writers) -> int: the record copied into each RingWriter; rings that were full"},
     {"setup_decode", setup_decode, METH_VARARGS, "setup_decode(decode_py, StepRecord, no_prefill, no_links)"},
+    {"setup_ring_read", setup_ring_read, METH_VARARGS, "setup_ring_read(consumed_offset)"},
+    {"ring_read", ring_read, METH_O, "ring_read(reader) -> list of records, or None: RingReader.read decides"},
     {"decode", decode, METH_VARARGS, "decode(data, cache=None) -> StepRecord: step_wire.decode_py's record"},
     {NULL, NULL, 0, NULL},
 };
@@ -651,6 +772,9 @@ PyMODINIT_FUNC PyInit__step_fast(void) {
     if ((s_mm = PyUnicode_InternFromString("mm")) == NULL || (s_cap = PyUnicode_InternFromString("cap")) == NULL
         || (s_head = PyUnicode_InternFromString("head")) == NULL
         || (s_written = PyUnicode_InternFromString("written")) == NULL)
+        return NULL;
+    if ((s_tail = PyUnicode_InternFromString("tail")) == NULL
+        || (s_consumed = PyUnicode_InternFromString("consumed")) == NULL)
         return NULL;
     for (int i = 0; i < N_SLOTS; i++)
         if ((slot_names[i] = PyUnicode_InternFromString(slot_strs[i])) == NULL)

@@ -250,6 +250,24 @@ def _choose_decode():
 decode = _choose_decode()
 
 
+def _choose_ring_read():
+    """The frontend's ring read: ``_step_fast.ring_read(reader)`` where the C decoder was chosen (it returns
+    the same records and leaves the reader and the ring's positions as ``RingReader.read`` does, or None
+    when the positions or a size make no sense: then ``RingReader.read`` reads and raises), else None."""
+    if decode is decode_py:
+        return None
+    try:
+        from . import _step_fast, step_ring
+        _step_fast.setup_ring_read(8 * step_ring._CONSUMED)
+        return _step_fast.ring_read
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+# ring_read(reader: step_ring.RingReader) -> list[bytes] | None, or None where there is no C accelerator
+ring_read = _choose_ring_read()
+
+
 _ARRAYS: dict[tuple[int, int, int, int], struct.Struct] = {}
 
 

@@ -276,9 +276,12 @@ class StepReceiver:
     def _drain(self, deliver: Callable[[StepRecord], None]) -> None:
         if self._poll.poll(0):  # readable, or an error / hang-up to find out about: read until it would block
             self._receive(deliver)
+        fast = step_wire.ring_read  # the C accelerator's read (None: none; it answers None: Python decides)
         for ring in self.rings.values():
             try:
-                records = ring.read()
+                records = fast(ring) if fast is not None else None
+                if records is None:
+                    records = ring.read()
             except step_ring.RingError as exc:
                 self.malformed += 1
                 GUARD.failed("step ring", exc)
