@@ -3,8 +3,9 @@
 Same engine and workload as ``frontend_real_ab.py`` (64 requests x 128 output tokens, offline
 ``LLM.generate``, tiny model on CPU, EngineCore in its own process), one checkout (``PYTHONPATH``).
 ``StepReceiver._drain`` is replaced by a copy of itself with thread-CPU stamps between its parts
-(the socket's ``recvmsg_into``, each ring's ``read``, ``step_wire.decode``, the delivery to
-``Pipeline.add_step``), and the drain is also timed whole with no inner stamps in alternate
+(the socket: its poll and, when something waits, the receive loop; each ring's read; ``step_wire.decode``;
+the delivery to ``Pipeline.add_step``; keep the copy in step with ``_drain`` when that changes), and the
+drain is also timed whole with no inner stamps in alternate
 workloads, to see what the stamps themselves cost (each ``thread_time_ns`` is a syscall, ~0.8 µs
 here). Per drain it keeps the parts, records and tokens; collections that ran inside a drain are
 counted with their wall time. Reported per output token and per drain, with the distribution of
