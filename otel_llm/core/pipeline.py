@@ -232,6 +232,11 @@ class Pipeline:
         base = self.baseline.evaluate(view)
         if base.sampled:
             return base, self.config.baseline_detail
+        if t.handoff is not None and t.handoff.saved:
+            # the prefill half of a disaggregated request: whether the user's request breached is decided
+            # on the decode instance, later; export this half at phase detail so the gateway, which sees
+            # both halves of the trace, can keep it whole (docs/disaggregated-serving.md)
+            return _HANDOFF_KEPT, max(Detail.PHASES, self.config.baseline_detail)
         return NOT_SAMPLED, Detail.REQUEST
 
     def finish(self, request_id: str, s: RequestSummary) -> Decision:
@@ -332,6 +337,8 @@ class Pipeline:
         for_cause = self._for_cause(decision)
         own = self._own_steps(t) if breached or for_cause or decision is not None else ()
         verdict = self._explain(t, s, breached, for_cause)
+        if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
+            self.window.handoffs.add(t.handoff)
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -459,6 +466,7 @@ _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine mo
 
 
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
+_HANDOFF_KEPT = Decision(Verdict.SAMPLED, "kv_handoff")  # the prefill half of a disaggregated request
 
 
 def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:

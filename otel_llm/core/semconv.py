@@ -98,9 +98,10 @@ SLOW_PREFILL_INTERFERENCE = "prefill_interference"  # its decode steps carried o
 SLOW_PREEMPTION = "preemption"  # preempted until it caught up
 SLOW_BATCH_GROWTH = "batch_growth"  # its decode steps slowed as the batch grew
 SLOW_ENGINE_STARVATION = "engine_starvation"  # the engine sat idle between steps while it was pending
+SLOW_KV_TRANSFER = "kv_transfer"  # loading (or waiting for) its KV cache took longer than comparable loads
 SLOW_UNKNOWN = "unknown"  # the data cannot decide
 SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_PREFILL_INTERFERENCE,
-               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_UNKNOWN)
+               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_KV_TRANSFER, SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
 SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause
@@ -120,6 +121,14 @@ KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"  # the connector's own count of byte
 LATENCY_KV_LOAD = "llm.latency.kv_load"  # seconds loading (or waiting for) the KV cache: part of the prefill
 LATENCY_KV_SAVE = "llm.latency.kv_save"  # seconds saving the KV cache for another instance
 KV_LOAD, KV_SAVE = "load", "save"
+# Ours: disaggregated serving's router (examples/disagg_proxy.py) and the role of each instance
+DISAGG_ROLE = "llm.disagg.role"  # on an engine's request span: the instance's part (prefill, decode, both)
+DISAGG_HOP = "llm.disagg.hop"  # on the router's CLIENT spans: which instance this hop went to
+DISAGG_ROLE_PREFILL, DISAGG_ROLE_DECODE, DISAGG_ROLE_BOTH = "prefill", "decode", "both"
+DISAGG_PREFILL = "llm.disagg.prefill_url"  # on the router span: the instances it routed to
+DISAGG_DECODE = "llm.disagg.decode_url"
+DISAGG_TTFT = "llm.disagg.time_to_first_token"  # the user's TTFT as the router saw it (seconds)
+DISAGG_E2E = "llm.disagg.e2e"  # the user's request, end to end, as the router saw it (seconds)
 
 # Ours: child spans
 SPAN_QUEUE = "llm.queue"

@@ -59,6 +59,31 @@ def test_the_wrapped_methods_are_kv_connector_base_v1s():
     assert list(inspect.signature(KVConnectorFactory.create_connector).parameters)[:3] == [
         "config", "role", "kv_cache_config"]
     assert callable(KVConnectorModelRunnerMixin._get_kv_connector_output)
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+
+    assert list(inspect.signature(KVOutputAggregator.aggregate).parameters)[:2] == ["self", "outputs"]
+
+
+def test_the_workers_figures_survive_vllms_aggregation_of_their_outputs():
+    """vLLM's executor builds a new KVConnectorOutput from the workers' (one worker too): the figures are
+    merged onto it, the slowest worker's time for the step."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    w = kc.ConnectorWrapper(HandoffBook().add)
+    outputs = []
+    for load_s in (0.2, 0.5):
+        kv = KVConnectorOutput()
+        setattr(kv, kc.WORKER_STEP_ATTR, kc.WorkerStep(1.0, 1.0 + load_s, load_s, None, None, 0.0, 1, 0, None,
+                                                        None, 100))
+        outputs.append(ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}, kv_connector_output=kv))
+    aggregator = KVOutputAggregator(expected_finished_count=2)
+    originals = [o.kv_connector_output for o in outputs]
+    merged = w.aggregate(aggregator.aggregate, aggregator, (outputs,), {})
+    assert all(merged.kv_connector_output is not o for o in originals)  # vLLM's new object
+    step = getattr(merged.kv_connector_output, kc.WORKER_STEP_ATTR)
+    assert (step.load_start, step.load_end, step.load_s) == (1.0, 1.5, 0.5)
+    assert step.failed_blocks == 1 and step.bytes_transferred == 200
 
 
 def test_the_factory_and_the_step_context_are_wrapped_and_unwrapped():

@@ -42,6 +42,7 @@ SCHEDULER_METHODS = ("get_num_new_matched_tokens", "update_state_after_alloc", "
 HMA_METHODS = ("request_finished_all_groups",)  # SupportsHMA's (the hybrid KV cache manager): where present
 FACTORY_MODULE = "vllm.distributed.kv_transfer.kv_connector.factory"
 MIXIN_MODULE = "vllm.v1.worker.kv_connector_model_runner_mixin"
+AGGREGATOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.utils"
 WORKER_STEP_ATTR = "_otel_llm_kv_step"  # on a KVConnectorOutput: the worker's figures for that step
 _WRAPPED_ATTR = "_otel_llm_kv_wrapped"
 _LOAD = frozenset(("start_load_kv", "wait_for_layer_load"))
@@ -129,6 +130,29 @@ class WorkerSide:
                           self.bytes_transferred)
         self._reset()
         return step
+
+
+def merge_worker_steps(steps: list[WorkerStep]) -> WorkerStep:
+    """The workers of one step (tensor/pipeline parallel ranks) ran side by side: the step's hand-off took
+    as long as the slowest; failures and bytes add up."""
+    if len(steps) == 1:
+        return steps[0]
+
+    def lo(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return min(present) if present else None
+
+    def hi(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    moved = [s.bytes_transferred for s in steps if s.bytes_transferred is not None]
+    return WorkerStep(lo([s.load_start for s in steps]), hi([s.load_end for s in steps]),
+                      max(s.load_s for s in steps), lo([s.save_start for s in steps]),
+                      hi([s.save_end for s in steps]), max(s.save_s for s in steps),
+                      max(s.failed_blocks for s in steps), sum(s.errors for s in steps),
+                      next((s.error_type for s in steps if s.error_type), None),
+                      hi([s.transfer_s for s in steps]), sum(moved) if moved else None)
 
 
 def _total(value: Any) -> float | None:
@@ -305,6 +329,7 @@ class ConnectorWrapper:
             Target(FACTORY_MODULE, "KVConnectorFactory.create_connector", self.create_connector),
             Target(MIXIN_MODULE, "KVConnectorModelRunnerMixin._get_kv_connector_output",
                    self.kv_connector_output),
+            Target(AGGREGATOR_MODULE, "KVOutputAggregator.aggregate", self.aggregate),
         ])
 
     def arm(self) -> None:
@@ -406,6 +431,28 @@ class ConnectorWrapper:
 
     def kv_connector_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return _AttachWorkerStep(wrapped(*args, **kwargs), self)
+
+    def aggregate(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """vLLM's executor merges the workers' connector outputs into a new one (with one worker too):
+        the workers' figures are merged onto it."""
+        steps: list[WorkerStep] = []
+        try:
+            outputs = args[0] if args else kwargs.get("outputs") or ()
+            for out in outputs:
+                step = getattr(getattr(out, "kv_connector_output", None), WORKER_STEP_ATTR, None)
+                if step is not None:
+                    steps.append(step)
+        except Exception as exc:
+            GUARD.failed("kv connector (aggregate)", exc)
+        result = wrapped(*args, **kwargs)
+        if steps:
+            try:
+                kv = getattr(result, "kv_connector_output", None)
+                if kv is not None:
+                    setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(steps))
+            except Exception as exc:
+                GUARD.failed("kv connector (aggregate)", exc)
+        return result
 
     def attach_worker_step(self, output: Any) -> None:
         worker = self.worker

@@ -41,7 +41,12 @@ _OPERATION: contextvars.ContextVar[tuple[str, SpanKind] | None] = contextvars.Co
 _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_vllm_stream", default=None)
 # W3C headers as the HTTP handler passed them, before vLLM drops them when its own tracing is off.
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
+# The (host, port) the HTTP request being served came in on: the instance a request span names.
+_SERVER: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("otel_llm_vllm_server", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
+# an instance's part in disaggregated serving, from its KV connector's role
+_DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG_ROLE_DECODE,
+                 "kv_both": sc.DISAGG_ROLE_BOTH}
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
 # The last engine built in this process: (model shape, on a CUDA device, devices a step spans). Kept
 # so that instrumenting again (new options) re-arms the roofline for an engine built earlier.
@@ -101,6 +106,8 @@ class VLLMWrappers:
             if isinstance(name, (list, tuple)):
                 name = name[0] if name else model_config.model
             instance.output_processor._otel_llm_model = str(name)
+            kv = getattr(instance.vllm_config, "kv_transfer_config", None)
+            instance.output_processor._otel_llm_disagg_role = _DISAGG_ROLES.get(getattr(kv, "kv_role", None))
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (after)", exc)
         try:
@@ -130,8 +137,11 @@ class VLLMWrappers:
             # returns, in this request's task (or a copy of its context).
             _OPERATION.set((operation, SpanKind.SERVER))
             try:
-                stream = getattr(self.bind(wrapped).get(args, kwargs, "request"), "stream", None)
+                b = self.bind(wrapped)
+                stream = getattr(b.get(args, kwargs, "request"), "stream", None)
                 _STREAM.set(stream if isinstance(stream, bool) else None)
+                server = getattr(b.get(args, kwargs, "raw_request"), "scope", {}).get("server")
+                _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
             except Exception as exc:
                 GUARD.failed(f"vllm serving {operation}", exc)
             return _streams_keep_operation(wrapped(*args, **kwargs), operation)
@@ -190,6 +200,12 @@ class VLLMWrappers:
         attrs: dict[str, Any] = {}
         if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
             attrs[sc.REQUEST_STREAM] = True
+        server = _SERVER.get() if kind is SpanKind.SERVER else None
+        if server is not None:  # which instance served it (disaggregated serving: P or D)
+            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
+        role = getattr(processor, "_otel_llm_disagg_role", None)
+        if role is not None:
+            attrs[sc.DISAGG_ROLE] = role
         if params is not None:
             attrs.update(sampling_attributes(params))
         ids = request.prompt_token_ids
