@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import NonRecordingSpan, Tracer
 
+from . import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
@@ -466,7 +467,7 @@ _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine mo
 
 
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
-_HANDOFF_KEPT = Decision(Verdict.SAMPLED, "kv_handoff")  # the prefill half of a disaggregated request
+_HANDOFF_KEPT = Decision(Verdict.SAMPLED, sc.SAMPLING_REASON_DEFERRED)  # the prefill half of a disaggregated request
 
 
 def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:

@@ -121,6 +121,9 @@ KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"  # the connector's own count of byte
 LATENCY_KV_LOAD = "llm.latency.kv_load"  # seconds loading (or waiting for) the KV cache: part of the prefill
 LATENCY_KV_SAVE = "llm.latency.kv_save"  # seconds saving the KV cache for another instance
 KV_LOAD, KV_SAVE = "load", "save"
+# llm.sampling.reason of a disaggregated request's prefill half: exported so that the gateway, which sees
+# the decode half too, decides; the gateway's sdk_decision policy does not count it as a keep
+SAMPLING_REASON_DEFERRED = "kv_handoff"
 # Ours: disaggregated serving's router (examples/disagg_proxy.py) and the role of each instance
 DISAGG_ROLE = "llm.disagg.role"  # on an engine's request span: the instance's part (prefill, decode, both)
 DISAGG_HOP = "llm.disagg.hop"  # on the router's CLIENT spans: which instance this hop went to
