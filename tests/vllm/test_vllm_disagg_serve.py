@@ -33,6 +33,19 @@ PROMPT = "the quick brown fox jumps over the lazy dog and keeps running through 
 SLO = "tpot=0.000000001"  # every decode breaches; a prefill half (one token) cannot
 
 
+class Clock:
+    """The gateway's clock, advanced by the test: its decisions come when the test says, not when the machine does."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def _kv_args(role: str, storage: Path) -> tuple[str, ...]:
     config = {"kv_connector": "ExampleConnector", "kv_role": role,
               "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
@@ -90,20 +103,24 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
 
     import openai
 
-    from collector_testkit import FakeClock, loopback_config
     from otel_llm.instrumentation.openai import OpenAIInstrumentor
+    from otel_llm_collector.config import CollectorConfig
     from otel_llm_collector.gateway import Gateway
 
     tmp = tmp_path_factory.mktemp("disagg")
     storage = tmp / "kv"
     storage.mkdir()
     kept_path = tmp / "kept.jsonl"
-    clock = FakeClock()
-    gateway = Gateway(loopback_config(
-        processors={"llm_metrics": {"slo": SLO},
-                    "tail_sampling": {"decision_wait": "30s", "decision_wait_after_root_received": "30s",
-                                      "policies": [{"name": "slo_breach", "type": "slo"}]}},
-        exporters={"file": {"path": str(kept_path)}}), clock=clock, manual_ticks=True).start()
+    clock = Clock()
+    gateway = Gateway(CollectorConfig.from_mapping({
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"},
+                                             "http": {"endpoint": "127.0.0.1:0"}}}},
+        "processors": {"llm_metrics": {"slo": SLO},
+                       "tail_sampling": {"decision_wait": "30s", "decision_wait_after_root_received": "30s",
+                                         "policies": [{"name": "errors", "type": "error"},
+                                                      {"name": "sdk_decision", "type": "sdk_decision"},
+                                                      {"name": "slo_breach", "type": "slo"}]}},
+        "exporters": {"file": {"path": str(kept_path)}}}), clock=clock, manual_ticks=True).start()
     env = {"OTEL_LLM_SAMPLE_RATE": "0", "OTEL_LLM_ENGINE_STEPS": "false", "OTEL_LLM_SLO": SLO}
     servers = {role: VLLMServer(otlp_endpoint=gateway.http_endpoint, service_name=f"vllm-{role}", env=env,
                                 extra_args=_kv_args(kv_role, storage))
