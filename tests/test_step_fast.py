@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
+from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
 from test_step_ring import pair as _pair  # a ring writer and its reader, as a frontend gets them
 
 X86_64 = platform.machine() in ("x86_64", "AMD64")
@@ -200,8 +200,8 @@ def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tm
     if path == "python":
         monkeypatch.setattr(step_wire, "encode_into_rings", None)
         monkeypatch.setattr(step_wire, "encode", step_wire.encode_py)
-    receiver = steps.StepReceiver(str(tmp_path))
-    sink = steps.SocketSink(str(tmp_path))
+    receiver = step_transport.StepReceiver(str(tmp_path))
+    sink = step_transport.SocketSink(str(tmp_path))
     rng = random.Random(9)
     payloads = list(_payloads(rng, 200))
     got = []
@@ -214,7 +214,7 @@ def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tm
         receiver.close()
     assert sink.dropped == 0 and receiver.malformed == 0
     assert [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in got] == \
-        [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(steps.decode, payloads)]
+        [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(step_hooks.decode, payloads)]
 
 
 # -- the frontend's decoder (step_wire.decode: _step_fast.decode where built) --------------------------

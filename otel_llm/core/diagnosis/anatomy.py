@@ -1,6 +1,6 @@
 """Per-step diagnosis on the frontend's cold path: anatomy and roofline as span attributes and metrics.
 
-The EngineCore only stamps (steps.py); everything here runs on the materializer thread,
+The EngineCore only stamps (instrumentation/vllm/step_hooks.py); everything here runs on the materializer thread,
 for steps in batches. What each part means:
 
 * schedule: inside the scheduler (EngineCore process, CPU);

@@ -11,7 +11,7 @@ and a record of another layout is refused (and counted), never misread. Layout, 
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
-The shares are vLLM's own per-step lists, shipped as the scheduler made them (steps.py: no Python loop
+The shares are vLLM's own per-step lists, shipped as the scheduler made them (step_hooks.py: no Python loop
 over the batch in the EngineCore): per scheduled request its id, the tokens scheduled and the tokens it
 had computed before the step; which shares have no output yet (``no_output_at``: vLLM's output count,
 in-flight placeholders included, is 0); and for the shares at ``prompt_at`` whose prefill flag needs
@@ -25,7 +25,7 @@ their ids are ~2.6 KB of a 3 KB record at batch 64. A record with SAME_IDS carri
 those of the record numbered ``step_id - 1`` (the EngineCore numbers its records one by one), which the
 reader must have read last from the same sender: a reader that missed that record (lost, refused, or a
 reader that came later) refuses this one as a ``WireError`` (counted) and never reuses older ids. The
-sender lists the ids again after anything it could not deliver to every reader (steps.SocketSink), so a
+sender lists the ids again after anything it could not deliver to every reader (step_transport.SocketSink), so a
 gap costs at most the records up to the next full one, and only where a record was already lost.
 
 A change of layout is a new ``VERSION``; both sides are always the same otel-llm (the EngineCore imports
@@ -86,7 +86,7 @@ def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int],
 
 
 def encode_py(payload: tuple, cache: list | None = None) -> bytes:
-    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one record.
+    """The step hook's tuple (step_hooks.py: 14 fields, the shares as ``Shares``) as one record.
 
     ``cache`` (a sender's ``[ids, bytes, step_id]``) keeps the last ids encoded: in a steady batch vLLM
     lists the same request ids, the same str objects, step after step (comparing them is a pointer
