@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, Tracer
 
-from . import semconv as sc
+from .. import semconv as sc
 from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages

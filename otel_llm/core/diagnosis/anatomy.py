@@ -20,7 +20,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Any, Sequence
 
-from .. import semconv as sc
+from ... import semconv as sc
 from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
 from ..sdk_metrics import bind_counts, bind_value, fast_path
 from ..inter_token import sorted_gap_summary

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ..wraps import Target, WrapTable
 
 MODEL_TIME_ATTR = "_otel_llm_model_s"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
 from .step_hooks import StepHooks

@@ -14,11 +14,12 @@ import os
 import time
 from typing import Any, Callable
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
 from . import step_wire
+from .step_wire import Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
 
 
@@ -30,6 +31,8 @@ from .model_timing import MODEL_TIME_ATTR, ModelTimer
 # model_s: forward + sampling timed around the model runner where it runs (model_timing.py).
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_SHARES = 7  # in what schedule() keeps of a step (StepHooks.pending)
+_IDS = Shares._fields.index("ids")
 _NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
 
 
@@ -45,8 +48,10 @@ class StepHooks:
                  "_table")
 
     def __init__(self) -> None:
-        self.sink: Callable[[tuple], None] | None = None
-        self.pending: dict[int, tuple] = {}  # id(scheduler_output) -> what schedule() saw
+        self.sink: Callable[[StepPayload], None] | None = None
+        # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
+        # usage, shares, queue_blocked), unpacked whole by update_from_output
+        self.pending: dict[int, tuple] = {}
         self.timer = ModelTimer()
         self.model = self.timer.model  # the timer's times by step (the same dict: read once a step)
         self.counter = itertools.count(1)
@@ -60,7 +65,7 @@ class StepHooks:
             Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output, plain=True),
         ])
 
-    def arm(self, sink: Callable[[tuple], None]) -> None:
+    def arm(self, sink: Callable[[StepPayload], None]) -> None:
         """Report every step to ``sink`` (and time the model runner, where it runs in this process)."""
         self.sink = sink
         self.prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
@@ -100,8 +105,9 @@ class StepHooks:
             GUARD.failed("scheduler.schedule hook", exc)
         return out
 
-    def _shares(self, scheduler: Any, out: Any) -> tuple:
-        """The step's shares as vLLM's scheduler output lists them (step_wire.Shares), with no Python
+    def _shares(self, scheduler: Any, out: Any) -> Shares:
+        """The step's shares as vLLM's scheduler output lists them (step_wire.Shares' fields, a plain tuple: see
+        update_from_output), with no Python
         loop over the batch: the frontend derives each share's prefill flag and context from them
         (step_wire.derive_prefill). Python loops run only over this step's new requests, the requests
         recomputing after a preemption and, in a step with a prefill chunk, the output counts: none of
@@ -185,7 +191,7 @@ class StepHooks:
             model = getattr(model_output, MODEL_TIME_ATTR, None)
             if model is None and self.model:
                 model = self.model.pop(key, None)
-            if pending is not None and pending[7][0]:
+            if pending is not None and pending[_SHARES][_IDS]:
                 start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
                 end = None
                 for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
@@ -196,6 +202,8 @@ class StepHooks:
                 self.last_end = left
                 if model is not None and model.__class__ is not float:
                     model = self.timer.cuda_seconds(model)
+                # a StepPayload's fields as a plain tuple: building the NamedTuple itself (tuple.__new__) costs
+                # several times the literal, a tenth of the hooks' cost per step; every reader takes either
                 sink((self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares, blocked,
                       scheduled - start, entered - scheduled, end - entered, idle, model))
         except Exception as exc:
@@ -226,28 +234,19 @@ def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempt
 
 
 
-def decode(payload: tuple) -> StepRecord:
-    """A step record from the hook's tuple (in-process; across processes see step_wire). The first eight
-    fields are the original layout (an EngineCore of an older otel-llm still decodes: 3-field shares); then
-    why waiting requests stayed waiting (``queue_blocked``), then the anatomy. The shares are a list of
-    (id, tokens, prefill[, context]) tuples in the older layouts, vLLM's own lists (``step_wire.Shares``) in
-    this one: prefill flags and contexts derived as the wire's decoder derives them."""
-    step_id, start, end, running, waiting, preempted, kv, shares = payload[:8]
-    blocked = payload[8] if len(payload) > 8 else 0
-    if len(payload) < 14:
-        return StepRecord(step_id, start, end, shares, running, waiting, preempted, kv, queue_blocked=blocked)
-    if shares.__class__ is tuple:  # vLLM's lists, kept as lists (StepRecord.of_lists: no tuple per share)
-        ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
-        contexts = list(computed)
-        step = StepRecord.of_lists(step_id, start, end, list(ids), list(tokens) if tokens is not None else None,
-                                   step_wire.derive_prefill(len(ids), contexts, no_output_at, prompt_at,
-                                                            prompt_len, outputs),
-                                   running, waiting, preempted, kv, queue_blocked=blocked)
-    else:
-        step = StepRecord(step_id, start, end, [s[:3] for s in shares], running, waiting, preempted, kv,
-                          queue_blocked=blocked)
-        contexts = [s[3] for s in shares]
+def decode(payload: StepPayload) -> StepRecord:
+    """A step record from the hook's payload, in-process (across processes see step_wire): the shares kept
+    as vLLM's lists (``StepRecord.of_lists``: no tuple per share), prefill flags and contexts derived as the
+    wire's decoder derives them. (A ``StepPayload``, or the plain tuple of its fields the hooks hand over.)"""
+    (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
+     schedule_s, execute_s, output_s, idle, model) = payload
+    ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs = shares
+    contexts = list(computed)
+    step = StepRecord.of_lists(step_id, start, end, list(ids), list(tokens) if tokens is not None else None,
+                               step_wire.derive_prefill(len(ids), contexts, no_output_at, prompt_at, prompt_len,
+                                                        prompt_outputs),
+                               running, waiting, preempted, kv, queue_blocked=blocked)
     step.contexts = contexts
-    step.schedule_s, step.execute_s, step.output_s, step.idle_s, step.model_s = payload[9:14]
+    step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
+    step.idle_s, step.model_s = idle, model
     return step
-

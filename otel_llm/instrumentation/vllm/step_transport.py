@@ -29,12 +29,13 @@ import tempfile
 import threading
 from typing import Callable
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.timeline import StepRecord
 from . import step_ring, step_wire
 from .process_roles import in_api_server_process
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
+_START = step_wire.START
 
 
 class SocketSink:
@@ -55,9 +56,11 @@ class SocketSink:
         self.dropped = 0
         # the last step's request ids, their encoding, and the step id of the last record that every
         # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
-        # None after anything that may have kept a record from a frontend, and while any frontend takes
-        # datagrams (one socket may hear several EngineCores: its reader keeps one cache for all)
-        self._ids: list = [None, b"", None]
+        # None after anything that may have kept a record from a frontend
+        self._ids = step_wire.sender_cache()
+        # whether records may leave repeated ids out: only while every frontend reads a ring of its own (a
+        # datagram socket may hear several EngineCores, interleaved, through one reader's cache)
+        self._same_ids = False
         self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
         self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
         self._rings: tuple = ()  # the same targets' RingWriters (for step_wire.encode_into_rings)
@@ -65,10 +68,11 @@ class SocketSink:
         self._encode, self._into_rings = step_wire.encode, step_wire.encode_into_rings
         self._scanned = float("-inf")
 
-    def __call__(self, payload: tuple) -> None:
-        # the step's start (payload[1]) is the hooks' clock, time.monotonic: no clock read of our own
-        if payload[1] - self._scanned > self.RESCAN_S:
-            self._rescan(payload[1])
+    def __call__(self, payload: step_wire.StepPayload) -> None:
+        # the step's start is the hooks' clock, time.monotonic: no clock read of our own
+        start = payload[_START]
+        if start - self._scanned > self.RESCAN_S:
+            self._rescan(start)
         into_rings = self._into_rings
         if into_rings is not None and self._writes is not None:
             # the C accelerator (step_wire picks it): encode and RingWriter.write in one call, same bytes
@@ -82,7 +86,7 @@ class SocketSink:
                 self._resync()  # they missed this record: the next one lists its ids
             return
         try:
-            data = self._encode(payload, self._ids)
+            data = self._encode(payload, self._ids, self._same_ids)
         except Exception:
             self._resync()  # not sent: the next record lists its ids
             raise
@@ -185,11 +189,11 @@ class SocketSink:
     def _resync(self) -> None:
         """The next record lists its request ids (step_wire: SAME_IDS), after anything that may have kept
         a record from a frontend. The records after it leave them out while they repeat, but only where
-        every frontend reads a ring of its own (the cache's third item): a datagram socket may hear several
-        EngineCores, interleaved, through one reader's cache."""
-        ids, joined = self._ids[0], self._ids[1]
+        every frontend reads a ring of its own: a datagram socket may hear several EngineCores,
+        interleaved, through one reader's cache."""
+        self._ids[step_wire.CACHE_LAST_STEP] = None
         rings = all(ring is not None for _, _, ring in self._targets)
-        self._ids = [ids, joined, None] if rings else [ids, joined]
+        self._same_ids = rings
         self._writes = tuple(ring.write for _, _, ring in self._targets) if rings else None
         self._rings = tuple(ring for _, _, ring in self._targets) if rings else ()
 
@@ -242,7 +246,7 @@ class StepReceiver:
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
-        self._ids: list = [None, None, None]  # the socket's last record's ids (step_wire.decode's cache; rings keep their own)
+        self._ids = step_wire.reader_cache()  # the socket's last record's ids (step_wire.decode's; rings keep their own)
         # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
         # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
         self._view = memoryview(bytearray(self.MAX_DATAGRAM))

@@ -18,10 +18,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.roofline import ModelShape
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline

@@ -9,15 +9,15 @@ import tempfile
 
 import pytest
 
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
 
 
-def record(step_id: int) -> tuple:
+def record(step_id: int) -> step_wire.StepPayload:
     """A step as the scheduler hooks hand it to the sink (step_hooks.py: 14 fields, the shares as vLLM's lists:
     a new request of a 16-token prompt, then a decoding one with 3 outputs)."""
-    shares = (["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
+    shares = step_wire.Shares(["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
+    return step_wire.StepPayload(step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
 
 
 def drained(receiver: step_transport.StepReceiver) -> list:
@@ -122,8 +122,9 @@ def test_wire_round_trip_keeps_every_field():
     prompt_at = [i for i in range(64) if i % 5 == 0]  # new or recomputing: their prompt length comes along
     prompt_len = [120 + i % 10 for i in prompt_at]
     outputs = [0 if i % 7 == 0 else 4 for i in prompt_at]  # with 4 outputs: prefill while computed < prompt + 3
-    shares = (ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs)
-    payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    shares = step_wire.Shares(ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs)
+    payload = step_wire.StepPayload((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25,
+                                    0.0061)
     prompts = {i: (p, o) for i, p, o in zip(prompt_at, prompt_len, outputs)}
     prefill = [computed[i] < (prompts[i][0] + prompts[i][1] - 1 if prompts[i][1] else prompts[i][0]) if i in prompts
                else i in no_output_at for i in range(64)]
@@ -140,8 +141,8 @@ def test_wire_round_trip_keeps_every_field():
     empty = step_wire.decode(step_wire.encode(payload[:7] + (([], [], [], [], [], [], []),) + payload[8:]))
     assert empty.requests == [] and empty.contexts == []
     # a plain decode batch: one token each, not listed; a sender's cache reuses the encoded ids
-    ones = payload[:7] + ((ids, None) + shares[2:],) + payload[8:]
-    cache: list = [None, b""]
+    ones = payload._replace(shares=shares._replace(tokens=None))
+    cache = step_wire.sender_cache()
     first = step_wire.encode(ones, cache)
     again = step_wire.encode(ones[:7] + ((list(ids), None) + shares[2:],) + ones[8:], cache)
     assert first == again == step_wire.encode(ones) and len(first) == len(step_wire.encode(payload)) - 4 * 64
@@ -243,10 +244,11 @@ def test_an_id_with_nul_is_refused_at_the_sender():
         step_wire.encode(bad)
 
 
-def steady(step_id: int, ids: list[str], computed: list[int]) -> tuple:
+def steady(step_id: int, ids: list[str], computed: list[int]) -> step_wire.StepPayload:
     """A plain decode batch as the hooks hand it over: one token each, no prompt entries."""
-    return (step_id, 1.0, 1.5, len(ids), 0, 0, 0.5, (list(ids), None, computed, (), (), (), ()), 0,
-            0.1, 0.2, 0.3, 0.01, None)
+    return step_wire.StepPayload(step_id, 1.0, 1.5, len(ids), 0, 0, 0.5,
+                                 step_wire.Shares(list(ids), None, computed, (), (), (), ()), 0, 0.1, 0.2, 0.3, 0.01,
+                                 None)
 
 
 def fields(step) -> tuple:
@@ -260,13 +262,12 @@ def test_a_steady_batch_leaves_its_ids_out_and_decodes_to_the_same_records():
     (step_id - 1) carries no id bytes (SAME_IDS) and decodes to exactly the record a full one gives."""
     ids = [f"cmpl-{i:032x}-0" for i in range(64)]
     other = ids[:-1] + ["cmpl-new-0"]
-    sender: list = [None, b"", None]
-    receiver: list = [None, None, None]
+    sender, receiver = step_wire.sender_cache(), step_wire.reader_cache()
     batches = [ids, ids, ids, other, other, ids]
     sizes, flags = [], []
     for step_id, batch in enumerate(batches, start=10):
         payload = steady(step_id, batch, [100 + step_id + i for i in range(len(batch))])
-        data = step_wire.encode(payload, sender)
+        data = step_wire.encode(payload, sender, True)
         full = step_wire.encode(payload)  # no cache: always every id
         sizes.append((len(data), len(full)))
         flags.append(bool(data[1] & step_wire._SAME_IDS))
@@ -274,20 +275,25 @@ def test_a_steady_batch_leaves_its_ids_out_and_decodes_to_the_same_records():
     assert flags == [False, True, True, False, True, False]  # a new batch lists its ids once
     joined = [len("\0".join(batch).encode()) for batch in batches]
     assert [s for s, _ in sizes] == [f - (j if same else 0) for (_, f), same, j in zip(sizes, flags, joined)]
-    # a two-item cache (senders and readers of the previous layout) never leaves the ids out
-    two: list = [None, b""]
-    assert [step_wire.encode(steady(i, ids, [1] * 64), two)[1] & step_wire._SAME_IDS for i in (1, 2, 3)] == [0, 0, 0]
-    assert len(two) == 2
+    # without same_ids (a frontend reads datagrams) the ids are always listed, and the cache's last step kept
+    listed = step_wire.sender_cache()
+    assert [step_wire.encode(steady(i, ids, [1] * 64), listed)[1] & step_wire._SAME_IDS for i in (1, 2, 3)] == [0] * 3
+    assert listed[step_wire.CACHE_LAST_STEP] is None
+    for bad in ([None, b""], (None, b"", None)):  # a cache is a list of three: anything else is refused by name
+        with pytest.raises(ValueError, match="list of three"):
+            step_wire.encode(steady(1, ids, [1] * 64), bad, True)
+        with pytest.raises(ValueError, match="list of three"):
+            step_wire.decode(step_wire.encode(steady(1, ids, [1] * 64)), bad)
 
 
 def test_a_record_reusing_ids_is_refused_unless_its_reader_read_the_record_before():
     """A reader that missed the record before (lost, refused, or it came later) refuses a SAME_IDS
     record, never reuses older ids; a refused full record lends its ids to nobody."""
     ids = [f"r{i}" for i in range(8)]
-    sender: list = [None, b"", None]
-    records = [step_wire.encode(steady(i, ids, list(range(8))), sender) for i in range(1, 6)]
+    sender = step_wire.sender_cache()
+    records = [step_wire.encode(steady(i, ids, list(range(8))), sender, True) for i in range(1, 6)]
     assert [bool(r[1] & step_wire._SAME_IDS) for r in records] == [False, True, True, True, True]
-    for cache in (None, [None, None], [None, None, None]):  # no cache, a two-item one, one that read nothing
+    for cache in (None, step_wire.reader_cache()):  # no cache, one that read nothing
         with pytest.raises(step_wire.WireError, match="lost"):
             step_wire.decode(records[1], cache)
     reader: list = [None, None, None]
@@ -304,7 +310,7 @@ def test_a_record_reusing_ids_is_refused_unless_its_reader_read_the_record_befor
     bad = bytes(mangled[:step_wire.HEADER.size + 8]) + struct.pack("<I", 5) + bytes(mangled[step_wire.HEADER.size + 8:])
     with pytest.raises(step_wire.WireError, match="beyond"):  # ... at index 5 of 2
         step_wire.decode(bad, reader)
-    same_after = step_wire.encode(steady(101, ["x", "y"], [1, 2]), [["x", "y"], b"x\0y", 100])
+    same_after = step_wire.encode(steady(101, ["x", "y"], [1, 2]), [["x", "y"], b"x\0y", 100], True)
     assert same_after[1] & step_wire._SAME_IDS
     with pytest.raises(step_wire.WireError, match="lost"):
         step_wire.decode(same_after, reader)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_llm.core import semconv as sc
-from traces import MS, engine_steps, request_trees, row_tokens
+from otel_llm import semconv as sc
+from support.traces import MS, engine_steps, request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -125,7 +125,7 @@ def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
     assert compared
     recomputes = chunks = 0
     for old, new, outputs in compared:
-        payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
+        payload = step_wire.StepPayload(1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
         for step in (step_wire.decode(step_wire.encode(payload)), step_hooks.decode(payload)):  # wire, in-process
             requests = step.requests
             got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, step.contexts)}

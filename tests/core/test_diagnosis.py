@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_core import Harness  # the pipeline on constructed timelines
-from traces import engine_steps
+from support.traces import engine_steps
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis import devices
 from otel_llm.core.diagnosis.anatomy import StepDiagnosis, cost as anatomy_cost
@@ -20,7 +20,7 @@ from otel_llm.core.diagnosis.gpu import GpuSampler, throttle_names, visible_devi
 from otel_llm.core.diagnosis.roofline import ModelShape, decode_step_cost, roofline, step_cost
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
-from otel_llm.instrumentation.vllm import model_timing, step_hooks
+from otel_llm.instrumentation.vllm import model_timing, step_hooks, step_wire
 from support.metrics import points_by_name
 
 # The tiny test model (tests/support/tiny_model.py), float32.
@@ -162,17 +162,18 @@ def test_peak_options_parse_from_the_environment():
 # -- anatomy on the wire and on the span -----------------------------------------------------------
 
 
-def test_wire_tuple_carries_anatomy_and_old_layout_still_decodes():
-    shares = [("a", 16, True), ("b", 1, False)]
-    wire = [("a", 16, True, 0), ("b", 1, False, 30)]  # each share with its context before the step
-    new = step_hooks.decode((7, 10.0, 10.010, 2, 0, 0, 0.5, wire, 0, 0.001, 0.008, 0.001, 0.25, 0.006))
+def test_the_hooks_payload_carries_anatomy_by_name():
+    shares = step_wire.Shares(["a", "b"], [16, 1], [0, 30], [0], [0], [16], [0])  # a new prompt, a decode
+    payload = step_wire.StepPayload(7, 10.0, 10.010, 2, 3, 0, 0.5, shares, 2, 0.001, 0.008, 0.001, 0.25, 0.006)
+    new = step_hooks.decode(payload)
     assert (new.schedule_s, new.execute_s, new.output_s, new.idle_s, new.model_s) == (0.001, 0.008, 0.001, 0.25,
                                                                                       0.006)
-    assert new.contexts == [0, 30] and new.requests == shares
-    old = step_hooks.decode((7, 10.0, 10.010, 2, 0, 0, 0.5, shares))
-    assert old.schedule_s is None and old.contexts is None and old.kv_cache_usage == 0.5
-    blocked_only = step_hooks.decode((7, 10.0, 10.010, 2, 3, 0, 0.5, shares, 2))  # the verdict's layout, no anatomy
-    assert blocked_only.queue_blocked == 2 and blocked_only.schedule_s is None
+    assert new.contexts == [0, 30] and new.requests == [("a", 16, True), ("b", 1, False)]
+    assert new.queue_blocked == 2 and new.kv_cache_usage == 0.5 and new.waiting == 3
+    # the same record as the wire gives for it
+    wired = step_wire.decode(step_wire.encode(payload))
+    assert (wired.requests, wired.contexts, wired.queue_blocked, wired.model_s) == (new.requests, new.contexts, 2,
+                                                                                    0.006)
 
 
 class FakeScheduler:
@@ -242,7 +243,8 @@ def test_a_request_recomputing_after_a_preemption_is_prefill_until_its_last_toke
     assert first.requests == [("r", 64, True), ("gone", 7, True)]
     assert second.requests == [("d", 1, False), ("r", 41, True)] and second.contexts == [50, 64]
     assert third.requests == [("d", 1, False), ("r", 1, False)] and third.contexts == [51, 105]
-    assert hooks.recompute == {} and list(got[2][7][4]) == []  # no prompt lengths shipped once it decodes (an empty tuple)
+    last = step_wire.Shares(*step_wire.StepPayload(*got[2]).shares)
+    assert hooks.recompute == {} and list(last.prompt_at) == []  # no prompt entry once it decodes (an empty tuple)
 
 
 def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
