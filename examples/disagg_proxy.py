@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 

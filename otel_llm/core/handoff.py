@@ -130,7 +130,7 @@ class HandoffBook:
 
 def handoff_attributes(h: KVHandoff) -> dict[str, Any]:
     """What the request span says of its hand-off (semconv's ``llm.kv_transfer.*``)."""
-    from . import semconv as sc
+    from .. import semconv as sc
 
     a: dict[str, Any] = {sc.KV_TRANSFER_FAILED: h.failed}
     if h.connector:

@@ -18,12 +18,12 @@ from opentelemetry import trace
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import NonRecordingSpan, Tracer
 
-from . import semconv as sc
+from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
-from .guard import GUARD
+from ..guard import GUARD
 from .inter_token import gap_summary
 from .materializer import Materializer
 from . import self_metrics

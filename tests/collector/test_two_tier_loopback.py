@@ -26,7 +26,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_testkit import FakeClock, export_request, request_attrs, span
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.scale_config import ScaleOptions, generate

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.diagnosis.verdict import StepWindow, decide
 from otel_llm.core.handoff import HandoffHistory, KVHandoff
 from otel_llm.core.timeline import QUEUED, SCHEDULED, PrefillChunk, RequestTimeline, StepRecord

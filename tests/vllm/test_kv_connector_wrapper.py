@@ -18,15 +18,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.trace import StatusCode
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.core.handoff import HandoffBook, KVHandoff
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
 from otel_llm.instrumentation.vllm import kv_channel, kv_connector as kc
-from traces import request_trees
+from support.traces import request_trees
 
 base = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.base")
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from support.server import VLLMServer, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

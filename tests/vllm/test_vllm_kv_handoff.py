@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import otel_llm
-from otel_llm.core import semconv as sc
-from otel_llm.core.guard import GUARD
-from traces import request_trees
+from otel_llm import semconv as sc
+from otel_llm.guard import GUARD
+from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
 

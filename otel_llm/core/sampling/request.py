@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .. import semconv as sc
+from ... import semconv as sc
 from ..quantile import QuantileSketch
 from ..slo import SLOTable
 from .base import NOT_SAMPLED, Decision, OptionError, TraceView, Verdict

@@ -1,7 +1,7 @@
 """KV hand-off records from a spawned EngineCore to the frontends that own the requests.
 
 One small datagram per hand-off (at most two a request: a load and a save), JSON-encoded, on Unix
-sockets in the frontends' step directory (``steps.STEP_DIR_ENV``): every frontend that builds an
+sockets in the frontends' step directory (``step_transport.STEP_DIR_ENV``): every frontend that builds an
 engine with a KV connector binds ``<dir>/<pid>.kv`` there before the engine is spawned. The records
 are per request, not per step: no shared-memory ring, no fixed layout. Sends never block: a record a
 frontend cannot take is dropped and counted (``HandoffSink.dropped``).
@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Callable
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.handoff import KVHandoff
 
 SUFFIX = ".kv"  # not ".sock": the step sinks connect to every ``*.sock`` in the same directory

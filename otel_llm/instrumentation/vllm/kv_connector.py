@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any, Callable, NamedTuple
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.handoff import KVHandoff
 from ..wraps import Target, WrapTable
 
@@ -435,21 +435,21 @@ class ConnectorWrapper:
     def aggregate(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         """vLLM's executor merges the workers' connector outputs into a new one (with one worker too):
         the workers' figures are merged onto it."""
-        steps: list[WorkerStep] = []
+        figures: list[WorkerStep] = []
         try:
             outputs = args[0] if args else kwargs.get("outputs") or ()
             for out in outputs:
                 step = getattr(getattr(out, "kv_connector_output", None), WORKER_STEP_ATTR, None)
                 if step is not None:
-                    steps.append(step)
+                    figures.append(step)
         except Exception as exc:
             GUARD.failed("kv connector (aggregate)", exc)
         result = wrapped(*args, **kwargs)
-        if steps:
+        if figures:
             try:
                 kv = getattr(result, "kv_connector_output", None)
                 if kv is not None:
-                    setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(steps))
+                    setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(figures))
             except Exception as exc:
                 GUARD.failed("kv connector (aggregate)", exc)
         return result
@@ -489,16 +489,18 @@ def plugin() -> None:
     scheduler side reports to the frontends of the step directory it inherited; in a worker process,
     the worker side times the connector. A frontend, and an engine inside it, is the instrumentor's."""
     global _plugin_wrapper
-    from . import kv_channel, steps
+    from . import kv_channel
+    from .process_roles import in_engine_process, in_worker_process
+    from .step_transport import STEP_DIR_ENV
 
-    directory = os.environ.get(steps.STEP_DIR_ENV)
+    directory = os.environ.get(STEP_DIR_ENV)
     if not directory or _plugin_wrapper is not None:
         return
     try:
-        if steps.in_engine_process():
+        if in_engine_process():
             _plugin_wrapper = ConnectorWrapper(kv_channel.HandoffSink(directory, time.monotonic))
             _plugin_wrapper.arm()
-        elif steps.in_worker_process():
+        elif in_worker_process():
             _plugin_wrapper = ConnectorWrapper(None)
             _plugin_wrapper.arm()
     except Exception as exc:

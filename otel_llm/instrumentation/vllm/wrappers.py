@@ -18,18 +18,18 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.roofline import ModelShape
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import kv_channel, steps
-from .steps import StepReceiver
+from . import kv_channel, step_transport
+from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
 
@@ -66,9 +66,9 @@ class VLLMWrappers:
         # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
         self.kv_book = HandoffBook()
         self.kv_receiver: kv_channel.HandoffReceiver | None = None
-        self.open_kv_receiver = open_kv_receiver or (lambda: kv_channel.open_receiver(steps.step_dir()))
+        self.open_kv_receiver = open_kv_receiver or (lambda: kv_channel.open_receiver(step_transport.step_dir()))
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
-        self.open_receiver = open_receiver or steps.open_receiver
+        self.open_receiver = open_receiver or step_transport.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.bind = Binders()
         self._told_log_stats = False
