@@ -17,6 +17,7 @@ from typing import Callable
 
 from ...guard import GUARD
 from ...core.handoff import KVHandoff
+from .step_transport import _unlink
 
 SUFFIX = ".kv"  # not ".sock": the step sinks connect to every ``*.sock`` in the same directory
 MAX_DATAGRAM = 1 << 16
@@ -62,10 +63,7 @@ class HandoffReceiver:
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}{SUFFIX}")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            os.unlink(self.path)  # a stale one of a dead process that had our pid
-        except OSError:
-            pass
+        _unlink(self.path)  # a stale one of a dead process that had our pid
         self.sock.bind(self.path)
         self.sock.setblocking(False)
         self.malformed = 0
@@ -86,10 +84,7 @@ class HandoffReceiver:
 
     def close(self) -> None:
         self.sock.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        _unlink(self.path)
 
 
 def open_receiver(directory: str) -> HandoffReceiver:
