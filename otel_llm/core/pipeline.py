@@ -233,10 +233,11 @@ class Pipeline:
         base = self.baseline.evaluate(view)
         if base.sampled:
             return base, self.config.baseline_detail
-        if t.handoff is not None and t.handoff.saved:
-            # the prefill half of a disaggregated request: whether the user's request breached is decided
-            # on the decode instance, later; export this half at phase detail so the gateway, which sees
-            # both halves of the trace, can keep it whole (docs/disaggregated-serving.md)
+        if t.request_attributes.get(sc.DISAGG_ROLE) == sc.DISAGG_ROLE_PREFILL:
+            # the prefill half of a disaggregated request (a kv_producer instance's): whether the user's
+            # request breached is decided on the decode instance, later; export this half at phase detail
+            # so that the gateway, which sees both halves of the trace, can keep it whole. (Not kv_both: an
+            # engine that offloads its own KV cache serves whole requests.)
             return _HANDOFF_KEPT, max(Detail.PHASES, self.config.baseline_detail)
         return NOT_SAMPLED, Detail.REQUEST
 

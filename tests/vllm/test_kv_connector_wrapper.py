@@ -345,3 +345,37 @@ def test_the_request_span_carries_the_handoff_and_a_failed_one_is_an_error(faile
     assert load.status.status_code == (StatusCode.ERROR if failed else StatusCode.UNSET)
     if failed:
         assert a[sc.KV_TRANSFER_FAILED_BLOCKS] == 2 and load.attributes[sc.KV_TRANSFER_FAILED_BLOCKS] == 2
+
+
+@pytest.mark.parametrize("role,exported", [(sc.DISAGG_ROLE_PREFILL, True), (sc.DISAGG_ROLE_BOTH, False), (None, False)])
+def test_a_prefill_instance_exports_every_request_for_the_gateway_to_decide(role, exported):
+    """At sample rate 0 and no breach, a kv_producer's request is still exported (reason kv_handoff), at
+    phase detail; the same request on a kv_both engine or a plain one is not."""
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    config = Config.resolve({"sample_rate": 0.0, "tail_quantile": 0}, environ={})
+    pipeline = Pipeline(config, tp.get_tracer("t"), MeterProvider().get_meter("t"), "test")
+    try:
+        now = time.monotonic() - 1.0
+        t = RequestTimeline("p", time.time() - 1.0, model="m", response_id="p", input_tokens=70,
+                            request_attributes={sc.DISAGG_ROLE: role} if role else {})
+        assert pipeline.start(t)
+        t.events += [(QUEUED, now), (SCHEDULED, now + 0.01)]
+        t.token_ts.append(now + 0.05)
+        t.handoff = KVHandoff("p", connector="ExampleConnector", save_start=now + 0.02, save_end=now + 0.04,
+                              save_s=0.02)
+        t.finish_reason = "length"
+        decision = pipeline.finish("p", RequestSummary(model="m", ttft=0.05, e2e=0.05, queue=0.01, prefill=0.04,
+                                                       decode=0.0, input_tokens=70, output_tokens=1))
+        assert pipeline.flush(10)
+        spans = list(exporter.get_finished_spans())
+    finally:
+        pipeline.close()
+    assert decision.sampled is exported
+    if exported:
+        tree = request_trees(spans)["p"]
+        assert tree.attributes[sc.SAMPLING_REASON] == sc.SAMPLING_REASON_DEFERRED
+        assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_KV_TRANSFER} <= set(tree.children)
+    else:
+        assert spans == []
