@@ -19,6 +19,7 @@ variables say (OTLP/HTTP; ``OTEL_TRACES_EXPORTER=none`` turns them off).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -75,8 +76,14 @@ class DisaggProxy:
         self.client = httpx.AsyncClient(timeout=timeout)
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route(path, self.handle, methods=["POST"]) for path in ROUTES],
-                         on_shutdown=[self.client.aclose])
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                await self.client.aclose()
+
+        return Starlette(routes=[Route(path, self.handle, methods=["POST"]) for path in ROUTES], lifespan=lifespan)
 
     def _hop(self, role: str, base: str, parent: trace.Span) -> tuple[trace.Span, dict[str, str]]:
         host, port = _address(base)
