@@ -70,10 +70,11 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class DisaggProxy:
-    def __init__(self, prefill: str, decode: str, tracer: trace.Tracer, timeout: float = 600.0) -> None:
+    def __init__(self, prefill: str, decode: str, tracer: trace.Tracer, timeout: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.prefill_url, self.decode_url = prefill.rstrip("/"), decode.rstrip("/")
         self.tracer = tracer
-        self.client = httpx.AsyncClient(timeout=timeout)
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     def app(self) -> Starlette:
         @contextlib.asynccontextmanager
@@ -142,7 +143,7 @@ class DisaggProxy:
                      arrived: float) -> AsyncIterator[bytes]:
         first = True
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.aiter_bytes():  # decoded: the content-encoding is not passed on
                 if first and chunk:
                     first = False
                     router.set_attribute(sc.DISAGG_TTFT, time.monotonic() - arrived)
