@@ -168,6 +168,10 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
         gateway.tick()
         assert gateway.flush(30)
         yield {"spans": _spans(kept_path), "cached": cached, "servers": servers, "gateway": gateway}
+    except BaseException:
+        for role, s in servers.items():  # what the instances said, for the failure report
+            print(f"--- vllm-{role} log ---\n{s.log_tail(80)}")
+        raise
     finally:
         instrumentor.uninstrument()
         provider.shutdown()
