@@ -123,7 +123,10 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
         "exporters": {"file": {"path": str(kept_path)}}}), clock=clock, manual_ticks=True).start()
     env = {"OTEL_LLM_SAMPLE_RATE": "0", "OTEL_LLM_ENGINE_STEPS": "false", "OTEL_LLM_SLO": SLO}
     servers = {role: VLLMServer(otlp_endpoint=gateway.http_endpoint, service_name=f"vllm-{role}", env=env,
-                                extra_args=_kv_args(kv_role, storage))
+                                extra_args=_kv_args(kv_role, storage),
+                                # the whole prompt in one step: ExampleConnector stores a chunked prefill's
+                                # KV by chunk, and D's load of the whole prompt then fails on its shape
+                                max_num_batched_tokens=512)
                for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer"))}
     proxy = None
     provider = TracerProvider(resource=Resource.create({"service.name": "disagg-client"}))
