@@ -297,14 +297,15 @@ _GROUP_ATTR = "_otel_llm_group"
 async def _streams_keep_operation(call: Any, operation: str) -> Any:
     result = await call
     if inspect.isasyncgen(result):
-        return _with_operation(result, operation)
+        return _with_operation(result, operation, _SERVER.get())
     return result
 
 
-async def _with_operation(gen: Any, operation: str) -> Any:
+async def _with_operation(gen: Any, operation: str, server: tuple[str, int] | None = None) -> Any:
     """A streamed response adds its request to the engine on its first iteration, in the task
     that streams the body (Starlette's), whose context lacks what the handler set: set it there too."""
     _OPERATION.set((operation, SpanKind.SERVER))
+    _SERVER.set(server)
     try:
         async for item in gen:
             yield item
