@@ -248,6 +248,28 @@ def test_a_producer_saves_in_its_prefill_steps_and_settles_when_it_finishes():
     assert h.saved and not h.loaded and h.save_s == pytest.approx(2.0) and h.save_end > h.save_start
 
 
+def test_a_one_step_prefill_settles_with_its_save():
+    """P's request with max_tokens=1: scheduled, saved and finished in one step (vLLM frees it before it
+    hands the connector the step's output)."""
+    book = HandoffBook()
+    w = kc.ConnectorWrapper(book.add, clock=TickClock())
+    sched = w.wrap(PullConnector(KVConnectorRole.SCHEDULER))
+    worker = w.wrap(PullConnector(KVConnectorRole.WORKER))
+    sched.build_connector_meta(_scheduled(new=["p2"]))
+    out = KVConnectorOutput()
+    with kc._AttachWorkerStep(contextlib.nullcontext(out), w):
+        worker.save_kv_layer("layer.0", None, None)
+    sched.request_finished(_request("p2"), [1])
+    sched.update_connector_output(out)
+    h = book.pop("p2")
+    assert h is not None and h.saved and h.save_s == pytest.approx(0.5) and not h.save_pending
+    assert not sched_side_holds(w)
+
+
+def sched_side_holds(w: kc.ConnectorWrapper) -> bool:
+    return any(side.records or side.finishing for side in w.schedulers)
+
+
 def test_a_connector_that_raises_raises_unchanged_and_the_request_shows_a_failed_handoff():
     class Broken(PullConnector):
         def get_num_new_matched_tokens(self, request, num_computed_tokens):

@@ -181,7 +181,9 @@ class SchedulerSide:
         self.records: dict[str, KVHandoff] = {}
         self.committed: list[str] = []  # sync loads allocated since the last build_connector_meta
         self.plans: collections.deque[_Plan] = collections.deque()
-        self.finishing: list[str] = []  # request_finished came; settled after this step's save is in
+        # (request, blocks held for an asynchronous send): request_finished came, settled after this step's
+        # output (its save) is in
+        self.finishing: list[tuple[str, bool]] = []
         self.evicted = 0
 
     def _record(self, request_id: str) -> KVHandoff:
@@ -219,13 +221,9 @@ class SchedulerSide:
             self._plan(out)
         elif method in ("request_finished", "request_finished_all_groups"):
             request = args[0] if args else kwargs["request"]
-            rid = request.request_id
-            record = self.records.get(rid)
             delay_free = bool(result[0]) if isinstance(result, tuple) and result else False
-            if record is not None or delay_free:
-                record = self._record(rid)
-                record.save_pending = delay_free
-                self.finishing.append(rid)
+            # settled after this step's output: a one-step request (P's max_tokens=1) has no record yet
+            self.finishing.append((request.request_id, delay_free))
 
     def raised(self, method: str, args: tuple, kwargs: dict, exc: BaseException) -> None:
         """The connector raised: the request it was called for shows a failed hand-off, settled now
@@ -294,8 +292,11 @@ class SchedulerSide:
             if rid in self.records:
                 self._settle(rid)
         finishing, self.finishing = self.finishing, []
-        for rid in finishing:
-            self._settle(rid)
+        for rid, delay_free in finishing:
+            record = self.records.get(rid)
+            if record is not None:
+                record.save_pending = delay_free
+                self._settle(rid)
 
     @staticmethod
     def _worker_facts(record: KVHandoff, step: WorkerStep) -> None:
