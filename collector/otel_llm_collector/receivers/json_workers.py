@@ -61,6 +61,9 @@ class JsonParser:
         with self._lock:
             if self._pool is None:
                 ctx = multiprocessing.get_context("forkserver")
+                # the server process imports only the parser (the default, ``__main__``, would re-run a script
+                # without a main guard); it takes effect when the first forkserver starts
+                ctx.set_forkserver_preload(["otel_llm.otlp.json_codec"])
                 self._pool = ProcessPoolExecutor(self._workers, mp_context=ctx)
             return self._pool
 
