@@ -374,3 +374,16 @@ def test_fairness_keys_are_checked_at_load() -> None:
     assert cfg.http is not None and cfg.http.auth is not None
     auth = BearerAuth(cfg.http.auth)
     assert [auth.tenant("Bearer tb"), auth.tenant("Bearer ta"), auth.tenant("Bearer tc")] == ["team-b", "team-a", None]
+
+
+def test_the_scale_out_layout_trusts_its_load_balancing_tier() -> None:
+    from otel_llm_collector.scale_config import ScaleOptions, gateway_tier
+
+    cfg = CollectorConfig.from_mapping(gateway_tier(ScaleOptions(trusted_peers=("10.8.0.0/16",))))
+    assert cfg.grpc is not None and cfg.http is not None
+    assert cfg.grpc.trusted_peers == cfg.http.trusted_peers == ("10.8.0.0/16",)
+    assert TrustedPeers(cfg.grpc.trusted_peers).peer("10.8.3.4").trusted
+    default = CollectorConfig.from_mapping(gateway_tier(ScaleOptions()))
+    assert default.http is not None and "10.0.0.0/8" in default.http.trusted_peers
+    with pytest.raises(ValueError, match="not-a-network"):
+        ScaleOptions(trusted_peers=("not-a-network",))
