@@ -22,12 +22,15 @@ Shape (keys follow the upstream Collector where the concept is the same)::
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
 
-Hardening keys (collector/README.md, "Slow clients", "Authentication", "Label memory"): the receivers'
-``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``
-(HTTP) and ``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC);
-``auth: {authenticator: <bearertokenauth extension>}`` on both receivers and ``exporters.prometheus``;
-``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, label_cache_size}``;
-``service.shutdown_timeout``.
+Hardening keys (docs/collector-limits.md says what each guarantees): the receivers'
+``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``/
+``max_unauthenticated_connections``/``json_workers``/``json_bytes_per_peer_per_second`` (HTTP),
+``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC), and on both
+``peer_share`` (the most of a receiver's slots one peer holds) and ``trusted_peers`` (addresses or CIDR blocks
+exempt from the shares: the load-balancing tier); ``auth: {authenticator: <bearertokenauth extension>}`` on both
+receivers and ``exporters.prometheus`` (the extension's ``tenants: {name: token}`` names tenants);
+``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, max_series_per_tenant,
+max_series_per_source, label_cache_size}``; ``service.shutdown_timeout``.
 
 TLS uses the upstream ``configtls`` key names::
 

@@ -81,11 +81,11 @@ class GatewayMetric:
 GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
     GatewayMetric("receiver_accepted_spans", "counter", ("transport",), "Spans accepted by a receiver"),
     GatewayMetric("receiver_refused_spans", "counter", ("transport", "reason"),
-                  "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id)"),
+                  "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id, non_finite_latency)"),
     GatewayMetric("receiver_bad_requests", "counter", ("transport", "reason"),
                   "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, "
                   "too_many_connections, headers_too_large, header_timeout, read_timeout, disconnected, "
-                  "unauthenticated, peer_share, unauthenticated_pool, json_budget, too_large, cancelled, ...)"),
+                  "unauthenticated, peer_share, unauthenticated_pool, json_budget, ...)"),
     GatewayMetric("llm_metrics_requests", "counter", ("source",),
                   "Request spans the llm_metrics processor derived metrics from"),
     GatewayMetric("llm_metrics_labels_truncated", "counter", ("label",),

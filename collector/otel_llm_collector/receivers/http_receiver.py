@@ -14,6 +14,12 @@ and is closed) and so are header bytes (``max_header_bytes``, 431). Every refusa
 ``receiver_bad_requests{transport="http", reason}``; a client that disconnects or times out is counted,
 never logged with a traceback. Parsing happens outside the gateway's pipeline lock.
 
+Connections and processing slots are shared per peer (``fairness.PeerSlots``): a peer - the token's tenant
+with ``auth``, else the source address - holds at most ``peer_share`` of each (503 ``peer_share`` beyond),
+``trusted_peers`` only the caps. With ``auth`` a connection waits in a small unauthenticated pool (each
+source at most its share of it) until its token is checked, then is charged to its tenant. OTLP/JSON
+bodies are parsed in a worker process (``json_workers``), each peer within a byte budget (429 ``json_budget``).
+
 With ``tls`` the port is HTTPS only (TLS >= 1.2; ``client_ca_file`` makes a client certificate
 mandatory). The handshake runs on the connection's own thread, never in the accept loop, so a
 plaintext client, a failed handshake or a client that never finishes one costs one thread for
