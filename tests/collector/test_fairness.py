@@ -12,14 +12,13 @@ import logging
 import math
 import os
 import threading
-import time
 import zlib
 
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector_testkit import export_request, loopback_config, request_attrs, span
+from collector_testkit import export_request, loopback_config, request_attrs, span, wait_for
 from peer_clients import METHOD, ConnectionSquatter, Forwarder, http_export
 from otel_llm.otlp.json_codec import dumps
 from otel_llm_collector.auth import BearerAuth
@@ -30,15 +29,6 @@ from otel_llm_collector.gateway import Gateway
 GOOD = export_request(span(1, 1, attrs=request_attrs())).SerializeToString()
 SQUATTER, HONEST = "127.0.0.2", "127.0.0.3"
 HONEST_EXPORTS = 100
-
-
-def wait_for(cond, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def bad(g: Gateway, transport: str, reason: str) -> float:

@@ -12,21 +12,11 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector_testkit import export_request, loopback_config, request_attrs, span
+from collector_testkit import export_request, loopback_config, request_attrs, span, wait_for
 from otel_llm_collector.gateway import Gateway
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 GOOD = export_request(span(1, 1, attrs=request_attrs())).SerializeToString()
-
-
-def wait_for(cond, timeout: float = 20.0) -> bool:
-    """Poll ``cond`` until true (a bounded wait for something the gateway does on its own threads)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def http_export(g: Gateway, body: bytes = GOOD, timeout: float = 10.0) -> int:
