@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import struct
 import threading
 import zlib
 
@@ -246,10 +247,17 @@ def test_a_trusted_peer_is_not_held_to_the_source_budget() -> None:
 # -- refusals by reason, no traceback, non-finite latencies ------------------------------------------
 
 def _gzip_bomb(inflated: int) -> bytes:
-    """A gzip member of ``inflated`` zero bytes, built in 1 MiB steps (never the whole in memory)."""
-    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    """A valid gzip member of ``inflated`` zero bytes (a multiple of 1 MiB) without compressing them all: after
+    a full flush the compressor has no history, so each further 1 MiB of zeros compresses to the same bytes."""
     chunk = bytes(1 << 20)
-    return b"".join([c.compress(chunk) for _ in range(inflated >> 20)] + [c.flush()])
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    head = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    segment = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(inflated >> 20):
+        crc = zlib.crc32(chunk, crc)
+    final = c.flush()[:-8]  # the last (empty) block; the trailer is rewritten for the whole
+    return head + segment * ((inflated >> 20) - 1) + final + struct.pack("<II", crc, inflated & 0xFFFFFFFF)
 
 
 def test_grpc_refusals_are_counted_by_their_reason_without_a_traceback(caplog, capfd) -> None:

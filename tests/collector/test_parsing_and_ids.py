@@ -125,9 +125,9 @@ def test_a_big_request_is_processed_in_parts_and_loses_nothing(tmp_path, monkeyp
     with Gateway(cfg, manual_ticks=True) as g:
         real = g._ingest  # noqa: SLF001
 
-        def counting(batch, transport):
+        def counting(batch, transport, peer=None):
             holds.append(len(batch.spans))
-            return real(batch, transport)
+            return real(batch, transport, peer)
 
         monkeypatch.setattr(g, "_ingest", counting)
         bad = span(1, 1)
