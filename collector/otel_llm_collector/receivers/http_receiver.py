@@ -425,7 +425,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raw = None
                 if isinstance(request, ParsedJson):  # parsed in a worker process: read here as protobuf is
                     raw = request.protobuf
-                    request = self._parse(raw, False)
+                    try:
+                        request = self._parse(raw, False)
+                    except BadRequest as err:  # still the client's JSON that was wrong
+                        raise BadRequest(400, "malformed_json", err.message) from None
             else:
                 raw = body
                 request = self._parse(body, False)  # outside the pipeline lock: a big body stalls nobody
