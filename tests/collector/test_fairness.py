@@ -385,3 +385,23 @@ def test_the_scale_out_layout_trusts_its_load_balancing_tier() -> None:
     assert default.http is not None and "10.0.0.0/8" in default.http.trusted_peers
     with pytest.raises(ValueError, match="not-a-network"):
         ScaleOptions(trusted_peers=("not-a-network",))
+
+
+def test_a_json_worker_that_dies_is_replaced_and_its_body_refused() -> None:
+    import signal
+
+    from otel_llm_collector.receivers.json_workers import JsonParser
+
+    parser = JsonParser(1)
+    body = dumps(export_request(span(1, 1, attrs=request_attrs()))).encode()
+    try:
+        first = parser.parse(body)
+        assert first.error is None and first.protobuf
+        os.kill(first.pid, signal.SIGKILL)
+        lost = parser.parse(body)  # the pool notices the death: this body is refused, the pool replaced
+        assert lost.protobuf is None and "died" in (lost.error or "")
+        assert parser.restarts == 1
+        again = parser.parse(body)
+        assert again.error is None and again.pid != first.pid
+    finally:
+        parser.close()
