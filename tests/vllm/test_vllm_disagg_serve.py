@@ -222,6 +222,8 @@ def test_every_user_request_is_one_trace_client_router_prefill_decode(deployment
         assert router["start"] <= hops["prefill"]["start"] < hops["prefill"]["end"] <= hops["decode"]["start"]
 
 
+@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
+                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_decode_half_loaded_vllms_external_tokens_as_a_handoff_phase(deployment):
     trees = _trees(deployment["spans"])
     d_roots = sorted((s for s in deployment["spans"] if s["service"] == "vllm-decode" and sc.LATENCY_E2E in s["attrs"]),
@@ -244,8 +246,8 @@ def test_the_prefill_half_did_not_breach_but_was_kept_with_the_trace(deployment)
     assert all(s["attrs"][sc.SLO_MET] is True for s in p_roots)
 
 
-@pytest.mark.xfail(strict=True, reason="P's save record does not reach P's frontend under vllm serve yet "
-                   "(it does for an offline engine: test_vllm_kv_handoff)")
+@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
+                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_prefill_half_shows_its_kv_save(deployment):
     p_roots = [s for s in deployment["spans"] if s["service"] == "vllm-prefill" and sc.LATENCY_E2E in s["attrs"]]
     trees = _trees(deployment["spans"])
