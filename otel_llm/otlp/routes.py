@@ -4,9 +4,9 @@
           and the tracer's span limits cut nothing we write: spans are written as OTLP bytes
           (``wire_tracer``; decode rows through ``encode.SiblingSpans``) and sent with those exporters
           (``direct_export``): ~2 µs a span instead of ~25.
-    sdk   the SDK's own Tracer, anything else behind it: spans through the tracer; decode rows, which are
-          retroactive and childless, go to the provider's processors as ``ReadableSpan``s built directly
-          (about a third of the live-span machinery's cost).
+    sdk   the SDK's own Tracer, anything else behind it: every span through the tracer, so each processor
+          sees ``on_start`` then ``on_end`` as for any span (processors we do not know get what the SDK
+          gives them).
     api   any other tracer: the public API for everything.
 
 ``Router`` inspects the provider once, and again only when its processors change (a processor added
@@ -16,7 +16,6 @@ returns and never asks which kind it is.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -27,7 +26,6 @@ from . import sdk_bridge
 from .direct_export import DirectExport
 from .wire_tracer import WireTracer, usable
 
-_log = logging.getLogger(__name__)
 
 
 class Rows(Protocol):
@@ -77,43 +75,12 @@ class ApiRoute:
         return _ApiRows(self.tracer, parent)
 
 
-class _SdkRows:
-    encoded = False
-
-    def __init__(self, route: "SdkRoute", parent: SpanContext) -> None:
-        self._route, self._parent = route, parent
-
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-
-        r, parent = self._route, self._parent
-        context = SpanContext(parent.trace_id, r.ids.generate_span_id(), False, parent.trace_flags, parent.trace_state)
-        r.processor.on_end(ReadableSpan(name=name, context=context, parent=parent, resource=r.resource,
-                                        attributes=attributes, start_time=start, end_time=end,
-                                        instrumentation_scope=r.scope))
-
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        raise TypeError("this route takes attribute dicts")
-
-    def close(self) -> None:
-        pass
-
-
-class SdkRoute:
-    """The SDK's Tracer; decode rows handed straight to its processors."""
+class SdkRoute(ApiRoute):
+    """The SDK's Tracer, for everything: decode rows too, so every processor gets ``on_start`` (the span
+    live, its parent context) before ``on_end``, as for any span (the SDK builds its spans only through a
+    tracer). The route for processors we do not know: they see exactly what the SDK gives them."""
 
     kind = "sdk"
-    direct = None
-
-    def __init__(self, tracer: Any, engine_tracer: Tracer) -> None:
-        self.tracer, self.engine_tracer = tracer, engine_tracer
-        self.processor = tracer.span_processor
-        self.resource = _hash_once(tracer.resource)
-        self.scope = sdk_bridge.instrumentation_scope(tracer)
-        self.ids = tracer.id_generator
-
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _SdkRows(self, parent.get_span_context())
 
 
 class _WireRows:
@@ -172,10 +139,7 @@ class Router:
         self._sdk = _is_sdk_tracer(tracer)
         self._fallback: Route = ApiRoute(tracer, engine_tracer)
         if self._sdk:
-            try:
-                self._fallback = SdkRoute(tracer, engine_tracer)
-            except sdk_bridge.Moved as moved:  # the public API path still works
-                _log.warning("otel-llm: decode rows take the public API (%s moved in this opentelemetry-sdk)", moved)
+            self._fallback = SdkRoute(tracer, engine_tracer)
         self._wire_allowed = direct_export and self._sdk and usable(tracer)
         self._route: Route = self._fallback
         self._for: Any = None  # the processors the current route was chosen for
@@ -211,23 +175,3 @@ class Router:
     def route(self) -> Route:
         """The route chosen at the last inspection (no new look at the provider)."""
         return self._route
-
-
-def _hash_once(resource: Any) -> Any:
-    """The same resource, hashing in O(1): the SDK's OTLP encoder groups spans by resource and
-    ``Resource.__hash__`` JSON-encodes every attribute on each call, ~20% of encoding a small span.
-    Equal to the original and with the same hash, so the encoder puts both in one group."""
-    from opentelemetry.sdk.resources import Resource
-
-    class _HashedOnce(Resource):
-        def __init__(self, original: Resource) -> None:
-            super().__init__(original.attributes, original.schema_url)
-            self._hash = hash(original)
-
-        def __hash__(self) -> int:
-            return self._hash
-
-    try:
-        return _HashedOnce(resource)
-    except Exception:  # not the SDK's Resource as we know it: use it as it is
-        return resource
