@@ -21,6 +21,9 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, Tracer
 
+from .. import semconv as sc
+from ..core.step_facts import FactsCache
+from ..core.timeline import StepRecord
 from . import encode as w
 from . import sdk_bridge
 from .direct_export import DirectExport
@@ -29,12 +32,18 @@ from .wire_tracer import WireTracer, usable
 
 
 class Rows(Protocol):
-    """Sibling spans under one parent (a request's decode rows): added in order, finished by ``close``."""
+    """A request's decode rows (sibling spans under its decode span), laid out by the core as plain values
+    and encoded here, by the route: added in order, finished by ``close``."""
 
-    encoded: bool  # True: decode steps may come as encoded attribute bytes (``add_encoded``)
+    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
+             own_prefill_tokens: int) -> None:
+        """An ``llm.decode.step`` span: token ``index``, its ``tokens``, and the facts of the engine step
+        that produced it (``step``; ``own_prefill_tokens``: this request's own prefill in that step)."""
 
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None: ...
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None: ...
+    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
+               gap_max: float) -> None:
+        """An ``llm.decode.window`` span: tokens ``first``..``last``, their count and gaps."""
+
     def close(self) -> None: ...
 
 
@@ -44,21 +53,31 @@ class Route(Protocol):
     engine_tracer: Tracer  # engine-step spans (their own service)
     direct: DirectExport | None  # the direct exporter this route sends with (its counts), if any
 
-    def rows(self, parent: Span, count: int) -> Rows: ...
+    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows: ...
 
 
 class _ApiRows:
-    encoded = False
+    """Rows as attribute dicts, through a tracer."""
 
-    def __init__(self, tracer: Tracer, parent: Span) -> None:
+    def __init__(self, tracer: Tracer, parent: Span, facts: FactsCache) -> None:
         self._tracer = tracer
         self._ctx = trace.set_span_in_context(parent)
+        self._facts = facts
 
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        self._tracer.start_span(name, context=self._ctx, start_time=start, attributes=attributes).end(end_time=end)
+    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
+             own_prefill_tokens: int) -> None:
+        attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+        if step is not None:
+            attrs.update(self._facts.get(step, own_prefill_tokens))
+        self._tracer.start_span(sc.SPAN_DECODE_STEP, context=self._ctx, start_time=start,
+                                attributes=attrs).end(end_time=end)
 
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        raise TypeError("this route takes attribute dicts")
+    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
+               gap_max: float) -> None:
+        attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
+                 sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max}
+        self._tracer.start_span(sc.SPAN_DECODE_WINDOW, context=self._ctx, start_time=start,
+                                attributes=attrs).end(end_time=end)
 
     def close(self) -> None:
         pass
@@ -71,8 +90,8 @@ class ApiRoute:
     def __init__(self, tracer: Tracer, engine_tracer: Tracer) -> None:
         self.tracer, self.engine_tracer = tracer, engine_tracer
 
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _ApiRows(self.tracer, parent)
+    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows:
+        return _ApiRows(self.tracer, parent, facts)
 
 
 class SdkRoute(ApiRoute):
@@ -84,30 +103,66 @@ class SdkRoute(ApiRoute):
 
 
 class _WireRows:
-    encoded = True
+    """Rows written as OTLP bytes: each attribute's bytes cached (indices, the token count), a step's facts
+    encoded once per step (``EncodedFacts``), the spans concatenated and handed to the direct exporter."""
 
-    def __init__(self, direct: DirectExport, parent: SpanContext, count: int) -> None:
+    def __init__(self, direct: DirectExport, parent: SpanContext, count: int, facts: FactsCache,
+                 encoded: EncodedFacts) -> None:
         self._direct = direct
         self._parent = parent
-        self._encoders: dict[str, w.SiblingSpans] = {}
+        self._facts, self._encoded = facts, encoded
+        self._step_rows: w.SiblingSpans | None = None
+        self._window_rows: w.SiblingSpans | None = None
         self._ids = w.span_ids(count)  # drawn in one call
         self._parts: list[bytes] = []
 
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        encoder = self._encoders.get(name)
-        if encoder is None:
-            encoder = self._encoders[name] = w.SiblingSpans(self._parent, name)
-        parts = self._parts
-        sid = self._ids[len(parts)] if len(parts) < len(self._ids) else w.span_ids(1)[0]
-        parts.append(encoder.encode(sid, start, end, attributes))
+    def _span_id(self) -> bytes:
+        n = len(self._parts)
+        return self._ids[n] if n < len(self._ids) else w.span_ids(1)[0]
 
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        self.add_encoded(name, start, end, w.attributes(attributes))
+    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
+             own_prefill_tokens: int) -> None:
+        rows = self._step_rows
+        if rows is None:
+            rows = self._step_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_STEP)
+        attributes = _STEP_INDEX(index) + (_ONE_TOKEN if tokens == 1 else _STEP_TOKENS(tokens))
+        if step is not None:
+            attributes += self._encoded.get(self._facts, step, own_prefill_tokens)
+        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
+
+    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
+               gap_max: float) -> None:
+        rows = self._window_rows
+        if rows is None:
+            rows = self._window_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_WINDOW)
+        # the five attributes in the order of the dict the other routes build (names encoded once)
+        attributes = (_WINDOW_TOKENS(tokens) + _WINDOW_FIRST(first) + _WINDOW_LAST(last) + _WINDOW_MEAN(gap_mean)
+                      + _WINDOW_MAX(gap_max))
+        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
 
     def close(self) -> None:
         if self._parts:
             self._direct.add(b"".join(self._parts), len(self._parts))
             self._parts = []
+
+
+class EncodedFacts:
+    """A step's facts (core.step_facts) as OTLP ``KeyValue`` bytes, encoded once per step: a step is shared
+    by every request in its batch. Bounded: cleared when full (it only saves work)."""
+
+    def __init__(self, max_entries: int = 16384) -> None:
+        self._max = max_entries
+        self._bytes: dict[int, bytes] = {}
+
+    def get(self, facts: FactsCache, step: StepRecord, own_prefill_tokens: int = 0) -> bytes:
+        if own_prefill_tokens:  # this request's own chunk is not someone else's prefill: its own facts
+            return w.attributes(facts.get(step, own_prefill_tokens))
+        hit = self._bytes.get(step.step_id)
+        if hit is None:
+            if len(self._bytes) >= self._max:
+                self._bytes.clear()
+            hit = self._bytes[step.step_id] = w.attributes(facts.get(step))
+        return hit
 
 
 class WireRoute:
@@ -117,9 +172,10 @@ class WireRoute:
 
     def __init__(self, tracer: WireTracer, engine_tracer: WireTracer, direct: DirectExport) -> None:
         self.tracer, self.engine_tracer, self.direct = tracer, engine_tracer, direct
+        self._encoded = EncodedFacts()
 
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _WireRows(self.direct, parent.get_span_context(), count)
+    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows:
+        return _WireRows(self.direct, parent.get_span_context(), count, facts, self._encoded)
 
 
 def _is_sdk_tracer(tracer: Any) -> bool:
@@ -175,3 +231,13 @@ class Router:
     def route(self) -> Route:
         """The route chosen at the last inspection (no new look at the provider)."""
         return self._route
+
+
+_STEP_INDEX = w.IntAttribute(sc.STEP_INDEX)
+_STEP_TOKENS = w.IntAttribute(sc.STEP_TOKENS)
+_ONE_TOKEN = _STEP_TOKENS(1)  # a decode step's token count, but for speculative decoding's multi-token steps
+_WINDOW_TOKENS = w.IntAttribute(sc.WINDOW_TOKENS)
+_WINDOW_FIRST = w.IntAttribute(sc.WINDOW_FIRST_INDEX)
+_WINDOW_LAST = w.IntAttribute(sc.WINDOW_LAST_INDEX)
+_WINDOW_MEAN = w.FloatAttribute(sc.WINDOW_GAP_MEAN)
+_WINDOW_MAX = w.FloatAttribute(sc.WINDOW_GAP_MAX)

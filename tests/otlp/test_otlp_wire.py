@@ -534,6 +534,24 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     from otel_llm.core.spans import SpanBuilder
     from otel_llm.otlp import routes
 
+    class DictRows(routes._WireRows):
+        """The wire route's rows, each from the attribute dict the other routes build, encoded generically."""
+
+        def _row(self, name: str, start: int, end: int, attrs: dict) -> None:
+            self._parts.append(wire.SiblingSpans(self._parent, name).encode(self._span_id(), start, end,
+                                                                            wire.attributes(attrs)))
+
+        def step(self, start, end, index, tokens, step, own_prefill_tokens):
+            attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+            if step is not None:
+                attrs.update(self._facts.get(step, own_prefill_tokens))
+            self._row(sc.SPAN_DECODE_STEP, start, end, attrs)
+
+        def window(self, start, end, tokens, first, last, gap_mean, gap_max):
+            self._row(sc.SPAN_DECODE_WINDOW, start, end, {
+                sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
+                sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max})
+
     sent: list[tuple[bytes, int]] = []
     monkeypatch.setattr(DirectExport, "add", lambda self, spans, count, frame=None: sent.append((spans, count)) or True)
     tp = TracerProvider(resource=RESOURCE)
@@ -541,8 +559,9 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     t, s, steps = _full_detail_request(multi)
     clock = WallClock()
     out = {}
+    wire_rows = routes._WireRows
     for encoded in (True, False):
-        monkeypatch.setattr(routes._WireRows, "encoded", encoded)
+        monkeypatch.setattr(routes, "_WireRows", wire_rows if encoded else DictRows)
         builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"))
         assert builder.wire_export() is not None
         sent.clear()
