@@ -38,8 +38,7 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
-from ..otlp.direct_export import DirectExport
-from ..otlp.routes import Route, Router
+from .span_routes import ApiRouter, DirectSink, Route, RouterFactory
 from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
@@ -169,18 +168,21 @@ class Materialized:
 
 
 class SpanBuilder:
-    """Builds a kept request's spans through the route ``otlp.routes.Router`` chose for the tracer's
-    provider: OTLP wire bytes sent with its own OTLP exporters, the SDK's tracer, or the public API.
+    """Builds a kept request's spans through the route its router chose for the tracer's provider (with
+    ``otlp.routes.Router``: OTLP wire bytes sent with its own OTLP exporters), the SDK's tracer, or the
+    public API.
     Engine-step spans go out under their own service (``engine_step_service``)."""
 
     def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
-                 engine_service: str = "{service}") -> None:
-        self._router = Router(tracer, with_service(tracer, engine_service), direct_export)
+                 engine_service: str = "{service}", router: RouterFactory | None = None) -> None:
+        # router: otel_llm.otlp.routes.Router where the instrumentor hands it over (the wire route when the
+        # provider allows), else the public API's routes
+        self._router = (router or ApiRouter)(tracer, with_service(tracer, engine_service), direct_export)
         self._route: Route = self._router.route
         self._max_spans = max_spans
         self._facts = FactsCache()
 
-    def wire_export(self) -> DirectExport | None:
+    def wire_export(self) -> DirectSink | None:
         """The direct exporter, after a new look at the provider (its processors may have changed)."""
         self._route = self._router.current()
         return self._route.direct
@@ -191,7 +193,7 @@ class SpanBuilder:
         return self._route
 
     @property
-    def direct(self) -> DirectExport | None:
+    def direct(self) -> DirectSink | None:
         """The direct exporter in use now, if any (its counts)."""
         return self._route.direct
 

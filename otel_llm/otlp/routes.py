@@ -9,6 +9,7 @@
           gives them).
     api   any other tracer: the public API for everything.
 
+The ``api`` and ``sdk`` routes are the core's (core/span_routes.py); this module adds the wire route.
 ``Router`` inspects the provider once, and again only when its processors change (a processor added
 after ``instrument()`` must see the spans it would have seen); the span builder holds the route it
 returns and never asks which kind it is.
@@ -16,90 +17,18 @@ returns and never asks which kind it is.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, Tracer
 
 from .. import semconv as sc
+from ..core.span_routes import ApiRoute, Route, Rows, SdkRoute, is_sdk_tracer
 from ..core.step_facts import FactsCache
 from ..core.timeline import StepRecord
 from . import encode as w
 from . import sdk_bridge
 from .direct_export import DirectExport
 from .wire_tracer import WireTracer, usable
-
-
-
-class Rows(Protocol):
-    """A request's decode rows (sibling spans under its decode span), laid out by the core as plain values
-    and encoded here, by the route: added in order, finished by ``close``."""
-
-    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
-             own_prefill_tokens: int) -> None:
-        """An ``llm.decode.step`` span: token ``index``, its ``tokens``, and the facts of the engine step
-        that produced it (``step``; ``own_prefill_tokens``: this request's own prefill in that step)."""
-
-    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
-               gap_max: float) -> None:
-        """An ``llm.decode.window`` span: tokens ``first``..``last``, their count and gaps."""
-
-    def close(self) -> None: ...
-
-
-class Route(Protocol):
-    kind: str  # "wire", "sdk" or "api": for stats and tests, never for choosing behaviour
-    tracer: Tracer  # request, phase, chunk and preemption spans
-    engine_tracer: Tracer  # engine-step spans (their own service)
-    direct: DirectExport | None  # the direct exporter this route sends with (its counts), if any
-
-    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows: ...
-
-
-class _ApiRows:
-    """Rows as attribute dicts, through a tracer."""
-
-    def __init__(self, tracer: Tracer, parent: Span, facts: FactsCache) -> None:
-        self._tracer = tracer
-        self._ctx = trace.set_span_in_context(parent)
-        self._facts = facts
-
-    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
-             own_prefill_tokens: int) -> None:
-        attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
-        if step is not None:
-            attrs.update(self._facts.get(step, own_prefill_tokens))
-        self._tracer.start_span(sc.SPAN_DECODE_STEP, context=self._ctx, start_time=start,
-                                attributes=attrs).end(end_time=end)
-
-    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
-               gap_max: float) -> None:
-        attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
-                 sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max}
-        self._tracer.start_span(sc.SPAN_DECODE_WINDOW, context=self._ctx, start_time=start,
-                                attributes=attrs).end(end_time=end)
-
-    def close(self) -> None:
-        pass
-
-
-class ApiRoute:
-    kind = "api"
-    direct = None
-
-    def __init__(self, tracer: Tracer, engine_tracer: Tracer) -> None:
-        self.tracer, self.engine_tracer = tracer, engine_tracer
-
-    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows:
-        return _ApiRows(self.tracer, parent, facts)
-
-
-class SdkRoute(ApiRoute):
-    """The SDK's Tracer, for everything: decode rows too, so every processor gets ``on_start`` (the span
-    live, its parent context) before ``on_end``, as for any span (the SDK builds its spans only through a
-    tracer). The route for processors we do not know: they see exactly what the SDK gives them."""
-
-    kind = "sdk"
 
 
 class _WireRows:
@@ -178,21 +107,13 @@ class WireRoute:
         return _WireRows(self.direct, parent.get_span_context(), count, facts, self._encoded)
 
 
-def _is_sdk_tracer(tracer: Any) -> bool:
-    try:
-        from opentelemetry.sdk.trace import Tracer as SDKTracer
-    except ImportError:
-        return False
-    return isinstance(tracer, SDKTracer)
-
-
 class Router:
     """Holds the route for a tracer (and the same tracer under the engine-step service), re-inspecting
     the provider only when its span processors change."""
 
     def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True) -> None:
         self._tracer, self._engine_tracer = tracer, engine_tracer
-        self._sdk = _is_sdk_tracer(tracer)
+        self._sdk = is_sdk_tracer(tracer)
         self._fallback: Route = ApiRoute(tracer, engine_tracer)
         if self._sdk:
             self._fallback = SdkRoute(tracer, engine_tracer)

@@ -16,6 +16,7 @@ from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
 from . import step_hooks, step_transport, wrappers
@@ -52,7 +53,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
-        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
+        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver)
         if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
             try:
