@@ -45,7 +45,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 
 logger = logging.getLogger("otel_llm")
 
