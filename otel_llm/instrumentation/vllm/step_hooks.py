@@ -45,7 +45,7 @@ class StepHooks:
     methods are the wrapt wrappers: the hot path reads this object's attributes, nothing module-wide."""
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
-                 "_table", "contract", "prompt_len", "prefill_token_ids")
+                 "_table", "contract", "prompt_len", "prefill_token_ids", "on_error")
 
     def __init__(self, fence: contract.Contract | None = None) -> None:
         # vLLM's symbols, read through the contract where a release may lack them (contract.py): the
@@ -53,6 +53,8 @@ class StepHooks:
         self.contract = fence or contract.Contract()
         self.prompt_len: Callable[[Any], int] | None = None
         self.prefill_token_ids: Callable[[Any], Any] | None = None
+        # told after an error was caught (a spawned EngineCore's plugin: engine_errors.ErrorReporter.changed)
+        self.on_error: Callable[[], None] | None = None
         self.sink: Callable[[StepPayload], None] | None = None
         # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
         # usage, shares, queue_blocked), unpacked whole by update_from_output
@@ -110,6 +112,8 @@ class StepHooks:
                                 _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
+            if self.on_error is not None:
+                self.on_error()  # counted where the user looks, even though this step sends no record
         return out
 
     def _pick_readers(self) -> None:
@@ -219,6 +223,8 @@ class StepHooks:
                       scheduled - start, entered - scheduled, end - entered, idle, model))
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook", exc)
+            if self.on_error is not None:
+                self.on_error()  # counted where the user looks, even though this step sends no record
         return result
 
     # -- model execution, timed where it runs ---------------------------------------------------
