@@ -1,5 +1,5 @@
 """One real engine run with vLLM symbols removed in every process (support/fence_site/sitecustomize.py),
-for tests/vllm/test_vllm_fence_fallbacks.py: prints what the frontend recorded, as JSON, on its last line.
+for tests/vllm/test_vllm_fence_fallbacks.py: writes what the frontend recorded, as JSON, to OTEL_LLM_TEST_RESULT.
 
     OTEL_LLM_TEST_REMOVE=module:Class.attr,... PYTHONPATH=support/fence_site:. python -m support.fenced_run
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 
 class _Lines(logging.Handler):
@@ -54,8 +55,9 @@ def main() -> None:
                          "chunk_tokens": sum(c.attributes[sc.CHUNK_TOKENS] for c in chunks),
                          "chunk_steps_linked": all(sc.ENGINE_STEP_ID in c.attributes for c in chunks)})
     stats = otel_llm.stats()
-    print(json.dumps({"requests": requests, "steps": len(engine_steps(spans)), "stats": stats,
-                      "log": log.lines}, default=str))
+    with open(os.environ["OTEL_LLM_TEST_RESULT"], "w") as f:  # not stdout: vLLM's own lines go there
+        json.dump({"requests": requests, "steps": len(engine_steps(spans)), "stats": stats, "log": log.lines},
+                  f, default=str)
     otel_llm.uninstrument()
 
 

@@ -26,14 +26,16 @@ REMOVED = ("vllm.v1.core.sched.output:NewRequestData.prompt_len", "vllm.entrypoi
 @pytest.fixture(scope="module")
 def fenced(tmp_path_factory):
     marks = tmp_path_factory.mktemp("marks")
+    result = marks.parent / "result.json"
     env = dict(os.environ, OTEL_LLM_TEST_REMOVE=",".join(REMOVED), OTEL_LLM_TEST_MARKS=str(marks),
+               OTEL_LLM_TEST_RESULT=str(result),
                PYTHONPATH=os.pathsep.join([os.path.join(TESTS, "support", "fence_site"), TESTS,
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the EngineCore in its own process, as by default
     proc = subprocess.run([sys.executable, "-m", "support.fenced_run"], cwd=TESTS, env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), sorted(os.listdir(marks))
+    return json.loads(result.read_text()), sorted(os.listdir(marks))
 
 
 def test_the_symbols_were_removed_in_the_frontend_and_the_engine_core(fenced):
