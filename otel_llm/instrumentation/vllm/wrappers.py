@@ -77,8 +77,11 @@ class VLLMWrappers:
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (before)", exc)
         if self.fence is not None:
-            try:  # an engine is being built: vLLM is in use, every module of the contract is worth checking
-                self.fence.check_all()
+            # an engine is being built: the EngineCore side's modules (light ones: the scheduler's) are worth
+            # importing to check them here, where the user reads the log; the frontend's are checked as the
+            # host imports them, the model runner's (a heavy import) only where it is imported
+            try:
+                self.fence.check_all(sides=(contract.ENGINE,))
             except Exception as exc:
                 GUARD.failed("vllm contract", exc)
         if self.steps_armed and self.receiver is None:
