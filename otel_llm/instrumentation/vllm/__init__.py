@@ -19,7 +19,7 @@ from ...core.providers import meter_provider_from, tracer_provider_from
 from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import step_hooks, step_transport
+from . import contract, step_hooks, step_transport
 from .process_roles import in_engine_process
 from .wrappers import EngineShape, VLLMWrappers
 
@@ -41,13 +41,15 @@ class VLLMInstrumentor(BaseInstrumentor):
     * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation.
     """
     telemetry: Pipeline | None = None
+    # vLLM's symbols we rely on, checked once per process as their modules are imported (contract.py)
+    fence: contract.Contract | None = None
     step_hooks: step_hooks.StepHooks | None = None
     step_receiver: step_transport.StepReceiver | None = None
     last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
-        return (f"{installed_distribution() or 'vllm'} >= 0.11",)
+        return (f"{installed_distribution() or 'vllm'} {contract.REQUIREMENT}",)
 
     def _instrument(self, **kwargs: Any) -> None:
         tracer_provider = kwargs.pop("tracer_provider", None)
@@ -57,6 +59,8 @@ class VLLMInstrumentor(BaseInstrumentor):
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, engine_built=self._engine_built)
+        self._fence()
+        w.fence = self.fence
         engine = self.last_engine
         if engine is not None:  # an engine built under an earlier instrumentation
             try:
@@ -85,6 +89,19 @@ class VLLMInstrumentor(BaseInstrumentor):
         ])
         self._table.wrap()
 
+    def _fence(self) -> None:
+        """The contract's check: the release against the tested range now, each module's symbols when it
+        is imported (now, if it is). Once per process: the hooks stay, the contract says each thing once."""
+        if self.fence is not None:
+            return
+        self.fence = fence = contract.Contract()
+        try:
+            fence.check_version()
+            for name in dict.fromkeys(e.module for e in fence.entries):
+                wrapt.register_post_import_hook(lambda _m, name=name: fence.check_module(name), name)
+        except Exception as exc:
+            GUARD.failed("vllm contract", exc)
+
     def _arm_steps(self, w: VLLMWrappers) -> None:
         if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
             return
@@ -100,7 +117,7 @@ class VLLMInstrumentor(BaseInstrumentor):
             w.steps_armed = True
             w.receiver = self.step_receiver
             if self.step_hooks is None:
-                self.step_hooks = step_hooks.StepHooks()
+                self.step_hooks = step_hooks.StepHooks(self.fence)
             self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)

@@ -27,7 +27,7 @@ from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import step_transport
+from . import contract, step_transport
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -68,6 +68,7 @@ class VLLMWrappers:
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.bind = Binders()
         self._told_log_stats = False
+        self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -83,6 +84,14 @@ class VLLMWrappers:
                                 "the request timings we report are vLLM's own")
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (before)", exc)
+        if self.fence is not None:
+            # an engine is being built: the EngineCore side's modules (light ones: the scheduler's) are worth
+            # importing to check them here, where the user reads the log; the frontend's are checked as the
+            # host imports them, the model runner's (a heavy import) only where it is imported
+            try:
+                self.fence.check_all(sides=(contract.ENGINE,))
+            except Exception as exc:
+                GUARD.failed("vllm contract", exc)
         if self.steps_armed and self.receiver is None:
             try:  # before the EngineCore starts sending: this process's socket in the step directory
                 self.receiver = self.open_receiver()
