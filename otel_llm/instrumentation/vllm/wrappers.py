@@ -58,6 +58,8 @@ class VLLMWrappers:
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or steps.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
+        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
 
@@ -197,9 +199,14 @@ class VLLMWrappers:
         return t
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if self.receiver is not None:
+        receiver = self.receiver
+        if receiver is not None and receiver is not self._reading_deferred:
             try:
-                self.receiver.drain(self.telemetry.add_step)
+                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
+                    self._reading_deferred = receiver
+                    self.telemetry.read_steps_from(receiver.drain)
+                else:
+                    receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
         result = wrapped(*args, **kwargs)
