@@ -353,6 +353,7 @@ SINK_PIDS: set[int] = set()
 
 
 def main() -> None:
+    global OUTPUT_TOKENS
     ap = argparse.ArgumentParser()
     ap.add_argument("--frontends", default="serve,offline")
     ap.add_argument("--modes", default="none,default,full,native")
@@ -360,8 +361,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64, help="requests per measurement")
     ap.add_argument("--concurrency", type=int, default=32, help="streaming clients at once (serve); max_num_seqs")
     ap.add_argument("--prompt-words", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request")
     ap.add_argument("--out", default="frontend_cpu.json")
     args = ap.parse_args()
+    OUTPUT_TOKENS = args.tokens
     modes = args.modes.split(",")
     if modes[0] != "none":
         raise SystemExit("--modes must start with none (the denominator)")

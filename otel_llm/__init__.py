@@ -51,6 +51,7 @@ def instrument(
     capture_content: bool | None = None,
     engine_steps: bool | None = None,
     max_steps: int | None = None,
+    step_reading: str | None = None,
     max_requests: int | None = None,
     iteration_wait: float | None = None,
     direct_export: bool | None = None,
@@ -67,7 +68,8 @@ def instrument(
     """
     config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
                                  tail_quantile=tail_quantile, capture_content=capture_content,
-                                 engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests,
+                                 engine_steps=engine_steps, max_steps=max_steps, step_reading=step_reading,
+                                 max_requests=max_requests,
                                  iteration_wait=iteration_wait, direct_export=direct_export, device=device,
                                  peak_flops=peak_flops, peak_memory_bandwidth=peak_memory_bandwidth,
                                  gpu_sample_hz=gpu_sample_hz))

@@ -45,6 +45,9 @@ class Counts:
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
+    # engine steps the engine could not hand over (deferred step reading: its ring was full while this
+    # process read nothing), from the gaps in their ids; their requests' verdicts say unknown
+    steps_lost: int = 0
 
 
 # -- the materializer's jobs: one record type per kind of work, handled in submission order ----------

@@ -204,7 +204,7 @@ class VLLMWrappers:
             try:
                 if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
                     self._reading_deferred = receiver
-                    self.telemetry.read_steps_from(receiver.drain)
+                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
                 else:
                     receiver.drain(self.telemetry.add_step)
             except Exception as exc:
@@ -249,6 +249,34 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+class CountingReader:
+    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
+    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
+    for every record it writes or drops (steps.StepHooks), so a gap is records lost to a full ring while
+    nothing read it: counted as ``steps_lost`` in ``stats()``."""
+
+    __slots__ = ("drain", "counts", "last")
+
+    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
+        self.drain = drain
+        self.counts = counts
+        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
+
+    def __call__(self, deliver: Callable[[Any], None]) -> None:
+        last, counts = self.last, self.counts
+
+        def take(step: Any) -> None:
+            sid = step.step_id
+            engine = sid >> 32
+            prev = last.get(engine)
+            if prev is not None and sid > prev + 1:
+                counts.steps_lost += sid - prev - 1
+            last[engine] = sid
+            deliver(step)
+
+        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
