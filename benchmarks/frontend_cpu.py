@@ -265,56 +265,35 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
 def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict:
     from support.engine import engine_args, prepare_env
 
-    from serve_with_modes import MODES
+    from telemetry_modes import ModeSwitch
     from vllm_overhead import providers
 
     prepare_env()
     os.environ.pop("OTEL_LLM_STEP_DIR", None)
-    from opentelemetry import trace
     from vllm import LLM, SamplingParams
-    from vllm.tracing import init_tracer
 
-    import otel_llm
     from otel_llm.instrumentation.vllm import VLLMInstrumentor
 
-    tp, mp = providers(endpoint)
-    otel_llm.instrument(tracer_provider=tp, meter_provider=mp)
-    llm = LLM(**engine_args(max_num_seqs=args.concurrency, max_num_batched_tokens=512))
-    otel_llm.uninstrument()
-    os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
-    init_tracer("vllm.llm_engine", f"{endpoint}/v1/traces")
-    native_tp = trace.get_tracer_provider()
-    processor = llm.llm_engine.output_processor
-    engine_pids = children_of(os.getpid())
-    engine_pids = [p for p in engine_pids if p not in SINK_PIDS]
+    switch = ModeSwitch(*providers(endpoint), endpoint)
+    llm = switch.build(lambda: LLM(**engine_args(max_num_seqs=args.concurrency, max_num_batched_tokens=512)))
+    switch.processors.append(llm.llm_engine.output_processor)
+    engine_pids = [p for p in children_of(os.getpid()) if p not in SINK_PIDS]
     prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
                for i in range(args.requests)]
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
 
     def measure(mode: str) -> dict:
-        options = MODES[mode]
-        flush = None
-        if options == "native":
-            processor.tracing_enabled, flush = True, native_tp.force_flush
-        elif options is not None:
-            otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
-            flush = lambda: otel_llm.flush() and tp.force_flush()  # noqa: E731
-            receiver = VLLMInstrumentor().step_receiver
-            if receiver is not None:
-                receiver.drain(lambda step: None)
+        switch.enter(mode)
         telemetry = VLLMInstrumentor().telemetry
         steps0 = telemetry.counts.steps_recorded if telemetry is not None else None
         try:
             c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
-            if flush is not None:
-                flush()
+            switch.flush()
             c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter() - t0
             steps1 = telemetry.counts.steps_recorded if telemetry is not None else None
         finally:
-            processor.tracing_enabled = False
-            if isinstance(options, dict):
-                otel_llm.uninstrument()
+            switch.leave()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         assert tokens == args.requests * OUTPUT_TOKENS
         return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
