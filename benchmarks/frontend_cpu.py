@@ -60,18 +60,40 @@ OUTPUT_TOKENS = 128
 
 # -- CPU counters ------------------------------------------------------------------------------------
 
-def task_cpu_ns(pid: int) -> tuple[int, int]:
-    """Run time of every live thread of ``pid`` (ns, schedstat), and how many threads were read."""
-    total, n = 0, 0
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Run time (ns, schedstat) of each live thread of ``pid``, by thread id."""
+    out = {}
     base = f"/proc/{pid}/task"
     for tid in os.listdir(base):
         try:
             with open(f"{base}/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-                n += 1
-        except (OSError, ValueError, IndexError):  # the thread ended between listdir and open
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
             pass
-    return total, n
+    return out
+
+
+def split_cpu(before: dict[int, int], after: dict[int, int], pid: int, ours: set[int]) -> dict[str, int]:
+    """CPU between two snapshots on the host's main thread (vLLM's output processing, HTTP, our hot-path hooks),
+    on our own threads (the background thread, direct export, the SDK's batch processor) and on the rest."""
+    main = ours_ns = other = 0
+    for tid, ns in after.items():
+        d = ns - before.get(tid, 0)
+        if tid == pid:
+            main += d
+        elif tid in ours:
+            ours_ns += d
+        else:
+            other += d
+    return {"main": main, "ours": ours_ns, "other": other}
+
+
+def our_threads() -> set[int]:
+    """This process's telemetry threads (ours and the SDK's exporters'), by native id."""
+    import threading
+
+    return {t.native_id for t in threading.enumerate()
+            if t.native_id is not None and (t.name.startswith("otel-llm") or t.name.startswith("Otel"))}
 
 
 def children_of(pid: int) -> list[int]:
@@ -88,7 +110,7 @@ def tree_cpu_ns(pids: list[int]) -> int:
     total = 0
     for p in pids:
         try:
-            total += task_cpu_ns(p)[0]
+            total += sum(thread_cpu_ns(p).values())
         except OSError:
             pass
     return total
@@ -121,12 +143,23 @@ def summarize(results: dict[str, list[dict]], modes: list[str], key: str = "cpu_
         shares = [(a[key] - b[key]) / b[key] for a, b in zip(results[mode], results["none"])]
         extra = [a[key] - b[key] for a, b in zip(results[mode], results["none"])]
         engine = [a.get("engine_us_per_token") for a in results[mode] if a.get("engine_us_per_token") is not None]
+        # within one measurement (the same machine state): our threads' CPU over vLLM's own in that measurement
+        # (what is not on our threads; its main thread still runs our hot-path hooks, so an upper bound on
+        # vLLM's share and a lower bound on ours)
+        within = [a["ours_us_per_token"] / (a["cpu_us_per_token"] - a["ours_us_per_token"])
+                  for a in results[mode] if a.get("ours_us_per_token") is not None]
         out["modes"][mode] = {
             "share_of_vllm_frontend_pct": round(100 * statistics.median(shares), 2),
             "resolution_pct": round(100 * bootstrap_halfwidth(shares), 2),
             "extra_us_per_token": round(statistics.median(extra), 2),
             "per_round_shares_pct": [round(100 * s, 1) for s in shares],
             "engine_us_per_token": round(statistics.median(engine), 2) if engine else None,
+            "our_threads_us_per_token": round(statistics.median(a["ours_us_per_token"] for a in results[mode]), 2)
+            if within else None,
+            "main_thread_us_per_token": round(statistics.median(a["main_us_per_token"] for a in results[mode]), 2)
+            if within else None,
+            "our_threads_share_within_pct": round(100 * statistics.median(within), 2) if within else None,
+            "our_threads_share_within_resolution_pct": round(100 * bootstrap_halfwidth(within), 2) if within else None,
         }
     return out
 
@@ -238,17 +271,21 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
         def measure(mode: str) -> dict:
             control.ask(mode=mode)
             steps0 = control.ask(stats=True).get("steps_recorded")
-            c0, e0, t0 = task_cpu_ns(proc.pid)[0], tree_cpu_ns(engine_pids), time.perf_counter()
+            c0, e0, t0 = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter()
             tokens = asyncio.run(stream_requests(base_url, model, args.requests, args.concurrency, args.prompt_words))
             control.ask(flush=True)
-            c1, e1, wall = task_cpu_ns(proc.pid)[0], tree_cpu_ns(engine_pids), time.perf_counter() - t0
-            steps1 = control.ask(stats=True).get("steps_recorded")
+            c1, e1, wall = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            reply = control.ask(stats=True)
+            steps1 = reply.get("steps_recorded")
+            split = split_cpu(c0, c1, proc.pid, set(control.ask(threads=True)["ours"]))
             expected = args.requests * OUTPUT_TOKENS
             if tokens != expected:
                 raise RuntimeError(f"{tokens} tokens streamed, {expected} expected")
-            return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
-                    "tokens_per_s": tokens / wall, "tokens": tokens,
-                    "engine_steps": steps1 - steps0 if steps0 is not None and steps1 is not None else None}
+            return {"cpu_us_per_token": sum(split.values()) / 1e3 / tokens,
+                    "main_us_per_token": split["main"] / 1e3 / tokens, "ours_us_per_token": split["ours"] / 1e3 / tokens,
+                    "engine_us_per_token": (e1 - e0) / 1e3 / tokens, "tokens_per_s": tokens / wall, "tokens": tokens,
+                    "engine_steps": steps1 - steps0 if steps0 is not None and steps1 is not None else None,
+                    "steps_lost": reply.get("steps_lost")}
 
         return interleave("serve", modes, measure, args.rounds)
     finally:
@@ -288,15 +325,19 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> di
         steps0 = telemetry.counts.steps_recorded if telemetry is not None else None
         try:
             c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter()
+            threads0 = thread_cpu_ns(os.getpid())
             outs = llm.generate(prompts, params, use_tqdm=False)
             switch.flush()
+            threads1 = thread_cpu_ns(os.getpid())
             c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            split = split_cpu(threads0, threads1, os.getpid(), our_threads())
             steps1 = telemetry.counts.steps_recorded if telemetry is not None else None
         finally:
             switch.leave()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         assert tokens == args.requests * OUTPUT_TOKENS
-        return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
+        return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "main_us_per_token": split["main"] / 1e3 / tokens,
+                "ours_us_per_token": split["ours"] / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
                 "tokens_per_s": tokens / wall, "tokens": tokens,
                 "engine_steps": steps1 - steps0 if steps0 is not None else None}
 
@@ -377,7 +418,9 @@ def main() -> None:
               f"between rounds: range {s['none_spread_range_pct']} %, MAD {s['none_spread_mad_pct']} %")
         for mode, m in s["modes"].items():
             print(f"  {mode:14s} {m['share_of_vllm_frontend_pct']:6.2f} % +/- {m['resolution_pct']:.2f} "
-                  f"(+{m['extra_us_per_token']} us/token; rounds {m['per_round_shares_pct']})")
+                  f"(+{m['extra_us_per_token']} us/token; rounds {m['per_round_shares_pct']}); our threads "
+                  f"{m['our_threads_us_per_token']} us/token = {m['our_threads_share_within_pct']} % +/- "
+                  f"{m['our_threads_share_within_resolution_pct']} of the rest, within each measurement")
     print(f"EngineCore step hooks (batch 64): {out.get('engine_hooks_cpu_per_step')}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(out, indent=1))

@@ -8,6 +8,7 @@ Unix socket named in ``FRONTEND_CPU_CONTROL``, one JSON object a line:
     {"mode": NAME}    -> {"ok": true, "pid": ..., "mode": NAME}
     {"stats": true}   -> our telemetry's stats() (steps received, spans sent), or {} when not instrumented
     {"flush": true}   -> the measurement's spans sent (their export is part of its CPU)
+    {"threads": true} -> {"ours": native ids of the telemetry threads (ours, the SDK's exporters')}
 
 Modes change only while no request is in flight (the benchmark waits for its clients first).
 
@@ -61,6 +62,9 @@ def serve_control(switch: ModeSwitch, path: str) -> None:
             return {"ok": True, "pid": os.getpid(), "mode": cmd["mode"]}
         if "stats" in cmd:
             return stats(switch)
+        if "threads" in cmd:  # our telemetry threads (and the SDK's exporters'), by native id
+            return {"ours": [t.native_id for t in threading.enumerate() if t.native_id is not None
+                             and (t.name.startswith("otel-llm") or t.name.startswith("Otel"))]}
         if "flush" in cmd:
             switch.flush()
             return {"ok": True}
