@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm.core.config import Config
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.core.materializer import Materializer
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
@@ -162,44 +162,3 @@ def test_step_reading_is_checked():
     assert Config.resolve({}, environ={}).step_reading == "drain"
     assert Config.resolve({}, environ={"OTEL_LLM_STEP_READING": "deferred"}).step_reading == "deferred"
 
-
-def test_a_full_ring_loses_steps_counted_in_stats_and_the_engine_goes_on():
-    """The new failure mode: nothing reads for a while (the background thread busy or blocked), the EngineCore's
-    ring fills, its writes are refused (the engine does not wait), and the frontend counts what it lost."""
-    import tempfile
-
-    import pytest
-
-    from otel_llm.instrumentation.vllm import step_ring, steps
-    from otel_llm.instrumentation.vllm.wrappers import CountingReader
-
-    if not step_ring.AVAILABLE:
-        pytest.skip("no step rings on this platform")
-    shares = (["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
-    pipeline, _ = _pipeline("deferred")
-    with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
-        sink = steps.SocketSink(d)
-        sink.RING_CAPACITY = 1024  # a few records' room
-        hooks = steps.StepHooks()  # its step ids: the engine's pid in the high half, then 1, 2, 3...
-        hooks.prefix = 7 << 32
-        ids = [hooks.prefix | next(hooks.counter) for _ in range(60)]
-        sink((ids[0], 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006))
-        reader = CountingReader(receiver.drain, pipeline.counts)
-        pipeline.read_steps_from(reader)
-        assert pipeline.flush(10)  # the ring is announced and its first record read
-        for sid in ids[1:]:
-            sink((sid, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006))
-        assert sink.dropped > 0  # the case is exercised
-        assert pipeline.flush(10)
-        # a loss shows at the next record the ring carries (the gap in the ids)
-        sink((hooks.prefix | next(hooks.counter), 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None,
-              0.006))
-        ids.append(None)
-        assert pipeline.flush(10)
-        stats = pipeline.stats()
-        assert stats["steps_lost"] == sink.dropped
-        assert stats["steps_recorded"] == len(ids) - sink.dropped
-        sink.close()
-        receiver.close()
-    pipeline.close()

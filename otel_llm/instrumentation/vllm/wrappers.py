@@ -254,7 +254,7 @@ class VLLMWrappers:
 class CountingReader:
     """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
     over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
-    for every record it writes or drops (steps.StepHooks), so a gap is records lost to a full ring while
+    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
     nothing read it: counted as ``steps_lost`` in ``stats()``."""
 
     __slots__ = ("drain", "counts", "last")
