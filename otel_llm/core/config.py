@@ -156,7 +156,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("step_reading", "OTEL_LLM_STEP_READING", _step_reading, "drain",
            "Where a spawned EngineCore's step records are read: `drain` (vLLM's output thread, every output "
            "batch) or `deferred` (our background thread, in bulk, before each finished request and every "
-           "50 ms; experimental, see docs/design/off-process.md)"),
+           "250 ms; experimental, see docs/design/off-process.md)"),
     Option("max_spans_per_request", "OTEL_LLM_MAX_SPANS_PER_REQUEST", _positive_int, 1000,
            "Spans one kept request's trace may hold (request, phases, prefill chunks, decode steps and "
            "windows); also bounds the engine-step spans linked from it. See \"Decode detail and the span "

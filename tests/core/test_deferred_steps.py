@@ -162,3 +162,13 @@ def test_step_reading_is_checked():
     assert Config.resolve({}, environ={}).step_reading == "drain"
     assert Config.resolve({}, environ={"OTEL_LLM_STEP_READING": "deferred"}).step_reading == "deferred"
 
+
+
+def test_only_deferred_reading_wakes_the_background_thread_while_nothing_is_submitted():
+    """Each idle wake-up costs CPU the host pays per second, whatever its token rate: the default mode sleeps."""
+    drained, _ = _pipeline("drain")
+    deferred, _ = _pipeline("deferred")
+    assert drained.materializer._idle is None
+    assert deferred.materializer._idle is not None
+    drained.close()
+    deferred.close()
