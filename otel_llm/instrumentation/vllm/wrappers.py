@@ -66,6 +66,8 @@ class VLLMWrappers:
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or step_transport.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
+        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
@@ -215,9 +217,14 @@ class VLLMWrappers:
         return t
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if self.receiver is not None:
+        receiver = self.receiver
+        if receiver is not None and receiver is not self._reading_deferred:
             try:
-                self.receiver.drain(self.telemetry.add_step)
+                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
+                    self._reading_deferred = receiver
+                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
+                else:
+                    receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
         result = wrapped(*args, **kwargs)
@@ -260,6 +267,34 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+class CountingReader:
+    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
+    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
+    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
+    nothing read it: counted as ``steps_lost`` in ``stats()``."""
+
+    __slots__ = ("drain", "counts", "last")
+
+    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
+        self.drain = drain
+        self.counts = counts
+        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
+
+    def __call__(self, deliver: Callable[[Any], None]) -> None:
+        last, counts = self.last, self.counts
+
+        def take(step: Any) -> None:
+            sid = step.step_id
+            engine = sid >> 32
+            prev = last.get(engine)
+            if prev is not None and sid > prev + 1:
+                counts.steps_lost += sid - prev - 1
+            last[engine] = sid
+            deliver(step)
+
+        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
