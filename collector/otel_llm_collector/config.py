@@ -22,7 +22,7 @@ Shape (keys follow the upstream Collector where the concept is the same)::
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
 
-Hardening keys (collector/README.md, "Slow clients", "Authentication", "Label memory"): the receivers'
+Hardening keys (docs/collector.md, "Slow clients", "Authentication", "Label memory"): the receivers'
 ``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``
 (HTTP) and ``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC);
 ``auth: {authenticator: <bearertokenauth extension>}`` on both receivers and ``exporters.prometheus``;
