@@ -1,8 +1,8 @@
 """The trace contract as data: which span carries which attributes and events, when and from what to what.
 
-The names are ``semconv``'s (referenced, never retyped); this table says where they go. The README's
+The names are ``semconv``'s (referenced, never retyped); this table says where they go. The docs'
 trace-contract table is generated from it (``python -m otel_llm.core.readme_tables``; a test checks the
-README matches), and tests can hold emitted spans against it (``attribute_names``).
+page matches), and tests can hold emitted spans against it (``attribute_names``).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ SPANS: tuple[SpanDoc, ...] = (*SERVER_SPANS, CLIENT_SPAN)
 
 
 def spans_table() -> str:
-    """The README's trace-contract table."""
+    """The trace-contract table of docs/trace-contract.md."""
     rows = ["| span | kind | when | start → end | attributes |", "|---|---|---|---|---|"]
     for s in SPANS:
         name = s.shown_name or " / ".join(f"`{n}`" for n in s.names)

@@ -18,6 +18,7 @@ LABELS = re.compile("|".join((
     r"\bissue[ _-]?\d+",                    # "issue 15", "_issue15_"
     r"\b(?:round|landing|submission) \d+\b",  # "round 7"
     r"\b(?:previous|this|earlier) (?:landing|submission|session)s?\b",
+    r"(?<![\w.~])/(?:work|root)/",          # a machine's paths
 )), re.IGNORECASE)
 
 TEXT_SUFFIXES = {".md", ".txt", ".json", ".yaml", ".yml", ".toml"}

@@ -19,9 +19,9 @@ def test_no_diary_labels():
 
 def test_the_scan_finds_each_kind_of_label(tmp_path):
     text = ("# Cost\nMeasured in session 8 (results/engine_hooks_ab_s8.json), see #12 and issue 15;\n"
-            "round 7 beat the previous landing.\n")
+            "round 7 beat the previous landing, in /work/main.\n")
     found = [h.text.lower() for h in dl.labels_in(tmp_path / "notes_s9.md", text)]
-    assert found == ["s9", "session 8", "s8", "#12", "issue 15", "round 7", "previous landing"]
+    assert found == ["s9", "session 8", "s8", "#12", "issue 15", "round 7", "previous landing", "/work/"]
 
 
 def test_the_scan_reads_comments_and_docstrings_not_data(tmp_path):
