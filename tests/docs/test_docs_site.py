@@ -97,3 +97,22 @@ def test_architecture_rooms_are_drawn_from_imports(tmp_path, monkeypatch):
     known = architecture.modules()
     assert architecture.imports("pkg.top", known["pkg.top"], known) == {"pkg.low.thing"}
     assert "pkg --> pkg_low" in architecture.graphs()
+
+
+# paths the docs name that are not files of this repository, on purpose
+NOT_OURS = {
+    "benchmarks/FILE.py",                        # a placeholder in a command line
+    "benchmarks/results/device_roofline.json",   # what the GPU run of scripts/device/roofline_check.py writes
+    "tests/bindings/test_executor_bindings.py",  # TensorRT-LLM's own test, where its JSON keys were read
+}
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:tests|otel_llm|benchmarks|collector|scripts|examples|dashboards|docs)/[\w./-]*\w)")
+
+
+def test_paths_the_docs_name_exist():
+    """A file the README or a docs page names (``tests/...``, ``otel_llm/...``) exists: a moved module or
+    test makes this fail instead of leaving the docs pointing at nothing."""
+    pages = [ROOT / "README.md", ROOT / "collector" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    stale = [f"{page.relative_to(ROOT)}: {path}" for page in pages
+             for path in REPO_PATH.findall(page.read_text(encoding="utf-8"))
+             if path not in NOT_OURS and not (ROOT / path).exists()]
+    assert not stale, "paths that do not exist:\n" + "\n".join(stale)
