@@ -17,11 +17,13 @@ Two Mermaid graphs are written between the markers of docs/architecture.md:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import generated_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
@@ -146,19 +148,7 @@ def render(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/architecture.md is stale")
-    args = ap.parse_args(argv)
-    page = PAGE.read_text(encoding="utf-8")
-    new = render(page)
-    if args.check:
-        if new != page:
-            print("docs/architecture.md is stale: run python scripts/architecture.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != page:
-        PAGE.write_text(new, encoding="utf-8")
-    return 0
+    return generated_page.main(PAGE, render, __file__, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ into docs/ made relative to docs/ and its "Read on" list replaced by the site's 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import generated_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "docs" / "index.md"
@@ -42,19 +44,8 @@ def index(readme: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/index.md differs")
-    args = ap.parse_args(argv)
-    want = index((ROOT / "README.md").read_text(encoding="utf-8"))
-    have = INDEX.read_text(encoding="utf-8") if INDEX.exists() else ""
-    if args.check:
-        if have != want:
-            print("docs/index.md is stale: run python scripts/docs_index.py", file=sys.stderr)
-            return 1
-        return 0
-    if have != want:
-        INDEX.write_text(want, encoding="utf-8")
-    return 0
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return generated_page.main(INDEX, lambda _current: index(readme), __file__, __doc__, argv)
 
 
 if __name__ == "__main__":
