@@ -144,16 +144,16 @@ def next_step(payload: Any) -> Any:
 def decode_ns(step_wire: Any, payload: Any, n: int = 2000) -> dict:
     """Frontend CPU to turn one encoded record into a step record: a full one, and the next record of a
     steady batch, whose ids are left out (decoded with the cache of the record before)."""
-    sender: list = [None, b"", None]  # as SocketSink keeps it
-    full = step_wire.encode(payload, sender)
-    same = step_wire.encode(next_step(payload), sender)
+    sender = step_wire.sender_cache()  # as SocketSink keeps it, every frontend on a ring
+    full = step_wire.encode(payload, sender, True)
+    same = step_wire.encode(next_step(payload), sender, True)
     if len(same) >= len(full):
         raise SystemExit("the steady batch's record did not leave its ids out: the harness no longer matches "
                          "step_wire's protocol")
-    reader: list = [None, None, None]  # as StepReceiver keeps it
+    reader = step_wire.reader_cache()  # as StepReceiver keeps it
     step_wire.decode(full, reader)
 
-    def decode_full(cache: list = [None, None, None]) -> None:  # noqa: B006 (one cache, on purpose)
+    def decode_full(cache: list = step_wire.reader_cache()) -> None:  # noqa: B008 (one cache, on purpose)
         step_wire.decode(full, cache)
 
     def decode_same() -> None:
@@ -245,8 +245,8 @@ def main() -> None:
             sinks[mode] = sink
             hooks.sink = sink.__call__
         elif mode == "encode":
-            cache: list = [None, b"", None]  # as SocketSink keeps it
-            hooks.sink = lambda payload: step_wire.encode(payload, cache)
+            cache = step_wire.sender_cache()  # as SocketSink keeps it, every frontend on a ring
+            hooks.sink = lambda payload: step_wire.encode(payload, cache, True)
         else:
             hooks.sink = lambda payload: None
         return Wired(hooks.schedule, hooks.update_from_output, scene)
