@@ -14,7 +14,7 @@ from .. import semconv as sc
 
 @dataclass(frozen=True)
 class Item:
-    """An attribute (or, with ``event``, an event) of a span, with what the README says about it."""
+    """An attribute (or, with ``event``, an event) of a span, with what the docs say about it."""
 
     name: str
     note: str = ""  # follows the name: a condition, the values, the meaning
@@ -31,7 +31,7 @@ class Item:
 
 @dataclass(frozen=True)
 class Group:
-    """Attributes the README writes as one entry (a family of names: ``llm.slow.<cause>``)."""
+    """Attributes the docs write as one entry (a family of names: ``llm.slow.<cause>``)."""
 
     names: tuple[str, ...]
     text: str
@@ -49,7 +49,7 @@ class SpanDoc:
     start_end: str
     items: tuple[Item | Group, ...] = ()
     tail: str = ""  # after the items: what is not an attribute (links, status)
-    shown_name: str = ""  # how the README writes the name, where it is a template
+    shown_name: str = ""  # how the docs write the name, where it is a template
 
     def attribute_names(self) -> tuple[str, ...]:
         return tuple(n for i in self.items if not i.event for n in i.names)
