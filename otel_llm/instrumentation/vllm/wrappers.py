@@ -11,7 +11,7 @@ import contextvars
 import inspect
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -27,7 +27,7 @@ from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import step_transport
+from . import contract, step_transport
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -42,9 +42,15 @@ _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
-# The last engine built in this process: (model shape, on a CUDA device, devices a step spans). Kept
-# so that instrumenting again (new options) re-arms the roofline for an engine built earlier.
-last_engine: tuple[ModelShape, bool, int] | None = None
+
+
+class EngineShape(NamedTuple):
+    """What the roofline needs of an engine: kept by the instrumentor for the last engine built in its
+    process, so that instrumenting again (new options) re-arms the roofline for an engine built earlier."""
+
+    model: ModelShape
+    on_cuda: bool
+    devices: int  # the devices one step spans (tensor x pipeline parallel)
 
 
 
@@ -52,14 +58,19 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
-                 open_receiver: Callable[[], StepReceiver] | None = None) -> None:
+                 open_receiver: Callable[[], StepReceiver] | None = None,
+                 engine_built: Callable[[EngineShape], None] | None = None) -> None:
         self.telemetry = telemetry
+        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
         self.receiver = receiver
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or step_transport.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
+        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
+        self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -75,6 +86,14 @@ class VLLMWrappers:
                                 "the request timings we report are vLLM's own")
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (before)", exc)
+        if self.fence is not None:
+            # an engine is being built: the EngineCore side's modules (light ones: the scheduler's) are worth
+            # importing to check them here, where the user reads the log; the frontend's are checked as the
+            # host imports them, the model runner's (a heavy import) only where it is imported
+            try:
+                self.fence.check_all(sides=(contract.ENGINE,))
+            except Exception as exc:
+                GUARD.failed("vllm contract", exc)
         if self.steps_armed and self.receiver is None:
             try:  # before the EngineCore starts sending: this process's socket in the step directory
                 self.receiver = self.open_receiver()
@@ -104,9 +123,10 @@ class VLLMWrappers:
         parallel = getattr(vllm_config, "parallel_config", None)
         devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
                                                                           or 1)
-        global last_engine
-        last_engine = (shape, device_type == "cuda", devices)
-        self.telemetry.diagnosis.setup(shape, self.telemetry.config, device_type == "cuda", devices)
+        engine = EngineShape(shape, device_type == "cuda", devices)
+        if self.engine_built is not None:
+            self.engine_built(engine)
+        self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 
@@ -197,9 +217,14 @@ class VLLMWrappers:
         return t
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if self.receiver is not None:
+        receiver = self.receiver
+        if receiver is not None and receiver is not self._reading_deferred:
             try:
-                self.receiver.drain(self.telemetry.add_step)
+                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
+                    self._reading_deferred = receiver
+                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
+                else:
+                    receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
         result = wrapped(*args, **kwargs)
@@ -242,6 +267,34 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+class CountingReader:
+    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
+    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
+    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
+    nothing read it: counted as ``steps_lost`` in ``stats()``."""
+
+    __slots__ = ("drain", "counts", "last")
+
+    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
+        self.drain = drain
+        self.counts = counts
+        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
+
+    def __call__(self, deliver: Callable[[Any], None]) -> None:
+        last, counts = self.last, self.counts
+
+        def take(step: Any) -> None:
+            sid = step.step_id
+            engine = sid >> 32
+            prev = last.get(engine)
+            if prev is not None and sid > prev + 1:
+                counts.steps_lost += sid - prev - 1
+            last[engine] = sid
+            deliver(step)
+
+        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
@@ -335,16 +388,11 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
     return s
 
 
-_warned_no_stats = False
-
-
 def _warn_no_stats() -> None:
-    global _warned_no_stats
-    if not _warned_no_stats:
-        _warned_no_stats = True
-        logger.warning("otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
-                       "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
-                       "or engine steps. Call instrument() before building the engine.")
+    GUARD.warn_once("vllm engine without statistics",
+                    "otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
+                    "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
+                    "or engine steps. Call instrument() before building the engine.")
 
 
 def _count_preemptions(t: RequestTimeline) -> int:
