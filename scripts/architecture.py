@@ -51,8 +51,9 @@ FLOW: tuple[Stage, ...] = (
     Stage("otel_llm.instrumentation.vllm.step_transport", "a shared-memory ring (or a datagram) to each frontend"),
     Stage("otel_llm.instrumentation.vllm.wrappers", "frontend: vLLM's outputs stamp the request's timeline"),
     Stage("otel_llm.core.pipeline", "finish: decide, then hand the request to the background thread"),
-    Stage("otel_llm.core.spans", "lay out the request's spans"),
-    Stage("otel_llm.otlp.routes", "the route chosen for the provider"),
+    Stage("otel_llm.core.spans", "lay out the request's spans as neutral rows"),
+    Stage("otel_llm.core.span_routes", "the interface a route implements: the core's side of export"),
+    Stage("otel_llm.otlp.routes", "the route chosen for the provider encodes the rows"),
     Stage("otel_llm.otlp.direct_export", "OTLP bytes sent with the provider's own exporter"),
 )
 
