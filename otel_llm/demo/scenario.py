@@ -1,0 +1,214 @@
+"""The demo's scripted workload: phases whose causes are known, driven by engine steps, not the clock.
+
+Each phase is built so that the verdict's own rules, not the machine's speed, decide why its requests
+were slow (``otel_llm.core.diagnosis.verdict``):
+
+* **steady chat** (quiet): a few short chats at a time; measured first, it sets the SLOs;
+* **long documents**: chats decoding while documents of many tokens are prefilled, one a step,
+  beside them; the chats' decode steps carry the documents' prefill tokens (prefill interference);
+* **burst**: four times ``max_num_seqs`` requests at once: three of every four wait with the batch full
+  (queueing, max_num_seqs);
+* **KV-cache squeeze**: long prompts that grow past a KV cache sized for about five of them; the
+  scheduler preempts some and holds the others back for KV blocks with the batch half empty.
+
+Arrivals are counted in engine steps (the engine runs in this process, so each ``step()`` is one
+scheduler step): the same requests meet the same batches on any machine. The SLOs are multiples of
+what the quiet phase measured on this machine (``TTFT_FACTOR``, ``TPOT_FACTOR``), so the breaches come from the phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, Iterable, Mapping
+
+from ..core import semconv as sc
+
+# One engine for every phase. 49 KV blocks of 32 tokens (vLLM keeps one back): 1,536 tokens, enough
+# for one document beside the chats, too few for the squeeze. A step's token budget holds a whole
+# document, so each document is prefilled in one step.
+MAX_NUM_SEQS = 6
+BLOCK_SIZE = 32
+KV_BLOCKS = 49
+DOCUMENT_TOKENS = 1024
+ENGINE_ARGS: dict[str, Any] = dict(
+    load_format="dummy", dtype="float32", enforce_eager=True, max_model_len=(KV_BLOCKS - 1) * BLOCK_SIZE,
+    max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048, block_size=BLOCK_SIZE,
+    num_gpu_blocks_override=KV_BLOCKS, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
+    disable_log_stats=False,
+)
+DOCUMENTS_PER_WAVE = 6
+# The SLOs, as multiples of the quiet phase's medians: TTFT of a document prefilled alone (a document
+# prefilled beside the chats meets it with room; a wave of the burst waits many times it), TPOT of a chat
+# (a chat whose decode steps carry documents misses it, whatever a document's prefill costs beside a
+# decode step: 2.5 decode steps or more suffice).
+TTFT_FACTOR = 3.0
+TPOT_FACTOR = 2.0
+
+QUIET, DOCUMENTS, BURST, SQUEEZE = "steady chat", "long documents", "burst", "KV-cache squeeze"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request the phase adds before its ``step``-th engine step."""
+
+    step: int
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    role: str = "victim"  # "victim": the phase is built to slow it; "load": it slows the others
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    causes: frozenset[str]  # the verdict causes it is built to produce; empty for the quiet phase
+    built: str  # what it does, for the verdict table
+    arrivals: tuple[Arrival, ...]
+
+    def request_ids(self) -> set[str]:
+        return {a.request_id for a in self.arrivals}
+
+
+def _chats(prefix: str, n: int, every: int, max_tokens: int) -> list[Arrival]:
+    return [Arrival(i * every, f"{prefix}-{i}", 16 + (i * 11) % 32, max_tokens) for i in range(n)]
+
+
+def phases(scale: int = 2) -> list[Phase]:
+    """The scenario; ``scale`` sizes the phases (2: the demo, 1: the test's short run; either way each
+    cause phase has at least ten requests built to breach)."""
+    quiet = _chats("chat", 6 * scale, 8, 24) + [
+        Arrival(8 * 6 * scale + 40 + 30 * i, f"chat-doc-{i}", DOCUMENT_TOKENS, 1, "load") for i in range(3)]
+    documents: list[Arrival] = []
+    for w in range(scale + 1):
+        # a wave: five chats decode three tokens alone (the verdict's baseline for a decode step of five),
+        # then six documents arrive one per step, each prefilled whole beside the chats' decodes, which
+        # have ten tokens in all: most of their decode steps carry a document
+        base = 20 * w
+        documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(MAX_NUM_SEQS - 1)]
+        documents += [Arrival(base + 4 + d, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load") for d in range(DOCUMENTS_PER_WAVE)]
+    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96) for i in range((2 + scale) * MAX_NUM_SEQS)]
+    # 280-token prompts: 9 blocks each, five fit; each needs 4 more blocks as it grows to 400 tokens
+    squeeze = [Arrival(0, f"squeeze-{i}", 280, 120) for i in range(10 + scale)]
+    return [
+        Phase(QUIET, frozenset(), "short chats, three at a time (the SLOs' baseline)", tuple(quiet)),
+        Phase(DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
+              f"{DOCUMENT_TOKENS}-token documents prefilled beside decoding chats", tuple(documents)),
+        Phase(BURST, frozenset({sc.SLOW_QUEUE_MAX_SEQS}),
+              f"{len(burst)} requests at once, max_num_seqs {MAX_NUM_SEQS}", tuple(burst)),
+        Phase(SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
+              f"{len(squeeze)} growing 280-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} tokens",
+              tuple(squeeze)),
+    ]
+
+
+def renamed(arrivals: Iterable[Arrival], prefix: str) -> list[Arrival]:
+    """The same requests under other ids (a warm-up of a phase)."""
+    return [dataclasses.replace(a, request_id=prefix + a.request_id) for a in arrivals]
+
+
+def prompt(request_id: str, tokens: int) -> dict[str, list[int]]:
+    """Token ids of its own for each request (no two prompts share a prefix)."""
+    seed = sum(ord(c) * 131 ** i for i, c in enumerate(request_id)) % 9973
+    return {"prompt_token_ids": [3 + (seed + 31 * j) % 500 for j in range(tokens)]}
+
+
+def drive(engine: Any, arrivals: Iterable[Arrival]) -> int:
+    """Add each request before its step and step the engine until all are done; returns how many
+    finished. ``engine``: a ``vllm.LLMEngine`` whose EngineCore runs in this process."""
+    from vllm import SamplingParams
+
+    pending = sorted(arrivals, key=lambda a: a.step)
+    step, finished, i = 0, 0, 0
+    while i < len(pending) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and i < len(pending):
+            step = max(step, pending[i].step)  # idle: the next arrival comes now
+        while i < len(pending) and pending[i].step <= step:
+            a = pending[i]
+            engine.add_request(a.request_id, prompt(a.request_id, a.prompt_tokens),
+                               SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, temperature=0.0))
+            i += 1
+        finished += sum(1 for out in engine.step() if out.finished)
+        step += 1
+    return finished
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the quiet phase measured, and the SLOs it sets."""
+
+    chat_tpot: float  # median, s
+    chat_ttft: float
+    document_ttft: float  # median TTFT of a document prefilled with nothing else running
+
+    @property
+    def slo(self) -> str:
+        return (f"ttft={round_up(TTFT_FACTOR * self.document_ttft)},"
+                f"tpot={round_up(TPOT_FACTOR * self.chat_tpot)}")
+
+    def describe(self) -> str:
+        return (f"the quiet phase measured a chat's TPOT at {1000 * self.chat_tpot:.1f} ms and a lone "
+                f"{DOCUMENT_TOKENS}-token document's TTFT at {1000 * self.document_ttft:.0f} ms (median); "
+                f"SLOs = {TTFT_FACTOR:g}x and {TPOT_FACTOR:g}x those: {self.slo} (--slo to fix them)")
+
+
+def baseline(requests: Iterable[Mapping[str, Any]]) -> Baseline:
+    """From the quiet phase's request-span attributes (every one sampled)."""
+    tpot, ttft, docs = [], [], []
+    for a in requests:
+        rid = str(a.get(sc.RESPONSE_ID, ""))
+        if rid.startswith("chat-doc-") and isinstance(a.get(sc.LATENCY_TTFT), (int, float)):
+            docs.append(float(a[sc.LATENCY_TTFT]))
+        elif rid.startswith("chat-"):
+            if isinstance(a.get(sc.LATENCY_TPOT), (int, float)):
+                tpot.append(float(a[sc.LATENCY_TPOT]))
+            if isinstance(a.get(sc.LATENCY_TTFT), (int, float)):
+                ttft.append(float(a[sc.LATENCY_TTFT]))
+    if not (tpot and ttft and docs):
+        raise ValueError("the quiet phase recorded no chat or document latencies: is otel_llm instrumented?")
+    return Baseline(median(tpot), median(ttft), median(docs))
+
+
+def round_up(seconds: float) -> str:
+    """Two significant digits, rounded up (an SLO is a round number a person would write)."""
+    digits = 1 - math.floor(math.log10(seconds)) if seconds > 0 else 3
+    step = 10 ** -digits
+    return f"{math.ceil(round(seconds / step, 6)) * step:.{max(digits, 0)}f}"  # round: 0.07 / 0.01 is 7.000000000000001
+
+
+@dataclass
+class PhaseTally:
+    """Of one phase's requests that breached an SLO: how many, and their verdicts."""
+
+    phase: Phase
+    requests: int = 0
+    breached: int = 0
+    causes: dict[str, int] = field(default_factory=dict)  # verdict -> breached requests
+    seconds: dict[str, float] = field(default_factory=dict)  # verdict -> seconds it cost those requests
+
+    @property
+    def right(self) -> int:
+        return sum(n for c, n in self.causes.items() if c in self.phase.causes)
+
+    @property
+    def share_right(self) -> float | None:
+        return self.right / self.breached if self.breached else None
+
+
+def tally(all_phases: list[Phase], requests: Iterable[Mapping[str, Any]]) -> list[PhaseTally]:
+    """Group breached request spans (by ``gen_ai.response.id``) by the phase that sent them."""
+    owner = {rid: p.name for p in all_phases for rid in p.request_ids()}
+    out = {p.name: PhaseTally(p, requests=len(p.arrivals)) for p in all_phases}
+    for a in requests:
+        name = owner.get(str(a.get(sc.RESPONSE_ID, "")))
+        if name is None or not a.get(sc.SLO_BREACHED):
+            continue
+        t = out[name]
+        cause = str(a.get(sc.SLOW_CAUSE, sc.SLOW_UNKNOWN))
+        t.breached += 1
+        t.causes[cause] = t.causes.get(cause, 0) + 1
+        cost = a.get(sc.SLOW_SECONDS[cause]) if cause in sc.SLOW_SECONDS else None
+        t.seconds[cause] = t.seconds.get(cause, 0.0) + (float(cost) if isinstance(cost, (int, float)) else 0.0)
+    return list(out.values())
