@@ -10,6 +10,7 @@ import html
 import json
 import math
 
+from . import curves as latency_curves
 from .timeline import Lane, Segment, Timeline
 
 LABEL_W, PLOT_W, LANE_H, ENGINE_H, AXIS_H, GAP = 380, 980, 44, 44, 26, 8  # fits 1440 px wide
@@ -30,6 +31,8 @@ h1{font-size:18px;margin:0 0 4px} p.meta{color:#555;margin:0 0 12px}
 margin-right:4px;vertical-align:-2px;border-radius:2px}
 svg text{font-size:11px;fill:#222} svg .sub{fill:#666;font-size:10px} svg .tick{fill:#666;font-size:10px}
 svg .why{fill:#b91c1c;font-size:10px}
+h2{font-size:15px;margin:22px 0 4px} .curves{display:flex;flex-wrap:wrap;gap:8px} figure.curve{margin:0}
+svg .ctitle{font-size:12px;font-weight:600} p.cnote{color:#666;font-size:11px;margin:2px 0 0;max-width:420px}
 svg .lane:hover .bg{fill:#eef2ff} svg .bg{fill:#fafafa}
 svg rect.seg{stroke:#fff;stroke-width:.3} svg .step.hl{stroke:#111;stroke-width:1.5}
 svg .step.dim{opacity:.25}
@@ -50,7 +53,7 @@ JS = """
 """
 
 
-def render(t: Timeline, source: str) -> str:
+def render(t: Timeline, source: str, curves: list[latency_curves.Curve] | None = None) -> str:
     scale = PLOT_W / (t.end_ns - t.start_ns)
     y, parts = AXIS_H, []
     for lane in t.requests:
@@ -87,6 +90,7 @@ def render(t: Timeline, source: str) -> str:
 {empty}{svg}
 <table><thead><tr><th>request</th><th>summary</th><th>verdict</th><th>stalls</th><th>engine steps</th></tr></thead>
 <tbody>{rows}</tbody></table>
+{latency_curves.section(curves) if curves else ""}
 <script>{JS}</script>
 </body></html>
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import chrome_trace, html
+from . import chrome_trace, curves, html
 from .timeline import Selection, Timeline, build
 from .traces import read_spans
 
@@ -29,10 +29,11 @@ def write_report(trace_file: str | os.PathLike[str], out: str | os.PathLike[str]
     and ``TraceFileError`` for a file it cannot read."""
     select = Selection(top, cause, breached)
     source = Path(trace_file)
-    timeline = build(read_spans(source), select=select, slo=slo)
+    spans = read_spans(source)
+    timeline = build(spans, select=select, slo=slo)
     out_path = Path(out) if out is not None else source.with_suffix(".html")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(html.render(timeline, source.name), encoding="utf-8")
+    out_path.write_text(html.render(timeline, source.name, curves.build(spans)), encoding="utf-8")
     trace_path = None
     if perfetto is not None:
         trace_path = Path(perfetto)
