@@ -150,7 +150,7 @@ def svg(c: Curve) -> str:
         v = math.log10(v) if c.log else v
         return PAD_T + ph - (v - y0) / (y1 - y0) * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="curve" data-curve="{c.key}" width="{W}" height="{H}">',
+    out = [f'<svg class="curve" data-curve="{c.key}" width="{W}" height="{H}">',
            f'<text x="{PAD_L}" y="14" class="ctitle">{html.escape(c.title)}</text>',
            f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#ddd"/>']
     for t in _ticks(x0, x1, c.log):
