@@ -37,6 +37,7 @@ import otel_llm
 from otel_llm.demo import console, scenario
 from otel_llm.demo.tiny_model import ensure_tiny_model
 from otel_llm.otlp.file import OTLPJsonFileExporter
+from otel_llm.views.phoenix import OpenInferenceSpans
 from otel_llm.views.report import write_report
 
 SERVICE = "otel-llm-demo"
@@ -60,7 +61,7 @@ def engine_log(path: Path) -> Iterator[None]:
 
 def make_engine(log: Path):
     """The scenario's engine, its EngineCore in this process (each ``step()`` is one scheduler step)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.update(scenario.ENGINE_ENV)
     os.environ["VLLM_LOGGING_LEVEL"] = os.environ.get("OTEL_LLM_DEMO_VLLM_LOG_LEVEL", "ERROR")
     with engine_log(log):
         from vllm import LLM
@@ -87,6 +88,7 @@ def main() -> None:
 
     resource = Resource.create({"service.name": SERVICE, "openinference.project.name": SERVICE})
     tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(OpenInferenceSpans())  # span kinds and the verdict where Phoenix shows them
     if args.otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -156,7 +158,9 @@ def main() -> None:
     tracer_provider.shutdown()
     if not args.otlp:
         trace_json = Path(args.report).with_suffix(".trace.json")
-        written = write_report(args.out, args.report, trace_json)
+        judged = otel_llm.SLO.parse(slo)
+        limits = {k: v for k, v in (("ttft", judged.ttft), ("tpot", judged.tpot), ("e2e", judged.e2e)) if v is not None}
+        written = write_report(args.out, args.report, trace_json, slo=limits)
         print(f"timeline report: {written.html}  (open in a browser; Perfetto: {trace_json})")
         print("  to see the traces in Jaeger, Tempo or Phoenix instead: docs/views.md; "
               "`./run demo --otlp` sends them to $OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -263,7 +263,7 @@ def _engine_lanes(steps: list[Span]) -> list[Lane]:
                  "prefill_tokens": a.get(sc.STEP_NUM_PREFILL_TOKENS), "decode_tokens": a.get(sc.STEP_NUM_DECODE_TOKENS),
                  "kv_cache_usage": a.get(sc.STEP_KV_CACHE_USAGE), "links": len(st.links)},
                 a.get(sc.ENGINE_STEP_ID) if isinstance(a.get(sc.ENGINE_STEP_ID), int) else None))
-        lanes.append(Lane(f"engine:{key}", "engine steps", f"{key.strip('/')}: {len(group)} steps that served kept requests",
+        lanes.append(Lane(f"engine:{key}", "engine steps", f"{len(group)} steps that served kept requests ({key.strip('/')})",
                           segments, verdict="gaps: steps of unsampled requests, not idle time"))
     return lanes
 

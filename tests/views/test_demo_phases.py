@@ -3,10 +3,10 @@ cause phase, at least 90 % carry the cause the phase was built for, and each pha
 
 The SLOs come from the quiet phase run first (``scenario.baseline``), as in the demo. What makes this
 hold on a loaded machine is the scenario's construction, not speed: arrivals are counted in engine
-steps (EngineCore in this process); a burst four times ``max_num_seqs`` wide waits whole waves of
-96-token decodes against a TTFT SLO of three times one document's prefill; the squeeze needs more KV
-blocks than the cache holds; six of a chat's nine decode steps each prefill a whole document (a step
-of 2.5 decode steps or more, on any machine seen) against a TPOT SLO of twice a quiet decode step.
+steps (EngineCore in this process); a burst three times ``max_num_seqs`` wide waits whole waves of
+128-token decodes against a TTFT SLO of twice one document's prefill; the squeeze needs more KV blocks
+than the cache holds; six of a chat's nine decode steps each prefill a whole document (a step of ten
+decode steps or more) against a TPOT SLO of three times a quiet decode step.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def tallies(otel):
+    import os
+
     from support.engine import in_process, prepare_env
 
     prepare_env()
+    os.environ.setdefault("OMP_NUM_THREADS", scenario.ENGINE_ENV["OMP_NUM_THREADS"])  # torch reads it at import
     phases = scenario.phases(1)
     with in_process(), otel.instrumented(sample_rate=1.0, tail_quantile=0):
         from vllm import LLM
