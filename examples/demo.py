@@ -102,64 +102,72 @@ def main() -> None:
     log = Path(args.out).with_name("demo-vllm.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
+    phases = scenario.phases(args.scale)
     memory = InMemorySpanExporter()  # to print the report from the same spans
     tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
-    phases = scenario.phases(args.scale)
-    quiet = phases[0]
-
-    # warm-up and the quiet phase's measurement: every request sampled, spans to memory only
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(), sample_rate=1.0,
-                        tail_quantile=0)
-    print(f"starting vLLM (CPU, tiny random-weights model, EngineCore in this process; ~30-90 s; its log: {log})...",
-          flush=True)
-    llm = make_engine(log)
-    engine = llm.llm_engine
-    scenario.drive(engine, scenario.renamed(quiet.arrivals + phases[1].arrivals, "warm-"))
-    otel_llm.flush()
-    memory.clear()
-    if args.slo:
-        slo = args.slo
-        print(f"SLOs as given: {slo}")
-    else:
-        print("measuring the quiet phase...", flush=True)
-        scenario.drive(engine, quiet.arrivals)
-        otel_llm.flush()
-        measured = scenario.baseline(console.request_attributes(memory.get_finished_spans()))
-        slo = measured.slo
-        print(measured.describe())
-    otel_llm.uninstrument()
-    memory.clear()
-
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     reader = InMemoryMetricReader()
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
-                        slo=slo, sample_rate=0.1)
+    meter_provider = MeterProvider(metric_readers=[reader])
+    # the quiet measurements before each phase: every request sampled, spans kept apart
+    measured = InMemorySpanExporter()
+    measuring = TracerProvider(resource=resource)
+    measuring.add_span_processor(SimpleSpanProcessor(measured))
+
+    @contextlib.contextmanager
+    def measure() -> Iterator:
+        measured.clear()
+        otel_llm.instrument(tracer_provider=measuring, meter_provider=MeterProvider(), sample_rate=1.0,
+                            tail_quantile=0)
+        try:
+            yield lambda: (otel_llm.flush(), console.request_attributes(measured.get_finished_spans()))[1]
+        finally:
+            otel_llm.uninstrument()
+
+    @contextlib.contextmanager
+    def judge(slo: str) -> Iterator:
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, slo=slo, sample_rate=0.1)
+        try:
+            yield
+        finally:
+            otel_llm.uninstrument()  # waits for the spans of finished requests (built on a background thread)
+
+    def said(run: scenario.PhaseRun) -> None:
+        before = f"{run.baseline.describe()}\n    " if run.baseline is not None else ""
+        print(f"  phase {run.phase.name}: {before}{len(run.phase.arrivals)} requests in {run.seconds:.1f} s "
+              f"({run.phase.built})", flush=True)
+
+    print(f"starting vLLM (CPU, tiny random-weights model, EngineCore in this process; ~30-90 s; its log: {log})...",
+          flush=True)
+    with measure():  # the engine is built instrumented (per-request statistics on), and warmed up
+        llm = make_engine(log)
+        engine = llm.llm_engine
+        scenario.drive(engine, scenario.renamed(scenario.measurement(phases[1]) + list(phases[1].arrivals), "warm-"))
+    print(f"SLOs as given: {args.slo}" if args.slo else
+          "each phase's SLOs: from a quiet measurement of its own requests' shape just before it", flush=True)
     t0 = time.monotonic()
-    finished = 0
-    for phase in phases:
-        started = time.monotonic()
-        finished += scenario.drive(engine, phase.arrivals)
-        print(f"  phase {phase.name}: {len(phase.arrivals)} requests in {time.monotonic() - started:.1f} s "
-              f"({phase.built})", flush=True)
+    runs = scenario.run_phases(engine, phases, measure, judge, args.slo, said)
     wall = time.monotonic() - t0
-    otel_llm.uninstrument()  # waits for the spans of finished requests (built on a background thread)
+    finished = sum(len(r.phase.arrivals) for r in runs)
     tracer_provider.force_flush()
     spans = list(memory.get_finished_spans())
     got = console.points_by_name(reader.get_metrics_data())
     tallies = scenario.tally(phases, console.request_attributes(spans))
 
+    slo = args.slo or "per phase, above"
     print(f"\n{finished} requests in {wall:.1f} s; SLOs: {slo}\n")
     for lines in (console.latency_lines(got), [""], console.goodput_lines(got), [""],
                   console.verdict_table(tallies), [""], console.slowest_lines(spans)):
         print("\n".join(lines))
     if args.summary:
-        write_summary(Path(args.summary), slo, wall, tallies)
+        write_summary(Path(args.summary), runs, wall, tallies)
     print(f"\ntraces: {where}")
     tracer_provider.shutdown()
     if not args.otlp:
         trace_json = Path(args.report).with_suffix(".trace.json")
-        judged = otel_llm.SLO.parse(slo)
-        limits = {k: v for k, v in (("ttft", judged.ttft), ("tpot", judged.tpot), ("e2e", judged.e2e)) if v is not None}
+        limits = None
+        if len({r.slo for r in runs}) == 1:  # one set of SLOs for the whole run: the report shows them
+            judged = otel_llm.SLO.parse(runs[0].slo)
+            limits = {k: v for k, v in (("ttft", judged.ttft), ("tpot", judged.tpot), ("e2e", judged.e2e)) if v}
         written = write_report(args.out, args.report, trace_json, slo=limits)
         print(f"timeline report: {written.html}  (open in a browser; Perfetto: {trace_json})")
         print("  to see the traces in Jaeger, Tempo or Phoenix instead: docs/views.md; "
@@ -168,10 +176,12 @@ def main() -> None:
         del engine, llm
 
 
-def write_summary(path: Path, slo: str, wall: float, tallies: list[scenario.PhaseTally]) -> None:
+def write_summary(path: Path, runs: list[scenario.PhaseRun], wall: float, tallies: list[scenario.PhaseTally]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"slo": slo, "wall_s": round(wall, 2), "phases": [
-        {"phase": t.phase.name, "built_to_cause": sorted(t.phase.causes), "requests": t.requests,
+    slos = {r.phase.name: r.slo for r in runs}
+    path.write_text(json.dumps({"wall_s": round(wall, 2), "phases": [
+        {"phase": t.phase.name, "slo": slos.get(t.phase.name), "built_to_cause": sorted(t.phase.causes),
+         "requests": t.requests,
          "breached": t.breached, "causes": t.causes, "seconds": {c: round(s, 4) for c, s in t.seconds.items()},
          "right": t.right, "share_right": None if t.share_right is None else round(t.share_right, 4)}
         for t in tallies]}, indent=1))

@@ -3,7 +3,7 @@
 Each phase is built so that the verdict's own rules, not the machine's speed, decide why its requests
 were slow (``otel_llm.core.diagnosis.verdict``):
 
-* **steady chat** (quiet): a few short chats at a time; measured first, it sets the SLOs;
+* **steady chat** (quiet): a few short chats at a time: the baseline, built to cause nothing;
 * **long documents**: chats decoding while documents of many tokens are prefilled, one a step,
   beside them; the chats' decode steps carry the documents' prefill tokens (prefill interference);
 * **burst**: four times ``max_num_seqs`` requests at once: three of every four wait with the batch full
@@ -12,17 +12,20 @@ were slow (``otel_llm.core.diagnosis.verdict``):
   scheduler preempts some and holds the others back for KV blocks with the batch half empty.
 
 Arrivals are counted in engine steps (the engine runs in this process, so each ``step()`` is one
-scheduler step): the same requests meet the same batches on any machine. The SLOs are multiples of
-what the quiet phase measured on this machine (``TTFT_FACTOR``, ``TPOT_FACTOR``), so the breaches come from the phases.
+scheduler step): the same requests meet the same batches on any machine. Before each phase a quiet
+measurement runs requests of the phase's shape without its twist, and the phase's SLOs are set from it
+(``TPOT_FACTOR`` times its TPOT, ``TTFT_FACTOR`` times its TTFT and at least ``TTFT_STEPS`` decode steps): they follow the machine's
+speed as it drifts, so the breaches come from the phases.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 from ..core import semconv as sc
 
@@ -39,13 +42,15 @@ ENGINE_ARGS: dict[str, Any] = dict(
     num_gpu_blocks_override=KV_BLOCKS, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
     disable_log_stats=False,
 )
-DOCUMENTS_PER_WAVE = 6
-# The SLOs, as multiples of the quiet phase's medians: TTFT of a document prefilled alone (a document
-# prefilled beside the chats meets it; a wave of the burst waits 128 decode steps, many times it), TPOT
-# of a chat (a chat whose decode steps carry documents misses it by far: a document's step is ten to
-# thirty decode steps; a squeezed request's long context alone does not).
-TTFT_FACTOR = 2.0
+DOCUMENTS_PER_WAVE = 10
+# The SLOs, from the quiet measurement before each phase (its own requests' shape, without the phase's
+# twist): TPOT a multiple of the measured median TPOT; TTFT a multiple of the measured median TTFT, and
+# at least a number of its decode steps. A document's prefill costs five to twenty decode steps on the
+# machines seen: a chat whose decode steps carry ten of them misses the TPOT SLO by far; a burst's later
+# waves wait 96 decode steps, a squeezed request another's whole life, many times the TTFT SLO.
 TPOT_FACTOR = 3.0
+TTFT_FACTOR = 2.0
+TTFT_STEPS = 16
 # The engine computes on one OpenMP thread: on a shared machine, threads that wait for each other at
 # every small kernel make a decode step several times slower (and its time far noisier) than one thread.
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # set before torch is imported
@@ -66,10 +71,12 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Phase:
+    key: str  # its requests' id prefix
     name: str
     causes: frozenset[str]  # the verdict causes it is built to produce; empty for the quiet phase
     built: str  # what it does, for the verdict table
     arrivals: tuple[Arrival, ...]
+    quiet: tuple[int, int, int]  # its measurement: (requests decoding together, prompt tokens, output tokens)
 
     def request_ids(self) -> set[str]:
         return {a.request_id for a in self.arrivals}
@@ -82,8 +89,7 @@ def _chats(prefix: str, n: int, every: int, max_tokens: int) -> list[Arrival]:
 def phases(scale: int = 2) -> list[Phase]:
     """The scenario; ``scale`` sizes the phases (2: the demo, 1: the test's short run; either way each
     cause phase has at least ten requests built to breach)."""
-    quiet = _chats("chat", 6 * scale, 8, 24) + [
-        Arrival(8 * 6 * scale + 40 + 30 * i, f"chat-doc-{i}", DOCUMENT_TOKENS, 1, "load") for i in range(3)]
+    quiet = _chats("chat", 6 * scale, 8, 24)
     documents: list[Arrival] = []
     for w in range(scale + 1):
         # a wave: five chats decode three tokens alone (the verdict's baseline for a decode step of five),
@@ -92,19 +98,31 @@ def phases(scale: int = 2) -> list[Phase]:
         base = 20 * w
         documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(MAX_NUM_SEQS - 1)]
         documents += [Arrival(base + 4 + d, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load") for d in range(DOCUMENTS_PER_WAVE)]
-    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 128) for i in range((2 + scale) * MAX_NUM_SEQS)]
+    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96) for i in range((2 + scale) * MAX_NUM_SEQS)]
     # 280-token prompts: 9 blocks each, five fit; each needs 4 more blocks as it grows to 400 tokens
     squeeze = [Arrival(0, f"squeeze-{i}", 280, 120) for i in range(10 + scale)]
     return [
-        Phase(QUIET, frozenset(), "short chats, three at a time (the SLOs' baseline)", tuple(quiet)),
-        Phase(DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
-              f"{DOCUMENT_TOKENS}-token documents prefilled beside decoding chats", tuple(documents)),
-        Phase(BURST, frozenset({sc.SLOW_QUEUE_MAX_SEQS}),
-              f"{len(burst)} requests at once, max_num_seqs {MAX_NUM_SEQS}", tuple(burst)),
-        Phase(SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
+        Phase("chat", QUIET, frozenset(), "short chats, three at a time", tuple(quiet), (MAX_NUM_SEQS - 1, 32, 24)),
+        Phase("doc", DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
+              f"{DOCUMENT_TOKENS}-token documents prefilled beside decoding chats", tuple(documents),
+              (MAX_NUM_SEQS - 1, 18, 24)),
+        Phase("burst", BURST, frozenset({sc.SLOW_QUEUE_MAX_SEQS}),
+              f"{len(burst)} requests at once, max_num_seqs {MAX_NUM_SEQS}", tuple(burst), (MAX_NUM_SEQS - 1, 12, 48)),
+        Phase("squeeze", SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
               f"{len(squeeze)} growing 280-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} tokens",
-              tuple(squeeze)),
+              tuple(squeeze), (3, 280, 48)),
     ]
+
+
+def measurement(phase: Phase) -> list[Arrival]:
+    """The quiet measurement before a phase: requests of its shape decoding together, as many as fit
+    without queueing or squeezing the KV cache."""
+    n, prompt_tokens, max_tokens = phase.quiet
+    out = [Arrival(0, f"{phase.key}-base-{i}", prompt_tokens + i, max_tokens) for i in range(n)]
+    if phase.key == "doc":  # and its documents, one at a time with nothing else running
+        out += [Arrival(max_tokens + 8 + 4 * i, f"{phase.key}-base-doc-{i}", DOCUMENT_TOKENS, 1, "load")
+                for i in range(3)]
+    return out
 
 
 def renamed(arrivals: Iterable[Arrival], prefix: str) -> list[Arrival]:
@@ -140,38 +158,34 @@ def drive(engine: Any, arrivals: Iterable[Arrival]) -> int:
 
 @dataclass(frozen=True)
 class Baseline:
-    """What the quiet phase measured, and the SLOs it sets."""
+    """What a quiet measurement found, and the SLOs it sets."""
 
-    chat_tpot: float  # median, s
-    chat_ttft: float
-    document_ttft: float  # median TTFT of a document prefilled with nothing else running
+    tpot: float  # median, s
+    ttft: float  # median, s
+    requests: int
 
     @property
     def slo(self) -> str:
-        return (f"ttft={round_up(TTFT_FACTOR * self.document_ttft)},"
-                f"tpot={round_up(TPOT_FACTOR * self.chat_tpot)}")
+        ttft = max(TTFT_FACTOR * self.ttft, TTFT_STEPS * self.tpot)
+        return f"ttft={round_up(ttft)},tpot={round_up(TPOT_FACTOR * self.tpot)}"
 
     def describe(self) -> str:
-        return (f"the quiet phase measured a chat's TPOT at {1000 * self.chat_tpot:.1f} ms and a lone "
-                f"{DOCUMENT_TOKENS}-token document's TTFT at {1000 * self.document_ttft:.0f} ms (median); "
-                f"SLOs = {TTFT_FACTOR:g}x and {TPOT_FACTOR:g}x those: {self.slo} (--slo to fix them)")
+        return (f"quiet measurement: TPOT {1000 * self.tpot:.1f} ms, TTFT {1000 * self.ttft:.1f} ms (medians of "
+                f"{self.requests}); SLOs: TTFT {TTFT_FACTOR:g}x or {TTFT_STEPS} decode steps, TPOT "
+                f"{TPOT_FACTOR:g}x: {self.slo}")
 
 
 def baseline(requests: Iterable[Mapping[str, Any]]) -> Baseline:
-    """From the quiet phase's request-span attributes (every one sampled)."""
-    tpot, ttft, docs = [], [], []
-    for a in requests:
-        rid = str(a.get(sc.RESPONSE_ID, ""))
-        if rid.startswith("chat-doc-") and isinstance(a.get(sc.LATENCY_TTFT), (int, float)):
-            docs.append(float(a[sc.LATENCY_TTFT]))
-        elif rid.startswith("chat-"):
-            if isinstance(a.get(sc.LATENCY_TPOT), (int, float)):
-                tpot.append(float(a[sc.LATENCY_TPOT]))
-            if isinstance(a.get(sc.LATENCY_TTFT), (int, float)):
-                ttft.append(float(a[sc.LATENCY_TTFT]))
-    if not (tpot and ttft and docs):
-        raise ValueError("the quiet phase recorded no chat or document latencies: is otel_llm instrumented?")
-    return Baseline(median(tpot), median(ttft), median(docs))
+    """From the request-span attributes of a quiet ``measurement`` (every one sampled): TPOT of its
+    decoding requests; TTFT of its documents where it has some (the longest prompts the phase sends),
+    else of all."""
+    measured = [a for a in requests if "-base-" in str(a.get(sc.RESPONSE_ID, ""))]
+    tpot = [float(a[sc.LATENCY_TPOT]) for a in measured if isinstance(a.get(sc.LATENCY_TPOT), (int, float))]
+    docs = [a for a in measured if "-base-doc-" in str(a[sc.RESPONSE_ID])]
+    ttft = [float(a[sc.LATENCY_TTFT]) for a in docs or measured if isinstance(a.get(sc.LATENCY_TTFT), (int, float))]
+    if not tpot or not ttft:
+        raise ValueError("the quiet measurement recorded no TPOT or TTFT: is otel_llm instrumented?")
+    return Baseline(median(tpot), median(ttft), len(measured))
 
 
 def round_up(seconds: float) -> str:
@@ -215,3 +229,36 @@ def tally(all_phases: list[Phase], requests: Iterable[Mapping[str, Any]]) -> lis
         cost = a.get(sc.SLOW_SECONDS[cause]) if cause in sc.SLOW_SECONDS else None
         t.seconds[cause] = t.seconds.get(cause, 0.0) + (float(cost) if isinstance(cost, (int, float)) else 0.0)
     return list(out.values())
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    phase: Phase
+    slo: str
+    seconds: float
+    baseline: Baseline | None  # None: the SLOs were given
+
+
+Measure = Callable[[], ContextManager[Callable[[], list[Mapping[str, Any]]]]]
+Judge = Callable[[str], ContextManager[None]]
+
+
+def run_phases(engine: Any, all_phases: list[Phase], measure: Measure, judge: Judge, slo: str | None = None,
+               report: Callable[[PhaseRun], None] = lambda run: None) -> list[PhaseRun]:
+    """Each phase after a quiet measurement of its own (unless ``slo`` fixes the SLOs), so the SLOs follow
+    the machine's speed as it drifts: ``measure()`` instruments for the measurement and yields a function
+    returning its request-span attributes; ``judge(slo)`` instruments with those SLOs for the phase."""
+    out = []
+    for phase in all_phases:
+        measured = None
+        if slo is None:
+            with measure() as finished:
+                drive(engine, measurement(phase))
+                measured = baseline(finished())
+        with judge(slo or measured.slo):
+            started = time.monotonic()
+            drive(engine, phase.arrivals)
+            run = PhaseRun(phase, slo or measured.slo, time.monotonic() - started, measured)
+        report(run)
+        out.append(run)
+    return out

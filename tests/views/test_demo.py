@@ -23,15 +23,24 @@ def _request(rid: str, **attrs) -> dict:
     return {sc.RESPONSE_ID: rid, **attrs}
 
 
-def test_the_quiet_phase_sets_the_slos_as_multiples_of_its_medians() -> None:
-    quiet = [_request(f"chat-{i}", **{sc.LATENCY_TPOT: t, sc.LATENCY_TTFT: 0.01}) for i, t in
-             enumerate((0.010, 0.012, 0.011, 0.500))]
-    quiet += [_request(f"chat-doc-{i}", **{sc.LATENCY_TTFT: t}) for i, t in enumerate((0.2, 0.3, 0.9))]
-    measured = scenario.baseline(quiet)
-    assert measured.chat_tpot == pytest.approx(0.0115) and measured.document_ttft == pytest.approx(0.3)
-    assert SLO.parse(measured.slo) == SLO(ttft=0.6, tpot=0.035)
+def test_a_quiet_measurement_sets_the_slos_from_its_median_tpot() -> None:
+    phase = scenario.phases(1)[2]
+    runs = scenario.measurement(phase)
+    assert len(runs) == phase.quiet[0] and all(a.step == 0 and "-base-" in a.request_id for a in runs)
+    quiet = [_request(a.request_id, **{sc.LATENCY_TPOT: t, sc.LATENCY_TTFT: 0.01})
+             for a, t in zip(runs, (0.010, 0.012, 0.011, 0.5, 0.011))]
+    measured = scenario.baseline(quiet + [_request("burst-1", **{sc.LATENCY_TPOT: 9.0})])  # not a measurement
+    assert measured.tpot == pytest.approx(0.011) and measured.requests == 5
+    assert SLO.parse(measured.slo) == SLO(ttft=0.18, tpot=0.033)  # TTFT: 16 decode steps > twice 10 ms
+    docs = scenario.measurement(scenario.phases(1)[1])
+    assert sum(a.prompt_tokens == scenario.DOCUMENT_TOKENS for a in docs) == 3
+    with_docs = [_request(a.request_id, **{sc.LATENCY_TPOT: 0.01, sc.LATENCY_TTFT: 0.5 if "doc" in a.request_id
+                                              else 0.01}) for a in docs]
+    assert SLO.parse(scenario.baseline(with_docs).slo).ttft == 1.0  # twice a lone document's
+    slow_first = [_request(a.request_id, **{sc.LATENCY_TPOT: 0.01, sc.LATENCY_TTFT: 0.3}) for a in runs]
+    assert SLO.parse(scenario.baseline(slow_first).slo).ttft == 0.6  # twice the measured TTFT
     assert measured.slo in measured.describe()
-    with pytest.raises(ValueError, match="quiet phase"):
+    with pytest.raises(ValueError, match="quiet measurement"):
         scenario.baseline([])
 
 
