@@ -7,7 +7,7 @@ import collections
 from collections import defaultdict
 from typing import Any, Iterable
 
-from ..core import semconv as sc
+from .. import semconv as sc
 from ..core.metrics import SLO_BREACHES
 from .scenario import PhaseTally
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Callable, ContextManager, Iterable, Mapping
 
-from ..core import semconv as sc
+from .. import semconv as sc
 
 # One engine for every phase. 49 KV blocks of 32 tokens (vLLM keeps one back): 1,536 tokens, enough
 # for one document beside the chats, too few for the squeeze. A step's token budget holds a whole

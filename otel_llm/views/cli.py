@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..core import semconv as sc
+from .. import semconv as sc
 
 
 def positive_int(text: str) -> int:

@@ -17,7 +17,7 @@ import html
 import math
 from dataclasses import dataclass, field
 
-from ..core import semconv as sc
+from .. import semconv as sc
 from .traces import Span
 
 W, H, PAD_L, PAD_B, PAD_T, PAD_R = 420, 260, 58, 38, 22, 12

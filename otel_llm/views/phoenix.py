@@ -27,8 +27,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from ..core import semconv as sc
-from ..core.guard import GUARD
+from .. import semconv as sc
+from ..guard import GUARD
 
 SPAN_KIND = "openinference.span.kind"
 PROJECT_NAME = sc.OPENINFERENCE_PROJECT_NAME

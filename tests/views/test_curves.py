@@ -3,7 +3,7 @@ prediction beside a measured step, and the ridge point where both regimes are in
 
 from __future__ import annotations
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.views import curves
 from otel_llm.views.traces import Span
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.slo import SLO
 from otel_llm.demo import console, scenario
 

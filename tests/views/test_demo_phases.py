@@ -16,7 +16,7 @@ import gc
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.demo import console, scenario
 from otel_llm.demo.tiny_model import ensure_tiny_model
 

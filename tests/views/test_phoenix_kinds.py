@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.views.phoenix import METADATA, SPAN_KIND, OpenInferenceSpans, openinference_attributes
 
 
