@@ -8,7 +8,7 @@ from types import SimpleNamespace
 class FakeNVML:
     NVML_CLOCK_SM = 1
 
-    def __init__(self, count: int = 1) -> None:
+    def __init__(self, count: int = 2) -> None:
         self.count, self.util, self.power_mw, self.throttle = count, 50, 300_000, 0x4
         self.inits = self.shutdowns = 0
 
