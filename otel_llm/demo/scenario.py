@@ -8,7 +8,7 @@ were slow (``otel_llm.core.diagnosis.verdict``):
   beside them; the chats' decode steps carry the documents' prefill tokens (prefill interference);
 * **burst**: four times ``max_num_seqs`` requests at once: three of every four wait with the batch full
   (queueing, max_num_seqs);
-* **KV-cache squeeze**: long prompts that grow past a KV cache sized for about five of them; the
+* **KV-cache squeeze**: long prompts that grow past a KV cache that holds five of them; the
   scheduler preempts some and holds the others back for KV blocks with the batch half empty.
 
 Arrivals are counted in engine steps (the engine runs in this process, so each ``step()`` is one
@@ -29,24 +29,26 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 from .. import semconv as sc
 
-# One engine for every phase. 49 KV blocks of 32 tokens (vLLM keeps one back): 1,536 tokens, enough
-# for one document beside the chats, too few for the squeeze. A step's token budget holds a whole
-# document, so each document is prefilled in one step.
+# One engine for every phase. 81 KV blocks of 32 tokens (vLLM keeps one back): 2,560 tokens, enough
+# for two documents beside the chats, too few for the squeeze. A step's token budget holds two whole
+# documents, so they are prefilled two to a step.
 MAX_NUM_SEQS = 6
 BLOCK_SIZE = 32
-KV_BLOCKS = 49
+KV_BLOCKS = 81
 DOCUMENT_TOKENS = 1024
 ENGINE_ARGS: dict[str, Any] = dict(
     load_format="dummy", dtype="float32", enforce_eager=True, max_model_len=(KV_BLOCKS - 1) * BLOCK_SIZE,
-    max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048, block_size=BLOCK_SIZE,
+    max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2560, block_size=BLOCK_SIZE,
     num_gpu_blocks_override=KV_BLOCKS, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
     disable_log_stats=False,
 )
-DOCUMENTS_PER_WAVE = 10
+DOCUMENTS_PER_WAVE = 8  # steps of a wave that prefill documents, two of them each
+CHATS_PER_WAVE = MAX_NUM_SEQS - 2  # and the chats beside them fill the batch
+SQUEEZE_TOKENS = 496
 # The SLOs, from the quiet measurement before each phase (its own requests' shape, without the phase's
 # twist): TPOT a multiple of the measured median TPOT; TTFT a multiple of the measured median TTFT, and
 # at least a number of its decode steps. A document's prefill costs five to twenty decode steps on the
-# machines seen: a chat whose decode steps carry ten of them misses the TPOT SLO by far; a burst's later
+# machines seen: a chat whose decode steps carry two of them, eight times, misses the TPOT SLO by far; a burst's later
 # waves wait 96 decode steps, a squeezed request another's whole life, many times the TTFT SLO.
 TPOT_FACTOR = 3.0
 TTFT_FACTOR = 2.0
@@ -92,25 +94,26 @@ def phases(scale: int = 2) -> list[Phase]:
     quiet = _chats("chat", 6 * scale, 8, 24)
     documents: list[Arrival] = []
     for w in range(scale + 1):
-        # a wave: five chats decode three tokens alone (the verdict's baseline for a decode step of five),
-        # then six documents arrive one per step, each prefilled whole beside the chats' decodes, which
-        # have ten tokens in all: most of their decode steps carry a document
+        # a wave: four chats decode three tokens alone (the verdict's baseline for a decode step of four),
+        # then two documents arrive each step for eight steps, prefilled whole beside the chats' decodes,
+        # which have twelve tokens in all: most of their decode steps carry two documents
         base = 20 * w
-        documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(MAX_NUM_SEQS - 1)]
-        documents += [Arrival(base + 4 + d, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load") for d in range(DOCUMENTS_PER_WAVE)]
+        documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(CHATS_PER_WAVE)]
+        documents += [Arrival(base + 4 + d // 2, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load")
+                      for d in range(2 * DOCUMENTS_PER_WAVE)]
     burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96) for i in range((2 + scale) * MAX_NUM_SEQS)]
-    # 280-token prompts: 9 blocks each, five fit; each needs 4 more blocks as it grows to 400 tokens
-    squeeze = [Arrival(0, f"squeeze-{i}", 280, 120) for i in range(10 + scale)]
+    # 496-token prompts: 16 blocks each, five fill the cache; each needs 4 more blocks as it grows
+    squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120) for i in range(10 + scale)]
     return [
         Phase("chat", QUIET, frozenset(), "short chats, three at a time", tuple(quiet), (MAX_NUM_SEQS - 1, 32, 24)),
         Phase("doc", DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
               f"{DOCUMENT_TOKENS}-token documents prefilled beside decoding chats", tuple(documents),
-              (MAX_NUM_SEQS - 1, 18, 24)),
+              (CHATS_PER_WAVE, 18, 24)),
         Phase("burst", BURST, frozenset({sc.SLOW_QUEUE_MAX_SEQS}),
               f"{len(burst)} requests at once, max_num_seqs {MAX_NUM_SEQS}", tuple(burst), (MAX_NUM_SEQS - 1, 12, 48)),
         Phase("squeeze", SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
-              f"{len(squeeze)} growing 280-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} tokens",
-              tuple(squeeze), (3, 280, 48)),
+              f"{len(squeeze)} growing {SQUEEZE_TOKENS}-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} "
+              "tokens", tuple(squeeze), (3, SQUEEZE_TOKENS, 48)),
     ]
 
 
@@ -119,9 +122,9 @@ def measurement(phase: Phase) -> list[Arrival]:
     without queueing or squeezing the KV cache."""
     n, prompt_tokens, max_tokens = phase.quiet
     out = [Arrival(0, f"{phase.key}-base-{i}", prompt_tokens + i, max_tokens) for i in range(n)]
-    if phase.key == "doc":  # and its documents, one at a time with nothing else running
-        out += [Arrival(max_tokens + 8 + 4 * i, f"{phase.key}-base-doc-{i}", DOCUMENT_TOKENS, 1, "load")
-                for i in range(3)]
+    if phase.key == "doc":  # and its documents, two a step as in the phase, with nothing else running
+        out += [Arrival(max_tokens + 8 + 4 * (i // 2), f"{phase.key}-base-doc-{i}", DOCUMENT_TOKENS, 1, "load")
+                for i in range(6)]
     return out
 
 

@@ -33,7 +33,7 @@ def test_a_quiet_measurement_sets_the_slos_from_its_median_tpot() -> None:
     assert measured.tpot == pytest.approx(0.011) and measured.requests == 5
     assert SLO.parse(measured.slo) == SLO(ttft=0.18, tpot=0.033)  # TTFT: 16 decode steps > twice 10 ms
     docs = scenario.measurement(scenario.phases(1)[1])
-    assert sum(a.prompt_tokens == scenario.DOCUMENT_TOKENS for a in docs) == 3
+    assert sum(a.prompt_tokens == scenario.DOCUMENT_TOKENS for a in docs) == 6
     with_docs = [_request(a.request_id, **{sc.LATENCY_TPOT: 0.01, sc.LATENCY_TTFT: 0.5 if "doc" in a.request_id
                                               else 0.01}) for a in docs]
     assert SLO.parse(scenario.baseline(with_docs).slo).ttft == 1.0  # twice a lone document's
@@ -54,8 +54,9 @@ def test_every_request_belongs_to_one_phase_and_the_load_is_within_the_engine() 
     # a document fits the KV cache beside a wave of chats; the burst exceeds max_num_seqs by construction;
     # the squeeze's requests, grown, need more KV than there is
     docs = phases[1]
-    chats = [a for a in docs.arrivals if a.role == "victim"][:scenario.MAX_NUM_SEQS - 1]
-    assert scenario.DOCUMENT_TOKENS + sum(a.prompt_tokens + a.max_tokens for a in chats) <= kv_tokens
+    chats = [a for a in docs.arrivals if a.role == "victim"][:scenario.CHATS_PER_WAVE]
+    assert 2 * scenario.DOCUMENT_TOKENS + sum(a.prompt_tokens + a.max_tokens for a in chats) <= kv_tokens
+    assert len(chats) + 2 <= scenario.MAX_NUM_SEQS  # two documents and the chats: one batch, nobody queues
     assert len(phases[2].arrivals) > scenario.MAX_NUM_SEQS
     grown = sum(a.prompt_tokens + a.max_tokens for a in phases[3].arrivals[:scenario.MAX_NUM_SEQS - 1])
     assert grown > kv_tokens
