@@ -1,6 +1,10 @@
-"""Does the demo tell the same story on every run? ``./run demo`` five times in a row, two of them beside a
+"""Does the demo tell the same story on every run? The demo five times in a row, two of them beside a
 CPU-heavy process; per run and scripted phase: how many requests breached and what share of them carry
 the cause the phase was built for. Writes benchmarks/results/demo_stability.json.
+
+Each run is ``./run demo``'s command: ``./run bench`` has set the machine up once (``scripts/setup.sh``)
+and set ``./run``'s environment; the runs then start the demo itself (``--setup-each`` runs ``./run demo``
+whole, set-up check included, each time).
 
     ./run bench benchmarks/demo_stability.py [--runs 5] [--loaded 2,4] [--out benchmarks/results/demo_stability.json]
 
@@ -24,13 +28,14 @@ MIN_BREACHED, MIN_SHARE = 5, 0.9
 HOG = "import time\nend = time.monotonic() + 3600\nwhile time.monotonic() < end: pass\n"  # one core, busy
 
 
-def run_demo(index: int, loaded: bool, work: Path) -> dict:
+def run_demo(index: int, loaded: bool, work: Path, setup_each: bool = False) -> dict:
     summary = work / f"run-{index}.json"
     summary.unlink(missing_ok=True)
     hog = subprocess.Popen([sys.executable, "-c", HOG]) if loaded else None
     t0 = time.monotonic()
     try:
-        done = subprocess.run([str(ROOT / "run"), "demo", "--summary", str(summary),
+        command = [str(ROOT / "run"), "demo"] if setup_each else [sys.executable, str(ROOT / "examples" / "demo.py")]
+        done = subprocess.run([*command, "--summary", str(summary),
                                "--out", str(work / f"run-{index}-traces.jsonl"),
                                "--report", str(work / f"run-{index}-report.html")],
                               cwd=ROOT, capture_output=True, text=True)
@@ -60,13 +65,14 @@ def main() -> None:
     ap.add_argument("--loaded", default="2,4", help="runs (1-based) beside a CPU-heavy process")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "demo_stability.json"))
     ap.add_argument("--work", default=str(ROOT / "out" / "demo-stability"), help="per-run traces, logs, summaries")
+    ap.add_argument("--setup-each", action="store_true", help="run ./run demo whole each time (set-up check included)")
     args = ap.parse_args()
     loaded = {int(x) for x in args.loaded.split(",") if x.strip()}
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     for i in range(1, args.runs + 1):
-        r = run_demo(i, i in loaded, work)
+        r = run_demo(i, i in loaded, work, args.setup_each)
         runs.append(r)
         shares = ", ".join(f"{p['phase']} {p['right']}/{p['breached']}" for p in r.get("phases", ()) if p["built_to_cause"])
         print(f"run {i}{' (beside a CPU hog)' if r['beside_cpu_hog'] else ''}: {r['wall_s']} s, "
@@ -76,7 +82,8 @@ def main() -> None:
         "what": "./run demo, repeated; per run and scripted phase, the breached requests and the share carrying "
                 "the phase's cause",
         "target": {"min_breached_per_phase": MIN_BREACHED, "min_share_right": MIN_SHARE},
-        "method": f"{args.runs} runs in a row; runs {sorted(loaded)} beside one busy-looping Python process "
+        "method": f"{args.runs} runs of the demo in a row (./run's environment, set up once); runs {sorted(loaded)} "
+                  "beside one busy-looping Python process "
                   "(a CPU hog on one core); each phase's SLOs from the quiet measurement the demo runs before it",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
