@@ -28,6 +28,19 @@ MIN_BREACHED, MIN_SHARE = 5, 0.9
 HOG = "import time\nend = time.monotonic() + 3600\nwhile time.monotonic() < end: pass\n"  # one core, busy
 
 
+def judge(index: int, loaded: bool, summary: Path, wall: float | None) -> dict:
+    """One run's record from the demo's --summary file."""
+    result = json.loads(summary.read_text())
+    phases = []
+    for p in result["phases"]:
+        judged = bool(p["built_to_cause"])
+        ok = (not judged) or (p["breached"] >= MIN_BREACHED and (p["share_right"] or 0) >= MIN_SHARE)
+        phases.append({**p, "meets_target": ok if judged else None})
+    return {"run": index, "beside_cpu_hog": loaded, "wall_s": None if wall is None else round(wall, 1),
+            "demo_phases_s": result["wall_s"], "rc": 0, "phases": phases,
+            "ok": all(p["meets_target"] is not False for p in phases)}
+
+
 def run_demo(index: int, loaded: bool, work: Path, setup_each: bool = False) -> dict:
     summary = work / f"run-{index}.json"
     summary.unlink(missing_ok=True)
@@ -48,15 +61,7 @@ def run_demo(index: int, loaded: bool, work: Path, setup_each: bool = False) -> 
     if done.returncode != 0 or not summary.exists():
         return {"run": index, "beside_cpu_hog": loaded, "wall_s": round(wall, 1), "rc": done.returncode,
                 "ok": False, "error": (done.stderr or done.stdout)[-2000:]}
-    result = json.loads(summary.read_text())
-    phases = []
-    for p in result["phases"]:
-        judged = bool(p["built_to_cause"])
-        ok = (not judged) or (p["breached"] >= MIN_BREACHED and (p["share_right"] or 0) >= MIN_SHARE)
-        phases.append({**p, "meets_target": ok if judged else None})
-    return {"run": index, "beside_cpu_hog": loaded, "wall_s": round(wall, 1), "demo_phases_s": result["wall_s"],
-            "rc": 0, "phases": phases,
-            "ok": all(p["meets_target"] is not False for p in phases)}
+    return judge(index, loaded, summary, wall)
 
 
 def main() -> None:
@@ -66,16 +71,25 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "demo_stability.json"))
     ap.add_argument("--work", default=str(ROOT / "out" / "demo-stability"), help="per-run traces, logs, summaries")
     ap.add_argument("--setup-each", action="store_true", help="run ./run demo whole each time (set-up check included)")
+    ap.add_argument("--collect", action="store_true",
+                    help="run nothing: write the results of the runs already in --work (those a stopped run finished)")
     args = ap.parse_args()
     loaded = {int(x) for x in args.loaded.split(",") if x.strip()}
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     for i in range(1, args.runs + 1):
-        r = run_demo(i, i in loaded, work, args.setup_each)
+        if args.collect:
+            summary = work / f"run-{i}.json"
+            if not summary.exists():
+                runs.append({"run": i, "beside_cpu_hog": i in loaded, "ok": False, "error": "not run"})
+                continue
+            r = judge(i, i in loaded, summary, None)
+        else:
+            r = run_demo(i, i in loaded, work, args.setup_each)
         runs.append(r)
         shares = ", ".join(f"{p['phase']} {p['right']}/{p['breached']}" for p in r.get("phases", ()) if p["built_to_cause"])
-        print(f"run {i}{' (beside a CPU hog)' if r['beside_cpu_hog'] else ''}: {r['wall_s']} s, "
+        print(f"run {i}{' (beside a CPU hog)' if r['beside_cpu_hog'] else ''}: {r.get('wall_s')} s, "
               f"{'meets' if r['ok'] else 'MISSES'} the target; right/breached: {shares or r.get('error', '')[-300:]}",
               flush=True)
     doc = {
