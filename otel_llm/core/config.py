@@ -7,10 +7,11 @@ generated from them (``python -m otel_llm.core.readme_tables``).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .slo import SLOTable
 
@@ -204,7 +205,7 @@ class Config:
         env = os.environ if environ is None else environ
         unknown = set(explicit) - {o.name for o in OPTIONS}
         if unknown:
-            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+            raise TypeError(unknown_options(unknown))
         values: dict[str, Any] = {}
         for opt in OPTIONS:
             given = explicit.get(opt.name)
@@ -220,6 +221,16 @@ class Config:
                         raise ValueError(f"{name}: {exc}") from None
                     break
         return cls(**values)
+
+
+def unknown_options(names: Iterable[str]) -> str:
+    """The error for option names that are not in ``OPTIONS``: each with the closest known one."""
+    known = [o.name for o in OPTIONS]
+    parts = []
+    for name in sorted(names):
+        close = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown option(s) of otel-llm: {', '.join(parts)}; the options are: {', '.join(known)}"
 
 
 def options_table() -> str:

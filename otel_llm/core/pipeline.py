@@ -29,6 +29,7 @@ from . import self_metrics
 from .metrics import ServerMetrics
 from .sampling import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
+from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
 from .summary import RequestSummary
@@ -92,11 +93,14 @@ class Pipeline:
     Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
     settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
 
-    def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
+    def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str,
+                 router: RouterFactory | None = None) -> None:
+        """``router``: how spans reach export (``otel_llm.otlp.routes.Router``, which the instrumentors hand
+        over: the OTLP wire route where the provider allows); without one, the public API's routes."""
         self.config = config
         self.engine = engine
         self.spans = SpanBuilder(tracer, config.direct_export, config.max_spans_per_request,
-                                 config.engine_step_service)
+                                 config.engine_step_service, router)
         self.metrics = ServerMetrics(meter, config.slo)
         causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
         if config.tail_quantile > 0:

@@ -38,9 +38,7 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
-from ..otlp.direct_export import DirectExport
-from ..otlp.encode import FloatAttribute, IntAttribute
-from ..otlp.routes import Route, Router
+from .span_routes import ApiRouter, DirectSink, Route, RouterFactory
 from .step_facts import FactsCache
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
@@ -170,18 +168,21 @@ class Materialized:
 
 
 class SpanBuilder:
-    """Builds a kept request's spans through the route ``otlp.routes.Router`` chose for the tracer's
-    provider: OTLP wire bytes sent with its own OTLP exporters, the SDK's tracer, or the public API.
+    """Builds a kept request's spans through the route its router chose for the tracer's provider (with
+    ``otlp.routes.Router``: OTLP wire bytes sent with its own OTLP exporters), the SDK's tracer, or the
+    public API.
     Engine-step spans go out under their own service (``engine_step_service``)."""
 
     def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
-                 engine_service: str = "{service}") -> None:
-        self._router = Router(tracer, with_service(tracer, engine_service), direct_export)
+                 engine_service: str = "{service}", router: RouterFactory | None = None) -> None:
+        # router: otel_llm.otlp.routes.Router where the instrumentor hands it over (the wire route when the
+        # provider allows), else the public API's routes
+        self._router = (router or ApiRouter)(tracer, with_service(tracer, engine_service), direct_export)
         self._route: Route = self._router.route
         self._max_spans = max_spans
         self._facts = FactsCache()
 
-    def wire_export(self) -> DirectExport | None:
+    def wire_export(self) -> DirectSink | None:
         """The direct exporter, after a new look at the provider (its processors may have changed)."""
         self._route = self._router.current()
         return self._route.direct
@@ -192,7 +193,7 @@ class SpanBuilder:
         return self._route
 
     @property
-    def direct(self) -> DirectExport | None:
+    def direct(self) -> DirectSink | None:
         """The direct exporter in use now, if any (its counts)."""
         return self._route.direct
 
@@ -347,8 +348,7 @@ class SpanBuilder:
         if rows.coalesced:
             decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
         offset = clock.offset_ns
-        out = self._route.rows(decode, len(rows.rows))
-        encoded = out.encoded  # this route takes a decode step's attributes as bytes: build no dict
+        out = self._route.rows(decode, len(rows.rows), facts)  # the route encodes them
         prev = first_ns
         for k, (a, b) in enumerate(rows.rows):
             if k and not k % _YIELD_EVERY:
@@ -356,32 +356,15 @@ class SpanBuilder:
             now = int(ts[b] * 1e9) + offset  # clock.mono_ns, inlined
             now = prev if now < prev else end if now > end else now
             if a == b:
-                name = sc.SPAN_DECODE_STEP
                 step = by_token.get(a)
-                own_tokens = own.get(step.step_id, 0) if step is not None else 0
                 if step is not None:
                     linked.add(step.step_id)
-                if encoded:
-                    extra = facts.encoded(step, own_tokens) if step is not None else b""
-                    out.add_encoded(name, prev, now, _STEP_INDEX(a) + (_STEP_TOKENS(t.tokens_at(a)) if multi
-                                                                       else _ONE_TOKEN) + extra)
-                    prev = now
-                    continue
-                attrs = {sc.STEP_INDEX: a, sc.STEP_TOKENS: t.tokens_at(a)}
-                if step is not None:
-                    attrs.update(facts.get(step, own_tokens))
+                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, step, own.get(step.step_id, 0))
+                else:
+                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, None, 0)
             else:
-                name = sc.SPAN_DECODE_WINDOW
                 tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
-                mean, peak = (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b])
-                if encoded:  # the same five attributes, in the same order, as bytes (no dict, names encoded once)
-                    out.add_encoded(name, prev, now, _WINDOW_TOKENS(tokens) + _WINDOW_FIRST(a) + _WINDOW_LAST(b)
-                                    + _WINDOW_MEAN(mean) + _WINDOW_MAX(peak))
-                    prev = now
-                    continue
-                attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: a, sc.WINDOW_LAST_INDEX: b,
-                         sc.WINDOW_GAP_MEAN: mean, sc.WINDOW_GAP_MAX: peak}
-            out.add(name, prev, now, attrs)
+                out.window(prev, now, tokens, a, b, (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b]))
             prev = now
         out.close()
 
@@ -424,14 +407,6 @@ class SpanBuilder:
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
 _YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms of work)
 _SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
-_STEP_INDEX = IntAttribute(sc.STEP_INDEX)
-_STEP_TOKENS = IntAttribute(sc.STEP_TOKENS)
-_ONE_TOKEN = _STEP_TOKENS(1)  # a decode step's token count, but for speculative decoding's multi-token steps
-_WINDOW_TOKENS = IntAttribute(sc.WINDOW_TOKENS)
-_WINDOW_FIRST = IntAttribute(sc.WINDOW_FIRST_INDEX)
-_WINDOW_LAST = IntAttribute(sc.WINDOW_LAST_INDEX)
-_WINDOW_MEAN = FloatAttribute(sc.WINDOW_GAP_MEAN)
-_WINDOW_MAX = FloatAttribute(sc.WINDOW_GAP_MAX)
 
 
 def yield_gil() -> None:

