@@ -102,6 +102,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "all_runs_meet_target": all(r["ok"] for r in runs),
+        "runs_done": sum(1 for r in runs if r.get("error") != "not run"),
+        "note": ("collected from the work folder after the series was stopped; wall_s is not known then"
+                 if args.collect else ""),
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
