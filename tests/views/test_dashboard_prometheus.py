@@ -160,8 +160,12 @@ scrape_configs:
             # and the main run starts only once Prometheus has scraped them, so the rates are the main run's
             scenario.drive(llm.llm_engine, scenario.renamed(WORKLOAD[:PRIMING], "prime-"))
             assert otel_llm.flush(60) and tracer_provider.force_flush(60_000)
-            wait_for(lambda: all(api.query(f'count({{__name__="{name}"}})') for name in primed_names()),
-                     "Prometheus to have scraped every series the panels read")
+            def missing() -> list[str]:
+                return sorted(n for n in primed_names() if not api.query(f'count({{__name__="{n}"}})'))
+            try:
+                wait_for(lambda: not missing(), "Prometheus to have scraped every series the panels read")
+            except AssertionError:
+                raise AssertionError(f"Prometheus never saw {missing()}") from None
             finished = scenario.drive(llm.llm_engine, WORKLOAD)
             assert otel_llm.flush(60)
         finally:
