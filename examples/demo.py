@@ -181,7 +181,8 @@ def write_summary(path: Path, runs: list[scenario.PhaseRun], wall: float, tallie
     slos = {r.phase.name: r.slo for r in runs}
     path.write_text(json.dumps({"wall_s": round(wall, 2), "phases": [
         {"phase": t.phase.name, "slo": slos.get(t.phase.name), "built_to_cause": sorted(t.phase.causes),
-         "requests": t.requests,
+         "requests": t.requests, "load_requests": t.load, "load_breached": t.load_breached,
+         "load_causes": t.load_causes,
          "breached": t.breached, "causes": t.causes, "seconds": {c: round(s, 4) for c, s in t.seconds.items()},
          "right": t.right, "share_right": None if t.share_right is None else round(t.share_right, 4)}
         for t in tallies]}, indent=1))

@@ -73,13 +73,17 @@ def goodput_lines(got: dict[str, list[Any]]) -> list[str]:
 
 
 def verdict_table(tallies: list[PhaseTally]) -> list[str]:
-    """cause -> requests -> seconds lost -> the phase built to cause it, one row per phase and verdict."""
+    """cause -> requests -> seconds lost -> the phase built to cause it, one row per phase and verdict.
+    The rows count a phase's victim requests; its load requests' breaches (their own work) are a note."""
     lines = [f"{'verdict (llm.slow.cause)':26s} {'requests':>8s} {'seconds lost':>12s}   phase (built to cause)"]
     for t in tallies:
         expected = ", ".join(sorted(t.phase.causes)) or "nothing: the quiet baseline"
         head = f"{t.phase.name} ({expected})"
         if not t.breached:
             lines.append(f"{'-':26s} {0:8d} {'':>12s}   {head}: none of {t.requests} breached")
+            if t.load_breached:
+                lines.append(f"{'':26s} {'':8s} {'':12s}   (not counted: {t.load_breached} of its {t.load} load "
+                             "requests breached, slowed by their own work)")
             continue
         for cause, n in sorted(t.causes.items(), key=lambda kv: -kv[1]):
             mark = "" if not t.phase.causes or cause in t.phase.causes else "   <- not the phase's cause"
@@ -87,6 +91,10 @@ def verdict_table(tallies: list[PhaseTally]) -> list[str]:
         if t.phase.causes:
             lines.append(f"{'':26s} {'':8s} {'':12s}   -> {t.right} of {t.breached} breached requests "
                          f"({100 * (t.share_right or 0):.0f}%) carry the phase's cause")
+        if t.load_breached:
+            causes = ", ".join(f"{c} {n}" for c, n in sorted(t.load_causes.items(), key=lambda kv: -kv[1]))
+            lines.append(f"{'':26s} {'':8s} {'':12s}   (not counted: {t.load_breached} of its {t.load} load "
+                         f"requests breached too, slowed by their own work: {causes})")
     return lines
 
 

@@ -83,6 +83,9 @@ class Phase:
     def request_ids(self) -> set[str]:
         return {a.request_id for a in self.arrivals}
 
+    def roles(self) -> dict[str, str]:
+        return {a.request_id: a.role for a in self.arrivals}
+
 
 def _chats(prefix: str, n: int, every: int, max_tokens: int) -> list[Arrival]:
     return [Arrival(i * every, f"{prefix}-{i}", 16 + (i * 11) % 32, max_tokens) for i in range(n)]
@@ -101,7 +104,9 @@ def phases(scale: int = 2) -> list[Phase]:
         documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(CHATS_PER_WAVE)]
         documents += [Arrival(base + 4 + d // 2, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load")
                       for d in range(2 * DOCUMENTS_PER_WAVE)]
-    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96) for i in range((2 + scale) * MAX_NUM_SEQS)]
+    # the first wave fills the batch (load: it waits for nothing); the later waves queue behind it
+    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96, "load" if i < MAX_NUM_SEQS else "victim")
+             for i in range((2 + scale) * MAX_NUM_SEQS)]
     # 496-token prompts: 16 blocks each, five fill the cache; each needs 4 more blocks as it grows
     squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120) for i in range(10 + scale)]
     return [
@@ -200,10 +205,16 @@ def round_up(seconds: float) -> str:
 
 @dataclass
 class PhaseTally:
-    """Of one phase's requests that breached an SLO: how many, and their verdicts."""
+    """Of one phase's victim requests (those it is built to slow) that breached an SLO: how many, and their
+    verdicts. Its load requests (a document prefilled beside the chats, the burst's first wave that fills
+    the batch) are slowed by their own work, not by the phase's cause: their breaches are counted apart,
+    in ``load_breached``, and are not judged."""
 
     phase: Phase
-    requests: int = 0
+    requests: int = 0  # victim requests sent
+    load: int = 0  # load requests sent
+    load_breached: int = 0
+    load_causes: dict[str, int] = field(default_factory=dict)  # verdict -> breached load requests
     breached: int = 0
     causes: dict[str, int] = field(default_factory=dict)  # verdict -> breached requests
     seconds: dict[str, float] = field(default_factory=dict)  # verdict -> seconds it cost those requests
@@ -218,15 +229,21 @@ class PhaseTally:
 
 
 def tally(all_phases: list[Phase], requests: Iterable[Mapping[str, Any]]) -> list[PhaseTally]:
-    """Group breached request spans (by ``gen_ai.response.id``) by the phase that sent them."""
-    owner = {rid: p.name for p in all_phases for rid in p.request_ids()}
-    out = {p.name: PhaseTally(p, requests=len(p.arrivals)) for p in all_phases}
+    """Group breached request spans (by ``gen_ai.response.id``) by the phase that sent them; a phase's
+    load requests are counted apart (``PhaseTally.load_breached``)."""
+    owner = {rid: (p.name, role) for p in all_phases for rid, role in p.roles().items()}
+    out = {p.name: PhaseTally(p, requests=sum(a.role != "load" for a in p.arrivals),
+                              load=sum(a.role == "load" for a in p.arrivals)) for p in all_phases}
     for a in requests:
-        name = owner.get(str(a.get(sc.RESPONSE_ID, "")))
+        name, role = owner.get(str(a.get(sc.RESPONSE_ID, "")), (None, None))
         if name is None or not a.get(sc.SLO_BREACHED):
             continue
         t = out[name]
         cause = str(a.get(sc.SLOW_CAUSE, sc.SLOW_UNKNOWN))
+        if role == "load":
+            t.load_breached += 1
+            t.load_causes[cause] = t.load_causes.get(cause, 0) + 1
+            continue
         t.breached += 1
         t.causes[cause] = t.causes.get(cause, 0) + 1
         cost = a.get(sc.SLOW_SECONDS[cause]) if cause in sc.SLOW_SECONDS else None

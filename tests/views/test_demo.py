@@ -65,19 +65,26 @@ def test_every_request_belongs_to_one_phase_and_the_load_is_within_the_engine() 
 
 def test_the_tally_counts_breached_requests_per_phase_and_verdict() -> None:
     phases = scenario.phases(1)
-    burst = [a.request_id for a in phases[2].arrivals]
+    burst = [a.request_id for a in phases[2].arrivals if a.role == "victim"]
+    documents = [a.request_id for a in phases[1].arrivals if a.role == "load"]
     spans = [_request(burst[0], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_QUEUE_MAX_SEQS,
                                    sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS]: 1.5}),
              _request(burst[1], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),
              _request(burst[2], **{sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),  # kept (slow), breached nothing
-             _request("somebody-else", **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN})]
+             _request("somebody-else", **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),
+             # a document slowed by its own prefill: counted apart, not judged against the phase's cause
+             _request(documents[0], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN})]
     tallies = {t.phase.name: t for t in scenario.tally(phases, spans)}
     t = tallies[scenario.BURST]
     assert (t.breached, t.right, t.causes) == (2, 1, {sc.SLOW_QUEUE_MAX_SEQS: 1, sc.SLOW_UNKNOWN: 1})
     assert t.seconds[sc.SLOW_QUEUE_MAX_SEQS] == 1.5 and t.share_right == 0.5
     assert tallies[scenario.QUIET].breached == 0 and tallies[scenario.QUIET].share_right is None
+    d = tallies[scenario.DOCUMENTS]
+    assert (d.breached, d.load_breached, d.load_causes) == (0, 1, {sc.SLOW_UNKNOWN: 1})
+    assert d.requests + d.load == len(phases[1].arrivals)
     table = "\n".join(console.verdict_table(list(tallies.values())))
     assert "queue_max_seqs" in table and "1 of 2 breached requests (50%)" in table and "not the phase's cause" in table
+    assert f"1 of its {d.load} load requests breached" in table
 
 
 def test_a_quantile_in_the_top_bucket_says_it_is_above_the_last_bound() -> None:
