@@ -108,7 +108,11 @@ def phases(scale: int = 2) -> list[Phase]:
     burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96, "load" if i < MAX_NUM_SEQS else "victim")
              for i in range((2 + scale) * MAX_NUM_SEQS)]
     # 496-token prompts: 16 blocks each, five fill the cache; each needs 4 more blocks as it grows
-    squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120) for i in range(10 + scale)]
+    # the first five are admitted at once and hold the cache (load: they wait for nothing, though one
+    # may be preempted as they grow); the others wait for KV blocks
+    fit = (KV_BLOCKS - 1) // math.ceil(SQUEEZE_TOKENS / BLOCK_SIZE)
+    squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120, "load" if i < fit else "victim")
+               for i in range(10 + scale)]
     return [
         Phase("chat", QUIET, frozenset(), "short chats, three at a time", tuple(quiet), (MAX_NUM_SEQS - 1, 32, 24)),
         Phase("doc", DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),

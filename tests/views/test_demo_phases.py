@@ -1,5 +1,7 @@
-"""The demo's scripted phases on the real engine, shortened: of the requests that breached in each
-cause phase, at least 90 % carry the cause the phase was built for, and each phase has at least five.
+"""The demo's scripted phases on the real engine, shortened: of the victim requests that breached in
+each cause phase, at least 90 % carry the cause the phase was built for, and each phase has at least
+five. A phase's load requests (documents, the first wave that fills the batch or the KV cache) are slow
+by their own work or not at all: the tally counts them apart (``scenario.PhaseTally``).
 
 Each phase's SLOs come from a quiet measurement just before it (``scenario.run_phases``), as in the
 demo. What makes this hold on a loaded machine is the scenario's construction, not speed: arrivals are
