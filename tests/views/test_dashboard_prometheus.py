@@ -53,8 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SLO = "ttft=0.5,tpot=0.002"
 # the demo's steady chats and burst (the session engine's max_model_len has no room for its documents);
 # scraped every second while they run
-WORKLOAD = [a for p in scenario.phases(1) if p.name in (scenario.QUIET, scenario.BURST) for a in p.arrivals
-            if a.role == "victim"]
+WORKLOAD = [a for p in scenario.phases(1) if p.name in (scenario.QUIET, scenario.BURST) for a in p.arrivals]
 REQUESTS = len(WORKLOAD)
 PRIMING = 8
 # what the gateway derives from the spans; the SDK's own copies are dropped (its engine-step, GPU and
