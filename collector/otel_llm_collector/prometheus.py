@@ -14,7 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from opentelemetry.sdk.metrics.export import (Histogram, InMemoryMetricReader, MetricsData, Sum)
+from opentelemetry.sdk.metrics.export import (Gauge, Histogram, InMemoryMetricReader, MetricsData, Sum)
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
@@ -112,6 +112,11 @@ class OtelBridge:
             for p in points:
                 lt = label_text(p)
                 out.append(f"{sample}{{{lt}}} {_num(p.value)}\n" if lt else f"{sample} {_num(p.value)}\n")
+        elif isinstance(metric.data, Gauge):  # observable gauges (the GPU's utilization, power, clock)
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
+            for p in points:
+                lt = label_text(p)
+                out.append(f"{name}{{{lt}}} {_num(p.value)}\n" if lt else f"{name} {_num(p.value)}\n")
 
     def _family(self, metric) -> Iterator[Metric]:
         name = prom_name(metric.name, metric.unit)
@@ -129,8 +134,9 @@ class OtelBridge:
                     buckets.append(("+Inf" if bound == float("inf") else _le(bound), cumulative))
                 fam.add_metric([str(p.attributes.get(k, "")) for k in keys], buckets, p.sum)
             yield fam
-        elif isinstance(metric.data, Sum):
-            cls = CounterMetricFamily if metric.data.is_monotonic else GaugeMetricFamily
+        elif isinstance(metric.data, (Sum, Gauge)):  # an OpenTelemetry Gauge is a Prometheus gauge
+            monotonic = isinstance(metric.data, Sum) and metric.data.is_monotonic
+            cls = CounterMetricFamily if monotonic else GaugeMetricFamily
             fam = cls(name, metric.description or metric.name, labels=labels)
             for p in points:
                 fam.add_metric([str(p.attributes.get(k, "")) for k in keys], p.value)

@@ -1,10 +1,34 @@
-"""The ``otel-llm`` command: ``otel-llm report FILE [-o OUT] [--perfetto OUT] [--top N]`` and
-``otel-llm dashboard [--out DIR]`` (regenerates the committed Grafana dashboard and provisioning)."""
+"""The ``otel-llm`` command: ``otel-llm report FILE [-o OUT] [--perfetto OUT] [--top N] [--cause C]
+[--breached OBJ] [--slo SLO]`` and ``otel-llm dashboard [--out DIR]`` (regenerates the committed Grafana
+dashboard and provisioning)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from .. import semconv as sc
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (the number of requests to draw), not {value}")
+    return value
+
+
+def slo_seconds(text: str) -> dict[str, float]:
+    """``ttft=0.5,tpot=0.05``: the SLOs the trace was judged against (a trace does not carry them)."""
+    from ..core.slo import SLO
+
+    try:
+        slo = SLO.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return {k: v for k, v in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2e", slo.e2e)) if v is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("file", help="OTLP/JSON trace file (one export request per line), e.g. out/demo-traces.jsonl")
     rep.add_argument("-o", "--out", help="HTML page to write (default: FILE with .html)")
     rep.add_argument("--perfetto", metavar="OUT", help="also write the lanes as Chrome trace JSON (opens in Perfetto)")
-    rep.add_argument("--top", type=int, default=8, help="how many of the slowest requests to draw (default 8)")
+    rep.add_argument("--top", type=positive_int, default=8, help="how many of the slowest requests to draw (default 8)")
+    rep.add_argument("--cause", choices=sc.SLOW_CAUSES, help="only requests with this verdict (llm.slow.cause)")
+    rep.add_argument("--breached", choices=("ttft", "tpot", "e2e"), help="only requests that breached this objective")
+    rep.add_argument("--slo", type=slo_seconds, help="the SLOs the trace was judged against, shown beside each "
+                                                       "breached objective (e.g. ttft=0.5,tpot=0.05)")
     dash = sub.add_parser("dashboard", help="regenerate the Grafana dashboard JSON and provisioning files")
     dash.add_argument("--out", default="dashboards", help="directory to write into (default: dashboards)")
     args = ap.parse_args(argv)
@@ -24,12 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         from .traces import TraceFileError
 
         try:
-            written = write_report(args.file, args.out, args.perfetto, args.top)
-        except (OSError, TraceFileError) as exc:
+            written = write_report(args.file, args.out, args.perfetto, args.top, args.cause, args.breached, args.slo)
+        except (OSError, ValueError, TraceFileError) as exc:
             print(f"otel-llm report: {exc}", file=sys.stderr)
             return 1
         t = written.timeline
-        print(f"{written.html}: {len(t.requests)} slowest of {t.total_requests} requests, "
+        chosen = t.selection.describe() if t.selection is not None else ""
+        print(f"{written.html}: {len(t.requests)} slowest of {t.total_requests} requests"
+              + (f" ({chosen})" if chosen else "") + ", "
               f"{sum(len(e.segments) for e in t.engines)} engine steps")
         if written.perfetto:
             print(f"{written.perfetto}: Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing)")

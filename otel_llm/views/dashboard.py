@@ -51,7 +51,7 @@ def label(attribute: str) -> str:
 MODEL, SERVICE, TOKEN_TYPE = label(sc.REQUEST_MODEL), label(sc.SERVICE_NAME), label(sc.TOKEN_TYPE)
 SEL = f'{MODEL}=~"$model", {SERVICE}=~"$service"'
 RATE = "$__rate_interval"
-_HIST = {spec.name: spec for spec in m.SERVER_HISTOGRAMS}
+_HIST = {spec.name: spec for spec in (*m.SERVER_HISTOGRAMS, m.INTER_TOKEN_LATENCY)}
 TTFT, TPOT, E2E = (m.SERVER_HISTOGRAM[f].name for f in ("ttft", "tpot", "e2e"))
 PHASES = tuple(m.SERVER_HISTOGRAM[f].name for f in ("queue", "prefill", "decode"))
 
@@ -110,10 +110,42 @@ def _share(phase: str) -> Query:
     return Query(f"{_rate_sum(histogram(phase) + '_sum')} / ({total})", phase.split(".")[2] + " {{" + MODEL + "}}")
 
 
+STEP_PHASE, STEP_PART, HW_ID = label(sc.STEP_PHASE), label(sc.STEP_PART), label(sc.HW_ID)
+
+
+def instrument(spec: m.InstrumentSpec) -> str:
+    """An SDK instrument's Prometheus name (histograms without their _bucket/_sum/_count)."""
+    return prom_name(spec.name, spec.unit) + ("_total" if spec.kind == "counter" else "")
+
+
+def _step_quantiles() -> tuple[Query, ...]:
+    """Engine-step time by phase (the whole step: part=total): the SDK's step instruments, no model label."""
+    metric = instrument(m.STEP_DURATION)
+    return tuple(Query(f'histogram_quantile({q}, sum by (le, {STEP_PHASE}) (rate({metric}_bucket{{{STEP_PART}="total"}}'
+                       f'[{RATE}])))', f"p{int(q * 100)} {{{{{STEP_PHASE}}}}}") for q in (0.5, 0.95))
+
+
+def _step_mean_by_phase() -> Query:
+    """Mean step time per phase: with steps/s beside it, the latency curve a metric can show (a phase's
+    step time rises with its work; decode steps stay flat until the batch reaches the memory-bound knee)."""
+    metric = instrument(m.STEP_DURATION)
+    sel = f'{{{STEP_PART}="total"}}'
+    return Query(f"sum by ({STEP_PHASE}) (rate({metric}_sum{sel}[{RATE}])) / "
+                 f"sum by ({STEP_PHASE}) (rate({metric}_count{sel}[{RATE}]))", "mean {{" + STEP_PHASE + "}}")
+
+
+def _gpu(spec: m.InstrumentSpec, legend: str) -> Query:
+    return Query(f"max by ({HW_ID}) ({instrument(spec)})", f"{legend} {{{{{HW_ID}}}}}")
+
+
 def _health(metric: str, by: str, legend: str) -> Query:
     grouping = f" by ({by})" if by else ""
     return Query(f"sum{grouping} (rate({metric}[{RATE}])) or vector(0)", legend)
 
+
+# Rows for speculative decoding and LoRA adapters (acceptance, drafted tokens, per-adapter latency): a
+# tuple of (row title, panels) that slots in after the GPU row.
+SPECULATIVE_ROWS: tuple[tuple[str, tuple["PanelSpec", ...]], ...] = ()
 
 PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Latency (every request, from the histograms)", (
@@ -137,9 +169,10 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                   "percentunit", stacked=True),
     )),
     ("Why slow, and what was kept", (
-        PanelSpec("Slow-request causes", "SLO breaches by the verdict's cause (llm.slow.cause)",
+        PanelSpec("SLO breaches by cause", "SLO breaches per second by the verdict's cause (llm.slow.cause): "
+                  "one per request and objective missed, so a request that missed TTFT and TPOT counts twice",
                   (Query(_rate_sum(counter(SLO_BREACHES), by=label(SLOW_CAUSE)),
-                         "{{" + label(SLOW_CAUSE) + "}}"),), "reqps", stacked=True),
+                         "{{" + label(SLOW_CAUSE) + "}}"),), "suffix: breaches/s", stacked=True),
         PanelSpec("Tail sampling: traces decided", "The collector's decisions by deciding policy and verdict",
                   (Query(f"sum by (policy, decision) (rate({collector('count_traces_sampled')}[{RATE}]))",
                          "{{policy}} {{decision}}"),), "short", stacked=True),
@@ -149,6 +182,27 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("Tail sampler buffer", "Traces waiting for a decision",
                   (Query(f"sum({collector('sampling_traces_on_memory')})", "traces"),), "short", kind="stat"),
     )),
+    ("Engine steps and tokens", (
+        PanelSpec("Engine-step duration by phase", "p50 / p95 of a whole engine step (schedule to outputs) by "
+                  "phase: prefill, decode, mixed (the SDK's step instruments)", _step_quantiles(), "s"),
+        PanelSpec("Step time against phase (latency curve)", "Mean engine-step time per phase: prefill steps "
+                  "grow with their tokens (compute-bound), decode steps stay flat until the batch is large "
+                  "(memory-bound); the report's latency-curve view plots each step against its work",
+                  (_step_mean_by_phase(),), "s"),
+        PanelSpec("Inter-token latency", "p50 / p95 / p99 of the time between consecutive output tokens, every "
+                  "token of every request", _quantiles(m.INTER_TOKEN_LATENCY.name), "s"),
+    )),
+    ("GPU (NVML, hw.gpu.* conventions)", (
+        PanelSpec("GPU utilization", "hw.gpu.utilization and hw.gpu.memory.utilization per device (sampled "
+                  "by the SDK where the engine runs on an NVIDIA GPU)",
+                  (_gpu(m.GPU_UTILIZATION, "compute"), _gpu(m.GPU_MEMORY_UTILIZATION, "memory")), "percentunit"),
+        PanelSpec("GPU memory used", "hw.gpu.memory.usage against hw.gpu.memory.limit per device",
+                  (_gpu(m.GPU_MEMORY_USAGE, "used"), _gpu(m.GPU_MEMORY_LIMIT, "limit")), "bytes"),
+        PanelSpec("GPU power and SM clock", "hw.power (W) and the SM clock (MHz) per device",
+                  (_gpu(m.GPU_POWER, "power W"), _gpu(m.GPU_SM_CLOCK, "SM clock MHz")), "short"),
+    )),
+    # speculative decoding and adapters: their panels join here as a row of their own (SPECULATIVE_ROWS)
+    *SPECULATIVE_ROWS,
     ("Health: collector and SDK", (
         PanelSpec("Collector: spans in and out", "Accepted by the receivers, delivered by the exporters",
                   (Query(f"sum by (transport) (rate({collector('receiver_accepted_spans')}[{RATE}]))",

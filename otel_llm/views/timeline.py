@@ -9,7 +9,7 @@ steps those requests shared (found through the steps' span links, or a chunk's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from .. import semconv as sc
 from .traces import Span, index
@@ -48,6 +48,8 @@ class Lane:
     subtitle: str
     segments: list[Segment]
     step_ids: set[int] = field(default_factory=set)  # engine steps this request was served by
+    verdict: str = ""  # why it was slow: the cause, its seconds per cause, the breached objectives
+    cause: str | None = None
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Timeline:
     engines: list[Lane]
     total_requests: int
     total_spans: int
+    selection: "Selection | None" = None
 
     @property
     def duration_s(self) -> float:
@@ -68,24 +71,67 @@ def is_request(span: Span) -> bool:
     return sc.LATENCY_E2E in span.attributes
 
 
-def build(spans: list[Span], top: int = 8) -> Timeline:
-    """The ``top`` slowest request spans as lanes, and the engine steps they shared."""
+@dataclass(frozen=True)
+class Selection:
+    """Which requests to draw: the ``top`` slowest of those with verdict ``cause`` (any when ``None``)
+    that breached objective ``breached`` (ttft, tpot, e2e; any when ``None``)."""
+
+    top: int = 8
+    cause: str | None = None
+    breached: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top, int) or self.top < 1:
+            raise ValueError(f"top must be a positive number of requests, not {self.top!r}")
+        if self.cause is not None and self.cause not in sc.SLOW_CAUSES:
+            raise ValueError(f"unknown cause {self.cause!r}; one of {', '.join(sc.SLOW_CAUSES)}")
+        if self.breached is not None and self.breached not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.breached!r}; one of {', '.join(OBJECTIVES)}")
+
+    def admits(self, span: Span) -> bool:
+        a = span.attributes
+        if self.cause is not None and a.get(sc.SLOW_CAUSE) != self.cause:
+            return False
+        return self.breached is None or self.breached in (a.get(sc.SLO_BREACHED) or ())
+
+    def describe(self) -> str:
+        parts = ([f"verdict {self.cause}"] if self.cause else []) + (
+            [f"breached {self.breached}"] if self.breached else [])
+        return " and ".join(parts)
+
+
+OBJECTIVES = {"ttft": sc.LATENCY_TTFT, "tpot": sc.LATENCY_TPOT, "e2e": sc.LATENCY_E2E}
+
+
+def build(spans: list[Span], top: int = 8, select: Selection | None = None,
+          slo: Mapping[str, float] | None = None) -> Timeline:
+    """The ``top`` slowest request spans (of those ``select`` admits) as lanes, and the engine steps
+    that ran while they did. ``slo``: objective -> seconds, shown beside a breached objective (a trace
+    does not carry the SLO it was judged against)."""
+    select = select if select is not None else Selection(top)
     index(spans)
-    requests = sorted((s for s in spans if is_request(s)), key=lambda s: -_e2e(s))[:max(top, 0)]
-    lanes = [_request_lane(r) for r in requests]
+    requests = sorted((s for s in spans if is_request(s) and select.admits(s)), key=lambda s: -_e2e(s))[:select.top]
+    lanes = [_request_lane(r, slo or {}) for r in requests]
     wanted = {r.span_id for r in requests}
     step_ids = set().union(*(lane.step_ids for lane in lanes)) if lanes else set()
-    steps = [s for s in spans if s.name == sc.SPAN_ENGINE_STEP
-             and (any(link.span_id in wanted for link in s.links) or s.attributes.get(sc.ENGINE_STEP_ID) in step_ids)]
+    all_steps = [s for s in spans if s.name == sc.SPAN_ENGINE_STEP]
+    steps = [s for s in all_steps
+             if any(link.span_id in wanted for link in s.links) or s.attributes.get(sc.ENGINE_STEP_ID) in step_ids]
     for st in steps:  # a step linked to a request is one of its steps even when no child names it
         for lane in lanes:
             if any(link.span_id == lane.key for link in st.links) and sc.ENGINE_STEP_ID in st.attributes:
                 lane.step_ids.add(st.attributes[sc.ENGINE_STEP_ID])
+    if requests:  # and the other recorded steps that ran meanwhile: the engine lane shows what it had
+        lo = min(r.start_ns for r in requests)
+        hi = max(r.end_ns for r in requests)
+        served = {id(s) for s in steps}
+        steps += [s for s in all_steps if id(s) not in served and s.end_ns > lo and s.start_ns < hi]
     engines = _engine_lanes(steps)
     everything = [seg for lane in lanes + engines for seg in lane.segments]
     start = min((seg.start_ns for seg in everything), default=0)
     end = max((seg.end_ns for seg in everything), default=start)
-    return Timeline(start, max(end, start + 1), lanes, engines, sum(1 for s in spans if is_request(s)), len(spans))
+    return Timeline(start, max(end, start + 1), lanes, engines, sum(1 for s in spans if is_request(s)), len(spans),
+                    select)
 
 
 def _e2e(span: Span) -> float:
@@ -93,7 +139,7 @@ def _e2e(span: Span) -> float:
     return float(value) if isinstance(value, (int, float)) else span.duration_s
 
 
-def _request_lane(r: Span) -> Lane:
+def _request_lane(r: Span, slo: Mapping[str, float]) -> Lane:
     a = r.attributes
     segments: list[Segment] = []
     steps: set[int] = set()
@@ -121,8 +167,40 @@ def _request_lane(r: Span) -> Lane:
     title = str(a.get(sc.RESPONSE_ID) or r.name)
     subtitle = (f"e2e {1000 * _e2e(r):.0f} ms, in {a.get(sc.USAGE_INPUT_TOKENS, '?')} / out "
                 f"{a.get(sc.USAGE_OUTPUT_TOKENS, '?')} tokens, preemptions {a.get(sc.NUM_PREEMPTIONS, 0)}"
-                + (f", kept for {reason}" if reason else "") + (f", slow because: {cause}" if cause else ""))
-    return Lane(r.span_id, title, subtitle, segments, steps)
+                + (f", kept for {reason}" if reason else ""))
+    return Lane(r.span_id, title, subtitle, segments, steps, verdict(a, slo), str(cause) if cause else None)
+
+
+def verdict(a: Mapping[str, Any], slo: Mapping[str, float]) -> str:
+    """``why: prefill_interference (prefill_interference 0.41 s, queue_max_seqs 0.02 s); breached tpot
+    61.2 ms > SLO 30 ms``: the verdict, the seconds each cause cost, each breached objective."""
+    parts = []
+    cause = a.get(sc.SLOW_CAUSE)
+    if cause:
+        costs = sorted(((float(a[sc.SLOW_SECONDS[c]]), c) for c in sc.SLOW_CAUSES
+                        if isinstance(a.get(sc.SLOW_SECONDS[c]), (int, float)) and a[sc.SLOW_SECONDS[c]] > 0),
+                       reverse=True)
+        parts.append(f"why: {cause}" + (" (" + ", ".join(f"{c} {seconds(v)}" for v, c in costs) + ")" if costs else ""))
+    breached = []
+    for objective in a.get(sc.SLO_BREACHED) or ():
+        value = a.get(OBJECTIVES.get(str(objective), ""))
+        text = str(objective)
+        if isinstance(value, (int, float)):
+            text += f" {seconds(float(value))}"
+            if objective in slo:
+                text += f" > SLO {seconds(slo[objective])}"
+        breached.append(text)
+    if breached:
+        parts.append("breached " + ", ".join(breached))
+    return "; ".join(parts)
+
+
+def seconds(value: float) -> str:
+    """A duration a person reads: ``412 ms``, ``3.1 ms``, ``1.42 s``."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    ms = 1000 * value
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
 
 
 def median_gap_ns(decode: Span) -> float | None:
@@ -185,7 +263,8 @@ def _engine_lanes(steps: list[Span]) -> list[Lane]:
                  "prefill_tokens": a.get(sc.STEP_NUM_PREFILL_TOKENS), "decode_tokens": a.get(sc.STEP_NUM_DECODE_TOKENS),
                  "kv_cache_usage": a.get(sc.STEP_KV_CACHE_USAGE), "links": len(st.links)},
                 a.get(sc.ENGINE_STEP_ID) if isinstance(a.get(sc.ENGINE_STEP_ID), int) else None))
-        lanes.append(Lane(f"engine:{key}", "engine steps", f"{key.strip('/')}: {len(group)} steps", segments))
+        lanes.append(Lane(f"engine:{key}", "engine steps", f"{len(group)} steps that served kept requests ({key.strip('/')})",
+                          segments, verdict="gaps: steps of unsampled requests, not idle time"))
     return lanes
 
 

@@ -227,3 +227,17 @@ def test_a_histogram_batch_equals_its_values_recorded_one_by_one() -> None:
         q = got[key]
         assert (q.count, q.bucket_counts, q.min, q.max) == (p.count, p.bucket_counts, p.min, p.max), key
         assert math.isclose(q.sum, p.sum, rel_tol=1e-9), key
+
+
+def test_the_bridge_serves_observable_gauges() -> None:
+    # the SDK's GPU instruments are observable gauges (OpenTelemetry Gauge data, not a Sum): served as gauges
+    from opentelemetry.metrics import Observation
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("gauges")
+    meter.create_observable_gauge("hw.power", callbacks=[lambda _o: [Observation(300.0, {"hw.id": "GPU-0"})]],
+                                  unit="W")
+    bridge = OtelBridge(reader)
+    text = exposition(reader)
+    assert '# TYPE hw_power_W gauge\nhw_power_W{hw_id="GPU-0"} 300.0\n' in text
+    assert bridge.text() == text  # the endpoint's own writer, as prometheus_client writes it

@@ -21,6 +21,7 @@ from otel_llm.core.diagnosis.roofline import ModelShape, decode_step_cost, roofl
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
 from otel_llm.instrumentation.vllm import model_timing, step_hooks, step_wire
+from support.fake_nvml import FakeNVML
 from support.metrics import points_by_name
 
 # The tiny test model (tests/support/tiny_model.py), float32.
@@ -382,28 +383,6 @@ def test_steps_are_counted_once_by_the_frontend_owning_their_first_request():
 
 
 # -- GPU telemetry ---------------------------------------------------------------------------------
-
-
-class FakeNVML:
-    """The slice of pynvml the sampler uses, with values a test sets."""
-
-    NVML_CLOCK_SM = 1
-
-    def __init__(self, count: int = 2) -> None:
-        self.count, self.util, self.power_mw, self.throttle, self.inits = count, 50, 300_000, 0x4, 0
-        self.shutdowns = 0
-
-    def nvmlInit(self): self.inits += 1
-    def nvmlShutdown(self): self.shutdowns += 1
-    def nvmlDeviceGetCount(self): return self.count
-    def nvmlDeviceGetHandleByIndex(self, i): return ("h", i)
-    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
-    def nvmlDeviceGetUUID(self, h): return f"GPU-{h[1]}"
-    def nvmlDeviceGetUtilizationRates(self, h): return SimpleNamespace(gpu=self.util, memory=20)
-    def nvmlDeviceGetMemoryInfo(self, h): return SimpleNamespace(used=10 << 30, total=80 << 30)
-    def nvmlDeviceGetPowerUsage(self, h): return self.power_mw
-    def nvmlDeviceGetClockInfo(self, h, kind): return 1980
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return self.throttle
 
 
 def test_sampler_reads_nvml_and_finds_the_nearest_sample():

@@ -1,16 +1,5 @@
-"""Reading an OpenTelemetry SDK reader's collected metrics back by name (tests, demo)."""
+"""Reading an OpenTelemetry SDK reader's collected metrics back by name: the demo's own reader, for tests."""
 
-from __future__ import annotations
+from otel_llm.demo.console import points_by_name
 
-from collections import defaultdict
-from typing import Any
-
-
-def points_by_name(data: Any) -> dict[str, list[Any]]:
-    """Every data point of ``MetricsData`` (or ``None``: nothing recorded yet), grouped by metric name."""
-    out: dict[str, list[Any]] = defaultdict(list)
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out[m.name].extend(m.data.data_points)
-    return out
+__all__ = ["points_by_name"]

@@ -31,13 +31,20 @@ def test_dashboard_model() -> None:
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     titles = {p["title"] for p in panels}
     for wanted in ("Time to first token", "Time per output token", "End-to-end duration", "Goodput",
-                   "Output tokens/s", "Output characters/s", "Where the time goes", "Slow-request causes",
-                   "Tail sampling: traces decided", "Collector: spans in and out", "SDK: engine steps"):
+                   "Output tokens/s", "Output characters/s", "Where the time goes", "SLO breaches by cause",
+                   "Tail sampling: traces decided", "Collector: spans in and out", "SDK: engine steps",
+                   "Engine-step duration by phase", "Step time against phase (latency curve)", "Inter-token latency",
+                   "GPU utilization", "GPU memory used", "GPU power and SM clock"):
         assert wanted in titles
+    # breaches are counted as breaches (one per request and objective), not as requests
+    (causes,) = [p for p in panels if p["title"] == "SLO breaches by cause"]
+    assert causes["fieldConfig"]["defaults"]["unit"] == "suffix: breaches/s"
+    # the SDK's own instruments (engine steps, GPU) carry no model or service label: not filtered by them
+    sdk_only = ("otelcol", "otel_llm_", "llm_server_engine_", "hw_", "llm_gpu_")
     for p in panels:
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
         for t in p["targets"]:
-            if p["title"] not in ("Tail sampler buffer",) and "otelcol" not in t["expr"] and "otel_llm_" not in t["expr"]:
+            if p["title"] not in ("Tail sampler buffer",) and not any(x in t["expr"] for x in sdk_only):
                 assert '$model' in t["expr"] and '$service' in t["expr"], t["expr"]
     latency = [t for p in panels if p["title"].startswith(("Time to", "Time per", "End-to-end")) for t in p["targets"]]
     assert len(latency) == 9 and all(t["exemplar"] for t in latency)

@@ -9,15 +9,12 @@ data with at least one finite value; a query that returns nothing fails the test
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import random
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -38,11 +35,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 import otel_llm
 from otel_llm.core import metrics as m
 from otel_llm.core import self_metrics as sm
+from otel_llm.core.diagnosis.gpu import GpuSampler
+from otel_llm.demo import scenario
 from otel_llm.views import dashboard
 from otel_llm.views.report import write_report
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.prometheus import OtelBridge
+from support.fake_nvml import FakeNVML
 
 PROM = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
 pytestmark = [pytest.mark.engine,
@@ -51,8 +51,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # tpot 2 ms: no vLLM deployment meets it, so every request breaches on any machine and the slow-cause panel
 # has data whatever the machine's speed (goodput then reads 0: its "or 0 *" branch, still data)
 SLO = "ttft=0.5,tpot=0.002"
-REQUESTS, RATE = 40, 8.0  # the demo's workload, shorter; scraped every second while it runs
+# the demo's steady chats and burst (the session engine's max_model_len has no room for its documents);
+# scraped every second while they run
+WORKLOAD = [a for p in scenario.phases(1) if p.name in (scenario.QUIET, scenario.BURST) for a in p.arrivals]
+REQUESTS = len(WORKLOAD)
 PRIMING = 8
+# what the gateway derives from the spans; the SDK's own copies are dropped (its engine-step, GPU and
+# health instruments are served as the SDK serves them)
+GATEWAY_DERIVED = ("gen_ai.*", *(spec.name for spec in m.SERVER_HISTOGRAMS), m.INTER_TOKEN_LATENCY.name,
+                   m.TOKEN_USAGE, m.OUTPUT_CHARACTERS, m.REQUESTS, m.GOOD_REQUESTS, m.SLO_BREACHES)
 RANGE = "5m"  # for $__rate_interval: covers the whole load at query time
 
 
@@ -96,14 +103,6 @@ class PromAPI:
         return self.get("query", query=expr)["result"]
 
 
-def load_demo():
-    spec = importlib.util.spec_from_file_location("otel_llm_demo", ROOT / "examples" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def stack(llm, tmp_path_factory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("dashboard")
@@ -113,12 +112,16 @@ def stack(llm, tmp_path_factory) -> Iterator[dict]:
         "processors": {"llm_metrics": {"slo": SLO}},
         "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}, "file": {"path": str(kept)}},
     })).start()
-    # the SDK's own health, served the way the collector serves metrics; its request metrics are dropped
+    # the SDK's own metrics, served the way the collector serves metrics; its request metrics are dropped
     # here (the gateway derives those from the spans, labelled by service)
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader], views=[
-        View(instrument_name="gen_ai.*", aggregation=DropAggregation()),
-        View(instrument_name="llm.*", aggregation=DropAggregation())])
+        *(View(instrument_name=name, aggregation=DropAggregation()) for name in GATEWAY_DERIVED),
+        View(instrument_name="*")])
+    # no GPU here: the GPU panels read a synthetic NVML through the SDK's real sampler and instruments
+    gpu = GpuSampler(FakeNVML(count=1), hz=10)
+    gpu.sample_once()
+    gpu.register_metrics(meter_provider.get_meter("otel-llm-gpu-test"))
     registry = CollectorRegistry()
     registry.register(OtelBridge(reader))
     sdk_server, _ = start_http_server(0, "127.0.0.1", registry)  # prometheus_client's own exposition server
@@ -148,18 +151,21 @@ scrape_configs:
         except AssertionError:
             targets = api.get("targets")["activeTargets"]
             raise AssertionError(f"scrape targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
-        demo = load_demo()
         otel_llm.uninstrument()
         otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, slo=SLO,
                             sample_rate=1.0, baseline_detail="steps")  # engine steps whatever the machine's speed
         try:
             # Prometheus counts no increase for a series' first sample: a priming run creates every series
             # and the main run starts only once Prometheus has scraped them, so the rates are the main run's
-            demo.run(llm, demo.workload(PRIMING, random.Random(2), RATE))
+            scenario.drive(llm.llm_engine, scenario.renamed(WORKLOAD[:PRIMING], "prime-"))
             assert otel_llm.flush(60) and tracer_provider.force_flush(60_000)
-            wait_for(lambda: all(api.query(f'count({{__name__="{name}"}})') for name in primed_names()),
-                     "Prometheus to have scraped every series the panels read")
-            finished = demo.run(llm, demo.workload(REQUESTS, random.Random(1), RATE))
+            def missing() -> list[str]:
+                return sorted(n for n in primed_names() if not api.query(f'count({{__name__="{n}"}})'))
+            try:
+                wait_for(lambda: not missing(), "Prometheus to have scraped every series the panels read")
+            except AssertionError:
+                raise AssertionError(f"Prometheus never saw {missing()}") from None
+            finished = scenario.drive(llm.llm_engine, WORKLOAD)
             assert otel_llm.flush(60)
         finally:
             otel_llm.uninstrument()
@@ -195,11 +201,12 @@ def finite(result: list) -> bool:
 
 
 LABELS = {dashboard.MODEL, dashboard.SERVICE, dashboard.TOKEN_TYPE, dashboard.label(dashboard.SLOW_CAUSE),
-          dashboard.label(sm.STATE), dashboard.label(sm.SITE)}
+          dashboard.label(sm.STATE), dashboard.label(sm.SITE), dashboard.STEP_PHASE, dashboard.STEP_PART,
+          dashboard.HW_ID}
 
 
 def metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b((?:gen_ai|llm|otel_llm|otelcol_llm)_[a-z0-9_]+)", expr)) - LABELS
+    return set(re.findall(r"\b((?:gen_ai|llm|otel_llm|otelcol_llm|hw)_[A-Za-z0-9_]+)", expr)) - LABELS
 
 
 def test_every_panel_query_returns_data(stack) -> None:

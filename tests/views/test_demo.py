@@ -1,35 +1,95 @@
-"""The demo's calibration arithmetic (the calibration itself runs on the real engine in the demo)."""
+"""The demo's arithmetic: SLOs from the quiet phase, the verdict tally per phase, quantiles at the
+histogram's top bucket (the phases themselves run on the real engine: test_demo_phases.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from otel_llm import semconv as sc
 from otel_llm.core.slo import SLO
-
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
-
-
-def load_demo():
-    spec = importlib.util.spec_from_file_location("otel_llm_demo", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from otel_llm.demo import console, scenario
 
 
 def test_slos_are_rounded_up_to_two_digits() -> None:
-    demo = load_demo()
     cases = {0.07: "0.070", 0.0123: "0.013", 0.96: "0.96", 14.2: "15", 0.296: "0.30", 0.3: "0.30", 123.4: "130"}
-    assert {v: demo._round_up(v) for v in cases} == cases
+    assert {v: scenario.round_up(v) for v in cases} == cases
     for value, text in cases.items():
         assert float(text) >= value
 
 
-def test_calibration_says_what_it_did_and_its_slos_parse() -> None:
-    demo = load_demo()
-    cal = demo.Calibration(capacity=10.0, rate=7.0, slo="ttft=0.25,tpot=0.030,e2e=2.1", requests=32)
-    assert SLO.parse(cal.slo) == SLO(ttft=0.25, tpot=0.03, e2e=2.1)
-    text = cal.describe()
-    assert "10.0 req/s" in text and "7.0 req/s" in text and "p90" in text and cal.slo in text
+def _request(rid: str, **attrs) -> dict:
+    return {sc.RESPONSE_ID: rid, **attrs}
+
+
+def test_a_quiet_measurement_sets_the_slos_from_its_median_tpot() -> None:
+    phase = scenario.phases(1)[2]
+    runs = scenario.measurement(phase)
+    assert len(runs) == phase.quiet[0] and all(a.step == 0 and "-base-" in a.request_id for a in runs)
+    quiet = [_request(a.request_id, **{sc.LATENCY_TPOT: t, sc.LATENCY_TTFT: 0.01})
+             for a, t in zip(runs, (0.010, 0.012, 0.011, 0.5, 0.011))]
+    measured = scenario.baseline(quiet + [_request("burst-1", **{sc.LATENCY_TPOT: 9.0})])  # not a measurement
+    assert measured.tpot == pytest.approx(0.011) and measured.requests == 5
+    assert SLO.parse(measured.slo) == SLO(ttft=0.18, tpot=0.033)  # TTFT: 16 decode steps > twice 10 ms
+    docs = scenario.measurement(scenario.phases(1)[1])
+    assert sum(a.prompt_tokens == scenario.DOCUMENT_TOKENS for a in docs) == 6
+    with_docs = [_request(a.request_id, **{sc.LATENCY_TPOT: 0.01, sc.LATENCY_TTFT: 0.5 if "doc" in a.request_id
+                                              else 0.01}) for a in docs]
+    assert SLO.parse(scenario.baseline(with_docs).slo).ttft == 1.0  # twice a lone document's
+    slow_first = [_request(a.request_id, **{sc.LATENCY_TPOT: 0.01, sc.LATENCY_TTFT: 0.3}) for a in runs]
+    assert SLO.parse(scenario.baseline(slow_first).slo).ttft == 0.6  # twice the measured TTFT
+    assert measured.slo in measured.describe()
+    with pytest.raises(ValueError, match="quiet measurement"):
+        scenario.baseline([])
+
+
+def test_every_request_belongs_to_one_phase_and_the_load_is_within_the_engine() -> None:
+    phases = scenario.phases(2)
+    ids = [a.request_id for p in phases for a in p.arrivals]
+    assert len(ids) == len(set(ids))
+    assert [p.name for p in phases] == [scenario.QUIET, scenario.DOCUMENTS, scenario.BURST, scenario.SQUEEZE]
+    assert not phases[0].causes and all(p.causes for p in phases[1:])
+    kv_tokens = (scenario.KV_BLOCKS - 1) * scenario.BLOCK_SIZE
+    # a document fits the KV cache beside a wave of chats; the burst exceeds max_num_seqs by construction;
+    # the squeeze's requests, grown, need more KV than there is
+    docs = phases[1]
+    chats = [a for a in docs.arrivals if a.role == "victim"][:scenario.CHATS_PER_WAVE]
+    assert 2 * scenario.DOCUMENT_TOKENS + sum(a.prompt_tokens + a.max_tokens for a in chats) <= kv_tokens
+    assert len(chats) + 2 <= scenario.MAX_NUM_SEQS  # two documents and the chats: one batch, nobody queues
+    assert len(phases[2].arrivals) > scenario.MAX_NUM_SEQS
+    grown = sum(a.prompt_tokens + a.max_tokens for a in phases[3].arrivals[:scenario.MAX_NUM_SEQS - 1])
+    assert grown > kv_tokens
+    assert all(a.prompt_tokens + a.max_tokens <= scenario.ENGINE_ARGS["max_model_len"] for p in phases for a in p.arrivals)
+
+
+def test_the_tally_counts_breached_requests_per_phase_and_verdict() -> None:
+    phases = scenario.phases(1)
+    burst = [a.request_id for a in phases[2].arrivals if a.role == "victim"]
+    documents = [a.request_id for a in phases[1].arrivals if a.role == "load"]
+    spans = [_request(burst[0], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_QUEUE_MAX_SEQS,
+                                   sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS]: 1.5}),
+             _request(burst[1], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),
+             _request(burst[2], **{sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),  # kept (slow), breached nothing
+             _request("somebody-else", **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN}),
+             # a document slowed by its own prefill: counted apart, not judged against the phase's cause
+             _request(documents[0], **{sc.SLO_BREACHED: ("ttft",), sc.SLOW_CAUSE: sc.SLOW_UNKNOWN})]
+    tallies = {t.phase.name: t for t in scenario.tally(phases, spans)}
+    t = tallies[scenario.BURST]
+    assert (t.breached, t.right, t.causes) == (2, 1, {sc.SLOW_QUEUE_MAX_SEQS: 1, sc.SLOW_UNKNOWN: 1})
+    assert t.seconds[sc.SLOW_QUEUE_MAX_SEQS] == 1.5 and t.share_right == 0.5
+    assert tallies[scenario.QUIET].breached == 0 and tallies[scenario.QUIET].share_right is None
+    d = tallies[scenario.DOCUMENTS]
+    assert (d.breached, d.load_breached, d.load_causes) == (0, 1, {sc.SLOW_UNKNOWN: 1})
+    assert d.requests + d.load == len(phases[1].arrivals)
+    table = "\n".join(console.verdict_table(list(tallies.values())))
+    assert "queue_max_seqs" in table and "1 of 2 breached requests (50%)" in table and "not the phase's cause" in table
+    assert f"1 of its {d.load} load requests breached" in table
+
+
+def test_a_quantile_in_the_top_bucket_says_it_is_above_the_last_bound() -> None:
+    point = SimpleNamespace(count=10, explicit_bounds=[0.1, 1.0, 10.0], bucket_counts=[5, 3, 0, 2])
+    assert console.quantile_from_histogram(point, 0.5) == (0.1, False)
+    assert console.quantile_from_histogram(point, 0.99) == (10.0, True)
+    assert console.format_quantile(10.0, True).strip() == "> 10 s"
+    assert console.format_quantile(0.0123, False).strip() == "12.3ms"

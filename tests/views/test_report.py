@@ -146,3 +146,61 @@ def test_stalls_with_decode_windows_use_the_token_weighted_median() -> None:
     assert median_gap_ns(decode) == 10e6
     (stall,) = [seg for seg in t.requests[0].segments if seg.kind == "stall"]
     assert stall.args["token"] == 101 and stall.step_id == 7 and stall.args["other_prefill_tokens"] == 512
+
+
+def _judged_requests():
+    from otel_llm.views.traces import Span
+
+    def request(rid: str, e2e: float, cause: str, breached: tuple[str, ...], **attrs):
+        return Span("t" * 32, rid, "", "chat m", 0, int(e2e * 1e9),
+                    {sc.LATENCY_E2E: e2e, sc.RESPONSE_ID: rid, sc.SLOW_CAUSE: cause, sc.SLO_BREACHED: breached,
+                     sc.SLOW_SECONDS[cause]: 0.4, **attrs}, "svc")
+
+    return [request("slow-queue", 3.0, sc.SLOW_QUEUE_MAX_SEQS, ("ttft",), **{sc.LATENCY_TTFT: 2.5}),
+            request("slow-prefill", 2.0, sc.SLOW_PREFILL_INTERFERENCE, ("tpot",), **{sc.LATENCY_TPOT: 0.0612}),
+            request("slow-both", 1.0, sc.SLOW_PREFILL_INTERFERENCE, ("ttft", "tpot"))]
+
+
+def test_selection_by_cause_and_breached_objective() -> None:
+    from otel_llm.views.timeline import Selection
+
+    spans = _judged_requests()
+    pick = lambda **kw: [lane.title for lane in build(spans, select=Selection(**kw)).requests]  # noqa: E731
+    assert pick() == ["slow-queue", "slow-prefill", "slow-both"]
+    assert pick(cause=sc.SLOW_PREFILL_INTERFERENCE) == ["slow-prefill", "slow-both"]
+    assert pick(breached="ttft") == ["slow-queue", "slow-both"]
+    assert pick(cause=sc.SLOW_PREFILL_INTERFERENCE, breached="ttft", top=1) == ["slow-both"]
+    for bad in (dict(top=0), dict(top=-3), dict(cause="slowness"), dict(breached="latency")):
+        with pytest.raises(ValueError):
+            Selection(**bad)
+
+
+def test_each_lane_carries_its_verdict_with_seconds_and_the_breached_slo() -> None:
+    lanes = build(_judged_requests(), slo={"tpot": 0.03}).requests
+    assert lanes[0].verdict == "why: queue_max_seqs (queue_max_seqs 400 ms); breached ttft 2.50 s"
+    assert lanes[1].verdict == ("why: prefill_interference (prefill_interference 400 ms); "
+                                "breached tpot 61 ms > SLO 30 ms")
+    assert lanes[1].cause == sc.SLOW_PREFILL_INTERFERENCE
+
+
+def test_tooltips_have_units_and_a_readable_precision() -> None:
+    from otel_llm.views.html import _arg
+
+    assert _arg("duration_ms", 0.8867817000000286) == "duration 0.887 ms"
+    assert _arg("duration_ms", 1234.5678) == "duration 1235 ms"
+    assert _arg("kv_cache_usage", 0.4213) == "KV cache 42%"
+    assert _arg("prefill_tokens", 512) == "prefill 512 tokens"
+    assert _arg("other_prefill_tokens", 512) == "other prefill tokens 512"
+
+
+def test_cli_rejects_a_bad_selection_before_writing(tmp_path: Path, capsys) -> None:
+    for args in (["--top", "0"], ["--top", "-3"], ["--top", "x"], ["--cause", "slowness"], ["--breached", "nope"],
+                 ["--slo", "ttft=fast"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["report", str(SLICE), "-o", str(tmp_path / "x.html"), *args])
+        assert exc.value.code == 2, args
+        assert "otel-llm report: error: argument" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
+    assert main(["report", str(SLICE), "-o", str(tmp_path / "y.html"), "--cause", "preemption"]) == 0
+    assert "0 slowest of 5 requests (verdict preemption)" in capsys.readouterr().out
+    assert "No request in this file matches" in (tmp_path / "y.html").read_text()

@@ -6,6 +6,7 @@ expected lanes and labels in the rendered DOM, hovering a request highlights its
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -70,3 +71,45 @@ def test_the_browser_check_sees_errors_and_fetches(browser: Browser, tmp_path: P
     visit = browser.visit(page.as_uri())
     assert any("boom" in e for e in visit.errors) and any("undefinedFunction" in e for e in visit.errors)
     assert "http://127.0.0.1:9/x.png" in visit.requests
+
+
+PHASES_SLICE = Path(__file__).parent / "data" / "demo-phases-slice.jsonl"  # a demo run's judged requests
+
+
+def test_verdicts_axis_tooltips_and_latency_curves_render(browser: Browser, tmp_path: Path) -> None:
+    written = write_report(PHASES_SLICE, tmp_path / "phases.html", top=8, slo={"ttft": 1.3, "tpot": 0.36})
+    t = written.timeline
+    visit = browser.visit(written.html.resolve().as_uri())
+    assert visit.errors == [] and len(visit.requests) == 1
+    # each judged lane says why, in its own line, and its tooltip holds the whole verdict
+    whys = browser.evaluate("[...document.querySelectorAll('g.lane.request')].map(g => "
+                            "[g.getAttribute('data-cause'), (g.querySelector('text.why') || {}).textContent || '',"
+                            " g.querySelector('rect.bg title').textContent])")
+    assert [w[0] for w in whys] == [lane.cause for lane in t.requests]
+    for (cause, line, full), lane in zip(whys, t.requests):
+        if cause:
+            assert line.startswith(f"why: {cause}") and lane.verdict in full and "breached" in full
+    assert any("> SLO" in w[2] for w in whys)
+    # the engine lane says which steps it shows
+    engine = browser.evaluate("[...document.querySelectorAll('g.lane.engine text')].map(x => x.textContent)")
+    assert any("steps that served kept requests" in x for x in engine) and any("not idle time" in x for x in engine)
+    # tooltips carry units, not raw floats
+    tips = browser.evaluate("[...document.querySelectorAll('rect.seg title')].map(x => x.textContent)")
+    assert any(" ms" in tip for tip in tips) and not any(re.search(r"\d\.\d{7,}", tip) for tip in tips)
+    # every axis label lies inside the page's drawing
+    overflow = browser.evaluate("(() => { const svg = document.getElementById('timeline').getBoundingClientRect();"
+                                " return [...document.querySelectorAll('#timeline text.tick')].filter(x => "
+                                "x.getBoundingClientRect().right > svg.right + 0.5).length; })()")
+    assert overflow == 0
+    # the latency curves: four plots, points drawn on screen, prefill and decode from this file's steps
+    curves = browser.evaluate("Object.fromEntries([...document.querySelectorAll('svg.curve')].map(s => "
+                              "[s.getAttribute('data-curve'), s.querySelectorAll('circle.pt').length]))")
+    assert set(curves) == {"prefill", "decode", "roofline", "ttft"}
+    assert curves["prefill"] > 0 and curves["decode"] > 0 and curves["ttft"] == t.total_requests
+    size = browser.evaluate("document.querySelector('svg.curve circle.pt').getBoundingClientRect().width")
+    assert size > 0
+    shot = tmp_path / "phases.png"
+    browser.screenshot(shot)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("OTEL_LLM_SCREENSHOT_PHASES"):
+        shutil.copyfile(shot, os.environ["OTEL_LLM_SCREENSHOT_PHASES"])

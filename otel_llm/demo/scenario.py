@@ -1,0 +1,288 @@
+"""The demo's scripted workload: phases whose causes are known, driven by engine steps, not the clock.
+
+Each phase is built so that the verdict's own rules, not the machine's speed, decide why its requests
+were slow (``otel_llm.core.diagnosis.verdict``):
+
+* **steady chat** (quiet): a few short chats at a time: the baseline, built to cause nothing;
+* **long documents**: chats decoding while documents of many tokens are prefilled, one a step,
+  beside them; the chats' decode steps carry the documents' prefill tokens (prefill interference);
+* **burst**: four times ``max_num_seqs`` requests at once: three of every four wait with the batch full
+  (queueing, max_num_seqs);
+* **KV-cache squeeze**: long prompts that grow past a KV cache that holds five of them; the
+  scheduler preempts some and holds the others back for KV blocks with the batch half empty.
+
+Arrivals are counted in engine steps (the engine runs in this process, so each ``step()`` is one
+scheduler step): the same requests meet the same batches on any machine. Before each phase a quiet
+measurement runs requests of the phase's shape without its twist, and the phase's SLOs are set from it
+(``TPOT_FACTOR`` times its TPOT, ``TTFT_FACTOR`` times its TTFT and at least ``TTFT_STEPS`` decode steps): they follow the machine's
+speed as it drifts, so the breaches come from the phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, Callable, ContextManager, Iterable, Mapping
+
+from .. import semconv as sc
+
+# One engine for every phase. 81 KV blocks of 32 tokens (vLLM keeps one back): 2,560 tokens, enough
+# for two documents beside the chats, too few for the squeeze. A step's token budget holds two whole
+# documents, so they are prefilled two to a step.
+MAX_NUM_SEQS = 6
+BLOCK_SIZE = 32
+KV_BLOCKS = 81
+DOCUMENT_TOKENS = 1024
+ENGINE_ARGS: dict[str, Any] = dict(
+    load_format="dummy", dtype="float32", enforce_eager=True, max_model_len=(KV_BLOCKS - 1) * BLOCK_SIZE,
+    max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2560, block_size=BLOCK_SIZE,
+    num_gpu_blocks_override=KV_BLOCKS, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
+    disable_log_stats=False,
+)
+DOCUMENTS_PER_WAVE = 8  # steps of a wave that prefill documents, two of them each
+CHATS_PER_WAVE = MAX_NUM_SEQS - 2  # and the chats beside them fill the batch
+SQUEEZE_TOKENS = 496
+# The SLOs, from the quiet measurement before each phase (its own requests' shape, without the phase's
+# twist): TPOT a multiple of the measured median TPOT; TTFT a multiple of the measured median TTFT, and
+# at least a number of its decode steps. A document's prefill costs five to twenty decode steps on the
+# machines seen: a chat whose decode steps carry two of them, eight times, misses the TPOT SLO by far; a burst's later
+# waves wait 96 decode steps, a squeezed request another's whole life, many times the TTFT SLO.
+TPOT_FACTOR = 3.0
+TTFT_FACTOR = 2.0
+TTFT_STEPS = 16
+# The engine computes on one OpenMP thread: on a shared machine, threads that wait for each other at
+# every small kernel make a decode step several times slower (and its time far noisier) than one thread.
+ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # set before torch is imported
+
+QUIET, DOCUMENTS, BURST, SQUEEZE = "steady chat", "long documents", "burst", "KV-cache squeeze"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request the phase adds before its ``step``-th engine step."""
+
+    step: int
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    role: str = "victim"  # "victim": the phase is built to slow it; "load": it slows the others
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str  # its requests' id prefix
+    name: str
+    causes: frozenset[str]  # the verdict causes it is built to produce; empty for the quiet phase
+    built: str  # what it does, for the verdict table
+    arrivals: tuple[Arrival, ...]
+    quiet: tuple[int, int, int]  # its measurement: (requests decoding together, prompt tokens, output tokens)
+
+    def request_ids(self) -> set[str]:
+        return {a.request_id for a in self.arrivals}
+
+    def roles(self) -> dict[str, str]:
+        return {a.request_id: a.role for a in self.arrivals}
+
+
+def _chats(prefix: str, n: int, every: int, max_tokens: int) -> list[Arrival]:
+    return [Arrival(i * every, f"{prefix}-{i}", 16 + (i * 11) % 32, max_tokens) for i in range(n)]
+
+
+def phases(scale: int = 2) -> list[Phase]:
+    """The scenario; ``scale`` sizes the phases (2: the demo, 1: the test's short run; either way each
+    cause phase has at least ten requests built to breach)."""
+    quiet = _chats("chat", 6 * scale, 8, 24)
+    documents: list[Arrival] = []
+    for w in range(scale + 1):
+        # a wave: four chats decode three tokens alone (the verdict's baseline for a decode step of four),
+        # then two documents arrive each step for eight steps, prefilled whole beside the chats' decodes,
+        # which have twelve tokens in all: most of their decode steps carry two documents
+        base = 20 * w
+        documents += [Arrival(base, f"doc-chat-{w}-{i}", 16 + i, 4 + DOCUMENTS_PER_WAVE) for i in range(CHATS_PER_WAVE)]
+        documents += [Arrival(base + 4 + d // 2, f"doc-{w}-{d}", DOCUMENT_TOKENS, 1, "load")
+                      for d in range(2 * DOCUMENTS_PER_WAVE)]
+    # the first wave fills the batch (load: it waits for nothing); the later waves queue behind it
+    burst = [Arrival(0, f"burst-{i}", 8 + i % 8, 96, "load" if i < MAX_NUM_SEQS else "victim")
+             for i in range((2 + scale) * MAX_NUM_SEQS)]
+    # 496-token prompts: 16 blocks each, five fill the cache; each needs 4 more blocks as it grows
+    # the first five are admitted at once and hold the cache (load: they wait for nothing, though one
+    # may be preempted as they grow); the others wait for KV blocks
+    fit = (KV_BLOCKS - 1) // math.ceil(SQUEEZE_TOKENS / BLOCK_SIZE)
+    squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120, "load" if i < fit else "victim")
+               for i in range(10 + scale)]
+    return [
+        Phase("chat", QUIET, frozenset(), "short chats, three at a time", tuple(quiet), (MAX_NUM_SEQS - 1, 32, 24)),
+        Phase("doc", DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
+              f"{DOCUMENT_TOKENS}-token documents prefilled beside decoding chats", tuple(documents),
+              (CHATS_PER_WAVE, 18, 24)),
+        Phase("burst", BURST, frozenset({sc.SLOW_QUEUE_MAX_SEQS}),
+              f"{len(burst)} requests at once, max_num_seqs {MAX_NUM_SEQS}", tuple(burst), (MAX_NUM_SEQS - 1, 12, 48)),
+        Phase("squeeze", SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
+              f"{len(squeeze)} growing {SQUEEZE_TOKENS}-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} "
+              "tokens", tuple(squeeze), (3, SQUEEZE_TOKENS, 48)),
+    ]
+
+
+def measurement(phase: Phase) -> list[Arrival]:
+    """The quiet measurement before a phase: requests of its shape decoding together, as many as fit
+    without queueing or squeezing the KV cache."""
+    n, prompt_tokens, max_tokens = phase.quiet
+    out = [Arrival(0, f"{phase.key}-base-{i}", prompt_tokens + i, max_tokens) for i in range(n)]
+    if phase.key == "doc":  # and its documents, two a step as in the phase, with nothing else running
+        out += [Arrival(max_tokens + 8 + 4 * (i // 2), f"{phase.key}-base-doc-{i}", DOCUMENT_TOKENS, 1, "load")
+                for i in range(6)]
+    return out
+
+
+def renamed(arrivals: Iterable[Arrival], prefix: str) -> list[Arrival]:
+    """The same requests under other ids (a warm-up of a phase)."""
+    return [dataclasses.replace(a, request_id=prefix + a.request_id) for a in arrivals]
+
+
+def prompt(request_id: str, tokens: int) -> dict[str, list[int]]:
+    """Token ids of its own for each request (no two prompts share a prefix)."""
+    seed = sum(ord(c) * 131 ** i for i, c in enumerate(request_id)) % 9973
+    return {"prompt_token_ids": [3 + (seed + 31 * j) % 500 for j in range(tokens)]}
+
+
+def drive(engine: Any, arrivals: Iterable[Arrival]) -> int:
+    """Add each request before its step and step the engine until all are done; returns how many
+    finished. ``engine``: a ``vllm.LLMEngine`` whose EngineCore runs in this process."""
+    from vllm import SamplingParams
+
+    pending = sorted(arrivals, key=lambda a: a.step)
+    step, finished, i = 0, 0, 0
+    while i < len(pending) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and i < len(pending):
+            step = max(step, pending[i].step)  # idle: the next arrival comes now
+        while i < len(pending) and pending[i].step <= step:
+            a = pending[i]
+            engine.add_request(a.request_id, prompt(a.request_id, a.prompt_tokens),
+                               SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, temperature=0.0))
+            i += 1
+        finished += sum(1 for out in engine.step() if out.finished)
+        step += 1
+    return finished
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a quiet measurement found, and the SLOs it sets."""
+
+    tpot: float  # median, s
+    ttft: float  # median, s
+    requests: int
+
+    @property
+    def slo(self) -> str:
+        ttft = max(TTFT_FACTOR * self.ttft, TTFT_STEPS * self.tpot)
+        return f"ttft={round_up(ttft)},tpot={round_up(TPOT_FACTOR * self.tpot)}"
+
+    def describe(self) -> str:
+        return (f"quiet measurement: TPOT {1000 * self.tpot:.1f} ms, TTFT {1000 * self.ttft:.1f} ms (medians of "
+                f"{self.requests}); SLOs: TTFT {TTFT_FACTOR:g}x or {TTFT_STEPS} decode steps, TPOT "
+                f"{TPOT_FACTOR:g}x: {self.slo}")
+
+
+def baseline(requests: Iterable[Mapping[str, Any]]) -> Baseline:
+    """From the request-span attributes of a quiet ``measurement`` (every one sampled): TPOT of its
+    decoding requests; TTFT of its documents where it has some (the longest prompts the phase sends),
+    else of all."""
+    measured = [a for a in requests if "-base-" in str(a.get(sc.RESPONSE_ID, ""))]
+    tpot = [float(a[sc.LATENCY_TPOT]) for a in measured if isinstance(a.get(sc.LATENCY_TPOT), (int, float))]
+    docs = [a for a in measured if "-base-doc-" in str(a[sc.RESPONSE_ID])]
+    ttft = [float(a[sc.LATENCY_TTFT]) for a in docs or measured if isinstance(a.get(sc.LATENCY_TTFT), (int, float))]
+    if not tpot or not ttft:
+        raise ValueError("the quiet measurement recorded no TPOT or TTFT: is otel_llm instrumented?")
+    return Baseline(median(tpot), median(ttft), len(measured))
+
+
+def round_up(seconds: float) -> str:
+    """Two significant digits, rounded up (an SLO is a round number a person would write)."""
+    digits = 1 - math.floor(math.log10(seconds)) if seconds > 0 else 3
+    step = 10 ** -digits
+    return f"{math.ceil(round(seconds / step, 6)) * step:.{max(digits, 0)}f}"  # round: 0.07 / 0.01 is 7.000000000000001
+
+
+@dataclass
+class PhaseTally:
+    """Of one phase's victim requests (those it is built to slow) that breached an SLO: how many, and their
+    verdicts. Its load requests (a document prefilled beside the chats, the burst's first wave that fills
+    the batch) are slowed by their own work, not by the phase's cause: their breaches are counted apart,
+    in ``load_breached``, and are not judged."""
+
+    phase: Phase
+    requests: int = 0  # victim requests sent
+    load: int = 0  # load requests sent
+    load_breached: int = 0
+    load_causes: dict[str, int] = field(default_factory=dict)  # verdict -> breached load requests
+    breached: int = 0
+    causes: dict[str, int] = field(default_factory=dict)  # verdict -> breached requests
+    seconds: dict[str, float] = field(default_factory=dict)  # verdict -> seconds it cost those requests
+
+    @property
+    def right(self) -> int:
+        return sum(n for c, n in self.causes.items() if c in self.phase.causes)
+
+    @property
+    def share_right(self) -> float | None:
+        return self.right / self.breached if self.breached else None
+
+
+def tally(all_phases: list[Phase], requests: Iterable[Mapping[str, Any]]) -> list[PhaseTally]:
+    """Group breached request spans (by ``gen_ai.response.id``) by the phase that sent them; a phase's
+    load requests are counted apart (``PhaseTally.load_breached``)."""
+    owner = {rid: (p.name, role) for p in all_phases for rid, role in p.roles().items()}
+    out = {p.name: PhaseTally(p, requests=sum(a.role != "load" for a in p.arrivals),
+                              load=sum(a.role == "load" for a in p.arrivals)) for p in all_phases}
+    for a in requests:
+        name, role = owner.get(str(a.get(sc.RESPONSE_ID, "")), (None, None))
+        if name is None or not a.get(sc.SLO_BREACHED):
+            continue
+        t = out[name]
+        cause = str(a.get(sc.SLOW_CAUSE, sc.SLOW_UNKNOWN))
+        if role == "load":
+            t.load_breached += 1
+            t.load_causes[cause] = t.load_causes.get(cause, 0) + 1
+            continue
+        t.breached += 1
+        t.causes[cause] = t.causes.get(cause, 0) + 1
+        cost = a.get(sc.SLOW_SECONDS[cause]) if cause in sc.SLOW_SECONDS else None
+        t.seconds[cause] = t.seconds.get(cause, 0.0) + (float(cost) if isinstance(cost, (int, float)) else 0.0)
+    return list(out.values())
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    phase: Phase
+    slo: str
+    seconds: float
+    baseline: Baseline | None  # None: the SLOs were given
+
+
+Measure = Callable[[], ContextManager[Callable[[], list[Mapping[str, Any]]]]]
+Judge = Callable[[str], ContextManager[None]]
+
+
+def run_phases(engine: Any, all_phases: list[Phase], measure: Measure, judge: Judge, slo: str | None = None,
+               report: Callable[[PhaseRun], None] = lambda run: None) -> list[PhaseRun]:
+    """Each phase after a quiet measurement of its own (unless ``slo`` fixes the SLOs), so the SLOs follow
+    the machine's speed as it drifts: ``measure()`` instruments for the measurement and yields a function
+    returning its request-span attributes; ``judge(slo)`` instruments with those SLOs for the phase."""
+    out = []
+    for phase in all_phases:
+        measured = None
+        if slo is None:
+            with measure() as finished:
+                drive(engine, measurement(phase))
+                measured = baseline(finished())
+        with judge(slo or measured.slo):
+            started = time.monotonic()
+            drive(engine, phase.arrivals)
+            run = PhaseRun(phase, slo or measured.slo, time.monotonic() - started, measured)
+        report(run)
+        out.append(run)
+    return out
