@@ -403,7 +403,13 @@ STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
 STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
                        "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)",
                        kind="counter", attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
-STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU)
+SPEC_POSITION_TOKENS = InstrumentSpec(
+    "llm.server.spec_decode.position.tokens", "{token}",
+    f"Speculative draft tokens by draft position ({sc.SPEC_POSITION}, 0-based) and {sc.SPEC_TOKEN_KIND} (drafted, "
+    "accepted), over every engine step: accepted / drafted at a position is its acceptance rate (vLLM's "
+    "num_accepted_tokens_per_pos over num_draft_tokens_per_pos)", kind="counter",
+    attributes=(sc.SPEC_POSITION, sc.SPEC_TOKEN_KIND))
+STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU, SPEC_POSITION_TOKENS)
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
 _HW = (sc.HW_ID, sc.HW_NAME, sc.HW_TYPE, sc.HW_VENDOR)
 GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1",

@@ -49,6 +49,8 @@ class RequestTimeline:
     spec: list[int] | None = None
     lora_name: str | None = None  # the LoRA adapter that served it (vLLM's LoRARequest), None: the base model
     lora_id: int | None = None
+    # cache-read prompt tokens by source, where the engine reports them: (local prefix cache, KV connector)
+    cache_sources: tuple[int, int] | None = None
     # the engine steps that served it (ids, in order): filled at finish by the pipeline, for the requests
     # whose verdict needs them (core/pipeline.py: steps are linked lazily, not per token)
     steps: list[int] = field(default_factory=list)
