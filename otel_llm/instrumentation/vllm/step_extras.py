@@ -18,32 +18,47 @@ from typing import Any, Sequence
 
 
 def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any,
-                ids: Sequence[str]) -> tuple[list[int], list[int], list[int]] | None:
-    """(share indices, drafted, accepted) of the shares that verified drafts in this step, or None."""
-    drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
-    if not drafts:
-        return None
+                scheduled: Any) -> tuple[list[str], list[int], list[int]] | None:
+    """(request ids, drafted, accepted) of the requests that verified drafts in this step, or None. Called
+    before ``update_from_output``: vLLM trims a stopped request's sampled tokens in place there, after
+    counting them (drafts accepted past ``max_tokens`` count, as in its own statistics). ``scheduled``:
+    the step's ``num_scheduled_tokens`` (a request vLLM did not schedule is left out)."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens
     sampled = getattr(model_output, "sampled_token_ids", None)
     index = getattr(model_output, "req_id_to_index", None)
-    if index is None:
+    if not drafts or index is None:
         return None
     invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
     per_step = getattr(scheduler, "num_sampled_tokens_per_step", 1)
-    position = {rid: i for i, rid in enumerate(ids)}
-    at: list[int] = []
+    ids: list[str] = []
     drafted: list[int] = []
     accepted: list[int] = []
     for rid, tokens in drafts.items():
-        i = position.get(rid)
         j = index.get(rid)
-        if not tokens or i is None or j is None:
+        if not tokens or j is None or rid not in scheduled:
             continue
         generated = sampled[j] if sampled else ()
         if not len(generated) and per_step != 0:  # nothing sampled for it (vLLM skips it too)
             continue
-        at.append(i)
+        ids.append(rid)
         drafted.append(len(tokens) - invalid.get(rid, 0))
         accepted.append(max(len(generated) - per_step, 0))
+    return (ids, drafted, accepted) if ids else None
+
+
+def share_positions(spec: tuple[list[str], list[int], list[int]],
+                    ids: Sequence[str]) -> tuple[list[int], list[int], list[int]] | None:
+    """The counts of ``spec_counts`` keyed by share index in the step's record (``ids``, its shares)."""
+    position = {rid: i for i, rid in enumerate(ids)}
+    at: list[int] = []
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for rid, d, a in zip(*spec):
+        i = position.get(rid)
+        if i is not None:
+            at.append(i)
+            drafted.append(d)
+            accepted.append(a)
     return (at, drafted, accepted) if at else None
 
 

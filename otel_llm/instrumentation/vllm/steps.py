@@ -38,10 +38,15 @@ import time
 from typing import Any, Callable
 
 from ...core.guard import GUARD
+from ...core.spec_decode import SpecStep
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
 from . import step_ring, step_wire
+from .step_extras import active_loras, share_positions, spec_counts
+from .step_wire import Extras
+
+_NO_SPEC = ((), (), ())
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 logger = logging.getLogger("otel_llm")
@@ -381,6 +386,11 @@ def decode(payload: tuple) -> StepRecord:
         contexts = [s[3] for s in shares]
     step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s, step.idle_s, step.model_s = payload[9:14]
+    if len(payload) > 14:  # the extras (step_wire.Extras): speculative drafts, LoRA adapters
+        spec_at, drafted, accepted, loras = payload[14]
+        if spec_at:
+            step.spec = SpecStep(list(spec_at), list(drafted), list(accepted))
+        step.loras = tuple(loras) if loras else None
     return step
 
 
@@ -517,7 +527,8 @@ class StepHooks:
             # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
             idle = None if last_end is None else (start - last_end if not pending else 0.0)
             pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
-                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
+                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE,
+                                active_loras(instance, shares[0]) if instance.lora_config is not None else None)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
         return out
@@ -593,22 +604,30 @@ class StepHooks:
         if sink is None:
             return wrapped(*args, **kwargs)
         clock = self.clock
-        entered = clock()
-        result = wrapped(*args, **kwargs)
-        left = clock()
+        spec = None
         try:
             if len(args) == 2:  # as vLLM's EngineCore calls it
                 scheduler_output, model_output = args
             else:
                 scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
                 model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
+            # speculative drafts (a dict that is empty unless the step verified some), counted before vLLM
+            # trims a stopped request's sampled tokens in place (its own counts are taken before that too)
+            if scheduler_output.scheduled_spec_decode_tokens:
+                spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens)
+        except Exception as exc:
+            GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
+        entered = clock()
+        result = wrapped(*args, **kwargs)
+        left = clock()
+        try:
             key = id(scheduler_output)
             pending = self.pending.pop(key, None)
             model = getattr(model_output, _MODEL_TIME_ATTR, None)
             if model is None and self.model:
                 model = self.model.pop(key, None)
             if pending is not None and pending[7][0]:
-                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
+                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending
                 end = None
                 for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
                     end = o.timestamp
@@ -618,8 +637,15 @@ class StepHooks:
                 self.last_end = left
                 if model is not None and model.__class__ is not float:
                     model = self.cuda_seconds(model)
-                sink((self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares, blocked,
-                      scheduled - start, entered - scheduled, end - entered, idle, model))
+                payload = (self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares,
+                           blocked, scheduled - start, entered - scheduled, end - entered, idle, model)
+                # speculative drafts and LoRA adapters: a 15th field only in steps that have them
+                # (step_wire.Extras; the C encoder takes the rest)
+                if spec is not None:
+                    spec = share_positions(spec, shares[0])
+                if spec is not None or loras is not None:
+                    payload += (Extras(*(spec or _NO_SPEC), loras or ()),)
+                sink(payload)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook", exc)
         return result
