@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "collector"), str(ROOT / "benchmarks")]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from collector_throughput import build_requests, kv, unique_copies  # noqa: E402
-from otel_llm.core import semconv as sc  # noqa: E402
+from otel_llm import semconv as sc  # noqa: E402
 from otel_llm_collector.config import CollectorConfig  # noqa: E402
 from otel_llm_collector.gateway import Gateway  # noqa: E402
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "collector"))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
 
-from otel_llm.core import semconv as sc  # noqa: E402
+from otel_llm import semconv as sc  # noqa: E402
 from otel_llm_collector.config import CollectorConfig  # noqa: E402
 from otel_llm_collector.gateway import Gateway  # noqa: E402
 

@@ -43,7 +43,7 @@ def main() -> None:
     import otel_llm
     from otel_llm.instrumentation.vllm import VLLMInstrumentor, step_ring, step_wire, steps
     from otel_llm.core import pipeline as pipeline_mod
-    from otel_llm.core.guard import GUARD
+    from otel_llm.guard import GUARD
     from vllm_overhead import providers
 
     tp, mp = providers(None)

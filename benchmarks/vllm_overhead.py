@@ -242,7 +242,8 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
 
     from vllm.v1.engine import EngineCoreOutput
 
-    from otel_llm.instrumentation.vllm import steps as st
+    from otel_llm.instrumentation.vllm.step_hooks import StepHooks
+    from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
 
     class Req:
         __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens")
@@ -272,9 +273,9 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
     update = lambda scheduler_output, model_runner_output: outputs  # noqa: E731
     model_output = types.SimpleNamespace()
     directory = tempfile.mkdtemp(prefix="otel-llm-bench-")
-    receiver = st.StepReceiver(directory)
+    receiver = StepReceiver(directory)
     got = []
-    hooks = st.StepHooks()  # armed by hand below: arm() would also wrap vLLM's real scheduler
+    hooks = StepHooks()  # armed by hand below: arm() would also wrap vLLM's real scheduler
 
     def per_step(hooked: bool) -> float:
         samples = []
@@ -294,9 +295,9 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
         bare = per_step(False)
         hooks.sink = None
         disarmed = per_step(True)
-        hooks.sink = st.SocketSink(directory)
+        hooks.sink = SocketSink(directory)
         armed = per_step(True)
-    except AttributeError as exc:  # the hooks moved (steps.py): say so rather than measure something else
+    except AttributeError as exc:  # the hooks moved (step_hooks.py): say so rather than measure something else
         return {"error": f"step hooks not found: {exc!r}"}
     finally:
         hooks.sink = None

@@ -122,7 +122,7 @@ def stats() -> dict[str, Any]:
     "errors": {"site": count}}``. The same numbers are observable counters named ``otel_llm.*``
     on the meter provider (see the README, "Its own health").
     """
-    from .core.guard import GUARD
+    from .guard import GUARD
 
     out: dict[str, Any] = {}
     for package, path in _INSTRUMENTORS.items():

@@ -43,7 +43,7 @@ from opentelemetry.sdk.metrics.export import (AggregationTemporality, Histogram,
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 
 # the SDK's defaults, so an instrument without advice buckets like the SDK's
 DEFAULT_BOUNDARIES = (0.0, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0, 250.0, 500.0, 750.0, 1000.0, 2500.0, 5000.0,

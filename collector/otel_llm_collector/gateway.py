@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.core.sampling import Policy, attribute_keys
 from otel_llm.core.sampling.registry import build

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.metrics import SERVER_HISTOGRAMS, SERVER_METRICS
 from otel_llm.core.slo import SLO, SLOTable
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.summary import ATTRIBUTE_SLOTS, CONVERTERS, RequestSummary, native_provider_of
 from otel_llm.otlp import encode
 from otel_llm.otlp.messages import ExportTraceServiceRequest, parse_request

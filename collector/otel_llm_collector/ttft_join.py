@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.metrics import CLIENT_OVERHEAD, create
 
 from .spans import Extracted

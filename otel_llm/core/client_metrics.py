@@ -21,7 +21,7 @@ from operator import attrgetter
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
-from . import semconv as sc
+from .. import semconv as sc
 from .metrics import (CHARACTER_UNIT, DURATION_BUCKETS, RATE_BUCKETS, HistogramSpec, MetricSet, RequestMetrics,
                       _if_succeeded)
 from .slo import SLOTable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import semconv as sc
+from .. import semconv as sc
 
 DEFAULT_CAP = 64  # adapters with series of their own (per process): more is what "other" is for
 MAX_LABEL_LENGTH = 128  # characters of an adapter name kept as a label value

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .guard import GUARD
+from ..guard import GUARD
 
 
 class Materializer:

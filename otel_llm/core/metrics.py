@@ -15,7 +15,7 @@ from typing import Any, Callable
 from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
-from . import semconv as sc
+from .. import semconv as sc
 from .sdk_metrics import CountsRecorder, bind_counts, bind_value
 from .buckets import (ACCEPTANCE_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, DURATION_BUCKETS, INTER_TOKEN_BUCKETS,
                       PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS)

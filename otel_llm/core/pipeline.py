@@ -22,7 +22,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
-from .guard import GUARD
+from ..guard import GUARD
 from .inter_token import gap_summary
 from .lora import AdapterNames
 from .materializer import Materializer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import semconv as sc
+from .. import semconv as sc
 
 
 def sampling_attributes(params: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ histogram has one value per output token, while the API has no call that adds co
   counted value at its bucket's midpoint (bucket counts exact, sum and min/max approximate).
 
 This is the only module that touches the metrics SDK's private internals;
-``tests/test_sdk_metrics.py`` checks both recorders against the SDK's own calls and fails
+``tests/core/test_sdk_metrics.py`` checks both recorders against the SDK's own calls and fails
 loudly when the internals move (``fast_path`` says which path a recorder took).
 """
 

@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable, Literal
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from . import semconv as sc
-from .guard import GUARD
+from .. import semconv as sc
+from ..guard import GUARD
 from .metrics import InstrumentSpec
 
 STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", sc.ENGINE

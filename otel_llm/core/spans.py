@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, Tracer
 
-from . import semconv as sc
+from .. import semconv as sc
 from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
@@ -522,7 +522,7 @@ def token_steps(token_ts: Sequence[float], steps: Sequence[StepRecord]) -> dict[
     """The engine step that produced each token (index into ``token_ts``), for the steps given.
 
     A token's stamp is the timestamp of the engine's output batch, which is also the end the
-    step hook recorded (steps.py): equal for the first client, microseconds apart for the others
+    step hook recorded (step_hooks.py): equal for the first client, microseconds apart for the others
     (vLLM stamps one output batch per client). Steps that produced no token (a non-final prefill
     chunk) match nothing."""
     index = {v: i for i, v in enumerate(token_ts)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..otlp import encode as w
-from . import semconv as sc
+from .. import semconv as sc
 from .timeline import StepRecord
 
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from . import semconv as sc
+from .. import semconv as sc
 from .inter_token import GapSummary, from_counts
 from .spec_decode import acceptance_length, acceptance_rate
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind
 
-QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # vLLM's EngineCoreEventType values (fenced: tests/test_vllm_fences.py)
+QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # vLLM's EngineCoreEventType values (fenced: tests/vllm/test_vllm_fences.py)
 
 # Why the head of the engine's waiting queue was not admitted in a step (StepRecord.queue_blocked),
 # decided by the adapter where the scheduler's state is exact (see diagnosis/verdict.py).

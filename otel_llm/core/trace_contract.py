@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import semconv as sc
+from .. import semconv as sc
 
 
 @dataclass(frozen=True)

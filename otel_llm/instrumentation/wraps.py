@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import wrapt
 
-from ..core.guard import GUARD
+from ..guard import GUARD
 
 
 @dataclass(frozen=True)

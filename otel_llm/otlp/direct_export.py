@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core.guard import GUARD
+from ..guard import GUARD
 from . import sdk_bridge
 from .encode import RequestFrame
 

@@ -4,7 +4,7 @@ A decode-step span differs from its siblings only in its span id, its two timest
 two small integers. Building it as an SDK ``ReadableSpan`` and letting the SDK's Python
 encoder turn it into protobuf objects costs ~20 µs a span (benchmarks/vllm_overhead.py);
 writing its wire bytes from a per-request template costs ~1.5 µs. The bytes parse to the
-same ``Span`` message the SDK's encoder makes from the same span (tests/test_otlp_wire.py).
+same ``Span`` message the SDK's encoder makes from the same span (tests/otlp/test_otlp_wire.py).
 
 Wire format reference: opentelemetry-proto ``trace/v1/trace.proto``, ``common/v1/common.proto``.
 """

@@ -4,7 +4,7 @@ Direct export (``direct_export``, ``wire_tracer``) sends spans we encoded oursel
 exporters the tracer provider already has, and writes them as the SDK would. For that it must see
 what the public API does not show: which processors a provider has and what is behind them, a
 batch processor's schedule, an exporter's client, a tracer's span limits and scope. Those reads
-are here and nowhere else (tests/test_otlp_package.py checks that), so a new SDK release that
+are here and nowhere else (tests/otlp/test_otlp_package.py checks that), so a new SDK release that
 moves one breaks this module alone, and ``check()`` says which one.
 
 Tested with opentelemetry-sdk and opentelemetry-exporter-otlp-proto-{http,grpc}:

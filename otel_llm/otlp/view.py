@@ -27,7 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from ..core import semconv as sc
+from .. import semconv as sc
 
 _F = descriptor_pb2.FieldDescriptorProto
 _PKG = "otel_llm.otlp.view"

@@ -7,7 +7,7 @@ would decide stays the SDK's: trace and span ids come from the tracer's id gener
 sampling from its sampler (``start_span`` here follows ``opentelemetry.sdk.trace.Tracer.
 start_span`` step by step), links are capped by its span limits; only sampled spans are
 exported, as the batch processor does. The bytes equal the SDK encoder's for the same
-span (tests/test_otlp_wire.py).
+span (tests/otlp/test_otlp_wire.py).
 """
 
 from __future__ import annotations

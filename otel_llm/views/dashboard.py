@@ -32,7 +32,7 @@ from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DataSo
 
 from ..core import metrics as m
 from ..core import self_metrics as sm
-from ..core import semconv as sc
+from .. import semconv as sc
 from ..core.prometheus_names import prom_label, prom_name
 
 UID = "otel-llm"

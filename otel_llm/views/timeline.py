@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import semconv as sc
+from .. import semconv as sc
 from .traces import Span, index
 
 # A decode step is a stall when its gap is this many times the request's median gap (and at least STALL_MIN_S):

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from ..core import semconv as sc
+from .. import semconv as sc
 from ..otlp.json_codec import OtlpJsonError, parse_request
 
 

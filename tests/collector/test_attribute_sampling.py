@@ -11,7 +11,7 @@ from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.spans import MAX_VALUES_PER_KEY, extract
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 
 
 class Capture:

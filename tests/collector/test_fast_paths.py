@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.sampling import OptionError, TraceView
 from otel_llm.core.sampling.registry import TYPES, PolicyConfigError, PolicySpec, build, parse_policies, parse_policy
 from otel_llm.core.summary import ATTRIBUTE_SLOTS, RequestSummary

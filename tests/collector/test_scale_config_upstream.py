@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, SERVER_METRICS, TTFT_BUCKETS
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm_collector.cli import main

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collector_testkit import export_request, loopback_config, request_attrs, span
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.metrics import SLO_BREACHES
 from otel_llm_collector.gateway import Gateway
 from support.metrics import points_by_name

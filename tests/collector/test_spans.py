@@ -64,7 +64,7 @@ def test_extract_keeps_each_span_as_received_and_the_last_of_repeated_keys() -> 
     from collector_testkit import any_value as av
     from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-    from otel_llm.core import semconv as sc
+    from otel_llm import semconv as sc
 
     s = span(1, 1, attrs=request_attrs(model="first"))
     s.attributes.append(KeyValue(key=sc.REQUEST_MODEL, value=av("last")))  # a repeated key: the last wins
@@ -86,7 +86,7 @@ def test_receive_path_facts_equal_the_cores_derivation_over_full_class_attribute
     as ``request_facts`` over the full classes' attribute dict, for ours, native, odd-typed and plain spans."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-    from otel_llm.core import semconv as sc
+    from otel_llm import semconv as sc
     from otel_llm_collector.spans import attributes, request_facts
 
     cases = [request_attrs(), request_attrs(model="", e2e=2, ttft=True, **{sc.SAMPLING_REASON: "slo:ttft"}),
@@ -112,7 +112,7 @@ def test_receive_path_facts_equal_the_cores_derivation_over_full_class_attribute
 
 def test_a_non_finite_token_count_is_no_count_and_does_not_fail_the_request() -> None:
     """An int field sent as a NaN or infinite double reads as absent; it raised, refusing the whole export request."""
-    from otel_llm.core import semconv as sc
+    from otel_llm import semconv as sc
 
     odd = {sc.USAGE_OUTPUT_TOKENS: float("nan"), sc.USAGE_INPUT_TOKENS: float("inf"),
            sc.NUM_PREEMPTIONS: float("-inf")}

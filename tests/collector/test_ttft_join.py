@@ -7,7 +7,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.ttft_join import OVERHEAD, TTFTJoin
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from support.metrics import points_by_name
 
 

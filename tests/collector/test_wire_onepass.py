@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.otlp.messages import MalformedRequest, parse_request
 from otel_llm.otlp.view import RequestView, SpanView, is_error
 from otel_llm_collector import spans as S

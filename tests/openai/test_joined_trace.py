@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from support.otlp_sink import OTLPSink, SinkSpan
 from support.server import VLLMServer
 

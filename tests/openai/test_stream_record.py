@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_llm.core.client_metrics import ClientMetrics
 from otel_llm.core.config import Config
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.instrumentation.openai.ops import Chat
 from otel_llm.instrumentation.openai.record import CallRecord
 from otel_llm.instrumentation.openai.stream import StreamProxy

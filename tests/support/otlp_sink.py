@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                        ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 
 _KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 _STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}

@@ -17,9 +17,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 import fake_trtllm as fake
-from otel_llm.core import semconv as sc
-from otel_llm.core.guard import GUARD
-from traces import MS, engine_steps, request_trees, row_tokens
+from otel_llm import semconv as sc
+from otel_llm.guard import GUARD
+from support.traces import MS, engine_steps, request_trees, row_tokens
 from trtllm_env import instrumented
 
 

@@ -45,7 +45,7 @@ import pytest
 
 import fake_trtllm as fake
 from trtllm_env import instrumented
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.instrumentation.tensorrt_llm import contract
 from otel_llm.instrumentation.wraps import is_wrapped
 

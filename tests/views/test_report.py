@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.views import chrome_trace
 from otel_llm.views.cli import main
 from otel_llm.views.report import write_report

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_llm.core import semconv as sc
-from traces import request_trees
+from otel_llm import semconv as sc
+from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Protocol, Sequence
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.metrics import ServerMetrics, breach_attributes
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary

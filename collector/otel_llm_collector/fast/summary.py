@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.summary import ATTRIBUTE_SLOTS, CONVERTERS, RequestSummary
 
 Decode = Callable[[Any], Any]

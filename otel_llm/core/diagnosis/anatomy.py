@@ -1,6 +1,6 @@
 """Per-step diagnosis on the frontend's cold path: anatomy and roofline as span attributes and metrics.
 
-The EngineCore only stamps (steps.py); everything here runs on the materializer thread,
+The EngineCore only stamps (instrumentation/vllm/step_hooks.py); everything here runs on the materializer thread,
 for steps in batches. What each part means:
 
 * schedule: inside the scheduler (EngineCore process, CPU);
@@ -20,7 +20,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Any, Sequence
 
-from .. import semconv as sc
+from ... import semconv as sc
 from ..metrics import SPEC_POSITION_TOKENS, STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
 from ..sdk_metrics import bind_counts, bind_value, fast_path
 from ..inter_token import sorted_gap_summary

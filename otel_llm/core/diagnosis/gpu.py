@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import semconv as sc
-from ..guard import GUARD
+from ... import semconv as sc
+from ...guard import GUARD
 
 logger = logging.getLogger("otel_llm")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Iterable, NamedTuple
 
-from .. import semconv as sc
+from ... import semconv as sc
 from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_TOKEN_BUDGET, QUEUED, RequestTimeline,
                         StepRecord)
 

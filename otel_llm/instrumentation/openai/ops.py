@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from . import messages
 from .record import NOT_A_CHUNK, OTHER, REASONING, REFUSAL, TEXT, TOOL_CALL, CallRecord
 

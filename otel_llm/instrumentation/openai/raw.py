@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import wrapt
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from .record import ABANDONED, CLOSED, COMPLETE, ERROR, CallRecord
 from .stream import AsyncStreamProxy, StreamProxy
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from ...core import semconv as sc
-from ...core.guard import GUARD
+from ... import semconv as sc
+from ...guard import GUARD
 from ...core.client_metrics import TIME_PER_OUTPUT_CHUNK, ClientSummary
 from ...core.inter_token import sorted_gap_summary
 from .messages import Output, dumps

@@ -22,7 +22,7 @@ import weakref
 from time import perf_counter
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 from .record import CLOSED, COMPLETE, ERROR, CallRecord
 
 # reader(rec, chunk, now): notes one received chunk in the record (ops.py: ``Chat.chunk``...)

@@ -14,8 +14,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from ...core import semconv as sc
-from ...core.guard import GUARD
+from ... import semconv as sc
+from ...guard import GUARD
 from ._fence import helper_raw_stream
 from .raw import RawResponse
 from .record import CLOSED, COMPLETE, ERROR, CallRecord

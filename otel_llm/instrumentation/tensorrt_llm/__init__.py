@@ -17,7 +17,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.guard import GUARD
+from ...guard import GUARD
 
 logger = logging.getLogger("otel_llm")
 

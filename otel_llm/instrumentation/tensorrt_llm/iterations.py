@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from ...core.materializer import Materializer
 from ...core.summary import RequestSummary
 from ...core.timeline import RequestTimeline, StepRecord

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from ...core.summary import RequestSummary
 from ...core.timeline import QUEUED, SCHEDULED, RequestTimeline
 

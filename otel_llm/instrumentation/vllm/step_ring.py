@@ -156,7 +156,7 @@ class RingReader:
         self.cap, self.writer_pid = cap, pid
         self._words, self._data, self._sizes = _views(self.mm)
         self.tail, self.consumed = self._words[_TAIL], self._words[_CONSUMED]
-        self.ids: list = [None, None, None]  # step_wire.decode's cache for this ring's records (one sender)
+        self.ids: list = [None, None, None]  # step_wire.reader_cache(): decode's cache for this ring's records (one sender)
 
     def read(self) -> list[bytes]:
         """The records written since the last read, oldest first. ``RingError`` when the positions or a

@@ -13,7 +13,7 @@ and a record of another layout is refused (and counted), never misread. Layout, 
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
-The shares are vLLM's own per-step lists, shipped as the scheduler made them (steps.py: no Python loop
+The shares are vLLM's own per-step lists, shipped as the scheduler made them (step_hooks.py: no Python loop
 over the batch in the EngineCore): per scheduled request its id, the tokens scheduled and the tokens it
 had computed before the step; which shares have no output yet (``no_output_at``: vLLM's output count,
 in-flight placeholders included, is 0); and for the shares at ``prompt_at`` whose prefill flag needs
@@ -33,7 +33,7 @@ their ids are ~2.6 KB of a 3 KB record at batch 64. A record with SAME_IDS carri
 those of the record numbered ``step_id - 1`` (the EngineCore numbers its records one by one), which the
 reader must have read last from the same sender: a reader that missed that record (lost, refused, or a
 reader that came later) refuses this one as a ``WireError`` (counted) and never reuses older ids. The
-sender lists the ids again after anything it could not deliver to every reader (steps.SocketSink), so a
+sender lists the ids again after anything it could not deliver to every reader (step_transport.SocketSink), so a
 gap costs at most the records up to the next full one, and only where a record was already lost.
 
 A change of layout is a new ``VERSION``; both sides are always the same otel-llm (the EngineCore imports
@@ -66,10 +66,68 @@ class WireError(ValueError):
     """A datagram that is not a step record of this version: refused whole."""
 
 
-# The shares as the hook hands them over (in-process too): parallel lists of the scheduled requests,
-# then the sparse prompt lengths. ``computed`` is the context the step's tokens attend to.
-# (ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs), each a list; tokens None: one each
-Shares = tuple
+class Shares(NamedTuple):
+    """A step's shares as the scheduler hook hands them over (in-process too): vLLM's parallel lists of the
+    scheduled requests, then the sparse prompt entries. The one declaration of the layout: the hooks hand a
+    plain tuple of these fields in this order (step_hooks: the NamedTuple's own construction costs several
+    times a literal there), and every reader (``encode``, the C accelerator, step_hooks.decode) takes a
+    ``Shares`` or that tuple alike, reading it whole or by these names' positions."""
+
+    ids: Sequence[str]
+    tokens: Sequence[int] | None  # tokens scheduled per share; None: one each (a plain decode batch)
+    computed: Sequence[int]  # tokens each share had computed before the step: the context its tokens attend to
+    no_output_at: Sequence[int]  # the shares with no output yet (vLLM's count, in-flight placeholders included)
+    prompt_at: Sequence[int]  # the shares whose prefill flag needs their prompt entry (new, recomputing)
+    prompt_len: Sequence[int]  # their prompt lengths
+    prompt_outputs: Sequence[int]  # their output counts
+
+
+class StepPayload(NamedTuple):
+    """One engine step as the scheduler hook hands it to its sink: ``encode`` writes it as one record, the
+    in-process path turns it into a ``StepRecord`` (step_hooks.decode). The fields in the wire's header order;
+    like ``Shares``, handed over as the plain tuple of these fields."""
+
+    step_id: int
+    start: float  # schedule() entered (time.monotonic, the hooks' clock)
+    end: float  # the outputs' stamp
+    running: int
+    waiting: int
+    preempted: int
+    kv_cache_usage: float
+    shares: Shares
+    queue_blocked: int  # why waiting requests stayed waiting (timeline.BLOCKED_*)
+    schedule_s: float
+    execute_s: float
+    output_s: float
+    idle_s: float | None  # None: no step before it
+    model_s: float | None  # None: the model runner was not timed
+    # A step with speculative drafts or LoRA adapters has one more item after these, its ``Extras`` (the C
+    # encoder takes the 14 fields of a plain step; ``encode_py`` a step with extras). Not a field with a
+    # default: every plain step stays the 14-item tuple.
+
+
+START = StepPayload._fields.index("start")  # for a reader of one field (step_transport.SocketSink)
+
+
+# The ids caches (encode's and decode's ``cache``): a list of three, read and written by index here and in the
+# C accelerator. A sender's: the last ids encoded, their bytes, and the step id of the last record that may be
+# followed by one leaving them out (``sender_cache``); a reader's: the last ids' bytes, the ids, and the step id
+# of the last record read whole (``reader_cache``). Whether a record may leave its ids out is encode's explicit
+# ``same_ids`` argument, never the cache's shape.
+CACHE_KEY, CACHE_VALUE, CACHE_LAST_STEP = 0, 1, 2
+
+
+def sender_cache() -> list:
+    return [None, b"", None]
+
+
+def reader_cache() -> list:
+    return [None, None, None]
+
+
+def _check_cache(cache: list | None) -> None:
+    if cache is not None and (cache.__class__ is not list or len(cache) != 3):
+        raise ValueError(f"an ids cache is a list of three (step_wire.sender_cache, reader_cache), not {cache!r}")
 
 
 _NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to allocate
@@ -105,18 +163,20 @@ def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int],
     return sorted(i for i, f in flags.items() if f and 0 <= i < n)
 
 
-def encode_py(payload: tuple, cache: list | None = None) -> bytes:
-    """The step hook's tuple (steps.py: 14 fields, the shares as ``Shares``) as one record.
+def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = False) -> bytes:
+    """The step hook's ``StepPayload`` as one record.
 
-    ``cache`` (a sender's ``[ids, bytes, step_id]``) keeps the last ids encoded: in a steady batch vLLM
-    lists the same request ids, the same str objects, step after step (comparing them is a pointer
-    compare each), so they are joined and encoded only when the batch changes. With a three-item cache
-    whose ``step_id`` is this record's ``step_id - 1`` (the last record encoded had these ids), the ids
-    are left out (flag SAME_IDS): the sender sets ``cache[2] = None`` when a record may not have reached
-    every reader, and the next record lists them again. A two-item cache never leaves them out."""
+    ``cache`` (a sender's, ``sender_cache()``) keeps the last ids encoded: in a steady batch vLLM lists the
+    same request ids, the same str objects, step after step (comparing them is a pointer compare each), so
+    they are joined and encoded only when the batch changes. With ``same_ids`` (every reader reads a ring of
+    its own: step_transport.SocketSink), a record whose ``step_id`` follows the cache's last step id (the last
+    record encoded had these ids) leaves them out (flag SAME_IDS): the sender sets the cache's last step id to
+    None when a record may not have reached every reader, and the next record lists them again. Without
+    ``same_ids`` the ids are always listed and the last step id is left alone."""
     extras = None
-    if len(payload) == 15:  # a step with extras (speculative drafts, LoRA adapters)
-        *payload, extras = payload
+    if len(payload) == 15:  # a step with extras (speculative drafts, LoRA adapters): StepPayload.extras
+        extras = payload[14]
+        payload = payload[:14]
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
     ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
@@ -127,27 +187,28 @@ def encode_py(payload: tuple, cache: list | None = None) -> bytes:
         tail = _extras_bytes(extras, len(ids))
     if tokens is None:
         flags |= _ONE_EACH
+    _check_cache(cache)
     n = len(ids)
     joined = b""
     if n:
-        if cache is not None and cache[0] == ids:
-            if len(cache) < 3:
-                joined = cache[1]
+        if cache is not None and cache[CACHE_KEY] == ids:
+            if not same_ids:
+                joined = cache[CACHE_VALUE]
             else:
-                if cache[2] == step_id - 1:
+                if cache[CACHE_LAST_STEP] == step_id - 1:
                     flags |= _SAME_IDS
                 else:
-                    joined = cache[1]
-                cache[2] = step_id
+                    joined = cache[CACHE_VALUE]
+                cache[CACHE_LAST_STEP] = step_id
         else:
             text = "\0".join(ids)
             if text.count("\0") != n - 1:
                 raise WireError("a request id contains NUL: this step cannot be sent")
             joined = text.encode()
             if cache is not None:
-                cache[0], cache[1] = ids, joined
-                if len(cache) > 2:
-                    cache[2] = step_id
+                cache[CACHE_KEY], cache[CACHE_VALUE] = ids, joined
+                if same_ids:
+                    cache[CACHE_LAST_STEP] = step_id
     head = HEADER.pack(VERSION, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
                        schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, len(no_output_at), len(prompt_at))
     if not n:
@@ -206,7 +267,8 @@ def _choose() -> tuple:
     return _step_fast.encode, _step_fast.encode_into_rings, None
 
 
-# encode(payload, cache=None) -> bytes; encode_into_rings(payload, cache, ring writers) -> rings that were full
+# encode(payload, cache=None, same_ids=False) -> bytes; encode_into_rings(payload, cache, ring writers) -> rings
+# that were full (every reader has a ring there: as encode with same_ids)
 encode, encode_into_rings, REASON = _choose()
 
 
@@ -216,17 +278,17 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
 
     The record keeps the shares as the datagram lists them (``StepRecord.of_lists``: ids, tokens or
     ``None`` for one each, the prefilling shares' indices, contexts): no tuple per share. ``cache`` (a
-    receiver's ``[ids bytes, ids, step_id]``, one per sender) keeps the last id list: in a steady batch
-    the ids' bytes repeat step after step, so they are split and decoded only when the batch changes, and
-    consecutive records share one list (read-only: nothing downstream changes a record's ids). A record
-    with SAME_IDS needs a three-item cache that read the record before it (``step_id - 1``), else it is
-    refused. A two-item cache reads full records only."""
+    receiver's ``reader_cache()``, one per sender) keeps the last id list: in a steady batch the ids' bytes
+    repeat step after step, so they are split and decoded only when the batch changes, and consecutive
+    records share one list (read-only: nothing downstream changes a record's ids). A record with SAME_IDS
+    needs a cache that read the record before it (``step_id - 1``), else it is refused."""
     if len(data) < HEADER.size:
         raise WireError(f"step record of {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     if data[0] != VERSION:
         raise WireError(f"step record of wire version {data[0]}, this otel-llm reads version {VERSION}")
     (_, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
      schedule_s, execute_s, output_s, idle, model, n, z, m) = HEADER.unpack_from(data)
+    _check_cache(cache)
     ids: list[str] = []
     tokens = None
     prefill_at: Sequence[int] = _NONE
@@ -242,22 +304,22 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
             at, spec, loras = _read_extras(data, at, n)
         raw = None
         if flags & _SAME_IDS:  # the ids of the record before, which must be the last one this cache saw
-            last = cache[2] if cache is not None and len(cache) > 2 else None
+            last = cache[CACHE_LAST_STEP] if cache is not None else None
             if last != step_id - 1:
                 raise WireError(f"step record {step_id:#x} reuses the ids of the record before it, but the last "
                                 f"record read from its sender was {'none' if last is None else hex(last)}: "
                                 "a record in between was lost")
             if len(data) != at:
                 raise WireError(f"step record of {len(data)} bytes, not {at}: ids where none should be")
-            ids = cache[1]
+            ids = cache[CACHE_VALUE]
             if len(ids) != n:
                 raise WireError(f"step record reusing {len(ids)} request ids for its {n} shares")
         elif len(data) <= at:
             raise WireError(f"step record of {len(data)} bytes, too short for its {n} shares")
         else:
             raw = data[at:]
-            if cache is not None and cache[0] == raw:
-                ids = cache[1]
+            if cache is not None and cache[CACHE_KEY] == raw:
+                ids = cache[CACHE_VALUE]
             else:
                 ids = raw.decode().split("\0")
                 if len(ids) != n:
@@ -273,9 +335,8 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
         prefill_at = derive_prefill(n, contexts, at_z, at_m, fields[c + z + m:c + z + 2 * m], fields[c + z + 2 * m:])
         if cache is not None:  # only a record read whole: a refused one never lends its ids to the next
             if raw is not None:
-                cache[0], cache[1] = raw, ids
-            if len(cache) > 2:
-                cache[2] = step_id
+                cache[CACHE_KEY], cache[CACHE_VALUE] = raw, ids
+            cache[CACHE_LAST_STEP] = step_id
     elif flags & _EXTRAS and not (z or m):
         at, spec, loras = _read_extras(data, HEADER.size, 0)
         if len(data) != at:
@@ -296,7 +357,7 @@ def _choose_decode():
     """The frontend's decoder: the C accelerator's (``_step_fast.decode``) where ``_choose`` took the C encoder
     (x86-64, built), else ``decode_py``. The C decoder takes the valid records with no prefilling share (every
     steady decode batch) and hands any other record whole to ``decode_py``: the same StepRecord slots and the
-    same reader cache afterwards, the same errors (tests/test_step_fast.py). Measured on the real engine,
+    same reader cache afterwards, the same errors (tests/vllm/test_step_fast.py). Measured on the real engine,
     where vLLM's output thread runs cache-cold after each wait: decode was ~30 µs of a ~80 µs drain in
     Python (benchmarks/drain_probe.py)."""
     if encode_into_rings is None:
@@ -310,7 +371,7 @@ def _choose_decode():
         return decode_py
 
 
-# decode(data, cache=None) -> StepRecord
+# decode(data, cache=None) -> StepRecord (cache: a reader_cache())
 decode = _choose_decode()
 
 

@@ -18,18 +18,18 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ...core import semconv as sc
+from ... import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.anatomy import kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
-from ...core.guard import GUARD
+from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import steps
-from .steps import StepReceiver
+from . import step_transport
+from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
 
@@ -57,7 +57,7 @@ class VLLMWrappers:
         self.telemetry = telemetry
         self.receiver = receiver
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
-        self.open_receiver = open_receiver or steps.open_receiver
+        self.open_receiver = open_receiver or step_transport.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.bind = Binders()
         self._told_log_stats = False

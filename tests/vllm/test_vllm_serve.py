@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from support.otlp_sink import OTLPSink
 from support.server import VLLMServer
 

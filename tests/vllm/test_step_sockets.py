@@ -9,18 +9,18 @@ import tempfile
 
 import pytest
 
-from otel_llm.core.guard import GUARD
-from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
+from otel_llm.guard import GUARD
+from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
 
 
-def record(step_id: int) -> tuple:
-    """A step as the scheduler hooks hand it to the sink (steps.py: 14 fields, the shares as vLLM's lists:
+def record(step_id: int) -> step_wire.StepPayload:
+    """A step as the scheduler hooks hand it to the sink (step_hooks.py: 14 fields, the shares as vLLM's lists:
     a new request of a 16-token prompt, then a decoding one with 3 outputs)."""
-    shares = (["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
-    return (step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
+    shares = step_wire.Shares(["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
+    return step_wire.StepPayload(step_id, 1.0, 2.0, 3, 0, 0, 0.25, shares, 0, 0.001, 0.008, 0.001, None, 0.006)
 
 
-def drained(receiver: steps.StepReceiver) -> list:
+def drained(receiver: step_transport.StepReceiver) -> list:
     got: list = []
     receiver.drain(got.append)
     return got
@@ -33,17 +33,17 @@ def transport(request):
     if request.param == "ring" and not step_ring.AVAILABLE:
         pytest.skip("no step rings on this platform")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(steps.SocketSink, "RING", request.param == "ring")
+        mp.setattr(step_transport.SocketSink, "RING", request.param == "ring")
         yield request.param
 
 
 def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkeypatch, transport):
     with tempfile.TemporaryDirectory() as d:
-        a = steps.StepReceiver(d)
+        a = step_transport.StepReceiver(d)
         monkeypatch.setattr(os, "getpid", lambda: 999_001)  # a second frontend process
-        b = steps.StepReceiver(d)
+        b = step_transport.StepReceiver(d)
         monkeypatch.undo()
-        sink = steps.SocketSink(d)
+        sink = step_transport.SocketSink(d)
         sink(record(1))
         (r,) = drained(a)
         assert [x.step_id for x in drained(b)] == [1]
@@ -53,7 +53,7 @@ def test_every_frontend_gets_every_step_and_late_or_dead_ones_are_handled(monkey
 
         # a frontend that binds after the engine started is found on the next rescan
         monkeypatch.setattr(os, "getpid", lambda: 999_002)
-        c = steps.StepReceiver(d)
+        c = step_transport.StepReceiver(d)
         monkeypatch.undo()
         sink._scanned = float("-inf")  # as if RESCAN_S had passed
         sink(record(2))
@@ -81,12 +81,12 @@ def test_a_frontend_reborn_under_the_same_pid_is_reconnected_not_unlinked(monkey
     connected again (its file left alone), so the new frontend gets the next steps."""
     with tempfile.TemporaryDirectory() as d:
         monkeypatch.setattr(os, "getpid", lambda: 999_003)
-        old = steps.StepReceiver(d)
-        sink = steps.SocketSink(d)
+        old = step_transport.StepReceiver(d)
+        sink = step_transport.SocketSink(d)
         sink(record(1))
         assert [x.step_id for x in drained(old)] == [1]
         old.sock.close()  # dies without removing its file; its pid comes back
-        reborn = steps.StepReceiver(d)
+        reborn = step_transport.StepReceiver(d)
         monkeypatch.undo()
         sink(record(2))  # to the dead one: refused (datagram) or left unread in its ring: counted
         sink._scanned = float("-inf")  # rings: the rescan's probe is refused, the path connected again
@@ -102,15 +102,15 @@ def test_api_server_processes_join_the_inherited_directory_others_make_their_own
     import multiprocessing
 
     with tempfile.TemporaryDirectory() as inherited:
-        monkeypatch.setenv(steps.STEP_DIR_ENV, inherited)
-        monkeypatch.setattr(steps, "_dir", None)
+        monkeypatch.setenv(step_transport.STEP_DIR_ENV, inherited)
+        monkeypatch.setattr(step_transport, "_dir", None)
         monkeypatch.setattr(multiprocessing.current_process(), "name", "ApiServer_1")
-        assert steps.step_dir() == inherited
+        assert step_transport.step_dir() == inherited
 
-        monkeypatch.setattr(steps, "_dir", None)
+        monkeypatch.setattr(step_transport, "_dir", None)
         monkeypatch.setattr(multiprocessing.current_process(), "name", "MainProcess")
-        own = steps.step_dir()  # e.g. a server started by an instrumented test process
-        assert own != inherited and os.environ[steps.STEP_DIR_ENV] == own
+        own = step_transport.step_dir()  # e.g. a server started by an instrumented test process
+        assert own != inherited and os.environ[step_transport.STEP_DIR_ENV] == own
         os.rmdir(own)
 
 
@@ -122,14 +122,15 @@ def test_wire_round_trip_keeps_every_field():
     prompt_at = [i for i in range(64) if i % 5 == 0]  # new or recomputing: their prompt length comes along
     prompt_len = [120 + i % 10 for i in prompt_at]
     outputs = [0 if i % 7 == 0 else 4 for i in prompt_at]  # with 4 outputs: prefill while computed < prompt + 3
-    shares = (ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs)
-    payload = ((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25, 0.0061)
+    shares = step_wire.Shares(ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs)
+    payload = step_wire.StepPayload((7 << 32) | 9, 10.5, 10.51, 64, 3, 1, 0.75, shares, 2, 0.001, 0.008, 0.0015, 0.25,
+                                    0.0061)
     prompts = {i: (p, o) for i, p, o in zip(prompt_at, prompt_len, outputs)}
     prefill = [computed[i] < (prompts[i][0] + prompts[i][1] - 1 if prompts[i][1] else prompts[i][0]) if i in prompts
                else i in no_output_at for i in range(64)]
     assert 0 < sum(prefill) < 64 and any(prefill[i] for i in prompt_at if i % 7)  # both kinds, a recompute too
     wire = step_wire.decode(step_wire.encode(payload))
-    inproc = steps.decode(payload)  # what an in-process engine hands over, without a wire
+    inproc = step_hooks.decode(payload)  # what an in-process engine hands over, without a wire
     for got in (wire, inproc):
         assert got.requests == list(zip(ids, tokens, prefill)) and got.contexts == computed
         assert (got.step_id, got.start, got.end, got.running, got.waiting, got.preempted, got.kv_cache_usage,
@@ -140,12 +141,12 @@ def test_wire_round_trip_keeps_every_field():
     empty = step_wire.decode(step_wire.encode(payload[:7] + (([], [], [], [], [], [], []),) + payload[8:]))
     assert empty.requests == [] and empty.contexts == []
     # a plain decode batch: one token each, not listed; a sender's cache reuses the encoded ids
-    ones = payload[:7] + ((ids, None) + shares[2:],) + payload[8:]
-    cache: list = [None, b""]
+    ones = payload._replace(shares=shares._replace(tokens=None))
+    cache = step_wire.sender_cache()
     first = step_wire.encode(ones, cache)
     again = step_wire.encode(ones[:7] + ((list(ids), None) + shares[2:],) + ones[8:], cache)
     assert first == again == step_wire.encode(ones) and len(first) == len(step_wire.encode(payload)) - 4 * 64
-    for got in (step_wire.decode(first), steps.decode(ones)):
+    for got in (step_wire.decode(first), step_hooks.decode(ones)):
         assert got.requests == list(zip(ids, [1] * 64, prefill)) and got.contexts == computed
     other = step_wire.decode(step_wire.encode(payload[:7] + ((ids[::-1], None, computed, [], [], [], []),)
                                               + payload[8:], cache))
@@ -217,7 +218,7 @@ def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(
     with pytest.raises(step_wire.WireError, match=why):
         step_wire.decode(mangle(good))
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         before = GUARD.errors["step record wire"]
         for data in (mangle(good), good):  # the bad one is dropped, the next one still arrives
@@ -243,10 +244,11 @@ def test_an_id_with_nul_is_refused_at_the_sender():
         step_wire.encode(bad)
 
 
-def steady(step_id: int, ids: list[str], computed: list[int]) -> tuple:
+def steady(step_id: int, ids: list[str], computed: list[int]) -> step_wire.StepPayload:
     """A plain decode batch as the hooks hand it over: one token each, no prompt entries."""
-    return (step_id, 1.0, 1.5, len(ids), 0, 0, 0.5, (list(ids), None, computed, (), (), (), ()), 0,
-            0.1, 0.2, 0.3, 0.01, None)
+    return step_wire.StepPayload(step_id, 1.0, 1.5, len(ids), 0, 0, 0.5,
+                                 step_wire.Shares(list(ids), None, computed, (), (), (), ()), 0, 0.1, 0.2, 0.3, 0.01,
+                                 None)
 
 
 def fields(step) -> tuple:
@@ -260,34 +262,38 @@ def test_a_steady_batch_leaves_its_ids_out_and_decodes_to_the_same_records():
     (step_id - 1) carries no id bytes (SAME_IDS) and decodes to exactly the record a full one gives."""
     ids = [f"cmpl-{i:032x}-0" for i in range(64)]
     other = ids[:-1] + ["cmpl-new-0"]
-    sender: list = [None, b"", None]
-    receiver: list = [None, None, None]
+    sender, receiver = step_wire.sender_cache(), step_wire.reader_cache()
     batches = [ids, ids, ids, other, other, ids]
     sizes, flags = [], []
     for step_id, batch in enumerate(batches, start=10):
         payload = steady(step_id, batch, [100 + step_id + i for i in range(len(batch))])
-        data = step_wire.encode(payload, sender)
+        data = step_wire.encode(payload, sender, True)
         full = step_wire.encode(payload)  # no cache: always every id
         sizes.append((len(data), len(full)))
         flags.append(bool(data[1] & step_wire._SAME_IDS))
-        assert fields(step_wire.decode(data, receiver)) == fields(step_wire.decode(full)) == fields(steps.decode(payload))
+        assert fields(step_wire.decode(data, receiver)) == fields(step_wire.decode(full)) == fields(step_hooks.decode(payload))
     assert flags == [False, True, True, False, True, False]  # a new batch lists its ids once
     joined = [len("\0".join(batch).encode()) for batch in batches]
     assert [s for s, _ in sizes] == [f - (j if same else 0) for (_, f), same, j in zip(sizes, flags, joined)]
-    # a two-item cache (senders and readers of the previous layout) never leaves the ids out
-    two: list = [None, b""]
-    assert [step_wire.encode(steady(i, ids, [1] * 64), two)[1] & step_wire._SAME_IDS for i in (1, 2, 3)] == [0, 0, 0]
-    assert len(two) == 2
+    # without same_ids (a frontend reads datagrams) the ids are always listed, and the cache's last step kept
+    listed = step_wire.sender_cache()
+    assert [step_wire.encode(steady(i, ids, [1] * 64), listed)[1] & step_wire._SAME_IDS for i in (1, 2, 3)] == [0] * 3
+    assert listed[step_wire.CACHE_LAST_STEP] is None
+    for bad in ([None, b""], (None, b"", None)):  # a cache is a list of three: anything else is refused by name
+        with pytest.raises(ValueError, match="list of three"):
+            step_wire.encode(steady(1, ids, [1] * 64), bad, True)
+        with pytest.raises(ValueError, match="list of three"):
+            step_wire.decode(step_wire.encode(steady(1, ids, [1] * 64)), bad)
 
 
 def test_a_record_reusing_ids_is_refused_unless_its_reader_read_the_record_before():
     """A reader that missed the record before (lost, refused, or it came later) refuses a SAME_IDS
     record, never reuses older ids; a refused full record lends its ids to nobody."""
     ids = [f"r{i}" for i in range(8)]
-    sender: list = [None, b"", None]
-    records = [step_wire.encode(steady(i, ids, list(range(8))), sender) for i in range(1, 6)]
+    sender = step_wire.sender_cache()
+    records = [step_wire.encode(steady(i, ids, list(range(8))), sender, True) for i in range(1, 6)]
     assert [bool(r[1] & step_wire._SAME_IDS) for r in records] == [False, True, True, True, True]
-    for cache in (None, [None, None], [None, None, None]):  # no cache, a two-item one, one that read nothing
+    for cache in (None, step_wire.reader_cache()):  # no cache, one that read nothing
         with pytest.raises(step_wire.WireError, match="lost"):
             step_wire.decode(records[1], cache)
     reader: list = [None, None, None]
@@ -304,7 +310,7 @@ def test_a_record_reusing_ids_is_refused_unless_its_reader_read_the_record_befor
     bad = bytes(mangled[:step_wire.HEADER.size + 8]) + struct.pack("<I", 5) + bytes(mangled[step_wire.HEADER.size + 8:])
     with pytest.raises(step_wire.WireError, match="beyond"):  # ... at index 5 of 2
         step_wire.decode(bad, reader)
-    same_after = step_wire.encode(steady(101, ["x", "y"], [1, 2]), [["x", "y"], b"x\0y", 100])
+    same_after = step_wire.encode(steady(101, ["x", "y"], [1, 2]), [["x", "y"], b"x\0y", 100], True)
     assert same_after[1] & step_wire._SAME_IDS
     with pytest.raises(step_wire.WireError, match="lost"):
         step_wire.decode(same_after, reader)
@@ -315,11 +321,11 @@ def test_an_encoding_failure_or_datagram_frontends_make_every_record_list_its_id
     """The sink leaves ids out only while every frontend reads a ring of its own; after a record it
     could not encode (its ids already compared), the next one lists them again. Every record reaches the frontend, none refused."""
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         raw: list = []
         take = receiver._take
         monkeypatch.setattr(receiver, "_take", lambda data, deliver, ids=None: (raw.append(data), take(data, deliver, ids)))
-        sink = steps.SocketSink(d)
+        sink = step_transport.SocketSink(d)
         ids = [f"cmpl-{i}" for i in range(16)]
         for step_id in range(1, 5):
             sink(steady(step_id, ids, [7] * 16))

@@ -1,6 +1,6 @@
 """The fence around opentelemetry-sdk internals (otel_llm/otlp/sdk_bridge.py).
 
-These run in the shared venv and, by tests/test_sdk_floor.py, in a venv with the oldest SDK that
+These run in the shared venv and, by tests/otlp/test_sdk_floor.py, in a venv with the oldest SDK that
 direct export supports (``sdk_bridge.MIN_SDK``). A release that moves an internal fails here, by name,
 instead of silently sending every span through the SDK's ~10x slower path.
 """
@@ -18,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from otel_llm.otlp import sdk_bridge
 from otel_llm.otlp.routes import Router
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_sdk_internal_the_bridge_reads_is_where_it_reads_it():

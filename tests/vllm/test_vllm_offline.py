@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry.trace import StatusCode
 
-from otel_llm.core import semconv as sc
-from traces import MS, engine_steps, request_trees, row_tokens
+from otel_llm import semconv as sc
+from support.traces import MS, engine_steps, request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 

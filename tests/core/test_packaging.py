@@ -11,7 +11,7 @@ def test_instrumentors_and_the_vllm_plugin_are_registered():
     names = {e.name: e.value for e in entry_points(group="opentelemetry_instrumentor")}
     assert names["vllm"] == "otel_llm.instrumentation.vllm:VLLMInstrumentor"
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins["otel_llm_steps"] == "otel_llm.instrumentation.vllm.steps:plugin"
+    assert plugins["otel_llm_steps"] == "otel_llm.instrumentation.vllm.plugin:plugin"
     assert callable(entry_points(group="vllm.general_plugins")["otel_llm_steps"].load())
 
 

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from otel_llm.instrumentation.vllm import step_ring, steps
+from otel_llm.instrumentation.vllm import step_ring, step_transport
 
 pytestmark = pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
 
@@ -89,7 +89,7 @@ def test_a_bad_announcement_is_refused_and_counted(mangle, why):
     """Another layout, a capacity its memory file does not have, a short announcement: refused,
     counted as malformed, its descriptor closed; the frontend's records still arrive."""
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.connect(receiver.path)
         writer = step_ring.RingWriter(256)
@@ -111,9 +111,9 @@ def test_several_frontends_each_read_every_record_from_their_ring_with_no_datagr
         receivers = []
         for pid in (999_101, 999_102):
             monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
-            receivers.append(steps.StepReceiver(d))
+            receivers.append(step_transport.StepReceiver(d))
         monkeypatch.undo()
-        sink = steps.SocketSink(d)
+        sink = step_transport.SocketSink(d)
         from test_step_sockets import record
 
         sink(record(1))  # connects, hands each frontend its ring
@@ -133,8 +133,8 @@ def test_several_frontends_each_read_every_record_from_their_ring_with_no_datagr
 
 def test_a_frontend_that_lags_loses_records_counted_by_the_sink():
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
-        sink = steps.SocketSink(d)
+        receiver = step_transport.StepReceiver(d)
+        sink = step_transport.SocketSink(d)
         sink.RING_CAPACITY = 1024  # a few records' room
         from test_step_sockets import record
 
@@ -155,11 +155,11 @@ def test_a_restarted_engine_replaces_its_ring_and_rings_of_engines_gone_are_boun
     """Rings are keyed by the EngineCore's pid: a new one from the same pid (it reconnected) replaces
     the old; at most MAX_RINGS are kept, the oldest closed first."""
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.connect(receiver.path)
         writers = []
-        for pid in [1, 2, 1] + list(range(3, 3 + steps.StepReceiver.MAX_RINGS)):
+        for pid in [1, 2, 1] + list(range(3, 3 + step_transport.StepReceiver.MAX_RINGS)):
             monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
             writer = step_ring.RingWriter(256)
             writer.announce(sock)
@@ -167,8 +167,8 @@ def test_a_restarted_engine_replaces_its_ring_and_rings_of_engines_gone_are_boun
             writers.append(writer)
             receiver.drain(lambda step: None)
         monkeypatch.undo()
-        assert list(receiver.rings) == list(range(3, 3 + steps.StepReceiver.MAX_RINGS))  # 1 and 2 went first
-        assert receiver.malformed == 3 + steps.StepReceiver.MAX_RINGS
+        assert list(receiver.rings) == list(range(3, 3 + step_transport.StepReceiver.MAX_RINGS))  # 1 and 2 went first
+        assert receiver.malformed == 3 + step_transport.StepReceiver.MAX_RINGS
         for w in writers:
             w.close()
         sock.close()
@@ -183,9 +183,9 @@ def test_after_a_drop_or_a_new_frontend_the_next_record_lists_its_ids(monkeypatc
 
     with tempfile.TemporaryDirectory() as d:
         monkeypatch.setattr(os, "getpid", lambda: 999_201)
-        a = steps.StepReceiver(d)
+        a = step_transport.StepReceiver(d)
         monkeypatch.undo()
-        sink = steps.SocketSink(d)
+        sink = step_transport.SocketSink(d)
         sink.RING_CAPACITY = 2048  # room for the first full record and a few short ones
         ids = [f"cmpl-{i:032x}-0" for i in range(32)]
         got_a: list = []
@@ -195,7 +195,7 @@ def test_after_a_drop_or_a_new_frontend_the_next_record_lists_its_ids(monkeypatc
         lost = sink.dropped
         assert lost and [s.step_id for s in got_a] == list(range(1, 31 - lost))
         monkeypatch.setattr(os, "getpid", lambda: 999_202)
-        b = steps.StepReceiver(d)  # a frontend that starts now
+        b = step_transport.StepReceiver(d)  # a frontend that starts now
         monkeypatch.undo()
         sink._scanned = float("-inf")
         got_b: list = []
@@ -217,11 +217,11 @@ def test_two_engines_rings_into_one_frontend_each_keep_their_own_ids(monkeypatch
     from test_step_sockets import steady
 
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         sinks = []
         for pid in (999_301, 999_302):
             monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
-            sinks.append(steps.SocketSink(d))
+            sinks.append(step_transport.SocketSink(d))
             sinks[-1](steady(pid << 32 | 1, [f"{pid}-{i}" for i in range(8)], [1] * 8))  # rings announced as pid
         monkeypatch.undo()
         got: list = []
@@ -247,9 +247,9 @@ def test_the_socket_is_still_read_at_every_drain_once_a_ring_is_attached(monkeyp
     from test_step_sockets import record
 
     with tempfile.TemporaryDirectory() as d:
-        receiver = steps.StepReceiver(d)
+        receiver = step_transport.StepReceiver(d)
         monkeypatch.setattr(os, "getpid", lambda: 999_401)
-        first = steps.SocketSink(d)
+        first = step_transport.SocketSink(d)
         first(record(999_401 << 32 | 1))
         got: list = []
         receiver.drain(got.append)
@@ -257,9 +257,9 @@ def test_the_socket_is_still_read_at_every_drain_once_a_ring_is_attached(monkeyp
             receiver.drain(got.append)  # nothing waits: nothing read, nothing counted
         assert len(receiver.rings) == 1 and [s.step_id & 0xFFFFFFFF for s in got] == [1]
         monkeypatch.setattr(os, "getpid", lambda: 999_402)
-        second = steps.SocketSink(d)
+        second = step_transport.SocketSink(d)
         second(record(999_402 << 32 | 1))  # announced (and written) after the first ring was attached
-        datagrams = steps.SocketSink(d)
+        datagrams = step_transport.SocketSink(d)
         datagrams.RING = False  # this one sends a datagram a step
         datagrams(record(7))
         monkeypatch.undo()

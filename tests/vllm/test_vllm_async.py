@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from opentelemetry.trace import StatusCode
 
-from otel_llm.core import semconv as sc
-from traces import request_trees
+from otel_llm import semconv as sc
+from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
 

@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from traces import MS, engine_steps, request_trees, row_tokens
+from support.traces import MS, engine_steps, request_trees, row_tokens
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config, Detail
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.quantile import QuantileSketch
@@ -565,7 +565,7 @@ def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
 def test_materializer_is_bounded_never_blocks_and_survives_errors():
     import threading
 
-    from otel_llm.core.guard import GUARD
+    from otel_llm.guard import GUARD
     from otel_llm.core.materializer import Materializer
 
     gate, done = threading.Event(), []
@@ -696,7 +696,7 @@ def test_a_sequence_refused_over_max_requests_does_not_hold_its_siblings_back():
 
 
 def test_materializer_refuses_what_is_not_a_job():
-    from otel_llm.core.guard import GUARD
+    from otel_llm.guard import GUARD
 
     h = Harness(sample_rate=1.0)
     before = GUARD.errors["span materializer"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_llm.core import semconv as sc
-from traces import MS, engine_steps, request_trees, row_tokens
+from otel_llm import semconv as sc
+from support.traces import MS, engine_steps, request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -27,11 +27,11 @@ def old_rule_shares(scheduler, out) -> dict:
 def run(otel):
     from vllm import SamplingParams
 
-    from otel_llm.instrumentation.vllm import steps
+    from otel_llm.instrumentation.vllm import step_hooks
     from support.engine import in_process, make_llm
 
     compared = []  # (old rule's shares, the hook's shares) per step
-    shares = steps.StepHooks._shares
+    shares = step_hooks.StepHooks._shares
 
     def both(hooks, scheduler, out):
         new = shares(hooks, scheduler, out)
@@ -41,7 +41,7 @@ def run(otel):
         return new
 
     with in_process(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(steps.StepHooks, "_shares", both)
+        mp.setattr(step_hooks.StepHooks, "_shares", both)
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
             # 128-token blocks: 6 requests of 100 + 60 tokens each need 2 blocks past token 128; 6 blocks can't hold them
             llm = make_llm(num_gpu_blocks_override=6, max_num_batched_tokens=256)
@@ -119,14 +119,14 @@ def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
 def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
     """The frontend derives each share's prefill flag and context from vLLM's own lists (wire version 2);
     on chunked prefills, preemptions and their recomputes it gets what the per-request rule got."""
-    from otel_llm.instrumentation.vllm import step_wire, steps
+    from otel_llm.instrumentation.vllm import step_hooks, step_wire
 
     *_, compared = run
     assert compared
     recomputes = chunks = 0
     for old, new, outputs in compared:
-        payload = (1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
-        for step in (step_wire.decode(step_wire.encode(payload)), steps.decode(payload)):  # wire, in-process
+        payload = step_wire.StepPayload(1, 0.0, 0.0, 0, 0, 0, 0.0, new, 0, 0.0, 0.0, 0.0, None, None)
+        for step in (step_wire.decode(step_wire.encode(payload)), step_hooks.decode(payload)):  # wire, in-process
             requests = step.requests
             got = {rid: (n, prefill, c) for (rid, n, prefill), c in zip(requests, step.contexts)}
             assert len(got) == len(requests) and got == old

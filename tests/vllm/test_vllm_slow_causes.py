@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.diagnosis.verdict import MIN_SHARE
-from traces import engine_steps, request_trees
+from support.traces import engine_steps, request_trees
 
 pytestmark = pytest.mark.engine
 

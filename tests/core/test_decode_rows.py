@@ -13,9 +13,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from traces import request_trees, row_tokens
+from support.traces import request_trees, row_tokens
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.decode_rows import OUTLIER_FACTOR, choose_rows, eventful_steps
 from otel_llm.core.pipeline import Pipeline

@@ -12,11 +12,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_llm
-from otel_llm.core.guard import GUARD
+from otel_llm.guard import GUARD
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.instrumentation.vllm import VLLMInstrumentor
 from otel_llm.instrumentation.wraps import _resolve, is_wrapped
-from traces import request_trees
+from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
 

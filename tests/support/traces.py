@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 
 MS = 1_000_000  # ns
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import otel_llm
-from otel_llm.core import semconv as sc
-from traces import request_trees, row_tokens
+from otel_llm import semconv as sc
+from support.traces import request_trees, row_tokens
 
 pytestmark = pytest.mark.engine
 

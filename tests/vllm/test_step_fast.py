@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from otel_llm.instrumentation.vllm import step_ring, step_wire, steps
+from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
 from test_step_ring import pair as _pair  # a ring writer and its reader, as a frontend gets them
 
 X86_64 = platform.machine() in ("x86_64", "AMD64")
@@ -62,24 +62,26 @@ def _payloads(rng: random.Random, count: int):
             shares = (ids, None, computed, [], [], [1, 2], [3])
         idle = rng.choice((None, 0.0, -0.0, 0, 0.25, rng.random()))
         model = rng.choice((None, -0.0, rng.random()))
-        yield (step, rng.random() * 1e4, rng.random() * 1e4, n, rng.randint(0, 9), rng.randint(0, 3), rng.random(),
-               shares, rng.randint(0, 5), rng.random(), rng.random(), rng.random(), idle, model)
+        yield step_wire.StepPayload(step, rng.random() * 1e4, rng.random() * 1e4, n, rng.randint(0, 9),
+                                    rng.randint(0, 3), rng.random(), step_wire.Shares(*shares), rng.randint(0, 5),
+                                    rng.random(), rng.random(), rng.random(), idle, model)
 
 
 @fast
-@pytest.mark.parametrize("cache_items", [0, 2, 3])
-def test_encode_writes_the_python_paths_bytes_and_leaves_the_same_cache(cache_items):
-    rng = random.Random(1200 + cache_items)
+@pytest.mark.parametrize("cache, same_ids", [(False, False), (True, False), (True, True)])
+def test_encode_writes_the_python_paths_bytes_and_leaves_the_same_cache(cache, same_ids):
+    rng = random.Random(1200 + 2 * cache + same_ids)
     c_cache = py_cache = None
-    if cache_items:
-        c_cache, py_cache = [None, b"", None][:cache_items], [None, b"", None][:cache_items]
+    if cache:
+        c_cache, py_cache = step_wire.sender_cache(), step_wire.sender_cache()
     flags = 0
     for payload in _payloads(rng, 1500):
-        got, want = step_wire.encode(payload, c_cache), step_wire.encode_py(payload, py_cache)
+        got, want = step_wire.encode(payload, c_cache, same_ids), step_wire.encode_py(payload, py_cache, same_ids)
         assert got == want
         assert c_cache == py_cache
         flags |= want[1]
-    if cache_items == 3:  # the cases were exercised
+    assert bool(flags & step_wire._SAME_IDS) == same_ids
+    if same_ids:  # the cases were exercised
         assert flags & step_wire._SAME_IDS and flags & step_wire._ONE_EACH and flags & step_wire._HAS_IDLE
 
 
@@ -138,7 +140,7 @@ def test_encode_into_rings_leaves_the_rings_byte_for_byte_as_encode_and_write_do
     for i, payload in enumerate(_payloads(rng, 900)):
         before = c_rings[0][0].head % c_rings[0][0].cap
         full = step_wire.encode_into_rings(payload, c_cache, tuple(w for w, _ in c_rings))
-        data = step_wire.encode_py(payload, py_cache)
+        data = step_wire.encode_py(payload, py_cache, True)
         py_full = sum(not w.write(data) for w, _ in py_rings)
         assert full == py_full and c_cache == py_cache
         drops += full
@@ -170,7 +172,7 @@ def test_no_memory_is_kept_per_call():
     def run() -> None:
         cache = [None, b"", None]
         for payload in payloads:
-            step_wire.encode(payload, cache)
+            step_wire.encode(payload, cache, True)
             step_wire.encode(payload)
             step_wire.encode_into_rings(payload, cache, rings)
             reader.read()
@@ -200,8 +202,8 @@ def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tm
     if path == "python":
         monkeypatch.setattr(step_wire, "encode_into_rings", None)
         monkeypatch.setattr(step_wire, "encode", step_wire.encode_py)
-    receiver = steps.StepReceiver(str(tmp_path))
-    sink = steps.SocketSink(str(tmp_path))
+    receiver = step_transport.StepReceiver(str(tmp_path))
+    sink = step_transport.SocketSink(str(tmp_path))
     rng = random.Random(9)
     payloads = list(_payloads(rng, 200))
     got = []
@@ -214,7 +216,7 @@ def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tm
         receiver.close()
     assert sink.dropped == 0 and receiver.malformed == 0
     assert [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in got] == \
-        [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(steps.decode, payloads)]
+        [(s.step_id, s.requests, s.contexts, s.idle_s, s.model_s) for s in map(step_hooks.decode, payloads)]
 
 
 # -- the frontend's decoder (step_wire.decode: _step_fast.decode where built) --------------------------
@@ -236,9 +238,9 @@ def _records(rng: random.Random, count: int):
     """A sender's records (steady stretches with SAME_IDS, new batches, prefilling shares, gaps), some
     damaged as a lossy or hostile channel would: truncated, a byte changed, another version, ids that are
     not UTF-8, the wrong number of ids, a record left out (the next SAME_IDS refers to it)."""
-    cache = [None, b"", None]
+    cache = step_wire.sender_cache()
     for payload in _payloads(rng, count):
-        data = step_wire.encode_py(payload, cache)
+        data = step_wire.encode_py(payload, cache, True)
         r = rng.random()
         if r < 0.04:
             continue  # lost: the reader never sees it
@@ -253,7 +255,7 @@ def _records(rng: random.Random, count: int):
 
 
 @fast
-@pytest.mark.parametrize("cache_items", [0, 2, 3])
+@pytest.mark.parametrize("cache_items", [0, 3])
 def test_decode_gives_the_python_paths_records_errors_and_cache(cache_items):
     """Record by record, the C decoder and decode_py give a StepRecord with equal slots (the same shared
     empty tuples for prefill_at and links) or the same error, and leave the reader's cache equal."""

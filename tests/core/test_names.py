@@ -7,15 +7,16 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from otel_llm.core import config, metrics, readme_tables, self_metrics, semconv, trace_contract
+from otel_llm import semconv
+from otel_llm.core import config, metrics, readme_tables, self_metrics, trace_contract
 from otel_llm.core.client_metrics import CLIENT_METRICS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Where names are declared: the trace contract's attribute, span and event names (semconv), the
 # metric tables (metrics: server, engine-step and GPU instruments; self_metrics: otel-llm's own
 # counters and the collector's self-telemetry). Any other module refers to these constants.
-DECLARATIONS = {ROOT / "otel_llm/core/semconv.py", ROOT / "otel_llm/core/metrics.py",
+DECLARATIONS = {ROOT / "otel_llm/semconv.py", ROOT / "otel_llm/core/metrics.py",
                 ROOT / "otel_llm/core/self_metrics.py"}
 
 

@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.inter_token import ITL_BUCKETS, gap_summary
 from otel_llm.core.metrics import INTER_TOKEN_LATENCY

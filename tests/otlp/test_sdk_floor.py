@@ -15,7 +15,7 @@ import pytest
 
 from otel_llm.otlp.sdk_bridge import MIN_SDK
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOOR = [f"opentelemetry-sdk=={MIN_SDK}", f"opentelemetry-exporter-otlp-proto-http=={MIN_SDK}",
          f"opentelemetry-exporter-otlp-proto-grpc=={MIN_SDK}", "pytest>=8"]
 
@@ -35,7 +35,7 @@ def test_the_fence_and_direct_export_pass_with_the_oldest_supported_sdk(tmp_path
     assert got.stdout.strip() == MIN_SDK
     # the repository's own code, not an installed copy; no conftest (it starts vLLM)
     run = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-                          "-o", "addopts=", "tests/test_sdk_bridge.py", "tests/test_otlp_wire.py"],
+                          "-o", "addopts=", "tests/otlp/test_sdk_bridge.py", "tests/otlp/test_otlp_wire.py"],
                          capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                          timeout=600)
     assert run.returncode == 0, f"with opentelemetry-sdk {MIN_SDK}:\n{run.stdout[-5000:]}\n{run.stderr[-2000:]}"

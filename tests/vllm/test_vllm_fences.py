@@ -29,7 +29,7 @@ def test_parallel_sampling_fan_out_is_as_the_adapter_reads_it():
 
 
 def test_scheduler_output_lists_are_as_the_step_hooks_ship_them():
-    """steps.StepHooks._shares ships these lists of vLLM's SchedulerOutput raw (no per-request loop) and
+    """step_hooks.StepHooks._shares ships these lists of vLLM's SchedulerOutput raw (no per-request loop) and
     the frontend derives prefill and context from them: the fields, and when they are taken (before the
     scheduler advances num_computed_tokens; outputs counting in-flight placeholders). The equality with
     the per-request rule on a real engine is test_vllm_preemption's."""

@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_core import Harness  # the pipeline on constructed timelines
-from traces import engine_steps
+from support.traces import engine_steps
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis import devices
 from otel_llm.core.diagnosis.anatomy import StepDiagnosis, cost as anatomy_cost
@@ -20,7 +20,7 @@ from otel_llm.core.diagnosis.gpu import GpuSampler, throttle_names, visible_devi
 from otel_llm.core.diagnosis.roofline import ModelShape, decode_step_cost, roofline, step_cost
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import RequestShare, RequestTimeline, StepRecord
-from otel_llm.instrumentation.vllm import steps
+from otel_llm.instrumentation.vllm import model_timing, step_hooks, step_wire
 from support.metrics import points_by_name
 
 # The tiny test model (tests/support/tiny_model.py), float32.
@@ -162,17 +162,18 @@ def test_peak_options_parse_from_the_environment():
 # -- anatomy on the wire and on the span -----------------------------------------------------------
 
 
-def test_wire_tuple_carries_anatomy_and_old_layout_still_decodes():
-    shares = [("a", 16, True), ("b", 1, False)]
-    wire = [("a", 16, True, 0), ("b", 1, False, 30)]  # each share with its context before the step
-    new = steps.decode((7, 10.0, 10.010, 2, 0, 0, 0.5, wire, 0, 0.001, 0.008, 0.001, 0.25, 0.006))
+def test_the_hooks_payload_carries_anatomy_by_name():
+    shares = step_wire.Shares(["a", "b"], [16, 1], [0, 30], [0], [0], [16], [0])  # a new prompt, a decode
+    payload = step_wire.StepPayload(7, 10.0, 10.010, 2, 3, 0, 0.5, shares, 2, 0.001, 0.008, 0.001, 0.25, 0.006)
+    new = step_hooks.decode(payload)
     assert (new.schedule_s, new.execute_s, new.output_s, new.idle_s, new.model_s) == (0.001, 0.008, 0.001, 0.25,
                                                                                       0.006)
-    assert new.contexts == [0, 30] and new.requests == shares
-    old = steps.decode((7, 10.0, 10.010, 2, 0, 0, 0.5, shares))
-    assert old.schedule_s is None and old.contexts is None and old.kv_cache_usage == 0.5
-    blocked_only = steps.decode((7, 10.0, 10.010, 2, 3, 0, 0.5, shares, 2))  # the verdict's layout, no anatomy
-    assert blocked_only.queue_blocked == 2 and blocked_only.schedule_s is None
+    assert new.contexts == [0, 30] and new.requests == [("a", 16, True), ("b", 1, False)]
+    assert new.queue_blocked == 2 and new.kv_cache_usage == 0.5 and new.waiting == 3
+    # the same record as the wire gives for it
+    wired = step_wire.decode(step_wire.encode(payload))
+    assert (wired.requests, wired.contexts, wired.queue_blocked, wired.model_s) == (new.requests, new.contexts, 2,
+                                                                                    0.006)
 
 
 class FakeScheduler:
@@ -200,7 +201,7 @@ def scheduler_output(scheduled: dict, cached: list = (), new: list = ()) -> Simp
 
 def test_hooks_stamp_an_anatomy_that_sums_to_the_step():
     got = []
-    hooks = steps.StepHooks()
+    hooks = step_hooks.StepHooks()
     hooks.sink = got.append  # armed, without wrapping vLLM's scheduler: the test calls the wrappers
     clock = iter([100.0, 100.002, 100.010, 100.011, 100.5, 100.501, 100.509, 100.510])
     hooks.clock = lambda: next(clock)
@@ -211,7 +212,7 @@ def test_hooks_stamp_an_anatomy_that_sums_to_the_step():
         hooks.schedule(lambda: out, sched, (), {})
         hooks.update_from_output(lambda *a: outputs, sched, (out, None), {})
         outputs = {0: SimpleNamespace(timestamp=100.5095)}
-    first, second = (steps.decode(p) for p in got)
+    first, second = (step_hooks.decode(p) for p in got)
     assert first.requests == [("d", 1, False), ("p", 16, True)] and first.contexts == [30, 0]
     assert first.idle_s is None  # nothing came before it
     assert first.schedule_s == pytest.approx(0.002) and first.execute_s == pytest.approx(0.008)
@@ -226,7 +227,7 @@ def test_a_request_recomputing_after_a_preemption_is_prefill_until_its_last_toke
     along (from the scheduler's Request) until its recompute is done, so the frontend still tells its
     chunks from decodes; then nothing is kept for it."""
     got = []
-    hooks = steps.StepHooks()
+    hooks = step_hooks.StepHooks()
     hooks.sink = got.append
     sched = FakeScheduler({"r": SimpleNamespace(num_prompt_tokens=100), "d": None, "gone": None})
     sched.requests["gone"] = SimpleNamespace(num_prompt_tokens=7)
@@ -238,11 +239,12 @@ def test_a_request_recomputing_after_a_preemption_is_prefill_until_its_last_toke
     for out in (resumed, last_chunk, decode):
         hooks.schedule(lambda: out, sched, (), {})
         hooks.update_from_output(lambda *a: {}, sched, (out, None), {})
-    first, second, third = (steps.decode(p) for p in got)
+    first, second, third = (step_hooks.decode(p) for p in got)
     assert first.requests == [("r", 64, True), ("gone", 7, True)]
     assert second.requests == [("d", 1, False), ("r", 41, True)] and second.contexts == [50, 64]
     assert third.requests == [("d", 1, False), ("r", 1, False)] and third.contexts == [51, 105]
-    assert hooks.recompute == {} and list(got[2][7][4]) == []  # no prompt lengths shipped once it decodes (an empty tuple)
+    last = step_wire.Shares(*step_wire.StepPayload(*got[2]).shares)
+    assert hooks.recompute == {} and list(last.prompt_at) == []  # no prompt entry once it decodes (an empty tuple)
 
 
 def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
@@ -252,23 +254,23 @@ def test_step_hooks_wrap_while_armed_and_keep_state_of_their_own():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     before = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
-    hooks, other = steps.StepHooks(), steps.StepHooks()
+    hooks, other = step_hooks.StepHooks(), step_hooks.StepHooks()
     hooks.arm(lambda payload: None)
     try:
         wrapped = Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]
         assert [w.__wrapped__ for w in wrapped] == list(before)
         hooks.pending[1] = ()
-        assert other.sink is None and not other.pending and other.event_pool is not hooks.event_pool
+        assert other.sink is None and not other.pending and other.timer.event_pool is not hooks.timer.event_pool
     finally:
         hooks.disarm()
     assert (Scheduler.__dict__["update_from_output"], GPUModelRunner.__dict__["execute_model"]) == before
-    assert hooks.sink is None and not hooks.pending and hooks.timing is False
+    assert hooks.sink is None and not hooks.pending and hooks.timer.timing is False
 
 
 def test_idle_is_zero_while_another_step_is_in_flight():
     """vLLM's batch queue: step B is scheduled before step A's output is processed."""
     got = []
-    hooks = steps.StepHooks()
+    hooks = step_hooks.StepHooks()
     hooks.sink, hooks.last_end = got.append, 50.0
     sched = FakeScheduler({"d": None})
     a = scheduler_output({"d": 1}, cached=[("d", 8, 2)])
@@ -277,15 +279,15 @@ def test_idle_is_zero_while_another_step_is_in_flight():
     hooks.schedule(lambda: b, sched, (), {})
     hooks.update_from_output(lambda **k: {}, sched, (), {"scheduler_output": a})
     hooks.update_from_output(lambda **k: {}, sched, (), {"scheduler_output": b})
-    sa, sb = (steps.decode(p) for p in got)
+    sa, sb = (step_hooks.decode(p) for p in got)
     assert sa.idle_s > 0 and sb.idle_s == 0.0
 
 
 def test_model_time_is_measured_around_the_runner_and_kept_with_its_step():
     """A worker process (no sink): execute_model + sample_tokens timed and kept under the step's key
     until the output comes back; a CPU runner in the EngineCore's own thread is not timed."""
-    hooks = steps.StepHooks()
-    hooks.timing = True  # as enable_model_timing(), without wrapping vLLM's runner
+    hooks = model_timing.ModelTimer()
+    hooks.timing = True  # as enable(), without wrapping vLLM's runner
     clock = iter([0.002, 0.006, 0.007, 0.009])
     hooks.clock = lambda: next(clock)
     out = SimpleNamespace(num_scheduled_tokens={"d": 1})
@@ -295,7 +297,7 @@ def test_model_time_is_measured_around_the_runner_and_kept_with_its_step():
     sample(lambda *a: "async output", runner, (None,), {})  # sampling 0.007 -> 0.009
     assert hooks.model == {id(out): pytest.approx(0.006)} and hooks.cuda_events is False
     # the EngineCore with a CPU runner in its thread (UniProcExecutor): decided once, not timed
-    hooks.sink, hooks.cuda_events = (lambda payload: None), None
+    hooks.in_engine, hooks.cuda_events = True, None
     execute(lambda *a: None, runner, (out,), {})
     assert hooks.timing is False
 
@@ -306,7 +308,7 @@ def test_model_time_rides_on_the_runner_output_across_processes():
 
     from vllm.v1.outputs import ModelRunnerOutput
 
-    hooks = steps.StepHooks()
+    hooks = model_timing.ModelTimer()
     hooks.timing = True
     clock = iter([0.0, 0.004, 0.005, 0.006, 0.007, 0.008])
     hooks.clock = lambda: next(clock)
@@ -316,10 +318,10 @@ def test_model_time_rides_on_the_runner_output_across_processes():
     made = ModelRunnerOutput(req_ids=["d"], req_id_to_index={"d": 0})
     out = hooks.sample_tokens(lambda *a: made, runner, (None,), {})
     received = pickle.loads(pickle.dumps(out))  # what the EngineCore gets from the worker's queue
-    assert getattr(received, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
+    assert getattr(received, model_timing.MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
     hooks.execute_model(lambda *a: EMPTY_MODEL_RUNNER_OUTPUT, runner, (so,), {})
-    assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, steps._MODEL_TIME_ATTR)  # vLLM's shared empty output
+    assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, model_timing.MODEL_TIME_ATTR)  # vLLM's shared empty output
 
 
 # -- the frontend: span attributes and step metrics ---------------------------------------------------
@@ -512,7 +514,7 @@ class FakeCudaEvent:
 
 
 def test_cuda_events_time_the_runner_and_are_read_only_when_done():
-    hooks = steps.StepHooks()
+    hooks = model_timing.ModelTimer()
     hooks.timing, hooks.cuda_events = True, FakeCudaEvent
     clock = FakeCudaEvent.device_clock
     so = SimpleNamespace(num_scheduled_tokens={"d": 1})
@@ -526,7 +528,7 @@ def test_cuda_events_time_the_runner_and_are_read_only_when_done():
         return SimpleNamespace(req_ids=["d"])
     hooks.execute_model(forward, None, (so,), {})
     out = hooks.sample_tokens(sample, None, (None,), {})
-    assert getattr(out, steps._MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
+    assert getattr(out, model_timing.MODEL_TIME_ATTR) == pytest.approx(0.005) and not hooks.model
     assert len(hooks.event_pool) == 4  # read events are reused by the next steps
     hooks.execute_model(forward, None, (so,), {})
     assert len(hooks.event_pool) == 2

@@ -22,7 +22,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from otel_llm.otlp import encode as wire
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.otlp.direct_export import DirectExport
 from otel_llm.core.pipeline import Pipeline
@@ -424,7 +424,7 @@ def test_spans_of_requests_finished_just_before_exit_are_sent():
     with OTLPSink() as sink:
         code = textwrap.dedent(f"""
             import sys
-            sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+            sys.path[:0] = [{str(__import__("pathlib").Path(__file__).parent)!r}, {str(__import__("pathlib").Path(__file__).parents[1])!r}]
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor

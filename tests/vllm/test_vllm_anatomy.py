@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from otel_llm.core import semconv as sc
-from traces import engine_steps
+from otel_llm import semconv as sc
+from support.traces import engine_steps
 
 pytestmark = pytest.mark.engine
 

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.core import semconv as sc
+from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.verdict import StepWindow, decide
 from otel_llm.core.metrics import SERVER_METRICS, ServerMetrics
@@ -348,7 +348,7 @@ def _scheduler(running: int, scheduled_tokens: int, head_tokens: int, free_block
     ((2, 100, 70, 3), 0, BLOCKED_OTHER),  # it would fit: something we do not model held it
 ])
 def test_the_scheduler_hook_names_the_first_limit_admission_hit(state, preempted, blocked):
-    from otel_llm.instrumentation.vllm.steps import _queue_blocked
+    from otel_llm.instrumentation.vllm.step_hooks import _queue_blocked
 
     running, tokens, head, free = state
     scheduler, out, running = _scheduler(running, tokens, head, free)

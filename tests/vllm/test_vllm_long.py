@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_llm.core import semconv as sc
-from traces import engine_steps, request_trees, row_tokens
+from otel_llm import semconv as sc
+from support.traces import engine_steps, request_trees, row_tokens
 
 # ~4,100 engine steps one after another: minutes on a quiet 2-core machine, far more on a loaded one
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(2400)]

@@ -1,0 +1,279 @@
+"""vLLM's scheduler hooks: each engine step as the scheduler composed it, as one record for a sink.
+
+Our ``vllm.general_plugins`` entry point (plugin.py) installs them in a spawned EngineCore, the
+instrumentor in a process that runs its engine in-process: ``Scheduler.schedule`` (batch composition,
+captured at schedule time, as vLLM's maintainers advise for async scheduling) and
+``Scheduler.update_from_output`` (the step's end: the same stamp vLLM gives its outputs). The sink is
+the frontend's pipeline in-process, a ``step_transport.SocketSink`` in a spawned EngineCore.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any, Callable
+
+from ...core.spec_decode import SpecStep
+from ...guard import GUARD
+from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
+                               BLOCKED_TOKEN_BUDGET, StepRecord)
+from ..wraps import Target, WrapTable
+from . import step_wire
+from .step_extras import active_loras, share_positions, spec_counts
+from .step_wire import Extras, Shares, StepPayload
+from .model_timing import MODEL_TIME_ATTR, ModelTimer
+
+
+# Step anatomy from four stamps the EngineCore thread takes anyway: scheduler entered (t0) and left
+# (t1), update_from_output entered (u0), the outputs' own timestamp (end, else u1 = left). Then
+#   schedule = t1 - t0, execute = u0 - t1, output = end - u0: they sum to end - t0, the step.
+#   idle gap = t0 - the previous step's u1, when no other step was in flight (else 0: with vLLM's
+#   batch queue the next batch is scheduled while one runs, and the device was not starved).
+# model_s: forward + sampling timed around the model runner where it runs (model_timing.py).
+
+_SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_SHARES = 7  # in what schedule() keeps of a step (StepHooks.pending)
+_IDS = Shares._fields.index("ids")
+_NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
+
+
+class StepHooks:
+    """The scheduler hooks of one owner, with the state they keep between calls, and the model timer
+    of the same process (model_timing.py).
+
+    The owner arms them: ``VLLMInstrumentor`` for an engine in its own process (the sink hands the
+    record to its pipeline), ``plugin()`` in a spawned EngineCore (a ``SocketSink``). The bound
+    methods are the wrapt wrappers: the hot path reads this object's attributes, nothing module-wide."""
+
+    __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
+                 "_table")
+
+    def __init__(self) -> None:
+        self.sink: Callable[[StepPayload], None] | None = None
+        # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
+        # usage, shares, queue_blocked), unpacked whole by update_from_output
+        self.pending: dict[int, tuple] = {}
+        self.timer = ModelTimer()
+        self.model = self.timer.model  # the timer's times by step (the same dict: read once a step)
+        self.counter = itertools.count(1)
+        self.prefix = 0
+        self.last_end: float | None = None  # u1 of the last step that carried work
+        self.clock: Callable[[], float] = time.monotonic
+        self.recompute: dict[str, int] = {}  # request id -> prompt length, while it recomputes after a preemption
+        self._table = WrapTable([
+            # plain: called on every step in the EngineCore's loop, wrapt's call costs more (wraps.Target)
+            Target(_SCHEDULER_MODULE, "Scheduler.schedule", self.schedule, plain=True),
+            Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output, plain=True),
+        ])
+
+    def arm(self, sink: Callable[[StepPayload], None]) -> None:
+        """Report every step to ``sink`` (and time the model runner, where it runs in this process)."""
+        self.sink = sink
+        self.prefix = os.getpid() << 32  # step ids stay unique when several engines report to one frontend
+        self.last_end = None
+        self._table.wrap()
+        self.timer.enable(in_engine=True)
+
+    def disarm(self) -> None:
+        self.sink = None
+        self._table.unwrap()
+        self.timer.disable()
+        self.pending.clear()
+        self.recompute.clear()
+
+    def schedule(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self.sink is None:
+            return wrapped(*args, **kwargs)
+        clock = self.clock
+        start = clock()
+        out = wrapped(*args, **kwargs)
+        left = clock()
+        try:
+            shares = self._shares(instance, out)
+            preempted = getattr(out, "preempted_req_ids", None)
+            kv = instance.kv_cache_manager.usage
+            pending = self.pending
+            if len(pending) > 64:  # update_from_output never came (engine error): don't grow
+                pending.clear()
+                self.model.clear()
+            running, waiting, n_preempted = len(instance.running), len(instance.waiting), len(preempted) if preempted else 0
+            last_end = self.last_end
+            # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
+            idle = None if last_end is None else (start - last_end if not pending else 0.0)
+            pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
+                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE,
+                                active_loras(instance, shares[_IDS]) if instance.lora_config is not None else None)
+        except Exception as exc:
+            GUARD.failed("scheduler.schedule hook", exc)
+        return out
+
+    def _shares(self, scheduler: Any, out: Any) -> Shares:
+        """The step's shares as vLLM's scheduler output lists them (step_wire.Shares' fields, a plain tuple: see
+        update_from_output), with no Python
+        loop over the batch: the frontend derives each share's prefill flag and context from them
+        (step_wire.derive_prefill). Python loops run only over this step's new requests, the requests
+        recomputing after a preemption and, in a step with a prefill chunk, the output counts: none of
+        them in a steady decode batch."""
+        cached = out.scheduled_cached_reqs
+        ids, computed, outputs = cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens
+        recompute = self.recompute
+        resumed = cached.resumed_req_ids
+        new = out.scheduled_new_reqs
+        # no output yet (placeholders count): a prefill chunk. all(): a C-level truth test per count, a
+        # third of count(0)'s rich comparisons (~0.4 vs ~1.1 µs at 64); the loop only when there are some
+        no_output_at = _NONE if all(outputs) else [i for i, o in enumerate(outputs) if not o]
+        if not (resumed or recompute or new):  # no share has a prompt entry (a steady batch): nothing allocated
+            if out.total_num_scheduled_tokens == len(ids):
+                return ids, None, computed, no_output_at, _NONE, _NONE, _NONE  # one token each
+            return ids, self._tokens(out.num_scheduled_tokens, ids), computed, no_output_at, _NONE, _NONE, _NONE
+        scheduled = out.num_scheduled_tokens
+        prompt_at: list[int] = []
+        prompt_len: list[int] = []
+        prompt_outputs: list[int] = []
+        if resumed:  # back from a preemption: recomputes (a prefill) until all but its last token are computed
+            requests = scheduler.requests
+            for rid in resumed:
+                recompute[rid] = requests[rid].num_prompt_tokens
+        if recompute:
+            for rid in out.finished_req_ids:
+                recompute.pop(rid, None)
+            for rid, p in list(recompute.items()):
+                try:
+                    i = ids.index(rid)
+                except ValueError:
+                    continue  # not scheduled in this step
+                o = outputs[i]
+                prompt_at.append(i)
+                prompt_len.append(p)
+                prompt_outputs.append(o)
+                if computed[i] + scheduled[rid] >= p + o - 1:
+                    del recompute[rid]  # from the next step on it decodes
+            if len(recompute) > 4096:  # bounded (requests that vanished unseen): these shares read as decodes
+                recompute.clear()
+        if new:
+            ids, computed = list(ids), list(computed)
+            for r in new:
+                i = len(ids)
+                ids.append(r.req_id)
+                computed.append(r.num_computed_tokens)
+                p = r.prompt_len
+                total = r.prefill_token_ids  # vLLM's v2 model runner: every token, a resumed request's outputs too
+                o = len(total) - p if total is not None else 0
+                prompt_at.append(i)
+                prompt_len.append(p)
+                prompt_outputs.append(o)
+                if o:
+                    recompute[r.req_id] = p
+        # one token each (every scheduled request has at least one): a plain decode batch
+        tokens = None if out.total_num_scheduled_tokens == len(ids) else self._tokens(scheduled, ids)
+        return ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs
+
+    @staticmethod
+    def _tokens(scheduled: dict, ids: list) -> list[int]:
+        if list(scheduled) == ids:  # vLLM's dict in the lists' order (no new or resumed request in between)
+            return list(scheduled.values())
+        return list(map(scheduled.__getitem__, ids))
+
+    def update_from_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        sink = self.sink
+        if sink is None:
+            return wrapped(*args, **kwargs)
+        clock = self.clock
+        spec = None
+        try:
+            if len(args) == 2:  # as vLLM's EngineCore calls it
+                scheduler_output, model_output = args
+            else:
+                scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
+                model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
+            # speculative drafts (a dict that is empty unless the step verified some), counted before vLLM
+            # trims a stopped request's sampled tokens in place (its own counts are taken before that too)
+            if scheduler_output.scheduled_spec_decode_tokens:
+                spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens)
+        except Exception as exc:
+            GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
+        entered = clock()
+        result = wrapped(*args, **kwargs)
+        left = clock()
+        try:
+            key = id(scheduler_output)
+            pending = self.pending.pop(key, None)
+            model = getattr(model_output, MODEL_TIME_ATTR, None)
+            if model is None and self.model:
+                model = self.model.pop(key, None)
+            if pending is not None and pending[_SHARES][_IDS]:
+                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending
+                end = None
+                for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
+                    end = o.timestamp
+                    break
+                if not end or end < entered:
+                    end = left
+                self.last_end = left
+                if model is not None and model.__class__ is not float:
+                    model = self.timer.cuda_seconds(model)
+                # a StepPayload's fields as a plain tuple: building the NamedTuple itself (tuple.__new__) costs
+                # several times the literal, a tenth of the hooks' cost per step; every reader takes either
+                payload = (self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares,
+                           blocked, scheduled - start, entered - scheduled, end - entered, idle, model)
+                # speculative drafts and LoRA adapters: StepPayload.extras, a 15th field only in steps that have
+                # them (the C encoder takes the 14-field rest; step_wire.encode_py these)
+                if spec is not None:
+                    spec = share_positions(spec, shares[_IDS])
+                if spec is not None or loras is not None:
+                    payload += (Extras(*(spec or _NO_SPEC), loras or ()),)
+                sink(payload)
+        except Exception as exc:
+            GUARD.failed("scheduler.update_from_output hook", exc)
+        return result
+
+    # -- model execution, timed where it runs ---------------------------------------------------
+
+
+_NO_SPEC = ((), (), ())
+
+
+def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
+    """Why requests stayed waiting after this ``schedule()``: the first limit its admission loop hits
+    (vLLM 0.32 ``Scheduler.schedule``), read from the scheduler's state right after it ran."""
+    if preempted:
+        return BLOCKED_KV_CACHE  # a step that preempts admits nobody: the running requests outgrew the KV cache
+    if running >= getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs):
+        return BLOCKED_MAX_SEQS
+    if out.total_num_scheduled_tokens >= scheduler.max_num_scheduled_tokens:
+        return BLOCKED_TOKEN_BUDGET
+    try:
+        head = scheduler.waiting.peek_request()
+        # admission needs the head's whole remaining sequence in free blocks (scheduler_reserve_full_isl)
+        need = -(-(head.num_tokens - head.num_computed_tokens) // scheduler.block_size)
+        if need > scheduler.kv_cache_manager.block_pool.get_num_free_blocks():
+            return BLOCKED_KV_CACHE
+    except (AttributeError, IndexError):  # another vLLM's internals: the step record is worth more than this
+        pass
+    return BLOCKED_OTHER  # a limit we do not model (LoRA slots, remote KV, grammar, encoder budget)
+
+
+
+def decode(payload: StepPayload) -> StepRecord:
+    """A step record from the hook's payload, in-process (across processes see step_wire): the shares kept
+    as vLLM's lists (``StepRecord.of_lists``: no tuple per share), prefill flags and contexts derived as the
+    wire's decoder derives them. (A ``StepPayload``, or the plain tuple of its fields the hooks hand over.)"""
+    extras = payload[14] if len(payload) > 14 else None
+    (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
+     schedule_s, execute_s, output_s, idle, model) = payload[:14]
+    ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs = shares
+    contexts = list(computed)
+    step = StepRecord.of_lists(step_id, start, end, list(ids), list(tokens) if tokens is not None else None,
+                               step_wire.derive_prefill(len(ids), contexts, no_output_at, prompt_at, prompt_len,
+                                                        prompt_outputs),
+                               running, waiting, preempted, kv, queue_blocked=blocked)
+    step.contexts = contexts
+    step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
+    step.idle_s, step.model_s = idle, model
+    if extras is not None:  # speculative drafts, LoRA adapters (step_wire.Extras)
+        spec_at, drafted, accepted, loras = extras
+        if spec_at:
+            step.spec = SpecStep(list(spec_at), list(drafted), list(accepted))
+        step.loras = tuple(loras) if loras else None
+    return step

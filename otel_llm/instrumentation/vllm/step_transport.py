@@ -1,0 +1,389 @@
+"""Engine steps shipped from the EngineCore process to the frontends that own their requests.
+
+The scheduler lives in the EngineCore process (its own process by default, or the caller's with
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``); its hooks (step_hooks.py) make each step one small record:
+
+* in-process, handed straight to the frontend's ``Pipeline``;
+* across processes, one datagram (step_wire.py: a fixed struct layout) per frontend on Unix
+  sockets in a directory that the
+  first frontend created and named in ``OTEL_LLM_STEP_DIR`` before the engine was spawned.
+  Every frontend process that builds an engine client binds ``<dir>/<pid>.sock`` there:
+  with ``vllm serve --api-server-count N`` the N API server processes share one EngineCore
+  and each gets every step (each keeps the shares of its own requests). Sends never block:
+  if a frontend lags and its socket buffer is full, the record is dropped and counted.
+
+The datagram is sent before the step's outputs leave the EngineCore, so the frontend
+always holds a step's record before it sees the step's tokens.
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import errno
+import os
+import select
+import socket
+import struct
+import tempfile
+import threading
+from typing import Callable
+
+from ...guard import GUARD
+from ...core.timeline import StepRecord
+from . import step_ring, step_wire
+from .process_roles import in_api_server_process
+
+STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
+_START = step_wire.START
+
+
+class SocketSink:
+    """EngineCore side: each step's record to every frontend socket in ``directory``.
+
+    One socket per frontend, connected once (at the rescan that found it). Where the platform allows
+    (step_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
+    record is then copied with no syscall; the socket is probed once per rescan to notice a frontend
+    that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
+    path lookup a ``sendto`` makes in the kernel every step)."""
+
+    RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
+    RING = step_ring.AVAILABLE
+    RING_CAPACITY = step_ring.CAPACITY
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.dropped = 0
+        # the last step's request ids, their encoding, and the step id of the last record that every
+        # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
+        # None after anything that may have kept a record from a frontend
+        self._ids = step_wire.sender_cache()
+        # whether records may leave repeated ids out: only while every frontend reads a ring of its own (a
+        # datagram socket may hear several EngineCores, interleaved, through one reader's cache)
+        self._same_ids = False
+        self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
+        self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
+        self._rings: tuple = ()  # the same targets' RingWriters (for step_wire.encode_into_rings)
+        # step_wire's choice: the C accelerator (encode and ring writes in one call) or the pure-Python path
+        self._encode, self._into_rings = step_wire.encode, step_wire.encode_into_rings
+        self._scanned = float("-inf")
+
+    def __call__(self, payload: step_wire.StepPayload) -> None:
+        # the step's start is the hooks' clock, time.monotonic: no clock read of our own
+        start = payload[_START]
+        if start - self._scanned > self.RESCAN_S:
+            self._rescan(start)
+        into_rings = self._into_rings
+        if into_rings is not None and self._writes is not None:
+            # the C accelerator (step_wire picks it): encode and RingWriter.write in one call, same bytes
+            try:
+                full = into_rings(payload, self._ids, self._rings)
+            except Exception:
+                self._resync()  # not sent: the next record lists its ids
+                raise
+            if full:
+                self.dropped += full  # those frontends lag: their rings are full
+                self._resync()  # they missed this record: the next one lists its ids
+            return
+        try:
+            data = self._encode(payload, self._ids, self._same_ids)
+        except Exception:
+            self._resync()  # not sent: the next record lists its ids
+            raise
+        writes = self._writes
+        if writes is not None:  # every frontend reads a ring (the rule where rings are available)
+            for write in writes:
+                if not write(data):
+                    self.dropped += 1  # that frontend lags: its ring is full
+                    self._resync()  # it missed this record: the next one lists its ids
+            return
+        for path, sock, ring in self._targets:
+            if ring is not None:
+                if not ring.write(data):
+                    self.dropped += 1  # that frontend lags: its ring is full
+                    self._resync()  # it missed this record: the next one lists its ids
+                continue
+            try:
+                sock.send(data)
+            except OSError as exc:
+                self.dropped += 1  # lagging (buffer full) or unreachable: telemetry is what we lose
+                if exc.errno in _GONE:  # that frontend is gone: forget it (and its stale socket file)
+                    self._forget(path)
+
+    def _rescan(self, now: float) -> None:
+        self._scanned = now
+        for path, sock, ring in self._targets:
+            if ring is not None:
+                try:
+                    sock.send(b"")  # alive? (an empty datagram, skipped by the frontend)
+                except OSError as exc:
+                    if exc.errno in _GONE:
+                        self._forget(path)
+        try:
+            paths = [os.path.join(self.directory, f) for f in sorted(os.listdir(self.directory))
+                     if f.endswith(".sock")]
+        except OSError:
+            paths = []
+        known = {path: (sock, ring) for path, sock, ring in self._targets}
+        targets = []
+        for path in paths:
+            target = known.pop(path, None)
+            if target is None:
+                target = self._connect(path)
+                if target is None:
+                    continue
+            targets.append((path, *target))
+        for sock, ring in known.values():  # their files are gone (the frontend closed)
+            if ring is not None:
+                self.dropped += ring.unread()
+            self._close(sock, ring)
+        self._targets = targets
+        self._resync()  # a new frontend has read nothing yet (once a second: one record with its ids)
+
+    def _connect(self, path: str, forget_stale: bool = True) -> tuple | None:
+        """A socket connected to the frontend at ``path``, and the ring handed to it (None: datagrams)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            if forget_stale:
+                self.dropped += 1  # a stale socket file of a frontend that is gone
+            _unlink(path)
+            return None
+        except OSError:
+            sock.close()
+            return None
+        ring = None
+        if self.RING:
+            try:
+                ring = step_ring.RingWriter(self.RING_CAPACITY)
+            except OSError as exc:
+                GUARD.failed("step ring", exc)
+            else:
+                try:
+                    ring.announce(sock)
+                except OSError:  # refused now (gone) or the buffer is full: datagrams for this one
+                    ring.close()
+                    ring = None
+        return sock, ring
+
+    def _forget(self, path: str) -> None:
+        """A frontend whose socket refused: gone, unless another process bound the path since (a pid
+        reused): then the path is connected again. Records left unread in its ring are counted."""
+        targets = []
+        for p, sock, ring in self._targets:
+            if p != path:
+                targets.append((p, sock, ring))
+                continue
+            if ring is not None:
+                self.dropped += ring.unread()
+            self._close(sock, ring)
+            target = self._connect(path, forget_stale=False)
+            if target is not None:
+                targets.append((path, *target))
+        self._targets = targets
+        self._resync()
+
+    def _resync(self) -> None:
+        """The next record lists its request ids (step_wire: SAME_IDS), after anything that may have kept
+        a record from a frontend. The records after it leave them out while they repeat, but only where
+        every frontend reads a ring of its own: a datagram socket may hear several EngineCores,
+        interleaved, through one reader's cache."""
+        self._ids[step_wire.CACHE_LAST_STEP] = None
+        rings = all(ring is not None for _, _, ring in self._targets)
+        self._same_ids = rings
+        self._writes = tuple(ring.write for _, _, ring in self._targets) if rings else None
+        self._rings = tuple(ring for _, _, ring in self._targets) if rings else ()
+
+    @staticmethod
+    def _close(sock: socket.socket, ring: step_ring.RingWriter | None) -> None:
+        sock.close()
+        if ring is not None:
+            ring.close()
+
+    def close(self) -> None:
+        for _, sock, ring in self._targets:
+            self._close(sock, ring)
+        self._targets = []
+        self._writes = ()
+        self._rings = ()
+
+
+# a connected peer that closed: ECONNREFUSED once, ENOTCONN after (Linux); its file removed: ENOENT
+_GONE = frozenset((errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOENT))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class StepReceiver:
+    """Frontend side: this process's socket in the step directory and the rings EngineCores handed
+    over it, drained before each batch of outputs is processed."""
+
+    MAX_RINGS = 16
+    MAX_DATAGRAM = 1 << 20  # the largest record read off the socket (a longer one arrives truncated: malformed)
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, f"{os.getpid()}.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        except OSError:
+            pass
+        try:
+            os.unlink(self.path)  # a stale one of a dead process that had our pid
+        except OSError:
+            pass
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+        self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError), bad rings
+        self.failed = 0  # records decoded but not taken (a bug of ours downstream)
+        self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
+        self._lock = threading.Lock()
+        self._ids = step_wire.reader_cache()  # the socket's last record's ids (step_wire.decode's; rings keep their own)
+        # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
+        # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
+        self._view = memoryview(bytearray(self.MAX_DATAGRAM))
+        self._into = [self._view]
+        # Whether anything waits on the socket, asked before reading it: once a ring is attached the socket
+        # is empty at nearly every drain, and an empty ``recvmsg_into`` raises BlockingIOError (the
+        # exception's errno and message built each time); ``poll(0)`` answers with an empty list.
+        # (benchmarks/drain_probe.py: on the real engine, whose output thread runs cache-cold after each
+        # wait, the raising receive was ~35 µs of a ~110 µs drain.) A plain poll object: no kernel state,
+        # nothing to close, and it works the same after a fork.
+        self._poll = select.poll()
+        self._poll.register(self.sock.fileno(), select.POLLIN)
+
+    def drain(self, deliver: Callable[[StepRecord], None]) -> None:
+        """Every record that arrived: the socket's datagrams (and ring announcements), then the rings.
+        One drain at a time (a ring has one reader: two threads would read a record twice)."""
+        with self._lock:
+            self._drain(deliver)
+
+    def _drain(self, deliver: Callable[[StepRecord], None]) -> None:
+        if self._poll.poll(0):  # readable, or an error / hang-up to find out about: read until it would block
+            self._receive(deliver)
+        fast = step_wire.ring_read  # the C accelerator's read (None: none; it answers None: Python decides)
+        for ring in self.rings.values():
+            try:
+                records = fast(ring) if fast is not None else None
+                if records is None:
+                    records = ring.read()
+            except step_ring.RingError as exc:
+                self.malformed += 1
+                GUARD.failed("step ring", exc)
+                records = exc.args[1]
+            ids = ring.ids
+            for data in records:
+                self._take(data, deliver, ids)
+
+    def _receive(self, deliver: Callable[[StepRecord], None]) -> None:
+        """The socket's datagrams: records (where no ring is), ring announcements, the sink's empty probes."""
+        recvmsg_into, take, into, view = self.sock.recvmsg_into, self._take, self._into, self._view
+        while True:
+            try:
+                n, ancillary, _, _ = recvmsg_into(into, step_ring.FDS_SPACE)
+            except (BlockingIOError, OSError):
+                break
+            data = view[:n].tobytes()
+            if ancillary:
+                self._add_ring(data, ancillary)
+            elif data:  # empty: the sink's probe
+                take(data, deliver)
+
+    def _take(self, data: bytes, deliver: Callable[[StepRecord], None], ids: list | None = None) -> None:
+        """One record decoded (with the cache of the ring it came from, else the socket's) and delivered."""
+        try:
+            step = step_wire.decode(data, self._ids if ids is None else ids)
+        except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
+            self.malformed += 1
+            GUARD.failed("step record wire", exc)
+            return
+        try:
+            deliver(step)
+        except Exception as exc:
+            self.failed += 1
+            GUARD.failed("step record", exc)
+
+    def _add_ring(self, data: bytes, ancillary: list) -> None:
+        """An EngineCore's ring (step_ring): mapped, its descriptor closed. A newer one of the same
+        EngineCore process (it reconnected) replaces the older; at most MAX_RINGS are kept."""
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+        try:
+            if len(fds) != 1:
+                raise step_ring.RingError(f"ring announcement with {len(fds)} descriptors")
+            ring = step_ring.RingReader(data, fds[0])
+        except (step_ring.RingError, OSError, ValueError) as exc:
+            self.malformed += 1
+            GUARD.failed("step ring", exc)
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        old = self.rings.pop(ring.writer_pid, None)
+        if old is not None:
+            old.close()
+        while len(self.rings) >= self.MAX_RINGS:  # EngineCores that came and went: the oldest goes
+            self.rings.pop(next(iter(self.rings))).close()
+        self.rings[ring.writer_pid] = ring
+
+    def close(self) -> None:
+        try:
+            self._poll.unregister(self.sock.fileno())  # its number may be reused once closed
+        except (KeyError, ValueError, OSError):
+            pass  # closed already
+        self.sock.close()
+        for ring in self.rings.values():
+            ring.close()
+        self.rings.clear()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+
+_dir: str | None = None
+
+
+def step_dir() -> str:
+    """This process's step directory, named in ``OTEL_LLM_STEP_DIR`` for the EngineCores it spawns.
+
+    An API server process vLLM spawned (``ApiServer_<n>``) joins the directory of the process that
+    spawned it, and with it that process's EngineCore; any other process makes its own (an inherited
+    variable there names some parent's, e.g. the test process that started a server)."""
+    global _dir
+    if _dir is None:
+        inherited = os.environ.get(STEP_DIR_ENV)
+        if inherited and in_api_server_process() and os.path.isdir(inherited):
+            _dir = inherited
+        else:
+            _dir = tempfile.mkdtemp(prefix="otel-llm-steps-")
+            os.environ[STEP_DIR_ENV] = _dir
+            atexit.register(_remove_if_empty, _dir)
+    return _dir
+
+
+def open_receiver() -> StepReceiver:
+    """This process's socket in the step directory (``<pid>.sock``), closed at exit. The caller keeps
+    it for as long as an EngineCore may send to it: see ``VLLMInstrumentor.step_receiver``."""
+    receiver = StepReceiver(step_dir())
+    atexit.register(receiver.close)
+    return receiver
+
+
+def _remove_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass  # sockets of other frontends still in it: the last one out removes it, or the OS's tmp cleanup
+
