@@ -27,21 +27,27 @@ class BearerAuth:
         self.header = cfg.header
         self._tokens = cfg.tokens
         self._prefix = (cfg.scheme + " ").encode() if cfg.scheme else b""
+        self._tenants = tuple(cfg.tenant(i) for i in range(len(cfg.tokens)))
 
     def check(self, value: str | bytes | None) -> bool:
         """Whether a header value carries one of the tokens."""
+        return self.tenant(value) is not None
+
+    def tenant(self, value: str | bytes | None) -> str | None:
+        """The tenant whose token a header value carries; None when it carries none of them."""
         if value is None:
-            return False
+            return None
         raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
         prefix = self._prefix
         # the scheme is matched case-insensitively, as HTTP auth schemes are
         if prefix and raw[:len(prefix)].lower() != prefix.lower():
-            return False
+            return None
         presented = raw[len(prefix):].strip()
-        ok = False
-        for token in self._tokens:  # every token compared: no early exit on a match
-            ok |= hmac.compare_digest(presented, token)
-        return ok
+        found = -1
+        for i, token in enumerate(self._tokens):  # every token compared: no early exit on a match
+            if hmac.compare_digest(presented, token):
+                found = i
+        return self._tenants[found] if found >= 0 else None
 
 
 def is_loopback(host: str) -> bool:

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="v0.159", choices=("v0.159", "legacy"),
                    help="otelcol-contrib release line the upstream files are written for (component names, "
                         "keys): v0.159 (default) or legacy (the names from before the renames)")
+    s.add_argument("--trusted-peers", default=None,
+                   help="comma-separated addresses or CIDR blocks the load-balancing tier connects from (exempt "
+                        "from the gateways' per-peer shares; default: the private ranges)")
     return p
 
 
@@ -112,10 +115,12 @@ def _scale_config(args: argparse.Namespace) -> int:
     if not gateways and not args.dns:
         print("otel-llm-collector scale-config: give --gateways or --dns", file=sys.stderr)
         return 2
-    options = ScaleOptions(gateways=gateways, dns_hostname=args.dns, backend=args.backend, slo=slo,
-                           baseline_percent=args.baseline_percent, slow_threshold_ms=args.slow_threshold_ms,
-                           target=args.target)
     try:
+        extra = {} if args.trusted_peers is None else {
+            "trusted_peers": tuple(t.strip() for t in args.trusted_peers.split(",") if t.strip())}
+        options = ScaleOptions(gateways=gateways, dns_hostname=args.dns, backend=args.backend, slo=slo,
+                               baseline_percent=args.baseline_percent, slow_threshold_ms=args.slow_threshold_ms,
+                               target=args.target, **extra)
         paths = write(args.out, options, args.mode)
     except ValueError as exc:
         print(f"otel-llm-collector scale-config: {exc}", file=sys.stderr)

@@ -22,12 +22,15 @@ Shape (keys follow the upstream Collector where the concept is the same)::
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
 
-Hardening keys (collector/README.md, "Slow clients", "Authentication", "Label memory"): the receivers'
-``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``
-(HTTP) and ``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC);
-``auth: {authenticator: <bearertokenauth extension>}`` on both receivers and ``exporters.prometheus``;
-``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, label_cache_size}``;
-``service.shutdown_timeout``.
+Hardening keys (docs/collector-limits.md says what each guarantees): the receivers'
+``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``/
+``max_unauthenticated_connections``/``json_workers``/``json_bytes_per_peer_per_second`` (HTTP),
+``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC), and on both
+``peer_share`` (the most of a receiver's slots one peer holds) and ``trusted_peers`` (addresses or CIDR blocks
+exempt from the shares: the load-balancing tier); ``auth: {authenticator: <bearertokenauth extension>}`` on both
+receivers and ``exporters.prometheus`` (the extension's ``tenants: {name: token}`` names tenants);
+``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, max_series_per_tenant,
+max_series_per_source, label_cache_size}``; ``service.shutdown_timeout``.
 
 TLS uses the upstream ``configtls`` key names::
 
@@ -200,6 +203,11 @@ class BearerTokenConfig:
     tokens: tuple[bytes, ...]
     scheme: str = "Bearer"
     header: str = "authorization"
+    # the tenant each token names (same order): per-tenant shares, series budgets and refusal counts
+    tenants: tuple[str, ...] = ()
+
+    def tenant(self, i: int) -> str:
+        return self.tenants[i] if i < len(self.tenants) else f"token-{i + 1}"
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,8 @@ class GrpcReceiverConfig:
     # contends for the GIL, -40% at 2 workers)
     workers: int = 0
     auth: BearerTokenConfig | None = None
+    peer_share: float = 0.25  # of the calls in flight, the most one peer (tenant, else source address) holds
+    trusted_peers: tuple[str, ...] = ()  # addresses / CIDR blocks exempt from per-peer shares (the LB tier)
 
 
 @dataclass(frozen=True)
@@ -232,6 +242,13 @@ class HttpReceiverConfig:
     read_header_timeout: float = 10.0  # from connection (or previous response) to the end of the headers
     read_timeout: float = 30.0  # from the end of the headers to the end of the body
     auth: BearerTokenConfig | None = None
+    peer_share: float = 0.25  # of max_connections, the most one peer (tenant, else source address) holds
+    trusted_peers: tuple[str, ...] = ()  # addresses / CIDR blocks exempt from per-peer shares (the LB tier)
+    # with auth: connections whose token is not checked yet (each source at most peer_share of them)
+    max_unauthenticated_connections: int = 64
+    # OTLP/JSON bodies are parsed in this many worker processes (0: on the handler thread, holding the GIL)
+    json_workers: int = 1
+    json_bytes_per_peer_per_second: int = 4 << 20  # each peer's OTLP/JSON byte budget (0: unmetered)
 
 
 @dataclass(frozen=True)
@@ -277,6 +294,8 @@ class LabelLimits:
     label_cache_bytes: int = 16 << 20  # the one cache of bound label sets, all services together
     max_series: int = 500  # label sets in all (each a series per instrument); then the global overflow one
     max_series_per_service: int = 100  # label sets per service; then that service's overflow label set
+    max_series_per_tenant: int = 200  # label sets per tenant (bearer token), whatever its service names
+    max_series_per_source: int = 200  # label sets per source address (trusted peers exempt)
 
 
 @dataclass(frozen=True)
@@ -363,7 +382,7 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
         return None
     w = "receivers.otlp.protocols.grpc"
     _only(m, ("endpoint", "max_recv_msg_size_mib", "tls", "max_concurrent_requests", "read_timeout", "keepalive",
-              "workers", "auth"), w)
+              "workers", "auth", "peer_share", "trusted_peers"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     keepalive = m.get("keepalive") or {}
     _only(keepalive, ("server_parameters",), f"{w}.keepalive")
@@ -380,7 +399,9 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
                               max_connection_age_grace=duration(server.get("max_connection_age_grace", 0),
                                                                 f"{ka}.max_connection_age_grace"),
                               workers=positive_int(m.get("workers", 0), f"{w}.workers", allow_zero=True),
-                              auth=_auth(m, auths, w))
+                              auth=_auth(m, auths, w),
+                              peer_share=_share(m.get("peer_share", 0.25), f"{w}.peer_share"),
+                              trusted_peers=_trusted(m.get("trusted_peers"), f"{w}.trusted_peers"))
 
 
 def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig | None:
@@ -388,7 +409,8 @@ def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig 
         return None
     w = "receivers.otlp.protocols.http"
     _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests", "tls", "max_json_body_size",
-              "max_connections", "max_header_bytes", "read_header_timeout", "read_timeout", "auth"), w)
+              "max_connections", "max_header_bytes", "read_header_timeout", "read_timeout", "auth", "peer_share",
+              "trusted_peers", "max_unauthenticated_connections", "json_workers", "json_bytes_per_peer_per_second"), w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     return HttpReceiverConfig(host, port, size(m.get("max_request_body_size"), f"{w}.max_request_body_size"),
                               positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"),
@@ -399,7 +421,42 @@ def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig 
                               read_header_timeout=_positive_duration(m.get("read_header_timeout"),
                                                                      f"{w}.read_header_timeout"),
                               read_timeout=_positive_duration(m.get("read_timeout"), f"{w}.read_timeout"),
-                              auth=_auth(m, auths, w))
+                              auth=_auth(m, auths, w),
+                              peer_share=_share(m.get("peer_share", 0.25), f"{w}.peer_share"),
+                              trusted_peers=_trusted(m.get("trusted_peers"), f"{w}.trusted_peers"),
+                              max_unauthenticated_connections=positive_int(
+                                  m.get("max_unauthenticated_connections", 64), f"{w}.max_unauthenticated_connections"),
+                              json_workers=positive_int(m.get("json_workers", 1), f"{w}.json_workers", allow_zero=True),
+                              json_bytes_per_peer_per_second=_size_or_zero(
+                                  m.get("json_bytes_per_peer_per_second", 4 << 20),
+                                  f"{w}.json_bytes_per_peer_per_second"))
+
+
+def _size_or_zero(value: Any, where: str) -> int:
+    return 0 if value == 0 and not isinstance(value, bool) else size(value, where)
+
+
+def _share(value: Any, where: str) -> float:
+    """A fraction in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{where}: expected a fraction in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _trusted(value: Any, where: str) -> tuple[str, ...]:
+    """``trusted_peers``: a list of addresses or CIDR blocks (checked at load)."""
+    from .fairness import parse_network
+
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of addresses or CIDR blocks, got {value!r}")
+    for i, entry in enumerate(value):
+        try:
+            parse_network(entry)
+        except ValueError as exc:
+            raise ConfigError(f"{where}[{i}]: {exc}") from None
+    return tuple(e.strip() for e in value)
 
 
 def _positive_duration(value: Any, where: str) -> float:
@@ -419,7 +476,11 @@ def _labels(m: Any) -> LabelLimits:
         label_cache_bytes=size(m.get("label_cache_size", d.label_cache_bytes), f"{w}.label_cache_size"),
         max_series=positive_int(m.get("max_series", d.max_series), f"{w}.max_series"),
         max_series_per_service=positive_int(m.get("max_series_per_service", d.max_series_per_service),
-                                            f"{w}.max_series_per_service"))
+                                            f"{w}.max_series_per_service"),
+        max_series_per_tenant=positive_int(m.get("max_series_per_tenant", d.max_series_per_tenant),
+                                           f"{w}.max_series_per_tenant"),
+        max_series_per_source=positive_int(m.get("max_series_per_source", d.max_series_per_source),
+                                           f"{w}.max_series_per_source"))
     if limits.max_series_per_service > limits.max_series:
         raise ConfigError(f"{w}.max_series_per_service ({limits.max_series_per_service}) exceeds "
                           f"{w}.max_series ({limits.max_series})")
@@ -456,11 +517,17 @@ def _extensions(m: Any) -> dict[str, BearerTokenConfig]:
         w = f"extensions.{name}"
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{w}: expected a mapping with token, tokens or filename")
-        _only(spec, ("scheme", "token", "tokens", "filename", "header"), w)
-        sources = [k for k in ("token", "tokens", "filename") if k in spec]
+        _only(spec, ("scheme", "token", "tokens", "filename", "header", "tenants"), w)
+        sources = [k for k in ("token", "tokens", "filename", "tenants") if k in spec]
         if len(sources) != 1:
-            raise ConfigError(f"{w}: set exactly one of token, tokens, filename (got {sources or 'none'})")
-        if "token" in spec:
+            raise ConfigError(f"{w}: set exactly one of token, tokens, filename, tenants (got {sources or 'none'})")
+        tenants: list[str] = []
+        if "tenants" in spec:  # {tenant name: token}: a tenant per token, named in counters
+            if not isinstance(spec["tenants"], Mapping) or not spec["tenants"]:
+                raise ConfigError(f"{w}.tenants: expected a non-empty mapping of tenant name to token")
+            tenants = [str(k) for k in spec["tenants"]]
+            tokens = [_token_text(t, f"{w}.tenants.{k}") for k, t in spec["tenants"].items()]
+        elif "token" in spec:
             tokens = [_token_text(spec["token"], f"{w}.token")]
         elif "tokens" in spec:
             if not isinstance(spec["tokens"], list) or not spec["tokens"]:
@@ -479,7 +546,7 @@ def _extensions(m: Any) -> dict[str, BearerTokenConfig]:
         header = spec.get("header", "authorization")
         if not isinstance(scheme, str) or not isinstance(header, str) or not header:
             raise ConfigError(f"{w}: scheme and header must be strings")
-        out[name] = BearerTokenConfig(tuple(t.encode() for t in tokens), scheme, header.lower())
+        out[name] = BearerTokenConfig(tuple(t.encode() for t in tokens), scheme, header.lower(), tuple(tenants))
     return out
 
 
@@ -501,7 +568,8 @@ def _auth(m: Any, auths: Mapping[str, BearerTokenConfig], where: str) -> BearerT
 def _slo(m: Any) -> SLOTable:
     if not m:
         return SLOTable()
-    _only(m, ("slo", "max_label_length", "label_cache_size", "max_series", "max_series_per_service"),
+    _only(m, ("slo", "max_label_length", "label_cache_size", "max_series", "max_series_per_service",
+              "max_series_per_tenant", "max_series_per_source"),
           "processors.llm_metrics")
     try:
         return SLOTable.coerce(m.get("slo") or None)

@@ -25,6 +25,7 @@ from .auth import BearerAuth, warn_unprotected
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
+from .fairness import Peer
 from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
@@ -155,35 +156,36 @@ class Gateway:
         return read_request(raw, self._keys)
 
     def ingest(self, request: "ExportTraceServiceRequest | Received", transport: str = "direct",
-               raw: bytes | None = None) -> int:
+               raw: bytes | None = None, peer: Peer | None = None) -> int:
         """Process one export request; returns the number of spans refused (invalid trace, span or parent id).
 
         ``raw``: the protobuf bytes ``request`` was parsed from, when at hand (the receivers pass them).
         Reading the request (``extract``) needs no shared state, so it runs before the pipeline lock is
         taken: a large request delays nobody else's while it is read. Traces that are due are decided
-        right after, on the same thread, while their data is still in cache."""
+        right after, on the same thread, while their data is still in cache. ``peer``: who sent it (the
+        receivers' tenant or source address), for the per-tenant and per-source series budgets."""
         batch = extract(request, raw, self._keys)
         if len(batch.spans) > INGEST_CHUNK:  # a big request: other clients' exports get the lock in between
             for part in split(batch, INGEST_CHUNK):
                 with self.serial:
-                    self._ingest(part, transport)
+                    self._ingest(part, transport, peer)
             batch_done = True
         else:
             batch_done = False
         with self.serial:
             if not batch_done:
-                self._ingest(batch, transport)
+                self._ingest(batch, transport, peer)
             if self.sampler is not None:
                 self.sampler.tick()
         return batch.rejected
 
-    def _ingest(self, batch: Extracted, transport: str) -> None:
+    def _ingest(self, batch: Extracted, transport: str, peer: Peer | None = None) -> None:
         if batch.spans:
             self.telemetry.inc("receiver_accepted_spans", len(batch.spans), transport=transport)
         for reason, n in (batch.rejected_by or {}).items():
             self.telemetry.inc("receiver_refused_spans", n, transport=transport, reason=reason)
         if self.metrics is not None and batch.requests:
-            self.metrics.process(batch.requests)
+            self.metrics.process(batch.requests, peer)
         if self.ttft_join is not None and (batch.clients or batch.requests):
             self.ttft_join.process(batch)
         if self.sampler is not None:

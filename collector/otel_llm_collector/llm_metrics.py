@@ -11,11 +11,13 @@ value (service, model, operation, provider, error type, LoRA adapter) is cut to 
 (counted in ``llm_metrics_labels_truncated``); the bound label sets of all services share one LRU
 cache with a byte budget (``label_cache_size``; a label set that fell out is bound again on its next
 request). Label sets (model, operation, provider, error type) are admitted per service up to
-``max_series_per_service`` and ``max_series`` in all; a request whose label set is not admitted is
+``max_series_per_service``, per tenant (``max_series_per_tenant``: the bearer token's) and per source address
+(``max_series_per_source``; trusted peers exempt) and ``max_series`` in all, so a flooder rotating service
+names still spends only its own budget; a request whose label set is not admitted is
 recorded in its service's overflow label set (``otel.metric.overflow=true``, no model or provider,
 operation and error type ``_OTHER``, judged by the default SLO; one per service, and it counts toward
 ``max_series`` too) or, once ``max_series`` is reached, in the global overflow label set (no service
-either), and counted in ``llm_metrics_overflow_requests``. So at most ``max_series + 1`` label sets
+either), and counted in ``llm_metrics_overflow_requests{budget, tenant}``. So at most ``max_series + 1`` label sets
 exist, and the scrape's size is bounded by that. Admission is decided here, once per label set, so a flood of junk
 label values costs a set lookup per request, not a new binding; the aggregation backend caps series
 per instrument as well (a backstop, and for instruments with several series per label set).
@@ -31,6 +33,7 @@ from otel_llm.core.summary import RequestSummary
 from otel_llm.core.slo import SLOTable
 
 from .config import LabelLimits
+from .fairness import Peer
 from .fast.metrics import BatchMetrics, label_key
 from .spans import SERVICE_NAME, RequestFacts
 from .telemetry import GatewayMetrics
@@ -106,12 +109,20 @@ class LLMMetricsProcessor:
         self._admitted: dict[str, set[tuple]] = {}  # service -> label sets with series of their own
         self._overflowing: set[str] = set()  # services with an overflow label set of their own
         self._n_admitted = 0
+        # label sets (and overflow label sets) each tenant / source address made exist: a flooder rotating
+        # service names still spends one budget. A key exists only once it holds one, so each table has at
+        # most max_series entries whatever the number of sources.
+        self._per_tenant = limits.max_series_per_tenant
+        self._per_source = limits.max_series_per_source
+        self._budgets: dict[str, int] = {}
 
-    def process(self, requests: Iterable[RequestFacts]) -> None:
+    def process(self, requests: Iterable[RequestFacts], peer: Peer | None = None) -> None:
+        """Record ``requests`` (all from ``peer``: who sent them, for the tenant and source budgets)."""
+        budgets = _budget_keys(peer)
         counts: dict[str, int] = {}
         by_service: dict[Any, dict[tuple, list]] = {}  # service -> label key -> its requests
         n = self._max_len
-        overflowed = 0
+        overflowed: dict[str, int] = {}  # the budget that refused -> requests
         admitted_of = self._admitted.get
         for r in requests:
             s = r.summary
@@ -130,11 +141,13 @@ class LLMMetricsProcessor:
                     self._telemetry.inc("llm_metrics_labels_truncated", label="service")
                 key = label_key(s)
                 admitted = admitted_of(service)
-                if (admitted is None or key not in admitted) and not self._admit(service, admitted, key):
-                    s = _overflow(s)
-                    key = label_key(s)
-                    service = self._overflow_group(service)
-                    overflowed += 1
+                if admitted is None or key not in admitted:
+                    refused_by = self._admit(service, admitted, key, budgets)
+                    if refused_by is not None:
+                        s = _overflow(s)
+                        key = label_key(s)
+                        service = self._overflow_group(service, budgets)
+                        overflowed[refused_by] = overflowed.get(refused_by, 0) + 1
             groups = by_service.get(service)
             if groups is None:
                 by_service[service] = {key: [s]}
@@ -150,23 +163,44 @@ class LLMMetricsProcessor:
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
         if overflowed:
-            self._telemetry.inc("llm_metrics_overflow_requests", overflowed)
+            tenant = peer.tenant if peer is not None and peer.tenant is not None else ""
+            for budget, n_refused in overflowed.items():
+                self._telemetry.inc("llm_metrics_overflow_requests", n_refused, budget=budget, tenant=tenant)
 
-    def _admit(self, service: str, admitted: set[tuple] | None, key: tuple) -> bool:
-        if self._n_admitted >= self._max_series or (admitted is not None and len(admitted) >= self._share):
-            return False
+    def _admit(self, service: str, admitted: set[tuple] | None, key: tuple, budgets: tuple[str, ...]) -> str | None:
+        """Admit a new label set; else the budget that refuses it (``total``, ``service``, ``tenant``, ``source``)."""
+        if self._n_admitted >= self._max_series:
+            return "total"
+        if admitted is not None and len(admitted) >= self._share:
+            return "service"
+        refused = self._over_budget(budgets)
+        if refused is not None:
+            return refused
         if admitted is None:
             admitted = self._admitted[service] = set()
         admitted.add(key)
+        self._charge(budgets)
         self._n_admitted += 1
-        return True
+        return None
 
-    def _overflow_group(self, service: str) -> Any:
-        """The service's overflow group while ``max_series`` allows one more label set, else the global one."""
+    def _over_budget(self, budgets: tuple[str, ...]) -> str | None:
+        for b in budgets:
+            if self._budgets.get(b, 0) >= (self._per_tenant if b[0] == "t" else self._per_source):
+                return "tenant" if b[0] == "t" else "source"
+        return None
+
+    def _charge(self, budgets: tuple[str, ...]) -> None:
+        for b in budgets:
+            self._budgets[b] = self._budgets.get(b, 0) + 1
+
+    def _overflow_group(self, service: str, budgets: tuple[str, ...] = ()) -> Any:
+        """The service's overflow group while ``max_series`` and the sender's budgets allow one more label set,
+        else the global one (so rotating service names cannot spend ``max_series`` on overflow sets either)."""
         if service in self._overflowing:
             return (service, OVERFLOW_KEY)
-        if self._n_admitted < self._max_series:
+        if self._n_admitted < self._max_series and self._over_budget(budgets) is None:
             self._overflowing.add(service)
+            self._charge(budgets)
             self._n_admitted += 1
             return (service, OVERFLOW_KEY)
         return (None, OVERFLOW_KEY)
@@ -181,6 +215,15 @@ class LLMMetricsProcessor:
             if len(self._extra) < 4096:  # bounded: service names come from clients
                 self._extra[service] = extra  # type: ignore[index]
         return extra
+
+
+def _budget_keys(peer: Peer | None) -> tuple[str, ...]:
+    """The budgets a sender's new label sets are charged to: its tenant's (with auth) and its source address's
+    (not for a trusted peer: the load-balancing tier forwards everyone's spans)."""
+    if peer is None:
+        return ()
+    keys = ("t" + peer.tenant,) if peer.tenant is not None else ()
+    return keys if peer.trusted else keys + ("s" + peer.address,)
 
 
 def _overflow(s: Any) -> Any:

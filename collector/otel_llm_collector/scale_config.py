@@ -70,6 +70,9 @@ _DIMENSIONS = [{"key": sc.OPERATION_NAME}, {"key": sc.REQUEST_MODEL, "optional":
                {"key": sc.PROVIDER_NAME, "optional": True}, {"key": sc.ERROR_TYPE, "optional": True}]
 
 
+PRIVATE_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+
+
 @dataclass(frozen=True)
 class ScaleOptions:
     gateways: tuple[str, ...] = ("otel-llm-gateway-0:4317", "otel-llm-gateway-1:4317")
@@ -83,10 +86,17 @@ class ScaleOptions:
     num_traces: int = 50_000
     prometheus_endpoint: str = "0.0.0.0:8889"
     target: str = DEFAULT_TARGET
+    # where the load-balancing tier's connections come from: every span reaches a gateway through it, so it is
+    # exempt from the gateways' per-peer shares (docs/collector-limits.md); the private ranges by default
+    trusted_peers: tuple[str, ...] = PRIVATE_NETWORKS
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"unknown target {self.target!r}; one of {', '.join(TARGETS)}")
+        from .fairness import parse_network
+
+        for entry in self.trusted_peers:
+            parse_network(entry)  # a ValueError naming the entry
 
     @property
     def upstream(self) -> UpstreamTarget:
@@ -149,6 +159,13 @@ def _receivers() -> dict[str, Any]:
     return {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"}, "http": {"endpoint": "0.0.0.0:4318"}}}}
 
 
+def _gateway_receivers(o: ScaleOptions) -> dict[str, Any]:
+    """Our gateways' receivers: the upstream ones, with the load-balancing tier as a trusted peer."""
+    trusted = list(o.trusted_peers)
+    return {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317", "trusted_peers": trusted},
+                                   "http": {"endpoint": "0.0.0.0:4318", "trusted_peers": trusted}}}}
+
+
 def _dns_resolver(spec: str) -> dict[str, Any]:
     host, _, port = spec.partition(":")
     if not host:
@@ -188,7 +205,7 @@ def gateway_tier(o: ScaleOptions) -> dict[str, Any]:
         {"name": "baseline", "type": "probabilistic", "probabilistic": {"sampling_percentage": o.baseline_percent}},
     ]
     return {
-        "receivers": _receivers(),
+        "receivers": _gateway_receivers(o),
         "processors": {
             "llm_metrics": {"slo": _slo_text(o.slo)},
             "tail_sampling": {"decision_wait": o.decision_wait,

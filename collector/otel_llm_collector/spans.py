@@ -20,6 +20,7 @@ CLIENT span with ``gen_ai.response.time_to_first_chunk`` is a client call (``ttf
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
@@ -98,6 +99,22 @@ class Extracted:
     # trace id -> attribute key -> values, for the keys asked for (``extract(keys=...)``); None when none were
     attributes: dict[bytes, dict[str, list[Any]]] | None = None
     rejected_by: dict[str, int] | None = None  # reason (invalid_trace_id, ...) -> spans; None when none
+
+
+# a request span whose latency is +-inf or NaN is refused (partial success, counted under this reason): a
+# percentile or SLO policy, a histogram's sum cannot hold such a value
+NON_FINITE_REASON = "non_finite_latency"
+_LATENCY_FIELDS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode", "max_gap")
+_NON_FINITE: Any = object()  # marks the request facts of a span refused for a non-finite latency
+
+
+def finite(summary: RequestSummary) -> bool:
+    """Whether every latency a summary carries is a finite number."""
+    for name in _LATENCY_FIELDS:
+        v = getattr(summary, name)
+        if v is not None and not math.isfinite(v):
+            return False
+    return True
 
 
 MAX_VALUES_PER_KEY = 64  # distinct values kept per attribute key and trace: a policy needs one match, not all
@@ -239,7 +256,9 @@ def _extract_read(resources: list, keys: frozenset[str]) -> Extracted:
                     for key in triggers:
                         if key in attrs:
                             facts = _encoded_request_facts(tid, service, attrs, bool(parent))
-                            if facts is not None:
+                            if facts is not None and not finite(facts.summary):
+                                facts = _NON_FINITE
+                            elif facts is not None:
                                 if facts.summary.provider is None and facts.source == "native":
                                     facts.summary.provider = native_provider  # the engine's tracer's scope
                                 requests.append(facts)
@@ -251,6 +270,11 @@ def _extract_read(resources: list, keys: frozenset[str]) -> Extracted:
                             if isinstance(ttfc, float):
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                    if facts is _NON_FINITE:  # refused here, so no processor or policy ever reads the value
+                        rejected += 1
+                        rejected_by = rejected_by if rejected_by is not None else {}
+                        rejected_by[NON_FINITE_REASON] = rejected_by.get(NON_FINITE_REASON, 0) + 1
+                        continue
                     if found is not None:
                         _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
                 elif found is not None:
@@ -300,7 +324,9 @@ def _extract_view(raw: bytes, keys: frozenset[str]) -> Extracted:
                     for key in triggers:
                         if key in attrs:
                             facts = _encoded_request_facts(tid, service, attrs, bool(parent))
-                            if facts is not None:
+                            if facts is not None and not finite(facts.summary):
+                                facts = _NON_FINITE
+                            elif facts is not None:
                                 if facts.summary.provider is None and facts.source == "native":
                                     facts.summary.provider = native_provider  # the engine's tracer's scope
                                 requests.append(facts)
@@ -312,6 +338,11 @@ def _extract_view(raw: bytes, keys: frozenset[str]) -> Extracted:
                             if isinstance(ttfc, float):
                                 (clients := clients if clients is not None else []).append(
                                     ClientFacts(tid, service, model if isinstance(model, str) else None, ttfc))
+                    if facts is _NON_FINITE:  # refused here, so no processor or policy ever reads the value
+                        rejected += 1
+                        rejected_by = rejected_by if rejected_by is not None else {}
+                        rejected_by[NON_FINITE_REASON] = rejected_by.get(NON_FINITE_REASON, 0) + 1
+                        continue
                 if found is not None:
                     _collect(found, tid, [(k, value_of(attrs[k])) for k in keys if k in attrs] + resource_values)
                 status = span.status

@@ -81,18 +81,18 @@ class GatewayMetric:
 GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
     GatewayMetric("receiver_accepted_spans", "counter", ("transport",), "Spans accepted by a receiver"),
     GatewayMetric("receiver_refused_spans", "counter", ("transport", "reason"),
-                  "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id)"),
+                  "Spans refused (invalid_trace_id, invalid_span_id, invalid_parent_span_id, non_finite_latency)"),
     GatewayMetric("receiver_bad_requests", "counter", ("transport", "reason"),
                   "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, "
                   "too_many_connections, headers_too_large, header_timeout, read_timeout, disconnected, "
-                  "unauthenticated, ...)"),
+                  "unauthenticated, peer_share, unauthenticated_pool, json_budget, ...)"),
     GatewayMetric("llm_metrics_requests", "counter", ("source",),
                   "Request spans the llm_metrics processor derived metrics from"),
     GatewayMetric("llm_metrics_labels_truncated", "counter", ("label",),
                   "Label values cut to max_label_length (service, model, operation, provider, error_type)"),
-    GatewayMetric("llm_metrics_overflow_requests", "counter", (),
-                  "Requests recorded in their service's overflow series (label set not admitted: "
-                  "max_series[_per_service])"),
+    GatewayMetric("llm_metrics_overflow_requests", "counter", ("budget", "tenant"),
+                  "Requests recorded in an overflow series (label set not admitted), by the budget that refused it "
+                  "(total, service, tenant, source) and the sender's tenant (empty without auth)"),
     GatewayMetric("llm_metrics_values_refused", "counter", ("reason",),
                   "Values not recorded (sum_overflow: the histogram's sum would become +Inf; bad_counts: bucket counts "
                   "that do not fit the histogram)"),

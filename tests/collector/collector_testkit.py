@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
@@ -81,3 +82,13 @@ def loopback_config(**over: Any) -> CollectorConfig:
 def prometheus_binary() -> str | None:
     path = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
     return path if os.path.exists(path) and os.access(path, os.X_OK) else None
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll ``cond`` until true (a bounded wait for something the gateway does on its own threads)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()

@@ -78,7 +78,7 @@ def test_1000_services_x_100_models_stay_under_the_bound_and_scrape_bounded() ->
         assert sum(1 for s in ttft if not s.labels.get("service_name")) == 1  # the global overflow series
         assert sum(s.value for s in ttft) == 100_000  # every request counted: own series or an overflow one
         # the first services fill max_series with their models; every later request overflows
-        assert g.telemetry.value("llm_metrics_overflow_requests") == 100_000 - limits.max_series
+        assert g.telemetry.total("llm_metrics_overflow_requests") == 100_000 - limits.max_series
         # the scrape's size follows from the label-set bound (~19 KB of text per label set, all instruments)
         scrape = generate_latest(g.registry)
         assert len(scrape) < (limits.max_series + 1) * 25_000, len(scrape)
@@ -113,7 +113,7 @@ def test_another_service_still_gets_its_own_series_after_one_floods_junk_models(
         traffic(g, 1, 2000)  # svc-0 sends 2,000 junk model names
         g.ingest(export_request(span(99_999, 1, attrs=request_attrs(model="llama-new")), service="other"))
         ttft = series(g)
-        assert g.telemetry.value("llm_metrics_overflow_requests") == 2000 - g.config.labels.max_series_per_service
+        assert g.telemetry.total("llm_metrics_overflow_requests") == 2000 - g.config.labels.max_series_per_service
         mine = [s for s in ttft if s.labels.get("service_name") == "other"]
         assert [s.labels["gen_ai_request_model"] for s in mine] == ["llama-new"]
         flood = [s for s in ttft if s.labels.get("service_name") == "svc-S0000"]

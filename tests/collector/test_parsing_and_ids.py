@@ -41,7 +41,9 @@ def test_a_json_body_being_parsed_does_not_hold_the_pipeline_lock(monkeypatch) -
         return real(body)
 
     monkeypatch.setattr(http_receiver, "parse_request", held_open)
-    cfg = loopback_config(processors={"tail_sampling": None})
+    # the handler thread's own parse (json_workers: 0); the worker process's is in test_fairness.py
+    cfg = loopback_config(processors={"tail_sampling": None}, receivers={"otlp": {"protocols": {
+        "grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0", "json_workers": 0}}}})
     with Gateway(cfg, manual_ticks=True) as g:
         big = dumps(export_request(*[span(7, i + 1, attrs=request_attrs()) for i in range(2000)])).encode()
         result = {}
@@ -123,9 +125,9 @@ def test_a_big_request_is_processed_in_parts_and_loses_nothing(tmp_path, monkeyp
     with Gateway(cfg, manual_ticks=True) as g:
         real = g._ingest  # noqa: SLF001
 
-        def counting(batch, transport):
+        def counting(batch, transport, peer=None):
             holds.append(len(batch.spans))
-            return real(batch, transport)
+            return real(batch, transport, peer)
 
         monkeypatch.setattr(g, "_ingest", counting)
         bad = span(1, 1)

@@ -12,12 +12,14 @@ REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), spa
 
 
 class Ingest(Protocol):
-    """(request, transport, its protobuf bytes as received if any) -> number of spans refused (partial success).
+    """(request, transport, its protobuf bytes as received if any, the peer that sent it) -> number of spans
+    refused (partial success).
 
     The request is validated: what ``Parse`` returned for a protobuf body (the gateway's one-pass reading, or a
     request parsed by the full OTLP classes), or an OTLP/JSON request; ``raw`` spares the gateway encoding it again."""
 
-    def __call__(self, request: ExportTraceServiceRequest | Any, transport: str, raw: bytes | None = None) -> int: ...
+    def __call__(self, request: ExportTraceServiceRequest | Any, transport: str, raw: bytes | None = None,
+                 peer: Any = None) -> int: ...
 
 
 # a protobuf body -> what ``Ingest`` takes; ``messages.MalformedRequest`` (with the reason) when it is refused

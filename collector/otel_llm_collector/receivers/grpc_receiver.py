@@ -12,8 +12,14 @@ RESOURCE_EXHAUSTED, counted as ``reason="busy"``), and connections are closed af
 
 The request arrives as raw bytes (identity deserializer) so that a malformed body becomes a counted
 ``INVALID_ARGUMENT`` with the parser's reason, and an oversized one a counted ``RESOURCE_EXHAUSTED``.
-gRPC itself enforces a hard cap slightly above ours (and applies it after gzip decompression, so gzip
-bombs stop there).
+gRPC's own inflation is off: a compressed message is inflated here with an output cap (a gzip bomb is a
+counted ``gzip_too_large``), and gRPC's hard cap is 4 x ours, so every refusal below it has its reason.
+
+Calls are shared per peer (``fairness.PeerSlots``): a peer - the token's tenant with ``auth``, else the
+source address - holds at most ``peer_share`` of ``max_concurrent_requests``; beyond it the call gets
+RESOURCE_EXHAUSTED at once (``reason="peer_share"``), so the rest stays free for other peers.
+``trusted_peers`` (the load-balancing tier) are held to the cap only. The token is checked before a slot
+is taken.
 
 With ``tls`` the port is TLS only (gRPC's own handshake; ``client_ca_file`` makes a client certificate
 mandatory). With ``auth`` a call must carry ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -32,10 +39,13 @@ from otel_llm.otlp import messages
 
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
+from ..fairness import PEER_SHARE, Peer, PeerSlots, TrustedPeers
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
+from .compression import InflateError, inflate_message
 
 SERVICE = messages.SERVICE
+HARD_CAP_FACTOR = 4
 
 
 class _Refused(Exception):
@@ -53,6 +63,9 @@ class GrpcReceiver:
         self._t = telemetry
         self._auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self._in_flight = 0
+        self.trusted = TrustedPeers(cfg.trusted_peers)
+        # calls in flight, each peer (the token's tenant, else the source address) at most its share
+        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.peer_share)
         self._pool = (ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="otlp-grpc")
                       if cfg.workers else None)
         self._loop = asyncio.new_event_loop()
@@ -66,8 +79,12 @@ class GrpcReceiver:
 
     async def _bind(self) -> int:
         cfg = self._cfg
-        options = [("grpc.max_receive_message_length", cfg.max_message_bytes + (64 << 10)),
-                   ("grpc.so_reuseport", 0)]
+        # gRPC's own refusals reach no handler (uncounted) and, for a gzip bomb, raced our abort of the same
+        # call (a logged ExecuteBatchError). So gRPC does not inflate (we do, with an output cap: a bomb is a
+        # counted gzip_too_large) and its hard cap is HARD_CAP_FACTOR x ours: an oversized message reaches the
+        # handler and is a counted too_large; only one above the hard cap is refused by gRPC itself.
+        options = [("grpc.max_receive_message_length", HARD_CAP_FACTOR * cfg.max_message_bytes + (64 << 10)),
+                   ("grpc.so_reuseport", 0), ("grpc.per_message_decompression", 0)]
         if cfg.max_connection_age > 0:
             options += [("grpc.max_connection_age_ms", int(cfg.max_connection_age * 1000)),
                         ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace * 1000))]
@@ -111,25 +128,37 @@ class GrpcReceiver:
     async def _export(self, requests, context: grpc.aio.ServicerContext) -> bytes:
         cfg = self._cfg
         self._in_flight += 1  # on the event loop's thread only: no lock needed
+        peer: Peer | None = None
         try:
-            if self._in_flight > cfg.max_concurrent_requests:
-                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", "too many concurrent calls; retry later")
-            if self._auth is not None and not self._auth.check(_metadata(context, self._auth.header)):
-                raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated", "missing or wrong bearer token")
+            address = peer_address(context.peer())
+            tenant = None
+            if self._auth is not None:  # the token is in the call's headers: checked before any slot is taken
+                tenant = self._auth.tenant(_metadata(context, self._auth.header))
+                if tenant is None:
+                    raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated", "missing or wrong bearer token")
+            candidate = self.trusted.peer(address, tenant)
+            why = self.slots.acquire(candidate)
+            if why is not None:
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why,
+                               "this peer holds its share of the concurrent calls; retry later" if why == PEER_SHARE
+                               else "too many concurrent calls; retry later")
+            peer = candidate
             try:
                 raw = await asyncio.wait_for(requests.__anext__(), cfg.read_timeout)
             except asyncio.TimeoutError:
                 raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "read_timeout",
                                f"the request message did not arrive within {cfg.read_timeout:g} s") from None
             except StopAsyncIteration:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", "no request message") from None
+                # no message: the client cancelled or reset the stream (or sent one above gRPC's hard cap,
+                # which gRPC answers itself; the call's state does not tell the two apart)
+                raise _Refused(grpc.StatusCode.CANCELLED, "disconnected", "no request message") from None
             if len(raw) > cfg.max_message_bytes:
                 raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                                f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
             if self._pool is None:  # workers: 0 - process on the event loop's thread (no hand-off)
-                rejected = self._process(raw)
+                rejected = self._process(raw, peer)
             else:
-                rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw)
+                rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw, peer)
         except _Refused as r:
             self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
             await context.abort(r.code, r.message)
@@ -138,18 +167,38 @@ class GrpcReceiver:
             raise
         finally:
             self._in_flight -= 1
+            if peer is not None:
+                self.slots.release(peer)
         return messages.response(rejected, REFUSED_MESSAGE)
 
-    def _process(self, raw: bytes) -> int:
-        """On a worker thread: parse (no lock held), then ingest (which takes the pipeline lock)."""
+    def _process(self, raw: bytes, peer: Peer | None = None) -> int:
+        """On a worker thread: inflate, parse (no lock held), then ingest (which takes the pipeline lock)."""
+        try:
+            raw = inflate_message(raw, self._cfg.max_message_bytes)
+        except InflateError as exc:
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "gzip_too_large"
+                           else grpc.StatusCode.INVALID_ARGUMENT, exc.reason, exc.message) from None
         try:
             request = self._parse(raw)
         except messages.MalformedRequest as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:
-            return self._ingest(request, "grpc", raw)
+            return self._ingest(request, "grpc", raw, peer)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             raise _Refused(grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}") from None
+
+
+def peer_address(peer: str | None) -> str:
+    """gRPC's peer string (``ipv4:127.0.0.2:5123``, ``ipv6:[::1]:5123``, ``unix:...``) -> the address."""
+    if not peer:
+        return "unknown"
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")  # recent gRPC escapes the brackets
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        host = rest.rpartition(":")[0] if rest.startswith("[") else rest
+        return host.strip("[]") or rest
+    return kind or "unknown"
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | bytes | None:

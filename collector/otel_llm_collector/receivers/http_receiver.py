@@ -14,6 +14,12 @@ and is closed) and so are header bytes (``max_header_bytes``, 431). Every refusa
 ``receiver_bad_requests{transport="http", reason}``; a client that disconnects or times out is counted,
 never logged with a traceback. Parsing happens outside the gateway's pipeline lock.
 
+Connections and processing slots are shared per peer (``fairness.PeerSlots``): a peer - the token's tenant
+with ``auth``, else the source address - holds at most ``peer_share`` of each (503 ``peer_share`` beyond),
+``trusted_peers`` only the caps. With ``auth`` a connection waits in a small unauthenticated pool (each
+source at most its share of it) until its token is checked, then is charged to its tenant. OTLP/JSON
+bodies are parsed in a worker process (``json_workers``), each peer within a byte budget (429 ``json_budget``).
+
 With ``tls`` the port is HTTPS only (TLS >= 1.2; ``client_ca_file`` makes a client certificate
 mandatory). The handshake runs on the connection's own thread, never in the accept loop, so a
 plaintext client, a failed handshake or a client that never finishes one costs one thread for
@@ -25,11 +31,12 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import socket
 import ssl
 import sys
 import threading
-import zlib
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from otel_llm.otlp import messages
@@ -37,8 +44,11 @@ from otel_llm.otlp.json_codec import OtlpJsonError, parse_request
 
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
+from ..fairness import BUSY, PEER_SHARE, ByteBudgets, Peer, PeerSlots, TrustedPeers
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
+from . import compression
+from .json_workers import JsonParser, JsonWorkersBusy, ParsedJson
 from .watchdog import Deadline, Watchdog
 
 log = logging.getLogger("otel_llm_collector")
@@ -53,23 +63,17 @@ _BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-L
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
+        self.status, self.reason, self.message, self.headers = status, reason, message, headers
 
 
 def inflate(body: bytes, limit: int) -> bytes:
     """gunzip with an output cap (gzip-bomb safe)."""
-    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(400, "bad_gzip", f"body is not valid gzip: {exc}") from None
-    if len(out) > limit:
-        raise BadRequest(413, "gzip_too_large", f"gzip body inflates beyond the limit of {limit} bytes")
-    if not d.eof:
-        raise BadRequest(400, "bad_gzip", "gzip body is truncated")
-    return out
+        return compression.inflate(body, limit)
+    except compression.InflateError as exc:
+        raise BadRequest(413 if exc.reason == "gzip_too_large" else 400, exc.reason, exc.message) from None
 
 
 class _HeaderLimit:
@@ -90,34 +94,61 @@ class _HeaderLimit:
         return line
 
 
+@dataclass
+class _Conn:
+    """What one connection holds: its slot in the connection cap (charged to ``peer``: None until the token
+    names a tenant, with auth) and, with auth until its token is checked, a slot in the unauthenticated pool."""
+
+    address: str
+    peer: Peer | None
+    unauthenticated: Peer | None = None
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
     tls: ssl.SSLContext | None = None
     telemetry: GatewayMetrics | None = None
-    max_connections = 256
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, cfg: HttpReceiverConfig, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._connections = 0
-        self._count_lock = threading.Lock()
+        self.trusted = TrustedPeers(cfg.trusted_peers)
+        self.slots = PeerSlots(cfg.max_connections, cfg.peer_share)
+        # with auth, a connection is confined to this pool (each source at most its share) until its token is
+        # checked, so connections that never present one cannot take the connection cap
+        self.unauthenticated = PeerSlots(cfg.max_unauthenticated_connections, cfg.peer_share) \
+            if cfg.auth is not None else None
+        self._conns: dict[socket.socket, _Conn] = {}  # open connections (at most max_connections entries)
+        self._conns_lock = threading.Lock()
 
     @property
     def connections(self) -> int:
-        return self._connections
+        return self.slots.in_use
 
     def _count(self, reason: str) -> None:
         if self.telemetry is not None:
             self.telemetry.inc("receiver_bad_requests", transport="http", reason=reason)
 
+    def _admit(self, address: str) -> tuple[_Conn | None, str]:
+        """A connection's slots, or None and the refusal reason."""
+        peer = self.trusted.peer(address)
+        if self.unauthenticated is None or peer.trusted:  # charged to its source address now
+            why = self.slots.acquire(peer)
+            return (_Conn(address, peer), "") if why is None else (None, _CONNECTION_REFUSAL[why])
+        why = self.slots.acquire(None)  # its tenant is charged once its token is checked
+        if why is not None:
+            return None, _CONNECTION_REFUSAL[why]
+        why = self.unauthenticated.acquire(peer)
+        if why is not None:
+            self.slots.release(None)
+            return None, "unauthenticated_pool" if why == BUSY else PEER_SHARE
+        return _Conn(address, None, peer), ""
+
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        with self._count_lock:
-            full = self._connections >= self.max_connections
-            if not full:
-                self._connections += 1
-        if full:  # refuse in the accept loop without blocking it: one non-blocking write, then close
-            self._count("too_many_connections")
+        conn, why = self._admit(_address(client_address))
+        if conn is None:  # refuse in the accept loop without blocking it: one non-blocking write, then close
+            self._count(why)
             if not isinstance(request, ssl.SSLSocket):
                 try:
                     request.setblocking(False)
@@ -126,21 +157,47 @@ class _Server(ThreadingHTTPServer):
                     pass
             self.shutdown_request(request)
             return
+        with self._conns_lock:
+            self._conns[request] = conn
         try:
             super().process_request(request, client_address)
         except Exception:  # a thread could not start: give the connection back
-            self._release()
+            self._release(request)
             raise
 
     def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self._release(request)
 
-    def _release(self) -> None:
-        with self._count_lock:
-            self._connections -= 1
+    def connection(self, request: socket.socket) -> _Conn | None:
+        with self._conns_lock:
+            return self._conns.get(request)
+
+    def authenticated(self, conn: _Conn, tenant: str) -> str | None:
+        """A connection's token named ``tenant``: charge its slot to the tenant and leave the unauthenticated
+        pool. The refusal reason when the tenant holds its whole share (the connection keeps its old charge)."""
+        peer = Peer(conn.address, tenant, conn.peer.trusted if conn.peer is not None else False)
+        if conn.peer is not None and conn.peer == peer:
+            return None
+        why = self.slots.bind(conn.peer, peer)
+        if why is not None:
+            return why
+        conn.peer = peer
+        if conn.unauthenticated is not None and self.unauthenticated is not None:
+            self.unauthenticated.release(conn.unauthenticated)
+            conn.unauthenticated = None
+        return None
+
+    def _release(self, request: socket.socket) -> None:
+        with self._conns_lock:
+            conn = self._conns.pop(request, None)
+        if conn is None:
+            return
+        self.slots.release(conn.peer)
+        if conn.unauthenticated is not None and self.unauthenticated is not None:
+            self.unauthenticated.release(conn.unauthenticated)
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A client that resets, times out or vanishes is ordinary: counted, not a traceback on stderr."""
@@ -168,6 +225,13 @@ class _Server(ThreadingHTTPServer):
         super().finish_request(request, client_address)
 
 
+_CONNECTION_REFUSAL = {BUSY: "too_many_connections", PEER_SHARE: PEER_SHARE}
+
+
+def _address(client_address: object) -> str:
+    return str(client_address[0]) if isinstance(client_address, tuple) and client_address else "unknown"
+
+
 def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -187,7 +251,8 @@ class HttpReceiver:
         self.ingest = ingest
         self.parse = parse
         self.telemetry = telemetry
-        self.slots = threading.BoundedSemaphore(cfg.max_concurrent_requests)
+        # processing slots, shared like the connections: one peer's bodies cannot take them all
+        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.peer_share)
         self.auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self.watchdog = Watchdog()
         receiver = self
@@ -196,9 +261,11 @@ class HttpReceiver:
             owner = receiver
 
         tls = server_context(cfg.tls) if cfg.tls is not None else None  # before binding: a bad cert binds nothing
-        self._server = _Server((cfg.host, cfg.port), Handler)
+        self._server = _Server((cfg.host, cfg.port), Handler, cfg=cfg)
         self._server.tls, self._server.telemetry = tls, telemetry
-        self._server.max_connections = cfg.max_connections
+        self.json = JsonParser(cfg.json_workers) if cfg.json_workers else None
+        self.json_budget = ByteBudgets(cfg.json_bytes_per_peer_per_second, max(cfg.json_bytes_per_peer_per_second,
+                                                                                   cfg.max_json_body_bytes))
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
 
@@ -210,10 +277,20 @@ class HttpReceiver:
         """Connections being served now."""
         return self._server.connections
 
+    @property
+    def connection_slots(self) -> PeerSlots:
+        return self._server.slots
+
+    @property
+    def unauthenticated_slots(self) -> PeerSlots | None:
+        return self._server.unauthenticated
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self.watchdog.stop()
+        if self.json is not None:
+            self.json.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -291,12 +368,21 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != PATH:
             return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}")
         auth = self.owner.auth
-        if auth is not None and not auth.check(self.headers.get(auth.header)):
-            return self._refuse(401, "unauthenticated", "missing or wrong bearer token",
-                                {"WWW-Authenticate": "Bearer"})
-        self._post()
+        server: _Server = self.server  # type: ignore[assignment]
+        conn = server.connection(self.request)
+        if conn is None:  # cannot happen: every served connection was admitted
+            return self._refuse(500, "internal", "connection not admitted")
+        if auth is not None:
+            tenant = auth.tenant(self.headers.get(auth.header))
+            if tenant is None:
+                return self._refuse(401, "unauthenticated", "missing or wrong bearer token",
+                                    {"WWW-Authenticate": "Bearer"})
+            if server.authenticated(conn, tenant) is not None:
+                return self._refuse(503, PEER_SHARE, f"tenant {tenant!r} holds its share of the connections; "
+                                                     "retry later")
+        self._post(conn.peer or server.trusted.peer(conn.address))
 
-    def _post(self) -> None:
+    def _post(self, peer: Peer) -> None:
         cfg = self.owner.cfg
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         is_json = ctype == JSON
@@ -322,21 +408,37 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body(length)
         if body is None:
             return
-        if not self.owner.slots.acquire(blocking=False):  # only now: a client still sending holds no slot
-            return self._error(BadRequest(503, "busy", "too many concurrent requests; retry later"), is_json)
+        why = self.owner.slots.acquire(peer)  # only now: a client still sending holds no slot
+        if why is not None:
+            return self._error(BadRequest(503, why, "too many concurrent requests; retry later"), is_json)
         try:
             if len(body) < length:
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
             if encoding == "gzip":
                 body = inflate(body, limit)
-            request = self._parse(body, is_json)  # outside the pipeline lock: a big body stalls nobody
-            rejected = self.owner.ingest(request, "http", None if is_json else body)
+            if is_json:
+                wait = self.owner.json_budget.take(peer, len(body))
+                if wait > 0:
+                    raise BadRequest(429, "json_budget", f"OTLP/JSON byte budget spent; retry in {wait:.1f} s",
+                                     {"Retry-After": str(max(1, math.ceil(wait)))})
+                request = self._parse_json(body)
+                raw = None
+                if isinstance(request, ParsedJson):  # parsed in a worker process: read here as protobuf is
+                    raw = request.protobuf
+                    try:
+                        request = self._parse(raw, False)
+                    except BadRequest as err:  # still the client's JSON that was wrong
+                        raise BadRequest(400, "malformed_json", err.message) from None
+            else:
+                raw = body
+                request = self._parse(body, False)  # outside the pipeline lock: a big body stalls nobody
+            rejected = self.owner.ingest(request, "http", raw, peer)
         except BadRequest as err:
-            return self._error(err, is_json)
+            return self._error(err, is_json, extra=err.headers)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
-            self.owner.slots.release()
+            self.owner.slots.release(peer)
         self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, REFUSED_MESSAGE, as_json=is_json))
 
     def _read_body(self, length: int) -> bytes | None:
@@ -399,6 +501,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner.watchdog.disarm(deadline)
             self._restore_timeout()
 
+    def _parse_json(self, body: bytes) -> object:
+        """OTLP/JSON in a worker process (its parse holds a GIL, not ours), or here without workers."""
+        parser = self.owner.json
+        if parser is None:
+            return self._parse(body, True)
+        try:
+            done = parser.parse(body)
+        except JsonWorkersBusy as exc:
+            raise BadRequest(503, "busy", str(exc)) from None
+        if done.error is not None:
+            raise BadRequest(400, "malformed_json", done.error)
+        return done
+
     def _parse(self, body: bytes, is_json: bool) -> object:
         if is_json:
             try:
@@ -415,4 +530,4 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # HTTP status -> google.rpc.Code, for the Status body
-_GRPC_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}

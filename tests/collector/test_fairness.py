@@ -1,0 +1,407 @@
+"""One greedy client must not lock the others out: per-peer shares of connections and calls, series budgets
+per tenant and source, refusals by their reason, non-finite latencies refused, OTLP/JSON parsed elsewhere.
+
+Clients bind distinct loopback source addresses (127.0.0.2 squats, 127.0.0.3 or 127.0.0.1 is honest). Each
+attack holds its whole weight before the honest client starts, and the assertions are about what the
+gateway decided (how many exports it accepted, which reason it counted), never how fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+import threading
+import zlib
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from collector_testkit import export_request, loopback_config, request_attrs, span, wait_for
+from peer_clients import METHOD, ConnectionSquatter, Forwarder, http_export
+from otel_llm.otlp.json_codec import dumps
+from otel_llm_collector.auth import BearerAuth
+from otel_llm_collector.config import CollectorConfig, ConfigError
+from otel_llm_collector.fairness import ByteBudgets, Peer, PeerSlots, TrustedPeers
+from otel_llm_collector.gateway import Gateway
+
+GOOD = export_request(span(1, 1, attrs=request_attrs())).SerializeToString()
+SQUATTER, HONEST = "127.0.0.2", "127.0.0.3"
+HONEST_EXPORTS = 100
+
+
+def bad(g: Gateway, transport: str, reason: str) -> float:
+    return g.telemetry.value("receiver_bad_requests", transport=transport, reason=reason)
+
+
+def gateway(http: dict | None = None, grpc_: dict | None = None, **over) -> Gateway:
+    protocols = {"grpc": None if grpc_ is None else {"endpoint": "127.0.0.1:0", **grpc_},
+                 "http": None if http is None else {"endpoint": "127.0.0.1:0", **http}}
+    cfg = loopback_config(receivers={"otlp": {"protocols": protocols}}, processors={"tail_sampling": None}, **over)
+    return Gateway(cfg, manual_ticks=True).start()
+
+
+TOKENS = {"extensions": {"bearertokenauth": {"tokens": ["squatter-token", "honest-token"]}}}
+AUTH = {"auth": {"authenticator": "bearertokenauth"}}
+
+
+# -- connections --------------------------------------------------------------------------------------
+
+def _squat_connections(g: Gateway, token: str | None) -> int:
+    """300 idle connections from SQUATTER (reopened when closed) while HONEST exports; the honest successes."""
+    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=300)
+    try:
+        # every one of the 300 was taken or refused before the honest client starts
+        assert wait_for(lambda: g.http.connections + bad(g, "http", "too_many_connections")
+                        + bad(g, "http", "peer_share") + bad(g, "http", "unauthenticated_pool") >= 300)
+        return sum(http_export(g.http.port, GOOD, HONEST, token) == 200 for _ in range(HONEST_EXPORTS))
+    finally:
+        squatter.close()
+
+
+def test_a_connection_squatter_leaves_an_honest_client_its_exports() -> None:
+    g = gateway(http={})
+    try:
+        ok = _squat_connections(g, None)
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+        share = g.http.connection_slots.limit
+        assert g.http.connection_slots.held_by(Peer(SQUATTER)) <= share < g.config.http.max_connections
+        assert bad(g, "http", "peer_share") > 0
+    finally:
+        g.shutdown()
+
+
+def test_with_auth_unauthenticated_connections_wait_in_a_small_pool() -> None:
+    g = gateway(http=AUTH, extensions=TOKENS["extensions"])
+    try:
+        ok = _squat_connections(g, "honest-token")
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+        pool = g.http.unauthenticated_slots
+        assert pool is not None and pool.held_by(Peer(SQUATTER)) <= pool.limit
+        assert g.http.connections <= pool.capacity + 1  # the squatter never got past the pool
+    finally:
+        g.shutdown()
+
+
+def test_a_tenant_holds_at_most_its_share_of_connections_after_its_token_is_checked() -> None:
+    g = gateway(http={"max_connections": 8, **AUTH}, extensions=TOKENS["extensions"])
+    import http.client
+
+    held = []
+    try:
+        statuses = []
+        for _ in range(4):  # keep-alive connections of one tenant, each past its token check
+            c = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=10)
+            c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf",
+                                                                  "Authorization": "Bearer squatter-token"})
+            r = c.getresponse()
+            r.read()
+            statuses.append(r.status)
+            held.append(c)
+        assert statuses == [200, 200, 503, 503]  # 8 x 0.25: two connections per tenant
+        assert bad(g, "http", "peer_share") == 2
+        assert http_export(g.http.port, GOOD, token="honest-token") == 200  # another tenant, same address
+    finally:
+        for c in held:
+            c.close()
+        g.shutdown()
+
+
+def test_trusted_peers_are_held_to_the_cap_only() -> None:
+    g = gateway(http={"max_connections": 8, "trusted_peers": [SQUATTER, "10.0.0.0/8"]})
+    try:
+        squatter = ConnectionSquatter(g.http.port, SQUATTER, n=6, max_reopens=0)
+        try:
+            assert wait_for(lambda: g.http.connections == 6)  # 6 > 8 x 0.25: the share does not apply
+            assert bad(g, "http", "peer_share") == 0
+        finally:
+            squatter.close()
+    finally:
+        g.shutdown()
+
+
+# -- gRPC calls --------------------------------------------------------------------------------------
+
+def _hold_calls(channel: grpc.Channel, n: int, metadata=None):
+    release = threading.Event()
+
+    def never():
+        release.wait(60)
+        yield GOOD
+
+    stream = channel.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+    return release, [stream.future(never(), timeout=60, metadata=metadata) for _ in range(n)]
+
+
+def _honest_calls(channel: grpc.Channel, metadata=None) -> int:
+    call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    ok = 0
+    for _ in range(HONEST_EXPORTS):
+        try:
+            ExportTraceServiceResponse.FromString(call(GOOD, timeout=10, metadata=metadata))
+            ok += 1
+        except grpc.RpcError:
+            pass
+    return ok
+
+
+def test_a_call_squatter_leaves_an_honest_peer_its_calls() -> None:
+    g = gateway(grpc_={})
+    forwarder = Forwarder(g.grpc.port, SQUATTER)
+    squat = grpc.insecure_channel(forwarder.endpoint)
+    honest = grpc.insecure_channel(g.grpc_endpoint)  # from 127.0.0.1
+    release, futures = _hold_calls(squat, 300)  # 300 calls that never send their message
+    try:
+        assert wait_for(lambda: g.grpc.in_flight + bad(g, "grpc", "busy") + bad(g, "grpc", "peer_share") >= 300)
+        ok = _honest_calls(honest)
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest calls succeeded"
+        assert g.grpc.slots.held_by(Peer(SQUATTER)) == g.grpc.slots.limit
+        assert bad(g, "grpc", "peer_share") == 300 - g.grpc.slots.limit
+    finally:
+        release.set()
+        for f in futures:
+            f.cancel()
+        squat.close()
+        honest.close()
+        forwarder.close()
+        g.shutdown()
+
+
+def test_with_auth_a_call_is_charged_to_its_tenant() -> None:
+    g = gateway(grpc_={"max_concurrent_requests": 8, **AUTH}, extensions=TOKENS["extensions"])
+    ch = grpc.insecure_channel(g.grpc_endpoint)  # both tenants from the same address
+    release, futures = _hold_calls(ch, 8, metadata=(("authorization", "Bearer squatter-token"),))
+    try:
+        assert wait_for(lambda: g.grpc.in_flight + bad(g, "grpc", "busy") + bad(g, "grpc", "peer_share") >= 8)
+        ok = _honest_calls(ch, metadata=(("authorization", "Bearer honest-token"),))
+        assert ok == HONEST_EXPORTS
+        assert g.grpc.slots.held_by(Peer("127.0.0.1", "token-1")) == 2  # 8 x 0.25
+        with pytest.raises(grpc.RpcError) as no_token:  # refused before taking a slot
+            ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)(GOOD, timeout=10)
+        assert no_token.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        release.set()
+        for f in futures:
+            f.cancel()
+        ch.close()
+        g.shutdown()
+
+
+# -- series budgets ----------------------------------------------------------------------------------
+
+def _flood(g: Gateway, source: str, token: str | None = None) -> None:
+    """2,000 junk models over 10 service names, from ``source``."""
+    for s in range(10):
+        spans = [span(1000 + s * 200 + i, 1, attrs=request_attrs(model=f"junk-{s}-{i}")) for i in range(200)]
+        assert http_export(g.http.port, export_request(*spans, service=f"flood-{s}").SerializeToString(),
+                           source, token) == 200
+
+
+def _victim_series(g: Gateway, token: str | None = None) -> int:
+    spans = [span(9000 + i, 1, attrs=request_attrs(model=f"victim-model-{i}")) for i in range(5)]
+    assert http_export(g.http.port, export_request(*spans, service="victim").SerializeToString(), HONEST,
+                       token) == 200
+    text = g.exposition().decode()
+    return sum(f'gen_ai_request_model="victim-model-{i}"' in text for i in range(5))
+
+
+def test_rotating_service_names_leaves_the_victim_service_its_series() -> None:
+    g = gateway(http={})
+    try:
+        _flood(g, SQUATTER)
+        assert _victim_series(g) == 5
+        assert g.telemetry.value("llm_metrics_overflow_requests", budget="source", tenant="") > 0
+    finally:
+        g.shutdown()
+
+
+def test_series_refusals_are_counted_by_tenant() -> None:
+    g = gateway(http=AUTH, extensions=TOKENS["extensions"])
+    try:
+        _flood(g, SQUATTER, "squatter-token")
+        assert _victim_series(g, "honest-token") == 5
+        refused = {b: g.telemetry.value("llm_metrics_overflow_requests", budget=b, tenant="token-1")
+                   for b in ("total", "service", "tenant", "source")}
+        # the tenant's budget (200) holds 199 label sets and its first service's overflow label set; that service
+        # refused its last 100 itself, the tenant's budget everything after
+        assert refused == {"total": 0, "service": 100, "tenant": 1701, "source": 0}
+        assert g.telemetry.value("llm_metrics_overflow_requests", budget="tenant", tenant="token-2") == 0
+    finally:
+        g.shutdown()
+
+
+def test_a_trusted_peer_is_not_held_to_the_source_budget() -> None:
+    g = gateway(http={"trusted_peers": [SQUATTER]})
+    try:
+        _flood(g, SQUATTER)  # 2,000 label sets from the load-balancing tier: max_series (500) bites, not 200
+        assert g.telemetry.value("llm_metrics_overflow_requests", budget="source", tenant="") == 0
+        # 496 label sets and the overflow label sets of the first 4 services fill max_series (500)
+        assert g.telemetry.total("llm_metrics_overflow_requests") == 2000 - (g.config.labels.max_series - 4)
+        assert g.telemetry.value("llm_metrics_overflow_requests", budget="total", tenant="") > 0
+    finally:
+        g.shutdown()
+
+
+# -- refusals by reason, no traceback, non-finite latencies ------------------------------------------
+
+def _gzip_bomb(inflated: int) -> bytes:
+    """A valid gzip member of ``inflated`` zero bytes (a multiple of 1 MiB) without compressing them all: after
+    a full flush the compressor has no history, so each further 1 MiB of zeros compresses to the same bytes."""
+    chunk = bytes(1 << 20)
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    head = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    segment = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(inflated >> 20):
+        crc = zlib.crc32(chunk, crc)
+    final = c.flush()[:-8]  # the last (empty) block; the trailer is rewritten for the whole
+    return head + segment * ((inflated >> 20) - 1) + final + struct.pack("<II", crc, inflated & 0xFFFFFFFF)
+
+
+def test_grpc_refusals_are_counted_by_their_reason_without_a_traceback(caplog, capfd) -> None:
+    g = gateway(grpc_={})
+    ch = grpc.insecure_channel(g.grpc_endpoint, options=[("grpc.max_send_message_length", -1)])
+    call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    caplog.set_level(logging.DEBUG)
+    try:
+        codes = []
+        for body, compression in [(b"\x0a" + bytes(10 << 20), None),  # a 10 MiB message
+                                  (bytes(64 << 20), grpc.Compression.Gzip)]:  # gRPC's own gzip of zeros
+            with pytest.raises(grpc.RpcError) as err:
+                call(body, timeout=30, compression=compression)
+            codes.append(err.value.code())
+        bomb = _gzip_bomb(1 << 30)  # 1 GiB of zeros as ~1 MB of gzip
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as err:
+                call(bomb, timeout=30)
+            codes.append(err.value.code())
+        assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 5
+        release, futures = _hold_calls(ch, 1)
+        assert wait_for(lambda: g.grpc.in_flight == 1)
+        futures[0].cancel()  # a client that gives up
+        assert wait_for(lambda: bad(g, "grpc", "disconnected") == 1)
+        release.set()
+        assert bad(g, "grpc", "too_large") == 1
+        assert bad(g, "grpc", "gzip_too_large") == 4
+        assert bad(g, "grpc", "malformed") == 0
+        assert ExportTraceServiceResponse.FromString(call(GOOD, timeout=10)) is not None  # and it serves on
+    finally:
+        ch.close()
+        g.shutdown()
+    out, err_text = capfd.readouterr()
+    logged = caplog.text + out + err_text
+    assert "Traceback" not in logged and "ExecuteBatchError" not in logged
+
+
+def test_a_non_finite_latency_is_refused_and_counted_before_any_policy_sees_it() -> None:
+    cfg = loopback_config(receivers={"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}}})
+    with Gateway(cfg, manual_ticks=True) as g, grpc.insecure_channel(g.grpc_endpoint) as ch:
+        call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        body = export_request(span(5, 1, attrs=request_attrs(e2e=math.inf)),
+                              span(6, 1, attrs=request_attrs(ttft=math.nan)),
+                              span(7, 1, attrs=request_attrs())).SerializeToString()
+        reply = ExportTraceServiceResponse.FromString(call(body, timeout=10))
+        assert reply.partial_success.rejected_spans == 2
+        assert g.telemetry.value("receiver_refused_spans", transport="grpc", reason="non_finite_latency") == 2
+        g.sampler.decide_all()
+        assert g.telemetry.total("sampling_policy_errors") == 0
+        assert g.telemetry.total("llm_metrics_requests") == 1
+
+
+# -- OTLP/JSON ---------------------------------------------------------------------------------------
+
+def test_json_is_parsed_in_a_worker_process_within_a_per_peer_byte_budget() -> None:
+    spans = [span(100 + i, 1, attrs=request_attrs(model="m" * 40)) for i in range(100)]
+    body = dumps(export_request(*spans)).encode()
+    assert 40_000 < len(body) < 100_000
+    g = gateway(http={"max_json_body_size": 100_000, "json_bytes_per_peer_per_second": 1000})
+    try:
+        assert http_export(g.http.port, body, SQUATTER, content_type="application/json") == 200
+        assert g.http.json is not None and g.http.json.pids and os.getpid() not in g.http.json.pids
+        # the second body at once: past the squatter's budget (a 100 KB burst, 1 KB/s), refused with Retry-After
+        assert http_export(g.http.port, body, SQUATTER, content_type="application/json") == 429
+        assert bad(g, "http", "json_budget") == 1
+        assert http_export(g.http.port, body, HONEST, content_type="application/json") == 200  # its own budget
+        assert g.telemetry.value("receiver_accepted_spans", transport="http") == 200
+        bad_json = b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}'
+        assert http_export(g.http.port, bad_json, HONEST, content_type="application/json") == 400
+        assert bad(g, "http", "malformed_json") == 1
+    finally:
+        g.shutdown()
+
+
+# -- the pieces --------------------------------------------------------------------------------------
+
+def test_peer_slots_bound_each_peer_and_forget_peers_that_hold_nothing() -> None:
+    slots = PeerSlots(8, 0.25)
+    a, b = Peer("10.0.0.1"), Peer("10.0.0.2")
+    assert [slots.acquire(a) for _ in range(3)] == [None, None, "peer_share"]
+    assert slots.acquire(b) is None and slots.in_use == 3 and slots.peers == 2
+    for p in (a, a, b):
+        slots.release(p)
+    assert slots.in_use == 0 and slots.peers == 0  # no entry for a peer that holds nothing
+    lb = TrustedPeers(["10.1.0.0/16"]).peer("10.1.2.3")
+    assert lb.trusted and [slots.acquire(lb) for _ in range(9)][-1] == "busy"  # the cap still holds
+    assert slots.peers == 0
+
+
+def test_byte_budgets_refill_and_stay_bounded() -> None:
+    now = [0.0]
+    budgets = ByteBudgets(rate=100, burst=1000, max_peers=2, clock=lambda: now[0])
+    a = Peer("10.0.0.1")
+    assert budgets.take(a, 1000) == 0
+    assert budgets.take(a, 500) == pytest.approx(5.0)
+    now[0] += 5
+    assert budgets.take(a, 500) == 0
+    for i in range(5):
+        budgets.take(Peer(f"10.0.1.{i}"), 1)
+    assert len(budgets) == 2 and budgets.evictions == 4
+
+
+def test_fairness_keys_are_checked_at_load() -> None:
+    with pytest.raises(ConfigError, match="trusted_peers\\[0\\]"):
+        loopback_config(receivers={"otlp": {"protocols": {"http": {"endpoint": "127.0.0.1:0",
+                                                                     "trusted_peers": ["not-an-address"]}}}})
+    with pytest.raises(ConfigError, match="peer_share"):
+        loopback_config(receivers={"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "peer_share": 0}}}})
+    cfg = CollectorConfig.from_mapping({
+        "extensions": {"bearertokenauth": {"tenants": {"team-a": "ta", "team-b": "tb"}}},
+        "receivers": {"otlp": {"protocols": {"http": {"endpoint": "127.0.0.1:0", **AUTH}}}}})
+    assert cfg.http is not None and cfg.http.auth is not None
+    auth = BearerAuth(cfg.http.auth)
+    assert [auth.tenant("Bearer tb"), auth.tenant("Bearer ta"), auth.tenant("Bearer tc")] == ["team-b", "team-a", None]
+
+
+def test_the_scale_out_layout_trusts_its_load_balancing_tier() -> None:
+    from otel_llm_collector.scale_config import ScaleOptions, gateway_tier
+
+    cfg = CollectorConfig.from_mapping(gateway_tier(ScaleOptions(trusted_peers=("10.8.0.0/16",))))
+    assert cfg.grpc is not None and cfg.http is not None
+    assert cfg.grpc.trusted_peers == cfg.http.trusted_peers == ("10.8.0.0/16",)
+    assert TrustedPeers(cfg.grpc.trusted_peers).peer("10.8.3.4").trusted
+    default = CollectorConfig.from_mapping(gateway_tier(ScaleOptions()))
+    assert default.http is not None and "10.0.0.0/8" in default.http.trusted_peers
+    with pytest.raises(ValueError, match="not-a-network"):
+        ScaleOptions(trusted_peers=("not-a-network",))
+
+
+def test_a_json_worker_that_dies_is_replaced_and_its_body_refused() -> None:
+    import signal
+
+    from otel_llm_collector.receivers.json_workers import JsonParser
+
+    parser = JsonParser(1)
+    body = dumps(export_request(span(1, 1, attrs=request_attrs()))).encode()
+    try:
+        first = parser.parse(body)
+        assert first.error is None and first.protobuf
+        os.kill(first.pid, signal.SIGKILL)
+        lost = parser.parse(body)  # the pool notices the death: this body is refused, the pool replaced
+        assert lost.protobuf is None and "died" in (lost.error or "")
+        assert parser.restarts == 1
+        again = parser.parse(body)
+        assert again.error is None and again.pid != first.pid
+    finally:
+        parser.close()
