@@ -103,7 +103,8 @@ class StepHooks:
             idle = None if last_end is None else (start - last_end if not pending else 0.0)
             pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
                                 _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE,
-                                active_loras(instance, shares[_IDS]) if instance.lora_config is not None else None)
+                                active_loras(instance, shares[_IDS])
+                                if getattr(instance, "lora_config", None) is not None else None)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
         return out
@@ -189,7 +190,7 @@ class StepHooks:
                 model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
             # speculative drafts (a dict that is empty unless the step verified some), counted before vLLM
             # trims a stopped request's sampled tokens in place (its own counts are taken before that too)
-            if scheduler_output.scheduled_spec_decode_tokens:
+            if getattr(scheduler_output, "scheduled_spec_decode_tokens", None):
                 spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
