@@ -87,6 +87,7 @@ def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
 
     from otel_llm.core.config import Config
     from otel_llm.core.pipeline import Pipeline
+    from otel_llm.otlp.routes import Router
 
     class Discard(SpanExporter):
         def export(self, spans):
@@ -97,7 +98,7 @@ def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
     tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20, max_export_batch_size=4096))
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", "tail_quantile": 0,
                              "max_steps": 1 << 20}, environ={})
-    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench")
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench", router=Router)
     rng = random.Random(tokens)
     cpu = []
     spans = []

@@ -346,35 +346,19 @@ def main() -> None:
     try:
         from vllm import LLM, SamplingParams
 
-        import otel_llm
         from otel_llm.instrumentation.vllm import VLLMInstrumentor
-
-        from opentelemetry import trace
-        from vllm.tracing import init_tracer
+        from telemetry_modes import ModeSwitch
 
         probe = Probe()
         probe.install()
         ticker, jobs = Ticker(), JobTimer()
-        tp, mp = providers(endpoint)
-        otel_llm.instrument(tracer_provider=tp, meter_provider=mp)  # arms the step hooks for the engine
-        llm = LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512))
-        otel_llm.uninstrument()
-        # vLLM's own tracing on the same engine (one engine alive: a second one's idle worker steals
-        # CPU): what --otlp-traces-endpoint sets up, i.e. vLLM's global tracer provider with an OTLP
-        # exporter, and the output processor's switch that makes it call do_tracing per request.
-        os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"  # vLLM's exporter defaults to gRPC
-        init_tracer("vllm.llm_engine", f"{endpoint}/v1/traces")
-        processor = llm.llm_engine.output_processor
+        switch = ModeSwitch(*providers(endpoint), endpoint)  # arms the step hooks for the engine it builds
+        llm = switch.build(lambda: LLM(**engine_args(max_num_seqs=64, max_num_batched_tokens=512)))
+        switch.processors.append(llm.llm_engine.output_processor)
         prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
                    for i in range(N_REQUESTS)]
         params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
-        native_tp = trace.get_tracer_provider()  # the one vLLM's init_tracer installed
-        modes = {
-            "none": None,
-            "default": {},
-            "full": {"sample_rate": 1.0, "baseline_detail": "steps"},
-            "native": "native",
-        }
+        modes = ("none", "default", "full", "native")
         run_once(llm, prompts, params, probe)  # warm-up
         print(f"load average before: {os.getloadavg()}", flush=True)
         load = [os.getloadavg()[0]]
@@ -384,24 +368,12 @@ def main() -> None:
         for r in range(args.rounds):
             rng.shuffle(order)  # no mode always runs first (or right after another)
             for mode in order:
-                options = modes[mode]
-                flush = None
-                if options == "native":
-                    processor.tracing_enabled, flush = True, native_tp.force_flush
-                elif options is not None:
-                    otel_llm.instrument(tracer_provider=tp, meter_provider=mp, **options)
-                    flush = lambda: otel_llm.flush() and tp.force_flush()  # noqa: E731
+                switch.enter(mode)
+                flush = switch.flush if mode != "none" else None
+                if VLLMInstrumentor().telemetry is not None:
                     jobs.install(VLLMInstrumentor().telemetry)
-                    # the EngineCore's step datagrams kept coming while nothing read them (the uninstrumented
-                    # modes): drop that backlog before the clock starts, or this measurement pays for decoding
-                    # up to two other measurements' steps
-                    receiver = VLLMInstrumentor().telemetry and VLLMInstrumentor().step_receiver
-                    if receiver is not None:
-                        receiver.drain(lambda step: None)
                 res = run_once(llm, prompts, params, probe, flush, args.repeat, ticker, jobs)
-                processor.tracing_enabled = False
-                if isinstance(options, dict):
-                    otel_llm.uninstrument()
+                switch.leave()
                 results[mode].append(res)
                 print(f"round {r + 1} {mode:8s} {res['tokens_per_s']:8.0f} tok/s  cpu {res['cpu_s']:.2f}s  "
                       f"engine cpu {res['engine_cpu_s']:.2f}s  "

@@ -39,38 +39,18 @@ def _instrumentor(path: str) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
-def instrument(
-    *,
-    tracer_provider: Any = None,
-    meter_provider: Any = None,
-    slo: SLO | SLOTable | dict | str | None = None,
-    sample_rate: float | None = None,
-    detail: Detail | str | None = None,
-    baseline_detail: Detail | str | None = None,
-    tail_quantile: float | None = None,
-    capture_content: bool | None = None,
-    engine_steps: bool | None = None,
-    max_steps: int | None = None,
-    max_requests: int | None = None,
-    iteration_wait: float | None = None,
-    direct_export: bool | None = None,
-    device: str | None = None,
-    peak_flops: float | None = None,
-    peak_memory_bandwidth: float | None = None,
-    gpu_sample_hz: float | None = None,
-) -> list[str]:
+def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, **options: Any) -> list[str]:
     """Instrument every supported engine and client that is installed; returns their names.
+
+    ``options`` are the rows of ``otel_llm.core.config.OPTIONS`` (the README's options table is generated
+    from them): ``slo``, ``sample_rate``, ``detail``, ``max_spans_per_request``, ``engine_step_service``...
+    ``None`` means unset. An unknown name is a ``TypeError`` naming it and the closest option.
 
     Idempotent: a second call changes nothing (call ``uninstrument`` first to change options).
     Explicit arguments win over ``OTEL_LLM_*`` variables; with no providers given, the
     global ones are used, or providers built from the standard ``OTEL_*`` variables.
     """
-    config = Config.resolve(dict(slo=slo, sample_rate=sample_rate, detail=detail, baseline_detail=baseline_detail,
-                                 tail_quantile=tail_quantile, capture_content=capture_content,
-                                 engine_steps=engine_steps, max_steps=max_steps, max_requests=max_requests,
-                                 iteration_wait=iteration_wait, direct_export=direct_export, device=device,
-                                 peak_flops=peak_flops, peak_memory_bandwidth=peak_memory_bandwidth,
-                                 gpu_sample_hz=gpu_sample_hz))
+    config = Config.resolve(options)
     done = []
     for package, path in _INSTRUMENTORS.items():
         if not _available(package):

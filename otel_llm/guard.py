@@ -11,6 +11,16 @@ logger = logging.getLogger("otel_llm")
 class Guard:
     def __init__(self) -> None:
         self.errors: Counter[str] = Counter()
+        self.told: set[str] = set()  # the warnings given once (``warn_once``)
+
+    def warn_once(self, key: str, message: str, *args: object) -> bool:
+        """Log ``message`` as a warning the first time ``key`` is told; True then. A feature we had to turn
+        off is said once per process, not per request."""
+        if key in self.told:
+            return False
+        self.told.add(key)
+        logger.warning(message, *args)
+        return True
 
     def failed(self, site: str, exc: BaseException) -> None:
         """Record an instrumentation error at ``site``; the host's work goes on untouched."""

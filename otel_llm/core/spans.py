@@ -38,10 +38,9 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
-from ..otlp.direct_export import DirectExport
-from ..otlp.encode import FloatAttribute, IntAttribute
-from ..otlp.routes import Route, Router
+from .span_routes import ApiRouter, DirectSink, Route, RouterFactory
 from .step_facts import FactsCache
+from .handoff import handoff_attributes
 from .timeline import BLOCKED_NAMES, QUEUED, RequestTimeline, StepRecord
 from .summary import RequestSummary
 
@@ -68,6 +67,8 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     ):
         if value is not None:
             a[key] = value
+    if t.handoff is not None:
+        a.update(handoff_attributes(t.handoff))
     if s.gaps is not None:  # compact: the histogram's bucket counts, so a collector can add them up
         a[sc.LATENCY_ITL_COUNTS] = tuple(s.gaps.counts)
     a.update(feature_attributes(t, s))
@@ -192,18 +193,21 @@ class Materialized:
 
 
 class SpanBuilder:
-    """Builds a kept request's spans through the route ``otlp.routes.Router`` chose for the tracer's
-    provider: OTLP wire bytes sent with its own OTLP exporters, the SDK's tracer, or the public API.
+    """Builds a kept request's spans through the route its router chose for the tracer's provider (with
+    ``otlp.routes.Router``: OTLP wire bytes sent with its own OTLP exporters), the SDK's tracer, or the
+    public API.
     Engine-step spans go out under their own service (``engine_step_service``)."""
 
     def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
-                 engine_service: str = "{service}") -> None:
-        self._router = Router(tracer, with_service(tracer, engine_service), direct_export)
+                 engine_service: str = "{service}", router: RouterFactory | None = None) -> None:
+        # router: otel_llm.otlp.routes.Router where the instrumentor hands it over (the wire route when the
+        # provider allows), else the public API's routes
+        self._router = (router or ApiRouter)(tracer, with_service(tracer, engine_service), direct_export)
         self._route: Route = self._router.route
         self._max_spans = max_spans
         self._facts = FactsCache()
 
-    def wire_export(self) -> DirectExport | None:
+    def wire_export(self) -> DirectSink | None:
         """The direct exporter, after a new look at the provider (its processors may have changed)."""
         self._route = self._router.current()
         return self._route.direct
@@ -214,7 +218,7 @@ class SpanBuilder:
         return self._route
 
     @property
-    def direct(self) -> DirectExport | None:
+    def direct(self) -> DirectSink | None:
         """The direct exporter in use now, if any (its counts)."""
         return self._route.direct
 
@@ -250,6 +254,8 @@ class SpanBuilder:
         if s.error_type:
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
         kept = Materialized(root.get_span_context())
+        if detail >= Detail.PHASES and t.handoff is not None:
+            self._handoff(root, t.handoff, start, end, clock)
         if detail >= Detail.PHASES:
             self._phases(root, t, start, end, detail, clock, steps, tpot_slo, kept.linked_steps,
                          self._max_spans if max_spans is None else max_spans)
@@ -325,6 +331,33 @@ class SpanBuilder:
             self._decode_rows(decode, t, first_ns, end, clock, steps, tpot_slo, preemptions, room, linked)
         decode.end(end_time=end)
 
+    def _handoff(self, root: Span, h: Any, start: int, end: int, clock: WallClock) -> None:
+        """One ``llm.kv_transfer`` span per direction: the load (or the wait for it) on a decode
+        instance, the save on a prefill instance; failed ones carry an error status."""
+        ctx = trace.set_span_in_context(root)
+        for direction, begin, finish, seconds in ((sc.KV_LOAD, h.load_start, h.load_end, h.load_s),
+                                                 (sc.KV_SAVE, h.save_start, h.save_end, h.save_s)):
+            if begin is None:
+                continue
+            b_ns = _clamp(clock.mono_ns(begin), start, end)
+            e_ns = _clamp(clock.mono_ns(finish), b_ns, end) if finish is not None else end
+            attrs: dict[str, Any] = {sc.KV_TRANSFER_DIRECTION: direction, sc.KV_TRANSFER_CONNECTOR: h.connector}
+            if direction == sc.KV_LOAD:
+                attrs[sc.KV_TRANSFER_EXTERNAL_TOKENS] = h.external_tokens
+                attrs[sc.LATENCY_KV_LOAD] = seconds
+                if h.failed_blocks:
+                    attrs[sc.KV_TRANSFER_FAILED_BLOCKS] = h.failed_blocks
+            else:
+                attrs[sc.LATENCY_KV_SAVE] = seconds
+            span = self._child(sc.SPAN_KV_TRANSFER, ctx, b_ns, attrs)
+            if h.failed and (direction == sc.KV_LOAD or not h.loaded):
+                span.set_status(Status(StatusCode.ERROR, h.error_type or "kv hand-off failed"))
+            span.end(end_time=e_ns)
+        if h.failed and h.load_start is None and h.save_start is None:  # failed before any transfer
+            span = self._child(sc.SPAN_KV_TRANSFER, ctx, start, {sc.KV_TRANSFER_CONNECTOR: h.connector})
+            span.set_status(Status(StatusCode.ERROR, h.error_type or "kv hand-off failed"))
+            span.end(end_time=start)
+
     def _chunks(self, prefill: Span, t: RequestTimeline, sched_ns: int, end: int, clock: WallClock,
                 by_id: dict[int, StepRecord], room: int, linked: set[int]) -> int:
         """Prefill-chunk spans (the slowest, if they are more than ``room``); returns how many."""
@@ -370,8 +403,7 @@ class SpanBuilder:
             decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
         offset = clock.offset_ns
         rid = t.request_id
-        out = self._route.rows(decode, len(rows.rows))
-        encoded = out.encoded  # this route takes a decode step's attributes as bytes: build no dict
+        out = self._route.rows(decode, len(rows.rows), facts)  # the route encodes them
         prev = first_ns
         for k, (a, b) in enumerate(rows.rows):
             if k and not k % _YIELD_EVERY:
@@ -379,41 +411,17 @@ class SpanBuilder:
             now = int(ts[b] * 1e9) + offset  # clock.mono_ns, inlined
             now = prev if now < prev else end if now > end else now
             if a == b:
-                name = sc.SPAN_DECODE_STEP
                 step = by_token.get(a)
-                own_tokens = own.get(step.step_id, 0) if step is not None else 0
                 if step is not None:
                     linked.add(step.step_id)
-                drafted = _drafted(step, rid) if step is not None and step.spec is not None else None
-                if encoded:
-                    extra = facts.encoded(step, own_tokens) if step is not None else b""
-                    if drafted is not None:
-                        extra = _STEP_DRAFTED(drafted) + extra
-                    out.add_encoded(name, prev, now, _STEP_INDEX(a) + (_STEP_TOKENS(t.tokens_at(a)) if multi
-                                                                       else _ONE_TOKEN) + extra)
-                    prev = now
-                    continue
-                attrs = {sc.STEP_INDEX: a, sc.STEP_TOKENS: t.tokens_at(a)}
-                if drafted is not None:
-                    attrs[sc.STEP_DRAFTED] = drafted
-                if step is not None:
-                    attrs.update(facts.get(step, own_tokens))
+                    drafted = _drafted(step, rid) if step.spec is not None else None
+                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, step, own.get(step.step_id, 0), drafted)
+                else:
+                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, None, 0)
             else:
-                name = sc.SPAN_DECODE_WINDOW
                 tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
-                mean, peak = (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b])
                 drafted = _window_drafted(by_token, rid, a, b) if t.spec is not None else None
-                if encoded:  # the same five attributes, in the same order, as bytes (no dict, names encoded once)
-                    out.add_encoded(name, prev, now, _WINDOW_TOKENS(tokens) + _WINDOW_FIRST(a) + _WINDOW_LAST(b)
-                                    + _WINDOW_MEAN(mean) + _WINDOW_MAX(peak)
-                                    + (_WINDOW_DRAFTED(drafted) if drafted is not None else b""))
-                    prev = now
-                    continue
-                attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: a, sc.WINDOW_LAST_INDEX: b,
-                         sc.WINDOW_GAP_MEAN: mean, sc.WINDOW_GAP_MAX: peak}
-                if drafted is not None:
-                    attrs[sc.WINDOW_DRAFTED] = drafted
-            out.add(name, prev, now, attrs)
+                out.window(prev, now, tokens, a, b, (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b]), drafted)
             prev = now
         out.close()
 
@@ -461,16 +469,6 @@ class SpanBuilder:
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
 _YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms of work)
 _SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
-_STEP_INDEX = IntAttribute(sc.STEP_INDEX)
-_STEP_TOKENS = IntAttribute(sc.STEP_TOKENS)
-_ONE_TOKEN = _STEP_TOKENS(1)  # a decode step's token count, but for speculative decoding's multi-token steps
-_WINDOW_TOKENS = IntAttribute(sc.WINDOW_TOKENS)
-_WINDOW_FIRST = IntAttribute(sc.WINDOW_FIRST_INDEX)
-_WINDOW_LAST = IntAttribute(sc.WINDOW_LAST_INDEX)
-_WINDOW_MEAN = FloatAttribute(sc.WINDOW_GAP_MEAN)
-_WINDOW_MAX = FloatAttribute(sc.WINDOW_GAP_MAX)
-_STEP_DRAFTED = IntAttribute(sc.STEP_DRAFTED)
-_WINDOW_DRAFTED = IntAttribute(sc.WINDOW_DRAFTED)
 
 
 def _drafted(step: StepRecord, request_id: str) -> int:

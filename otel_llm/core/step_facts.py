@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..otlp import encode as w
 from .. import semconv as sc
 from .timeline import StepRecord
 
@@ -43,7 +42,6 @@ class FactsCache:
     def __init__(self, max_entries: int = 16384) -> None:
         self._max = max_entries
         self._facts: dict[int, dict[str, Any]] = {}
-        self._encoded: dict[int, bytes] = {}  # only for steps that got a span on the direct-export path
 
     def get(self, step: StepRecord, own_prefill_tokens: int = 0) -> dict[str, Any]:
         facts = self._entry(step)
@@ -51,15 +49,6 @@ class FactsCache:
             facts = dict(facts)
             facts[sc.STEP_OTHER_PREFILL_TOKENS] -= own_prefill_tokens
         return facts
-
-    def encoded(self, step: StepRecord, own_prefill_tokens: int = 0) -> bytes:
-        """The same attributes as OTLP ``KeyValue`` fields (the direct-export path)."""
-        if own_prefill_tokens:
-            return w.attributes(self.get(step, own_prefill_tokens))
-        hit = self._encoded.get(step.step_id)
-        if hit is None:
-            hit = self._encoded[step.step_id] = w.attributes(self._entry(step))
-        return hit
 
     def carried_prefill(self, by_token: dict[int, StepRecord], own: dict[int, int]) -> set[int]:
         """The tokens whose engine step prefilled someone else's prompt (``own``: the request's own
@@ -78,6 +67,5 @@ class FactsCache:
         if hit is None:
             if len(self._facts) >= self._max:
                 self._facts.clear()
-                self._encoded.clear()
             hit = self._facts[step.step_id] = step_facts(step)
         return hit

@@ -58,6 +58,7 @@ class RequestTimeline:
     steps_lost: bool = False  # a held step that served it was evicted (max_steps) before it finished
     chunks: list[PrefillChunk] = field(default_factory=list)
     # filled at finish
+    handoff: Any = None  # its KV hand-off (core/handoff.KVHandoff), where a KV connector moved its cache
     finish_reason: str | None = None
     error_type: str | None = None
     output_text: str | None = None

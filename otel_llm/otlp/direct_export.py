@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
 from ..guard import GUARD
 from . import sdk_bridge
 from .encode import RequestFrame
@@ -130,7 +132,10 @@ class DirectExport:
                 chunks, counts, frames = self._take()
                 self._sending = True
             try:
-                self._send(chunks, counts, frames)
+                # as the SDK's processors do around their exporters: an HTTP-client instrumentation
+                # (requests, urllib3, grpc) must not trace our own exports, or report them back to us
+                with suppress_instrumentation():
+                    self._send(chunks, counts, frames)
             except Exception as exc:
                 GUARD.failed("direct span export", exc)
 

@@ -4,11 +4,12 @@
           and the tracer's span limits cut nothing we write: spans are written as OTLP bytes
           (``wire_tracer``; decode rows through ``encode.SiblingSpans``) and sent with those exporters
           (``direct_export``): ~2 µs a span instead of ~25.
-    sdk   the SDK's own Tracer, anything else behind it: spans through the tracer; decode rows, which are
-          retroactive and childless, go to the provider's processors as ``ReadableSpan``s built directly
-          (about a third of the live-span machinery's cost).
+    sdk   the SDK's own Tracer, anything else behind it: every span through the tracer, so each processor
+          sees ``on_start`` then ``on_end`` as for any span (processors we do not know get what the SDK
+          gives them).
     api   any other tracer: the public API for everything.
 
+The ``api`` and ``sdk`` routes are the core's (core/span_routes.py); this module adds the wire route.
 ``Router`` inspects the provider once, and again only when its processors change (a processor added
 after ``instrument()`` must see the spans it would have seen); the span builder holds the route it
 returns and never asks which kind it is.
@@ -16,131 +17,85 @@ returns and never asks which kind it is.
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Protocol
+from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, Tracer
 
+from .. import semconv as sc
+from ..core.span_routes import ApiRoute, Route, Rows, SdkRoute, is_sdk_tracer
+from ..core.step_facts import FactsCache
+from ..core.timeline import StepRecord
 from . import encode as w
 from . import sdk_bridge
 from .direct_export import DirectExport
 from .wire_tracer import WireTracer, usable
 
-_log = logging.getLogger(__name__)
-
-
-class Rows(Protocol):
-    """Sibling spans under one parent (a request's decode rows): added in order, finished by ``close``."""
-
-    encoded: bool  # True: decode steps may come as encoded attribute bytes (``add_encoded``)
-
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None: ...
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None: ...
-    def close(self) -> None: ...
-
-
-class Route(Protocol):
-    kind: str  # "wire", "sdk" or "api": for stats and tests, never for choosing behaviour
-    tracer: Tracer  # request, phase, chunk and preemption spans
-    engine_tracer: Tracer  # engine-step spans (their own service)
-    direct: DirectExport | None  # the direct exporter this route sends with (its counts), if any
-
-    def rows(self, parent: Span, count: int) -> Rows: ...
-
-
-class _ApiRows:
-    encoded = False
-
-    def __init__(self, tracer: Tracer, parent: Span) -> None:
-        self._tracer = tracer
-        self._ctx = trace.set_span_in_context(parent)
-
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        self._tracer.start_span(name, context=self._ctx, start_time=start, attributes=attributes).end(end_time=end)
-
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        raise TypeError("this route takes attribute dicts")
-
-    def close(self) -> None:
-        pass
-
-
-class ApiRoute:
-    kind = "api"
-    direct = None
-
-    def __init__(self, tracer: Tracer, engine_tracer: Tracer) -> None:
-        self.tracer, self.engine_tracer = tracer, engine_tracer
-
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _ApiRows(self.tracer, parent)
-
-
-class _SdkRows:
-    encoded = False
-
-    def __init__(self, route: "SdkRoute", parent: SpanContext) -> None:
-        self._route, self._parent = route, parent
-
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-
-        r, parent = self._route, self._parent
-        context = SpanContext(parent.trace_id, r.ids.generate_span_id(), False, parent.trace_flags, parent.trace_state)
-        r.processor.on_end(ReadableSpan(name=name, context=context, parent=parent, resource=r.resource,
-                                        attributes=attributes, start_time=start, end_time=end,
-                                        instrumentation_scope=r.scope))
-
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        raise TypeError("this route takes attribute dicts")
-
-    def close(self) -> None:
-        pass
-
-
-class SdkRoute:
-    """The SDK's Tracer; decode rows handed straight to its processors."""
-
-    kind = "sdk"
-    direct = None
-
-    def __init__(self, tracer: Any, engine_tracer: Tracer) -> None:
-        self.tracer, self.engine_tracer = tracer, engine_tracer
-        self.processor = tracer.span_processor
-        self.resource = _hash_once(tracer.resource)
-        self.scope = sdk_bridge.instrumentation_scope(tracer)
-        self.ids = tracer.id_generator
-
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _SdkRows(self, parent.get_span_context())
-
 
 class _WireRows:
-    encoded = True
+    """Rows written as OTLP bytes: each attribute's bytes cached (indices, the token count), a step's facts
+    encoded once per step (``EncodedFacts``), the spans concatenated and handed to the direct exporter."""
 
-    def __init__(self, direct: DirectExport, parent: SpanContext, count: int) -> None:
+    def __init__(self, direct: DirectExport, parent: SpanContext, count: int, facts: FactsCache,
+                 encoded: EncodedFacts) -> None:
         self._direct = direct
         self._parent = parent
-        self._encoders: dict[str, w.SiblingSpans] = {}
+        self._facts, self._encoded = facts, encoded
+        self._step_rows: w.SiblingSpans | None = None
+        self._window_rows: w.SiblingSpans | None = None
         self._ids = w.span_ids(count)  # drawn in one call
         self._parts: list[bytes] = []
 
-    def add_encoded(self, name: str, start: int, end: int, attributes: bytes) -> None:
-        encoder = self._encoders.get(name)
-        if encoder is None:
-            encoder = self._encoders[name] = w.SiblingSpans(self._parent, name)
-        parts = self._parts
-        sid = self._ids[len(parts)] if len(parts) < len(self._ids) else w.span_ids(1)[0]
-        parts.append(encoder.encode(sid, start, end, attributes))
+    def _span_id(self) -> bytes:
+        n = len(self._parts)
+        return self._ids[n] if n < len(self._ids) else w.span_ids(1)[0]
 
-    def add(self, name: str, start: int, end: int, attributes: dict[str, Any]) -> None:
-        self.add_encoded(name, start, end, w.attributes(attributes))
+    def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
+             own_prefill_tokens: int, drafted: int | None = None) -> None:
+        rows = self._step_rows
+        if rows is None:
+            rows = self._step_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_STEP)
+        attributes = _STEP_INDEX(index) + (_ONE_TOKEN if tokens == 1 else _STEP_TOKENS(tokens))
+        if drafted is not None:
+            attributes += _STEP_DRAFTED(drafted)
+        if step is not None:
+            attributes += self._encoded.get(self._facts, step, own_prefill_tokens)
+        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
+
+    def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
+               gap_max: float, drafted: int | None = None) -> None:
+        rows = self._window_rows
+        if rows is None:
+            rows = self._window_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_WINDOW)
+        # the five attributes in the order of the dict the other routes build (names encoded once)
+        attributes = (_WINDOW_TOKENS(tokens) + _WINDOW_FIRST(first) + _WINDOW_LAST(last) + _WINDOW_MEAN(gap_mean)
+                      + _WINDOW_MAX(gap_max))
+        if drafted is not None:
+            attributes += _WINDOW_DRAFTED(drafted)
+        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
 
     def close(self) -> None:
         if self._parts:
             self._direct.add(b"".join(self._parts), len(self._parts))
             self._parts = []
+
+
+class EncodedFacts:
+    """A step's facts (core.step_facts) as OTLP ``KeyValue`` bytes, encoded once per step: a step is shared
+    by every request in its batch. Bounded: cleared when full (it only saves work)."""
+
+    def __init__(self, max_entries: int = 16384) -> None:
+        self._max = max_entries
+        self._bytes: dict[int, bytes] = {}
+
+    def get(self, facts: FactsCache, step: StepRecord, own_prefill_tokens: int = 0) -> bytes:
+        if own_prefill_tokens:  # this request's own chunk is not someone else's prefill: its own facts
+            return w.attributes(facts.get(step, own_prefill_tokens))
+        hit = self._bytes.get(step.step_id)
+        if hit is None:
+            if len(self._bytes) >= self._max:
+                self._bytes.clear()
+            hit = self._bytes[step.step_id] = w.attributes(facts.get(step))
+        return hit
 
 
 class WireRoute:
@@ -150,17 +105,10 @@ class WireRoute:
 
     def __init__(self, tracer: WireTracer, engine_tracer: WireTracer, direct: DirectExport) -> None:
         self.tracer, self.engine_tracer, self.direct = tracer, engine_tracer, direct
+        self._encoded = EncodedFacts()
 
-    def rows(self, parent: Span, count: int) -> Rows:
-        return _WireRows(self.direct, parent.get_span_context(), count)
-
-
-def _is_sdk_tracer(tracer: Any) -> bool:
-    try:
-        from opentelemetry.sdk.trace import Tracer as SDKTracer
-    except ImportError:
-        return False
-    return isinstance(tracer, SDKTracer)
+    def rows(self, parent: Span, count: int, facts: FactsCache) -> Rows:
+        return _WireRows(self.direct, parent.get_span_context(), count, facts, self._encoded)
 
 
 class Router:
@@ -169,13 +117,10 @@ class Router:
 
     def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True) -> None:
         self._tracer, self._engine_tracer = tracer, engine_tracer
-        self._sdk = _is_sdk_tracer(tracer)
+        self._sdk = is_sdk_tracer(tracer)
         self._fallback: Route = ApiRoute(tracer, engine_tracer)
         if self._sdk:
-            try:
-                self._fallback = SdkRoute(tracer, engine_tracer)
-            except sdk_bridge.Moved as moved:  # the public API path still works
-                _log.warning("otel-llm: decode rows take the public API (%s moved in this opentelemetry-sdk)", moved)
+            self._fallback = SdkRoute(tracer, engine_tracer)
         self._wire_allowed = direct_export and self._sdk and usable(tracer)
         self._route: Route = self._fallback
         self._for: Any = None  # the processors the current route was chosen for
@@ -213,21 +158,13 @@ class Router:
         return self._route
 
 
-def _hash_once(resource: Any) -> Any:
-    """The same resource, hashing in O(1): the SDK's OTLP encoder groups spans by resource and
-    ``Resource.__hash__`` JSON-encodes every attribute on each call, ~20% of encoding a small span.
-    Equal to the original and with the same hash, so the encoder puts both in one group."""
-    from opentelemetry.sdk.resources import Resource
-
-    class _HashedOnce(Resource):
-        def __init__(self, original: Resource) -> None:
-            super().__init__(original.attributes, original.schema_url)
-            self._hash = hash(original)
-
-        def __hash__(self) -> int:
-            return self._hash
-
-    try:
-        return _HashedOnce(resource)
-    except Exception:  # not the SDK's Resource as we know it: use it as it is
-        return resource
+_STEP_INDEX = w.IntAttribute(sc.STEP_INDEX)
+_STEP_TOKENS = w.IntAttribute(sc.STEP_TOKENS)
+_ONE_TOKEN = _STEP_TOKENS(1)  # a decode step's token count, but for speculative decoding's multi-token steps
+_WINDOW_TOKENS = w.IntAttribute(sc.WINDOW_TOKENS)
+_WINDOW_FIRST = w.IntAttribute(sc.WINDOW_FIRST_INDEX)
+_WINDOW_LAST = w.IntAttribute(sc.WINDOW_LAST_INDEX)
+_WINDOW_MEAN = w.FloatAttribute(sc.WINDOW_GAP_MEAN)
+_WINDOW_MAX = w.FloatAttribute(sc.WINDOW_GAP_MAX)
+_STEP_DRAFTED = w.IntAttribute(sc.STEP_DRAFTED)
+_WINDOW_DRAFTED = w.IntAttribute(sc.WINDOW_DRAFTED)

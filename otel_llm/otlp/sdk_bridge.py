@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..guard import GUARD
+
 _log = logging.getLogger(__name__)
 
 MIN_SDK = "1.34.0"  # keep equal to the floor in pyproject.toml and scripts/sdk_floor.sh
@@ -177,9 +179,6 @@ class Senders:
     schedule_delay: float
 
 
-_warned: set[str] = set()
-
-
 def senders_of(tracer: Any) -> Senders | None:
     """Senders for every processor of this SDK tracer's provider, if each is the SDK's batch or
     simple processor around the SDK's OTLP exporter; else None (the SDK path is used). A moved
@@ -190,10 +189,9 @@ def senders_of(tracer: Any) -> Senders | None:
     except LookupError:  # another processor or exporter: its spans must go through it
         return None
     except Moved as moved:
-        if str(moved) not in _warned:
-            _warned.add(str(moved))
-            _log.warning("otel-llm: direct export is off (spans go through the SDK, ~10x the CPU): %s moved in "
-                         "this opentelemetry-sdk release (tested with %s)", moved, ", ".join(TESTED_WITH))
+        GUARD.warn_once(f"sdk_bridge moved: {moved}", "otel-llm: direct export is off (spans go through the SDK, "
+                        "~10x the CPU): %s moved in this opentelemetry-sdk release (tested with %s)", moved,
+                        ", ".join(TESTED_WITH))
         return None
 
 

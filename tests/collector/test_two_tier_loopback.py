@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector_testkit import FakeClock, export_request, request_attrs, span
+from otel_llm import semconv as sc
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.scale_config import ScaleOptions, generate
@@ -203,3 +204,75 @@ def test_every_trace_reaches_one_gateway_whole_and_metrics_add_up(two_tier) -> N
         assert total[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), key
     requests_total = sum(v for (name, _), v in reference.items() if name == "llm_server_requests_total")
     assert requests_total == TRACES
+
+
+def _disaggregated_traffic() -> tuple[list[ExportTraceServiceRequest], dict[int, set[int]], set[int]]:
+    """Disaggregated requests as four processes send them: the client's root span, the router's span, the
+    prefill instance's request (one token, no TPOT, its KV save; exported for the gateway to decide:
+    ``llm.sampling.reason = kv_handoff``) and the decode instance's request. Only some decodes breach
+    (their TPOT). Each process exports its own batches, across traces, in its own order."""
+    clients, routers, prefills, decodes = [], [], [], []
+    sent: dict[int, set[int]] = {}
+    breached: set[int] = set()
+    for t in range(1, TRACES + 1):
+        trace = 0xD15A_0000_0000_0000_0000_0000_0000_0000 + t * 104729
+        slow = t % 3 == 0
+        if slow:
+            breached.add(trace)
+        clients.append(span(trace, 1, name="chat small"))
+        routers.append(span(trace, 2, parent=1, name="router /v1/chat/completions"))
+        prefills += [span(trace, 3, parent=2, name="chat small", attrs={
+                         **request_attrs(model="small", ttft=0.1, tpot=0.0, e2e=0.1), sc.USAGE_OUTPUT_TOKENS: 1,
+                         sc.DISAGG_ROLE: sc.DISAGG_ROLE_PREFILL, sc.SAMPLING_REASON: sc.SAMPLING_REASON_DEFERRED}),
+                     span(trace, 4, parent=3, name=sc.SPAN_KV_TRANSFER)]
+        decodes += [span(trace, 5, parent=2, name="chat small", attrs={
+                        **request_attrs(model="small", ttft=0.05, tpot=0.2 if slow else 0.01, e2e=1.0),
+                        sc.DISAGG_ROLE: sc.DISAGG_ROLE_DECODE}),
+                    span(trace, 6, parent=5, name=sc.SPAN_KV_TRANSFER)]
+        sent[trace] = {1, 2, 3, 4, 5, 6}
+    requests = []
+    for service, spans, size in (("vllm-decode", decodes, 7), ("vllm-prefill", prefills, 5),
+                                 ("router", routers, 11), ("client", clients, 13)):
+        requests += [export_request(*spans[i:i + size], service=service) for i in range(0, len(spans), size)]
+    return requests, sent, breached
+
+
+def test_a_decode_breach_keeps_the_prefill_half_of_its_trace_and_others_drop_whole(tmp_path: Path) -> None:
+    """Prefill and decode instances both export to the load-balancing tier; the gateway that owns a trace
+    keeps it whole when the decode half breached (the prefill half, which did not, comes along) and drops
+    it whole otherwise: the prefill instance's deferred reason is not a decision to keep."""
+    clock = FakeClock()
+    opts = ScaleOptions(slo=SLOTable.parse("tpot=0.05"), baseline_percent=0.0)
+    tier2 = generate(opts, "two-tier")["tier2-gateway.yaml"]
+    gateways = [Gateway(_gateway_config(tier2, tmp_path / f"gw{i}.jsonl"), clock=clock, manual_ticks=True).start()
+                for i in range(GATEWAYS)]
+    tier1 = generate(ScaleOptions(gateways=tuple(g.grpc_endpoint for g in gateways)), "two-tier")
+    router = TraceIdRouter(tier1["tier1-loadbalancer.yaml"]["exporters"]["load_balancing"]["resolver"]["static"]
+                           ["hostnames"])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(router, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        requests, sent, breached = _disaggregated_traffic()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+            for req in requests:
+                stub.Export(req, timeout=30)
+        clock.advance(31)
+        for g in gateways:
+            g.tick()
+            assert g.flush(30)
+        kept = [_kept(tmp_path / f"gw{i}.jsonl") for i in range(GATEWAYS)]
+        everywhere: dict[int, list[set[int]]] = {}
+        for k in kept:
+            for trace, spans in k.items():
+                everywhere.setdefault(trace, []).append(spans)
+        assert set(everywhere) == breached and 0 < len(breached) < TRACES
+        for trace, copies in everywhere.items():
+            assert copies == [sent[trace]]  # at one gateway, whole: P's request and its hand-off included
+    finally:
+        server.stop(None)
+        router.close()
+        for g in gateways:
+            g.shutdown()

@@ -23,6 +23,7 @@ from otel_llm.core.spans import token_steps
 from otel_llm.core.step_facts import step_facts
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import PREEMPTED, QUEUED, SCHEDULED, RequestShare, RequestTimeline, StepRecord
+from otel_llm.otlp.routes import Router
 from support.otlp_sink import OTLPSink
 
 # -- the choice, on plain numbers ----------------------------------------------------------------
@@ -132,7 +133,7 @@ def memory_telemetry(**options) -> tuple[Pipeline, InMemorySpanExporter]:
     tp = TracerProvider(resource=RESOURCE)
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
-    return Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test"), exporter
+    return Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test", router=Router), exporter
 
 
 def test_a_30k_token_request_stays_within_the_budget_and_keeps_every_stall():
@@ -210,7 +211,7 @@ def test_sdk_path_and_direct_bytes_path_make_the_same_spans(monkeypatch):
         tp = TracerProvider(resource=RESOURCE)
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{sink.endpoint}/v1/traces")))
         config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
-        tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test")
+        tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("t"), "test", router=Router)
         assert tel.spans.wire_export() is not None
         run(tel)
         assert tel.flush(10) and tp.force_flush()

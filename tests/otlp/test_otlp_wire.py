@@ -25,6 +25,7 @@ from otel_llm.otlp import encode as wire
 from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.otlp.direct_export import DirectExport
+from otel_llm.otlp.routes import Router
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
@@ -105,7 +106,7 @@ def finish_request(telemetry: Pipeline, rid: str, tokens: int) -> None:
 
 def telemetry_for(tp: TracerProvider, **options) -> Pipeline:
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", **options}, environ={})
-    return Pipeline(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test")
+    return Pipeline(config, tp.get_tracer("otel_llm", "9.9"), MeterProvider().get_meter("t"), "test", router=Router)
 
 
 def check_trace(spans, tokens: int) -> None:
@@ -401,7 +402,8 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
     tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)))
     reader = InMemoryMetricReader()
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps"}, environ={})
-    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test")
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider(metric_readers=[reader]).get_meter("t"), "test",
+                   router=Router)
     finish_request(tel, "r1", tokens=10)
     assert tel.flush(30)
     stats = tel.stats()
@@ -493,6 +495,7 @@ def _full_detail_request(multi: bool):
     """A kept request with everything full detail writes: two prefill chunks (one step shared with another
     request's prompt), a preemption, decode steps whose engine steps carry facts (others' prefill, anatomy),
     stalls kept as rows and windows between them; ``multi``: speculative steps of several tokens."""
+    from otel_llm.core.spec_decode import SpecStep
     from otel_llm.core.timeline import PREEMPTED, PrefillChunk, RequestShare, StepRecord
 
     base = 1000.0
@@ -509,6 +512,8 @@ def _full_detail_request(multi: bool):
             shares.append(RequestShare("p", 24, True))
         step = StepRecord(10 + i, ts, ts + gap, shares, running=3, waiting=1, preempted=int(i == 21))
         step.model_s, step.execute_s, step.idle_s = gap * 0.8, gap * 0.9, 1e-5 * i
+        if multi and i % 2 == 0:  # verified drafts: the rows' drafted counts (one accepted where it made 2)
+            step.spec = SpecStep([0], [2], [shares[0].tokens - 1])
         steps.append(step)
         ts += gap
         t.add_tokens(ts, shares[0].tokens)
@@ -516,6 +521,9 @@ def _full_detail_request(multi: bool):
     t.token_ts.insert(0, base + 0.03)
     if t.multi_token_steps:  # the first token was inserted in front: shift the multi-token indices
         t.multi_token_steps = {i + 1: n for i, n in t.multi_token_steps.items()}
+    if multi:
+        t.spec = [sum(1 for st in steps if st.spec), sum(st.spec.draft_tokens for st in steps if st.spec),
+                  sum(sum(st.spec.accepted) for st in steps if st.spec)]
     e2e = ts - base
     s = RequestSummary(model="m", ttft=0.03, e2e=e2e, queue=0.01, prefill=0.02, decode=e2e - 0.03, tpot=0.012,
                        input_tokens=48, output_tokens=len(t.token_ts))
@@ -534,6 +542,28 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     from otel_llm.core.spans import SpanBuilder
     from otel_llm.otlp import routes
 
+    class DictRows(routes._WireRows):
+        """The wire route's rows, each from the attribute dict the other routes build, encoded generically."""
+
+        def _row(self, name: str, start: int, end: int, attrs: dict) -> None:
+            self._parts.append(wire.SiblingSpans(self._parent, name).encode(self._span_id(), start, end,
+                                                                            wire.attributes(attrs)))
+
+        def step(self, start, end, index, tokens, step, own_prefill_tokens, drafted=None):
+            attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+            if drafted is not None:
+                attrs[sc.STEP_DRAFTED] = drafted
+            if step is not None:
+                attrs.update(self._facts.get(step, own_prefill_tokens))
+            self._row(sc.SPAN_DECODE_STEP, start, end, attrs)
+
+        def window(self, start, end, tokens, first, last, gap_mean, gap_max, drafted=None):
+            attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
+                     sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max}
+            if drafted is not None:
+                attrs[sc.WINDOW_DRAFTED] = drafted
+            self._row(sc.SPAN_DECODE_WINDOW, start, end, attrs)
+
     sent: list[tuple[bytes, int]] = []
     monkeypatch.setattr(DirectExport, "add", lambda self, spans, count, frame=None: sent.append((spans, count)) or True)
     tp = TracerProvider(resource=RESOURCE)
@@ -541,9 +571,10 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     t, s, steps = _full_detail_request(multi)
     clock = WallClock()
     out = {}
+    wire_rows = routes._WireRows
     for encoded in (True, False):
-        monkeypatch.setattr(routes._WireRows, "encoded", encoded)
-        builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"))
+        monkeypatch.setattr(routes, "_WireRows", wire_rows if encoded else DictRows)
+        builder = SpanBuilder(tp.get_tracer("otel_llm", "9.9"), router=routes.Router)
         assert builder.wire_export() is not None
         sent.clear()
         random.seed(7)  # the same span and trace ids on both paths
@@ -557,4 +588,7 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     # everything was there to compare: chunks, a preemption's spans, decode-step rows and windows
     for name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_REQUEUE, sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW):
         assert name in names, name
+    if multi:  # and the draft counts, on both kinds of row
+        blob = b"".join(b for b, _ in out[True])
+        assert sc.STEP_DRAFTED.encode() in blob and sc.WINDOW_DRAFTED.encode() in blob
     tp.shutdown()

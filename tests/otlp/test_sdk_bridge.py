@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
+from otel_llm.guard import GUARD
 from otel_llm.otlp import sdk_bridge
 from otel_llm.otlp.routes import Router
 
@@ -40,7 +41,7 @@ def test_a_moved_internal_fails_the_check_and_turns_direct_export_off_with_a_war
     monkeypatch.setattr(BatchSpanProcessor, "__init__", without_inner)
     monkeypatch.setattr(BatchSpanProcessor, "shutdown", lambda self: self._renamed.shutdown())
     monkeypatch.setattr(BatchSpanProcessor, "force_flush", lambda self, timeout_millis=None: True)
-    monkeypatch.setattr(sdk_bridge, "_warned", set())
+    monkeypatch.setattr(GUARD, "told", set())  # a fresh process: the warning not given yet
     problems = sdk_bridge.check()
     assert problems and "_batch_processor" in problems[0]
 

@@ -35,6 +35,7 @@ from statistics import median
 from typing import Iterable, NamedTuple
 
 from ... import semconv as sc
+from ..handoff import HandoffHistory
 from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_TOKEN_BUDGET, QUEUED, RequestTimeline,
                         StepRecord)
 
@@ -79,6 +80,7 @@ class StepWindow:
     def __init__(self, size: int = 8192) -> None:
         self.size = size
         self.max_loras: int | None = None  # the engine's LoRA slots, where it serves adapters (set by the adapter)
+        self.handoffs = HandoffHistory()  # the decode side's KV load times, for the kv_transfer cause
         self._engines: dict[int, deque[tuple]] = {}  # engine -> StepFacts-shaped tuples, in step order
         self._lock = threading.Lock()
 
@@ -218,6 +220,7 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = ())
     start = queued if queued is not None else admit.start
     base = _Baselines(steps)
     covered = _preemptions(t, ledger, end)
+    _kv_transfer(t, window.handoffs, ledger)
     _queue(steps, admit, start, base, ledger, t.lora_id, window.max_loras)
     _running(steps, admit, last, set(own), {c.step_id for c in t.chunks}, covered, base, ledger)
 
@@ -254,6 +257,18 @@ def _preemptions(t: RequestTimeline, ledger: _Ledger, end: float) -> list[tuple[
             ledger.add_span(sc.SLOW_PREEMPTION, preempted, caught_up)
             out.append((preempted, caught_up))
     return out
+
+
+def _kv_transfer(t: RequestTimeline, history: HandoffHistory, ledger: _Ledger) -> None:
+    """A decode instance's KV load (or the wait for it): what it took beyond the median load of
+    comparable requests (as many external tokens, to a power of two) on this instance. The load is part
+    of the step that computes the rest of its prompt, its own work otherwise."""
+    h = t.handoff
+    if h is None or not h.loaded or h.load_end is None:
+        return
+    usual = history.median(h.external_tokens)
+    if usual is not None:
+        ledger.add(sc.SLOW_KV_TRANSFER, h.load_s - usual, h.load_end)
 
 
 def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Baselines, ledger: _Ledger,

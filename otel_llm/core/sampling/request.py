@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ... import semconv as sc
 from ..quantile import QuantileSketch
 from ..slo import SLOTable
 from .base import NOT_SAMPLED, Decision, OptionError, TraceView, Verdict
@@ -178,6 +179,8 @@ class RecordedReasonPolicy:
 
     def evaluate(self, trace: TraceView) -> Decision:
         for r in trace.recorded_reasons:
+            if r == sc.SAMPLING_REASON_DEFERRED:  # exported for the gateway to decide, not a decision to keep
+                continue
             if not self.reasons or any(r.startswith(p) for p in self.reasons):
                 return Decision(Verdict.SAMPLED, f"{self.name}:{r}")
         return NOT_SAMPLED

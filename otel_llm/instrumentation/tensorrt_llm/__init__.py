@@ -20,6 +20,7 @@ from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
 from . import contract
@@ -90,7 +91,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.tensorrt_llm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.tensorrt_llm", __version__)
-        self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm")
+        self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router)
         telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
                                            max_waiting=config.max_requests, wait_s=config.iteration_wait)
         w = TRTLLMWrappers(telemetry, telemetry.ledger)

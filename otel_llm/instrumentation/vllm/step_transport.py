@@ -31,7 +31,7 @@ from typing import Callable
 
 from ...guard import GUARD
 from ...core.timeline import StepRecord
-from . import step_ring, step_wire
+from . import engine_errors, step_ring, step_wire
 from .process_roles import in_api_server_process
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
@@ -67,6 +67,16 @@ class SocketSink:
         # step_wire's choice: the C accelerator (encode and ring writes in one call) or the pure-Python path
         self._encode, self._into_rings = step_wire.encode, step_wire.encode_into_rings
         self._scanned = float("-inf")
+        # engine_errors.ErrorReporter.changed, where this sink carries the EngineCore's error counts too
+        self.on_rescan: Callable[[], None] | None = None
+
+    def send_control(self, data: bytes) -> None:
+        """A control record (engine_errors.py) to every frontend, on its socket (never a ring)."""
+        for _, sock, _ in self._targets:
+            try:
+                sock.send(data)
+            except OSError:
+                self.dropped += 1
 
     def __call__(self, payload: step_wire.StepPayload) -> None:
         # the step's start is the hooks' clock, time.monotonic: no clock read of our own
@@ -112,6 +122,8 @@ class SocketSink:
 
     def _rescan(self, now: float) -> None:
         self._scanned = now
+        if self.on_rescan is not None:
+            self.on_rescan()  # error counts held back by its interval
         for path, sock, ring in self._targets:
             if ring is not None:
                 try:
@@ -246,6 +258,7 @@ class StepReceiver:
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
+        self.engine_errors = engine_errors.ErrorRelay()  # the EngineCores' error counts (control records)
         self._ids = step_wire.reader_cache()  # the socket's last record's ids (step_wire.decode's; rings keep their own)
         # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
         # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
@@ -295,7 +308,17 @@ class StepReceiver:
             if ancillary:
                 self._add_ring(data, ancillary)
             elif data:  # empty: the sink's probe
-                take(data, deliver)
+                if data[0] == engine_errors.CONTROL:
+                    self._control(data)
+                else:
+                    take(data, deliver)
+
+    def _control(self, data: bytes) -> None:
+        try:
+            self.engine_errors.take(data)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            self.malformed += 1
+            GUARD.failed("step control record", exc)
 
     def _take(self, data: bytes, deliver: Callable[[StepRecord], None], ids: list | None = None) -> None:
         """One record decoded (with the cache of the ring it came from, else the socket's) and delivered."""

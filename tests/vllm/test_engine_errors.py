@@ -1,0 +1,97 @@
+"""Errors caught in a spawned EngineCore reach the frontend's stats(): the control record on the step socket
+(engine_errors.py), over real Unix sockets, and the step hooks reporting an error of a step that sends no record."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from otel_llm.guard import GUARD
+from otel_llm.instrumentation.vllm import engine_errors
+from otel_llm.instrumentation.vllm.engine_errors import ErrorReporter
+from otel_llm.instrumentation.vllm.step_hooks import StepHooks
+from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
+
+SITE = "scheduler.schedule hook"
+
+
+@pytest.fixture
+def guard():
+    saved = dict(GUARD.errors)
+    GUARD.errors.clear()
+    yield GUARD.errors
+    GUARD.errors.clear()
+    GUARD.errors.update(saved)
+
+
+@pytest.fixture
+def wire(tmp_path):
+    receiver = StepReceiver(str(tmp_path))
+    sink = SocketSink(str(tmp_path))
+    sink._rescan(time.monotonic())  # connects to the receiver's socket
+    yield sink, receiver
+    sink.close()
+    receiver.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _engine_side(guard, site: str, n: int) -> None:
+    # what the EngineCore's GUARD holds: the frontend's is the same object in this test, so the relayed
+    # counts are told apart by their prefix
+    guard[site] += n
+
+
+def test_the_frontend_counts_the_engine_cores_errors_once_each(guard, wire):
+    sink, receiver = wire
+    clock = _Clock()
+    reporter = ErrorReporter(sink.send_control, clock)
+    _engine_side(guard, SITE, 3)
+    reporter.changed()
+    receiver.drain(lambda step: None)
+    assert guard[engine_errors.PREFIX + SITE] == 3
+    _engine_side(guard, SITE, 2)
+    clock.now += 0.1
+    reporter.changed()  # within the interval: held back
+    receiver.drain(lambda step: None)
+    assert guard[engine_errors.PREFIX + SITE] == 3
+    clock.now += 1.0
+    reporter.changed()  # the sink's rescan or the next error sends it
+    receiver.drain(lambda step: None)
+    assert guard[engine_errors.PREFIX + SITE] == 5  # increases only, never the cumulative count twice
+    reporter.changed()  # nothing new (the relayed sites are not the engine's own: here they share a GUARD)
+    receiver.drain(lambda step: None)
+    assert guard[engine_errors.PREFIX + SITE] == 5
+
+
+def test_the_contract_warnings_are_not_relayed_and_a_bad_record_is_counted(guard, wire):
+    sink, receiver = wire
+    _engine_side(guard, "vllm contract: NewRequestData.req_id", 1)  # the frontend checks that itself
+    assert b"vllm contract" not in engine_errors.encode(1, dict(guard))
+    before = receiver.malformed
+    sink.send_control(bytes((engine_errors.CONTROL,)) + b"not json")
+    receiver.drain(lambda step: None)
+    assert receiver.malformed == before + 1
+    assert guard["step control record"] == 1
+
+
+def test_a_failing_schedule_hook_reports_though_its_step_sends_nothing(guard):
+    hooks = StepHooks()
+    told = []
+    sent = []
+    hooks.sink = sent.append
+    hooks.on_error = lambda: told.append(dict(guard))
+
+    class Broken:  # a scheduler output without what the hook reads
+        pass
+
+    out = Broken()
+    assert hooks.schedule(lambda: out, object(), (), {}) is out  # the host's result, untouched
+    assert told and told[0].get(SITE) == 1 and not sent
