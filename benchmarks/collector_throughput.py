@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -461,6 +462,15 @@ def bench_overload(capacity_spans_s: float, seconds: float, ctx, sink: str) -> d
     return out
 
 
+def _commit(root: Path) -> str:
+    """The measured checkout, as its commit (a machine's path says nothing to a reader of the results)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
@@ -477,7 +487,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                  "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
-                     "code": str(ROOT)}
+                     "code": _commit(ROOT)}
     sink_proc = None
     if phases & {"loopback", "overload"}:
         port_q = ctx.Queue()

@@ -86,7 +86,7 @@ def main() -> None:
             b = metrics._bound(s, ())
             c0 = time.thread_time_ns()
             if name == "public":
-                per_gap = PublicCounts(metrics._itl[1], b.attributes[0], None)
+                per_gap = PublicCounts(metrics._itl[1], metrics.label_attributes(s, ()), None)
                 for _ in range(n):
                     per_gap(gaps)
             else:

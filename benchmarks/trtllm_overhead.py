@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "trtllm"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "trtllm")]  # tests/support and the stand-in package
 
 import fake_trtllm as fake  # noqa: E402
 from trtllm_env import instrumented  # noqa: E402

@@ -16,7 +16,7 @@ consecutive batches of tokens reaching the frontend (the inter-token latency a s
 client would see, which GC stalls from telemetry would inflate; one probe, identical in all
 modes, stamps each ``process_outputs`` call). Plus a microbenchmark of the per-token hot path.
 
-Denominators (issue #12): on a GPU server the model's forward runs on the GPU, so what our CPU
+Denominators: on a GPU server the model's forward runs on the GPU, so what our CPU
 competes with is vLLM's *frontend* (this process: output processing, detokenization; an API
 server adds HTTP streaming) and the EngineCore's scheduling loop. So the instrumentation's
 extra frontend CPU per token is also reported as a share of vLLM's own frontend CPU per token
@@ -418,7 +418,7 @@ def main() -> None:
                                          / (med("none", "cpu_s") + med("none", "engine_cpu_s")), 4),
             "p99_itl_ms": round(med(mode, "p99_gap_ms"), 2),
             "p99_itl_vs_none": round(med(mode, "p99_gap_ms") / med("none", "p99_gap_ms"), 3),
-            # the right denominators (issue #12): vLLM's own frontend CPU per token, the EngineCore's per step
+            # the right denominators: vLLM's own frontend CPU per token, the EngineCore's per step
             "frontend_cpu_us_per_token": round(1e6 * med(mode, "cpu_s") / tokens, 2),
             "frontend_share_of_vllm_frontend": round(extra / frontend_none, 4),
             "engine_cpu_us_per_step": round(1e6 * med(mode, "engine_cpu_s") / steps, 1),

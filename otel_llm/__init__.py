@@ -82,7 +82,7 @@ def flush(timeout: float = 10.0) -> bool:
 
     Spans are built on a background thread; call this before reading an in-memory exporter or
     before the process exits (uninstrument() and interpreter exit do it too). Spans we export
-    directly (see the README, "Direct export") are sent by the time it returns; call your tracer
+    directly (see docs/export.md, "Direct export") are sent by the time it returns; call your tracer
     provider's ``force_flush`` to push the others out of its processors.
     """
     done = True
@@ -100,7 +100,7 @@ def stats() -> dict[str, Any]:
 
     ``{"vllm": {"requests_finished": 120, "requests_kept": 9, "direct_spans_sent": 1032, ...},
     "errors": {"site": count}}``. The same numbers are observable counters named ``otel_llm.*``
-    on the meter provider (see the README, "Its own health").
+    on the meter provider (see docs/export.md and docs/troubleshooting.md).
     """
     from .guard import GUARD
 

@@ -1,7 +1,7 @@
 """Attribute and span names: the trace contract, named once.
 
 GenAI names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``); the
-``llm.*`` names are ours and are documented in the README's trace-contract table.
+``llm.*`` names are ours and are documented in the trace-contract table (docs/trace-contract.md).
 Latencies are in seconds.
 """
 
@@ -69,7 +69,7 @@ SAMPLING_REASON = "llm.sampling.reason"
 # not "llm.engine": that is the namespace of llm.engine.step.*, and a name may not be both
 ENGINE = "llm.engine.name"
 
-# Ours: the client's call span (README trace contract, client span). A "chunk" is an update of the
+# Ours: the client's call span (docs/trace-contract.md, client span). A "chunk" is an update of the
 # generated output (the conventions' and ``vllm bench serve``'s): a chat/completions chunk with choices,
 # a Responses ``*.delta`` event of any output type; not lifecycle events nor the usage-only chunk.
 CLIENT_CHUNKS = "llm.client.chunks"
@@ -89,7 +89,7 @@ CLIENT_REQUESTS = "llm.client.requests"
 CLIENT_GOOD_REQUESTS = "llm.client.requests.good"
 CLIENT_OVERHEAD_TTFC = "llm.client.overhead.time_to_first_chunk"
 
-# Ours: why a kept request was slow (core/diagnosis/verdict.py, README "Why was it slow?").
+# Ours: why a kept request was slow (core/diagnosis/verdict.py, docs/verdict.md).
 # ``llm.slow.cause`` is the dominant cause; ``llm.slow.<cause>`` the seconds each cause cost it.
 SLOW_QUEUE_MAX_SEQS = "queue_max_seqs"  # waited: the batch held max_num_seqs requests
 SLOW_QUEUE_KV_CACHE = "queue_kv_cache"  # waited: the KV cache could not hold it
@@ -184,7 +184,7 @@ STEP_QUEUE_BLOCKED = "llm.engine.step.queue_blocked"  # why requests stayed wait
 
 # gen_ai.provider.name values we set. The GenAI registry (semantic-conventions-genai,
 # docs/registry/attributes/gen-ai.md) lists no value for vLLM or TensorRT-LLM; it allows a custom
-# value then, and we use each engine's Python import name (see the README, "TensorRT-LLM").
+# value then, and we use each engine's Python import name (see docs/engines.md, "TensorRT-LLM").
 PROVIDER_VLLM = "vllm"
 PROVIDER_TENSORRT_LLM = "tensorrt_llm"
 # The engines' own ``llm_request`` spans carry no provider; their tracers' instrumentation scope names it, by

@@ -1,6 +1,6 @@
 """``otel-llm-collector scale-config``: generate the scale-out deployments on the upstream Collector.
 
-Two layouts (see collector/README.md, "Scale-out"):
+Two layouts (see docs/collector.md, "Scale-out"):
 
 * ``two-tier``: an upstream Collector tier with the load-balancing exporter routing spans by trace id
   to N of our gateways (each holds whole traces, so tail sampling and the per-request metrics stay

@@ -28,7 +28,7 @@ from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 @dataclass(frozen=True)
 class InstrumentSpec:
     """One instrument: its name, unit, description, kind and (histograms) bucket boundaries; ``attributes``
-    are the attributes it is recorded with beyond the request labels (documented in the README table)."""
+    are the attributes it is recorded with beyond the request labels (documented in the docs' metrics tables)."""
 
     name: str
     unit: str
@@ -175,7 +175,7 @@ class MetricSet:
             "target model) and accepted", kind="counter", attributes=(sc.SPEC_TOKEN_KIND,)) if self.spec_tokens else None
 
     def instruments(self) -> tuple[InstrumentSpec, ...]:
-        """Every instrument of the set but the histograms, in the README table's order."""
+        """Every instrument of the set but the histograms, in the docs table's order."""
         specs = (self.token_usage_spec, self.characters_spec, self.requests_spec, self.good_requests_spec,
                  self.slo_breaches_spec, self.spec_tokens_spec)
         return tuple(spec for spec in specs if spec is not None)

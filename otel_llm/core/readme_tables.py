@@ -1,7 +1,7 @@
-"""The README's reference tables, generated from the declarations the code runs on.
+"""The reference tables of the README and the docs, generated from the declarations the code runs on.
 
-``python -m otel_llm.core.readme_tables`` prints them; ``--write README.md collector/README.md``
-replaces each generated region of those files (between ``<!-- generated: NAME ... -->`` and
+``python -m otel_llm.core.readme_tables`` prints them; ``--write`` replaces each generated region of
+the files that hold them (``FILES``, or the files named; between ``<!-- generated: NAME ... -->`` and
 ``<!-- end generated: NAME -->``) with its table; ``--check`` exits 1 when one differs (a test does
 the same). Tables:
 
@@ -12,7 +12,7 @@ the same). Tables:
   collector's client overhead (``metrics.CLIENT_OVERHEAD``);
 * ``step-metrics``: the engine-step and GPU instruments (``metrics.STEP_METRICS``, ``metrics.GPU_METRICS``);
 * ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``);
-* ``gateway-metrics`` (collector/README.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
+* ``gateway-metrics`` (docs/collector.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "self-metrics": self_metrics_table,
     "gateway-metrics": gateway_metrics_table,
 }
-FILES = ("README.md", "collector/README.md")  # relative to the repository root
-COMMAND = "python -m otel_llm.core.readme_tables --write " + " ".join(FILES)
+# relative to the repository root; each table lives with the section that explains it
+FILES = ("README.md", "docs/trace-contract.md", "docs/metrics.md", "docs/engine-steps.md", "docs/client.md",
+         "docs/export.md", "docs/collector.md")
+COMMAND = "python -m otel_llm.core.readme_tables --write"
 
 
 def _region(name: str) -> re.Pattern[str]:
@@ -118,12 +120,13 @@ def regenerate(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m otel_llm.core.readme_tables", description=__doc__.split("\n")[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="FILE", nargs="+", help="rewrite the generated regions of these files")
-    group.add_argument("--check", metavar="FILE", nargs="+", help="exit 1 if a generated region differs")
+    group.add_argument("--write", metavar="FILE", nargs="*", help="rewrite the generated regions (default: FILES)")
+    group.add_argument("--check", metavar="FILE", nargs="*", help="exit 1 if a generated region differs")
     args = parser.parse_args(argv)
-    if args.write or args.check:
+    if args.write is not None or args.check is not None:
         stale = 0
-        for path in map(Path, args.write or args.check):
+        root = Path(__file__).resolve().parents[2]
+        for path in map(Path, args.write or args.check or [str(root / name) for name in FILES]):
             text = path.read_text(encoding="utf-8")
             new = regenerate(text)
             if new != text and args.check:

@@ -1,7 +1,7 @@
 """Materialize a finished request's timeline as spans, at the detail its sampling decision earned.
 
 Runs once per kept request, after it finished: every span is built with explicit start
-and end times from the engine's stamps. Layout (the README's trace contract):
+and end times from the engine's stamps. Layout (the trace contract, docs/trace-contract.md):
 
     {operation} {model}                 request span, [arrival, arrival + e2e]
       llm.queue                         [arrival, first scheduled]   event llm.engine.queued

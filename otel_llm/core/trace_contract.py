@@ -1,8 +1,8 @@
 """The trace contract as data: which span carries which attributes and events, when and from what to what.
 
-The names are ``semconv``'s (referenced, never retyped); this table says where they go. The README's
+The names are ``semconv``'s (referenced, never retyped); this table says where they go. The docs'
 trace-contract table is generated from it (``python -m otel_llm.core.readme_tables``; a test checks the
-README matches), and tests can hold emitted spans against it (``attribute_names``).
+page matches), and tests can hold emitted spans against it (``attribute_names``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .. import semconv as sc
 
 @dataclass(frozen=True)
 class Item:
-    """An attribute (or, with ``event``, an event) of a span, with what the README says about it."""
+    """An attribute (or, with ``event``, an event) of a span, with what the docs say about it."""
 
     name: str
     note: str = ""  # follows the name: a condition, the values, the meaning
@@ -31,7 +31,7 @@ class Item:
 
 @dataclass(frozen=True)
 class Group:
-    """Attributes the README writes as one entry (a family of names: ``llm.slow.<cause>``)."""
+    """Attributes the docs write as one entry (a family of names: ``llm.slow.<cause>``)."""
 
     names: tuple[str, ...]
     text: str
@@ -49,7 +49,7 @@ class SpanDoc:
     start_end: str
     items: tuple[Item | Group, ...] = ()
     tail: str = ""  # after the items: what is not an attribute (links, status)
-    shown_name: str = ""  # how the README writes the name, where it is a template
+    shown_name: str = ""  # how the docs write the name, where it is a template
 
     def attribute_names(self) -> tuple[str, ...]:
         return tuple(n for i in self.items if not i.event for n in i.names)
@@ -199,7 +199,7 @@ SPANS: tuple[SpanDoc, ...] = (*SERVER_SPANS, CLIENT_SPAN)
 
 
 def spans_table() -> str:
-    """The README's trace-contract table."""
+    """The trace-contract table of docs/trace-contract.md."""
     rows = ["| span | kind | when | start → end | attributes |", "|---|---|---|---|---|"]
     for s in SPANS:
         name = s.shown_name or " / ".join(f"`{n}`" for n in s.names)

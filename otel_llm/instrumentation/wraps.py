@@ -23,7 +23,7 @@ class Target:
     # A plain function in wrapt's place, for a method on an engine's per-step hot path (vLLM's
     # EngineCore scheduler, called twice a step): calling a method through wrapt's FunctionWrapper
     # (a bound wrapper built per call) measured ~0.8 µs against ~0.2 µs for a plain function in
-    # benchmarks/engine_hooks_ab.py (mode "wrap" vs "wrap_plain"). Same wrapper signature, same
+    # the step hooks' benchmark harness (both wrappers around one stand-in). Same wrapper signature, same
     # unwrap; only a plain function defined on a class qualifies, anything else is wrapped by wrapt.
     plain: bool = False
 

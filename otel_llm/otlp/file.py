@@ -1,7 +1,7 @@
 """OTLP/JSON lines files: one ``ExportTraceServiceRequest`` per line.
 
 The format the upstream Collector's file exporter writes and its ``otlpjsonfile`` receiver reads,
-so a file can be replayed into Jaeger or Tempo later (see README). Two writers share ``json_line``:
+so a file can be replayed into Jaeger or Tempo later (see docs/views.md). Two writers share ``json_line``:
 the SDK-side span exporter below and the collector's ``file`` exporter (which holds encoded requests).
 """
 

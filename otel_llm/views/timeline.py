@@ -21,7 +21,7 @@ STALL_MIN_S = 0.001
 # Runs of uneventful decode steps coalesced into one span (the span budget); a window's tokens count
 # towards the median at its mean gap.
 SPAN_DECODE_WINDOW, WINDOW_TOKENS = sc.SPAN_DECODE_WINDOW, sc.WINDOW_TOKENS
-# a decode step's copy of its engine step's facts (issue 11's step facts): shown with the stall
+# a decode step's copy of its engine step's facts (the step facts): shown with the stall
 STEP_FACTS_PREFIX = sc.ENGINE_STEP_ID.rsplit(".", 1)[0] + "."
 
 PHASES = {sc.SPAN_QUEUE: "queue", sc.SPAN_PREFILL: "prefill", sc.SPAN_DECODE: "decode"}

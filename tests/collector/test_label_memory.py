@@ -14,7 +14,7 @@ from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.llm_metrics import BOUND_LABEL_SET_BYTES
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
-# the documented bound (collector/README.md, "Limits"): what derived metrics may hold at the defaults
+# the documented bound (docs/collector-limits.md): what derived metrics may hold at the defaults
 METRICS_MEMORY_BOUND = 200 << 20
 
 

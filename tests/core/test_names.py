@@ -56,8 +56,8 @@ def test_the_grep_finds_a_retyped_name():
 
 
 def test_readme_tables_are_the_generated_ones():
-    """Byte for byte: ``python -m otel_llm.core.readme_tables --write README.md collector/README.md``
-    changes nothing, and every table has its region in one of the two."""
+    """Byte for byte: ``python -m otel_llm.core.readme_tables --write``
+    changes nothing, and every table has its region in one of its files."""
     found = []
     for name in readme_tables.FILES:
         text = (ROOT / name).read_text(encoding="utf-8")
@@ -68,8 +68,8 @@ def test_readme_tables_are_the_generated_ones():
 
 
 def test_a_stale_readme_table_is_caught(tmp_path):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    stale = tmp_path / "README.md"
+    readme = (ROOT / "docs" / "trace-contract.md").read_text(encoding="utf-8")
+    stale = tmp_path / "trace-contract.md"
     stale.write_text(readme.replace(f"`{semconv.SPAN_QUEUE}` |", "`llm.wait` |", 1), encoding="utf-8")
     assert readme_tables.main(["--check", str(stale)]) == 1
     assert readme_tables.main(["--write", str(stale)]) == 0

@@ -4,7 +4,7 @@ Engine-agnostic: it reads a ``RequestTimeline`` (QUEUED/SCHEDULED/PREEMPTED even
 the ids of the steps that served it and which of them computed its prompt) and a window of recent
 ``StepFacts`` per engine (each step's start and end, batch counts, and why requests stayed waiting).
 It runs in the cold path, after the request finished, for requests kept for a cause. The method,
-formula by formula, is in the README ("Why was it slow?"); in short, each cause is the time it cost
+formula by formula, is in docs/verdict.md; in short, each cause is the time it cost
 the request above what a comparable step costs, summed over the breached measure's phases:
 
 * queueing, split by the reason the engine's admission stopped in each step the request waited

@@ -3,7 +3,7 @@
 
 ``with_raw_response`` returns ``openai._legacy_response.LegacyAPIResponse`` (not exported at the
 package's top level). Without it, raw responses are still measured, but as a call that ends when
-its headers arrive (the behaviour issue 15 fixed), so the test must fail rather than degrade.
+its headers arrive (the behaviour this fence exists to prevent), so the test must fail rather than degrade.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ in an announcement datagram); from then on each step's record is copied into the
 ``send``. The frontend (``StepReceiver.drain``) reads its rings right after its socket, before the
 outputs it is about to process: the EngineCore wrote a step's record before that step's outputs left
 it over ZMQ (a syscall and locks after the copy), so the record is in the ring when the outputs
-arrive. (benchmarks/engine_hooks_ab.py, batch 64: 2.4 µs a step for the copy against 3.2 µs for a
+arrive. (benchmarks/engine_step_hooks.py, batch 64: 2.4 µs a step for the copy against 3.2 µs for a
 ``send``; the frontend saves ~1.3 µs a record; and a datagram socket queues at most
 ``net.unix.max_dgram_qlen`` records, 10 by default, where a ring holds ~700 records that list their ids,
 ~5,800 of a steady batch that leave them out.)

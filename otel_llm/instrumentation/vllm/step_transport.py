@@ -267,7 +267,7 @@ class StepReceiver:
         # Whether anything waits on the socket, asked before reading it: once a ring is attached the socket
         # is empty at nearly every drain, and an empty ``recvmsg_into`` raises BlockingIOError (the
         # exception's errno and message built each time); ``poll(0)`` answers with an empty list.
-        # (benchmarks/drain_probe.py: on the real engine, whose output thread runs cache-cold after each
+        # (a probe of the drain's parts: on the real engine, whose output thread runs cache-cold after each
         # wait, the raising receive was ~35 µs of a ~110 µs drain.) A plain poll object: no kernel state,
         # nothing to close, and it works the same after a fork.
         self._poll = select.poll()

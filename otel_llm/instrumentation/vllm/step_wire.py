@@ -58,7 +58,7 @@ _HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS = 1, 2, 4, 8, 16
 HEADER = struct.Struct("<BBqddIIIdBdddddIII")
 _EXTRA_COUNTS = struct.Struct("<II")
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
-# list of counts converts in one C call, cheaper than struct's argument unpacking (engine_hooks_ab.py)
+# list of counts converts in one C call, cheaper than struct's argument unpacking (benchmarks/engine_step_hooks.py)
 _NATIVE_U32 = _array("I").itemsize == 4 and sys.byteorder == "little"
 
 
@@ -359,7 +359,7 @@ def _choose_decode():
     steady decode batch) and hands any other record whole to ``decode_py``: the same StepRecord slots and the
     same reader cache afterwards, the same errors (tests/vllm/test_step_fast.py). Measured on the real engine,
     where vLLM's output thread runs cache-cold after each wait: decode was ~30 µs of a ~80 µs drain in
-    Python (benchmarks/drain_probe.py)."""
+    Python (a thread-CPU probe of the drain's parts)."""
     if encode_into_rings is None:
         return decode_py
     try:
