@@ -98,10 +98,13 @@ SLOW_PREFILL_INTERFERENCE = "prefill_interference"  # its decode steps carried o
 SLOW_PREEMPTION = "preemption"  # preempted until it caught up
 SLOW_BATCH_GROWTH = "batch_growth"  # its decode steps slowed as the batch grew
 SLOW_ENGINE_STARVATION = "engine_starvation"  # the engine sat idle between steps while it was pending
+# waited: its LoRA adapter was not loaded while max_loras adapters were in use
+SLOW_QUEUE_LORA_SLOT = "queue_lora_slot"
 SLOW_KV_TRANSFER = "kv_transfer"  # loading (or waiting for) its KV cache took longer than comparable loads
 SLOW_UNKNOWN = "unknown"  # the data cannot decide
-SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_PREFILL_INTERFERENCE,
-               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION, SLOW_KV_TRANSFER, SLOW_UNKNOWN)
+SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_QUEUE_LORA_SLOT,
+               SLOW_PREFILL_INTERFERENCE, SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION,
+               SLOW_KV_TRANSFER, SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
 SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause
@@ -252,3 +255,32 @@ HW_NAME = "hw.name"
 HW_TYPE = "hw.type"
 HW_VENDOR = "hw.vendor"
 GPU_THROTTLE_REASON = "llm.gpu.throttle_reason"
+
+# Ours: speculative decoding (core/spec_decode.py; docs/production-features.md). On the request span, with
+# SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS and SPEC_ACCEPTANCE_RATE above (shared with TensorRT-LLM):
+SPEC_VERIFY_STEPS = "llm.request.spec_decode.verify_steps"  # steps that verified drafts of the request
+SPEC_ACCEPTANCE_LENGTH = "llm.request.spec_decode.acceptance_length"  # 1 + accepted / verify steps
+# on llm.engine.step: requests that verified drafts, draft tokens scheduled, drafts accepted
+STEP_SPEC_DRAFTS = "llm.engine.step.spec_decode.drafts"
+STEP_SPEC_DRAFT_TOKENS = "llm.engine.step.spec_decode.draft_tokens"
+STEP_SPEC_ACCEPTED_TOKENS = "llm.engine.step.spec_decode.accepted_tokens"
+# on llm.decode.step / llm.decode.window: the request's draft tokens verified in that step (window: steps)
+STEP_DRAFTED = "llm.decode.step.drafted_tokens"
+WINDOW_DRAFTED = "llm.decode.window.drafted_tokens"
+SPEC_POSITION = "llm.spec_decode.position"  # metric attribute: the draft position (0-based)
+SPEC_TOKEN_KIND = "llm.spec_decode.token.kind"  # metric attribute: drafted | accepted
+
+# Ours: LoRA adapters (vLLM's LoRARequest: name and integer id)
+LORA_NAME = "llm.lora.name"  # on the request span, and the adapter label of every per-request metric
+LORA_ID = "llm.lora.id"
+LORA_OTHER = "other"  # the label value of adapters beyond the label cap (counted in stats())
+STEP_LORA_ADAPTERS = "llm.engine.step.lora.adapters"  # names of the adapters the step ran
+STEP_LORA_COUNT = "llm.engine.step.lora.active"  # how many adapters the step ran
+STEP_LORA_MAX = "llm.engine.step.lora.max"  # the engine's max_loras
+
+# Ours: where cache-read input tokens came from (their sum is USAGE_CACHE_READ_INPUT_TOKENS)
+CACHE_READ_LOCAL = "llm.usage.cache_read.local_tokens"  # the engine's own prefix cache
+CACHE_READ_EXTERNAL = "llm.usage.cache_read.external_tokens"  # loaded through a KV connector
+# the KV cache's element type and block size (tokens), on llm.engine.step
+STEP_KV_CACHE_DTYPE = "llm.engine.step.kv_cache.dtype"
+STEP_KV_CACHE_BLOCK_SIZE = "llm.engine.step.kv_cache.block_size"

@@ -13,3 +13,6 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 # One value per output token: the conventions' time-per-output-token boundaries.
 INTER_TOKEN_BUCKETS = TPOT_BUCKETS
+# Speculative decoding, per request: accepted / drafted, and tokens per verify step (1 + accepted / steps)
+ACCEPTANCE_RATE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+ACCEPTANCE_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)

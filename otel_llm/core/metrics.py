@@ -17,8 +17,9 @@ from opentelemetry.metrics import Meter
 
 from .. import semconv as sc
 from .sdk_metrics import CountsRecorder, bind_counts, bind_value
-from .buckets import (DURATION_BUCKETS, INTER_TOKEN_BUCKETS, PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS,
-                      TPOT_BUCKETS, TTFT_BUCKETS)
+from .buckets import (ACCEPTANCE_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, DURATION_BUCKETS, INTER_TOKEN_BUCKETS,
+                      PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS)
+from .lora import AdapterLabels
 from .slo import SLO, SLOTable
 from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 
@@ -102,6 +103,11 @@ SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     _server("llm.server.inter_token.max_gap", "s", PHASE_BUCKETS,
             "Per request, the longest gap between two engine steps that produced its tokens (a stall detector)",
             "max_gap"),
+    _server("llm.server.spec_decode.acceptance_rate", "1", ACCEPTANCE_RATE_BUCKETS,
+            "Per request with speculative decoding, accepted draft tokens over drafted ones", "spec_acceptance_rate"),
+    _server("llm.server.spec_decode.acceptance_length", "{token}", ACCEPTANCE_LENGTH_BUCKETS,
+            "Per request with speculative decoding, tokens per verify step (1 + accepted drafts / verify steps; "
+            "the target model's own token included, as vLLM's mean acceptance length)", "spec_acceptance_length"),
 )
 # One value per output token after the first, for every request: recorded as each request's bucket counts
 # (core/inter_token.py, core/sdk_metrics.py), not through ``HistogramSpec.value``.
@@ -116,6 +122,7 @@ OUTPUT_CHARACTERS = "llm.server.output.characters"
 REQUESTS = "llm.server.requests"
 GOOD_REQUESTS = "llm.server.requests.good"
 SLO_BREACHES = "llm.server.slo.breaches"
+SPEC_TOKENS = "llm.server.spec_decode.tokens"
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class MetricSet:
     noun: str = "request"
     slo_breaches: str | None = None  # a counter of breaches by objective and slow cause
     inter_token: HistogramSpec | None = None  # per-token latencies, from RequestSummary.gaps' bucket counts
+    spec_tokens: str | None = None  # a counter of speculative draft tokens, drafted and accepted
 
     @property
     def token_usage_spec(self) -> InstrumentSpec:
@@ -159,15 +167,22 @@ class MetricSet:
             f"({sc.SLO_OBJECTIVE}) and slow cause ({sc.SLOW_CAUSE}; unknown where none was decided)",
             kind="counter", attributes=(sc.SLO_OBJECTIVE, sc.SLOW_CAUSE)) if self.slo_breaches else None
 
+    @property
+    def spec_tokens_spec(self) -> InstrumentSpec | None:
+        return InstrumentSpec(
+            self.spec_tokens, TOKEN_UNIT,
+            f"Speculative draft tokens of finished {self.noun}s by {sc.SPEC_TOKEN_KIND}: drafted (verified by the "
+            "target model) and accepted", kind="counter", attributes=(sc.SPEC_TOKEN_KIND,)) if self.spec_tokens else None
+
     def instruments(self) -> tuple[InstrumentSpec, ...]:
         """Every instrument of the set but the histograms, in the docs table's order."""
         specs = (self.token_usage_spec, self.characters_spec, self.requests_spec, self.good_requests_spec,
-                 self.slo_breaches_spec)
+                 self.slo_breaches_spec, self.spec_tokens_spec)
         return tuple(spec for spec in specs if spec is not None)
 
 
 SERVER_METRICS = MetricSet(SERVER_HISTOGRAMS, TOKEN_USAGE, REQUESTS, GOOD_REQUESTS, OUTPUT_CHARACTERS,
-                           slo_breaches=SLO_BREACHES, inter_token=INTER_TOKEN_LATENCY)
+                           slo_breaches=SLO_BREACHES, inter_token=INTER_TOKEN_LATENCY, spec_tokens=SPEC_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -182,6 +197,7 @@ class Instruments:
     good: Any
     breaches: Any | None
     inter_token: tuple[Any, Any] | None = None  # (its spec, the histogram): a request's gap counts, added whole
+    spec_tokens: Any | None = None  # speculative draft tokens, by llm.spec_decode.token.kind (drafted, accepted)
 
 
 class RequestMetrics:
@@ -206,9 +222,12 @@ class RequestMetrics:
         self._itl = (itl, meter.create_histogram(itl.name, unit=itl.unit, description=itl.description,
                                                  explicit_bucket_boundaries_advisory=list(itl.buckets))
                      ) if itl is not None else None
+        spec_tokens = metric_set.spec_tokens_spec
+        self._spec_tokens = create(meter, spec_tokens) if spec_tokens is not None else None
         self.instruments = Instruments(tuple(self._histograms), self._tokens, self._chars, self._requests, self._good,
-                                       self._breaches, self._itl)
+                                       self._breaches, self._itl, self._spec_tokens)
         self._attr_cache = FirstN(4096)  # a process's label sets are few; a flood of new ones is not remembered
+        self.adapters = AdapterLabels()  # the LoRA adapter label: bounded (adapter names come from users)
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
         return self._slos.for_model(s.model).breaches(s)
@@ -216,6 +235,8 @@ class RequestMetrics:
     def record(self, s: RequestSummary, context: Context | None = None,
                extra: tuple[tuple[str, Any], ...] = ()) -> bool:
         """Record one request; returns whether it met every SLO (and did not fail)."""
+        if s.lora is not None:
+            extra = extra + ((sc.LORA_NAME, self.adapters.label(s.lora)),)
         b = self._bound(s, extra)
         for value_of, record in b.histograms:
             value = value_of(s)
@@ -230,6 +251,10 @@ class RequestMetrics:
         if s.gaps is not None and b.inter_token is not None:
             g = s.gaps
             b.inter_token(g.counts, g.total, g.lo, g.hi)
+        if s.spec_draft_tokens is not None and b.spec_drafted is not None:
+            b.spec_drafted(s.spec_draft_tokens, context)
+            if s.spec_accepted_tokens is not None:
+                b.spec_accepted(s.spec_accepted_tokens, context)
         missed = b.slo.breaches(s)
         good = not s.failed and not missed
         b.requests(1, context)
@@ -250,6 +275,8 @@ class RequestMetrics:
             attrs[sc.REQUEST_MODEL] = s.model
         if s.error_type:
             attrs[sc.ERROR_TYPE] = s.error_type
+        if s.lora is not None:  # (the SDK's record passes its bounded label in ``extra``, which wins)
+            attrs[sc.LORA_NAME] = s.lora
         attrs.update(extra)
         return attrs
 
@@ -266,7 +293,10 @@ class RequestMetrics:
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
                 _Breaches(self._breaches, attrs) if self._breaches is not None else None,
-                bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None)
+                bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None,
+                *((_bind(self._spec_tokens, {**attrs, sc.SPEC_TOKEN_KIND: "drafted"}),
+                   _bind(self._spec_tokens, {**attrs, sc.SPEC_TOKEN_KIND: "accepted"}))
+                  if self._spec_tokens is not None else (None, None)))
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
 
@@ -303,6 +333,8 @@ class _Bound:
     slo: SLO  # the model's objectives (the model is part of the label set)
     breaches: "_Breaches | None"
     inter_token: CountsRecorder | None  # adds one request's inter-token bucket counts
+    spec_drafted: Recorder | None  # speculative draft tokens (kind drafted / accepted)
+    spec_accepted: Recorder | None
 
 
 class _Breaches:
@@ -371,7 +403,13 @@ STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
 STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
                        "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)",
                        kind="counter", attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
-STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU)
+SPEC_POSITION_TOKENS = InstrumentSpec(
+    "llm.server.spec_decode.position.tokens", "{token}",
+    f"Speculative draft tokens by draft position ({sc.SPEC_POSITION}, 0-based) and {sc.SPEC_TOKEN_KIND} (drafted, "
+    "accepted), over every engine step: accepted / drafted at a position is its acceptance rate (vLLM's "
+    "num_accepted_tokens_per_pos over num_draft_tokens_per_pos)", kind="counter",
+    attributes=(sc.SPEC_POSITION, sc.SPEC_TOKEN_KIND))
+STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU, SPEC_POSITION_TOKENS)
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
 _HW = (sc.HW_ID, sc.HW_NAME, sc.HW_TYPE, sc.HW_VENDOR)
 GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1",

@@ -25,6 +25,7 @@ from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
 from ..guard import GUARD
 from .inter_token import gap_summary
+from .lora import AdapterNames
 from .materializer import Materializer
 from . import self_metrics
 from .metrics import ServerMetrics
@@ -33,6 +34,7 @@ from .sampling import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePoli
 from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
+from .spec_decode import add_to_requests
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
 
@@ -126,6 +128,7 @@ class Pipeline:
         # the order they started: the first one's ``steps_from`` is the oldest step that may still be theirs
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
+        self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
@@ -148,6 +151,7 @@ class Pipeline:
     def stats(self) -> dict[str, int]:
         """What happened to the telemetry so far: requests kept, spans sent and dropped (counts)."""
         out = dict(vars(self.counts))
+        out["lora_labels_collapsed"] = self.metrics.adapters.collapsed
         wire = self.spans.direct
         if wire is not None:
             out["direct_spans_sent"] = wire.counts.spans_sent
@@ -165,6 +169,8 @@ class Pipeline:
             return False
         rid = timeline.request_id
         self.requests[rid] = timeline
+        if timeline.lora_id is not None:
+            self.adapters.note(timeline.lora_id, timeline.lora_name)
         timeline.steps_from = self._seq + 1
         with self._steps_lock:
             unsettled = self._unsettled
@@ -191,6 +197,8 @@ class Pipeline:
                 t = requests.get(ids[i])
                 if t is not None:
                     t.chunks.append(PrefillChunk(step_id, start, end, n))
+        if step.spec is not None:  # speculative decoding: each request's drafts and acceptances, as counted
+            add_to_requests(step.spec, ids, requests)
         self.window.add(step, prefill_tokens, len(ids) - len(prefill_at))
         if not ids:
             return
@@ -287,6 +295,10 @@ class Pipeline:
         if t is None:  # untracked: metrics only (no token stamps: no inter-token latencies)
             self.metrics.record(s)
             return NOT_SAMPLED
+        if t.spec is not None and s.spec_draft_tokens is None:
+            s.spec_verify_steps, s.spec_draft_tokens, s.spec_accepted_tokens = t.spec
+        if t.lora_name is not None and s.lora is None:
+            s.lora = t.lora_name
         group = t.group
         if group is not None:  # one of n sequences: the user request is decided, and traced, as one
             group.finished.append((t, s))
@@ -510,6 +522,9 @@ class Pipeline:
             except Exception as exc:  # the step span still goes out, without the diagnosis
                 GUARD.failed("engine step diagnosis", exc)
                 extra = None
+            if step.loras:
+                extra = dict(extra or ())
+                extra.update(self.adapters.step_attributes(step.loras, self.window.max_loras))
             self.spans.engine_step(step, WallClock(), self.engine, extra)
             self.counts.steps_emitted += 1
 

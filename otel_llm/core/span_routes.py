@@ -33,13 +33,15 @@ class Rows(Protocol):
     and encoded here, by the route: added in order, finished by ``close``."""
 
     def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
-             own_prefill_tokens: int) -> None:
+             own_prefill_tokens: int, drafted: int | None = None) -> None:
         """An ``llm.decode.step`` span: token ``index``, its ``tokens``, and the facts of the engine step
-        that produced it (``step``; ``own_prefill_tokens``: this request's own prefill in that step)."""
+        that produced it (``step``; ``own_prefill_tokens``: this request's own prefill in that step;
+        ``drafted``: the draft tokens it verified there, None without speculative decoding)."""
 
     def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
-               gap_max: float) -> None:
-        """An ``llm.decode.window`` span: tokens ``first``..``last``, their count and gaps."""
+               gap_max: float, drafted: int | None = None) -> None:
+        """An ``llm.decode.window`` span: tokens ``first``..``last``, their count and gaps (``drafted``:
+        the draft tokens verified over them, None without speculative decoding or a known step)."""
 
     def close(self) -> None: ...
 
@@ -75,17 +77,21 @@ class _ApiRows:
         self._facts = facts
 
     def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
-             own_prefill_tokens: int) -> None:
+             own_prefill_tokens: int, drafted: int | None = None) -> None:
         attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+        if drafted is not None:
+            attrs[sc.STEP_DRAFTED] = drafted
         if step is not None:
             attrs.update(self._facts.get(step, own_prefill_tokens))
         self._tracer.start_span(sc.SPAN_DECODE_STEP, context=self._ctx, start_time=start,
                                 attributes=attrs).end(end_time=end)
 
     def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
-               gap_max: float) -> None:
+               gap_max: float, drafted: int | None = None) -> None:
         attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
                  sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max}
+        if drafted is not None:
+            attrs[sc.WINDOW_DRAFTED] = drafted
         self._tracer.start_span(sc.SPAN_DECODE_WINDOW, context=self._ctx, start_time=start,
                                 attributes=attrs).end(end_time=end)
 

@@ -71,6 +71,7 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
         a.update(handoff_attributes(t.handoff))
     if s.gaps is not None:  # compact: the histogram's bucket counts, so a collector can add them up
         a[sc.LATENCY_ITL_COUNTS] = tuple(s.gaps.counts)
+    a.update(feature_attributes(t, s))
     a[sc.NUM_PREEMPTIONS] = s.num_preemptions
     a[sc.SLO_MET] = slo_met
     if breached:
@@ -84,6 +85,26 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
             a[sc.INPUT_MESSAGES] = input_messages([("user", t.prompt_text)])
         if t.output_text is not None:
             a[sc.OUTPUT_MESSAGES] = output_messages({0: [t.output_text]}, [t.finish_reason] if t.finish_reason else [])
+    return a
+
+
+MAX_ADAPTER_NAME = 256  # characters of a LoRA adapter's name kept on a span (names come from users)
+
+
+def feature_attributes(t: RequestTimeline, s: RequestSummary) -> dict[str, Any]:
+    """The production features' request facts: speculative decoding, the LoRA adapter, cache reads by source."""
+    a: dict[str, Any] = {}
+    for key, value in ((sc.SPEC_VERIFY_STEPS, s.spec_verify_steps), (sc.SPEC_DRAFT_TOKENS, s.spec_draft_tokens),
+                       (sc.SPEC_ACCEPTED_TOKENS, s.spec_accepted_tokens),
+                       (sc.SPEC_ACCEPTANCE_RATE, s.spec_acceptance_rate),
+                       (sc.SPEC_ACCEPTANCE_LENGTH, s.spec_acceptance_length),
+                       (sc.CACHE_READ_LOCAL, s.cache_read_local), (sc.CACHE_READ_EXTERNAL, s.cache_read_external)):
+        if value is not None:
+            a[key] = value
+    if t.lora_name is not None:
+        a[sc.LORA_NAME] = t.lora_name[:MAX_ADAPTER_NAME]
+    if t.lora_id is not None:
+        a[sc.LORA_ID] = t.lora_id
     return a
 
 
@@ -152,6 +173,7 @@ def choice_attributes(t: RequestTimeline, s: RequestSummary, slo_met: bool,
     ):
         if value is not None:
             a[key] = value
+    a.update(feature_attributes(t, s))
     a[sc.NUM_PREEMPTIONS] = s.num_preemptions
     a[sc.SLO_MET] = slo_met
     if breached:
@@ -380,6 +402,7 @@ class SpanBuilder:
         if rows.coalesced:
             decode.set_attribute(sc.EVENTFUL_COALESCED, rows.coalesced)
         offset = clock.offset_ns
+        rid = t.request_id
         out = self._route.rows(decode, len(rows.rows), facts)  # the route encodes them
         prev = first_ns
         for k, (a, b) in enumerate(rows.rows):
@@ -391,12 +414,14 @@ class SpanBuilder:
                 step = by_token.get(a)
                 if step is not None:
                     linked.add(step.step_id)
-                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, step, own.get(step.step_id, 0))
+                    drafted = _drafted(step, rid) if step.spec is not None else None
+                    out.step(prev, now, a, t.tokens_at(a) if multi else 1, step, own.get(step.step_id, 0), drafted)
                 else:
                     out.step(prev, now, a, t.tokens_at(a) if multi else 1, None, 0)
             else:
                 tokens = sum(t.tokens_at(i) for i in range(a, b + 1)) if multi else b - a + 1
-                out.window(prev, now, tokens, a, b, (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b]))
+                drafted = _window_drafted(by_token, rid, a, b) if t.spec is not None else None
+                out.window(prev, now, tokens, a, b, (ts[b] - ts[a - 1]) / tokens, max(gaps[a - 1:b]), drafted)
             prev = now
         out.close()
 
@@ -420,6 +445,11 @@ class SpanBuilder:
         }
         if step.kv_cache_usage is not None:
             attrs[sc.STEP_KV_CACHE_USAGE] = step.kv_cache_usage
+        spec = step.spec
+        if spec is not None:  # speculative decoding: what this step verified, as the scheduler counted it
+            attrs[sc.STEP_SPEC_DRAFTS] = spec.drafts
+            attrs[sc.STEP_SPEC_DRAFT_TOKENS] = spec.draft_tokens
+            attrs[sc.STEP_SPEC_ACCEPTED_TOKENS] = spec.accepted_tokens
         if extra:
             attrs.update(extra)  # anatomy, roofline, GPU sample (core/diagnosis)
         if step.queue_blocked:
@@ -439,6 +469,27 @@ class SpanBuilder:
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
 _YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms of work)
 _SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
+
+
+def _drafted(step: StepRecord, request_id: str) -> int:
+    """The draft tokens the request verified in ``step`` (0: it had none there). O(the step's drafts)."""
+    spec, ids = step.spec, step.ids
+    for i, d in zip(spec.at, spec.drafted):
+        if ids[i] == request_id:
+            return d
+    return 0
+
+
+def _window_drafted(by_token: dict[int, StepRecord], request_id: str, a: int, b: int) -> int | None:
+    """The draft tokens the request verified over the steps of tokens a..b; None where no step is known."""
+    total, known = 0, False
+    for i in range(a, b + 1):
+        step = by_token.get(i)
+        if step is not None:
+            known = True
+            if step.spec is not None:
+                total += _drafted(step, request_id)
+    return total if known else None
 
 
 def yield_gil() -> None:

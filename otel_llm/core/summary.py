@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import semconv as sc
 from .inter_token import GapSummary, from_counts
+from .spec_decode import acceptance_length, acceptance_rate
 
 
 @dataclass(slots=True)
@@ -39,6 +40,14 @@ class RequestSummary:
     slow_cause: str | None = None  # the slow-cause verdict (llm.slow.cause), where one was made
     max_gap: float | None = None  # the longest gap between two steps that produced tokens (seconds)
     gaps: GapSummary | None = None  # the bucketed inter-token latencies (core/inter_token.py)
+    # speculative decoding as the scheduler counted it (core/spec_decode.py); None: no drafts verified
+    spec_verify_steps: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    lora: str | None = None  # the LoRA adapter's name (a metric label, bounded by the metrics layer)
+    # cache-read input tokens by source, where the engine tells them apart (their sum: prefix_cache_hit_tokens)
+    cache_read_local: int | None = None
+    cache_read_external: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -55,6 +64,14 @@ class RequestSummary:
         if self.output_characters is not None and self.e2e:
             return self.output_characters / self.e2e
         return None
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        return acceptance_rate(self.spec_draft_tokens, self.spec_accepted_tokens)
+
+    @property
+    def spec_acceptance_length(self) -> float | None:
+        return acceptance_length(self.spec_verify_steps, self.spec_accepted_tokens)
 
     @staticmethod
     def mean_tpot(decode: float | None, output_tokens: int | None) -> float | None:
@@ -222,6 +239,12 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.SLOW_CAUSE, "slow_cause", "str"),
         (sc.LATENCY_MAX_GAP, "max_gap", "float"),
         (sc.LATENCY_ITL_COUNTS, "gaps", "counts"),
+        (sc.SPEC_VERIFY_STEPS, "spec_verify_steps", "int"),
+        (sc.SPEC_DRAFT_TOKENS, "spec_draft_tokens", "int"),
+        (sc.SPEC_ACCEPTED_TOKENS, "spec_accepted_tokens", "int"),
+        (sc.LORA_NAME, "lora", "str"),
+        (sc.CACHE_READ_LOCAL, "cache_read_local", "int"),
+        (sc.CACHE_READ_EXTERNAL, "cache_read_external", "int"),
     )
 }
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)

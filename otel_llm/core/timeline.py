@@ -44,6 +44,13 @@ class RequestTimeline:
     events: list[tuple[int, float]] = field(default_factory=list)
     token_ts: list[float] = field(default_factory=list)
     multi_token_steps: dict[int, int] | None = None  # index in token_ts -> tokens, only when > 1 (spec decode)
+    # speculative decoding as the scheduler counted it: [verify steps, draft tokens, accepted drafts], added
+    # by the pipeline from each step's SpecStep (core/spec_decode.py); None: no step verified drafts of it
+    spec: list[int] | None = None
+    lora_name: str | None = None  # the LoRA adapter that served it (vLLM's LoRARequest), None: the base model
+    lora_id: int | None = None
+    # cache-read prompt tokens by source, where the engine reports them: (local prefix cache, KV connector)
+    cache_sources: tuple[int, int] | None = None
     # the engine steps that served it (ids, in order): filled at finish by the pipeline, for the requests
     # whose verdict needs them (core/pipeline.py: steps are linked lazily, not per token)
     steps: list[int] = field(default_factory=list)
@@ -145,7 +152,7 @@ class StepRecord:
 
     __slots__ = ("step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
                  "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-                 "output_s", "idle_s", "model_s", "contexts", "members")
+                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras")
 
     def __init__(self, step_id: int, start: float, end: float, requests: Iterable[tuple[str, int, bool]] = (),
                  running: int = 0, waiting: int = 0, preempted: int = 0, kv_cache_usage: float | None = None,
@@ -178,6 +185,10 @@ class StepRecord:
         # (parallel to ``ids``); a prefill chunk covers positions context .. context + tokens - 1
         self.contexts = contexts
         self.members: frozenset[str] | set[str] | None = None  # set(ids), built when a lookup needs it
+        # speculative decoding: the shares that verified drafts, with their counts (core/spec_decode.py)
+        self.spec: Any = None  # SpecStep | None
+        # the LoRA adapters (integer ids) the step ran, where the engine serves adapters; None: none
+        self.loras: tuple[int, ...] | None = None
 
     @classmethod
     def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
@@ -191,7 +202,7 @@ class StepRecord:
         step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
         step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, _NO_LINKS
         step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
-        step.contexts = step.members = None
+        step.contexts = step.members = step.spec = step.loras = None
         return step
 
     @property

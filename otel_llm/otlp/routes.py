@@ -50,23 +50,27 @@ class _WireRows:
         return self._ids[n] if n < len(self._ids) else w.span_ids(1)[0]
 
     def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
-             own_prefill_tokens: int) -> None:
+             own_prefill_tokens: int, drafted: int | None = None) -> None:
         rows = self._step_rows
         if rows is None:
             rows = self._step_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_STEP)
         attributes = _STEP_INDEX(index) + (_ONE_TOKEN if tokens == 1 else _STEP_TOKENS(tokens))
+        if drafted is not None:
+            attributes += _STEP_DRAFTED(drafted)
         if step is not None:
             attributes += self._encoded.get(self._facts, step, own_prefill_tokens)
         self._parts.append(rows.encode(self._span_id(), start, end, attributes))
 
     def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
-               gap_max: float) -> None:
+               gap_max: float, drafted: int | None = None) -> None:
         rows = self._window_rows
         if rows is None:
             rows = self._window_rows = w.SiblingSpans(self._parent, sc.SPAN_DECODE_WINDOW)
         # the five attributes in the order of the dict the other routes build (names encoded once)
         attributes = (_WINDOW_TOKENS(tokens) + _WINDOW_FIRST(first) + _WINDOW_LAST(last) + _WINDOW_MEAN(gap_mean)
                       + _WINDOW_MAX(gap_max))
+        if drafted is not None:
+            attributes += _WINDOW_DRAFTED(drafted)
         self._parts.append(rows.encode(self._span_id(), start, end, attributes))
 
     def close(self) -> None:
@@ -162,3 +166,5 @@ _WINDOW_FIRST = w.IntAttribute(sc.WINDOW_FIRST_INDEX)
 _WINDOW_LAST = w.IntAttribute(sc.WINDOW_LAST_INDEX)
 _WINDOW_MEAN = w.FloatAttribute(sc.WINDOW_GAP_MEAN)
 _WINDOW_MAX = w.FloatAttribute(sc.WINDOW_GAP_MAX)
+_STEP_DRAFTED = w.IntAttribute(sc.STEP_DRAFTED)
+_WINDOW_DRAFTED = w.IntAttribute(sc.WINDOW_DRAFTED)

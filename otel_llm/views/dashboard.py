@@ -229,6 +229,32 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 )
 
 
+
+def _production_features() -> tuple[str, tuple[PanelSpec, ...]]:
+    """Speculative decoding and LoRA adapters (docs/production-features.md). Engines that run neither have
+    none of these series: the queries end in "or vector(0)" (0 there: the feature is off)."""
+    spec_tokens = counter(m.SERVER_METRICS.spec_tokens_spec)
+    kind, adapter = label(sc.SPEC_TOKEN_KIND), label(sc.LORA_NAME)
+    accepted = _rate_sum(spec_tokens, extra=f', {kind}="accepted"')
+    drafted = _rate_sum(spec_tokens, extra=f', {kind}="drafted"')
+    requests = counter(m.SERVER_METRICS.requests_spec)
+    return ("Speculative decoding and LoRA adapters", (
+        PanelSpec("Draft acceptance rate", "Accepted over drafted speculative tokens per model (vLLM's "
+                  "draft_acceptance_rate; 0: no speculative decoding)",
+                  (Query(f"({accepted}) / ({drafted}) or vector(0)", "{{" + MODEL + "}}"),), "percentunit",
+                  zero_normal=True),
+        PanelSpec("Drafted and accepted tokens/s", "Speculative draft tokens per second by kind",
+                  (Query(f"sum by ({MODEL}, {kind}) (rate({spec_tokens}{{{SEL}}}[{RATE}])) or vector(0)",
+                         "{{" + kind + "}} {{" + MODEL + "}}"),), "short", zero_normal=True),
+        PanelSpec("Requests by LoRA adapter", "Finished requests per second per adapter (llm.lora.name; other: "
+                  "adapters beyond the label cap)",
+                  (Query(f'sum by ({adapter}) (rate({requests}{{{SEL}, {adapter}!=""}}[{RATE}])) or vector(0)',
+                         "{{" + adapter + "}}"),), "reqps", stacked=True, zero_normal=True),
+    ))
+
+
+PANELS = PANELS + (_production_features(),)
+
 def _panel(spec: PanelSpec, width: int, panel_id: int):
     if spec.kind == "stat":
         p = stat.Panel().reduce_options(ReduceDataOptions().calcs(["lastNotNull"]))

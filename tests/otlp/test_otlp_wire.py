@@ -495,6 +495,7 @@ def _full_detail_request(multi: bool):
     """A kept request with everything full detail writes: two prefill chunks (one step shared with another
     request's prompt), a preemption, decode steps whose engine steps carry facts (others' prefill, anatomy),
     stalls kept as rows and windows between them; ``multi``: speculative steps of several tokens."""
+    from otel_llm.core.spec_decode import SpecStep
     from otel_llm.core.timeline import PREEMPTED, PrefillChunk, RequestShare, StepRecord
 
     base = 1000.0
@@ -511,6 +512,8 @@ def _full_detail_request(multi: bool):
             shares.append(RequestShare("p", 24, True))
         step = StepRecord(10 + i, ts, ts + gap, shares, running=3, waiting=1, preempted=int(i == 21))
         step.model_s, step.execute_s, step.idle_s = gap * 0.8, gap * 0.9, 1e-5 * i
+        if multi and i % 2 == 0:  # verified drafts: the rows' drafted counts (one accepted where it made 2)
+            step.spec = SpecStep([0], [2], [shares[0].tokens - 1])
         steps.append(step)
         ts += gap
         t.add_tokens(ts, shares[0].tokens)
@@ -518,6 +521,9 @@ def _full_detail_request(multi: bool):
     t.token_ts.insert(0, base + 0.03)
     if t.multi_token_steps:  # the first token was inserted in front: shift the multi-token indices
         t.multi_token_steps = {i + 1: n for i, n in t.multi_token_steps.items()}
+    if multi:
+        t.spec = [sum(1 for st in steps if st.spec), sum(st.spec.draft_tokens for st in steps if st.spec),
+                  sum(sum(st.spec.accepted) for st in steps if st.spec)]
     e2e = ts - base
     s = RequestSummary(model="m", ttft=0.03, e2e=e2e, queue=0.01, prefill=0.02, decode=e2e - 0.03, tpot=0.012,
                        input_tokens=48, output_tokens=len(t.token_ts))
@@ -543,16 +549,20 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
             self._parts.append(wire.SiblingSpans(self._parent, name).encode(self._span_id(), start, end,
                                                                             wire.attributes(attrs)))
 
-        def step(self, start, end, index, tokens, step, own_prefill_tokens):
+        def step(self, start, end, index, tokens, step, own_prefill_tokens, drafted=None):
             attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
+            if drafted is not None:
+                attrs[sc.STEP_DRAFTED] = drafted
             if step is not None:
                 attrs.update(self._facts.get(step, own_prefill_tokens))
             self._row(sc.SPAN_DECODE_STEP, start, end, attrs)
 
-        def window(self, start, end, tokens, first, last, gap_mean, gap_max):
-            self._row(sc.SPAN_DECODE_WINDOW, start, end, {
-                sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
-                sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max})
+        def window(self, start, end, tokens, first, last, gap_mean, gap_max, drafted=None):
+            attrs = {sc.WINDOW_TOKENS: tokens, sc.WINDOW_FIRST_INDEX: first, sc.WINDOW_LAST_INDEX: last,
+                     sc.WINDOW_GAP_MEAN: gap_mean, sc.WINDOW_GAP_MAX: gap_max}
+            if drafted is not None:
+                attrs[sc.WINDOW_DRAFTED] = drafted
+            self._row(sc.SPAN_DECODE_WINDOW, start, end, attrs)
 
     sent: list[tuple[bytes, int]] = []
     monkeypatch.setattr(DirectExport, "add", lambda self, spans, count, frame=None: sent.append((spans, count)) or True)
@@ -578,4 +588,7 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
     # everything was there to compare: chunks, a preemption's spans, decode-step rows and windows
     for name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_REQUEUE, sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW):
         assert name in names, name
+    if multi:  # and the draft counts, on both kinds of row
+        blob = b"".join(b for b, _ in out[True])
+        assert sc.STEP_DRAFTED.encode() in blob and sc.WINDOW_DRAFTED.encode() in blob
     tp.shutdown()

@@ -26,9 +26,10 @@ _INPUT_TOKENS = attrgetter("input_tokens")
 _OUTPUT_TOKENS = attrgetter("output_tokens")
 
 
-# What a request's label set depends on (with the caller's ``extra``): (model, operation, provider, error_type).
+# What a request's label set depends on (with the caller's ``extra``): (model, operation, provider, error_type,
+# LoRA adapter).
 # An attrgetter builds the tuple in C: no Python frame per request (called once or twice per request span).
-label_key: Callable[[RequestSummary], tuple] = attrgetter("model", "operation", "provider", "error_type")
+label_key: Callable[[RequestSummary], tuple] = attrgetter("model", "operation", "provider", "error_type", "lora")
 
 
 class LabelSetCache(Protocol):
@@ -51,6 +52,7 @@ class BoundSet:
     slo: SLO
     breaches: "_Breaches | None"
     inter_token: Callable[..., None] | None  # adds one request's inter-token bucket counts (its gap summary)
+    spec_tokens: tuple[Callable[..., None], Callable[..., None]] | None  # speculative (drafted, accepted) adds
 
 
 class BatchMetrics:
@@ -105,6 +107,12 @@ class BatchMetrics:
                             breaches.recorder(objective, s.slow_cause)(1)
                 elif s.error_type is None:
                     n_good += 1
+            if b.spec_tokens is not None:
+                drafted = [s.spec_draft_tokens for s in group if s.spec_draft_tokens is not None]
+                if drafted:
+                    accepted = [s.spec_accepted_tokens for s in group if s.spec_accepted_tokens is not None]
+                    b.spec_tokens[0](sum(d for d in drafted if d >= 0))
+                    b.spec_tokens[1](sum(a for a in accepted if a >= 0))
             if b.chars is not None:
                 # a negative count is ignored by a counter's add, so it must not lower the sum either
                 chars = [s.output_characters for s in group
@@ -130,7 +138,10 @@ class BatchMetrics:
                              ins.chars.bind(attrs, held) if ins.chars is not None else None,
                              ins.requests.bind(attrs, held), ins.good.bind(attrs, held), self._slos.for_model(s.model),
                              _Breaches(ins.breaches, attrs) if ins.breaches is not None else None,
-                             ins.inter_token[1].bind_counts(attrs, held) if ins.inter_token is not None else None)
+                             ins.inter_token[1].bind_counts(attrs, held) if ins.inter_token is not None else None,
+                             (ins.spec_tokens.bind({**attrs, sc.SPEC_TOKEN_KIND: "drafted"}, held),
+                              ins.spec_tokens.bind({**attrs, sc.SPEC_TOKEN_KIND: "accepted"}, held))
+                             if ins.spec_tokens is not None else None)
             self._cache.put(key, found)  # bounded by the cache: label values come from clients
         return found
 

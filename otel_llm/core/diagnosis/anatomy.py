@@ -21,7 +21,7 @@ from itertools import repeat
 from typing import Any, Sequence
 
 from ... import semconv as sc
-from ..metrics import STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
+from ..metrics import SPEC_POSITION_TOKENS, STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
 from ..sdk_metrics import bind_counts, bind_value, fast_path
 from ..inter_token import sorted_gap_summary
 from ..timeline import StepRecord
@@ -61,7 +61,20 @@ def cost(shape: ModelShape, step: StepRecord) -> StepCost | None:
         return None
     if step.tokens is None:
         return decode_step_cost(shape, contexts)
-    return step_cost(shape, work(step))
+    spec = step.spec
+    return step_cost(shape, work(step), spec.draft_tokens if spec is not None else 0)
+
+
+def kv_cache_facts(cache_dtype: Any, block_size: Any, model_dtype: Any = None) -> dict[str, Any]:
+    """The KV cache's element type and block size as step-span attributes (``auto``: the model's dtype)."""
+    out: dict[str, Any] = {}
+    if cache_dtype in (None, "auto"):
+        cache_dtype = str(model_dtype).rsplit(".", 1)[-1] if model_dtype is not None else None
+    if cache_dtype is not None:
+        out[sc.STEP_KV_CACHE_DTYPE] = str(cache_dtype)
+    if isinstance(block_size, int) and block_size > 0:
+        out[sc.STEP_KV_CACHE_BLOCK_SIZE] = block_size
+    return out
 
 
 def measured_time(step: StepRecord) -> float | None:
@@ -76,6 +89,7 @@ class StepDiagnosis:
         self.shape: ModelShape | None = None
         self.peaks: DevicePeaks | None = None
         self.sampler: Any = None  # GpuSampler
+        self.kv_cache: dict[str, Any] = {}  # the KV cache's dtype and block size, for step spans (the adapter sets)
         self._meter = meter
         self._bound: dict[tuple, Any] = {}
         if meter is not None:
@@ -83,6 +97,7 @@ class StepDiagnosis:
             self._mfu = create(meter, STEP_MFU)
             self._mbu = create(meter, STEP_MBU)
             self._steps = create(meter, STEPS)
+            self._positions = create(meter, SPEC_POSITION_TOKENS)
         # (instrument, phase, part, bound) -> a recorder bound to that label set: a step's metrics are
         # six calls, each through the SDK's public API several times what the step's bookkeeping costs
         self._recorders: dict[tuple, Any] = {}
@@ -115,7 +130,7 @@ class StepDiagnosis:
 
     def attributes(self, step: StepRecord) -> dict[str, Any]:
         """Anatomy, roofline and the nearest GPU sample, for the step's span."""
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict(self.kv_cache)
         for key, value in ((sc.STEP_SCHEDULE_TIME, step.schedule_s), (sc.STEP_EXECUTE_TIME, step.execute_s),
                            (sc.STEP_MODEL_TIME, step.model_s), (sc.STEP_OUTPUT_TIME, step.output_s),
                            (sc.STEP_IDLE_BEFORE, step.idle_s)):
@@ -173,6 +188,32 @@ class StepDiagnosis:
                     self._add_durations(phase, part, got)
         for (phase, bound), n in counted.items():
             rec(self._steps, phase, None, bound)(n, None)
+        self._record_positions(steps)
+
+    def _record_positions(self, steps: Sequence[StepRecord]) -> None:
+        """Speculative drafts and acceptances by draft position, summed over the batch: one add per
+        (position, kind); nothing for a batch without drafts."""
+        drafted: list[int] = []
+        accepted: list[int] = []
+        for step in steps:
+            spec = step.spec
+            if spec is None:
+                continue
+            d, a = spec.per_position()
+            if len(d) > len(drafted):
+                drafted.extend([0] * (len(d) - len(drafted)))
+                accepted.extend([0] * (len(d) - len(accepted)))
+            for i, (x, y) in enumerate(zip(d, a)):
+                drafted[i] += x
+                accepted[i] += y
+        for i, (x, y) in enumerate(zip(drafted, accepted)):
+            for kind, n in (("drafted", x), ("accepted", y)):
+                key = (SPEC_POSITION_TOKENS.name, i, kind)
+                record = self._recorders.get(key)
+                if record is None:
+                    record = self._recorders[key] = bind_value(
+                        self._positions, {sc.SPEC_POSITION: i, sc.SPEC_TOKEN_KIND: kind})
+                record(n, None)
 
     def _add_durations(self, phase: str, part: str, values: list[float]) -> None:
         """Values of one (phase, part) series: bucket counts, sum, min and max added to the SDK's

@@ -10,13 +10,15 @@ token uses):
   FLOPs  = 2 * P * T                                 every matmul of the layers, per token
          + 4 * L * H * d * sum(n*c + n*(n+1)/2)      causal attention: QK^T and AV over the keys
                                                      each token sees (position + 1)
-         + 2 * h * V * R                             the LM head, on the sampled position only
+         + 2 * h * V * (R + D)                       the LM head, on each sampled position: one per
+                                                     request, plus each speculative draft token the
+                                                     step verified (D; its n counts them already)
   bytes  = b_w * (W + V*h + T*h)                     weights read once per step (W: the layers'
                                                      weights the step touches), LM head, embedding rows
          + 2 * L * K * d * b_kv * sum(c + n)         KV cache read (every key a token attends to)
          + 2 * L * K * d * b_kv * T                  KV cache written (this step's tokens)
          + b_a * T * L * (4h + 2(H+K)d + 3*I_act)    activations in and out of each matmul
-         + b_a * R * (h + V)                         LM head input and logits
+         + b_a * (R + D) * (h + V)                   LM head input and logits
   intensity = FLOPs / bytes; ridge = peak FLOP/s / peak B/s
   bound = compute if intensity >= ridge else memory
   predicted time = max(FLOPs / peak FLOP/s, bytes / peak B/s)
@@ -143,8 +145,9 @@ class StepCost:
         return self.flops / self.bytes if self.bytes else 0.0
 
 
-def step_cost(shape: ModelShape, work: Iterable[tuple[int, int]]) -> StepCost:
-    """FLOPs and bytes of one step; ``work`` is (tokens n, context c) per request in the step."""
+def step_cost(shape: ModelShape, work: Iterable[tuple[int, int]], draft_tokens: int = 0) -> StepCost:
+    """FLOPs and bytes of one step; ``work`` is (tokens n, context c) per request in the step, a verify
+    share's ``n`` counting its draft tokens; ``draft_tokens``: those the step verified (logits at each)."""
     tokens = requests = 0
     attended = 0.0  # sum over the step's tokens of the keys each attends to
     kv_read = 0  # sum of c + n
@@ -153,7 +156,7 @@ def step_cost(shape: ModelShape, work: Iterable[tuple[int, int]]) -> StepCost:
         requests += 1
         attended += n * c + n * (n + 1) / 2
         kv_read += c + n
-    return _cost(shape, tokens, requests, attended, kv_read)
+    return _cost(shape, tokens, requests, attended, kv_read, draft_tokens)
 
 
 def decode_step_cost(shape: ModelShape, contexts: Sequence[int]) -> StepCost:
@@ -164,16 +167,18 @@ def decode_step_cost(shape: ModelShape, contexts: Sequence[int]) -> StepCost:
     return _cost(shape, n, n, float(c + n), c + n)  # n * c + n(n+1)/2 with n = 1 is c + 1
 
 
-def _cost(shape: ModelShape, tokens: int, requests: int, attended: float, kv_read: int) -> StepCost:
+def _cost(shape: ModelShape, tokens: int, requests: int, attended: float, kv_read: int,
+          draft_tokens: int = 0) -> StepCost:
     s = shape
     h, d, L = s.hidden, s.head_dim, s.layers
-    flops = 2.0 * s.active_params * tokens + 4.0 * L * s.heads * d * attended + 2.0 * h * s.vocab * requests
+    sampled = requests + draft_tokens  # positions the LM head computes logits for
+    flops = 2.0 * s.active_params * tokens + 4.0 * L * s.heads * d * attended + 2.0 * h * s.vocab * sampled
     kv_entry = 2 * L * s.kv_heads * d * s.kv_bytes  # K and V of one token, all layers
     inter_active = s.intermediate * (s.experts_per_token if s.experts else 1) + s.shared_intermediate
     act_per_token = L * (4 * h + 2 * (s.heads + s.kv_heads) * d + 3 * inter_active)
     nbytes = (s.weight_bytes * (s.layer_weights_touched(tokens) + s.vocab * h + tokens * h)
               + kv_entry * (kv_read + tokens)
-              + s.act_bytes * (tokens * act_per_token + requests * (h + s.vocab)))
+              + s.act_bytes * (tokens * act_per_token + sampled * (h + s.vocab)))
     return StepCost(flops, float(nbytes), tokens, requests)
 
 
@@ -216,3 +221,4 @@ def roofline(cost: StepCost, peaks: DevicePeaks, measured_s: float | None) -> Ro
     else:
         mfu = mbu = None
     return Roofline(cost.flops, cost.bytes, intensity, bound, predicted, mfu, mbu)
+

@@ -8,7 +8,10 @@ formula by formula, is in docs/verdict.md; in short, each cause is the time it c
 the request above what a comparable step costs, summed over the breached measure's phases:
 
 * queueing, split by the reason the engine's admission stopped in each step the request waited
-  through (max running sequences, KV cache, token budget);
+  through (max running sequences, KV cache, token budget), except the steps where the request itself
+  could not be admitted for its LoRA adapter: its adapter was not among the step's adapters while the
+  step ran ``max_loras`` of them (vLLM's scheduler skips such a request whatever else happens, so the
+  limit alone kept it waiting; decided per request, not from the step-wide reason);
 * prefill interference: its decode steps that carried other requests' prefill tokens, minus the
   median of decode-only steps of the same decode batch size; steps that skipped it while it ran and
   carried prefill count whole;
@@ -58,6 +61,7 @@ class StepFacts(NamedTuple):
     blocked: int  # BLOCKED_*: why requests stayed waiting after this step's schedule
     prefill_tokens: int
     decode_requests: int
+    loras: tuple[int, ...] | None = None  # the LoRA adapters (ids) the step ran
 
     @property
     def duration(self) -> float:
@@ -75,6 +79,7 @@ class StepWindow:
 
     def __init__(self, size: int = 8192) -> None:
         self.size = size
+        self.max_loras: int | None = None  # the engine's LoRA slots, where it serves adapters (set by the adapter)
         self.handoffs = HandoffHistory()  # the decode side's KV load times, for the kv_transfer cause
         self._engines: dict[int, deque[tuple]] = {}  # engine -> StepFacts-shaped tuples, in step order
         self._lock = threading.Lock()
@@ -82,7 +87,7 @@ class StepWindow:
     def add(self, step: StepRecord, prefill_tokens: int, decode_requests: int) -> None:
         # a plain tuple (StepFacts' fields): this runs once per engine step, a NamedTuple costs 4x
         facts = (step.step_id, step.start, step.end, step.running, step.waiting, step.preempted,
-                 step.queue_blocked, prefill_tokens, decode_requests)
+                 step.queue_blocked, prefill_tokens, decode_requests, step.loras)
         with self._lock:
             steps = self._engines.get(step.step_id >> 32)
             if steps is None:
@@ -216,7 +221,7 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = ())
     base = _Baselines(steps)
     covered = _preemptions(t, ledger, end)
     _kv_transfer(t, window.handoffs, ledger)
-    _queue(steps, admit, start, base, ledger)
+    _queue(steps, admit, start, base, ledger, t.lora_id, window.max_loras)
     _running(steps, admit, last, set(own), {c.step_id for c in t.chunks}, covered, base, ledger)
 
     seconds = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
@@ -266,10 +271,12 @@ def _kv_transfer(t: RequestTimeline, history: HandoffHistory, ledger: _Ledger) -
         ledger.add(sc.SLOW_KV_TRANSFER, h.load_s - usual, h.load_end)
 
 
-def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Baselines, ledger: _Ledger) -> None:
+def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Baselines, ledger: _Ledger,
+           lora_id: int | None = None, max_loras: int | None = None) -> None:
     """The time from QUEUED to the step that first scheduled it: each step it waited through is
-    charged to the reason that step's admission stopped, with the gap after it up to the median gap;
-    idle time beyond that is starvation."""
+    charged to the reason that step's admission stopped (or to the LoRA slot, where its adapter could
+    not be loaded in that step), with the gap after it up to the median gap; idle time beyond that is
+    starvation."""
     waited = [s for s in steps if s.step_id < admit.step_id and s.start >= queued]
     chain = waited + [admit]
     prev = _before(steps, chain[0])
@@ -278,12 +285,22 @@ def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Basel
     elif prev.end < chain[0].start:  # the engine was idle when it arrived
         _gap(max(queued, prev.end), chain[0].start, base, ledger, None)
     for s, nxt in zip(waited, chain[1:]):
-        cause = _QUEUE_CAUSE.get(s.blocked, sc.SLOW_UNKNOWN)
+        if lora_waits(s, lora_id, max_loras):
+            cause = sc.SLOW_QUEUE_LORA_SLOT
+        else:
+            cause = _QUEUE_CAUSE.get(s.blocked, sc.SLOW_UNKNOWN)
         ledger.add_span(cause, s.start, s.end)
         if nxt.step_id != s.step_id + 1:  # steps missing (dropped records): their time is unknown
             ledger.add_span(sc.SLOW_UNKNOWN, s.end, nxt.start)
         else:
             _gap(s.end, nxt.start, base, ledger, cause)
+
+
+def lora_waits(step: StepFacts, lora_id: int | None, max_loras: int | None) -> bool:
+    """Whether a waiting request of adapter ``lora_id`` could not be admitted in ``step`` for want of a
+    LoRA slot: the step ran ``max_loras`` adapters and its own was not one of them."""
+    loras = step.loras
+    return bool(lora_id and max_loras and loras and len(loras) >= max_loras and lora_id not in loras)
 
 
 def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set[int], own_prefill: set[int],

@@ -22,6 +22,8 @@
 #define F_MODEL 2
 #define F_ONE_EACH 4
 #define F_SAME_IDS 8
+/* any other flag (step_wire: the optional extras, speculative decoding and LoRA): the Python decoder */
+#define F_KNOWN (F_IDLE | F_MODEL | F_ONE_EACH | F_SAME_IDS)
 
 static PyObject *py_encode;    /* step_wire.encode_py: every input the fast path does not take */
 static int wire_version;
@@ -438,12 +440,12 @@ static PyObject *py_decode;    /* step_wire.decode_py */
 static PyObject *record_type;  /* core.timeline.StepRecord */
 static PyObject *no_prefill;   /* step_wire._NONE: the shared empty prefill_at */
 static PyObject *no_links;     /* timeline._NO_LINKS */
-#define N_SLOTS 21
+#define N_SLOTS 23
 static PyObject *slot_names[N_SLOTS];
 static const char *slot_strs[N_SLOTS] = {
     "step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
     "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-    "output_s", "idle_s", "model_s", "contexts", "members"};
+    "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras"};
 
 static PyObject *fallback(PyObject *data, PyObject *cache) {
     return PyObject_CallFunctionObjArgs(py_decode, data, cache, NULL);
@@ -497,7 +499,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     memcpy(&n, b + 87, 4);
     memcpy(&z, b + 91, 4);
     memcpy(&m, b + 95, 4);
-    if (n == 0 || z || m)  /* no shares, or prefilling shares to derive: the Python decoder */
+    if (n == 0 || z || m || (flags & ~F_KNOWN))  /* no shares, prefilling shares to derive, extras: Python */
         return fallback(data, cache);
     Py_ssize_t k = (flags & F_ONE_EACH) ? 0 : (Py_ssize_t)n;
     Py_ssize_t at = HEADER_SIZE + 4 * (k + (Py_ssize_t)n);
@@ -579,7 +581,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             PyFloat_FromDouble(schedule_s), PyFloat_FromDouble(execute_s), PyFloat_FromDouble(output_s),
             (flags & F_IDLE) ? PyFloat_FromDouble(idle) : Py_NewRef(Py_None),
             (flags & F_MODEL) ? PyFloat_FromDouble(model) : Py_NewRef(Py_None), Py_NewRef(contexts),
-            Py_NewRef(Py_None)};
+            Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None)};
         for (int i = 0; i < N_SLOTS; i++) {
             values[i] = v[i];
             if (ok && (v[i] == NULL || PyObject_SetAttr(step, slot_names[i], v[i]) < 0))

@@ -14,12 +14,14 @@ import os
 import time
 from typing import Any, Callable
 
+from ...core.spec_decode import SpecStep
 from ...guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
-from .step_wire import Shares, StepPayload
+from .step_extras import active_loras, share_positions, spec_counts
+from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
 
 
@@ -109,7 +111,9 @@ class StepHooks:
             # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
             idle = None if last_end is None else (start - last_end if not pending else 0.0)
             pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
-                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE)
+                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE,
+                                active_loras(instance, shares[_IDS])
+                                if getattr(instance, "lora_config", None) is not None else None)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
             if self.on_error is not None:
@@ -192,22 +196,30 @@ class StepHooks:
         if sink is None:
             return wrapped(*args, **kwargs)
         clock = self.clock
-        entered = clock()
-        result = wrapped(*args, **kwargs)
-        left = clock()
+        spec = None
         try:
             if len(args) == 2:  # as vLLM's EngineCore calls it
                 scheduler_output, model_output = args
             else:
                 scheduler_output = kwargs.get("scheduler_output", args[0] if args else None)
                 model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
+            # speculative drafts (a dict that is empty unless the step verified some), counted before vLLM
+            # trims a stopped request's sampled tokens in place (its own counts are taken before that too)
+            if getattr(scheduler_output, "scheduled_spec_decode_tokens", None):
+                spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens)
+        except Exception as exc:
+            GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
+        entered = clock()
+        result = wrapped(*args, **kwargs)
+        left = clock()
+        try:
             key = id(scheduler_output)
             pending = self.pending.pop(key, None)
             model = getattr(model_output, MODEL_TIME_ATTR, None)
             if model is None and self.model:
                 model = self.model.pop(key, None)
             if pending is not None and pending[_SHARES][_IDS]:
-                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked = pending
+                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending
                 end = None
                 for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
                     end = o.timestamp
@@ -219,8 +231,15 @@ class StepHooks:
                     model = self.timer.cuda_seconds(model)
                 # a StepPayload's fields as a plain tuple: building the NamedTuple itself (tuple.__new__) costs
                 # several times the literal, a tenth of the hooks' cost per step; every reader takes either
-                sink((self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares, blocked,
-                      scheduled - start, entered - scheduled, end - entered, idle, model))
+                payload = (self.prefix | next(self.counter), start, end, running, waiting, preempted, kv, shares,
+                           blocked, scheduled - start, entered - scheduled, end - entered, idle, model)
+                # speculative drafts and LoRA adapters: StepPayload.extras, a 15th field only in steps that have
+                # them (the C encoder takes the 14-field rest; step_wire.encode_py these)
+                if spec is not None:
+                    spec = share_positions(spec, shares[_IDS])
+                if spec is not None or loras is not None:
+                    payload += (Extras(*(spec or _NO_SPEC), loras or ()),)
+                sink(payload)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook", exc)
             if self.on_error is not None:
@@ -228,6 +247,9 @@ class StepHooks:
         return result
 
     # -- model execution, timed where it runs ---------------------------------------------------
+
+
+_NO_SPEC = ((), (), ())
 
 
 def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
@@ -255,8 +277,9 @@ def decode(payload: StepPayload) -> StepRecord:
     """A step record from the hook's payload, in-process (across processes see step_wire): the shares kept
     as vLLM's lists (``StepRecord.of_lists``: no tuple per share), prefill flags and contexts derived as the
     wire's decoder derives them. (A ``StepPayload``, or the plain tuple of its fields the hooks hand over.)"""
+    extras = payload[14] if len(payload) > 14 else None
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
-     schedule_s, execute_s, output_s, idle, model) = payload
+     schedule_s, execute_s, output_s, idle, model) = payload[:14]
     ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs = shares
     contexts = list(computed)
     step = StepRecord.of_lists(step_id, start, end, list(ids), list(tokens) if tokens is not None else None,
@@ -266,4 +289,9 @@ def decode(payload: StepPayload) -> StepRecord:
     step.contexts = contexts
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s, step.model_s = idle, model
+    if extras is not None:  # speculative drafts, LoRA adapters (step_wire.Extras)
+        spec_at, drafted, accepted, loras = extras
+        if spec_at:
+            step.spec = SpecStep(list(spec_at), list(drafted), list(accepted))
+        step.loras = tuple(loras) if loras else None
     return step

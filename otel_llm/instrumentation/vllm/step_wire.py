@@ -8,6 +8,8 @@ and a record of another layout is refused (and counted), never misread. Layout, 
              model_s:f64 shares:u32 no_output:u32 prompts:u32
     shares   tokens:u32[n] (absent with flag ONE_EACH: one token each, a plain decode batch)
              computed:u32[n] no_output_at:u32[z] prompt_at:u32[m] prompt_len:u32[m] outputs:u32[m]
+    extras   (flag EXTRAS only) spec:u32 loras:u32 spec_at:u32[s] drafted:u32[s] accepted:u32[s]
+             loras:u32[l]
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
@@ -18,6 +20,12 @@ in-flight placeholders included, is 0); and for the shares at ``prompt_at`` whos
 them (new requests, requests recomputing after a preemption) their prompt length and output count. The
 frontend derives each share's prefill flag and context from these (``derive_prefill``), exactly as the
 scheduler hook once did per request.
+
+``extras`` are the production features' facts, present only in steps that have them (flag ``EXTRAS``):
+the shares that verified speculative drafts (``spec_at``, indices into the shares) with the draft tokens
+scheduled and the drafts accepted for each, as vLLM's scheduler counts them (core/spec_decode.py), and
+the integer ids of the LoRA adapters the step ran (empty without LoRA). A plain step carries none and is
+encoded byte for byte as before (the C accelerator takes it; a step with extras is the Python encoder's).
 
 ``flags`` says which optional seconds are present (idle, model), whether every share is one token, and
 whether the ids are left out (``SAME_IDS``): a steady batch lists the same requests step after step, and
@@ -42,11 +50,13 @@ from array import array as _array
 from operator import not_
 from typing import NamedTuple, Sequence
 
+from ...core.spec_decode import SpecStep
 from ...core.timeline import StepRecord
 
 VERSION = 3
-_HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS = 1, 2, 4, 8
+_HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS = 1, 2, 4, 8, 16
 HEADER = struct.Struct("<BBqddIIIdBdddddIII")
+_EXTRA_COUNTS = struct.Struct("<II")
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
 # list of counts converts in one C call, cheaper than struct's argument unpacking (benchmarks/engine_step_hooks.py)
 _NATIVE_U32 = _array("I").itemsize == 4 and sys.byteorder == "little"
@@ -91,6 +101,9 @@ class StepPayload(NamedTuple):
     output_s: float
     idle_s: float | None  # None: no step before it
     model_s: float | None  # None: the model runner was not timed
+    # A step with speculative drafts or LoRA adapters has one more item after these, its ``Extras`` (the C
+    # encoder takes the 14 fields of a plain step; ``encode_py`` a step with extras). Not a field with a
+    # default: every plain step stays the 14-item tuple.
 
 
 START = StepPayload._fields.index("start")  # for a reader of one field (step_transport.SocketSink)
@@ -118,6 +131,16 @@ def _check_cache(cache: list | None) -> None:
 
 
 _NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to allocate
+
+
+class Extras(NamedTuple):
+    """A step's optional facts (the hook's payload carries them as a 15th field only when there are any):
+    the shares that verified speculative drafts, with their counts, and the LoRA adapters it ran."""
+
+    spec_at: list[int]
+    drafted: list[int]
+    accepted: list[int]
+    loras: Sequence[int]
 
 
 def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
@@ -150,10 +173,18 @@ def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = 
     record encoded had these ids) leaves them out (flag SAME_IDS): the sender sets the cache's last step id to
     None when a record may not have reached every reader, and the next record lists them again. Without
     ``same_ids`` the ids are always listed and the last step id is left alone."""
+    extras = None
+    if len(payload) == 15:  # a step with extras (speculative drafts, LoRA adapters): StepPayload.extras
+        extras = payload[14]
+        payload = payload[:14]
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
     ids, tokens, computed, no_output_at, prompt_at, prompt_len, outputs = shares
     flags = (_HAS_IDLE if idle is not None else 0) | (_HAS_MODEL if model is not None else 0)
+    tail = b""
+    if extras is not None:
+        flags |= _EXTRAS
+        tail = _extras_bytes(extras, len(ids))
     if tokens is None:
         flags |= _ONE_EACH
     _check_cache(cache)
@@ -181,14 +212,43 @@ def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = 
     head = HEADER.pack(VERSION, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
                        schedule_s, execute_s, output_s, idle or 0.0, model or 0.0, n, len(no_output_at), len(prompt_at))
     if not n:
-        return head
+        return head + tail
     if tokens is None:
         if not (no_output_at or prompt_at) and _NATIVE_U32:  # a plain decode batch: the context counts alone, in C
-            return head + _array("I", computed) + joined  # bytes + any buffer: no tobytes() copy
+            return head + _array("I", computed) + tail + joined  # bytes + any buffer: no tobytes() copy
         return head + _arrays(0, n, len(no_output_at), len(prompt_at)).pack(
-            *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
+            *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + tail + joined
     return head + _arrays(n, n, len(no_output_at), len(prompt_at)).pack(
-        *tokens, *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + joined
+        *tokens, *computed, *no_output_at, *prompt_at, *prompt_len, *outputs) + tail + joined
+
+
+def _extras_bytes(extras: Extras, n: int) -> bytes:
+    spec_at, drafted, accepted, loras = extras
+    s = len(spec_at)
+    if len(drafted) != s or len(accepted) != s or any(i >= n for i in spec_at):
+        raise WireError("speculative counts that do not line up with the step's shares: this step cannot be sent")
+    return _EXTRA_COUNTS.pack(s, len(loras)) + struct.pack(f"<{3 * s + len(loras)}I", *spec_at, *drafted,
+                                                             *accepted, *loras)
+
+
+def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tuple[int, ...] | None]:
+    """The extras block at ``at``: (the offset after it, the step's SpecStep or None, its LoRA ids or None)."""
+    if len(data) < at + _EXTRA_COUNTS.size:
+        raise WireError("step record too short for its extras")
+    s, l = _EXTRA_COUNTS.unpack_from(data, at)
+    at += _EXTRA_COUNTS.size
+    end = at + 4 * (3 * s + l)
+    if s > n or len(data) < end:
+        raise WireError(f"step record with {s} speculative shares for its {n} shares, or too short for them")
+    fields = struct.unpack_from(f"<{3 * s + l}I", data, at)
+    spec = None
+    if s:
+        spec = SpecStep(list(fields[:s]), list(fields[s:2 * s]), list(fields[2 * s:3 * s]))
+        try:
+            spec.check(n)
+        except ValueError as exc:
+            raise WireError(str(exc)) from None
+    return end, spec, tuple(fields[3 * s:]) if l else None
 
 
 def _choose() -> tuple:
@@ -233,12 +293,15 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     tokens = None
     prefill_at: Sequence[int] = _NONE
     contexts: list[int] = []
+    spec = loras = None
     if n:
         if z > n or m > n:
             raise WireError(f"step record with {z} shares without output, {m} prompt lengths for its {n} shares")
         k = 0 if flags & _ONE_EACH else n  # tokens listed, or one each
         arrays = _arrays(k, n, z, m)
         at = HEADER.size + arrays.size
+        if flags & _EXTRAS:
+            at, spec, loras = _read_extras(data, at, n)
         raw = None
         if flags & _SAME_IDS:  # the ids of the record before, which must be the last one this cache saw
             last = cache[CACHE_LAST_STEP] if cache is not None else None
@@ -274,6 +337,10 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
             if raw is not None:
                 cache[CACHE_KEY], cache[CACHE_VALUE] = raw, ids
             cache[CACHE_LAST_STEP] = step_id
+    elif flags & _EXTRAS and not (z or m):
+        at, spec, loras = _read_extras(data, HEADER.size, 0)
+        if len(data) != at:
+            raise WireError(f"step record of {len(data)} bytes for no shares, not {at}")
     elif z or m or len(data) != HEADER.size:
         raise WireError(f"step record of {len(data)} bytes for no shares, not {HEADER.size}")
     step = StepRecord.of_lists(step_id, start, end, ids, tokens, prefill_at, running, waiting, preempted, kv,
@@ -282,6 +349,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s = idle if flags & _HAS_IDLE else None
     step.model_s = model if flags & _HAS_MODEL else None
+    step.spec, step.loras = spec, loras
     return step
 
 

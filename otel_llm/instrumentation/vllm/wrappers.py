@@ -20,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ... import semconv as sc
 from ...core.clock import WallClock
+from ...core.diagnosis.anatomy import kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
 from ...guard import GUARD
 from ...core.handoff import HandoffBook
@@ -148,6 +149,11 @@ class VLLMWrappers:
         if self.engine_built is not None:
             self.engine_built(engine)
         self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
+        lora_config = getattr(vllm_config, "lora_config", None)
+        self.telemetry.window.max_loras = getattr(lora_config, "max_loras", None) if lora_config is not None else None
+        cache_config = getattr(vllm_config, "cache_config", None)
+        self.telemetry.diagnosis.kv_cache = kv_cache_facts(cache_dtype, getattr(cache_config, "block_size", None),
+                                                           model_config.dtype)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 
@@ -241,6 +247,10 @@ class VLLMWrappers:
             request_attributes=attrs,
             input_tokens=len(ids) if ids is not None else None,
         )
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:  # vLLM's LoRARequest: the adapter's name and integer id
+            t.lora_name = str(getattr(lora, "lora_name", "") or lora.lora_int_id)
+            t.lora_id = int(lora.lora_int_id)
         t.native = processor.request_states.get(request.request_id)
         if self.telemetry.config.capture_content:
             t.prompt_text = prompt
@@ -378,6 +388,8 @@ def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: A
         if t is None:
             continue
         n = len(o.new_token_ids)
+        if not t.token_ts and n:  # its first token: the prompt's cache reads by source come with it
+            _cache_sources(t, o)
         if n == 1:
             t.token_ts.append(ts)
         elif n:
@@ -389,6 +401,17 @@ def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: A
     return finished
 
 
+def _cache_sources(t: RequestTimeline, output: Any) -> None:
+    """The prompt's cached tokens split by source (vLLM's ``PrefillStats``: local prefix cache, KV
+    connector), from the output that carries the first token."""
+    stats = getattr(output, "prefill_stats", None)
+    if stats is not None:
+        try:
+            t.cache_sources = (int(stats.num_local_cached_tokens), int(stats.num_external_cached_tokens))
+        except (AttributeError, TypeError, ValueError):  # another vLLM's PrefillStats: the split is unknown
+            pass
+
+
 def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary:
     """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats)."""
     st = getattr(state, "stats", None)
@@ -396,6 +419,9 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
                        finish_reason=t.finish_reason)
     s.e2e = now_wall - (st.arrival_time if st is not None and st.arrival_time else t.arrival)
     s.prefix_cache_hit_tokens = getattr(state, "num_cached_tokens", None)
+    if t.cache_sources is not None and s.prefix_cache_hit_tokens == sum(t.cache_sources):
+        # (vLLM replaces num_cached_tokens for a remote prefill: then the split would not add up, and is left out)
+        s.cache_read_local, s.cache_read_external = t.cache_sources
     if st is not None:
         if st.queued_ts and st.scheduled_ts:
             s.queue = st.scheduled_ts - st.queued_ts

@@ -1,0 +1,76 @@
+"""A step's production-feature facts, read in the EngineCore where the scheduler holds them exactly.
+
+* Speculative decoding: per share that verified drafts, the draft tokens scheduled and the drafts accepted,
+  counted as vLLM's ``Scheduler.update_from_output`` counts them for its ``SpecDecodingStats`` and its
+  per-request ``RequestSpecDecodeMetrics``: ``len(scheduled_spec_decode_tokens[req])`` less the drafts a
+  grammar invalidated (``num_invalid_spec_tokens``), and ``len(sampled tokens) - num_sampled_tokens_per_step``.
+  Read from the step's own scheduler output and model output, so it needs neither vLLM's statistics
+  (``log_stats``) nor its per-request option. Work: one pass over the step's ids, and only in a step that
+  scheduled drafts.
+* LoRA: the integer ids of the adapters the step ran (vLLM's ``scheduled_loras``: the adapters of the
+  scheduled requests), read right after ``schedule()``, while every scheduled request is still in
+  ``Scheduler.requests``. Work: one pass over the step's ids, only where the engine serves LoRA adapters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any,
+                scheduled: Any) -> tuple[list[str], list[int], list[int]] | None:
+    """(request ids, drafted, accepted) of the requests that verified drafts in this step, or None. Called
+    before ``update_from_output``: vLLM trims a stopped request's sampled tokens in place there, after
+    counting them (drafts accepted past ``max_tokens`` count, as in its own statistics). ``scheduled``:
+    the step's ``num_scheduled_tokens`` (a request vLLM did not schedule is left out)."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    sampled = getattr(model_output, "sampled_token_ids", None)
+    index = getattr(model_output, "req_id_to_index", None)
+    if not drafts or index is None:
+        return None
+    invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
+    per_step = getattr(scheduler, "num_sampled_tokens_per_step", 1)
+    ids: list[str] = []
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for rid, tokens in drafts.items():
+        j = index.get(rid)
+        if not tokens or j is None or rid not in scheduled:
+            continue
+        generated = sampled[j] if sampled else ()
+        if not len(generated) and per_step != 0:  # nothing sampled for it (vLLM skips it too)
+            continue
+        ids.append(rid)
+        drafted.append(len(tokens) - invalid.get(rid, 0))
+        accepted.append(max(len(generated) - per_step, 0))
+    return (ids, drafted, accepted) if ids else None
+
+
+def share_positions(spec: tuple[list[str], list[int], list[int]],
+                    ids: Sequence[str]) -> tuple[list[int], list[int], list[int]] | None:
+    """The counts of ``spec_counts`` keyed by share index in the step's record (``ids``, its shares)."""
+    position = {rid: i for i, rid in enumerate(ids)}
+    at: list[int] = []
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for rid, d, a in zip(*spec):
+        i = position.get(rid)
+        if i is not None:
+            at.append(i)
+            drafted.append(d)
+            accepted.append(a)
+    return (at, drafted, accepted) if at else None
+
+
+def active_loras(scheduler: Any, ids: Sequence[str]) -> tuple[int, ...] | None:
+    """The LoRA adapter ids the step's scheduled requests use (ascending), None where there are none."""
+    if getattr(scheduler, "lora_config", None) is None:
+        return None
+    requests = scheduler.requests
+    found = set()
+    for rid in ids:
+        r = requests.get(rid)
+        lora = getattr(r, "lora_request", None) if r is not None else None
+        if lora is not None and lora.lora_int_id > 0:
+            found.add(lora.lora_int_id)
+    return tuple(sorted(found)) if found else None

@@ -1,0 +1,261 @@
+"""Speculative decoding, LoRA adapters and KV-cache facts in the engine-agnostic core, on constructed steps.
+
+No engine: synthetic per-step statistics (acceptance below 100 %, so drafted and accepted differ), the
+wire's extras block, the roofline's numbers for an fp8 KV cache written out, the LoRA-slot verdict, and
+the adapter label's bounds under bad input (a 100 KB name, 10,000 distinct adapters).
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm import semconv as sc
+from otel_llm.core.config import Config
+from otel_llm.core.diagnosis.anatomy import cost, kv_cache_facts
+from otel_llm.core.diagnosis.roofline import ModelShape, step_cost
+from otel_llm.core.diagnosis.verdict import StepWindow, decide
+from otel_llm.core.lora import AdapterLabels
+from otel_llm.core.metrics import ServerMetrics
+from otel_llm.core.pipeline import Pipeline
+from otel_llm.core.slo import SLOTable
+from otel_llm.core.spec_decode import SpecStep, acceptance_length, acceptance_rate
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import BLOCKED_OTHER, QUEUED, SCHEDULED, RequestTimeline, StepRecord
+from otel_llm.instrumentation.vllm import step_wire
+from support.metrics import points_by_name
+
+ENGINE = 5 << 32
+
+
+# -- speculative decoding --------------------------------------------------------------------------
+
+
+def test_spec_step_counts_and_positions():
+    spec = SpecStep(at=[0, 2], drafted=[3, 2], accepted=[1, 2])
+    assert (spec.drafts, spec.draft_tokens, spec.accepted_tokens) == (2, 5, 3)
+    # position 0: both drafted, both accepted; 1: both drafted, one accepted (the second); 2: one drafted, none
+    assert spec.per_position() == ([2, 2, 1], [2, 1, 0])
+    assert acceptance_rate(5, 3) == 0.6
+    assert acceptance_length(2, 3) == 2.5  # vLLM's mean acceptance length: 1 + accepted / verify steps
+    assert acceptance_rate(0, 0) is None and acceptance_length(0, 0) is None
+    with pytest.raises(ValueError):
+        SpecStep([5], [1], [1]).check(3)
+
+
+def _pipeline(**options):
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", "tail_quantile": 0,
+                             "direct_export": False, **options}, environ={})
+    return Pipeline(config, tp.get_tracer("t"), mp.get_meter("t"), "test"), exporter, reader
+
+
+def test_pipeline_sums_each_requests_drafts_below_full_acceptance():
+    """Synthetic per-step statistics with rejections: per request drafted != accepted, the request totals
+    are the sums of its steps' counts, the step totals the sums over their requests, and the metrics and
+    spans carry them."""
+    tel, exporter, reader = _pipeline()
+    now = time.monotonic() - 2.0
+    timelines = {}
+    for rid in ("a", "b"):
+        t = RequestTimeline(rid, time.time() - 2.0, model="m", response_id=rid, input_tokens=8)
+        t.events += [(QUEUED, now), (SCHEDULED, now)]
+        assert tel.start(t)
+        timelines[rid] = t
+    # step 1: both prefill; steps 2..4 verify drafts: (drafted, accepted) per request
+    tel.add_step(StepRecord(ENGINE | 1, now, now + 0.01, [("a", 8, True), ("b", 8, True)], 2))
+    for t in timelines.values():
+        t.add_tokens(now + 0.01, 1)
+    plan = [((3, 1), (3, 3)), ((3, 0), (2, 1)), ((1, 1), None)]
+    for k, shares in enumerate(plan):
+        start = now + 0.01 * (k + 1)
+        ids, tokens, at, drafted, accepted = [], [], [], [], []
+        for i, (rid, s) in enumerate(zip("ab", shares)):
+            ids.append(rid)
+            tokens.append(1 + (s[0] if s else 0))
+            if s:
+                at.append(i)
+                drafted.append(s[0])
+                accepted.append(s[1])
+        step = StepRecord(ENGINE | (k + 2), start, start + 0.01, [(r, n, False) for r, n in zip(ids, tokens)], 2)
+        step.contexts = [8 + 4 * k, 8 + 4 * k]
+        step.spec = SpecStep(at, drafted, accepted)
+        tel.add_step(step)
+        for i, rid in enumerate(ids):
+            n = 1 + (shares[i][1] if shares[i] else 0)
+            timelines[rid].add_tokens(start + 0.01, n)
+    assert timelines["a"].spec == [3, 7, 2]
+    assert timelines["b"].spec == [2, 5, 4]
+    for rid, t in timelines.items():
+        out = sum(t.tokens_at(i) for i in range(len(t.token_ts)))
+        s = RequestSummary(model="m", ttft=0.01, e2e=0.05, decode=0.03, input_tokens=8, output_tokens=out)
+        tel.finish(rid, s)
+    assert tel.flush(10)
+    spans = {s.attributes.get(sc.RESPONSE_ID): s for s in exporter.get_finished_spans() if s.parent is None
+             and s.name != sc.SPAN_ENGINE_STEP}
+    a = spans["a"].attributes
+    assert (a[sc.SPEC_VERIFY_STEPS], a[sc.SPEC_DRAFT_TOKENS], a[sc.SPEC_ACCEPTED_TOKENS]) == (3, 7, 2)
+    assert a[sc.SPEC_ACCEPTANCE_RATE] == pytest.approx(2 / 7)
+    assert a[sc.SPEC_ACCEPTANCE_LENGTH] == pytest.approx(1 + 2 / 3)
+    steps = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_ENGINE_STEP]
+    verify = [s for s in steps if sc.STEP_SPEC_DRAFTS in s.attributes]
+    assert sum(s.attributes[sc.STEP_SPEC_DRAFT_TOKENS] for s in verify) == 7 + 5
+    assert sum(s.attributes[sc.STEP_SPEC_ACCEPTED_TOKENS] for s in verify) == 2 + 4
+    drafted_rows = [s.attributes[sc.STEP_DRAFTED] for s in exporter.get_finished_spans()
+                    if s.name == sc.SPAN_DECODE_STEP and sc.STEP_DRAFTED in s.attributes]
+    assert drafted_rows, "decode-step spans state the drafts they verified"
+    tel.close()
+    points = points_by_name(reader.get_metrics_data())
+    tokens = {p.attributes[sc.SPEC_TOKEN_KIND]: p.value for p in points["llm.server.spec_decode.tokens"]}
+    assert tokens == {"drafted": 12, "accepted": 6}
+    rates = points["llm.server.spec_decode.acceptance_rate"]
+    assert sum(p.count for p in rates) == 2 and sum(p.sum for p in rates) == pytest.approx(2 / 7 + 4 / 5)
+    by_pos = {(p.attributes[sc.SPEC_POSITION], p.attributes[sc.SPEC_TOKEN_KIND]): p.value
+              for p in points["llm.server.spec_decode.position.tokens"]}
+    # the five drafts: (3,1) (3,3) (3,0) (2,1) (1,1)
+    assert by_pos[(0, "drafted")] == 5 and by_pos[(0, "accepted")] == 4
+    assert by_pos[(1, "drafted")] == 4 and by_pos[(1, "accepted")] == 1
+    assert by_pos[(2, "drafted")] == 3 and by_pos[(2, "accepted")] == 1
+
+
+def test_wire_carries_extras_and_plain_records_are_unchanged():
+    shares = (["r1", "r2", "r3"], [4, 1, 3], [10, 11, 12], (), (), (), ())
+    base = (ENGINE | 9, 1.0, 2.0, 3, 0, 0, 0.5, shares, 0, 0.1, 0.2, 0.3, None, None)
+    plain = step_wire.encode(base)
+    assert plain == step_wire.encode_py(base)
+    extras = step_wire.Extras([0, 2], [3, 2], [1, 2], (7,))
+    data = step_wire.encode(base + (extras,))
+    assert data == step_wire.encode_py(base + (extras,))
+    for decode in (step_wire.decode, step_wire.decode_py):  # the C decoder hands the record to Python
+        step = decode(data, [None, None, None])
+        assert step.ids == ["r1", "r2", "r3"] and step.tokens == [4, 1, 3]
+        assert (step.spec.at, step.spec.drafted, step.spec.accepted) == ([0, 2], [3, 2], [1, 2])
+        assert step.loras == (7,)
+        assert decode(plain).spec is None and decode(plain).loras is None
+    with pytest.raises(step_wire.WireError):
+        step_wire.encode_py(base + (step_wire.Extras([5], [1], [1], ()),))
+    with pytest.raises(step_wire.WireError):
+        step_wire.decode_py(data[:-len(b"r1\0r2\0r3") - 4])
+
+
+# -- the roofline: verification tokens and an fp8 KV cache --------------------------------------
+
+
+SHAPE = dict(layers=2, hidden=128, heads=2, kv_heads=1, head_dim=64, intermediate=256, vocab=512)
+
+
+def test_roofline_counts_verified_drafts_logits():
+    s = ModelShape(**SHAPE, weight_bytes=2, kv_bytes=2, act_bytes=2)
+    plain = step_cost(s, [(1, 100)])
+    verify = step_cost(s, [(4, 100)], draft_tokens=3)
+    no_logits = step_cost(s, [(4, 100)])
+    # the three drafts: logits at three more positions, 2*h*V FLOPs and (h + V) activations each
+    assert verify.flops - no_logits.flops == 3 * 2 * 128 * 512
+    assert verify.bytes - no_logits.bytes == 3 * 2 * (128 + 512)
+    step = StepRecord(1, 0.0, 1.0, [("a", 4, False)])
+    step.contexts = [100]
+    step.spec = SpecStep([0], [3], [1])
+    assert cost(s, step) == verify and plain.tokens == 1 and verify.tokens == 4
+
+
+def test_roofline_fp8_kv_cache_numbers_written_out():
+    """One decode token after 1,000 cached, the tiny model's shape: the KV bytes are 2*L*K*d*b_kv*(c+n+n),
+    i.e. 2*2*1*64*b*(1000+1+1) = 256,512*b: 513,024 B at 16 bits, 256,512 B at fp8 (half), 1,026,048 B at
+    float32 (fp8: a quarter of it). Everything else in the step's bytes is the same."""
+    bf16 = ModelShape.from_hf_config(_config(), "bfloat16", "auto")
+    fp8 = ModelShape.from_hf_config(_config(), "bfloat16", "fp8")
+    f32 = ModelShape.from_hf_config(_config(), "float32", "auto")
+    f32_fp8 = ModelShape.from_hf_config(_config(), "float32", "fp8")
+    assert (bf16.kv_bytes, fp8.kv_bytes, f32.kv_bytes, f32_fp8.kv_bytes) == (2, 1, 4, 1)
+    c16, c8 = step_cost(bf16, [(1, 1000)]), step_cost(fp8, [(1, 1000)])
+    kv16 = 2 * 2 * 1 * 64 * 2 * (1000 + 1 + 1)
+    assert kv16 == 513_024
+    assert c16.bytes - c8.bytes == kv16 / 2 == 256_512  # fp8 halves the KV bytes of a 16-bit model
+    c32, c32_8 = step_cost(f32, [(1, 1000)]), step_cost(f32_fp8, [(1, 1000)])
+    assert c32.bytes - c32_8.bytes == 2 * 2 * 1 * 64 * (4 - 1) * 1002  # fp8 is a quarter of float32's KV
+    assert c16.flops == c8.flops  # the KV dtype moves bytes, not FLOPs (dequantised in the kernel)
+    assert kv_cache_facts("fp8", 32, "torch.float32") == {sc.STEP_KV_CACHE_DTYPE: "fp8",
+                                                          sc.STEP_KV_CACHE_BLOCK_SIZE: 32}
+    assert kv_cache_facts("auto", 128, "torch.float32")[sc.STEP_KV_CACHE_DTYPE] == "float32"
+
+
+def _config() -> dict:
+    return {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2,
+            "intermediate_size": 256, "vocab_size": 512}
+
+
+# -- LoRA --------------------------------------------------------------------------------------------
+
+
+def _waiting_history(window: StepWindow, lora_of_step: tuple[int, ...] | None, n: int = 6) -> list[int]:
+    ids = []
+    for k in range(n):
+        step = StepRecord(ENGINE | (k + 1), 10.0 + 0.011 * k, 10.0 + 0.011 * k + 0.01, [("x", 1, False)], 1, 1,
+                          queue_blocked=BLOCKED_OTHER)
+        step.loras = lora_of_step
+        window.add(step, 0, 1)
+        ids.append(step.step_id)
+    return ids
+
+
+@pytest.mark.parametrize("own, running, max_loras, expect", [
+    (2, (1,), 1, sc.SLOW_QUEUE_LORA_SLOT),  # its adapter not loaded, the one slot taken: the LoRA slot
+    (1, (1,), 1, sc.SLOW_UNKNOWN),  # its own adapter was running: something else kept it
+    (None, (1,), 1, sc.SLOW_UNKNOWN),  # the base model needs no slot
+    (2, (1,), 2, sc.SLOW_UNKNOWN),  # a slot was free
+    (3, (1, 2), 2, sc.SLOW_QUEUE_LORA_SLOT),
+])
+def test_lora_slot_verdict_is_decided_per_request(own, running, max_loras, expect):
+    window = StepWindow()
+    window.max_loras = max_loras
+    ids = _waiting_history(window, running)
+    admit = StepRecord(ENGINE | 7, 10.1, 10.11, [("r", 8, True)], 1)
+    window.add(admit, 8, 0)
+    t = RequestTimeline("r", time.time(), lora_id=own)
+    t.events += [(QUEUED, 9.999), (SCHEDULED, 10.1)]
+    t.steps = ids[:0] + [admit.step_id]
+    t.token_ts = [10.11]
+    v = decide(t, window, ("ttft",))
+    assert v.cause == expect, v.seconds
+
+
+def test_adapter_labels_stay_bounded_under_bad_input():
+    """A 100 KB adapter name and 10,000 distinct adapters through the SDK metrics: at most cap + 1 adapter
+    label values per metric, each at most MAX_LABEL_LENGTH characters, the rest counted as collapsed, and
+    the memory held stays small."""
+    reader = InMemoryMetricReader()
+    metrics = ServerMetrics(MeterProvider(metric_readers=[reader]).get_meter("t"), SLOTable())
+    cap = metrics.adapters.cap
+    huge = "x" * 100_000
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(10_000):
+        name = huge if i == 0 else f"adapter-{i}"
+        metrics.record(RequestSummary(model="m", e2e=0.1, input_tokens=1, output_tokens=2, lora=name))
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    values = {p.attributes.get(sc.LORA_NAME) for p in points_by_name(reader.get_metrics_data())["llm.server.requests"]}
+    assert len(values) == cap + 1 and sc.LORA_OTHER in values
+    assert max(len(v) for v in values) <= metrics.adapters.max_length
+    assert metrics.adapters.collapsed == 10_000 - cap
+    assert held < 8 * 1024 * 1024, held  # the series of cap + 1 label sets, not of 10,000 (nor 100 KB names)
+
+
+def test_adapter_labels_refuse_a_bad_cap():
+    with pytest.raises(ValueError):
+        AdapterLabels(cap=-1)
+    labels = AdapterLabels(cap=1)
+    assert labels.label(None) is None
+    assert labels.label("a") == "a" and labels.label("b") == sc.LORA_OTHER and labels.label("a") == "a"
+    assert labels.label(sc.LORA_OTHER) == sc.LORA_OTHER and labels.collapsed == 2
