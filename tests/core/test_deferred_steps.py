@@ -68,14 +68,17 @@ def _serve(pipeline: Pipeline, deliver, finish_before_last_step: bool) -> None:
     held_back = steps[-3:] if finish_before_last_step else []
     for step in steps[:len(steps) - len(held_back)]:
         deliver(step)
+    # The engine writes a step's record before its outputs leave, so the last steps are in the ring (not yet
+    # read: deferred reading reads them on the background thread) before the requests finish. Handing them
+    # over after ``finish`` would model an order the engine never produces, and race the background thread.
+    for step in held_back:
+        deliver(step)
     for rid, t in timelines.items():
         first, last = t.token_ts[0], t.token_ts[-1]
         pipeline.finish(rid, RequestSummary(model="m", ttft=first - base, e2e=last - base, queue=0.01,
                                             prefill=first - base - 0.01, decode=last - first,
                                             output_tokens=len(t.token_ts), input_tokens=40))
         t.finish_reason = "length"
-    for step in held_back:  # written by the engine before the outputs: readable by the time the jobs run
-        deliver(step)
 
 
 def _shape(spans) -> list[tuple]:

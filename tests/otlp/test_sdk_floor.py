@@ -17,7 +17,10 @@ from otel_llm.otlp.sdk_bridge import MIN_SDK
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = [f"opentelemetry-sdk=={MIN_SDK}", f"opentelemetry-exporter-otlp-proto-http=={MIN_SDK}",
-         f"opentelemetry-exporter-otlp-proto-grpc=={MIN_SDK}", "pytest>=8"]
+         f"opentelemetry-exporter-otlp-proto-grpc=={MIN_SDK}",
+         # direct export suppresses instrumentation around its sends (opentelemetry.instrumentation.utils):
+         # the instrumentation release made beside that SDK (the same semantic-conventions pin)
+         "opentelemetry-instrumentation==0.55b0", "pytest>=8"]
 
 
 @pytest.mark.slow
