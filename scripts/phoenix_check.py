@@ -6,7 +6,7 @@ the repository, and point this script at that environment's Python:
 
     python3.11 -m venv /tmp/phoenix-venv && /tmp/phoenix-venv/bin/pip install arize-phoenix
     ./run demo                                    # writes out/demo-traces.jsonl
-    ./run bench benchmarks/phoenix_check.py --phoenix-python /tmp/phoenix-venv/bin/python \\
+    .venv/bin/python scripts/phoenix_check.py --phoenix-python /tmp/phoenix-venv/bin/python \\
         --trace out/demo-traces.jsonl            # writes benchmarks/results/phoenix_check.json
 
 The trace file's export requests are posted as OTLP/protobuf to Phoenix's /v1/traces, as an OTLP
