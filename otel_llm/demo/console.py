@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from .. import semconv as sc
-from ..core.metrics import SLO_BREACHES
+from ..core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, SLO_BREACHES
 from .scenario import PhaseTally
 
 
@@ -48,9 +48,9 @@ def format_quantile(value: float, above: bool) -> str:
 
 def latency_lines(got: dict[str, list[Any]]) -> list[str]:
     lines = [f"{'':22s} {'p50':>9s} {'p95':>9s} {'p99':>9s}   (from the metrics, as Prometheus computes them)"]
-    for label, name in (("time to first token", "gen_ai.server.time_to_first_token"),
-                        ("time per output token", "gen_ai.server.time_per_output_token"),
-                        ("end to end", "gen_ai.server.request.duration")):
+    by_field = {h.field: h.name for h in SERVER_HISTOGRAMS}
+    for label, name in (("time to first token", by_field["ttft"]), ("time per output token", by_field["tpot"]),
+                        ("end to end", by_field["e2e"])):
         points = got.get(name)
         if not points:
             continue
@@ -60,8 +60,8 @@ def latency_lines(got: dict[str, list[Any]]) -> list[str]:
 
 
 def goodput_lines(got: dict[str, list[Any]]) -> list[str]:
-    total = sum(p.value for p in got.get("llm.server.requests", ()))
-    good = sum(p.value for p in got.get("llm.server.requests.good", ()))
+    total = sum(p.value for p in got.get(REQUESTS, ()))
+    good = sum(p.value for p in got.get(GOOD_REQUESTS, ()))
     lines = [f"goodput: {good:.0f} of {total:.0f} requests met every SLO at once"
              + (f" ({100 * good / total:.0f}%)" if total else "")]
     breaches: collections.Counter = collections.Counter()
