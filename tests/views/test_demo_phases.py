@@ -7,8 +7,9 @@ Each phase's SLOs come from a quiet measurement just before it (``scenario.run_p
 demo. What makes this hold on a loaded machine is the scenario's construction, not speed: arrivals are
 counted in engine steps (EngineCore in this process); a burst three times ``max_num_seqs`` wide waits
 whole waves of 96-token decodes against a TTFT SLO of 16 decode steps (or twice a quiet TTFT); the
-squeeze needs more KV blocks than the cache holds; ten of a chat's thirteen decode steps each prefill a
-whole document (five decode steps or more) against a TPOT SLO of three quiet decode steps.
+squeeze needs more KV blocks than the cache holds; eight of a chat's eleven decode steps each prefill
+two whole documents (four quiet decode steps or more) against a TPOT SLO of two quiet decode steps
+(``scenario.DOCUMENTS_TPOT_FACTOR``).
 """
 
 from __future__ import annotations
