@@ -38,32 +38,48 @@ def fake_hf_cache(root: str) -> None:
         c.save_pretrained(snap)
 
 
-def run(root: str, files: list[str], instrumented: bool, out: str, env: dict) -> dict[str, str]:
-    xml = os.path.join(out, f"{'instrumented' if instrumented else 'plain'}.xml")
-    errors = os.path.join(out, "errors.json")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir=tests/v1",
-           f"--junitxml={xml}", "-o", "junit_family=xunit1", *files]
-    run_env = dict(env)
-    if instrumented:
-        cmd[3:3] = ["-p", "otel_llm_own_tests_plugin"]
-        run_env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
-        run_env["OTEL_LLM_OWN_TESTS_ERRORS"] = errors
-    proc = subprocess.run(cmd, cwd=root, env=run_env, capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]
-    print(f"vLLM's own tests, {'instrumented' if instrumented else 'plain'}: {lines[-1] if lines else proc.stdout[-500:]}")
-    outcomes = {}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
-        outcomes[f"{case.get('classname')}::{case.get('name')}"] = kind
-    return outcomes
+class Run:
+    """One pytest run of the subset, plain or instrumented, started in the background."""
+
+    def __init__(self, root: str, files: list[str], instrumented: bool, out: str, env: dict) -> None:
+        self.label = "instrumented" if instrumented else "plain"
+        self.xml = os.path.join(out, f"{self.label}.xml")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir=tests/v1",
+               f"--junitxml={self.xml}", "-o", "junit_family=xunit1", *files]
+        run_env = dict(env)
+        if instrumented:
+            cmd[3:3] = ["-p", "otel_llm_own_tests_plugin"]
+            run_env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
+            run_env["OTEL_LLM_OWN_TESTS_ERRORS"] = os.path.join(out, "errors.json")
+        self.log = open(os.path.join(out, f"{self.label}.log"), "w+")
+        self.proc = subprocess.Popen(cmd, cwd=root, env=run_env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     text=True)
+
+    def outcomes(self) -> dict[str, str]:
+        self.proc.wait()
+        self.log.seek(0)
+        stdout = self.log.read()
+        self.log.close()
+        lines = [ln for ln in stdout.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]
+        print(f"vLLM's own tests, {self.label}: {lines[-1] if lines else stdout[-500:]}")
+        if not os.path.exists(self.xml):
+            return {}
+        out = {}
+        for case in ET.parse(self.xml).getroot().iter("testcase"):
+            kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            out[f"{case.get('classname')}::{case.get('name')}"] = kind
+        return out
 
 
 def main(root: str, files: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, HF_HOME=os.path.join(tmp, "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        env.setdefault("OMP_NUM_THREADS", "1")  # two runs on two cores: no thread pools fighting
         fake_hf_cache(env["HF_HOME"])
-        plain = run(root, files, False, tmp, env)
-        inst = run(root, files, True, tmp, env)
+        # the two runs side by side (each is one single-threaded pytest: on two cores this halves the
+        # part's time); their outcomes are compared, never their timings
+        runs = [Run(root, files, False, tmp, env), Run(root, files, True, tmp, env)]
+        plain, inst = (r.outcomes() for r in runs)
         errors_path = os.path.join(tmp, "errors.json")
         errors = json.load(open(errors_path)) if os.path.exists(errors_path) else {"plugin": "did not run"}
     diverged = {k: (plain.get(k), inst.get(k)) for k in set(plain) | set(inst) if plain.get(k) != inst.get(k)}
