@@ -142,6 +142,7 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
             [sys.executable, str(PROXY), "--prefill", f"http://127.0.0.1:{servers['prefill'].port}",
              "--decode", f"http://127.0.0.1:{servers['decode'].port}", "--port", str(port)],
             env={**os.environ, "OTEL_SERVICE_NAME": "disagg-proxy", "OTEL_TRACES_EXPORTER": "otlp",
+                 "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
                  "OTEL_EXPORTER_OTLP_ENDPOINT": gateway.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                  "OTEL_BSP_SCHEDULE_DELAY": "200"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -222,8 +223,6 @@ def test_every_user_request_is_one_trace_client_router_prefill_decode(deployment
         assert router["start"] <= hops["prefill"]["start"] < hops["prefill"]["end"] <= hops["decode"]["start"]
 
 
-@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
-                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_decode_half_loaded_vllms_external_tokens_as_a_handoff_phase(deployment):
     trees = _trees(deployment["spans"])
     d_roots = sorted((s for s in deployment["spans"] if s["service"] == "vllm-decode" and sc.LATENCY_E2E in s["attrs"]),
@@ -246,8 +245,6 @@ def test_the_prefill_half_did_not_breach_but_was_kept_with_the_trace(deployment)
     assert all(s["attrs"][sc.SLO_MET] is True for s in p_roots)
 
 
-@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
-                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_prefill_half_shows_its_kv_save(deployment):
     p_roots = [s for s in deployment["spans"] if s["service"] == "vllm-prefill" and sc.LATENCY_E2E in s["attrs"]]
     trees = _trees(deployment["spans"])
