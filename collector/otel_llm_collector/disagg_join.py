@@ -5,7 +5,7 @@ user request (``llm.disagg.role``: ``prefill``, ``decode``); neither is the user
 both request spans of the trace: it joins them (``otel_llm.core.disagg``) into the user's request, recorded
 once in the derived metrics with ``llm.disagg.role=user`` (the halves' own series keep their roles and stay
 out of the goodput counters), its breaches judged on the user's figures and charged to the half whose cause
-weighs more (``llm_collector_disagg_user_breaches{objective, side, cause}``).
+weighs more (``otelcol_llm_disagg_user_breaches_total{objective, side, cause}``).
 
 Halves wait for their partner in a bounded table, for at most ``wait`` seconds of the gateway's clock: a
 decode half whose prefill half never came (P not instrumented, its span lost) is then recorded as the user's
