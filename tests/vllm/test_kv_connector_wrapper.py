@@ -399,6 +399,8 @@ def test_a_prefill_instance_exports_every_request_for_the_gateway_to_decide(role
         tree = request_trees(spans)["p"]
         assert tree.attributes[sc.SAMPLING_REASON] == sc.SAMPLING_REASON_DEFERRED
         assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_KV_TRANSFER} <= set(tree.children)
+        # judged although it met its SLO: the gateway weighs P's verdict in the user request's
+        assert sc.SLOW_CAUSE in tree.attributes and sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS] in tree.attributes
     else:
         assert spans == []
 

@@ -251,3 +251,19 @@ def test_the_prefill_half_shows_its_kv_save(deployment):
     for p in p_roots:
         saves = [s for s in trees[p["trace"]].values() if s["parent"] == p["id"] and s["name"] == sc.SPAN_KV_TRANSFER]
         assert saves and saves[0]["attrs"][sc.KV_TRANSFER_DIRECTION] == sc.KV_SAVE
+
+
+def test_the_gateways_goodput_counts_each_user_request_once(deployment):
+    """Two halves reached the gateway per user request; its request and goodput counters hold the user's
+    request joined from them, once (every one breached D's TPOT: none was good), and no half."""
+    from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS as REQUESTS_METRIC
+    from support.metrics import points_by_name
+
+    g = deployment["gateway"]
+    counted: dict[tuple[str, Any], float] = {}
+    for name in (REQUESTS_METRIC, GOOD_REQUESTS):
+        for p in points_by_name(g.metric_reader.get_metrics_data()).get(name, []):
+            key = (name, dict(p.attributes).get(sc.DISAGG_ROLE))
+            counted[key] = counted.get(key, 0) + p.value
+    assert counted == {(REQUESTS_METRIC, "user"): REQUESTS}
+    assert g.telemetry.total("disagg_user_breaches") == REQUESTS  # each user request's TPOT breach, once
