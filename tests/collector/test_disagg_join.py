@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span
 from otel_llm_collector.gateway import Gateway
-from otel_llm_collector.spans import extract
+from otel_llm_collector.spans import extract, spans_of
 
 from otel_llm import semconv as sc
 from otel_llm.core.disagg import USER, join, pair, user_requests, verdict
@@ -76,8 +76,7 @@ def test_the_users_ttft_breach_is_judged_from_both_halves_and_charged_to_ps_queu
     g.ingest(export_request(*_router(slow), *_router(quiet), service="router"))
     clock.advance(31)
     g.tick()
-    kept_traces = {}
-    from otel_llm_collector.spans import spans_of
+    kept_traces: dict[int, set[int]] = {}
     for s in spans_of(kept):
         kept_traces.setdefault(int.from_bytes(s.trace_id, "big"), set()).add(int.from_bytes(s.span_id, "big"))
     # the slow user request is kept whole (both halves, the router's hops, the client), the quiet one dropped
