@@ -22,6 +22,7 @@ from otel_llm.core.sampling.registry import build
 
 from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
+from .disagg_join import DisaggJoin
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
@@ -31,7 +32,7 @@ from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
 from .fast import wire
-from .spans import REQUEST, TRACE_ID, Extracted, Received, encode_request, extract, read_request
+from .spans import REQUEST, TRACE_ID, Extracted, Received, RequestFacts, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
 from .telemetry import GatewayMetrics
 
@@ -66,6 +67,9 @@ class Gateway:
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry, labels) \
             if config.llm_metrics else None
         self.ttft_join = TTFTJoin(self.meter_provider, self.telemetry, max_label_length=labels.max_label_length) \
+            if config.llm_metrics else None
+        # disaggregated serving: the user's request from its prefill and decode halves, recorded once
+        self.disagg_join = DisaggJoin(self._record_users, config.slo, self.telemetry, clock) \
             if config.llm_metrics else None
         self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
         ts = config.tail_sampling
@@ -188,10 +192,19 @@ class Gateway:
             self.metrics.process(batch.requests, peer)
         if self.ttft_join is not None and (batch.clients or batch.requests):
             self.ttft_join.process(batch)
+        if self.disagg_join is not None and (batch.requests or self.disagg_join.waiting):
+            self.disagg_join.process(batch, peer)
         if self.sampler is not None:
             self.sampler.add(batch)
         elif batch.spans:
             self._emit([(group, raw) for _, group, raw, *_ in batch.spans])
+
+    def _record_users(self, users: list[RequestFacts], peer: Peer | None) -> None:
+        """User requests joined from their halves: in the derived metrics, and the client's overhead over them."""
+        if self.metrics is not None:
+            self.metrics.process(users, peer)
+        if self.ttft_join is not None:
+            self.ttft_join.process(Extracted([], users))
 
     def exposition(self) -> bytes:
         """What a scrape returns: own telemetry (prometheus_client) + derived metrics (the bridge's writer)."""

@@ -41,7 +41,7 @@ from .telemetry import GatewayMetrics
 # what one bound label set costs besides its label values (measured with tracemalloc: a _Bound with its
 # 3 dicts, ~12 recorder closures and the cache entry; tests/collector/test_label_memory.py checks it)
 BOUND_LABEL_SET_BYTES = 6000
-_LABEL_FIELDS = ("model", "operation", "provider", "error_type", "lora")
+_LABEL_FIELDS = ("model", "operation", "provider", "error_type", "lora", "disagg_role")
 OTHER = "_OTHER"
 _SLOTS = RequestSummary.__slots__
 OVERFLOW_KEY = "otel.metric.overflow"

@@ -67,7 +67,9 @@ TARGETS: dict[str, UpstreamTarget] = {
 DEFAULT_TARGET = "v0.159"
 
 _DIMENSIONS = [{"key": sc.OPERATION_NAME}, {"key": sc.REQUEST_MODEL, "optional": True},
-               {"key": sc.PROVIDER_NAME, "optional": True}, {"key": sc.ERROR_TYPE, "optional": True}]
+               {"key": sc.PROVIDER_NAME, "optional": True}, {"key": sc.ERROR_TYPE, "optional": True},
+               # disaggregated serving: which half (prefill, decode) a request span is, as our gateways label it
+               {"key": sc.DISAGG_ROLE, "optional": True}]
 
 
 PRIVATE_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
@@ -250,12 +252,16 @@ def _connector_metrics(u: UpstreamTarget) -> list[dict[str, Any]]:
     if u.sum_monotonic:
         counter["monotonic"] = True
     requests, good = SERVER_METRICS.requests_spec, SERVER_METRICS.good_requests_spec
+    # a prefill instance's half of a disaggregated request is not a user request: out of the goodput counters.
+    # Upstream cannot join the halves as our gateways do: the decode half stands for the user request, as in a
+    # server's own metrics (a span without the role compares != and counts)
+    user = f"{ottl_attr(sc.DISAGG_ROLE)} != {ottl_string(sc.DISAGG_ROLE_PREFILL)}"
     metrics.append({"name": requests.name, "description": requests.description, "unit": requests.unit,
-                    "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil"], "attributes": _DIMENSIONS,
+                    "conditions": [f"{ottl_attr(sc.LATENCY_E2E)} != nil and {user}"], "attributes": _DIMENSIONS,
                     "sum": dict(counter)})
     metrics.append({"name": good.name, "unit": good.unit,
                     "description": "Requests that met every SLO (as the SDK recorded in llm.slo.met)",
-                    "conditions": [f"{ottl_attr(sc.SLO_MET)} == true"], "attributes": _DIMENSIONS,
+                    "conditions": [f"{ottl_attr(sc.SLO_MET)} == true and {user}"], "attributes": _DIMENSIONS,
                     "sum": dict(counter)})
     return metrics
 
@@ -271,8 +277,12 @@ def upstream_only(o: ScaleOptions) -> dict[str, Any]:
         {"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}},
         # ignore: a condition that cannot be evaluated on a span is "no match", logged, and the trace is
         # still judged by the other policies (propagate would count it as a policy error instead)
+        # a prefill instance exports every half it served with the deferred reason (kv_handoff): that is not a
+        # decision to keep, the trace is judged by the decode half's breach like any other
         {"name": "sdk_decision", "type": "ottl_condition",
-         "ottl_condition": {"error_mode": "ignore", "span": [f"{ottl_attr(sc.SAMPLING_REASON)} != nil"]}},
+         "ottl_condition": {"error_mode": "ignore", "span": [
+             f"{ottl_attr(sc.SAMPLING_REASON)} != nil and "
+             f"{ottl_attr(sc.SAMPLING_REASON)} != {ottl_string(sc.SAMPLING_REASON_DEFERRED)}"]}},
     ]
     slo = _slo_conditions(o.slo)
     if slo:

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 from otel_llm import semconv as sc
+from otel_llm.core.disagg import HALVES
 from otel_llm.core.metrics import CLIENT_OVERHEAD, create
 
 from .spans import Extracted
@@ -51,8 +52,8 @@ class TTFTJoin:
                 else:
                     joined.append((c.ttfc - server_ttft, c.model, c.service))
             for r in batch.requests:
-                if not r.parented or r.summary.ttft is None:
-                    continue
+                if not r.parented or r.summary.ttft is None or r.summary.disagg_role in HALVES:
+                    continue  # (a disaggregated request's halves: the user's request joined from them comes later)
                 client = clients.pop(r.trace_id, None) if clients else None
                 if client is None:
                     forgotten += self._remember(servers, r.trace_id, r.summary.ttft)

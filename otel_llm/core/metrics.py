@@ -257,9 +257,10 @@ class RequestMetrics:
                 b.spec_accepted(s.spec_accepted_tokens, context)
         missed = b.slo.breaches(s)
         good = not s.failed and not missed
-        b.requests(1, context)
-        if good:
-            b.good(1, context)
+        if s.disagg_role != sc.DISAGG_ROLE_PREFILL:  # a prefill half is not a user request (its decode half is)
+            b.requests(1, context)
+            if good:
+                b.good(1, context)
         if missed and b.breaches is not None:
             for objective in missed:
                 b.breaches.recorder(objective, s.slow_cause)(1, context)
@@ -277,11 +278,14 @@ class RequestMetrics:
             attrs[sc.ERROR_TYPE] = s.error_type
         if s.lora is not None:  # (the SDK's record passes its bounded label in ``extra``, which wins)
             attrs[sc.LORA_NAME] = s.lora
+        role = DISAGG_ROLES.get(s.disagg_role) if s.disagg_role is not None else None
+        if role is not None:  # disaggregated serving: which half (or the joined user request); others unlabelled
+            attrs[sc.DISAGG_ROLE] = role
         attrs.update(extra)
         return attrs
 
     def _bound(self, s: RequestSummary, extra: tuple[tuple[str, Any], ...]) -> "_Bound":
-        key = (s.model, s.operation, s.provider, s.error_type, extra)
+        key = (s.model, s.operation, s.provider, s.error_type, s.disagg_role, extra)
         found = self._attr_cache.get(key)
         if found is None:
             attrs = self.label_attributes(s, extra)
@@ -299,6 +303,11 @@ class RequestMetrics:
                   if self._spec_tokens is not None else (None, None)))
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
+
+
+# llm.disagg.role label values: an instance's half, or the user request the collector joined from both (a span
+# may carry any string: only these become label values)
+DISAGG_ROLES = {r: r for r in (sc.DISAGG_ROLE_PREFILL, sc.DISAGG_ROLE_DECODE, sc.DISAGG_ROLE_BOTH, "user")}
 
 
 class FirstN:

@@ -299,6 +299,8 @@ class Pipeline:
             s.spec_verify_steps, s.spec_draft_tokens, s.spec_accepted_tokens = t.spec
         if t.lora_name is not None and s.lora is None:
             s.lora = t.lora_name
+        if s.disagg_role is None:  # which half of a disaggregated request (its metrics are labelled by it)
+            s.disagg_role = t.request_attributes.get(sc.DISAGG_ROLE)
         group = t.group
         if group is not None:  # one of n sequences: the user request is decided, and traced, as one
             group.finished.append((t, s))
@@ -391,7 +393,9 @@ class Pipeline:
             return None
 
     def _for_cause(self, decision: Decision | None) -> bool:
-        return decision is not None and decision.reason.partition(":")[0] in self._cause_names
+        # a prefill half is judged too: the collector weighs its verdict in the user request's (core/disagg.py)
+        return decision is not None and (decision.reason.partition(":")[0] in self._cause_names
+                                         or decision is _HANDOFF_KEPT)
 
     def _materialize_request(self, job: RequestJob) -> None:
         t, s, decision, detail = job.timeline, job.summary, job.decision, job.detail

@@ -100,6 +100,14 @@ GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
                   "Client calls joined with their server request (TTFT overhead recorded)"),
     GatewayMetric("ttft_join_forgotten", "counter", (),
                   "Unjoined halves forgotten to stay under the join table's bound"),
+    GatewayMetric("disagg_join_joined", "counter", (),
+                  "Disaggregated user requests joined from their prefill and decode halves (recorded once, "
+                  "llm.disagg.role=user)"),
+    GatewayMetric("disagg_join_forgotten", "counter", (),
+                  "Halves whose partner did not come in time (a decode half is then the user request alone)"),
+    GatewayMetric("disagg_user_breaches", "counter", ("objective", "side", "cause"),
+                  "Joined user requests that breached an objective, by the half (prefill, decode, unknown) and cause "
+                  "the breach is charged to"),
     GatewayMetric("count_traces_sampled", "counter", ("policy", "decision"),
                   "Traces decided, by deciding policy and verdict"),
     GatewayMetric("sampling_late_spans", "counter", ("decision",), "Spans that arrived after their trace was decided"),

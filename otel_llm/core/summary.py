@@ -48,6 +48,9 @@ class RequestSummary:
     # cache-read input tokens by source, where the engine tells them apart (their sum: prefix_cache_hit_tokens)
     cache_read_local: int | None = None
     cache_read_external: int | None = None
+    # disaggregated serving: which half of a user request this is (llm.disagg.role: prefill, decode, both), or
+    # ``user`` for the user's request the collector joined from its two halves (core/disagg.py)
+    disagg_role: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -245,6 +248,7 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.LORA_NAME, "lora", "str"),
         (sc.CACHE_READ_LOCAL, "cache_read_local", "int"),
         (sc.CACHE_READ_EXTERNAL, "cache_read_external", "int"),
+        (sc.DISAGG_ROLE, "disagg_role", "str"),
     )
 }
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)

@@ -30,7 +30,9 @@ from otel_llm import semconv as sc
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.scale_config import ScaleOptions, generate
+from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS
 from otel_llm.core.slo import SLOTable
+from support.metrics import points_by_name
 
 GATEWAYS = 3
 TRACES = 60
@@ -271,6 +273,16 @@ def test_a_decode_breach_keeps_the_prefill_half_of_its_trace_and_others_drop_who
         assert set(everywhere) == breached and 0 < len(breached) < TRACES
         for trace, copies in everywhere.items():
             assert copies == [sent[trace]]  # at one gateway, whole: P's request and its hand-off included
+        # goodput counts each user request once: each gateway joined the halves of the traces it owns into the
+        # user's request, and only those are in the request and goodput counters
+        counted: dict[tuple[str, Any], float] = {}
+        for g in gateways:
+            for name in (REQUESTS, GOOD_REQUESTS):
+                for p in points_by_name(g.metric_reader.get_metrics_data()).get(name, []):
+                    key = (name, dict(p.attributes).get(sc.DISAGG_ROLE))
+                    counted[key] = counted.get(key, 0) + p.value
+        assert counted == {(REQUESTS, "user"): TRACES, (GOOD_REQUESTS, "user"): TRACES - len(breached)}
+        assert sum(g.telemetry.value("disagg_join_joined") for g in gateways) == TRACES
     finally:
         server.stop(None)
         router.close()

@@ -399,5 +399,72 @@ def test_a_prefill_instance_exports_every_request_for_the_gateway_to_decide(role
         tree = request_trees(spans)["p"]
         assert tree.attributes[sc.SAMPLING_REASON] == sc.SAMPLING_REASON_DEFERRED
         assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_KV_TRANSFER} <= set(tree.children)
+        # judged although it met its SLO: the gateway weighs P's verdict in the user request's
+        assert sc.SLOW_CAUSE in tree.attributes and sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS] in tree.attributes
     else:
         assert spans == []
+
+
+def test_a_consumers_no_op_save_calls_are_not_a_save_of_what_it_loaded():
+    """A kv_consumer's worker still calls the connector's save methods (they return at once): the request it
+    loaded shows its load, no save."""
+    book = HandoffBook()
+    w = kc.ConnectorWrapper(book.add, clock=TickClock())
+
+    class Consumer(PullConnector):
+        _kv_transfer_config = SimpleNamespace(kv_role="kv_consumer")
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 32, False
+
+    sched = w.wrap(Consumer(KVConnectorRole.SCHEDULER))
+    worker = w.wrap(Consumer(KVConnectorRole.WORKER))
+    sched.get_num_new_matched_tokens(_request("d3"), 0)
+    sched.update_state_after_alloc(_request("d3"), None, 32)
+    sched.build_connector_meta(_scheduled(new=["d3"]))
+    out = KVConnectorOutput()
+    with kc._AttachWorkerStep(contextlib.nullcontext(out), w):
+        worker.start_load_kv(None)
+        worker.save_kv_layer("layer.0", None, None)
+        worker.wait_for_save()
+    sched.update_connector_output(out)
+    h = book.pop("d3")
+    assert h.loaded and h.external_tokens == 32
+    assert not h.saved
+
+
+def test_a_frontends_wrapper_stands_aside_in_a_process_vllm_spawned(monkeypatch):
+    """Under opentelemetry-instrument a spawned EngineCore runs the auto-instrumentation too, before it has its
+    process name: the instrumentor there arms a frontend's wrapper, and the plugin then arms its own. Whatever
+    the order they wrap vLLM's factory in, the connector is the plugin's: its records go to the frontend."""
+    import multiprocessing
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    monkeypatch.setattr(multiprocessing.current_process(), "name", "EngineCore")
+    sent: list[KVHandoff] = []
+    kept_here = HandoffBook()
+    built = PullConnector(KVConnectorRole.SCHEDULER)
+    monkeypatch.setattr(KVConnectorFactory, "create_connector", staticmethod(lambda *a, **k: built))
+    for order in ("frontend first", "plugin first"):
+        built.__dict__.pop(kc._WRAPPED_ATTR, None)
+        for name in kc.SCHEDULER_METHODS:
+            built.__dict__.pop(name, None)
+        frontend = kc.ConnectorWrapper(kept_here.add)
+        plugin = kc.ConnectorWrapper(sent.append, spawned=True)
+        owners = (frontend, plugin) if order == "frontend first" else (plugin, frontend)
+        for owner in owners:
+            owner.arm()
+        try:
+            connector = KVConnectorFactory.create_connector(None, KVConnectorRole.SCHEDULER, None)
+        finally:
+            for owner in reversed(owners):
+                owner.disarm()
+        assert connector is built
+        assert frontend.schedulers == [] and len(plugin.schedulers) == 1, order
+        connector.get_num_new_matched_tokens(_request(order), 0)
+        connector.update_state_after_alloc(_request(order), None, 64)
+        connector.request_finished(_request(order), [1])
+        connector.update_connector_output(KVConnectorOutput(finished_recving={order}))
+    assert [r.request_id for r in sent] == ["frontend first", "plugin first"]
+    assert kept_here.records == {}

@@ -142,6 +142,7 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
             [sys.executable, str(PROXY), "--prefill", f"http://127.0.0.1:{servers['prefill'].port}",
              "--decode", f"http://127.0.0.1:{servers['decode'].port}", "--port", str(port)],
             env={**os.environ, "OTEL_SERVICE_NAME": "disagg-proxy", "OTEL_TRACES_EXPORTER": "otlp",
+                 "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
                  "OTEL_EXPORTER_OTLP_ENDPOINT": gateway.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                  "OTEL_BSP_SCHEDULE_DELAY": "200"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -222,8 +223,6 @@ def test_every_user_request_is_one_trace_client_router_prefill_decode(deployment
         assert router["start"] <= hops["prefill"]["start"] < hops["prefill"]["end"] <= hops["decode"]["start"]
 
 
-@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
-                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_decode_half_loaded_vllms_external_tokens_as_a_handoff_phase(deployment):
     trees = _trees(deployment["spans"])
     d_roots = sorted((s for s in deployment["spans"] if s["service"] == "vllm-decode" and sc.LATENCY_E2E in s["attrs"]),
@@ -246,11 +245,25 @@ def test_the_prefill_half_did_not_breach_but_was_kept_with_the_trace(deployment)
     assert all(s["attrs"][sc.SLO_MET] is True for s in p_roots)
 
 
-@pytest.mark.xfail(strict=True, reason="under vllm serve the EngineCore's hand-off records do not reach the "
-                   "frontend yet (an offline engine's do: test_vllm_kv_handoff)")
 def test_the_prefill_half_shows_its_kv_save(deployment):
     p_roots = [s for s in deployment["spans"] if s["service"] == "vllm-prefill" and sc.LATENCY_E2E in s["attrs"]]
     trees = _trees(deployment["spans"])
     for p in p_roots:
         saves = [s for s in trees[p["trace"]].values() if s["parent"] == p["id"] and s["name"] == sc.SPAN_KV_TRANSFER]
         assert saves and saves[0]["attrs"][sc.KV_TRANSFER_DIRECTION] == sc.KV_SAVE
+
+
+def test_the_gateways_goodput_counts_each_user_request_once(deployment):
+    """Two halves reached the gateway per user request; its request and goodput counters hold the user's
+    request joined from them, once (every one breached D's TPOT: none was good), and no half."""
+    from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS as REQUESTS_METRIC
+    from support.metrics import points_by_name
+
+    g = deployment["gateway"]
+    counted: dict[tuple[str, Any], float] = {}
+    for name in (REQUESTS_METRIC, GOOD_REQUESTS):
+        for p in points_by_name(g.metric_reader.get_metrics_data()).get(name, []):
+            key = (name, dict(p.attributes).get(sc.DISAGG_ROLE))
+            counted[key] = counted.get(key, 0) + p.value
+    assert counted == {(REQUESTS_METRIC, "user"): REQUESTS}
+    assert g.telemetry.total("disagg_user_breaches") == REQUESTS  # each user request's TPOT breach, once

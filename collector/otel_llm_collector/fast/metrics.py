@@ -27,9 +27,14 @@ _OUTPUT_TOKENS = attrgetter("output_tokens")
 
 
 # What a request's label set depends on (with the caller's ``extra``): (model, operation, provider, error_type,
-# LoRA adapter).
+# LoRA adapter, disaggregated role).
 # An attrgetter builds the tuple in C: no Python frame per request (called once or twice per request span).
-label_key: Callable[[RequestSummary], tuple] = attrgetter("model", "operation", "provider", "error_type", "lora")
+label_key: Callable[[RequestSummary], tuple] = attrgetter("model", "operation", "provider", "error_type", "lora",
+                                                          "disagg_role")
+_ROLE = 5  # the key's disagg_role
+# halves of a disaggregated request: not user requests, so not in the goodput counters (the user request the
+# disagg_join processor joins from them is)
+_HALVES = frozenset(("prefill", "decode"))
 
 
 class LabelSetCache(Protocol):
@@ -119,6 +124,8 @@ class BatchMetrics:
                          if s.output_characters is not None and s.output_characters >= 0]
                 if chars:
                     b.chars(sum(chars))
+            if key[_ROLE] in _HALVES:
+                continue
             b.requests(len(group))
             if n_good:
                 b.good(n_good)

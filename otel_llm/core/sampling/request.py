@@ -9,6 +9,7 @@ from typing import Sequence
 
 from ... import semconv as sc
 from ..quantile import QuantileSketch
+from ..disagg import user_requests
 from ..slo import SLOTable
 from .base import NOT_SAMPLED, Decision, OptionError, TraceView, Verdict
 
@@ -32,14 +33,18 @@ class ErrorPolicy:
 
 
 class SLOPolicy:
-    """Keep traces in which any request breached one of its model's SLOs."""
+    """Keep traces in which any request breached one of its model's SLOs.
+
+    The requests are the user's: where a trace holds both halves of a disaggregated request (the collector's
+    case), the request joined from them is judged, not each half (``core/disagg.py``): the user's TTFT is P's
+    whole request and D's TTFT, which neither half breaches alone."""
 
     def __init__(self, slos: SLOTable, name: str = "slo_breach") -> None:
         self.name = name
         self.slos = slos
 
     def evaluate(self, trace: TraceView) -> Decision:
-        for s in trace.summaries:
+        for s in user_requests(trace.summaries):
             missed = self.slos.for_model(s.model).breaches(s)
             if missed:
                 return Decision(Verdict.SAMPLED, f"{self.name}:{'+'.join(missed)}")

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 from ...guard import GUARD
 from ...core.handoff import KVHandoff
 from ..wraps import Target, WrapTable
+from .process_roles import in_engine_process, in_worker_process
 
 # The methods wrapped on the concrete connector instance (fenced against KVConnectorBase_V1).
 WORKER_METHODS = ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
@@ -245,8 +246,9 @@ class SchedulerSide:
                 prefilling.append(rid)
         if len(self.plans) >= MAX_PLANS:  # outputs that never came back (an engine error): don't grow
             self.plans.popleft()
-        self.plans.append(_Plan(tuple(self.committed), tuple(p for p in prefilling if p in self.records
-                                                                or self._saves)))
+        # only a connector that saves has saves to attribute: a consumer's worker still calls its (no-op)
+        # save_kv_layer, which must not become a save of the requests it loaded
+        self.plans.append(_Plan(tuple(self.committed), tuple(prefilling) if self._saves else ()))
         self.committed = []
 
     _saves = False  # set by the wrapper for a connector that saves (kv_producer, kv_both)
@@ -318,12 +320,20 @@ class ConnectorWrapper:
     """Wraps connector instances for one owner (the instrumentor in-process, the plugin elsewhere).
 
     ``sink``: where the scheduler side's records go. The worker side needs none: its figures ride on
-    the step's output (see ``attach_worker_step``)."""
+    the step's output (see ``attach_worker_step``). ``spawned``: the plugin's wrapper, in a process vLLM
+    spawned (EngineCore, worker).
+
+    A frontend's wrapper stands aside in a process vLLM spawned: under ``opentelemetry-instrument`` the
+    spawned EngineCore runs the auto-instrumentation too (the inherited ``PYTHONPATH`` brings
+    ``sitecustomize``), before multiprocessing has given the process its name, so an instrumentor there
+    takes itself for a frontend and arms a wrapper whose records would stay in that process. Whether
+    the process is a spawned one is asked when vLLM builds the connector (its name is set by then)."""
 
     def __init__(self, sink: Callable[[KVHandoff], None] | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, spawned: bool = False) -> None:
         self.sink = sink
         self.clock = clock
+        self.spawned = spawned
         self.worker: WorkerSide | None = None  # the worker-side connector of this process, once built
         self.schedulers: list[SchedulerSide] = []
         self._table = WrapTable([
@@ -342,9 +352,15 @@ class ConnectorWrapper:
 
     # -- where vLLM builds the connector --------------------------------------------------------
 
+    def stands_aside(self) -> bool:
+        """A frontend's wrapper in a process vLLM spawned: the plugin's wrapper there is the one that reports."""
+        return not self.spawned and (in_engine_process() or in_worker_process())
+
     def create_connector(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         connector = wrapped(*args, **kwargs)
         try:
+            if self.stands_aside():
+                return connector
             self.wrap(connector)
         except Exception as exc:
             GUARD.failed("kv connector wrap", exc)
@@ -431,11 +447,15 @@ class ConnectorWrapper:
     # -- where a step's worker figures leave the worker -------------------------------------------
 
     def kv_connector_output(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self.worker is None:  # no worker-side connector wrapped by this owner: nothing to attach
+            return wrapped(*args, **kwargs)
         return _AttachWorkerStep(wrapped(*args, **kwargs), self)
 
     def aggregate(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         """vLLM's executor merges the workers' connector outputs into a new one (with one worker too):
         the workers' figures are merged onto it."""
+        if self.stands_aside():
+            return wrapped(*args, **kwargs)
         figures: list[WorkerStep] = []
         try:
             outputs = args[0] if args else kwargs.get("outputs") or ()
@@ -491,7 +511,6 @@ def plugin() -> None:
     the worker side times the connector. A frontend, and an engine inside it, is the instrumentor's."""
     global _plugin_wrapper
     from . import kv_channel
-    from .process_roles import in_engine_process, in_worker_process
     from .step_transport import STEP_DIR_ENV
 
     directory = os.environ.get(STEP_DIR_ENV)
@@ -499,10 +518,10 @@ def plugin() -> None:
         return
     try:
         if in_engine_process():
-            _plugin_wrapper = ConnectorWrapper(kv_channel.HandoffSink(directory, time.monotonic))
+            _plugin_wrapper = ConnectorWrapper(kv_channel.HandoffSink(directory, time.monotonic), spawned=True)
             _plugin_wrapper.arm()
         elif in_worker_process():
-            _plugin_wrapper = ConnectorWrapper(None)
+            _plugin_wrapper = ConnectorWrapper(None, spawned=True)
             _plugin_wrapper.arm()
     except Exception as exc:
         GUARD.failed("vllm kv connector plugin", exc)
