@@ -149,6 +149,67 @@ def test_wire_carries_extras_and_plain_records_are_unchanged():
         step_wire.decode_py(data[:-len(b"r1\0r2\0r3") - 4])
 
 
+def test_wire_carries_the_worker_facts():
+    """LoRA cache events and the drafter's time ride in the extras block, alone or with drafts; in-process
+    (step_hooks.decode) and across processes (step_wire) they arrive the same."""
+    from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED, LoRAEvent
+    from otel_llm.instrumentation.vllm import step_hooks
+
+    shares = (["r1", "r2"], None, [10, 11], (), (), (), ())
+    base = (ENGINE | 10, 1.0, 2.0, 2, 0, 0, 0.5, shares, 0, 0.1, 0.2, 0.3, None, None)
+    events = ((LORA_EVICTED, 1, 1.25, 0.0), (LORA_LOADED, 2, 1.25, 0.0625))
+    for extras in (step_wire.Extras((), (), (), (2,), events, None),
+                   step_wire.Extras([1], [3], [2], (), (), 0.004),
+                   step_wire.Extras([0], [3], [3], (2,), events[1:], 0.5)):
+        data = step_wire.encode(base + (extras,))
+        for step in (step_wire.decode(data), step_wire.decode_py(data), step_hooks.decode(base + (extras,))):
+            assert step.worker.lora_events == tuple(LoRAEvent(*e) for e in extras.lora_events)
+            assert step.worker.draft_s == extras.draft_s
+            assert step.loras == (tuple(extras.loras) or None)
+        with pytest.raises(step_wire.WireError):  # cut inside the events
+            step_wire.decode_py(data[:-len(b"r1\0r2") - 8])
+    plain = step_wire.decode(step_wire.encode(base))
+    assert plain.worker is None and step_hooks.decode(base).worker is None
+
+
+def test_worker_facts_hooks_count_loads_and_evictions():
+    """The worker hooks on a stand-in adapter manager with vLLM's LRU behaviour: a load is an add_adapter in
+    which _load_adapter ran, its evictions what the cache lost meanwhile; a cached adapter is no event."""
+    from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED
+    from otel_llm.instrumentation.vllm.worker_facts import WorkerFacts
+
+    facts = WorkerFacts()
+    ticks = iter(range(100))
+    facts.clock = lambda: float(next(ticks))
+
+    class Manager:  # one cache slot, as max_cpu_loras=1
+        def __init__(self):
+            self.cached = []
+
+        def list_adapters(self):
+            return set(self.cached)
+
+        def add_adapter(self, lora_request):
+            if lora_request.lora_int_id in self.cached:
+                return False
+            facts.load_adapter(lambda r: r, self, (lora_request,), {})
+            self.cached = [lora_request.lora_int_id]
+            return True
+
+    m = Manager()
+    a, b = (type("R", (), {"lora_int_id": i})() for i in (1, 2))
+    for r in (a, a, b):
+        facts.add_adapter(m.add_adapter, m, (r,), {})
+    taken = facts.take()
+    assert [(e.kind, e.lora_id, e.seconds) for e in taken.lora_events] == [
+        (LORA_LOADED, 1, 1.0), (LORA_EVICTED, 1, 0.0), (LORA_LOADED, 2, 1.0)]
+    assert taken.draft_s is None and facts.take() is None
+    facts.remove_adapter(lambda i: True, m, (2,), {})
+    assert [(e.kind, e.lora_id) for e in facts.take().lora_events] == [(LORA_EVICTED, 2)]
+    facts.propose(lambda: None, type("Runner", (), {"device": None})(), (), {})
+    assert facts.take_plain() == ((), 1.0)
+
+
 # -- the roofline: verification tokens and an fp8 KV cache --------------------------------------
 
 

@@ -10,11 +10,17 @@
 * LoRA: the integer ids of the adapters the step ran (vLLM's ``scheduled_loras``: the adapters of the
   scheduled requests), read right after ``schedule()``, while every scheduled request is still in
   ``Scheduler.requests``. Work: one pass over the step's ids, only where the engine serves LoRA adapters.
+* The model runner's facts (worker_facts.py): the LoRA adapters it loaded or evicted in the step, with the
+  load time, and the drafter's time; hung on the step's ``ModelRunnerOutput`` where the model runner runs in
+  a worker process, taken from this process's own ``WorkerFacts`` where it runs here. Work in a step without
+  them: one attribute read and one flag test.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
 
 def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any,
@@ -74,3 +80,12 @@ def active_loras(scheduler: Any, ids: Sequence[str]) -> tuple[int, ...] | None:
         if lora is not None and lora.lora_int_id > 0:
             found.add(lora.lora_int_id)
     return tuple(sorted(found)) if found else None
+
+
+def worker_facts(model_output: Any, local: WorkerFacts) -> tuple | None:
+    """(LoRA events as tuples, drafter seconds or None) of the step, or None: from the model runner's output
+    (a worker process hung them there: model_timing.ModelTimer), else from ``local``, this process's own."""
+    facts = getattr(model_output, WORKER_FACTS_ATTR, None)
+    if facts is None and local.pending:
+        facts = local.take_plain()
+    return facts
