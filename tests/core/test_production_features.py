@@ -320,3 +320,33 @@ def test_adapter_labels_refuse_a_bad_cap():
     assert labels.label(None) is None
     assert labels.label("a") == "a" and labels.label("b") == sc.LORA_OTHER and labels.label("a") == "a"
     assert labels.label(sc.LORA_OTHER) == sc.LORA_OTHER and labels.collapsed == 2
+
+
+def test_spec_counts_fast_path_equals_the_loop():
+    """spec_counts' C-level path and its loop give the same counts, and every step the fast path does not
+    take (a draft invalidated, a request unscheduled or unknown, nothing sampled) still counts as the loop."""
+    import random
+    import types
+
+    from otel_llm.instrumentation.vllm.step_extras import _spec_counts_loop, share_positions, spec_counts
+
+    rng = random.Random(5)
+    for case in range(300):
+        n = rng.randint(1, 12)
+        ids = [f"r{i}" for i in range(n)]
+        drafts = {r: [9] * rng.choice((0, 1, 3) if case % 5 == 0 else (1, 3)) for r in ids if rng.random() < 0.9}
+        index = {r: i for i, r in enumerate(ids) if case % 7 or rng.random() < 0.8}
+        sampled = [[7] * rng.choice((0, 1, 2, 4) if case % 3 == 0 else (1, 2, 4)) for _ in ids]
+        invalid = {ids[0]: 1} if case % 11 == 0 else None
+        scheduled = {r: 1 for r in ids if case % 13 or rng.random() < 0.7}
+        out = types.SimpleNamespace(scheduled_spec_decode_tokens=drafts, num_invalid_spec_tokens=invalid)
+        model = types.SimpleNamespace(sampled_token_ids=sampled, req_id_to_index=index)
+        scheduler = types.SimpleNamespace(num_sampled_tokens_per_step=1)
+        got = spec_counts(scheduler, out, model, scheduled)
+        loop = _spec_counts_loop(drafts, sampled, index, invalid or {}, 1, scheduled) if drafts else None
+        assert got == loop, case
+        if got is not None:
+            rev = ids[::-1]
+            for order in (ids, rev):  # the fast share lookup (same order) and the dict's
+                at, d, a = share_positions(got, order)
+                assert [order[i] for i in at] == got[0] and (d, a) == (got[1], got[2])
