@@ -17,6 +17,13 @@ other processes hits every mode alike; medians of per-round medians. Modes:
     hooks_dgram  the same with rings off (one datagram a step)
     encode       the hooks, the record encoded but not sent
     hook_only    the hooks, the record handed to a no-op (their own Python work and wrapping)
+    hooks_lora   ``hooks`` on a step of an engine serving LoRA: every request with one of 4 adapters
+    hooks_spec   ``hooks`` on a verify step: every request with 3 draft tokens, 2 accepted
+
+(``hooks`` is the step with both off.) The model runner's side, per call, in the process where it runs
+(``worker_ns``): the LoRA hook around ``add_adapter`` (once per adapter of a LoRA batch, no load), the
+drafter's timer around ``propose_draft_token_ids`` (once per step with speculation), and the model
+timer's hand-over of them with the step's output.
 
 So ``hooks - bare`` is what a step costs the EngineCore; ``hooks - encode`` the ring transport,
 ``encode - hook_only`` the encoding. Frontend side, per record: decoding a full record and the next
@@ -43,13 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/support: test helpers, not shipped
 RESULTS = ROOT / "benchmarks" / "results"
 SLICE = 25  # steps per mode per slice of a round
-MODES = ("bare", "wrap", "hooks", "hooks_py", "hooks_dgram", "encode", "hook_only")
+MODES = ("bare", "wrap", "hooks", "hooks_py", "hooks_dgram", "encode", "hook_only", "hooks_lora", "hooks_spec")
+ADAPTERS, DRAFTS, ACCEPTED = 4, 3, 2  # the LoRA and speculative cases
 
 
 class Scene:
     """One step's worth of stand-ins: what the hooks read of vLLM's scheduler and its output."""
 
-    def __init__(self, batch: int, new: int) -> None:
+    def __init__(self, batch: int, new: int, lora: bool = False, spec: bool = False) -> None:
         from vllm.v1.core.sched.output import CachedRequestData
         from vllm.v1.engine import EngineCoreOutput
 
@@ -57,12 +65,18 @@ class Scene:
         decoding, fresh = ids[:batch], ids[batch:]
         prompt, outputs, chunk = 96, 5, 32
 
+        adapters = [types.SimpleNamespace(lora_int_id=1 + i, lora_name=f"adapter-{i}") for i in range(ADAPTERS)]
+
         class Req:  # the scheduler's Request right after schedule(): num_computed_tokens advanced
-            __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens", "num_prompt_tokens")
+            __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens", "num_prompt_tokens",
+                         "lora_request")
+            made = 0
 
             def __init__(self, computed: int, outs: int) -> None:
                 self.num_computed_tokens, self.num_output_tokens = computed, outs
                 self.num_tokens, self.num_prompt_tokens = prompt + outs, prompt
+                self.lora_request = adapters[Req.made % ADAPTERS] if lora else None
+                Req.made += 1
 
         class Waiting(list):
             def peek_request(self) -> Any:
@@ -77,17 +91,22 @@ class Scene:
         self.scheduler = types.SimpleNamespace(
             requests=requests, running=list(range(batch + new)), waiting=Waiting(),
             kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
-            max_num_scheduled_tokens=8192)
-        scheduled = dict.fromkeys(decoding, 1)
+            max_num_scheduled_tokens=8192,
+            lora_config=types.SimpleNamespace(max_loras=ADAPTERS) if lora else None)
+        scheduled = dict.fromkeys(decoding, 1 + DRAFTS if spec else 1)
         scheduled.update(dict.fromkeys(fresh, chunk))
         self.out = types.SimpleNamespace(
             num_scheduled_tokens=scheduled, preempted_req_ids=set(), finished_req_ids=set(),
-            total_num_scheduled_tokens=batch + chunk * new, scheduled_cached_reqs=cached,
+            total_num_scheduled_tokens=sum(scheduled.values()), scheduled_cached_reqs=cached,
+            scheduled_spec_decode_tokens={r: [9] * DRAFTS for r in decoding} if spec else {},
             scheduled_new_reqs=[types.SimpleNamespace(req_id=r, num_computed_tokens=0, prompt_len=prompt,
                                                       prefill_token_ids=None) for r in fresh])
         self.outputs = {0: types.SimpleNamespace(timestamp=0.0, outputs=[
             EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in decoding])}
         self.model_output = types.SimpleNamespace()
+        if spec:  # each request: its 2 accepted drafts and the target's own token
+            self.model_output = types.SimpleNamespace(sampled_token_ids=[[7] * (1 + ACCEPTED)] * batch,
+                                                      req_id_to_index={r: i for i, r in enumerate(decoding)})
 
 
 class Wired:
@@ -132,6 +151,80 @@ def steps_ns(wired: Wired, scene: Scene, steps: int, drain: Callable[[], None]) 
         taken.append(clock() - c0)
         drain()
     return taken
+
+
+def worker_ns(n: int = 20000) -> dict:
+    """The model runner's side, ns per call: the LoRA hook around a stand-in ``add_adapter`` (the adapter
+    cached: no load), the drafter's timer around a stand-in ``propose_draft_token_ids``, each against the
+    stand-in unwrapped; and the model timer's check for facts to hand over with an output (none pending,
+    then one drafter time pending), against the output's model time alone."""
+    from otel_llm.instrumentation.vllm.model_timing import ModelTimer
+    from otel_llm.instrumentation.vllm.worker_facts import WorkerFacts
+    from otel_llm.instrumentation.wraps import Target, WrapTable
+
+    def stand_ins(tag: str) -> Any:
+        name = f"_engine_step_worker_{tag}"
+        module = types.ModuleType(name)
+
+        class Runner:
+            device = types.SimpleNamespace(type="cpu")
+
+            def add_adapter(self, lora_request: Any) -> bool:
+                return False
+
+            def propose_draft_token_ids(self, *a: Any) -> Any:
+                return None
+
+        Runner.__module__ = name
+        module.Runner = Runner
+        sys.modules[name] = module
+        return name, Runner
+
+    _, bare = stand_ins("bare")
+    name, wrapped = stand_ins("wrapped")
+    facts = WorkerFacts()
+    WrapTable([Target(name, "Runner.add_adapter", facts.add_adapter, plain=True),
+               Target(name, "Runner.propose_draft_token_ids", facts.propose, plain=True)]).wrap()
+    request = types.SimpleNamespace(lora_int_id=1)
+    b, w = bare(), wrapped()
+    timer = ModelTimer()
+    timer.timing, timer.cuda_events = True, False
+
+    def run_model(pending: bool) -> Callable[[], None]:
+        out = types.SimpleNamespace(req_ids=["r"])
+        key = id(out)
+
+        def call() -> None:
+            timer.current_model_step = key
+            if pending:
+                facts.pending, facts.draft_s = True, 1e-4
+            timer._time_model(True, lambda o: o, None, (out,), {})
+        return call
+
+    cases = {
+        "add_adapter_bare": lambda: b.add_adapter(request),
+        "add_adapter_hooked": lambda: w.add_adapter(request),
+        "propose_bare": lambda: b.propose_draft_token_ids(),
+        "propose_hooked": lambda: w.propose_draft_token_ids(),
+        "output_nothing_pending": run_model(False),
+        "output_drafter_time_pending": run_model(True),
+    }
+    timer.facts = facts
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for r in range(9):
+        order = list(cases)
+        random.shuffle(order)
+        for k in order:
+            fn = cases[k]
+            c0 = time.thread_time_ns()
+            for _ in range(n):
+                fn()
+            samples[k].append((time.thread_time_ns() - c0) / n)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {"lora_add_adapter_hook_ns": round(med["add_adapter_hooked"] - med["add_adapter_bare"]),
+            "drafter_timer_ns": round(med["propose_hooked"] - med["propose_bare"]),
+            "output_hand_over_ns": round(med["output_drafter_time_pending"] - med["output_nothing_pending"]),
+            "ns_per_call": {k: round(v) for k, v in med.items()}}
 
 
 def next_step(payload: Any) -> Any:
@@ -218,6 +311,9 @@ def main() -> None:
     from otel_llm.instrumentation.vllm import step_hooks, step_transport, step_wire
 
     scene = Scene(args.batch, args.new)
+    scenes = dict.fromkeys(MODES, scene)
+    scenes["hooks_lora"] = Scene(args.batch, args.new, lora=True)
+    scenes["hooks_spec"] = Scene(args.batch, args.new, spec=True)
     directory = tempfile.mkdtemp(prefix="otel-llm-hooks-")
     frontend = step_transport.StepReceiver(directory)
     received = [0]
@@ -229,6 +325,7 @@ def main() -> None:
     sinks: dict[str, Any] = {}
 
     def wired(mode: str) -> Wired:
+        scene = scenes[mode]
         if mode == "bare":
             return Wired(None, None, scene)
         if mode == "wrap":
@@ -236,7 +333,7 @@ def main() -> None:
                 return wrapped(*a, **kw)
             return Wired(through, through, scene)
         hooks = step_hooks.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
-        if mode in ("hooks", "hooks_py", "hooks_dgram"):
+        if mode in ("hooks", "hooks_py", "hooks_dgram", "hooks_lora", "hooks_spec"):
             sink = step_transport.SocketSink(directory)
             if mode == "hooks_dgram":
                 sink.RING = False
@@ -253,7 +350,7 @@ def main() -> None:
 
     by_mode = {m: wired(m) for m in MODES}
     for m in MODES:  # warm up: struct layouts compiled, sockets connected, rings handed over
-        steps_ns(by_mode[m], scene, 50, drain)
+        steps_ns(by_mode[m], scenes[m], 50, drain)
     rounds: dict[str, list[float]] = {m: [] for m in MODES}
     load = [os.getloadavg()[0]]
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -263,7 +360,7 @@ def main() -> None:
             order = list(MODES)
             random.shuffle(order)
             for m in order:
-                taken[m] += steps_ns(by_mode[m], scene, SLICE, drain)
+                taken[m] += steps_ns(by_mode[m], scenes[m], SLICE, drain)
         for m in MODES:
             rounds[m].append(statistics.median(taken[m]) / 1000)
         load.append(os.getloadavg()[0])
@@ -289,7 +386,12 @@ def main() -> None:
             "wrapping": round(med["wrap"] - med["bare"], 2),
             "hooks_own_python": round(med["hook_only"] - med["wrap"], 2),
             "encoding": round(med["encode"] - med["hook_only"], 2),
-            "ring_transport": round(med["hooks"] - med["encode"], 2)},
+            "ring_transport": round(med["hooks"] - med["encode"], 2),
+            "hooks_lora": round(med["hooks_lora"] - med["bare"], 2),
+            "hooks_spec": round(med["hooks_spec"] - med["bare"], 2),
+            "lora_over_plain": round(med["hooks_lora"] - med["hooks"], 2),
+            "spec_over_plain": round(med["hooks_spec"] - med["hooks"], 2)},
+        "worker_side": worker_ns(),
         "cpu_us_per_step_rounds": {m: [round(x, 2) for x in v] for m, v in rounds.items()},
         "frontend_decode_per_record": decode_ns(step_wire, captured[0]),
         "frontend_drain_ns_per_record": drain_ns(step_transport, captured[0]),

@@ -269,6 +269,8 @@ STEP_DRAFTED = "llm.decode.step.drafted_tokens"
 WINDOW_DRAFTED = "llm.decode.window.drafted_tokens"
 SPEC_POSITION = "llm.spec_decode.position"  # metric attribute: the draft position (0-based)
 SPEC_TOKEN_KIND = "llm.spec_decode.token.kind"  # metric attribute: drafted | accepted
+# on llm.engine.step: seconds in the model runner's drafter (propose_draft_token_ids) in that step
+STEP_SPEC_DRAFT_TIME = "llm.engine.step.spec_decode.draft_time"
 
 # Ours: LoRA adapters (vLLM's LoRARequest: name and integer id)
 LORA_NAME = "llm.lora.name"  # on the request span, and the adapter label of every per-request metric
@@ -277,6 +279,10 @@ LORA_OTHER = "other"  # the label value of adapters beyond the label cap (counte
 STEP_LORA_ADAPTERS = "llm.engine.step.lora.adapters"  # names of the adapters the step ran
 STEP_LORA_COUNT = "llm.engine.step.lora.active"  # how many adapters the step ran
 STEP_LORA_MAX = "llm.engine.step.lora.max"  # the engine's max_loras
+# span events (on llm.engine.step, and on the request span whose adapter loaded) of the model runner's cache
+LORA_EVENT_LOADED = "llm.lora.loaded"  # an adapter read into the cache in that step
+LORA_EVENT_EVICTED = "llm.lora.evicted"  # an adapter dropped from the cache (least recently used, or removed)
+LORA_LOAD_TIME = "llm.lora.load_time"  # on a load event: seconds of the load (read, cache insert, slot copy)
 
 # Ours: where cache-read input tokens came from (their sum is USAGE_CACHE_READ_INPUT_TOKENS)
 CACHE_READ_LOCAL = "llm.usage.cache_read.local_tokens"  # the engine's own prefix cache

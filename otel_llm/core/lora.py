@@ -4,13 +4,28 @@
 cut to ``max_length`` characters) label series of their own; every later one is ``other`` and counted
 (``collapsed``, in ``stats()``), so the series a metric can have stay ``cap + 1`` per other label set.
 ``AdapterNames`` remembers the names of adapter ids, for step spans, within ``max_entries``.
+``LoRAEvent``: an adapter loaded into or evicted from the model runner's cache, as a step record carries it
+(instrumentation/vllm/worker_facts.py measures it where it happens).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import semconv as sc
+
+LORA_LOADED, LORA_EVICTED = 1, 2  # LoRAEvent.kind (the step record's wire carries the number)
+EVENT_NAMES = {LORA_LOADED: sc.LORA_EVENT_LOADED, LORA_EVICTED: sc.LORA_EVENT_EVICTED}
+
+
+class LoRAEvent(NamedTuple):
+    """An adapter loaded into or evicted from the model runner's adapter cache in a step. ``at``: when it began
+    (time.monotonic, the step hooks' clock); ``seconds``: the load's time (0 for an eviction)."""
+
+    kind: int  # LORA_LOADED | LORA_EVICTED
+    lora_id: int
+    at: float
+    seconds: float
 
 DEFAULT_CAP = 64  # adapters with series of their own (per process): more is what "other" is for
 MAX_LABEL_LENGTH = 128  # characters of an adapter name kept as a label value
@@ -66,3 +81,49 @@ class AdapterNames:
         if max_loras:
             out[sc.STEP_LORA_MAX] = max_loras
         return out
+
+    def event_attributes(self, event: LoRAEvent) -> dict[str, Any]:
+        """A load or evict event's attributes on a span: the adapter (name and id) and a load's seconds."""
+        out: dict[str, Any] = {sc.LORA_ID: event.lora_id, sc.LORA_NAME: self.name(event.lora_id)}
+        if event.kind == LORA_LOADED:
+            out[sc.LORA_LOAD_TIME] = event.seconds
+        return out
+
+
+class AdapterCacheMetrics:
+    """The model runner's adapter-cache events as metrics: load time and count, evictions, by adapter label
+    (``labels``: the request metrics' ``AdapterLabels``, so the same cap bounds both)."""
+
+    def __init__(self, meter: Any, names: AdapterNames, labels: AdapterLabels) -> None:
+        from .metrics import LORA_EVICTIONS, LORA_LOAD_DURATION, create
+        self._loads = create(meter, LORA_LOAD_DURATION)
+        self._evictions = create(meter, LORA_EVICTIONS)
+        self._names = names
+        self._labels = labels
+
+    def record(self, steps: Any) -> None:
+        """The events of a batch of steps (``StepRecord.worker``); nothing for a step without any."""
+        for step in steps:
+            worker = step.worker
+            if worker is None or not worker.lora_events:
+                continue
+            for e in worker.lora_events:
+                attributes = {sc.LORA_NAME: self._labels.label(self._names.name(e.lora_id))}
+                if e.kind == LORA_LOADED:
+                    self._loads.record(e.seconds, attributes)
+                elif e.kind == LORA_EVICTED:
+                    self._evictions.add(1, attributes)
+
+
+def span_parts(step: Any, names: AdapterNames) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any], float]]]:
+    """What a step's worker facts add to its span: attributes (the drafter's time) and events (adapter loads
+    and evictions: name, attributes, engine monotonic start)."""
+    worker = step.worker
+    attributes: dict[str, Any] = {}
+    if worker is None:
+        return attributes, []
+    if worker.draft_s is not None:
+        attributes[sc.STEP_SPEC_DRAFT_TIME] = worker.draft_s
+    events = [(EVENT_NAMES[e.kind], names.event_attributes(e), e.at) for e in worker.lora_events
+              if e.kind in EVENT_NAMES]
+    return attributes, events

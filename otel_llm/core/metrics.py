@@ -418,7 +418,18 @@ SPEC_POSITION_TOKENS = InstrumentSpec(
     "accepted), over every engine step: accepted / drafted at a position is its acceptance rate (vLLM's "
     "num_accepted_tokens_per_pos over num_draft_tokens_per_pos)", kind="counter",
     attributes=(sc.SPEC_POSITION, sc.SPEC_TOKEN_KIND))
-STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU, SPEC_POSITION_TOKENS)
+LORA_LOAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LORA_LOAD_DURATION = InstrumentSpec(
+    "llm.server.lora.load.duration", "s",
+    f"LoRA adapter loads into the model runner's adapter cache, by adapter ({sc.LORA_NAME}, bounded as the request "
+    "metrics' label): its count is the loads, each value a load's time where it ran (read, cache insert, slot "
+    "copy)", LORA_LOAD_BUCKETS, attributes=(sc.LORA_NAME,))
+LORA_EVICTIONS = InstrumentSpec(
+    "llm.server.lora.evictions", "{adapter}",
+    f"LoRA adapters dropped from the model runner's adapter cache (least recently used, or removed), by {sc.LORA_NAME}",
+    kind="counter", attributes=(sc.LORA_NAME,))
+STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU, SPEC_POSITION_TOKENS,
+                                            LORA_LOAD_DURATION, LORA_EVICTIONS)
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
 _HW = (sc.HW_ID, sc.HW_NAME, sc.HW_TYPE, sc.HW_VENDOR)
 GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1",

@@ -25,7 +25,7 @@ from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
 from ..guard import GUARD
 from .inter_token import gap_summary
-from .lora import AdapterNames
+from .lora import AdapterCacheMetrics, AdapterNames, span_parts
 from .materializer import Materializer
 from . import self_metrics
 from .metrics import ServerMetrics
@@ -129,6 +129,7 @@ class Pipeline:
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
+        self.adapter_cache = AdapterCacheMetrics(meter, self.adapters, self.metrics.adapters)
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
@@ -366,6 +367,7 @@ class Pipeline:
         elif kind is StepMetricsJob:
             try:
                 self.diagnosis.record(job.steps)
+                self.adapter_cache.record(job.steps)  # LoRA adapter loads and evictions
             except Exception as exc:
                 GUARD.failed("engine step metrics", exc)
         elif kind is EarlyStepJob:  # settled early: its requests outlived the step buffer
@@ -526,10 +528,15 @@ class Pipeline:
             except Exception as exc:  # the step span still goes out, without the diagnosis
                 GUARD.failed("engine step diagnosis", exc)
                 extra = None
-            if step.loras:
+            events = None
+            if step.loras or step.worker is not None:
                 extra = dict(extra or ())
-                extra.update(self.adapters.step_attributes(step.loras, self.window.max_loras))
-            self.spans.engine_step(step, WallClock(), self.engine, extra)
+                if step.loras:
+                    extra.update(self.adapters.step_attributes(step.loras, self.window.max_loras))
+                if step.worker is not None:  # the model runner's: drafter time, adapter loads and evictions
+                    attributes, events = span_parts(step, self.adapters)
+                    extra.update(attributes)
+            self.spans.engine_step(step, WallClock(), self.engine, extra, events)
             self.counts.steps_emitted += 1
 
 

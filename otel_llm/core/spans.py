@@ -426,7 +426,9 @@ class SpanBuilder:
         out.close()
 
     def engine_step(self, step: StepRecord, clock: WallClock, engine: str,
-                    extra: dict[str, Any] | None = None) -> None:
+                    extra: dict[str, Any] | None = None,
+                    events: Sequence[tuple[str, dict[str, Any], float]] | None = None) -> None:
+        """``events``: (name, attributes, engine monotonic time) each, e.g. LoRA adapter loads (core/lora.py)."""
         start = clock.mono_ns(step.start)
         end = max(start, clock.mono_ns(step.end))
         attrs: dict[str, Any] = {
@@ -460,6 +462,8 @@ class SpanBuilder:
         links = [trace.Link(c) for c in step.links]
         span = self._route.engine_tracer.start_span(sc.SPAN_ENGINE_STEP, context=_ROOT, kind=SpanKind.INTERNAL,
                                        start_time=start, attributes=attrs, links=links)
+        for name, attributes, at in events or ():
+            span.add_event(name, attributes, timestamp=_clamp(clock.mono_ns(at), start, end))
         span.end(end_time=end)
 
     def _child(self, name: str, ctx: Any, start: int, attributes: dict | None = None) -> Span:

@@ -139,6 +139,14 @@ class RequestShare(NamedTuple):
 _NO_LINKS: tuple = ()
 
 
+class StepWorkerFacts(NamedTuple):
+    """What the model runner's process saw in a step (instrumentation/vllm/worker_facts.py): the LoRA adapters
+    loaded into and evicted from its cache (``core.lora.LoRAEvent``), and the drafter's time (None: not run)."""
+
+    lora_events: tuple = ()
+    draft_s: float | None = None
+
+
 class StepRecord:
     """One engine step. The shares are kept as parallel lists, not a tuple per scheduled request: a step
     of a batch of 64 is a few objects for the collector to track instead of 64 more (the frontend holds
@@ -152,7 +160,7 @@ class StepRecord:
 
     __slots__ = ("step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
                  "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras")
+                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker")
 
     def __init__(self, step_id: int, start: float, end: float, requests: Iterable[tuple[str, int, bool]] = (),
                  running: int = 0, waiting: int = 0, preempted: int = 0, kv_cache_usage: float | None = None,
@@ -189,6 +197,9 @@ class StepRecord:
         self.spec: Any = None  # SpecStep | None
         # the LoRA adapters (integer ids) the step ran, where the engine serves adapters; None: none
         self.loras: tuple[int, ...] | None = None
+        # what the model runner's process saw (LoRA adapter loads and evictions, the drafter's time):
+        # instrumentation/vllm/worker_facts.StepWorkerFacts, None where nothing happened
+        self.worker: Any = None
 
     @classmethod
     def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
@@ -202,7 +213,7 @@ class StepRecord:
         step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
         step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, _NO_LINKS
         step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
-        step.contexts = step.members = step.spec = step.loras = None
+        step.contexts = step.members = step.spec = step.loras = step.worker = None
         return step
 
     @property

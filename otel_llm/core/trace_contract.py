@@ -168,7 +168,14 @@ SERVER_SPANS: tuple[SpanDoc, ...] = (
              *_lead("the GPU sample nearest it (NVML): ", sc.STEP_GPU_UTILIZATION, sc.STEP_GPU_MEMORY,
                     sc.STEP_GPU_POWER, sc.STEP_GPU_SM_CLOCK, sc.STEP_GPU_THROTTLE),
              *_lead("TensorRT-LLM's iteration stats: ", sc.STEP_LATENCY, sc.STEP_KV_BLOCKS_USED,
-                    sc.STEP_KV_BLOCKS_MAX)),
+                    sc.STEP_KV_BLOCKS_MAX),
+             *_lead("vLLM's KV cache: ", sc.STEP_KV_CACHE_DTYPE, sc.STEP_KV_CACHE_BLOCK_SIZE),
+             *_lead("speculative decoding (vLLM): ", sc.STEP_SPEC_DRAFTS, sc.STEP_SPEC_DRAFT_TOKENS,
+                    sc.STEP_SPEC_ACCEPTED_TOKENS, sc.STEP_SPEC_DRAFT_TIME),
+             *_lead("LoRA adapters (vLLM): ", sc.STEP_LORA_ADAPTERS, sc.STEP_LORA_COUNT, sc.STEP_LORA_MAX),
+             Item(sc.LORA_EVENT_LOADED, f" per adapter the model runner loaded in the step (`{sc.LORA_NAME}`, "
+                  f"`{sc.LORA_ID}`, `{sc.LORA_LOAD_TIME}`)", event=True),
+             Item(sc.LORA_EVENT_EVICTED, " per adapter its cache dropped in the step", event=True)),
             tail="**span links** to the kept requests whose chunk or decode-step spans it produced"),
 )
 

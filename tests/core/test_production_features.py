@@ -149,6 +149,67 @@ def test_wire_carries_extras_and_plain_records_are_unchanged():
         step_wire.decode_py(data[:-len(b"r1\0r2\0r3") - 4])
 
 
+def test_wire_carries_the_worker_facts():
+    """LoRA cache events and the drafter's time ride in the extras block, alone or with drafts; in-process
+    (step_hooks.decode) and across processes (step_wire) they arrive the same."""
+    from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED, LoRAEvent
+    from otel_llm.instrumentation.vllm import step_hooks
+
+    shares = (["r1", "r2"], None, [10, 11], (), (), (), ())
+    base = (ENGINE | 10, 1.0, 2.0, 2, 0, 0, 0.5, shares, 0, 0.1, 0.2, 0.3, None, None)
+    events = ((LORA_EVICTED, 1, 1.25, 0.0), (LORA_LOADED, 2, 1.25, 0.0625))
+    for extras in (step_wire.Extras((), (), (), (2,), events, None),
+                   step_wire.Extras([1], [3], [2], (), (), 0.004),
+                   step_wire.Extras([0], [3], [3], (2,), events[1:], 0.5)):
+        data = step_wire.encode(base + (extras,))
+        for step in (step_wire.decode(data), step_wire.decode_py(data), step_hooks.decode(base + (extras,))):
+            assert step.worker.lora_events == tuple(LoRAEvent(*e) for e in extras.lora_events)
+            assert step.worker.draft_s == extras.draft_s
+            assert step.loras == (tuple(extras.loras) or None)
+        with pytest.raises(step_wire.WireError):  # cut inside the events
+            step_wire.decode_py(data[:-len(b"r1\0r2") - 8])
+    plain = step_wire.decode(step_wire.encode(base))
+    assert plain.worker is None and step_hooks.decode(base).worker is None
+
+
+def test_worker_facts_hooks_count_loads_and_evictions():
+    """The worker hooks on a stand-in adapter manager with vLLM's LRU behaviour: a load is an add_adapter in
+    which _load_adapter ran, its evictions what the cache lost meanwhile; a cached adapter is no event."""
+    from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED
+    from otel_llm.instrumentation.vllm.worker_facts import WorkerFacts
+
+    facts = WorkerFacts()
+    ticks = iter(range(100))
+    facts.clock = lambda: float(next(ticks))
+
+    class Manager:  # one cache slot, as max_cpu_loras=1
+        def __init__(self):
+            self.cached = []
+
+        def list_adapters(self):
+            return set(self.cached)
+
+        def add_adapter(self, lora_request):
+            if lora_request.lora_int_id in self.cached:
+                return False
+            facts.load_adapter(lambda r: r, self, (lora_request,), {})
+            self.cached = [lora_request.lora_int_id]
+            return True
+
+    m = Manager()
+    a, b = (type("R", (), {"lora_int_id": i})() for i in (1, 2))
+    for r in (a, a, b):
+        facts.add_adapter(m.add_adapter, m, (r,), {})
+    taken = facts.take()
+    assert [(e.kind, e.lora_id, e.seconds) for e in taken.lora_events] == [
+        (LORA_LOADED, 1, 1.0), (LORA_EVICTED, 1, 0.0), (LORA_LOADED, 2, 1.0)]
+    assert taken.draft_s is None and facts.take() is None
+    facts.remove_adapter(lambda i: True, m, (2,), {})
+    assert [(e.kind, e.lora_id) for e in facts.take().lora_events] == [(LORA_EVICTED, 2)]
+    facts.propose(lambda: None, type("Runner", (), {"device": None})(), (), {})
+    assert facts.take_plain() == ((), 1.0)
+
+
 # -- the roofline: verification tokens and an fp8 KV cache --------------------------------------
 
 
@@ -259,3 +320,33 @@ def test_adapter_labels_refuse_a_bad_cap():
     assert labels.label(None) is None
     assert labels.label("a") == "a" and labels.label("b") == sc.LORA_OTHER and labels.label("a") == "a"
     assert labels.label(sc.LORA_OTHER) == sc.LORA_OTHER and labels.collapsed == 2
+
+
+def test_spec_counts_fast_path_equals_the_loop():
+    """spec_counts' C-level path and its loop give the same counts, and every step the fast path does not
+    take (a draft invalidated, a request unscheduled or unknown, nothing sampled) still counts as the loop."""
+    import random
+    import types
+
+    from otel_llm.instrumentation.vllm.step_extras import _spec_counts_loop, share_positions, spec_counts
+
+    rng = random.Random(5)
+    for case in range(300):
+        n = rng.randint(1, 12)
+        ids = [f"r{i}" for i in range(n)]
+        drafts = {r: [9] * rng.choice((0, 1, 3) if case % 5 == 0 else (1, 3)) for r in ids if rng.random() < 0.9}
+        index = {r: i for i, r in enumerate(ids) if case % 7 or rng.random() < 0.8}
+        sampled = [[7] * rng.choice((0, 1, 2, 4) if case % 3 == 0 else (1, 2, 4)) for _ in ids]
+        invalid = {ids[0]: 1} if case % 11 == 0 else None
+        scheduled = {r: 1 for r in ids if case % 13 or rng.random() < 0.7}
+        out = types.SimpleNamespace(scheduled_spec_decode_tokens=drafts, num_invalid_spec_tokens=invalid)
+        model = types.SimpleNamespace(sampled_token_ids=sampled, req_id_to_index=index)
+        scheduler = types.SimpleNamespace(num_sampled_tokens_per_step=1)
+        got = spec_counts(scheduler, out, model, scheduled)
+        loop = _spec_counts_loop(drafts, sampled, index, invalid or {}, 1, scheduled) if drafts else None
+        assert got == loop, case
+        if got is not None:
+            rev = ids[::-1]
+            for order in (ids, rev):  # the fast share lookup (same order) and the dict's
+                at, d, a = share_positions(got, order)
+                assert [order[i] for i in at] == got[0] and (d, a) == (got[1], got[2])

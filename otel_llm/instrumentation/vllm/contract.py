@@ -73,6 +73,8 @@ _POOL = "vllm.v1.core.block_pool"
 _REQUEST = "vllm.v1.request"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 _RUNNER_OUT = "vllm.v1.outputs"
+_LORA_WORKER = "vllm.lora.worker_manager"
+_LORA_REQUEST = "vllm.lora.request"
 
 # features, as a user would name what is missing
 REQUESTS = "request spans and metrics"
@@ -84,6 +86,8 @@ MODEL_TIME = "model time on engine steps"
 SERVE = "vllm serve request kinds and incoming trace context"
 CHAT = "the chat operation of LLM.chat requests"
 ROOFLINE = "the step roofline (model shape)"
+LORA_EVENTS = "LoRA adapter load and evict events, and load time"
+DRAFT_TIME = "the drafter's time on engine steps"
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,14 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_RUNNER, "GPUModelRunner.sample_tokens", MODEL_TIME, side=WORKER,
        fallback="execute_model alone (it samples too)"),
     _e(_RUNNER_OUT, "ModelRunnerOutput.req_ids", MODEL_TIME, side=WORKER),
+    # -- the worker's LoRA adapter cache and the drafter (worker_facts.py; read in vLLM 0.32's
+    # lora/worker_manager.py and v1/worker/gpu_model_runner.py) ----------------------------------
+    _e(_LORA_WORKER, "LRUCacheWorkerLoRAManager.add_adapter", LORA_EVENTS, side=WORKER, params=("lora_request",)),
+    _e(_LORA_WORKER, "WorkerLoRAManager._load_adapter", LORA_EVENTS, side=WORKER),
+    _e(_LORA_WORKER, "WorkerLoRAManager.remove_adapter", LORA_EVENTS, side=WORKER, params=("adapter_id",)),
+    _e(_LORA_WORKER, "WorkerLoRAManager.list_adapters", LORA_EVENTS, side=WORKER),
+    _e(_LORA_REQUEST, "LoRARequest.lora_int_id", LORA_EVENTS, side=WORKER),
+    _e(_RUNNER, "GPUModelRunner.propose_draft_token_ids", DRAFT_TIME, side=WORKER),
 )
 
 

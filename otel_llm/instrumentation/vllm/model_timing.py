@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ...guard import GUARD
 from ..wraps import Target, WrapTable
+from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
 MODEL_TIME_ATTR = "_otel_llm_model_s"
 _RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # the CPU model runner inherits both methods
@@ -26,7 +27,7 @@ class ModelTimer:
     multiprocess executor's worker), with the times they keep until the step's output is handed on."""
 
     __slots__ = ("timing", "in_engine", "model", "current_model_step", "cuda_events", "event_pool", "clock",
-                 "_table")
+                 "facts", "_table")
 
     def __init__(self) -> None:
         self.timing = False  # the runner hooks on: in the EngineCore (with a sink) or in a worker (plugin)
@@ -36,6 +37,8 @@ class ModelTimer:
         self.cuda_events: Any = None  # torch.cuda.Event once a CUDA model runner was seen; False: CPU
         self.event_pool: list[Any] = []  # read CUDA events, reused (creating them costs more than recording)
         self.clock: Callable[[], float] = time.monotonic
+        # LoRA adapter loads and the drafter's time, hung on the step's output with the model time
+        self.facts = WorkerFacts()
         self._table = WrapTable([
             # plain: called on every step, wrapt's call costs more (wraps.Target)
             Target(_RUNNER_MODULE, "GPUModelRunner.execute_model", self.execute_model, plain=True),
@@ -49,10 +52,12 @@ class ModelTimer:
         self.in_engine = in_engine
         self.cuda_events = None  # decided again at the next model runner's first call (a new engine may differ)
         self._table.wrap()
+        self.facts.arm()
 
     def disable(self) -> None:
         self.timing = False
         self._table.unwrap()
+        self.facts.disarm()
         self.model.clear()
 
     def execute_model(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -94,6 +99,8 @@ class ModelTimer:
                     spent = self.cuda_seconds(spent)
                 if spent is not None:
                     setattr(out, MODEL_TIME_ATTR, spent)
+                if self.facts.pending:  # an adapter loaded, the drafter ran: this step's
+                    setattr(out, WORKER_FACTS_ATTR, self.facts.take_plain())
         except Exception as exc:
             GUARD.failed("model runner timer", exc)
         return out

@@ -14,13 +14,14 @@ import os
 import time
 from typing import Any, Callable
 
+from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
 from ...guard import GUARD
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
-                               BLOCKED_TOKEN_BUDGET, StepRecord)
+                               BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
-from .step_extras import active_loras, share_positions, spec_counts
+from .step_extras import active_loras, share_positions, spec_counts, worker_facts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
 
@@ -237,8 +238,9 @@ class StepHooks:
                 # them (the C encoder takes the 14-field rest; step_wire.encode_py these)
                 if spec is not None:
                     spec = share_positions(spec, shares[_IDS])
-                if spec is not None or loras is not None:
-                    payload += (Extras(*(spec or _NO_SPEC), loras or ()),)
+                worker = worker_facts(model_output, self.timer.facts)  # LoRA loads, drafter time
+                if spec is not None or loras is not None or worker is not None:
+                    payload += (Extras(*(spec or _NO_SPEC), loras or (), *(worker or _NO_WORKER)),)
                 sink(payload)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook", exc)
@@ -250,6 +252,7 @@ class StepHooks:
 
 
 _NO_SPEC = ((), (), ())
+_NO_WORKER = ((), None)
 
 
 def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
@@ -290,8 +293,10 @@ def decode(payload: StepPayload) -> StepRecord:
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s, step.model_s = idle, model
     if extras is not None:  # speculative drafts, LoRA adapters (step_wire.Extras)
-        spec_at, drafted, accepted, loras = extras
+        spec_at, drafted, accepted, loras, events, draft = extras
         if spec_at:
             step.spec = SpecStep(list(spec_at), list(drafted), list(accepted))
         step.loras = tuple(loras) if loras else None
+        if events or draft is not None:
+            step.worker = StepWorkerFacts(tuple(map(LoRAEvent._make, events)), draft)
     return step

@@ -8,8 +8,9 @@ and a record of another layout is refused (and counted), never misread. Layout, 
              model_s:f64 shares:u32 no_output:u32 prompts:u32
     shares   tokens:u32[n] (absent with flag ONE_EACH: one token each, a plain decode batch)
              computed:u32[n] no_output_at:u32[z] prompt_at:u32[m] prompt_len:u32[m] outputs:u32[m]
-    extras   (flag EXTRAS only) spec:u32 loras:u32 spec_at:u32[s] drafted:u32[s] accepted:u32[s]
-             loras:u32[l]
+    extras   (flag EXTRAS only) spec:u32 loras:u32 events:u32 draft_s:f64 (NaN: none)
+             spec_at:u32[s] drafted:u32[s] accepted:u32[s] loras:u32[l]
+             event_kind:u32[e] event_lora:u32[e] event_at:f64[e] event_s:f64[e]
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
@@ -24,7 +25,9 @@ scheduler hook once did per request.
 ``extras`` are the production features' facts, present only in steps that have them (flag ``EXTRAS``):
 the shares that verified speculative drafts (``spec_at``, indices into the shares) with the draft tokens
 scheduled and the drafts accepted for each, as vLLM's scheduler counts them (core/spec_decode.py), and
-the integer ids of the LoRA adapters the step ran (empty without LoRA). A plain step carries none and is
+the integer ids of the LoRA adapters the step ran (empty without LoRA), and what the model runner's process
+saw (worker_facts.py): the adapters it loaded or evicted (kind, id, start, seconds) and the drafter's time.
+A plain step carries none and is
 encoded byte for byte as before (the C accelerator takes it; a step with extras is the Python encoder's).
 
 ``flags`` says which optional seconds are present (idle, model), whether every share is one token, and
@@ -38,7 +41,7 @@ gap costs at most the records up to the next full one, and only where a record w
 
 A change of layout is a new ``VERSION``; both sides are always the same otel-llm (the EngineCore imports
 the frontend's package). Versions 1 (tokens, context, prefill flag per share, derived in the EngineCore)
-and 2 (no SAME_IDS) are refused.
+2 (no SAME_IDS) and 3 (extras without the worker's facts) are refused.
 """
 
 from __future__ import annotations
@@ -50,13 +53,14 @@ from array import array as _array
 from operator import not_
 from typing import NamedTuple, Sequence
 
+from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
-from ...core.timeline import StepRecord
+from ...core.timeline import StepRecord, StepWorkerFacts
 
-VERSION = 3
+VERSION = 4
 _HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS = 1, 2, 4, 8, 16
 HEADER = struct.Struct("<BBqddIIIdBdddddIII")
-_EXTRA_COUNTS = struct.Struct("<II")
+_EXTRA_COUNTS = struct.Struct("<IIId")
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
 # list of counts converts in one C call, cheaper than struct's argument unpacking (benchmarks/engine_step_hooks.py)
 _NATIVE_U32 = _array("I").itemsize == 4 and sys.byteorder == "little"
@@ -135,12 +139,15 @@ _NONE: tuple = ()  # no share prefills (a plain decode batch): nothing to alloca
 
 class Extras(NamedTuple):
     """A step's optional facts (the hook's payload carries them as a 15th field only when there are any):
-    the shares that verified speculative drafts, with their counts, and the LoRA adapters it ran."""
+    the shares that verified speculative drafts, with their counts, the LoRA adapters it ran, and the model
+    runner's LoRA cache events (``LoRAEvent``-shaped tuples) and drafter time (worker_facts.py)."""
 
     spec_at: list[int]
     drafted: list[int]
     accepted: list[int]
     loras: Sequence[int]
+    lora_events: Sequence[tuple[int, int, float, float]] = ()
+    draft_s: float | None = None
 
 
 def derive_prefill(n: int, computed: Sequence[int], no_output_at: Sequence[int], prompt_at: Sequence[int],
@@ -223,24 +230,42 @@ def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = 
 
 
 def _extras_bytes(extras: Extras, n: int) -> bytes:
-    spec_at, drafted, accepted, loras = extras
+    spec_at, drafted, accepted, loras, events, draft = extras
     s = len(spec_at)
     if len(drafted) != s or len(accepted) != s or any(i >= n for i in spec_at):
         raise WireError("speculative counts that do not line up with the step's shares: this step cannot be sent")
-    return _EXTRA_COUNTS.pack(s, len(loras)) + struct.pack(f"<{3 * s + len(loras)}I", *spec_at, *drafted,
-                                                             *accepted, *loras)
+    e = len(events)
+    out = _EXTRA_COUNTS.pack(s, len(loras), e, _NAN if draft is None else draft) + struct.pack(
+        f"<{3 * s + len(loras)}I", *spec_at, *drafted, *accepted, *loras)
+    if e:
+        kinds, ids, at, seconds = zip(*events)
+        out += struct.pack(f"<{2 * e}I{2 * e}d", *kinds, *ids, *at, *seconds)
+    return out
 
 
-def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tuple[int, ...] | None]:
-    """The extras block at ``at``: (the offset after it, the step's SpecStep or None, its LoRA ids or None)."""
+_NAN = float("nan")
+
+
+def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tuple[int, ...] | None,
+                                                     StepWorkerFacts | None]:
+    """The extras block at ``at``: (the offset after it, the step's SpecStep or None, its LoRA ids or None,
+    the worker's facts or None)."""
     if len(data) < at + _EXTRA_COUNTS.size:
         raise WireError("step record too short for its extras")
-    s, l = _EXTRA_COUNTS.unpack_from(data, at)
+    s, l, e, draft = _EXTRA_COUNTS.unpack_from(data, at)
     at += _EXTRA_COUNTS.size
     end = at + 4 * (3 * s + l)
-    if s > n or len(data) < end:
+    if s > n or len(data) < end + 24 * e:
         raise WireError(f"step record with {s} speculative shares for its {n} shares, or too short for them")
     fields = struct.unpack_from(f"<{3 * s + l}I", data, at)
+    worker = None
+    if e or draft == draft:  # (NaN: no drafter time)
+        events = ()
+        if e:
+            f = struct.unpack_from(f"<{2 * e}I{2 * e}d", data, end)
+            events = tuple(map(LoRAEvent._make, zip(f[:e], f[e:2 * e], f[2 * e:3 * e], f[3 * e:])))
+            end += 24 * e
+        worker = StepWorkerFacts(events, draft if draft == draft else None)
     spec = None
     if s:
         spec = SpecStep(list(fields[:s]), list(fields[s:2 * s]), list(fields[2 * s:3 * s]))
@@ -248,7 +273,7 @@ def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tu
             spec.check(n)
         except ValueError as exc:
             raise WireError(str(exc)) from None
-    return end, spec, tuple(fields[3 * s:]) if l else None
+    return end, spec, tuple(fields[3 * s:]) if l else None, worker
 
 
 def _choose() -> tuple:
@@ -293,7 +318,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     tokens = None
     prefill_at: Sequence[int] = _NONE
     contexts: list[int] = []
-    spec = loras = None
+    spec = loras = worker = None
     if n:
         if z > n or m > n:
             raise WireError(f"step record with {z} shares without output, {m} prompt lengths for its {n} shares")
@@ -301,7 +326,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
         arrays = _arrays(k, n, z, m)
         at = HEADER.size + arrays.size
         if flags & _EXTRAS:
-            at, spec, loras = _read_extras(data, at, n)
+            at, spec, loras, worker = _read_extras(data, at, n)
         raw = None
         if flags & _SAME_IDS:  # the ids of the record before, which must be the last one this cache saw
             last = cache[CACHE_LAST_STEP] if cache is not None else None
@@ -338,7 +363,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
                 cache[CACHE_KEY], cache[CACHE_VALUE] = raw, ids
             cache[CACHE_LAST_STEP] = step_id
     elif flags & _EXTRAS and not (z or m):
-        at, spec, loras = _read_extras(data, HEADER.size, 0)
+        at, spec, loras, worker = _read_extras(data, HEADER.size, 0)
         if len(data) != at:
             raise WireError(f"step record of {len(data)} bytes for no shares, not {at}")
     elif z or m or len(data) != HEADER.size:
@@ -349,7 +374,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s = idle if flags & _HAS_IDLE else None
     step.model_s = model if flags & _HAS_MODEL else None
-    step.spec, step.loras = spec, loras
+    step.spec, step.loras, step.worker = spec, loras, worker
     return step
 
 
