@@ -90,4 +90,5 @@ def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_th
     finally:
         inst.uninstrument()
     assert told.shut and meter_provider._shutdown
-    assert not owned._closers  # (no engine: no sockets kept for the process, nothing left for the exit hook)
+    # left for the exit hook: only what the process keeps across instrumentations (an earlier one's sockets)
+    assert set(owned._closers) <= {"step directory", "step receiver", "kv hand-off receiver"}
