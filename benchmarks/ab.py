@@ -1,7 +1,7 @@
 """A/B of any benchmark: this working tree against another commit, in interleaved rounds.
 
     .venv/bin/python benchmarks/ab.py --base main [--rounds 5] [--keys REGEX] [--out FILE] \
-        benchmarks/verdict_cost.py "benchmarks/decode_detail.py --rounds 3"
+        "benchmarks/core_costs.py --only verdict" "benchmarks/decode_detail.py --requests 8"
 
 Each side is a tree of its own in a temporary directory: the base is ``git archive REF``, this side a
 copy of the working tree's tracked and untracked (not ignored) files, so uncommitted changes are
@@ -17,7 +17,8 @@ so a machine that slows down during the run slows both. A benchmark reports by w
 tree's ``benchmarks/results/``; every number in what a run wrote is one key (``file:path.to.value``; a
 list element is named by its ``name``/``mode``/``shape``/``path`` fields where it has them). Printed per
 key: each side's median and spread (min-max) over the rounds, and the median of the per-round ratios
-this/base, which cancels what a round's machine state did to both. ``--keys`` selects keys by regex
+this/base, which cancels what a round's machine state did to both, with those ratios' quartiles (in the
+JSON also their min-max): a ratio whose quartiles straddle 1 is not resolved by the run. ``--keys`` selects keys by regex
 (default: every key outside ``raw``, ``machine`` and ``loadavg`` entries).
 """
 
@@ -142,6 +143,15 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.4g}-{max(values):.4g}"
 
 
+def _quartiles(values: list[float]) -> list[float] | None:
+    """The per-round ratios' first and third quartiles: how far a round's ratio strays (the method's
+    resolution; a change inside it is not resolved)."""
+    if len(values) < 4:
+        return None
+    q = statistics.quantiles(values, n=4)
+    return [q[0], q[2]]
+
+
 def report(base: Side, this: Side, keys: re.Pattern[str] | None) -> list[dict]:
     rows = []
     for key in sorted(set(base.values) & set(this.values)):
@@ -151,11 +161,16 @@ def report(base: Side, this: Side, keys: re.Pattern[str] | None) -> list[dict]:
         ratios = [y / x for x, y in zip(a, b) if x]
         rows.append({"key": key, "base_median": statistics.median(a), "base_spread": [min(a), max(a)],
                      "this_median": statistics.median(b), "this_spread": [min(b), max(b)],
-                     "paired_ratio_median": statistics.median(ratios) if ratios else None, "rounds": len(a)})
+                     "paired_ratio_median": statistics.median(ratios) if ratios else None,
+                     "paired_ratio_spread": [min(ratios), max(ratios)] if ratios else None,
+                     "paired_ratio_quartiles": _quartiles(ratios), "rounds": len(a)})
     width = max([len(r["key"]) for r in rows] + [3])
-    print(f"{'key':<{width}}  {'base median':>12} {'(spread)':>19}  {'this median':>12} {'(spread)':>19}  this/base")
+    print(f"{'key':<{width}}  {'base median':>12} {'(spread)':>19}  {'this median':>12} {'(spread)':>19}  this/base"
+          "  (quartiles)")
     for r in rows:
         ratio = "" if r["paired_ratio_median"] is None else f"{r['paired_ratio_median']:.3f}x"
+        if r["paired_ratio_quartiles"] is not None:
+            ratio += " ({:.3f}-{:.3f})".format(*r["paired_ratio_quartiles"])
         print(f"{r['key']:<{width}}  {r['base_median']:>12.4g} {spread(base.values[r['key']]):>19}  "
               f"{r['this_median']:>12.4g} {spread(this.values[r['key']]):>19}  {ratio}")
     return rows

@@ -1,9 +1,10 @@
-"""Collector throughput, memory per buffered span, and 10x overload behaviour.
+"""Collector throughput, memory per buffered span, 10x overload behaviour, and the inter-token derivation.
 
-    .venv/bin/python benchmarks/collector_throughput.py [--seconds 6] [--only ingest,loopback,memory,overload]
-                                                        [--root OTHER_CHECKOUT]
+    .venv/bin/python benchmarks/collector_throughput.py [--seconds 6]
+        [--only ingest,loopback,memory,overload,inter_token] [--root OTHER_CHECKOUT]
 
-Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only).
+Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only),
+and benchmarks/results/collector_inter_token.json (the inter_token section, when it runs).
 * ingest: receive-path work without sockets (protobuf parse, which validates, handed to the gateway with
   the bytes as the receivers do; extract + llm_metrics + tail_sampling add + decisions + export encoding
   of the kept spans), per CPU-second of this process = spans/s per core.
@@ -21,6 +22,13 @@ Prints a table and writes benchmarks/results/collector_throughput.json (full run
   (target: <= 3x at shape 1 over loopback). ``parse_only`` is the parse without touching.
 * memory: RSS growth per buffered span (nothing decided).
 * overload: offered 10x the measured loopback capacity; what is shed and counted, and RSS over time.
+* inter_token: what deriving the per-token histogram costs the gateway: shape-1 request spans with and
+  without the compact inter-token summary (``llm.latency.inter_token.bucket_counts``). The same ~1000-span
+  requests as shape 1 ("base", 8 attributes), then with the decode time a real request span carries and one
+  more attribute ("with_decode": what the counts are compared against), then with the counts as that
+  attribute ("with_counts": 14 counts; every other span has some above 127, two-byte varints, the slower
+  path). Each of ``--itl-rounds`` rounds ingests 20 requests (fresh trace ids) on a fresh gateway (no tail
+  sampling: the derivation is what is measured) for each variant in turn; process CPU per span, medians.
 * --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: each round runs every
   path after one ceiling round; loopback: runs alternating between the paths; always on fresh gateways), by
   switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
@@ -462,6 +470,59 @@ def bench_overload(capacity_spans_s: float, seconds: float, ctx, sink: str) -> d
     return out
 
 
+ITL_COUNTS = ((0, 3, 40, 100, 50, 5, 1, 0, 0, 0, 0, 0, 0, 0), (0, 0, 180, 900, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0))
+
+
+def with_decode(payload: bytes, counts: bool = False) -> bytes:
+    """Each span given ``llm.latency.decode`` (real request spans carry it) and the counts, or (``counts``
+    False) an unrelated integer attribute in their place, so both variants have the same attribute count."""
+    req = ExportTraceServiceRequest.FromString(payload)
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            for i, s in enumerate(ss.spans):
+                s.attributes.extend([kv(sc.LATENCY_DECODE, 4.0 + i / 1000),
+                                     kv(sc.LATENCY_ITL_COUNTS if counts else "x.other", 0)])
+                if not counts:
+                    continue
+                arr = s.attributes[-1].value
+                arr.ClearField("int_value")
+                for c in ITL_COUNTS[i % 2]:
+                    arr.array_value.values.add(int_value=c)
+    return req.SerializeToString()
+
+
+def derivation_us_per_span(payloads: list[bytes], seed: int) -> float:
+    raw = {"receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}}},
+           "exporters": {"prometheus": None}, "processors": {"tail_sampling": None}}
+    g = Gateway(CollectorConfig.from_mapping(raw), manual_ticks=True)
+    try:
+        encoded = unique_copies(payloads, 20, seed)
+        parsed = [ExportTraceServiceRequest.FromString(p) for p in encoded]
+        spans = sum(len(ss.spans) for r in parsed for rs in r.resource_spans for ss in rs.scope_spans)
+        t = time.process_time()
+        for req, raw_bytes in zip(parsed, encoded):
+            g.ingest(req, raw=raw_bytes)
+        return (time.process_time() - t) / spans * 1e6
+    finally:
+        g.shutdown(0)
+
+
+def bench_inter_token(rounds: int) -> dict:
+    base = build_requests(1, 4)
+    variants = {"base": base, "with_decode": [with_decode(x) for x in base],
+                "with_counts": [with_decode(x, counts=True) for x in base]}
+    load_before = os.getloadavg()
+    each: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        for name, payloads in variants.items():
+            each[name].append(derivation_us_per_span(payloads, r))
+    med = {k: statistics.median(v) for k, v in each.items()}
+    return {"unit": "us CPU per shape-1 span (median of rounds)", "rounds": rounds,
+            "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+            "median": med, "added_us_per_span": med["with_counts"] - med["with_decode"],
+            "added_share": med["with_counts"] / med["with_decode"] - 1, "all_rounds": each}
+
+
 def _commit(root: Path) -> str:
     """The measured checkout, as its commit (a machine's path says nothing to a reader of the results)."""
     try:
@@ -474,7 +535,8 @@ def _commit(root: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--only", default="ingest,loopback,memory,overload")
+    ap.add_argument("--only", default="ingest,loopback,memory,overload,inter_token")
+    ap.add_argument("--itl-rounds", type=int, default=7, help="rounds of the inter_token section")
     ap.add_argument("--root", default=None, help="measure the collector and core of another checkout")
     ap.add_argument("--runs", type=int, default=3, help="loopback runs per shape (the median is reported)")
     ap.add_argument("--shapes", default="1,10,200", help="trace shapes (spans per trace) to measure")
@@ -514,6 +576,7 @@ def main() -> None:
         results["overload_10x"] = bench_overload(cap, 2 * args.seconds, ctx, sink)
     if sink_proc is not None:
         sink_proc.terminate()
+    inter_token = bench_inter_token(args.itl_rounds) if "inter_token" in phases else None
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
     print(f"{'phase':<24}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
@@ -539,7 +602,15 @@ def main() -> None:
               f"{o['rss_mb_second_half_max']} MB (2nd half), peak {o['peak_rss_mb']} MB")
     print(f"load average (1, 5, 15 min): start {results['machine']['loadavg_at_start']}, "
           f"end {results['machine']['loadavg_at_end']}")
-    if args.out or (args.root is None and phases == {"ingest", "loopback", "memory", "overload"}
+    if inter_token is not None:
+        print("inter-token derivation, us CPU per shape-1 span: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in inter_token["median"].items())
+            + f"; the counts add {inter_token['added_us_per_span']:.2f} us ({100 * inter_token['added_share']:.1f} %)")
+        if args.root is None:
+            out = Path(__file__).resolve().parent / "results" / "collector_inter_token.json"
+            out.write_text(json.dumps(inter_token, indent=2) + "\n")
+            print(f"written {out}")
+    if args.out or (args.root is None and {"ingest", "loopback", "memory", "overload"} <= phases
                     and shapes == (1, 10, 200) and args.paths is None):
         out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "collector_throughput.json"
         out.write_text(json.dumps(results, indent=2) + "\n")

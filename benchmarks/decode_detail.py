@@ -18,6 +18,7 @@ Run: ./run bench benchmarks/decode_detail.py [--requests 24]
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -98,7 +99,10 @@ def measure(path: str, endpoint: str, tokens: int, requests: int) -> dict:
     tp.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20, max_export_batch_size=4096))
     config = Config.resolve({"sample_rate": 1.0, "baseline_detail": "steps", "tail_quantile": 0,
                              "max_steps": 1 << 20}, environ={})
-    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench", router=Router)
+    # A tree whose span builder picks its routes itself takes no router (so an A/B can reach back to it).
+    takes_router = "router" in inspect.signature(Pipeline).parameters
+    tel = Pipeline(config, tp.get_tracer("otel_llm"), MeterProvider().get_meter("b"), "bench",
+                   **({"router": Router} if takes_router else {}))
     rng = random.Random(tokens)
     cpu = []
     spans = []

@@ -6,12 +6,12 @@ engine's output processing for every other request (a p99 inter-token spike caus
 telemetry measuring it). Here it runs on its own thread: the GIL still shares the CPU, but
 the engine's thread gets it back every switch interval (5 ms) instead of after the burst.
 The queue is bounded: a full queue refuses work, and the caller falls back to what is
-cheap (metrics) and counts the spans it dropped. Never blocks the caller.
+cheap (metrics) and counts the spans it dropped. Never blocks the caller. What is queued at exit
+is built by the owner's flush (the pipeline's, run by its instrumentor's ``Lifecycle``).
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import os
 import threading
@@ -38,7 +38,6 @@ class Materializer:
         self._pid = 0
         self._closed = False
         self.refused = 0
-        atexit.register(self.flush, 2.0)
 
     def submit(self, job: Any) -> bool:
         """Queue one job; False (and counted) when the queue is full or closed."""
@@ -62,7 +61,6 @@ class Materializer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        atexit.unregister(self.flush)  # else every instrument/uninstrument cycle would keep one alive
         return done
 
     def _start(self) -> None:

@@ -2,12 +2,12 @@
 
 Adapters keep a ``RequestTimeline`` per in-flight request (through ``start``), append
 engine stamps to it on the hot path, feed engine steps to ``add_step``, and call
-``finish`` once with the engine's own numbers in a ``RequestSummary``.
+``finish`` once with the engine's own numbers in a ``RequestSummary``. The pipeline registers no
+exit hook: its owner (the instrumentor) flushes it at exit, through its ``Lifecycle``.
 """
 
 from __future__ import annotations
 
-import atexit
 import random
 import threading
 from collections import OrderedDict
@@ -144,9 +144,6 @@ class Pipeline:
         deferred = config.step_reading == "deferred"
         self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}",
                                          idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
-        # registered after the materializer's own exit hook, so it runs first (atexit is LIFO): it
-        # builds what is queued, then sends what we export directly; providers made earlier shut down after
-        atexit.register(self.flush, 2.0)
         self_metrics.register(meter, engine, self.stats)
 
     def stats(self) -> dict[str, int]:
@@ -348,7 +345,6 @@ class Pipeline:
         self.materializer.close(timeout)
         self.diagnosis.close()
         self.spans.close(timeout)
-        atexit.unregister(self.flush)
 
     # -- on the materializer thread ------------------------------------------------------------
 

@@ -2,12 +2,13 @@
 
 Our own providers are never installed as the global ones: vLLM and TensorRT-LLM call
 ``set_tracer_provider`` themselves when their native tracing is on, and OpenTelemetry
-allows that once per process. We do not take that slot from them.
+allows that once per process. We do not take that slot from them. One we build belongs to the
+instrumentor that asked for it: it is handed to that instrumentor's ``Lifecycle``, which shuts it
+down after the telemetry sending through it was flushed (at exit, or at uninstrument).
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import logging
 import os
@@ -17,25 +18,35 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from ..lifecycle import PROVIDERS, Lifecycle
+
 logger = logging.getLogger("otel_llm")
 
 
-def tracer_provider_from(given: TracerProvider | None) -> TracerProvider:
+TRACER_PROVIDER = "tracer provider"  # the names of the providers we build, in their owner's Lifecycle
+METER_PROVIDER = "meter provider"
+
+
+def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle) -> TracerProvider:
     if given is not None:
         return given
     current = trace.get_tracer_provider()
     if not isinstance(current, trace.ProxyTracerProvider):
         return current
-    return _sdk_tracer_provider()
+    provider = _sdk_tracer_provider()
+    owner.add(TRACER_PROVIDER, provider.shutdown, PROVIDERS)
+    return provider
 
 
-def meter_provider_from(given: MeterProvider | None) -> MeterProvider:
+def meter_provider_from(given: MeterProvider | None, owner: Lifecycle) -> MeterProvider:
     if given is not None:
         return given
     current = metrics.get_meter_provider()
     if not type(current).__name__.startswith("_Proxy"):
         return current
-    return _sdk_meter_provider()
+    provider = _sdk_meter_provider()
+    owner.add(METER_PROVIDER, provider.shutdown, PROVIDERS)
+    return provider
 
 
 def _exporter_names(var: str) -> list[str]:
@@ -72,10 +83,10 @@ def _sdk_tracer_provider() -> TracerProvider:
     from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    provider = SDKTracerProvider(resource=Resource.create())
+    # shut down by its owner's Lifecycle, after the telemetry that sends through it (not by its own exit hook)
+    provider = SDKTracerProvider(resource=Resource.create(), shutdown_on_exit=False)
     for exporter in _exporters("OTEL_TRACES_EXPORTER", "TRACES", ConsoleSpanExporter):
         provider.add_span_processor(BatchSpanProcessor(exporter))
-    atexit.register(provider.shutdown)
     return provider
 
 
@@ -86,6 +97,4 @@ def _sdk_meter_provider() -> MeterProvider:
 
     readers = [PeriodicExportingMetricReader(e)
                for e in _exporters("OTEL_METRICS_EXPORTER", "METRICS", ConsoleMetricExporter)]
-    provider = SDKMeterProvider(resource=Resource.create(), metric_readers=readers)
-    atexit.register(provider.shutdown)
-    return provider
+    return SDKMeterProvider(resource=Resource.create(), metric_readers=readers, shutdown_on_exit=False)

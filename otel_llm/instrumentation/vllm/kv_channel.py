@@ -9,7 +9,6 @@ frontend cannot take is dropped and counted (``HandoffSink.dropped``).
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import socket
@@ -85,9 +84,3 @@ class HandoffReceiver:
     def close(self) -> None:
         self.sock.close()
         _unlink(self.path)
-
-
-def open_receiver(directory: str) -> HandoffReceiver:
-    receiver = HandoffReceiver(directory)
-    atexit.register(receiver.close)
-    return receiver

@@ -26,7 +26,6 @@ shows a failed hand-off, and the host's error is not counted as ours (``GUARD`` 
 from __future__ import annotations
 
 import collections
-import os
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -503,29 +502,3 @@ class _AttachWorkerStep:
         except Exception as ours:
             GUARD.failed("kv connector (worker step)", ours)
         return suppress
-
-
-def plugin() -> None:
-    """``vllm.general_plugins`` entry point (``otel_llm_kv``): in a spawned EngineCore, the connector's
-    scheduler side reports to the frontends of the step directory it inherited; in a worker process,
-    the worker side times the connector. A frontend, and an engine inside it, is the instrumentor's."""
-    global _plugin_wrapper
-    from . import kv_channel
-    from .step_transport import STEP_DIR_ENV
-
-    directory = os.environ.get(STEP_DIR_ENV)
-    if not directory or _plugin_wrapper is not None:
-        return
-    try:
-        if in_engine_process():
-            _plugin_wrapper = ConnectorWrapper(kv_channel.HandoffSink(directory, time.monotonic), spawned=True)
-            _plugin_wrapper.arm()
-        elif in_worker_process():
-            _plugin_wrapper = ConnectorWrapper(None, spawned=True)
-            _plugin_wrapper.arm()
-    except Exception as exc:
-        GUARD.failed("vllm kv connector plugin", exc)
-
-
-# armed once in a spawned EngineCore or worker, for the life of that process (no instrumentor there)
-_plugin_wrapper: ConnectorWrapper | None = None

@@ -1,45 +1,92 @@
-"""The ``vllm.general_plugins`` entry point: the step hooks in the processes vLLM spawns."""
+"""The ``vllm.general_plugins`` entry point: what we arm in the processes vLLM spawns.
+
+vLLM calls the plugin once per process, with nothing to hand back: there is no instrumentor in a
+spawned EngineCore or worker. The plugin creates one ``EngineSide`` there, which owns everything it
+arms for the life of that process.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 
 from ...guard import GUARD
+from . import kv_channel
+from .engine_errors import ErrorReporter
+from .kv_connector import ConnectorWrapper
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
-from .engine_errors import ErrorReporter
 from .step_hooks import StepHooks
 from .step_transport import STEP_DIR_ENV, SocketSink
 
 
-def plugin() -> None:
-    """Runs in every vLLM process, first thing in EngineCore.
+class EngineSide:
+    """What a spawned EngineCore (or a multiprocess executor's worker) reports, and through what:
 
-    Only a spawned EngineCore reports, to the frontends of the directory it inherited. A
-    frontend, and an engine running inside it, is fed by ``instrument()`` directly.
-    """
-    global _plugin_hooks
-    directory = os.environ.get(STEP_DIR_ENV)
-    if not directory or _plugin_hooks is not None:
-        return
-    try:
-        if in_engine_process():
-            hooks = StepHooks()
-            sink = SocketSink(directory)
+    * in the EngineCore: the scheduler hooks (``hooks``), the sink that carries each step's record to
+      the frontends of ``directory`` (``sink``, which carries the EngineCore's error counts too), and
+      the KV connectors' scheduler side, whose hand-off records go to the same frontends;
+    * in a worker, where the model runs: the model runner's timing (``timer``) and the connectors'
+      worker side, whose figures ride on each step's output.
+
+    Nothing here needs an exit hook: the process's sockets and shared memory go with it."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.hooks: StepHooks | None = None
+        self.sink: SocketSink | None = None
+        self.timer: ModelTimer | None = None
+        self.connectors: ConnectorWrapper | None = None
+
+    def arm_engine(self) -> None:
+        try:
+            self.hooks = hooks = StepHooks()
+            self.sink = sink = SocketSink(self.directory)
             # errors caught here reach the frontends' stats() (engine_errors.py)
             reporter = ErrorReporter(sink.send_control)
             hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
             hooks.arm(sink.__call__)
-            _plugin_hooks = hooks
-        elif in_worker_process():  # the model runs here (multiprocess executor): time it
-            timer = ModelTimer()
+        except Exception as exc:
+            GUARD.failed("vllm plugin", exc)
+        self._arm_connectors(kv_channel.HandoffSink(self.directory, time.monotonic))
+
+    def arm_worker(self) -> None:
+        try:
+            self.timer = timer = ModelTimer()
             timer.enable()
-            _plugin_hooks = timer
+        except Exception as exc:
+            GUARD.failed("vllm plugin", exc)
+        self._arm_connectors(None)
+
+    def _arm_connectors(self, sink: kv_channel.HandoffSink | None) -> None:
+        try:
+            self.connectors = ConnectorWrapper(sink, spawned=True)
+            self.connectors.arm()
+        except Exception as exc:
+            GUARD.failed("vllm kv connector plugin", exc)
+
+
+def plugin() -> None:
+    """Runs in every vLLM process, first thing in EngineCore.
+
+    Only a spawned EngineCore, or its workers, report: to the frontends of the directory they
+    inherited. A frontend, and an engine running inside it, is fed by ``instrument()`` directly.
+    """
+    global _engine_side
+    directory = os.environ.get(STEP_DIR_ENV)
+    if not directory or _engine_side is not None:
+        return
+    try:
+        if in_engine_process():
+            _engine_side = EngineSide(directory)
+            _engine_side.arm_engine()
+        elif in_worker_process():
+            _engine_side = EngineSide(directory)
+            _engine_side.arm_worker()
     except Exception as exc:
         GUARD.failed("vllm plugin", exc)
 
 
-# The plugin's hooks: armed once in a spawned EngineCore or worker, for the life of that process
-# (vLLM calls the plugin once per process; there is no instrumentor there to own them).
-_plugin_hooks: StepHooks | ModelTimer | None = None
+# The one object the plugin made in this process (vLLM keeps no reference to what a plugin returns).
+_engine_side: EngineSide | None = None

@@ -45,8 +45,11 @@ LAYOUT = 1
 CAPACITY = 2 << 20  # bytes of records in flight per pair, at batch 64: ~5,800 steps of a steady batch (ids left out), ~700 with ids
 META = struct.Struct("<8sII")  # at 0: magic, layout, capacity (written once, before the announcement)
 ANNOUNCE = struct.Struct("<8sIIQ")  # the datagram that carries the descriptor: magic, layout, capacity, writer pid
-_DATA = 64
-_HEAD, _TAIL, _CONSUMED = 2, 3, 4  # 8-byte words: head at byte 16 (writer), tail at 24, consumed at 32 (reader)
+# byte offsets in the mapping (the C accelerator is configured with these, step_wire.accelerator): the data,
+# and the 8-byte words head (writer), tail and consumed (reader)
+DATA_AT, HEAD_AT, TAIL_AT, CONSUMED_AT = 64, 16, 24, 32
+_DATA = DATA_AT
+_HEAD, _TAIL, _CONSUMED = HEAD_AT // 8, TAIL_AT // 8, CONSUMED_AT // 8  # as indices of the header's 8-byte words
 
 AVAILABLE = (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
              and hasattr(os, "memfd_create") and hasattr(socket, "send_fds"))

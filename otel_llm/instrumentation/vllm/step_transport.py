@@ -19,7 +19,6 @@ always holds a step's record before it sees the step's tokens.
 from __future__ import annotations
 
 import array
-import atexit
 import errno
 import os
 import select
@@ -27,7 +26,7 @@ import socket
 import struct
 import tempfile
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ...guard import GUARD
 from ...core.timeline import StepRecord
@@ -374,37 +373,29 @@ class StepReceiver:
             pass
 
 
+class StepDir(NamedTuple):
+    """This process's step directory, and whether it made it (then it removes it at exit, when empty)."""
 
-_dir: str | None = None
+    path: str
+    made: bool
 
 
-def step_dir() -> str:
-    """This process's step directory, named in ``OTEL_LLM_STEP_DIR`` for the EngineCores it spawns.
+def open_step_dir() -> StepDir:
+    """This process's step directory, named in ``OTEL_LLM_STEP_DIR`` for the EngineCores it spawns. Its
+    owner (the instrumentor) opens it once and keeps it.
 
     An API server process vLLM spawned (``ApiServer_<n>``) joins the directory of the process that
     spawned it, and with it that process's EngineCore; any other process makes its own (an inherited
     variable there names some parent's, e.g. the test process that started a server)."""
-    global _dir
-    if _dir is None:
-        inherited = os.environ.get(STEP_DIR_ENV)
-        if inherited and in_api_server_process() and os.path.isdir(inherited):
-            _dir = inherited
-        else:
-            _dir = tempfile.mkdtemp(prefix="otel-llm-steps-")
-            os.environ[STEP_DIR_ENV] = _dir
-            atexit.register(_remove_if_empty, _dir)
-    return _dir
+    inherited = os.environ.get(STEP_DIR_ENV)
+    if inherited and in_api_server_process() and os.path.isdir(inherited):
+        return StepDir(inherited, made=False)
+    made = tempfile.mkdtemp(prefix="otel-llm-steps-")
+    os.environ[STEP_DIR_ENV] = made
+    return StepDir(made, made=True)
 
 
-def open_receiver() -> StepReceiver:
-    """This process's socket in the step directory (``<pid>.sock``), closed at exit. The caller keeps
-    it for as long as an EngineCore may send to it: see ``VLLMInstrumentor.step_receiver``."""
-    receiver = StepReceiver(step_dir())
-    atexit.register(receiver.close)
-    return receiver
-
-
-def _remove_if_empty(directory: str) -> None:
+def remove_if_empty(directory: str) -> None:
     try:
         os.rmdir(directory)
     except OSError:

@@ -51,7 +51,7 @@ import struct
 import sys
 from array import array as _array
 from operator import not_
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
@@ -276,30 +276,9 @@ def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tu
     return end, spec, tuple(fields[3 * s:]) if l else None, worker
 
 
-def _choose() -> tuple:
-    """The one place that picks the C accelerator (``_step_fast.c``, built by setup.py when a compiler is
-    there) or the pure-Python encoder: (encode, encode_into_rings or None, why not C or None). The C path is
-    taken only on x86-64 (the ring's memory-ordering contract, and the wire's u32 is the native one), and
-    produces the same bytes: any input it does not take whole it hands to ``encode_py``."""
-    if platform.machine() not in ("x86_64", "AMD64") or not _NATIVE_U32:
-        return encode_py, None, f"not on x86-64 ({platform.machine()}): the pure-Python encoder"
-    try:
-        from . import _step_fast
-        from . import step_ring
-        _step_fast.setup(encode_py, VERSION, HEADER.size, step_ring._DATA, 8 * step_ring._HEAD, 8 * step_ring._TAIL)
-    except (ImportError, ValueError) as exc:
-        return encode_py, None, f"the C accelerator is not importable ({exc}): the pure-Python encoder"
-    return _step_fast.encode, _step_fast.encode_into_rings, None
-
-
-# encode(payload, cache=None, same_ids=False) -> bytes; encode_into_rings(payload, cache, ring writers) -> rings
-# that were full (every reader has a ring there: as encode with same_ids)
-encode, encode_into_rings, REASON = _choose()
-
-
 def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     """A step record from one datagram; ``WireError`` for any other version or size. (``decode``: this, or
-    the C accelerator's equal decoder where it is built, see ``_choose_decode``.)
+    the C accelerator's equal decoder where it is built, see ``accelerator``.)
 
     The record keeps the shares as the datagram lists them (``StepRecord.of_lists``: ids, tokens or
     ``None`` for one each, the prefilling shares' indices, contexts): no tuple per share. ``cache`` (a
@@ -378,44 +357,81 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     return step
 
 
-def _choose_decode():
-    """The frontend's decoder: the C accelerator's (``_step_fast.decode``) where ``_choose`` took the C encoder
-    (x86-64, built), else ``decode_py``. The C decoder takes the valid records with no prefilling share (every
-    steady decode batch) and hands any other record whole to ``decode_py``: the same StepRecord slots and the
-    same reader cache afterwards, the same errors (tests/vllm/test_step_fast.py). Measured on the real engine,
-    where vLLM's output thread runs cache-cold after each wait: decode was ~30 µs of a ~80 µs drain in
-    Python (a thread-CPU probe of the drain's parts)."""
-    if encode_into_rings is None:
-        return decode_py
+class Accelerator(NamedTuple):
+    """What ``accelerator()`` chose for this process: the C accelerator's functions (``_step_fast.c``, built by
+    setup.py where there is a compiler) or the pure-Python ones, which write and read the same bytes."""
+
+    # encode(payload, cache=None, same_ids=False) -> bytes
+    encode: Callable[..., bytes]
+    # encode_into_rings(payload, cache, ring writers) -> the rings that were full (every reader has a ring
+    # there: as encode with same_ids); None where there is no C accelerator
+    encode_into_rings: Callable[..., Any] | None
+    # decode(data, cache=None) -> StepRecord (cache: a reader_cache())
+    decode: Callable[..., StepRecord]
+    # ring_read(reader: step_ring.RingReader) -> list[bytes] | None; None where there is no C accelerator
+    ring_read: Callable[..., Any] | None
+    reason: str | None  # why the pure-Python encoder, or None
+
+
+def accelerator() -> Accelerator:
+    """The process's choice, made (and the C module configured) on first use: where the first ring writer
+    or reader is made, or the first record written or read. (The C module keeps its configuration in C
+    statics, so this is once per process.)
+
+    The C path is taken only on x86-64 (the ring's memory-ordering contract, and the wire's u32 is the native
+    one), and produces the same bytes: any input it does not take whole it hands to ``encode_py``. Its decoder
+    takes the valid records with no prefilling share (every steady decode batch) and hands any other record
+    whole to ``decode_py``: the same StepRecord slots and the same reader cache afterwards, the same errors
+    (tests/vllm/test_step_fast.py). Measured on the real engine, where vLLM's output thread runs cache-cold
+    after each wait: decode was ~30 µs of a ~80 µs drain in Python (a thread-CPU probe of the drain's parts).
+    Its ring read returns the same records and leaves the reader and the ring's positions as
+    ``RingReader.read`` does, or None when the positions or a size make no sense (then ``RingReader.read``
+    reads and raises)."""
+    global _chosen
+    if _chosen is None:
+        _chosen = _choose()
+    return _chosen
+
+
+def _choose() -> Accelerator:
+    if platform.machine() not in ("x86_64", "AMD64") or not _NATIVE_U32:
+        return Accelerator(encode_py, None, decode_py, None,
+                           f"not on x86-64 ({platform.machine()}): the pure-Python encoder")
     try:
         from . import _step_fast
+        from . import step_ring
+        _step_fast.setup(encode_py, VERSION, HEADER.size, step_ring.DATA_AT, step_ring.HEAD_AT, step_ring.TAIL_AT)
+    except (ImportError, ValueError) as exc:
+        return Accelerator(encode_py, None, decode_py, None,
+                           f"the C accelerator is not importable ({exc}): the pure-Python encoder")
+    try:
         from ...core import timeline
         _step_fast.setup_decode(decode_py, StepRecord, _NONE, timeline._NO_LINKS)
-        return _step_fast.decode
-    except (ImportError, AttributeError, TypeError):  # a build of the accelerator without the decoder
-        return decode_py
-
-
-# decode(data, cache=None) -> StepRecord (cache: a reader_cache())
-decode = _choose_decode()
-
-
-def _choose_ring_read():
-    """The frontend's ring read: ``_step_fast.ring_read(reader)`` where the C decoder was chosen (it returns
-    the same records and leaves the reader and the ring's positions as ``RingReader.read`` does, or None
-    when the positions or a size make no sense: then ``RingReader.read`` reads and raises), else None."""
-    if decode is decode_py:
-        return None
+    except (AttributeError, TypeError):  # a build of the accelerator without the decoder
+        return Accelerator(_step_fast.encode, _step_fast.encode_into_rings, decode_py, None, None)
     try:
-        from . import _step_fast, step_ring
-        _step_fast.setup_ring_read(8 * step_ring._CONSUMED)
-        return _step_fast.ring_read
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return None
+        _step_fast.setup_ring_read(step_ring.CONSUMED_AT)
+        ring_read = _step_fast.ring_read
+    except (AttributeError, TypeError, ValueError):
+        ring_read = None
+    return Accelerator(_step_fast.encode, _step_fast.encode_into_rings, _step_fast.decode, ring_read, None)
 
 
-# ring_read(reader: step_ring.RingReader) -> list[bytes] | None, or None where there is no C accelerator
-ring_read = _choose_ring_read()
+_chosen: Accelerator | None = None
+_LAZY = {"encode": "encode", "encode_into_rings": "encode_into_rings", "decode": "decode", "ring_read": "ring_read",
+         "REASON": "reason"}
+
+
+def __getattr__(name: str) -> Any:
+    """``step_wire.encode``, ``encode_into_rings``, ``decode``, ``ring_read``, ``REASON``: the accelerator's,
+    chosen at the first such read (nothing is configured at import). Kept as module attributes from then on,
+    so a read on the hot path is a plain attribute lookup."""
+    field = _LAZY.get(name)
+    if field is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(accelerator(), field)
+    globals()[name] = value
+    return value
 
 
 _ARRAYS: dict[tuple[int, int, int, int], struct.Struct] = {}

@@ -29,7 +29,7 @@ from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders
-from . import contract, kv_channel, step_transport
+from . import contract, kv_channel
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -64,10 +64,10 @@ class EngineShape(NamedTuple):
 
 
 class VLLMWrappers:
-    def __init__(self, telemetry: Pipeline, receiver: StepReceiver | None = None,
-                 open_receiver: Callable[[], StepReceiver] | None = None,
+    def __init__(self, telemetry: Pipeline, open_receiver: Callable[[], StepReceiver],
+                 open_kv_receiver: Callable[[], kv_channel.HandoffReceiver],
                  engine_built: Callable[[EngineShape], None] | None = None,
-                 open_kv_receiver: Callable[[], kv_channel.HandoffReceiver] | None = None) -> None:
+                 receiver: StepReceiver | None = None) -> None:
         self.telemetry = telemetry
         self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
         self.receiver = receiver
@@ -75,9 +75,9 @@ class VLLMWrappers:
         # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
         self.kv_book = HandoffBook()
         self.kv_receiver: kv_channel.HandoffReceiver | None = None
-        self.open_kv_receiver = open_kv_receiver or (lambda: kv_channel.open_receiver(step_transport.step_dir()))
+        self.open_kv_receiver = open_kv_receiver
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
-        self.open_receiver = open_receiver or step_transport.open_receiver
+        self.open_receiver = open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
         self._reading_deferred: StepReceiver | None = None

@@ -1,0 +1,222 @@
+"""The core's costs, measured without an engine: two sections, each writing the file named by what it measures.
+
+* ``metrics`` (results/metrics_record_cost.json): what one finished request's metrics cost on the
+  OpenTelemetry SDK: the public API against the bound recorders of ``otel_llm/core/sdk_metrics.py`` (the
+  same values, the same aggregations). One ``ServerMetrics`` per path, on a ``MeterProvider`` with one
+  reader (as a deployment has), a 128-token request's summary with its inter-token gaps; the public path
+  records the gaps as one ``record`` per token (what the API offers), the bound path adds the request's
+  bucket counts at once. Interleaved rounds, medians of thread CPU per request.
+* ``verdict`` (results/verdict_cost.json): the slow-cause verdict, on constructed engine histories.
+  1. ``Pipeline.add_step`` per step at decode batch sizes 16 and 256 (every request tracked), with the
+     step window on, and with it replaced by a no-op (``StepWindow.add`` alone is the difference); best
+     of interleaved repeats.
+  2. ``decide()`` for a request that waited 500 steps and decoded 1,000, and one that decoded 2,500, in a
+     window of 8,192 steps; per verdict and per step of the request's life.
+
+Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+
+from otel_llm.core import metrics as m
+from otel_llm.core.config import Config
+from otel_llm.core.diagnosis.verdict import StepWindow, decide
+from otel_llm.core.inter_token import gap_summary
+from otel_llm.core.pipeline import Pipeline
+from otel_llm.core.slo import SLOTable
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillChunk, RequestTimeline, StepRecord
+
+RESULTS = Path(__file__).parent / "results"
+TOKENS = 128
+ENGINE = 1 << 32
+SECTIONS = ("metrics", "verdict")
+
+
+# -- metrics: one finished request's metrics ----------------------------------------------------------
+
+def public_bind(instrument, attributes):
+    call = instrument.record if hasattr(instrument, "record") else instrument.add
+
+    def record(amount, context=None):
+        call(amount, attributes, context=context)
+    return record
+
+
+class PublicCounts:
+    """The public API's only way to put a request's gaps in a histogram: a record per gap."""
+
+    def __init__(self, instrument, attributes, boundaries) -> None:
+        self.record, self.attributes = instrument.record, attributes
+
+    def __call__(self, gaps: list[float]) -> None:
+        for g in gaps:
+            self.record(g, self.attributes)
+
+
+def summary(stamps: list[float]) -> RequestSummary:
+    s = RequestSummary(model="m", operation="chat", provider="vllm", ttft=0.1, e2e=3.0, queue=0.01, prefill=0.09,
+                       decode=2.5, input_tokens=100, output_tokens=TOKENS, output_characters=500)
+    s.tpot = RequestSummary.mean_tpot(s.decode, s.output_tokens)
+    s.gaps = gap_summary(stamps)
+    s.max_gap = s.gaps.max_gap
+    return s
+
+
+def metrics() -> None:
+    stamps = [i * 0.02 + (0.003 if i % 7 == 0 else 0.0) for i in range(TOKENS)]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    paths = {}
+    for name in ("public", "bound"):
+        meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("bench")
+        if name == "public":
+            saved = m.bind_value
+            m.bind_value = public_bind
+            metrics = m.ServerMetrics(meter, SLOTable())
+            metrics._bound(summary(stamps), ())  # bound (lazily) while the public path is in place
+            m.bind_value = saved
+        else:
+            metrics = m.ServerMetrics(meter, SLOTable())
+        paths[name] = metrics
+    samples: dict[str, list[float]] = {"public": [], "bound": [], "public_itl": [], "bound_itl": [], "bucketing": []}
+    n = 200
+    for _ in range(7):
+        for name, metrics in paths.items():
+            s = summary(stamps)
+            itl = s.gaps
+            s.gaps = None  # the request's other metrics alone
+            c0 = time.thread_time_ns()
+            for _ in range(n):
+                metrics.record(s)
+            samples[name].append((time.thread_time_ns() - c0) / n / 1000)
+            b = metrics._bound(s, ())
+            c0 = time.thread_time_ns()
+            if name == "public":
+                per_gap = PublicCounts(metrics._itl[1], metrics.label_attributes(s, ()), None)
+                for _ in range(n):
+                    per_gap(gaps)
+            else:
+                for _ in range(n):
+                    b.inter_token(itl.counts, itl.total, itl.lo, itl.hi)
+            samples[f"{name}_itl"].append((time.thread_time_ns() - c0) / n / 1000)
+        c0 = time.thread_time_ns()
+        for _ in range(n):
+            gap_summary(stamps)
+        samples["bucketing"].append((time.thread_time_ns() - c0) / n / 1000)
+    out = {k: round(statistics.median(v), 2) for k, v in samples.items()}
+    out = {"us_per_request_other_metrics_public": out["public"], "us_per_request_other_metrics_bound": out["bound"],
+           f"us_per_request_itl_{TOKENS}_tokens_public_record_per_gap": out["public_itl"],
+           f"us_per_request_itl_{TOKENS}_tokens_bound_counts": out["bound_itl"],
+           f"us_per_request_bucketing_{TOKENS}_tokens": out["bucketing"],
+           "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    print(json.dumps(out, indent=1))
+    (RESULTS / "metrics_record_cost.json").write_text(json.dumps(out, indent=1))
+
+
+# -- verdict: the slow-cause verdict ------------------------------------------------------------------
+
+def add_step_cost(batch: int, window: bool, reps: int) -> float:
+    tele = Pipeline(Config.resolve({"max_steps": 1 << 20}, environ={}), TracerProvider().get_tracer("b"),
+                     MeterProvider().get_meter("b"), "bench")
+    if not window:
+        tele.window.add = lambda *a: None  # type: ignore[method-assign]
+    rids = [f"r{i}" for i in range(batch)]
+    for r in rids:
+        tele.start(RequestTimeline(r, 0.0))
+    shares = [(r, 1, False) for r in rids]
+    shares[0] = (rids[0], 64, True)
+    records = [StepRecord(ENGINE | i, 1.0, 1.01, shares, batch, 0, 0, 0.5) for i in range(reps)]
+    start = time.perf_counter()
+    for r in records:
+        tele.add_step(r)
+    took = (time.perf_counter() - start) / reps
+    tele.close(1.0)
+    return took
+
+
+def history() -> tuple[StepWindow, dict[str, RequestTimeline]]:
+    """32 decoding requests; "w" waits 500 steps behind a full batch, then decodes 1,000 tokens."""
+    window = StepWindow(8192)
+    timelines = {r: RequestTimeline(r, 0.0) for r in ("r0", "w")}
+    now, sid = 100.0, ENGINE
+
+    def step(shares: list[tuple[str, int, bool]], blocked: int = 0, waiting: int = 0) -> None:
+        nonlocal now, sid
+        sid += 1
+        start, now = now + 0.001, now + 0.011
+        rec = StepRecord(sid, start, now, shares, len(shares), waiting, 0, None, queue_blocked=blocked)
+        window.add(rec, sum(n for _, n, p in shares if p), sum(1 for *_, p in shares if not p))
+        for rid, n, prefill in shares:
+            t = timelines.get(rid)
+            if t is None:
+                continue
+            if not t.steps:
+                t.events.append((SCHEDULED, start))
+            t.steps.append(sid)
+            if prefill:
+                t.chunks.append(PrefillChunk(sid, start, now, n))
+            t.token_ts.append(now)
+
+    timelines["r0"].events.append((QUEUED, now))
+    decoders = [(f"r{i}", 1, False) for i in range(32)]
+    for _ in range(2000):
+        step(decoders)
+    timelines["w"].events.append((QUEUED, now))
+    for _ in range(500):
+        step(decoders, BLOCKED_MAX_SEQS, 1)
+    step([("w", 16, True)])
+    for _ in range(1000):
+        step([("w", 1, False)])
+    return window, timelines
+
+
+def verdict() -> None:
+    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                     "python": platform.python_version(),
+                     "load_average_1m": round(os.getloadavg()[0], 1), "add_step_us": {}, "verdict": {}}
+    for batch, reps in ((16, 20000), (256, 2000)):
+        on, off = [], []
+        for _ in range(5):  # interleaved, best of each
+            on.append(add_step_cost(batch, True, reps))
+            off.append(add_step_cost(batch, False, reps))
+        results["add_step_us"][f"batch_{batch}"] = {"with_window": round(min(on) * 1e6, 2),
+                                                    "window_off": round(min(off) * 1e6, 2)}
+    window, timelines = history()
+    for rid, life in (("w", 1501), ("r0", 2500)):
+        n, start = 20, time.perf_counter()
+        for _ in range(n):
+            v = decide(timelines[rid], window, ("e2e",))
+        per = (time.perf_counter() - start) / n
+        results["verdict"][rid] = {"steps_in_life": life, "ms_per_verdict": round(per * 1e3, 2),
+                                   "us_per_step": round(per / life * 1e6, 2), "cause": v.cause}
+    print(json.dumps(results, indent=1))
+    (RESULTS / "verdict_cost.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
+    args = ap.parse_args()
+    chosen = args.only.split(",")
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
+    RESULTS.mkdir(exist_ok=True)
+    for name in chosen:
+        {"metrics": metrics, "verdict": verdict}[name]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""One exit hook per owner, closing what it owns stage by stage; uninstrument undoes what instrument added."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from otel_llm.guard import GUARD
+from otel_llm.lifecycle import DIRECTORIES, PROVIDERS, SOCKETS, TELEMETRY, Lifecycle
+
+
+def test_closers_run_stage_by_stage_in_the_order_added_and_one_failing_leaves_the_others():
+    closed: list[str] = []
+    owned = Lifecycle()
+    owned.add("directory", lambda: closed.append("directory"), DIRECTORIES)
+    owned.add("socket", lambda: closed.append("socket"), SOCKETS)
+    owned.add("tracer provider", lambda: closed.append("tracer provider"), PROVIDERS)
+    owned.add("broken", lambda: 1 / 0, PROVIDERS)
+    owned.add("meter provider", lambda: closed.append("meter provider"), PROVIDERS)
+    owned.add("telemetry", lambda: closed.append("telemetry"), TELEMETRY)
+    before = GUARD.errors["closing broken"]
+    owned.close_all()
+    assert closed == ["telemetry", "tracer provider", "meter provider", "socket", "directory"]
+    assert GUARD.errors["closing broken"] == before + 1
+    owned.close_all()  # nothing left: nothing closes twice
+    assert len(closed) == 5
+
+
+def test_closing_or_discarding_by_name():
+    closed: list[str] = []
+    owned = Lifecycle()
+    owned.add("telemetry", lambda: closed.append("telemetry"), TELEMETRY)
+    owned.add("provider", lambda: closed.append("provider"), PROVIDERS)
+    owned.discard("telemetry")
+    assert "telemetry" not in owned and "provider" in owned
+    owned.close("provider")
+    owned.close("provider")  # closed once
+    assert closed == ["provider"]
+    with pytest.raises(ValueError):
+        owned.add("x", lambda: None, 7)
+
+
+def test_one_exit_hook_closes_what_is_left_and_what_was_closed_before_exit_stays_closed():
+    code = textwrap.dedent("""
+        from otel_llm.lifecycle import PROVIDERS, SOCKETS, TELEMETRY, Lifecycle
+        owned = Lifecycle()
+        owned.add("socket", lambda: print("socket"), SOCKETS)
+        owned.add("provider", lambda: print("provider"), PROVIDERS)
+        owned.add("telemetry", lambda: print("telemetry"), TELEMETRY)
+        done = Lifecycle()
+        done.add("early", lambda: print("early"), TELEMETRY)
+        done.close_all()
+        print("exit")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["early", "exit", "telemetry", "provider", "socket"]
+
+
+def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_them(monkeypatch):
+    """No provider given and none global: it builds its own from OTEL_* (with no exit hook of their own),
+    shut down at uninstrument after the telemetry was closed; its exit hook goes with them."""
+    pytest.importorskip("vllm")
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from otel_llm.core.providers import METER_PROVIDER, TRACER_PROVIDER
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+
+    class Told(SpanProcessor):
+        shut = False
+
+        def shutdown(self) -> None:
+            self.shut = True
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    inst = VLLMInstrumentor()
+    assert not inst.is_instrumented_by_opentelemetry
+    inst.instrument(engine_steps=False)
+    try:
+        owned = inst.lifecycle
+        assert TRACER_PROVIDER in owned and METER_PROVIDER in owned and "telemetry" in owned
+        tracer_provider = owned._closers[TRACER_PROVIDER][1].__self__
+        meter_provider = owned._closers[METER_PROVIDER][1].__self__
+        told = Told()
+        tracer_provider.add_span_processor(told)
+        assert tracer_provider._atexit_handler is None and meter_provider._atexit_handler is None
+    finally:
+        inst.uninstrument()
+    assert told.shut and meter_provider._shutdown
+    # left for the exit hook: only what the process keeps across instrumentations (an earlier one's sockets)
+    assert set(owned._closers) <= {"step directory", "step receiver", "kv hand-off receiver"}
