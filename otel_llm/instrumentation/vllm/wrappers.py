@@ -93,6 +93,7 @@ class VLLMWrappers:
         self._told_log_stats = False
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
         self._token_times_steps = telemetry.config.token_times == "steps"
+        self._undrained = 0  # output batches since the step records were last read (token times from steps)
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -288,7 +289,9 @@ class VLLMWrappers:
             t.prompt_text = prompt
         return t
 
-    def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _drain_steps(self) -> None:
+        """The step records that arrived, into the pipeline (or, with deferred reading, handed to its thread)."""
+        self._undrained = 0
         receiver = self.receiver
         if receiver is not None and receiver is not self._reading_deferred:
             try:
@@ -299,13 +302,25 @@ class VLLMWrappers:
                     receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
+
+    def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        from_steps = self._from_steps(instance)
+        if from_steps:
+            # Token times from steps: nothing needs this batch's step records before a request finishes, so
+            # they are read in bulk (warm: one cache-cold start instead of one a batch) at the first finish of
+            # an output batch, or every _DRAIN_EVERY batches, so that the ring never fills
+            self._undrained += 1
+            if self._undrained >= _DRAIN_EVERY:
+                self._drain_steps()
+        else:
+            self._drain_steps()
         if self.kv_receiver is not None:
             try:
                 self.kv_receiver.drain(self.kv_book.add)
             except Exception as exc:
                 GUARD.failed("kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
-        if self._from_steps(instance):
+        if from_steps:
             return result  # finishes and events come from their own hooks; token times from the steps
         try:
             b = self.bind(wrapped)
@@ -330,6 +345,8 @@ class VLLMWrappers:
                 b = self.bind(wrapped)
                 t = self.telemetry.requests.get(b.get(args, kwargs, "req_state").request_id)
                 if t is not None:
+                    if self._undrained:  # its steps, and every step before this output batch, are in the ring
+                        self._drain_steps()
                     reason = b.get(args, kwargs, "finish_reason")
                     stats = b.get(args, kwargs, "iteration_stats")
                     now = stats.iteration_timestamp if stats is not None else time.time()
@@ -354,6 +371,8 @@ class VLLMWrappers:
     def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         try:
+            if result and self._undrained:
+                self._drain_steps()  # (token times from steps: the records an output batch left unread)
             now = time.time()
             for rid in result or ():
                 t = self.telemetry.requests.get(rid)
@@ -381,6 +400,7 @@ class VLLMWrappers:
         self.telemetry.finish(t.request_id, summary)
 
 
+_DRAIN_EVERY = 32  # output batches at most between reads of the step records (a ring holds hundreds of steps)
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
 _STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
