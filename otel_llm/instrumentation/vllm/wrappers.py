@@ -413,8 +413,9 @@ def _token_window(t: RequestTimeline, state: Any) -> None:
     if st is not None and st.first_token_ts:
         t.token_window = TokenWindow(st.first_token_ts, st.last_token_ts, st.num_generation_tokens,
                                      t.input_tokens or 0)
+    # (as the stamps take them: with the first output that carries a token; a pooling request has none)
     cached = getattr(state, "num_cached_tokens", None)
-    if t.cache_sources is None and isinstance(cached, int) and st is not None and st.first_token_ts:
+    if t.cache_sources is None and isinstance(cached, int) and st is not None and st.num_generation_tokens:
         t.cache_sources = (cached, 0)
 
 
