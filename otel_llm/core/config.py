@@ -100,13 +100,20 @@ def _peak(raw: str | float) -> float:
 
 
 STEP_READINGS = ("drain", "deferred")
+TOKEN_TIMES = ("steps", "stamps")
 
 
-def _step_reading(raw: str) -> str:
-    value = str(raw).strip().lower()
-    if value not in STEP_READINGS:
-        raise ValueError(f"expected one of {', '.join(STEP_READINGS)}, got {raw!r}")
-    return value
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = str(raw).strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+        return value
+    return parse
+
+
+_step_reading = _one_of(STEP_READINGS)
+_token_times = _one_of(TOKEN_TIMES)
 
 
 def _genai_capture(raw: str) -> bool:
@@ -158,6 +165,10 @@ OPTIONS: tuple[Option, ...] = (
            "Where a spawned EngineCore's step records are read: `drain` (vLLM's output thread, every output "
            "batch) or `deferred` (our background thread, in bulk, before each finished request and every "
            "250 ms; experimental, see docs/design/off-process.md)"),
+    Option("token_times", "OTEL_LLM_TOKEN_TIMES", _token_times, "steps",
+           "Where vLLM requests' token times come from: `steps` (the engine-step records, read when a request "
+           "finishes: nothing per token on vLLM's output thread) or `stamps` (a stamp per output batch). "
+           "Speculative decoding, KV connectors and engines without step records always stamp"),
     Option("max_spans_per_request", "OTEL_LLM_MAX_SPANS_PER_REQUEST", _positive_int, 1000,
            "Spans one kept request's trace may hold (request, phases, prefill chunks, decode steps and "
            "windows); also bounds the engine-step spans linked from it. See \"Decode detail and the span "
@@ -203,6 +214,7 @@ class Config:
     engine_steps: bool = _DEFAULTS["engine_steps"]
     max_steps: int = _DEFAULTS["max_steps"]
     step_reading: str = _DEFAULTS["step_reading"]
+    token_times: str = _DEFAULTS["token_times"]
     max_spans_per_request: int = _DEFAULTS["max_spans_per_request"]
     engine_step_service: str = _DEFAULTS["engine_step_service"]
     max_requests: int = _DEFAULTS["max_requests"]

@@ -35,6 +35,7 @@ from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
 from .spec_decode import add_to_requests
+from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
 
@@ -52,6 +53,9 @@ class Counts:
     # engine steps the engine could not hand over (deferred step reading: its ring was full while this
     # process read nothing), from the gaps in their ids; their requests' verdicts say unknown
     steps_lost: int = 0
+    # stamp-free frontend (token_times=steps): finished requests whose steps did not add up to vLLM's token
+    # count (a step record lost or settled early): they keep vLLM's TTFT/TPOT/e2e, not inter-token latencies
+    token_times_unplaced: int = 0
 
 
 # -- the materializer's jobs: one record type per kind of work, handled in submission order ----------
@@ -315,6 +319,7 @@ class Pipeline:
         if decision.sampled:  # the materializer is far behind: keep what is cheap, count the rest
             self.counts.requests_spans_dropped += 1
         for member, summary in group.finished if group is not None else ((t, s),):
+            self._tokens_from_steps(member)
             _add_gaps(member, summary)
             self.metrics.record(summary)
             self._settle_steps(member, None)
@@ -398,11 +403,13 @@ class Pipeline:
     def _materialize_request(self, job: RequestJob) -> None:
         t, s, decision, detail = job.timeline, job.summary, job.decision, job.detail
         kept: Materialized | None = None
+        own = self._tokens_from_steps(t)
         _add_gaps(t, s)
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
         for_cause = self._for_cause(decision)
-        own = self._own_steps(t) if breached or for_cause or decision is not None else ()
+        if own is None:
+            own = self._own_steps(t) if breached or for_cause or decision is not None else ()
         verdict = self._explain(t, s, breached, for_cause)
         if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
             self.window.handoffs.add(t.handoff)
@@ -430,13 +437,16 @@ class Pipeline:
         sequence). Metrics stay per sequence, as vLLM's own (each sequence is a finished request in
         its statistics); the exemplars of all of them point at the one trace."""
         members = sorted(job.group.finished, key=lambda m: m[0].choice_index or 0)
+        derived = []
         for t, s in members:
+            derived.append(self._tokens_from_steps(t))
             _add_gaps(t, s)
         decision, detail = job.decision, job.detail
         slo = self.config.slo.for_model(members[0][1].model)
         breaches = [slo.breaches(s) for _, s in members]
         for_cause = self._for_cause(decision)
-        owns = [self._own_steps(t) if b or for_cause or decision is not None else () for (t, _), b in zip(members, breaches)]
+        owns = [o if o is not None else self._own_steps(t) if b or for_cause or decision is not None else ()
+                for (t, _), b, o in zip(members, breaches, derived)]
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
@@ -461,6 +471,25 @@ class Pipeline:
         for (t, s), kept in zip(members, choices):
             self.metrics.record(s, exemplar)
             self._settle_steps(t, kept if detail >= Detail.STEPS else None)
+
+    def _tokens_from_steps(self, t: RequestTimeline) -> list[StepRecord] | None:
+        """Stamp-free frontend: ``t``'s token times from the held steps that served it (core/step_tokens.py),
+        and those steps (None: ``t`` was stamped on the hot path, nothing read here)."""
+        window = t.token_window
+        if window is None or t.token_ts:
+            return None
+        own = self._own_steps(t)
+        try:
+            times = token_times(t.request_id, own, window) if not t.steps_lost else None
+        except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
+            GUARD.failed("token times from steps", exc)
+            times = None
+        if times is None:
+            if window.tokens > 1:  # (one token has no gap to lose)
+                self.counts.token_times_unplaced += 1
+        else:
+            t.token_ts = times
+        return own
 
     def _own_steps(self, t: RequestTimeline) -> list[StepRecord]:
         """The held engine steps that served ``t`` (all of them, unless it outlived ``max_steps`` steps),

@@ -44,6 +44,10 @@ class RequestTimeline:
     events: list[tuple[int, float]] = field(default_factory=list)
     token_ts: list[float] = field(default_factory=list)
     multi_token_steps: dict[int, int] | None = None  # index in token_ts -> tokens, only when > 1 (spec decode)
+    # stamp-free frontend (token_times=steps): the hot path stamps nothing; at finish the adapter sets what
+    # vLLM counted (core/step_tokens.TokenWindow) and the pipeline fills token_ts from the steps that served it
+    steps_give_tokens: bool = False
+    token_window: Any = None
     # speculative decoding as the scheduler counted it: [verify steps, draft tokens, accepted drafts], added
     # by the pipeline from each step's SpecStep (core/spec_decode.py); None: no step verified drafts of it
     spec: list[int] | None = None

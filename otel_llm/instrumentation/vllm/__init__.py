@@ -93,6 +93,9 @@ class VLLMInstrumentor(BaseInstrumentor):
             Target("vllm.v1.engine.output_processor", "OutputProcessor.add_request", w.add_request),
             Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", w.process_outputs),
             Target("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", w.abort_requests),
+            # the stamp-free frontend's finish and engine events (wrappers.py: token_times=steps)
+            Target("vllm.v1.engine.output_processor", "OutputProcessor._update_stats_from_finished", w.finished),
+            Target("vllm.v1.metrics.stats", "IterationStats.update_from_events", w.engine_events),
             Target("vllm.entrypoints.llm", "LLM.chat", w.offline("chat")),
             Target("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion",
                    w.serving("chat")),

@@ -88,6 +88,7 @@ CHAT = "the chat operation of LLM.chat requests"
 ROOFLINE = "the step roofline (model shape)"
 LORA_EVENTS = "LoRA adapter load and evict events, and load time"
 DRAFT_TIME = "the drafter's time on engine steps"
+STEP_TOKENS = "token times from engine steps (nothing per token on vLLM's output thread)"
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_OUTPUT, "OutputProcessor.process_outputs", REQUESTS,
        params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
     _e(_OUTPUT, "OutputProcessor.abort_requests", "the end of aborted requests"),
+    _e(_OUTPUT, "OutputProcessor._update_stats_from_finished", STEP_TOKENS,
+       params=("req_state", "finish_reason", "iteration_stats"), fallback="a stamp per output batch"),
+    _e(_STATS, "IterationStats.update_from_events", STEP_TOKENS, params=("req_id", "events"),
+       fallback="a stamp per output batch"),
     _e(_OUTPUT, "OutputProcessor.request_states", REQUESTS),
     _e(_OUTPUT, "RequestState.stats", PHASES),
     _e(_OUTPUT, "RequestState.num_cached_tokens", "prefix-cache hits on request spans"),

@@ -1,8 +1,16 @@
 """vLLM frontend wrappers: translate vLLM's own events into the core's request timelines.
 
 Every wrapper has one shape: the host's call runs unguarded (its exceptions pass through
-untouched), our bookkeeping before and after it is guarded. Per generated token the
-only work is in ``process_outputs``: one dict lookup and one list append per output.
+untouched), our bookkeeping before and after it is guarded.
+
+Per generated token, by default (``token_times=steps``), nothing: ``process_outputs`` only counts output
+batches (the engine-step records are read at the first finish of a batch, or every ``_DRAIN_EVERY``
+batches), a request's finish comes from vLLM's own
+``_update_stats_from_finished`` (once a request) and its engine events from
+``IterationStats.update_from_events`` (only for the outputs that carry events); its token times are
+derived at finish, off this thread, from the steps that served it (core/step_tokens.py). Where the
+steps cannot give them (speculative decoding, KV connectors, no step records, ``token_times=stamps``)
+``process_outputs`` stamps each output: one dict lookup and one list append.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from ...core.diagnosis.roofline import ModelShape
 from ...guard import GUARD
 from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
+from ...core.step_tokens import TokenWindow
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
@@ -84,6 +93,8 @@ class VLLMWrappers:
         self.bind = Binders()
         self._told_log_stats = False
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
+        self._token_times_steps = telemetry.config.token_times == "steps"
+        self._undrained = 0  # output batches since the step records were last read (token times from steps)
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -134,7 +145,29 @@ class VLLMWrappers:
             self._setup_diagnosis(instance.vllm_config)
         except Exception as exc:
             GUARD.failed("vllm step diagnosis set-up", exc)
+        try:
+            setattr(instance.output_processor, _STEPS_CAN_GIVE_TOKENS, self._steps_can_give_tokens(instance.vllm_config))
+        except Exception as exc:
+            GUARD.failed("vllm token times from steps", exc)
         return result
+
+    def _steps_can_give_tokens(self, vllm_config: Any) -> bool:
+        """Whether this engine's token times can come from its step records (core/step_tokens.py) instead
+        of a stamp per output: each share makes at most one token (no speculative decoding), the prompt's
+        cache reads have one source (no KV connector), and vLLM's finish and event hooks are there
+        (contract.py). Kept on the engine's output processor: an engine outlives instrumenting again."""
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            return False
+        if getattr(vllm_config, "kv_transfer_config", None) is not None:
+            return False
+        fence = self.fence
+        return fence is None or all(map(fence.available, _STEP_TOKEN_HOOKS))
+
+    def _from_steps(self, processor: Any) -> bool:
+        """Whether ``processor``'s requests take their token times from steps under this instrumentation:
+        the option asks for it, the engine allows it, and its steps reach this process."""
+        return (self._token_times_steps and self.steps_armed and self.receiver is not None
+                and getattr(processor, _STEPS_CAN_GIVE_TOKENS, False))
 
     def _setup_diagnosis(self, vllm_config: Any) -> None:
         """The roofline's model shape and devices, from the engine's own configuration."""
@@ -252,11 +285,14 @@ class VLLMWrappers:
             t.lora_name = str(getattr(lora, "lora_name", "") or lora.lora_int_id)
             t.lora_id = int(lora.lora_int_id)
         t.native = processor.request_states.get(request.request_id)
+        t.steps_give_tokens = self._from_steps(processor)
         if self.telemetry.config.capture_content:
             t.prompt_text = prompt
         return t
 
-    def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _drain_steps(self) -> None:
+        """The step records that arrived, into the pipeline (or, with deferred reading, handed to its thread)."""
+        self._undrained = 0
         receiver = self.receiver
         if receiver is not None and receiver is not self._reading_deferred:
             try:
@@ -267,12 +303,26 @@ class VLLMWrappers:
                     receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 GUARD.failed("step receiver", exc)
+
+    def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        from_steps = self._from_steps(instance)
+        if from_steps:
+            # Token times from steps: nothing needs this batch's step records before a request finishes, so
+            # they are read in bulk (warm: one cache-cold start instead of one a batch) at the first finish of
+            # an output batch, or every _DRAIN_EVERY batches, so that the ring never fills
+            self._undrained += 1
+            if self._undrained >= _DRAIN_EVERY:
+                self._drain_steps()
+        else:
+            self._drain_steps()
         if self.kv_receiver is not None:
             try:
                 self.kv_receiver.drain(self.kv_book.add)
             except Exception as exc:
                 GUARD.failed("kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
+        if from_steps:
+            return result  # finishes and events come from their own hooks; token times from the steps
         try:
             b = self.bind(wrapped)
             ts = b.get(args, kwargs, "engine_core_timestamp") or time.monotonic()
@@ -287,9 +337,43 @@ class VLLMWrappers:
             GUARD.failed("OutputProcessor.process_outputs", exc)
         return result
 
+    def finished(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """``OutputProcessor._update_stats_from_finished``: once per request vLLM lets go of, after it left
+        ``request_states``, with the reason (a stop string the detokenizer found included)."""
+        result = wrapped(*args, **kwargs)
+        if self._from_steps(instance):
+            try:
+                b = self.bind(wrapped)
+                t = self.telemetry.requests.get(b.get(args, kwargs, "req_state").request_id)
+                if t is not None:
+                    if self._undrained:  # its steps, and every step before this output batch, are in the ring
+                        self._drain_steps()
+                    reason = b.get(args, kwargs, "finish_reason")
+                    stats = b.get(args, kwargs, "iteration_stats")
+                    now = stats.iteration_timestamp if stats is not None else time.time()
+                    self._finish(t, str(reason) if reason is not None else "stop", now)
+            except Exception as exc:
+                GUARD.failed("OutputProcessor._update_stats_from_finished", exc)
+        return result
+
+    def engine_events(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """``IterationStats.update_from_events``: the engine events (queued, scheduled, preempted) of an
+        output that carries some; vLLM calls it for those outputs only."""
+        result = wrapped(*args, **kwargs)
+        try:
+            b = self.bind(wrapped)
+            t = self.telemetry.requests.get(b.get(args, kwargs, "req_id"))
+            if t is not None and t.steps_give_tokens:  # (stamped requests take them in record_outputs)
+                t.events.extend((int(e.type), e.timestamp) for e in b.get(args, kwargs, "events"))
+        except Exception as exc:
+            GUARD.failed("IterationStats.update_from_events", exc)
+        return result
+
     def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
         try:
+            if result and self._undrained:
+                self._drain_steps()  # (token times from steps: the records an output batch left unread)
             now = time.time()
             for rid in result or ():
                 t = self.telemetry.requests.get(rid)
@@ -304,6 +388,8 @@ class VLLMWrappers:
         t.handoff = self.kv_book.pop(t.request_id)
         state = t.native
         t.native = None  # release vLLM's object now
+        if t.steps_give_tokens:
+            _token_window(t, state)
         summary = summarize(t, state, now_wall)
         summary.error_type = _ERRORS.get(reason)
         detok = getattr(state, "detokenizer", None)
@@ -313,6 +399,25 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+_DRAIN_EVERY = 32  # output batches at most between reads of the step records (a ring holds hundreds of steps)
+# vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
+_STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
+_STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
+
+
+def _token_window(t: RequestTimeline, state: Any) -> None:
+    """What the pipeline needs to derive ``t``'s token times from its steps: vLLM's first and last token
+    stamps and its count. The prompt's cache reads have one source here (no KV connector)."""
+    st = getattr(state, "stats", None)
+    if st is not None and st.first_token_ts:
+        t.token_window = TokenWindow(st.first_token_ts, st.last_token_ts, st.num_generation_tokens,
+                                     t.input_tokens or 0)
+    # (as the stamps take them: with the first output that carries a token; a pooling request has none)
+    cached = getattr(state, "num_cached_tokens", None)
+    if t.cache_sources is None and isinstance(cached, int) and st is not None and st.num_generation_tokens:
+        t.cache_sources = (cached, 0)
 
 
 class CountingReader:

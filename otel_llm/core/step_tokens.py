@@ -1,0 +1,62 @@
+"""A request's token times from the engine steps that served it, instead of a stamp per token.
+
+vLLM stamps each batch of outputs with the EngineCore's ``EngineCoreOutputs.timestamp``; its own
+inter-token latency is the difference of those stamps (``engine_core_timestamp - last_token_ts``).
+The step records carry that exact stamp as their ``end`` (step hooks: copied from the outputs) and
+name every request a step served, so a request's token times are the ``end``s of the steps in which
+its share produced an output:
+
+* a decode share: one output (one token; speculative decoding, which can produce several, keeps the
+  frontend's stamps: the adapter does not ask for this);
+* a prefill share: an output only when its chunk completes what the request must compute, ``context
+  + tokens >= prompt + outputs so far`` (a recompute after a preemption included: it recomputes the
+  outputs it had too).
+
+Only steps within vLLM's own first and last token stamps count (``RequestStateStats.first_token_ts``,
+``last_token_ts``): steps scheduled after the frontend let the request go (a stop string the
+detokenizer found, async scheduling's step in flight) produced no output it saw. The count must equal
+vLLM's ``num_generation_tokens``; a request whose steps do not add up (a step record lost or
+overwritten) gets no token times, and the caller counts it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from .timeline import StepRecord
+
+
+class TokenWindow(NamedTuple):
+    """What the adapter knows of a request at finish, for deriving its token times from steps."""
+
+    first: float  # vLLM's first_token_ts (engine monotonic: the first output's batch stamp)
+    last: float  # vLLM's last_token_ts
+    tokens: int  # vLLM's num_generation_tokens (one a step: no speculative decoding)
+    prompt: int  # prompt tokens
+
+
+def token_times(rid: str, steps: Sequence[StepRecord], window: TokenWindow) -> list[float] | None:
+    """The ``end`` of each step of ``steps`` (ascending, those that served ``rid``) in which it produced
+    an output; None when they do not add up to vLLM's count."""
+    first, last, prompt = window.first, window.last, window.prompt
+    out: list[float] = []
+    append = out.append
+    for step in steps:
+        end = step.end
+        if end < first:
+            continue
+        if end > last:
+            break
+        prefill_at = step.prefill_at
+        if prefill_at:  # a step with prompt chunks (few): is ours one, and does it complete?
+            ids = step.ids
+            i = ids.index(rid)
+            if i in prefill_at:
+                n = step.tokens[i] if step.tokens is not None else 1
+                contexts = step.contexts
+                if contexts is not None and contexts[i] + n < prompt + len(out):
+                    continue  # a chunk that leaves prompt (or recomputed outputs) to compute: no output
+        append(end)
+    if len(out) != window.tokens or not out or out[0] != first:
+        return None
+    return out
