@@ -1,5 +1,6 @@
 """The demo's traces in a real Arize Phoenix: which project they land in, the span kinds Phoenix shows,
-and whether a slow request's ``llm.slow.cause`` is on its span (and in its metadata).
+and whether a slow request's ``llm.slow.cause`` is on its span (and in its metadata), with the SLOs it
+was judged against (``llm.slo.*``).
 
 Phoenix is heavy (its own server, database and UI): install it in a scratch virtual environment outside
 the repository, and point this script at that environment's Python:
@@ -103,10 +104,11 @@ def main() -> None:
             judged = []
             for s in spans:
                 attrs = json.loads(s["attributes"]) if isinstance(s["attributes"], str) else s["attributes"]
-                cause = attrs.get("llm", {}).get("slow", {}).get("cause") if isinstance(attrs, dict) else None
+                llm = attrs.get("llm", {}) if isinstance(attrs, dict) else {}
+                cause = llm.get("slow", {}).get("cause")
                 if cause:
                     judged.append({"span": s["name"], "kind": s["spanKind"], "llm.slow.cause": cause,
-                                   "metadata": s.get("metadata")})
+                                   "llm.slo": llm.get("slo"), "metadata": s.get("metadata")})
             report[p["name"]] = {"spans": len(spans), "kinds": dict(kinds.most_common()),
                                  "requests_with_a_cause": len(judged), "example": judged[:2]}
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
