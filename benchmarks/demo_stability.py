@@ -38,6 +38,7 @@ def judge(index: int, loaded: bool, summary: Path, wall: float | None) -> dict:
         phases.append({**p, "meets_target": ok if judged else None})
     return {"run": index, "beside_cpu_hog": loaded, "wall_s": None if wall is None else round(wall, 1),
             "demo_phases_s": result["wall_s"], "rc": 0, "phases": phases,
+            "speculative_decoding": result.get("speculative_decoding"),  # the epilogue's drafted / accepted
             "ok": all(p["meets_target"] is not False for p in phases)}
 
 

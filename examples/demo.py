@@ -1,14 +1,17 @@
 """otel-llm demo: a real vLLM engine (CPU, tiny random-weights model), instrumented, on a scripted workload.
 
-Four phases whose causes are known (``otel_llm.demo.scenario``): steady chat (quiet; measured first),
+Five phases whose causes are known (``otel_llm.demo.scenario``): steady chat (quiet; measured first),
 long documents prefilled beside decoding chats (prefill interference), a burst above max_num_seqs
-(queueing), and a KV-cache squeeze (preemptions, waiting for KV blocks). Arrivals are counted in engine
+(queueing), a KV-cache squeeze (preemptions, waiting for KV blocks), and two LoRA adapters with one
+adapter slot (waiting for the LoRA slot). Arrivals are counted in engine
 steps, and the SLOs are multiples of what the quiet phase measured on this machine, so each phase's
 requests breach for the phase's reason however fast the machine is. Prints TTFT / TPOT / end-to-end
 percentiles (from the metrics, as Prometheus would compute them), goodput, a verdict table (cause ->
 requests -> seconds lost -> the phase built to cause it) and the slowest requests with the engine
-steps that stretched them. Traces go to an OTLP/JSON file (or, with --otlp, to an OTLP endpoint); the
-demo ends by writing the timeline report of that file (HTML, and a Chrome trace for Perfetto).
+steps that stretched them. An epilogue runs n-gram speculative decoding on an engine of its own
+(``otel_llm.demo.speculation``) and prints what it drafted and accepted (``--no-spec`` skips it).
+Traces go to an OTLP/JSON file (or, with --otlp, to an OTLP endpoint); the demo ends by writing the
+timeline report of that file (HTML, and a Chrome trace for Perfetto).
 
     ./run demo                      # writes out/demo-traces.jsonl, out/demo-report.html, out/demo-report.trace.json
     ./run demo --otlp               # sends to $OTEL_EXPORTER_OTLP_ENDPOINT (default localhost:4318)
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -34,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
-from otel_llm.demo import console, scenario
+from otel_llm.demo import console, scenario, speculation
 from otel_llm.demo.tiny_model import ensure_tiny_model
 from otel_llm.otlp.file import OTLPJsonFileExporter
 from otel_llm.views.phoenix import OpenInferenceSpans
@@ -59,14 +63,14 @@ def engine_log(path: Path) -> Iterator[None]:
             os.close(saved)
 
 
-def make_engine(log: Path):
+def make_engine(log: Path, engine_args: dict | None = None):
     """The scenario's engine, its EngineCore in this process (each ``step()`` is one scheduler step)."""
     os.environ.update(scenario.ENGINE_ENV)
     os.environ["VLLM_LOGGING_LEVEL"] = os.environ.get("OTEL_LLM_DEMO_VLLM_LOG_LEVEL", "ERROR")
     with engine_log(log):
         from vllm import LLM
 
-        return LLM(model=ensure_tiny_model(), **scenario.ENGINE_ARGS)
+        return LLM(model=ensure_tiny_model(), **(engine_args or scenario.ENGINE_ARGS))
 
 
 def main() -> None:
@@ -77,6 +81,7 @@ def main() -> None:
     ap.add_argument("--report", default="out/demo-report.html", help="timeline report to write (file mode)")
     ap.add_argument("--summary", help="also write the verdict table per phase as JSON here")
     ap.add_argument("--scale", type=int, default=2, help="waves per cause phase (default 2; 1 is a short run)")
+    ap.add_argument("--no-spec", action="store_true", help="skip the speculative-decoding epilogue (a third engine)")
     args = ap.parse_args()
     if args.scale < 1:
         ap.error("--scale must be at least 1")
@@ -138,15 +143,27 @@ def main() -> None:
 
     print(f"starting vLLM (CPU, tiny random-weights model, EngineCore in this process; ~30-90 s; its log: {log})...",
           flush=True)
-    with measure():  # the engine is built instrumented (per-request statistics on), and warmed up
-        llm = make_engine(log)
-        engine = llm.llm_engine
-        scenario.drive(engine, scenario.renamed(scenario.measurement(phases[1]) + list(phases[1].arrivals), "warm-"))
-    print(f"SLOs as given: {args.slo}" if args.slo else
-          "each phase's SLOs: from a quiet measurement of its own requests' shape just before it", flush=True)
-    t0 = time.monotonic()
-    runs = scenario.run_phases(engine, phases, measure, judge, args.slo, said)
-    wall = time.monotonic() - t0
+    adapters = scenario.adapter_requests(Path(ensure_tiny_model()).parent / "demo-adapters")
+    runs: list[scenario.PhaseRun] = []
+    wall = 0.0
+    for lora in (False, True):  # the LoRA phase on an engine of its own (scenario.LORA_ENGINE_ARGS says why)
+        these = [p for p in phases if p.lora == lora]
+        if not these:
+            continue
+        if lora:
+            print("starting a second engine, with one LoRA slot, for the LoRA phase...", flush=True)
+        with measure():  # the engine is built instrumented (per-request statistics on), and warmed up
+            llm = make_engine(log, scenario.LORA_ENGINE_ARGS if lora else scenario.ENGINE_ARGS)
+            scenario.warm_up(llm.llm_engine, these, adapters)
+        if not runs:
+            print(f"SLOs as given: {args.slo}" if args.slo else
+                  "each phase's SLOs: from a quiet measurement of its own requests' shape just before it", flush=True)
+        t0 = time.monotonic()
+        runs += scenario.run_phases(llm.llm_engine, these, measure, judge, args.slo, said, adapters)
+        wall += time.monotonic() - t0
+        with engine_log(log):  # the engine's shutdown messages
+            del llm
+            gc.collect()
     finished = sum(len(r.phase.arrivals) for r in runs)
     tracer_provider.force_flush()
     spans = list(memory.get_finished_spans())
@@ -158,8 +175,6 @@ def main() -> None:
     for lines in (console.latency_lines(got), [""], console.goodput_lines(got), [""],
                   console.verdict_table(tallies), [""], console.slowest_lines(spans)):
         print("\n".join(lines))
-    if args.summary:
-        write_summary(Path(args.summary), runs, wall, tallies)
     print(f"\ntraces: {where}")
     tracer_provider.shutdown()
     if not args.otlp:
@@ -172,14 +187,35 @@ def main() -> None:
         print(f"timeline report: {written.html}  (open in a browser; Perfetto: {trace_json})")
         print("  to see the traces in Jaeger, Tempo or Phoenix instead: docs/views.md; "
               "`./run demo --otlp` sends them to $OTEL_EXPORTER_OTLP_ENDPOINT")
-    with engine_log(log):  # the engine's shutdown messages
-        del engine, llm
+    accepted = None if args.no_spec else speculate(log, measure)
+    if args.summary:
+        write_summary(Path(args.summary), runs, wall, tallies, accepted)
 
 
-def write_summary(path: Path, runs: list[scenario.PhaseRun], wall: float, tallies: list[scenario.PhaseTally]) -> None:
+def speculate(log: Path, measure) -> speculation.Acceptance:
+    """The epilogue: n-gram speculative decoding on an engine of its own (``otel_llm.demo.speculation``)."""
+    print(f"\nspeculative decoding (n-gram, {speculation.DRAFT_TOKENS} draft tokens) on an engine of its own: drafts "
+          "change every decode step, so it does not share the phases' engine; no verdict cause (a verify "
+          "step is the request's own work), so here is what it accepted...", flush=True)
+    started = time.monotonic()
+    with measure() as finished:
+        llm = make_engine(log, speculation.ENGINE_ARGS_SPEC)
+        scenario.drive(llm.llm_engine, speculation.ARRIVALS)
+        got = speculation.acceptance(finished())
+    print(f"  {got.line()}; {time.monotonic() - started:.1f} s with the engine's start", flush=True)
+    with engine_log(log):
+        del llm
+        gc.collect()
+    return got
+
+
+def write_summary(path: Path, runs: list[scenario.PhaseRun], wall: float, tallies: list[scenario.PhaseTally],
+                  accepted: speculation.Acceptance | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     slos = {r.phase.name: r.slo for r in runs}
-    path.write_text(json.dumps({"wall_s": round(wall, 2), "phases": [
+    spec = None if accepted is None else {"requests": accepted.requests, "drafted": accepted.drafted,
+                                          "accepted": accepted.accepted, "verify_steps": accepted.verify_steps}
+    path.write_text(json.dumps({"wall_s": round(wall, 2), "speculative_decoding": spec, "phases": [
         {"phase": t.phase.name, "slo": slos.get(t.phase.name), "built_to_cause": sorted(t.phase.causes),
          "requests": t.requests, "load_requests": t.load, "load_breached": t.load_breached,
          "load_causes": t.load_causes,

@@ -65,6 +65,12 @@ NUM_PREEMPTIONS = "llm.request.num_preemptions"
 OUTPUT_CHARACTERS = "llm.response.output_characters"
 SLO_MET = "llm.slo.met"
 SLO_BREACHED = "llm.slo.breached"
+# the SLO thresholds the request was judged against (seconds; those set for its model): a breach reads
+# against its own objective, even where SLOs differ by model or change between runs
+SLO_TTFT = "llm.slo.ttft"
+SLO_TPOT = "llm.slo.tpot"
+SLO_E2E = "llm.slo.e2e"
+SLO_THRESHOLDS = {"ttft": SLO_TTFT, "tpot": SLO_TPOT, "e2e": SLO_E2E}  # objective -> attribute
 SAMPLING_REASON = "llm.sampling.reason"
 # not "llm.engine": that is the namespace of llm.engine.step.*, and a name may not be both
 ENGINE = "llm.engine.name"

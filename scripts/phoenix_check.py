@@ -1,5 +1,6 @@
 """The demo's traces in a real Arize Phoenix: which project they land in, the span kinds Phoenix shows,
-and whether a slow request's ``llm.slow.cause`` is on its span (and in its metadata).
+and whether a slow request's ``llm.slow.cause`` is on its span (and in its metadata), with the SLOs it
+was judged against (``llm.slo.*``).
 
 Phoenix is heavy (its own server, database and UI): install it in a scratch virtual environment outside
 the repository, and point this script at that environment's Python:
@@ -65,8 +66,53 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 600.0) -> Non
 
 
 PROJECTS = "{ projects { edges { node { id name traceCount } } } }"
-SPANS = """{ node(id: "%s") { ... on Project { spans(first: 1000) { edges { node {
-  name spanKind attributes metadata } } } } } }"""
+SPANS = """{ node(id: "%s") { ... on Project { spans(first: 1000%s) { pageInfo { hasNextPage endCursor }
+  edges { node { name spanKind attributes metadata } } } } } }"""
+PROJECT_KEY = "openinference.project.name"
+
+
+def sent_spans(requests: list) -> collections.Counter:
+    """Spans per project name (the resource's openinference.project.name; Phoenix's "default" without one)."""
+    out: collections.Counter = collections.Counter()
+    for req in requests:
+        for rs in req.resource_spans:
+            name = next((a.value.string_value for a in rs.resource.attributes if a.key == PROJECT_KEY), "default")
+            out[name] += sum(len(ss.spans) for ss in rs.scope_spans)
+    return out
+
+
+def shown(name: str) -> str:
+    """A request span's name with its model's last path component only (the model is a local folder)."""
+    operation, _, model = name.partition(" ")
+    return f"{operation} {Path(model).name}" if model else operation
+
+
+def all_spans(base: str, project_id: str) -> list[dict]:
+    """Every span of a project, a page of 1,000 at a time."""
+    out, after = [], ""
+    while True:
+        page = graphql(base, SPANS % (project_id, after))["node"]["spans"]
+        out += [e["node"] for e in page["edges"]]
+        if not page["pageInfo"]["hasNextPage"]:
+            return out
+        after = f', after: "{page["pageInfo"]["endCursor"]}"'
+
+
+def wait_stored(base: str, expected: collections.Counter, timeout: float = 300.0) -> dict[str, list[dict]]:
+    """Phoenix inserts spans in the background: read until every project holds what was sent, or its count
+    stops growing for 30 s (then what is missing is reported, not waited for)."""
+    deadline, last, still = time.monotonic() + timeout, None, time.monotonic()
+    while True:
+        projects = {e["node"]["name"]: e["node"] for e in graphql(base, PROJECTS)["projects"]["edges"]}
+        spans = {name: all_spans(base, p["id"]) for name, p in projects.items()}
+        counts = {name: len(v) for name, v in spans.items()}
+        if all(counts.get(name, 0) >= n for name, n in expected.items()) or time.monotonic() > deadline:
+            return spans
+        if counts != last:
+            last, still = counts, time.monotonic()
+        elif time.monotonic() - still > 30:
+            return spans
+        time.sleep(3)
 
 
 def main() -> None:
@@ -86,29 +132,34 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc)
-        sent = 0
-        for line in Path(args.trace).read_bytes().splitlines():
-            if line.strip():
-                post(f"{base}/v1/traces", parse_request(line).SerializeToString(), "application/x-protobuf")
-                sent += 1
-        time.sleep(5)  # Phoenix inserts spans in the background
+        requests = [parse_request(line) for line in Path(args.trace).read_bytes().splitlines() if line.strip()]
+        for req in requests:
+            post(f"{base}/v1/traces", req.SerializeToString(), "application/x-protobuf")
+        expected = sent_spans(requests)
+        stored = wait_stored(base, expected)
         projects = [e["node"] for e in graphql(base, PROJECTS)["projects"]["edges"]]
-        report: dict = {"phoenix_version": version, "export_requests_sent": sent,
-                        "projects": [{"name": p["name"], "traces": p["traceCount"]} for p in projects]}
+        report: dict = {"phoenix_version": version, "export_requests_sent": len(requests),
+                        "projects": [{"name": p["name"], "traces": p["traceCount"], "spans_sent": expected.get(p["name"], 0),
+                                      "spans_stored": len(stored.get(p["name"], []))} for p in projects]}
         for p in projects:
-            spans = [e["node"] for e in graphql(base, SPANS % p["id"])["node"]["spans"]["edges"]]
+            spans = stored.get(p["name"], [])
             if not spans:
                 continue
             kinds = collections.Counter(f"{s['name'].split(' ')[0]}: {s['spanKind']}" for s in spans)
             judged = []
             for s in spans:
                 attrs = json.loads(s["attributes"]) if isinstance(s["attributes"], str) else s["attributes"]
-                cause = attrs.get("llm", {}).get("slow", {}).get("cause") if isinstance(attrs, dict) else None
+                llm = attrs.get("llm", {}) if isinstance(attrs, dict) else {}
+                cause = llm.get("slow", {}).get("cause")
                 if cause:
-                    judged.append({"span": s["name"], "kind": s["spanKind"], "llm.slow.cause": cause,
-                                   "metadata": s.get("metadata")})
+                    judged.append({"span": shown(s["name"]), "kind": s["spanKind"], "llm.slow.cause": cause,
+                                   "llm.slo": llm.get("slo"), "metadata": s.get("metadata")})
+            causes = collections.Counter(j["llm.slow.cause"] for j in judged)
+            examples = list({j["llm.slow.cause"]: j for j in reversed(judged)}.values())[::-1]  # one per cause
             report[p["name"]] = {"spans": len(spans), "kinds": dict(kinds.most_common()),
-                                 "requests_with_a_cause": len(judged), "example": judged[:2]}
+                                 "unknown_kinds": sum(1 for s in spans if s["spanKind"] == "unknown"),
+                                 "requests_with_a_cause": len(judged), "causes": dict(causes.most_common()),
+                                 "example_per_cause": examples}
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps(report, indent=1))
     finally:

@@ -417,6 +417,7 @@ class Pipeline:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
                                            self.config.capture_content)
+                attrs.update(slo.span_attributes)  # type: ignore[attr-defined]
                 if verdict is not None and for_cause:
                     attrs.update(verdict.attributes())
                 held = own if detail >= Detail.PHASES and self.config.engine_steps else []
@@ -455,6 +456,7 @@ class Pipeline:
                 breached = tuple(dict.fromkeys(o for b in breaches for o in b))
                 met = not breached and not any(s.failed for _, s in members)
                 attrs = group_attributes(members, decision.reason, met, breached, self.config.capture_content)
+                attrs.update(slo.span_attributes)  # type: ignore[attr-defined]
                 parts = []
                 phases = detail >= Detail.PHASES and self.config.engine_steps
                 for (t, s), b, verdict, own in zip(members, breaches, verdicts, owns):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .. import semconv as sc
 from .summary import RequestSummary
 
 _KEYS = ("ttft", "tpot", "e2e")
@@ -29,6 +30,8 @@ class SLO:
                 raise ValueError(f"SLO {key} must be a positive number of seconds, got {value!r}")
         # the objectives that are set, once: the collector checks every request, usually against one or two
         object.__setattr__(self, "_limits", tuple((k, getattr(self, k)) for k in _KEYS if getattr(self, k) is not None))
+        # and as a request span's attributes, built once: a kept request's span copies them
+        object.__setattr__(self, "span_attributes", {sc.SLO_THRESHOLDS[k]: v for k, v in self._limits})  # type: ignore[attr-defined]
 
     def breaches(self, summary: RequestSummary) -> tuple[str, ...]:
         """Names of the objectives this request missed; a measure it lacks cannot breach."""

@@ -93,7 +93,11 @@ REQUEST_SPAN = SpanDoc(
           "buckets; both when it produced two or more tokens)"),
      Item(sc.NUM_PREEMPTIONS),
      Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS),
-     Item(sc.SLO_MET), Item(sc.SLO_BREACHED), Item(sc.SAMPLING_REASON),
+     Item(sc.SLO_MET), Item(sc.SLO_BREACHED),
+     Group(tuple(sc.SLO_THRESHOLDS.values()),
+           ", ".join(f"`{n}`" for n in sc.SLO_THRESHOLDS.values()) + " (the SLO thresholds it was judged "
+           "against, seconds: those set for its model, when SLOs are set)"),
+     Item(sc.SAMPLING_REASON),
      Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed"),
      Group((sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()),
            f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` (seconds each cause cost) "

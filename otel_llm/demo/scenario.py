@@ -9,7 +9,10 @@ were slow (``otel_llm.core.diagnosis.verdict``):
 * **burst**: four times ``max_num_seqs`` requests at once: three of every four wait with the batch full
   (queueing, max_num_seqs);
 * **KV-cache squeeze**: long prompts that grow past a KV cache that holds five of them; the
-  scheduler preempts some and holds the others back for KV blocks with the batch half empty.
+  scheduler preempts some and holds the others back for KV blocks with the batch half empty;
+* **LoRA slot**: requests for two adapters on an engine that holds one at a time (``max_loras=1``):
+  while the first adapter's requests decode, the second's wait for the slot with the batch half empty.
+  It runs on an engine of its own (``LORA_ENGINE_ARGS``, ``Phase.lora``).
 
 Arrivals are counted in engine steps (the engine runs in this process, so each ``step()`` is one
 scheduler step): the same requests meet the same batches on any machine. Before each phase a quiet
@@ -23,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 from .. import semconv as sc
+from .adapters import RANK as LORA_RANK, write_adapter
 
 # One engine for every phase. 81 KV blocks of 32 tokens (vLLM keeps one back): 2,560 tokens, enough
 # for two documents beside the chats, too few for the squeeze. A step's token budget holds two whole
@@ -42,6 +47,13 @@ ENGINE_ARGS: dict[str, Any] = dict(
     num_gpu_blocks_override=KV_BLOCKS, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
     disable_log_stats=False,
 )
+# The LoRA phase's engine: the same, with one LoRA slot and both adapters kept in host memory (a swap is a
+# copy, not a load from disk). Not the other phases' engine: with LoRA on, the LoRA layers run for every
+# token, adapter or not, and on the CPU they made a prefill token several times dearer than a decode
+# step's share; the squeeze's quiet TTFT (three 496-token prompts prefilled at once) then rose to most of
+# the victims' wait for KV blocks, and its breaches to chance.
+LORA_ENGINE_ARGS: dict[str, Any] = {**ENGINE_ARGS, "enable_lora": True, "max_loras": 1, "max_cpu_loras": 2,
+                                    "max_lora_rank": LORA_RANK}
 DOCUMENTS_PER_WAVE = 8  # steps of a wave that prefill documents, two of them each
 CHATS_PER_WAVE = MAX_NUM_SEQS - 2  # and the chats beside them fill the batch
 SQUEEZE_TOKENS = 496
@@ -61,7 +73,12 @@ TTFT_STEPS = 16
 # every small kernel make a decode step several times slower (and its time far noisier) than one thread.
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # set before torch is imported
 
-QUIET, DOCUMENTS, BURST, SQUEEZE = "steady chat", "long documents", "burst", "KV-cache squeeze"
+QUIET, DOCUMENTS, BURST, SQUEEZE, LORA = "steady chat", "long documents", "burst", "KV-cache squeeze", "LoRA slot"
+# the LoRA phase's adapters: the first holds the slot while its requests decode, the second's wait
+LORA_HELD, LORA_WAITING = "support-tone", "legal-summary"
+ADAPTERS = (LORA_HELD, LORA_WAITING)
+LORA_HOLDERS = MAX_NUM_SEQS // 2  # the first adapter's requests of a wave: half the batch
+LORA_VICTIMS = 5  # the second adapter's: the batch has room for some beside them, but for the slot
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class Arrival:
     prompt_tokens: int
     max_tokens: int
     role: str = "victim"  # "victim": the phase is built to slow it; "load": it slows the others
+    adapter: str | None = None  # its LoRA adapter (one of ``ADAPTERS``); None: the base model
+    period: int | None = None  # its prompt repeats every ``period`` tokens (an n-gram drafter's food)
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,7 @@ class Phase:
     arrivals: tuple[Arrival, ...]
     quiet: tuple[int, int, int]  # its measurement: (requests decoding together, prompt tokens, output tokens)
     tpot_factor: float = TPOT_FACTOR  # its TPOT SLO, in quiet TPOTs
+    lora: bool = False  # it runs on the LoRA engine (``LORA_ENGINE_ARGS``), not ``ENGINE_ARGS``'
 
     def request_ids(self) -> set[str]:
         return {a.request_id for a in self.arrivals}
@@ -118,6 +138,15 @@ def phases(scale: int = 2) -> list[Phase]:
     fit = (KV_BLOCKS - 1) // math.ceil(SQUEEZE_TOKENS / BLOCK_SIZE)
     squeeze = [Arrival(0, f"squeeze-{i}", SQUEEZE_TOKENS, 120, "load" if i < fit else "victim")
                for i in range(10 + scale)]
+    lora: list[Arrival] = []
+    for w in range(scale + 1):
+        # a wave: the first adapter's requests take the slot and decode 64 tokens; two steps later the
+        # second adapter's arrive and wait for the slot, 62 decode steps, with the batch half empty. A
+        # wave starts after the last one has finished (the engine idles; the next arrival comes at once)
+        base = 200 * w
+        lora += [Arrival(base, f"lora-{w}-held-{i}", 16 + i, 64, "load", LORA_HELD) for i in range(LORA_HOLDERS)]
+        lora += [Arrival(base + 2, f"lora-{w}-{i}", 16 + 3 * i, 16, adapter=LORA_WAITING)
+                 for i in range(LORA_VICTIMS)]
     return [
         Phase("chat", QUIET, frozenset(), "short chats, three at a time", tuple(quiet), (MAX_NUM_SEQS - 1, 32, 24)),
         Phase("doc", DOCUMENTS, frozenset({sc.SLOW_PREFILL_INTERFERENCE}),
@@ -128,6 +157,9 @@ def phases(scale: int = 2) -> list[Phase]:
         Phase("squeeze", SQUEEZE, frozenset({sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_PREEMPTION}),
               f"{len(squeeze)} growing {SQUEEZE_TOKENS}-token prompts, KV cache {(KV_BLOCKS - 1) * BLOCK_SIZE} "
               "tokens", tuple(squeeze), (3, SQUEEZE_TOKENS, 48)),
+        Phase("lora", LORA, frozenset({sc.SLOW_QUEUE_LORA_SLOT}),
+              f"two adapters, one LoRA slot: {LORA_HOLDERS} of one decode while {LORA_VICTIMS} of the other wait",
+              tuple(lora), (LORA_VICTIMS, 16, 16), lora=True),
     ]
 
 
@@ -135,7 +167,8 @@ def measurement(phase: Phase) -> list[Arrival]:
     """The quiet measurement before a phase: requests of its shape decoding together, as many as fit
     without queueing or squeezing the KV cache."""
     n, prompt_tokens, max_tokens = phase.quiet
-    out = [Arrival(0, f"{phase.key}-base-{i}", prompt_tokens + i, max_tokens) for i in range(n)]
+    adapter = LORA_WAITING if phase.key == "lora" else None  # the waiting adapter's requests, in the slot at once
+    out = [Arrival(0, f"{phase.key}-base-{i}", prompt_tokens + i, max_tokens, adapter=adapter) for i in range(n)]
     if phase.key == "doc":  # and its documents, two a step as in the phase, with nothing else running
         out += [Arrival(max_tokens + 8 + 4 * (i // 2), f"{phase.key}-base-doc-{i}", DOCUMENT_TOKENS, 1, "load")
                 for i in range(6)]
@@ -147,26 +180,40 @@ def renamed(arrivals: Iterable[Arrival], prefix: str) -> list[Arrival]:
     return [dataclasses.replace(a, request_id=prefix + a.request_id) for a in arrivals]
 
 
-def prompt(request_id: str, tokens: int) -> dict[str, list[int]]:
-    """Token ids of its own for each request (no two prompts share a prefix)."""
+def prompt(request_id: str, tokens: int, period: int | None = None) -> dict[str, list[int]]:
+    """Token ids of its own for each request (no two prompts share a prefix); with ``period``, a
+    pattern of that many tokens repeated."""
     seed = sum(ord(c) * 131 ** i for i, c in enumerate(request_id)) % 9973
-    return {"prompt_token_ids": [3 + (seed + 31 * j) % 500 for j in range(tokens)]}
+    return {"prompt_token_ids": [3 + (seed + 31 * (j % (period or tokens))) % 500 for j in range(tokens)]}
 
 
-def drive(engine: Any, arrivals: Iterable[Arrival]) -> int:
+def adapter_requests(directory: str | Path) -> dict[str, Any]:
+    """The LoRA phase's adapters, written under ``directory`` (once): name -> ``vllm.lora.request.LoRARequest``."""
+    from vllm.lora.request import LoRARequest
+
+    return {name: LoRARequest(name, i + 1, write_adapter(Path(directory) / name, seed=i + 1))
+            for i, name in enumerate(ADAPTERS)}
+
+
+def drive(engine: Any, arrivals: Iterable[Arrival], adapters: Mapping[str, Any] | None = None) -> int:
     """Add each request before its step and step the engine until all are done; returns how many
-    finished. ``engine``: a ``vllm.LLMEngine`` whose EngineCore runs in this process."""
+    finished. ``engine``: a ``vllm.LLMEngine`` whose EngineCore runs in this process; ``adapters``: the
+    ``LoRARequest`` of each adapter an arrival names (``adapter_requests``)."""
     from vllm import SamplingParams
 
     pending = sorted(arrivals, key=lambda a: a.step)
+    missing = {a.adapter for a in pending if a.adapter is not None} - set(adapters or ())
+    if missing:
+        raise ValueError(f"no LoRARequest for adapters {sorted(missing)}: pass adapters=adapter_requests(dir)")
     step, finished, i = 0, 0, 0
     while i < len(pending) or engine.has_unfinished_requests():
         if not engine.has_unfinished_requests() and i < len(pending):
             step = max(step, pending[i].step)  # idle: the next arrival comes now
         while i < len(pending) and pending[i].step <= step:
             a = pending[i]
-            engine.add_request(a.request_id, prompt(a.request_id, a.prompt_tokens),
-                               SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, temperature=0.0))
+            engine.add_request(a.request_id, prompt(a.request_id, a.prompt_tokens, a.period),
+                               SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, temperature=0.0),
+                               lora_request=adapters[a.adapter] if a.adapter is not None else None)
             i += 1
         finished += sum(1 for out in engine.step() if out.finished)
         step += 1
@@ -273,8 +320,19 @@ Measure = Callable[[], ContextManager[Callable[[], list[Mapping[str, Any]]]]]
 Judge = Callable[[str], ContextManager[None]]
 
 
+def warm_up(engine: Any, these: list[Phase], adapters: Mapping[str, Any] | None = None) -> None:
+    """Before the first of ``these`` phases, on their engine: the documents phase and its measurement
+    (the largest steps), or the LoRA phase's first wave (the adapters' first use), under other ids: the
+    first run of each shape is not a phase's measurement."""
+    for phase in these:
+        if phase.key in ("doc", "lora"):
+            first = [a for a in phase.arrivals if phase.key != "lora" or a.step < 200]
+            drive(engine, renamed(measurement(phase) + first, f"warm-{phase.key}-"), adapters)
+
+
 def run_phases(engine: Any, all_phases: list[Phase], measure: Measure, judge: Judge, slo: str | None = None,
-               report: Callable[[PhaseRun], None] = lambda run: None) -> list[PhaseRun]:
+               report: Callable[[PhaseRun], None] = lambda run: None,
+               adapters: Mapping[str, Any] | None = None) -> list[PhaseRun]:
     """Each phase after a quiet measurement of its own (unless ``slo`` fixes the SLOs), so the SLOs follow
     the machine's speed as it drifts: ``measure()`` instruments for the measurement and yields a function
     returning its request-span attributes; ``judge(slo)`` instruments with those SLOs for the phase."""
@@ -283,11 +341,11 @@ def run_phases(engine: Any, all_phases: list[Phase], measure: Measure, judge: Ju
         measured = None
         if slo is None:
             with measure() as finished:
-                drive(engine, measurement(phase))
+                drive(engine, measurement(phase), adapters)
                 measured = baseline(finished(), phase.tpot_factor)
         with judge(slo or measured.slo):
             started = time.monotonic()
-            drive(engine, phase.arrivals)
+            drive(engine, phase.arrivals, adapters)
             run = PhaseRun(phase, slo or measured.slo, time.monotonic() - started, measured)
         report(run)
         out.append(run)

@@ -7,8 +7,8 @@ span processor that adds, as each of our spans starts:
 * ``openinference.span.kind``: ``LLM`` on a request span (and an ``llm.choice``), ``CHAIN`` on its phase
   spans (queue, prefill, decode and what they hold) and on engine steps;
 * on a request span, ``llm.model_name`` and ``llm.token_count.*`` (Phoenix's model and token columns),
-  and ``metadata``: a small JSON object leading with ``llm.slow.cause`` and the breached objectives,
-  which Phoenix shows above the attribute list and can filter on (``metadata['slow_cause'] == ...``).
+  and ``metadata``: a small JSON object leading with ``llm.slow.cause``, the breached objectives and
+  their SLOs, which Phoenix shows above the attribute list and can filter on (``metadata['slow_cause'] == ...``).
 
 Add it to the tracer provider *before* the exporting processors (processors run in order). A processor
 that is not the SDK's own exporting one means our spans take the SDK's path rather than direct export
@@ -60,6 +60,10 @@ def openinference_attributes(name: str, attributes: Any) -> dict[str, Any]:
                 meta["slow_seconds"] = round(float(cost), 4)
         if a.get(sc.SLO_BREACHED):
             meta["slo_breached"] = list(a[sc.SLO_BREACHED])
+            slo = {str(o): a[sc.SLO_THRESHOLDS[str(o)]] for o in a[sc.SLO_BREACHED]
+                   if isinstance(a.get(sc.SLO_THRESHOLDS.get(str(o), "")), (int, float))}
+            if slo:
+                meta["slo"] = slo  # the thresholds it breached, in seconds
         if sc.SAMPLING_REASON in a:
             meta["kept_for"] = a[sc.SAMPLING_REASON]
         if meta:

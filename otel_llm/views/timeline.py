@@ -173,7 +173,8 @@ def _request_lane(r: Span, slo: Mapping[str, float]) -> Lane:
 
 def verdict(a: Mapping[str, Any], slo: Mapping[str, float]) -> str:
     """``why: prefill_interference (prefill_interference 0.41 s, queue_max_seqs 0.02 s); breached tpot
-    61.2 ms > SLO 30 ms``: the verdict, the seconds each cause cost, each breached objective."""
+    61.2 ms > SLO 30 ms``: the verdict, the seconds each cause cost, each breached objective and the SLO
+    it was judged against: the request span's own (``llm.slo.<objective>``), else ``slo``, the report's."""
     parts = []
     cause = a.get(sc.SLOW_CAUSE)
     if cause:
@@ -187,8 +188,9 @@ def verdict(a: Mapping[str, Any], slo: Mapping[str, float]) -> str:
         text = str(objective)
         if isinstance(value, (int, float)):
             text += f" {seconds(float(value))}"
-            if objective in slo:
-                text += f" > SLO {seconds(slo[objective])}"
+            limit = a.get(sc.SLO_THRESHOLDS.get(str(objective), ""), slo.get(str(objective)))
+            if isinstance(limit, (int, float)):
+                text += f" > SLO {seconds(float(limit))}"
         breached.append(text)
     if breached:
         parts.append("breached " + ", ".join(breached))

@@ -51,7 +51,8 @@ def test_every_request_belongs_to_one_phase_and_the_load_is_within_the_engine() 
     phases = scenario.phases(2)
     ids = [a.request_id for p in phases for a in p.arrivals]
     assert len(ids) == len(set(ids))
-    assert [p.name for p in phases] == [scenario.QUIET, scenario.DOCUMENTS, scenario.BURST, scenario.SQUEEZE]
+    assert [p.name for p in phases] == [scenario.QUIET, scenario.DOCUMENTS, scenario.BURST, scenario.SQUEEZE,
+                                        scenario.LORA]
     assert not phases[0].causes and all(p.causes for p in phases[1:])
     kv_tokens = (scenario.KV_BLOCKS - 1) * scenario.BLOCK_SIZE
     # a document fits the KV cache beside a wave of chats; the burst exceeds max_num_seqs by construction;
@@ -64,6 +65,19 @@ def test_every_request_belongs_to_one_phase_and_the_load_is_within_the_engine() 
     grown = sum(a.prompt_tokens + a.max_tokens for a in phases[3].arrivals[:scenario.MAX_NUM_SEQS - 1])
     assert grown > kv_tokens
     assert all(a.prompt_tokens + a.max_tokens <= scenario.ENGINE_ARGS["max_model_len"] for p in phases for a in p.arrivals)
+    # the LoRA phase: two adapters, one slot; the batch has room beside the first adapter's requests, so
+    # the slot holds the second adapter's back, and they all fit it once the slot is free; a wave starts
+    # after the last one's requests have finished
+    lora = phases[4]
+    assert scenario.LORA_ENGINE_ARGS["max_loras"] == 1 and {a.adapter for a in lora.arrivals} == set(scenario.ADAPTERS)
+    assert [p.lora for p in phases] == [False] * 4 + [True] and "enable_lora" not in scenario.ENGINE_ARGS
+    assert all(a.adapter is None for p in phases[:4] for a in p.arrivals)
+    assert scenario.LORA_HOLDERS < scenario.MAX_NUM_SEQS and scenario.LORA_VICTIMS <= scenario.MAX_NUM_SEQS
+    held = [a for a in lora.arrivals if a.role == "load"]
+    assert {a.adapter for a in held} == {scenario.LORA_HELD} and len(lora.arrivals) - len(held) >= 10
+    waves = sorted({a.step for a in held})
+    assert all(b - a > max(x.max_tokens for x in lora.arrivals) + 8 for a, b in zip(waves, waves[1:]))
+    assert {a.adapter for a in scenario.measurement(lora)} == {scenario.LORA_WAITING}
 
 
 def test_the_tally_counts_breached_requests_per_phase_and_verdict() -> None:

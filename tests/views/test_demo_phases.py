@@ -9,78 +9,58 @@ counted in engine steps (EngineCore in this process); a burst three times ``max_
 whole waves of 96-token decodes against a TTFT SLO of 16 decode steps (or twice a quiet TTFT); the
 squeeze needs more KV blocks than the cache holds; eight of a chat's eleven decode steps each prefill
 two whole documents (four quiet decode steps or more) against a TPOT SLO of two quiet decode steps
-(``scenario.DOCUMENTS_TPOT_FACTOR``).
+(``scenario.DOCUMENTS_TPOT_FACTOR``). The engine is ``scenario.ENGINE_ARGS``, LoRA off: the LoRA phase
+runs on an engine of its own (test_demo_lora_phase.py; why: ``scenario.LORA_ENGINE_ARGS``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-
 import pytest
 
+from demo_run import assert_breached_for_the_phase, run_on_engine
 from otel_llm import semconv as sc
-from otel_llm.demo import console, scenario
-from otel_llm.demo.tiny_model import ensure_tiny_model
+from otel_llm.demo import scenario
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def tallies(otel):
-    import os
-
-    from support.engine import in_process, prepare_env
-
-    prepare_env()
-    os.environ.setdefault("OMP_NUM_THREADS", scenario.ENGINE_ENV["OMP_NUM_THREADS"])  # torch reads it at import
-    phases = scenario.phases(1)
-    judged: list = []
-
-    @contextlib.contextmanager
-    def measure():
-        with otel.instrumented(sample_rate=1.0, tail_quantile=0):
-            yield lambda: console.request_attributes(otel.finished())
-
-    @contextlib.contextmanager
-    def judge(slo: str):
-        # every request kept, with its engine steps: the breached ones are kept at any rate, so the tally is
-        # the demo's; the steps are then all of the engine's (which requests a step served, and whether
-        # those breached, is the machine's speed: a preempting step serves only the requests it kept)
-        with otel.instrumented(slo=slo, sample_rate=1.0, baseline_detail="steps"):
-            yield
-            judged.extend(otel.finished())
-
-    with in_process():
-        with measure():  # built instrumented, and warmed up
-            from vllm import LLM
-
-            llm = LLM(model=ensure_tiny_model(), **scenario.ENGINE_ARGS)
-            engine = llm.llm_engine
-            scenario.drive(engine, scenario.renamed(scenario.measurement(phases[1]) + list(phases[1].arrivals),
-                                                    "warm-"))
-        runs = scenario.run_phases(engine, phases, measure, judge)
-    steps = [s for s in judged if s.name == sc.SPAN_ENGINE_STEP]
-    out = scenario.tally(phases, console.request_attributes(judged))
-    del llm, engine
-    gc.collect()
-    return out, steps, runs
+    these = [p for p in scenario.phases(1) if not p.lora]
+    return run_on_engine(otel, these, scenario.ENGINE_ARGS)
 
 
 def test_each_phase_breaches_for_the_cause_it_was_built_for(tallies) -> None:
-    out, _, runs = tallies
-    table = "\n".join([*(f"{r.phase.name}: {r.baseline.describe()}" for r in runs), *console.verdict_table(out)])
-    for t in out[1:]:
-        assert t.breached >= 5, table
-        assert t.right >= 0.9 * t.breached, table
+    out, _, runs, _ = tallies
+    assert [t.phase.name for t in out] == [scenario.QUIET, scenario.DOCUMENTS, scenario.BURST, scenario.SQUEEZE]
+    assert_breached_for_the_phase(out, runs)
 
 
 def test_the_phases_ran_as_built(tallies) -> None:
     """What the engine's own steps show happened (not the verdict): a full batch, the KV cache's limit,
     preemptions and steps prefilling a whole document."""
-    _, steps, _ = tallies
+    _, steps, _, _ = tallies
     attrs = [s.attributes for s in steps]
     assert any(a.get(sc.STEP_QUEUE_BLOCKED) == "max_seqs" for a in attrs)
     assert any(a.get(sc.STEP_QUEUE_BLOCKED) == "kv_cache" for a in attrs)
     assert any(a.get(sc.STEP_NUM_PREEMPTED, 0) > 0 for a in attrs)
     assert any(a.get(sc.STEP_NUM_PREFILL_TOKENS, 0) >= scenario.DOCUMENT_TOKENS for a in attrs)
+
+
+def test_each_request_span_holds_the_slos_of_its_phase(tallies) -> None:
+    """The SLOs a request was judged against are on its span (``llm.slo.<objective>``): its phase's."""
+    _, _, runs, judged = tallies
+    from otel_llm.core.slo import SLO
+
+    by_phase = {r.phase.name: SLO.parse(r.slo) for r in runs}
+    owner = {a.request_id: p.name for r in runs for p in [r.phase] for a in p.arrivals}
+    checked = 0
+    for span in judged:
+        a = span.attributes
+        phase = owner.get(str(a.get(sc.RESPONSE_ID, "")))
+        if phase is None or span.parent is not None:
+            continue
+        slo = by_phase[phase]
+        assert (a[sc.SLO_TTFT], a[sc.SLO_TPOT]) == (slo.ttft, slo.tpot) and sc.SLO_E2E not in a
+        checked += 1
+    assert checked >= sum(len(r.phase.arrivals) for r in runs) // 2

@@ -16,12 +16,13 @@ from otel_llm.views.phoenix import METADATA, SPAN_KIND, OpenInferenceSpans, open
 def test_request_spans_are_llm_spans_with_the_verdict_first_in_their_metadata() -> None:
     a = {sc.LATENCY_E2E: 2.0, sc.RESPONSE_MODEL: "tiny", sc.USAGE_INPUT_TOKENS: 40, sc.USAGE_OUTPUT_TOKENS: 10,
          sc.SLOW_CAUSE: sc.SLOW_QUEUE_MAX_SEQS, sc.SLOW_SECONDS[sc.SLOW_QUEUE_MAX_SEQS]: 1.25,
-         sc.SLO_BREACHED: ("ttft",), sc.SAMPLING_REASON: "slo_breach:ttft"}
+         sc.SLO_BREACHED: ("ttft",), sc.SLO_TTFT: 0.25, sc.SLO_TPOT: 0.05, sc.SAMPLING_REASON: "slo_breach:ttft"}
     out = openinference_attributes("chat tiny", a)
     assert out[SPAN_KIND] == "LLM" and out["llm.model_name"] == "tiny" and out["llm.token_count.total"] == 50
     meta = json.loads(out[METADATA])
     assert list(meta)[0] == "slow_cause" and meta == {"slow_cause": "queue_max_seqs", "slow_seconds": 1.25,
-                                                      "slo_breached": ["ttft"], "kept_for": "slo_breach:ttft"}
+                                                      "slo_breached": ["ttft"], "slo": {"ttft": 0.25},
+                                                      "kept_for": "slo_breach:ttft"}
     for name in (sc.SPAN_QUEUE, sc.SPAN_DECODE_STEP, sc.SPAN_ENGINE_STEP):
         assert openinference_attributes(name, {}) == {SPAN_KIND: "CHAIN"}
     assert openinference_attributes("GET /health", {"http.method": "GET"}) == {}

@@ -183,6 +183,17 @@ def test_each_lane_carries_its_verdict_with_seconds_and_the_breached_slo() -> No
     assert lanes[1].cause == sc.SLOW_PREFILL_INTERFERENCE
 
 
+def test_a_lane_shows_the_slo_its_request_span_was_judged_against() -> None:
+    """The request span's own thresholds (``llm.slo.<objective>``: per model, per demo phase) win over
+    the report's ``--slo``; without them, the report's is shown."""
+    spans = _judged_requests()
+    spans[0].attributes[sc.SLO_THRESHOLDS["ttft"]] = 0.25
+    spans[1].attributes[sc.SLO_THRESHOLDS["tpot"]] = 0.045
+    lanes = build(spans, slo={"tpot": 0.03, "ttft": 1.0}).requests
+    assert lanes[0].verdict.endswith("breached ttft 2.50 s > SLO 250 ms")
+    assert lanes[1].verdict.endswith("breached tpot 61 ms > SLO 45 ms")
+
+
 def test_tooltips_have_units_and_a_readable_precision() -> None:
     from otel_llm.views.html import _arg
 

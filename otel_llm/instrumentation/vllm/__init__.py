@@ -80,6 +80,7 @@ class VLLMInstrumentor(BaseInstrumentor):
         if engine is not None:  # an engine built under an earlier instrumentation
             try:
                 telemetry.diagnosis.setup(engine.model, config, engine.on_cuda, engine.devices)
+                telemetry.window.max_loras = engine.max_loras  # the LoRA-slot verdict's input too
             except Exception as exc:
                 GUARD.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:

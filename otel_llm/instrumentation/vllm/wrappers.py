@@ -62,11 +62,13 @@ _ERRORS = {"abort": "aborted", "error": "engine_error"}
 
 class EngineShape(NamedTuple):
     """What the roofline needs of an engine: kept by the instrumentor for the last engine built in its
-    process, so that instrumenting again (new options) re-arms the roofline for an engine built earlier."""
+    process, so that instrumenting again (new options) re-arms the roofline, and the LoRA-slot verdict, for
+    an engine built earlier."""
 
     model: ModelShape
     on_cuda: bool
     devices: int  # the devices one step spans (tensor x pipeline parallel)
+    max_loras: int | None = None  # its LoRA slots, where it serves adapters
 
 
 
@@ -178,12 +180,13 @@ class VLLMWrappers:
         parallel = getattr(vllm_config, "parallel_config", None)
         devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
                                                                           or 1)
-        engine = EngineShape(shape, device_type == "cuda", devices)
+        lora_config = getattr(vllm_config, "lora_config", None)
+        max_loras = getattr(lora_config, "max_loras", None) if lora_config is not None else None
+        engine = EngineShape(shape, device_type == "cuda", devices, max_loras)
         if self.engine_built is not None:
             self.engine_built(engine)
         self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
-        lora_config = getattr(vllm_config, "lora_config", None)
-        self.telemetry.window.max_loras = getattr(lora_config, "max_loras", None) if lora_config is not None else None
+        self.telemetry.window.max_loras = max_loras
         cache_config = getattr(vllm_config, "cache_config", None)
         self.telemetry.diagnosis.kv_cache = kv_cache_facts(cache_dtype, getattr(cache_config, "block_size", None),
                                                            model_config.dtype)
