@@ -77,12 +77,12 @@ class Scene:
         self.scheduler = types.SimpleNamespace(
             requests=requests, running=list(range(batch + new)), waiting=Waiting(),
             kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
-            max_num_scheduled_tokens=8192)
+            max_num_scheduled_tokens=8192, lora_config=None)
         scheduled = dict.fromkeys(decoding, 1)
         scheduled.update(dict.fromkeys(fresh, chunk))
         self.out = types.SimpleNamespace(
             num_scheduled_tokens=scheduled, preempted_req_ids=set(), finished_req_ids=set(),
-            total_num_scheduled_tokens=batch + chunk * new, scheduled_cached_reqs=cached,
+            total_num_scheduled_tokens=batch + chunk * new, scheduled_cached_reqs=cached, scheduled_spec_decode_tokens={},
             scheduled_new_reqs=[types.SimpleNamespace(req_id=r, num_computed_tokens=0, prompt_len=prompt,
                                                       prefill_token_ids=None) for r in fresh])
         self.outputs = {0: types.SimpleNamespace(timestamp=0.0, outputs=[

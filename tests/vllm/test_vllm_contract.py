@@ -73,7 +73,10 @@ def test_every_wrap_target_is_a_contract_entry():
         tables = [inst._table, StepHooks()._table]
     finally:
         inst.uninstrument()
+    from otel_llm.instrumentation.vllm.kv_connector import ConnectorWrapper
+
     tables.append(ModelTimer()._table)
+    tables.append(ConnectorWrapper(None)._table)
     targets = [(t.module, t.name) for table in tables for t in table.targets]
     assert targets and all(t in keys for t in targets), [t for t in targets if t not in keys]
 

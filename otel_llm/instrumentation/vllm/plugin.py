@@ -7,7 +7,7 @@ import os
 from ...guard import GUARD
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
-from .engine_errors import ErrorReporter
+from .engine_errors import ErrorReporter, worker_errors
 from .step_hooks import StepHooks
 from .step_transport import STEP_DIR_ENV, SocketSink
 
@@ -33,6 +33,7 @@ def plugin() -> None:
             hooks.arm(sink.__call__)
             _plugin_hooks = hooks
         elif in_worker_process():  # the model runs here (multiprocess executor): time it
+            worker_errors(directory)  # its errors reach the frontends' stats() (engine_errors.py)
             timer = ModelTimer()
             timer.enable()
             _plugin_hooks = timer
