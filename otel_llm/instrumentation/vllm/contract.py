@@ -91,6 +91,7 @@ QUEUE_CAUSE = "why-waiting on engine steps (queue_blocked)"
 MODEL_TIME = "model time on engine steps"
 SERVE = "vllm serve request kinds and incoming trace context"
 CHAT = "the chat operation of LLM.chat requests"
+STREAM_FLAG = "gen_ai.request.stream on vllm serve request spans"
 ROOFLINE = "the step roofline (model shape)"
 SPEC = "speculative-decoding draft counts on engine steps"
 LORA_STEPS = "LoRA adapters on engine steps"
@@ -177,6 +178,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses", SERVE,
        params=("request",)),
     _e("vllm.entrypoints.pooling.embed.serving", "ServingEmbedding.__call__", SERVE),
+    # the request's stream flag (read with a default: an embedding request has none)
+    _e("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest.stream", STREAM_FLAG),
+    _e("vllm.entrypoints.openai.completion.protocol", "CompletionRequest.stream", STREAM_FLAG),
+    _e("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest.stream", STREAM_FLAG),
     # -- EngineCore: the scheduler and what the step hooks read off it ---------------------------
     _e(_SCHED, "Scheduler.schedule", STEPS, side=ENGINE),
     _e(_SCHED, "Scheduler.update_from_output", STEPS, side=ENGINE, params=("scheduler_output",)),
@@ -276,7 +281,7 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_RUNNER_OUT, "ModelRunnerOutput.kv_connector_output", KV_TIMING, side=ENGINE),
     _e(_RUNNER_OUT, "KVConnectorOutput.finished_recving", KV_ASYNC, side=ENGINE),
     _e(_RUNNER_OUT, "KVConnectorOutput.failed_recving", KV_HANDOFF, side=ENGINE,
-       fallback="no failed receive recorded"),
+       fallback="no failed receive recorded", absent=("0.28.0",)),
 )
 
 
@@ -372,6 +377,9 @@ def live_missing(entry: Entry, module: Any) -> str | None:
         if dataclasses.is_dataclass(owner):
             fields = {f.name for f in dataclasses.fields(owner)}
         fields |= set(getattr(owner, "__struct_fields__", ()))  # msgspec.Struct
+        model_fields = inspect.getattr_static(owner, "__pydantic_fields__", None)  # a pydantic model (vLLM's protocol)
+        if isinstance(model_fields, dict):
+            fields |= set(model_fields)
         if member in fields:
             return None
         if isinstance(owner, type) and member in _instance_attributes(owner):
