@@ -485,8 +485,9 @@ class ConnectorWrapper:
         try:
             if self.resolve().kv_output:
                 outputs = args[0] if args else kwargs.get("outputs") or ()
-                for out in outputs:
-                    step = getattr(out.kv_connector_output, WORKER_STEP_ATTR, None)  # ours, or None
+                for out in outputs:  # a worker that returned nothing this step: None
+                    kv = out.kv_connector_output if out is not None else None
+                    step = getattr(kv, WORKER_STEP_ATTR, None)  # ours, or None
                     if step is not None:
                         figures.append(step)
         except Exception as exc:
@@ -494,7 +495,7 @@ class ConnectorWrapper:
         result = wrapped(*args, **kwargs)
         if figures:
             try:
-                kv = result.kv_connector_output
+                kv = result.kv_connector_output if result is not None else None
                 if kv is not None:
                     setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(figures))
             except Exception as exc:
