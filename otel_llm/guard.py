@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Callable
 
 logger = logging.getLogger("otel_llm")
 
@@ -12,6 +13,8 @@ class Guard:
     def __init__(self) -> None:
         self.errors: Counter[str] = Counter()
         self.told: set[str] = set()  # the warnings given once (``warn_once``)
+        # told after each error is counted: a vLLM worker's relay to the frontend (engine_errors.worker_errors)
+        self.listeners: list[Callable[[], None]] = []
 
     def warn_once(self, key: str, message: str, *args: object) -> bool:
         """Log ``message`` as a warning the first time ``key`` is told; True then. A feature we had to turn
@@ -29,6 +32,11 @@ class Guard:
         if first:
             logger.warning("otel-llm: instrumentation error at %s (further ones are counted, not logged): %r",
                            site, exc, exc_info=exc)
+        for listener in self.listeners:
+            try:
+                listener()
+            except Exception:  # a listener's failure is no reason to fail the host's work
+                pass
 
 
 GUARD = Guard()

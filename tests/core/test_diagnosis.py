@@ -184,6 +184,7 @@ class FakeScheduler:
         self.requests = reqs
         self.running, self.waiting = list(reqs), []
         self.kv_cache_manager = SimpleNamespace(usage=0.25)
+        self.lora_config = None  # no LoRA adapters served
 
 
 def scheduler_output(scheduled: dict, cached: list = (), new: list = ()) -> SimpleNamespace:
@@ -195,7 +196,7 @@ def scheduler_output(scheduled: dict, cached: list = (), new: list = ()) -> Simp
     c.req_ids, c.num_computed_tokens, c.num_output_tokens = ([x[i] for x in cached] for i in range(3))
     return SimpleNamespace(
         num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()), preempted_req_ids=set(),
-        finished_req_ids=set(), scheduled_cached_reqs=c,
+        finished_req_ids=set(), scheduled_cached_reqs=c, scheduled_spec_decode_tokens={},
         scheduled_new_reqs=[SimpleNamespace(req_id=r, num_computed_tokens=b, prompt_len=p, prefill_token_ids=None)
                             for r, b, p in new])
 

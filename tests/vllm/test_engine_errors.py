@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -95,3 +96,62 @@ def test_a_failing_schedule_hook_reports_though_its_step_sends_nothing(guard):
     out = Broken()
     assert hooks.schedule(lambda: out, object(), (), {}) is out  # the host's result, untouched
     assert told and told[0].get(SITE) == 1 and not sent
+
+
+@pytest.fixture
+def worker(guard, tmp_path):
+    """A worker's channel (engine_errors.WorkerErrors) and a frontend's receiver, on real Unix sockets in one
+    step directory; the worker's reporter listening to GUARD as ``worker_errors`` sets it up, with its
+    held-back sends captured instead of timed."""
+    receiver = StepReceiver(str(tmp_path))
+    channel = engine_errors.WorkerErrors(str(tmp_path))
+    clock = _Clock()
+    later: list = []
+    channel.reporter.clock = clock
+    channel.reporter.later = lambda delay, call: later.append((delay, call))
+    GUARD.listeners.append(channel.reporter.changed)
+    yield channel, receiver, clock, later
+    GUARD.listeners.remove(channel.reporter.changed)
+    channel.close()
+    receiver.close()
+
+
+def test_a_workers_errors_reach_the_frontend_on_its_own_channel(worker, guard, caplog):
+    channel, receiver, clock, later = worker
+    site = "model runner timer"
+    with caplog.at_level("WARNING", "otel_llm"):
+        GUARD.failed(site, TypeError("a bug of ours"))  # in the worker: told to the reporter at once
+        receiver.drain(lambda step: None)
+    assert guard[engine_errors.WORKER_PREFIX + site] == 1
+    said = [r.getMessage() for r in caplog.records if "vLLM worker process" in r.getMessage()]
+    assert len(said) == 1 and site in said[0]
+    GUARD.failed(site, TypeError("again"))
+    GUARD.failed(site, TypeError("and again"))
+    receiver.drain(lambda step: None)
+    assert guard[engine_errors.WORKER_PREFIX + site] == 1  # within the interval: held back, one send pending
+    assert len(later) == 1 and 0 < later[0][0] <= engine_errors.ErrorReporter.MIN_INTERVAL_S
+    clock.now += 1.0
+    caplog.clear()
+    with caplog.at_level("WARNING", "otel_llm"):
+        later[0][1]()  # the one-shot timer fires
+        receiver.drain(lambda step: None)
+    assert guard[engine_errors.WORKER_PREFIX + site] == 3
+    assert not [r for r in caplog.records if "vLLM worker process" in r.getMessage()]  # said once per site
+
+
+def test_a_workers_contract_sites_are_relayed_and_an_engine_cores_are_not():
+    errors = {"vllm contract: GPUModelRunner.sample_tokens": 1, "kv connector (worker)": 2}
+    worker = json.loads(engine_errors.encode(7, errors, engine_errors.WORKER, contract=True)[1:])
+    engine = json.loads(engine_errors.encode(8, errors)[1:])
+    assert worker == {"pid": 7, "errors": errors, "role": "worker"}
+    assert engine == {"pid": 8, "errors": {"kv connector (worker)": 2}}
+
+
+def test_a_worker_with_no_frontend_loses_its_counts_quietly(guard, tmp_path):
+    channel = engine_errors.WorkerErrors(str(tmp_path / "gone"))
+    channel.send(b"\xc0{}")  # no directory: nothing raises
+    (tmp_path / "stale.sock").write_text("")  # not a socket: the send fails and is counted
+    channel.directory = str(tmp_path)
+    channel.send(b"\xc0{}")
+    assert channel.dropped == 1
+    channel.close()

@@ -86,6 +86,25 @@ def test_the_workers_figures_survive_vllms_aggregation_of_their_outputs():
     assert step.failed_blocks == 1 and step.bytes_transferred == 200
 
 
+def test_a_worker_without_output_is_no_error_of_ours():
+    """vLLM's executor hands the aggregator None for a worker that returned nothing this step (a step without
+    model output) and gets None back: nothing to merge, nothing counted; the next step merges as usual."""
+    from otel_llm.guard import GUARD
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    w = kc.ConnectorWrapper(HandoffBook().add)
+    aggregator = KVOutputAggregator(expected_finished_count=2)
+    kv = KVConnectorOutput()
+    setattr(kv, kc.WORKER_STEP_ATTR, kc.WorkerStep(1.0, 1.2, 0.2, None, None, 0.0, 0, 0, None, None, None))
+    before = GUARD.errors["kv connector (aggregate)"]
+    assert w.aggregate(aggregator.aggregate, aggregator, ([None],), {}) is None
+    merged = w.aggregate(aggregator.aggregate, aggregator,
+                         ([ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}, kv_connector_output=kv)],), {})
+    assert getattr(merged.kv_connector_output, kc.WORKER_STEP_ATTR).load_s == 0.2
+    assert GUARD.errors["kv connector (aggregate)"] == before
+
+
 def test_the_factory_and_the_step_context_are_wrapped_and_unwrapped():
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin

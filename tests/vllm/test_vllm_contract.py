@@ -73,10 +73,45 @@ def test_every_wrap_target_is_a_contract_entry():
         tables = [inst._table, StepHooks()._table]
     finally:
         inst.uninstrument()
+    from otel_llm.instrumentation.vllm.kv_connector import ConnectorWrapper
+
     tables.append(ModelTimer()._table)
     tables.append(ModelTimer().facts._table)  # the worker's LoRA adapter cache and drafter (worker_facts.py)
+    tables.append(ConnectorWrapper(None)._table)
     targets = [(t.module, t.name) for table in tables for t in table.targets]
     assert targets and all(t in keys for t in targets), [t for t in targets if t not in keys]
+
+
+# names read with getattr/hasattr in the adapter that are not vLLM's (so not contract entries), and why
+NOT_VLLM = {
+    "__dict__": "Python's: whether an output object can carry our attribute",
+    "memfd_create": "os", "send_fds": "socket", "CMSG_SPACE": "socket",
+    "type": "torch.device.type (the model runner's device)",
+    "scope": "the ASGI request's scope (Starlette), for the server address",
+}
+
+
+def test_every_name_the_adapter_reads_by_string_is_a_contract_entry_or_not_vllms():
+    """A vLLM internal read with ``getattr(obj, "name", default)`` outside contract.py would skip the fence
+    silently: every such name is an entry's member, ours (``_otel_llm_*``), or named in NOT_VLLM."""
+    import ast
+    import glob
+
+    members = {e.qualname.rsplit(".", 1)[-1] for e in contract.ENTRIES}
+    adapter = os.path.join(ROOT, "otel_llm", "instrumentation", "vllm")
+    unfenced = []
+    for path in sorted(glob.glob(os.path.join(adapter, "*.py"))):
+        if path.endswith("contract.py"):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+                name = node.args[1].value
+                if name not in members and name not in NOT_VLLM and not name.startswith("_otel_llm"):
+                    unfenced.append(f"{os.path.basename(path)}:{node.lineno} {name}")
+    assert unfenced == [], unfenced
 
 
 def test_the_declared_range_is_the_tested_one():

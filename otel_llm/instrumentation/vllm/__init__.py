@@ -71,10 +71,10 @@ class VLLMInstrumentor(BaseInstrumentor):
         owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver,
                          engine_built=self._engine_built)
-        if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
-            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add)
-            self.kv_wrapper.arm()
         self._fence()
+        if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
+            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add, fence=self.fence)
+            self.kv_wrapper.arm()
         w.fence = self.fence
         engine = self.last_engine
         if engine is not None:  # an engine built under an earlier instrumentation

@@ -38,6 +38,7 @@ import ast
 import dataclasses
 import inspect
 import logging
+import operator
 import os
 import sys
 import textwrap
@@ -74,7 +75,13 @@ _REQUEST = "vllm.v1.request"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 _RUNNER_OUT = "vllm.v1.outputs"
 _LORA_WORKER = "vllm.lora.worker_manager"
-_LORA_REQUEST = "vllm.lora.request"
+_LORA = "vllm.lora.request"
+_CONFIG = "vllm.config"
+_KV_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+_KV_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
+_KV_MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"
+_KV_UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
+_KV_METRICS = "vllm.distributed.kv_transfer.kv_connector.v1.metrics"
 
 # features, as a user would name what is missing
 REQUESTS = "request spans and metrics"
@@ -85,10 +92,19 @@ QUEUE_CAUSE = "why-waiting on engine steps (queue_blocked)"
 MODEL_TIME = "model time on engine steps"
 SERVE = "vllm serve request kinds and incoming trace context"
 CHAT = "the chat operation of LLM.chat requests"
+STREAM_FLAG = "gen_ai.request.stream on vllm serve request spans"
 ROOFLINE = "the step roofline (model shape)"
 LORA_EVENTS = "LoRA adapter load and evict events, and load time"
 DRAFT_TIME = "the drafter's time on engine steps"
 STEP_TOKENS = "token times from engine steps (nothing per token on vLLM's output thread)"
+SPEC = "speculative-decoding draft counts on engine steps"
+LORA_STEPS = "LoRA adapters on engine steps"
+LORA_REQUESTS = "LoRA adapter names on request spans"
+CACHE_SPLIT = "the cached-token split (local prefix cache, KV connector) on request spans"
+MODEL_NAME = "the model name on request spans"
+KV_HANDOFF = "KV hand-off spans (disaggregated prefill)"
+KV_TIMING = "KV load and save times on hand-off spans"
+KV_ASYNC = "asynchronous KV loads' end on hand-off spans"
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,7 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_OUTPUT, "RequestState.stats", PHASES),
     _e(_OUTPUT, "RequestState.num_cached_tokens", "prefix-cache hits on request spans"),
     _e(_OUTPUT, "RequestState.detokenizer", "output characters on request spans"),
+    _e("vllm.v1.engine.detokenizer", "BaseIncrementalDetokenizer.output_text", "output characters on request spans"),
     _e(_ENGINE, "EngineCoreRequest.request_id", REQUESTS),
     _e(_ENGINE, "EngineCoreRequest.prompt_token_ids", REQUESTS),
     _e(_ENGINE, "EngineCoreRequest.arrival_time", REQUESTS),
@@ -169,6 +186,10 @@ ENTRIES: tuple[Entry, ...] = (
     _e("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses", SERVE,
        params=("request",)),
     _e("vllm.entrypoints.pooling.embed.serving", "ServingEmbedding.__call__", SERVE),
+    # the request's stream flag (read with a default: an embedding request has none)
+    _e("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest.stream", STREAM_FLAG),
+    _e("vllm.entrypoints.openai.completion.protocol", "CompletionRequest.stream", STREAM_FLAG),
+    _e("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest.stream", STREAM_FLAG),
     # -- EngineCore: the scheduler and what the step hooks read off it ---------------------------
     _e(_SCHED, "Scheduler.schedule", STEPS, side=ENGINE),
     _e(_SCHED, "Scheduler.update_from_output", STEPS, side=ENGINE, params=("scheduler_output",)),
@@ -217,8 +238,66 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_LORA_WORKER, "WorkerLoRAManager._load_adapter", LORA_EVENTS, side=WORKER),
     _e(_LORA_WORKER, "WorkerLoRAManager.remove_adapter", LORA_EVENTS, side=WORKER, params=("adapter_id",)),
     _e(_LORA_WORKER, "WorkerLoRAManager.list_adapters", LORA_EVENTS, side=WORKER),
-    _e(_LORA_REQUEST, "LoRARequest.lora_int_id", LORA_EVENTS, side=WORKER),
     _e(_RUNNER, "GPUModelRunner.propose_draft_token_ids", DRAFT_TIME, side=WORKER),
+    _e(_RUNNER, "GPUModelRunner.device", MODEL_TIME, side=WORKER),
+    # -- engine configuration, read once an engine is built (frontend) ---------------------------
+    _e(_CONFIG, "VllmConfig.model_config", ROOFLINE),
+    _e(_CONFIG, "VllmConfig.cache_config", ROOFLINE),
+    _e(_CONFIG, "VllmConfig.device_config", ROOFLINE),
+    _e(_CONFIG, "VllmConfig.parallel_config", ROOFLINE),
+    _e(_CONFIG, "VllmConfig.lora_config", LORA_STEPS),
+    _e(_CONFIG, "VllmConfig.kv_transfer_config", KV_HANDOFF),
+    _e(_CONFIG, "VllmConfig.speculative_config", STEP_TOKENS),
+    _e(_CONFIG, "ModelConfig.model", MODEL_NAME),
+    _e(_CONFIG, "ModelConfig.served_model_name", MODEL_NAME, fallback="ModelConfig.model"),
+    _e(_CONFIG, "ModelConfig.hf_config", ROOFLINE),
+    _e(_CONFIG, "ModelConfig.dtype", ROOFLINE),
+    _e(_CONFIG, "CacheConfig.cache_dtype", ROOFLINE),
+    _e(_CONFIG, "CacheConfig.block_size", ROOFLINE),
+    _e(_CONFIG, "DeviceConfig.device_type", ROOFLINE),
+    _e(_CONFIG, "ParallelConfig.tensor_parallel_size", ROOFLINE),
+    _e(_CONFIG, "ParallelConfig.pipeline_parallel_size", ROOFLINE),
+    _e(_CONFIG, "LoRAConfig.max_loras", LORA_STEPS),
+    _e(_CONFIG, "KVTransferConfig.kv_role", KV_HANDOFF),
+    # -- the prompt's cached tokens by source (frontend) ------------------------------------------
+    _e(_ENGINE, "EngineCoreOutput.prefill_stats", CACHE_SPLIT, fallback="no split on request spans"),
+    _e(_STATS, "PrefillStats.num_local_cached_tokens", CACHE_SPLIT, fallback="no split on request spans"),
+    _e(_STATS, "PrefillStats.num_external_cached_tokens", CACHE_SPLIT, fallback="no split on request spans"),
+    # -- speculative decoding (EngineCore: the step's drafts, counted as vLLM's scheduler counts them) -
+    _e(_SCHED_OUT, "SchedulerOutput.scheduled_spec_decode_tokens", SPEC, side=ENGINE),
+    _e(_SCHED_OUT, "SchedulerOutput.num_invalid_spec_tokens", SPEC, side=ENGINE,
+       fallback="no draft counted as invalidated by a grammar"),
+    _e(_SCHED, "Scheduler.num_sampled_tokens_per_step", SPEC, side=ENGINE,
+       fallback="one sampled token per step besides the accepted drafts"),
+    _e(_RUNNER_OUT, "ModelRunnerOutput.sampled_token_ids", SPEC, side=ENGINE),
+    _e(_RUNNER_OUT, "ModelRunnerOutput.req_id_to_index", SPEC, side=ENGINE),
+    # -- LoRA (EngineCore: the adapters a step ran; frontend: a request's adapter) ----------------
+    _e(_SCHED, "Scheduler.lora_config", LORA_STEPS, side=ENGINE),
+    _e(_REQUEST, "Request.lora_request", LORA_STEPS, side=ENGINE),
+    _e(_LORA, "LoRARequest.lora_int_id", LORA_STEPS, side=ENGINE),
+    _e(_LORA, "LoRARequest.lora_name", LORA_REQUESTS, fallback="the adapter's integer id"),
+    _e(_ENGINE, "EngineCoreRequest.lora_request", LORA_REQUESTS),
+    # -- the KV connector (disaggregated prefill): where vLLM builds it, and its hand-off methods --
+    _e(_KV_FACTORY, "KVConnectorFactory.create_connector", KV_HANDOFF, side=ENGINE),
+    _e(_KV_MIXIN, "KVConnectorModelRunnerMixin._get_kv_connector_output", KV_TIMING, side=WORKER),
+    _e(_KV_UTILS, "KVOutputAggregator.aggregate", KV_TIMING, side=ENGINE),
+    _e(_KV_BASE, "KVConnectorBase_V1.role", KV_HANDOFF, side=ENGINE),
+    _e(_REQUEST, "Request.request_id", KV_HANDOFF, side=ENGINE),
+    _e(_KV_BASE, "KVConnectorBase_V1._kv_transfer_config", KV_HANDOFF, side=ENGINE,
+       fallback="the connector taken as one that saves"),
+    _e(_KV_BASE, "KVConnectorRole.WORKER", KV_TIMING, side=WORKER),
+    *(_e(_KV_BASE, f"KVConnectorBase_V1.{m}", KV_TIMING, side=WORKER)
+      for m in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                "get_block_ids_with_load_errors", "get_kv_connector_stats")),
+    *(_e(_KV_BASE, f"KVConnectorBase_V1.{m}", KV_HANDOFF, side=ENGINE)
+      for m in ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+                "update_connector_output", "request_finished")),
+    _e(_KV_BASE, "SupportsHMA.request_finished_all_groups", KV_HANDOFF, side=ENGINE),
+    _e(_KV_METRICS, "KVConnectorStats.data", KV_TIMING, side=WORKER),
+    _e(_RUNNER_OUT, "ModelRunnerOutput.kv_connector_output", KV_TIMING, side=ENGINE),
+    _e(_RUNNER_OUT, "KVConnectorOutput.finished_recving", KV_ASYNC, side=ENGINE),
+    _e(_RUNNER_OUT, "KVConnectorOutput.failed_recving", KV_HANDOFF, side=ENGINE,
+       fallback="no failed receive recorded", absent=("0.28.0",)),
 )
 
 
@@ -234,7 +313,7 @@ def _attr_or(name: str, fallback: Callable[[Any], Any]) -> Callable[[bool], Call
     def make(missing: bool) -> Callable[[Any], Any]:
         if missing:
             return fallback
-        return lambda obj: getattr(obj, name)
+        return operator.attrgetter(name)  # C-level: as cheap as the attribute read itself
     return make
 
 
@@ -245,6 +324,17 @@ _FALLBACKS: dict[str, Callable[[bool], Callable[[Any], Any]]] = {
     "SchedulerOutput.preempted_req_ids": _attr_or("preempted_req_ids", lambda o: None),
     "RequestStateStats.num_preemptions": _attr_or("num_preemptions", lambda st: None),
     "EngineCoreRequest.external_req_id": _attr_or("external_req_id", lambda r: None),
+    "ModelConfig.served_model_name": _attr_or("served_model_name", lambda c: None),
+    "EngineCoreOutput.prefill_stats": _attr_or("prefill_stats", lambda o: None),
+    "PrefillStats.num_local_cached_tokens": _attr_or("num_local_cached_tokens", lambda s: None),
+    "PrefillStats.num_external_cached_tokens": _attr_or("num_external_cached_tokens", lambda s: None),
+    "SchedulerOutput.num_invalid_spec_tokens": _attr_or("num_invalid_spec_tokens", lambda o: None),
+    "Scheduler.num_sampled_tokens_per_step": _attr_or("num_sampled_tokens_per_step", lambda s: 1),
+    "LoRARequest.lora_name": _attr_or("lora_name", lambda r: None),
+    # set by KVConnectorBase_V1.__init__: a connector that skips it has none (taken as one that saves)
+    "KVConnectorBase_V1._kv_transfer_config": lambda missing: (
+        (lambda c: None) if missing else (lambda c: getattr(c, "_kv_transfer_config", None))),
+    "KVConnectorOutput.failed_recving": _attr_or("failed_recving", lambda o: None),
 }
 
 _BY_KEY = {e.key: e for e in ENTRIES}
@@ -303,6 +393,9 @@ def live_missing(entry: Entry, module: Any) -> str | None:
         if dataclasses.is_dataclass(owner):
             fields = {f.name for f in dataclasses.fields(owner)}
         fields |= set(getattr(owner, "__struct_fields__", ()))  # msgspec.Struct
+        model_fields = inspect.getattr_static(owner, "__pydantic_fields__", None)  # a pydantic model (vLLM's protocol)
+        if isinstance(model_fields, dict):
+            fields |= set(model_fields)
         if member in fields:
             return None
         if isinstance(owner, type) and member in _instance_attributes(owner):
@@ -547,6 +640,26 @@ class Contract:
     def available(self, key: str) -> bool:
         """Whether an entry is there (as far as checked: an unchecked module counts as there)."""
         return key not in self.missing
+
+    def present(self, *keys: str) -> bool:
+        """Whether every one of these entries is there, their modules checked first where imported: a hook
+        asks once, where it is installed (not per step), and reads the symbols directly when so."""
+        for key in keys:
+            module = _BY_KEY[key].module
+            if module not in self._checked:
+                self.check_module(module)
+        return not any(k in self.missing for k in keys)
+
+    def read(self, obj: Any, key: str) -> Any:
+        """One read of an entry, off the hot path (an engine's configuration, once per engine): through its
+        fallback where it has one; else the attribute, or None where the release lacks it or ``obj`` is None."""
+        if obj is None:
+            return None
+        if key in _FALLBACKS:
+            return self.reader(key)(obj)
+        if not self.present(key):
+            return None
+        return getattr(obj, key.rsplit(".", 1)[1])
 
     def features_off(self) -> dict[str, str]:
         """``{feature: symbol}`` for the missing entries without a fallback."""

@@ -19,6 +19,9 @@ Two roles, in two places:
   (``request_finished``). It turns each step's worker figures into one ``KVHandoff`` per request and
   hands it to a sink: the frontend's ``HandoffBook`` in-process, else ``kv_channel.HandoffSink``.
 
+Every vLLM symbol read here is a contract entry (contract.py): the wrapper asks the contract once, where a
+connector is built, which methods and fields are there, and keeps the fallback-aware readers it hands out.
+
 A connector that raises raises to vLLM exactly as before (the same exception object); the request
 shows a failed hand-off, and the host's error is not counted as ours (``GUARD`` counts only our own).
 """
@@ -26,12 +29,14 @@ shows a failed hand-off, and the host's error is not counted as ours (``GUARD`` 
 from __future__ import annotations
 
 import collections
+import operator
 import time
 from typing import Any, Callable, NamedTuple
 
 from ...guard import GUARD
 from ...core.handoff import KVHandoff
 from ..wraps import Target, WrapTable
+from . import contract
 from .process_roles import in_engine_process, in_worker_process
 
 # The methods wrapped on the concrete connector instance (fenced against KVConnectorBase_V1).
@@ -66,11 +71,17 @@ class WorkerStep(NamedTuple):
     bytes_transferred: int | None
 
 
+def _none(_obj: Any) -> None:
+    return None
+
+
 class WorkerSide:
     """The worker's accumulators for the step in progress."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 stats_data: Callable[[Any], Any] = operator.attrgetter("data")) -> None:
         self.clock = clock
+        self.stats_data = stats_data  # KVConnectorStats.data, through the contract (ConnectorWrapper.wrap)
         self._reset()
 
     def _reset(self) -> None:
@@ -107,7 +118,7 @@ class WorkerSide:
             if result:
                 self.failed_blocks += len(result)
         elif method == "get_kv_connector_stats" and result is not None:
-            self._read_stats(getattr(result, "data", None))
+            self._read_stats(self.stats_data(result))
 
     def _read_stats(self, data: Any) -> None:
         """The connector's own transfer figures where it keeps them (NIXL: lists per transfer)."""
@@ -174,8 +185,13 @@ class SchedulerSide:
     """The scheduler's per-request hand-off records, settled into ``sink`` as each completes."""
 
     def __init__(self, connector: str, sink: Callable[[KVHandoff], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 finished_recving: Callable[[Any], Any] = operator.attrgetter("finished_recving"),
+                 failed_recving: Callable[[Any], Any] = operator.attrgetter("failed_recving")) -> None:
         self.connector = connector
+        # KVConnectorOutput's fields, through the contract (ConnectorWrapper.wrap): _none where missing
+        self.finished_recving = finished_recving
+        self.failed_recving = failed_recving
         self.sink = sink
         self.clock = clock
         self.records: dict[str, KVHandoff] = {}
@@ -276,13 +292,13 @@ class SchedulerSide:
         elif plan.loading:  # no worker figures (the worker's hook is off): the load is known, not timed
             for rid in plan.loading:
                 self._record(rid)
-        recv = getattr(output, "finished_recving", None) or ()
+        recv = (self.finished_recving(output) or ()) if output is not None else ()
         for rid in recv:  # an asynchronous load arrived: its wait ends now
             record = self.records.get(rid)
             if record is not None and record.load_start is not None and record.load_end is None:
                 record.load_end = now
                 record.load_s += now - record.load_start
-        for rid in getattr(output, "failed_recving", None) or ():
+        for rid in (self.failed_recving(output) or ()) if output is not None else ():
             record = self.records.get(rid)
             if record is not None:
                 record.failed_recv = True
@@ -329,10 +345,13 @@ class ConnectorWrapper:
     the process is a spawned one is asked when vLLM builds the connector (its name is set by then)."""
 
     def __init__(self, sink: Callable[[KVHandoff], None] | None,
-                 clock: Callable[[], float] = time.monotonic, spawned: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, spawned: bool = False,
+                 fence: contract.Contract | None = None) -> None:
         self.sink = sink
         self.clock = clock
         self.spawned = spawned
+        self.fence = fence or contract.Contract()
+        self.reads: _Reads | None = None  # vLLM's symbols through the contract, resolved at the first connector
         self.worker: WorkerSide | None = None  # the worker-side connector of this process, once built
         self.schedulers: list[SchedulerSide] = []
         self._table = WrapTable([
@@ -369,22 +388,26 @@ class ConnectorWrapper:
         """Wrap one concrete connector instance for its role (once: a second call changes nothing)."""
         if getattr(connector, _WRAPPED_ATTR, False):
             return connector
-        role = getattr(getattr(connector, "role", None), "name", None)
+        reads = self.resolve()
+        if not reads.role:
+            return connector  # the contract has said which feature is off
+        role = connector.role.name
         name = type(connector).__name__
         if role == "WORKER":
-            side: Any = WorkerSide(self.clock)
+            side: Any = WorkerSide(self.clock, reads.stats_data)
             self.worker = side
-            methods = WORKER_METHODS
+            methods = reads.worker_methods
         else:
             sink = self.sink
             if sink is None:
                 return connector
-            side = SchedulerSide(name, lambda record: self._deliver(sink, record), self.clock)
-            config = getattr(connector, "_kv_transfer_config", None)
-            kv_role = getattr(config, "kv_role", None)
+            side = SchedulerSide(name, lambda record: self._deliver(sink, record), self.clock,
+                                 reads.finished_recving, reads.failed_recving)
+            config = reads.transfer_config(connector)
+            kv_role = config.kv_role if config is not None and reads.kv_role else None
             side._saves = kv_role in ("kv_producer", "kv_both") or kv_role is None
             self.schedulers.append(side)
-            methods = SCHEDULER_METHODS + HMA_METHODS
+            methods = reads.scheduler_methods
         for method in methods:
             bound = getattr(connector, method, None)
             if bound is None:
@@ -392,6 +415,29 @@ class ConnectorWrapper:
             setattr(connector, method, self._wrapper(side, method, bound, role == "WORKER"))
         setattr(connector, _WRAPPED_ATTR, True)
         return connector
+
+    def resolve(self) -> "_Reads":
+        """The contract's answers for the connector's symbols, once (vLLM's connector modules are imported
+        when the first connector is built, and the wrapper asks then)."""
+        reads = self.reads
+        if reads is None:
+            f = self.fence
+            reader = f.reader
+            base = "KVConnectorBase_V1."
+            worker = tuple(m for m in WORKER_METHODS if f.present(base + m))
+            scheduler = tuple(m for m in SCHEDULER_METHODS if f.present(base + m))
+            hma = tuple(m for m in HMA_METHODS if f.present("SupportsHMA." + m))
+            reads = self.reads = _Reads(
+                role=f.present(base + "role", "KVConnectorRole.WORKER"),
+                worker_methods=worker, scheduler_methods=scheduler + hma,
+                transfer_config=reader(base + "_kv_transfer_config"),
+                kv_role=f.present("KVTransferConfig.kv_role"),
+                stats_data=operator.attrgetter("data") if f.present("KVConnectorStats.data") else _none,
+                finished_recving=(operator.attrgetter("finished_recving")
+                                  if f.present("KVConnectorOutput.finished_recving") else _none),
+                failed_recving=reader("KVConnectorOutput.failed_recving"),
+                kv_output=f.present("ModelRunnerOutput.kv_connector_output"))
+        return reads
 
     @staticmethod
     def _deliver(sink: Callable[[KVHandoff], None], record: KVHandoff) -> None:
@@ -457,17 +503,19 @@ class ConnectorWrapper:
             return wrapped(*args, **kwargs)
         figures: list[WorkerStep] = []
         try:
-            outputs = args[0] if args else kwargs.get("outputs") or ()
-            for out in outputs:
-                step = getattr(getattr(out, "kv_connector_output", None), WORKER_STEP_ATTR, None)
-                if step is not None:
-                    figures.append(step)
+            if self.resolve().kv_output:
+                outputs = args[0] if args else kwargs.get("outputs") or ()
+                for out in outputs:  # a worker that returned nothing this step: None
+                    kv = out.kv_connector_output if out is not None else None
+                    step = getattr(kv, WORKER_STEP_ATTR, None)  # ours, or None
+                    if step is not None:
+                        figures.append(step)
         except Exception as exc:
             GUARD.failed("kv connector (aggregate)", exc)
         result = wrapped(*args, **kwargs)
         if figures:
             try:
-                kv = getattr(result, "kv_connector_output", None)
+                kv = result.kv_connector_output if result is not None else None
                 if kv is not None:
                     setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(figures))
             except Exception as exc:
@@ -478,6 +526,19 @@ class ConnectorWrapper:
         worker = self.worker
         if worker is not None and output is not None:
             setattr(output, WORKER_STEP_ATTR, worker.take())
+
+
+class _Reads(NamedTuple):
+    """What the contract has of the connector's symbols (``ConnectorWrapper.resolve``)."""
+    role: bool  # KVConnectorBase_V1.role and KVConnectorRole.WORKER: without them nothing is wrapped
+    worker_methods: tuple[str, ...]
+    scheduler_methods: tuple[str, ...]
+    transfer_config: Callable[[Any], Any]  # KVConnectorBase_V1._kv_transfer_config (None where missing)
+    kv_role: bool
+    stats_data: Callable[[Any], Any]
+    finished_recving: Callable[[Any], Any]
+    failed_recving: Callable[[Any], Any]
+    kv_output: bool  # ModelRunnerOutput.kv_connector_output
 
 
 class _AttachWorkerStep:

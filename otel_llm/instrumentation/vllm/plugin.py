@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from ...guard import GUARD
 from . import kv_channel
-from .engine_errors import ErrorReporter
+from .engine_errors import ErrorReporter, worker_errors
 from .kv_connector import ConnectorWrapper
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
@@ -37,6 +38,7 @@ class EngineSide:
         self.sink: SocketSink | None = None
         self.timer: ModelTimer | None = None
         self.connectors: ConnectorWrapper | None = None
+        self.fence: Any = None  # a worker's contract, checked as vLLM's worker modules are imported
 
     def arm_engine(self) -> None:
         try:
@@ -53,15 +55,17 @@ class EngineSide:
 
     def arm_worker(self) -> None:
         try:
+            # its errors reach the frontends' stats() (engine_errors.py); one contract for the process
+            self.fence = worker_errors(self.directory).fence
             self.timer = timer = ModelTimer()
             timer.enable()
         except Exception as exc:
             GUARD.failed("vllm plugin", exc)
-        self._arm_connectors(None)
+        self._arm_connectors(None, self.fence)
 
-    def _arm_connectors(self, sink: kv_channel.HandoffSink | None) -> None:
+    def _arm_connectors(self, sink: kv_channel.HandoffSink | None, fence: Any = None) -> None:
         try:
-            self.connectors = ConnectorWrapper(sink, spawned=True)
+            self.connectors = ConnectorWrapper(sink, spawned=True, fence=fence)
             self.connectors.arm()
         except Exception as exc:
             GUARD.failed("vllm kv connector plugin", exc)

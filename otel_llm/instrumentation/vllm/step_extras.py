@@ -14,17 +14,31 @@
   load time, and the drafter's time; hung on the step's ``ModelRunnerOutput`` where the model runner runs in
   a worker process, taken from this process's own ``WorkerFacts`` where it runs here. Work in a step without
   them: one attribute read and one flag test.
+
+Every vLLM symbol read here is a contract entry (contract.py); the step hooks ask the contract once, where
+they are installed, whether these features' symbols are there (``StepHooks.spec_on``, ``lora_on``) and
+hand the fallback-aware readers in (``SpecReaders``): nothing is looked up per step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import operator
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
 
-def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any,
-                scheduled: Any) -> tuple[list[str], list[int], list[int]] | None:
+class SpecReaders(NamedTuple):
+    """The contract's readers for the draft counts' symbols with a fallback (contract._FALLBACKS)."""
+    invalid: Callable[[Any], Any]  # SchedulerOutput.num_invalid_spec_tokens (None: no grammar invalidated any)
+    per_step: Callable[[Any], int]  # Scheduler.num_sampled_tokens_per_step (1 where vLLM lacks it)
+
+
+_PRESENT = SpecReaders(operator.attrgetter("num_invalid_spec_tokens"), operator.attrgetter("num_sampled_tokens_per_step"))
+
+
+def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any, scheduled: Any,
+                readers: SpecReaders = _PRESENT) -> tuple[list[str], list[int], list[int]] | None:
     """(request ids, drafted, accepted) of the requests that verified drafts in this step, or None. Called
     before ``update_from_output``: vLLM trims a stopped request's sampled tokens in place there, after
     counting them (drafts accepted past ``max_tokens`` count, as in its own statistics). ``scheduled``:
@@ -34,12 +48,14 @@ def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any,
     tokens, none invalidated) is counted with C-level maps, a third of the loop's time at batch 64
     (benchmarks/engine_step_hooks.py); any other step takes the loop (``_spec_counts_loop``), the same result."""
     drafts = scheduler_output.scheduled_spec_decode_tokens
-    sampled = getattr(model_output, "sampled_token_ids", None)
-    index = getattr(model_output, "req_id_to_index", None)
-    if not drafts or index is None:
+    if not drafts or model_output is None:
         return None
-    invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
-    per_step = getattr(scheduler, "num_sampled_tokens_per_step", 1)
+    sampled = model_output.sampled_token_ids
+    index = model_output.req_id_to_index
+    if index is None:
+        return None
+    invalid = readers.invalid(scheduler_output)
+    per_step = readers.per_step(scheduler)
     if sampled and not invalid and per_step == 1:
         ids = list(drafts)
         at = list(map(index.get, ids))
@@ -90,14 +106,16 @@ def share_positions(spec: tuple[list[str], list[int], list[int]],
 
 
 def active_loras(scheduler: Any, ids: Sequence[str]) -> tuple[int, ...] | None:
-    """The LoRA adapter ids the step's scheduled requests use (ascending), None where there are none."""
-    if getattr(scheduler, "lora_config", None) is None:
+    """The LoRA adapter ids the step's scheduled requests use (ascending), None where there are none. Called
+    only where the contract has ``Scheduler.lora_config``, ``Request.lora_request`` and
+    ``LoRARequest.lora_int_id`` (``StepHooks.lora_on``)."""
+    if scheduler.lora_config is None:
         return None
     requests = scheduler.requests
     found = set()
     for rid in ids:
         r = requests.get(rid)
-        lora = getattr(r, "lora_request", None) if r is not None else None
+        lora = r.lora_request if r is not None else None
         if lora is not None and lora.lora_int_id > 0:
             found.add(lora.lora_int_id)
     return tuple(sorted(found)) if found else None

@@ -21,7 +21,7 @@ from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, 
                                BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
-from .step_extras import active_loras, share_positions, spec_counts, worker_facts
+from .step_extras import SpecReaders, active_loras, share_positions, spec_counts, worker_facts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
 
@@ -48,7 +48,8 @@ class StepHooks:
     methods are the wrapt wrappers: the hot path reads this object's attributes, nothing module-wide."""
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
-                 "_table", "contract", "prompt_len", "prefill_token_ids", "on_error")
+                 "_table", "contract", "prompt_len", "prefill_token_ids", "preempted_ids", "max_active", "spec_on",
+                 "spec_readers", "lora_on", "on_error")
 
     def __init__(self, fence: contract.Contract | None = None) -> None:
         # vLLM's symbols, read through the contract where a release may lack them (contract.py): the
@@ -56,6 +57,12 @@ class StepHooks:
         self.contract = fence or contract.Contract()
         self.prompt_len: Callable[[Any], int] | None = None
         self.prefill_token_ids: Callable[[Any], Any] | None = None
+        self.preempted_ids: Callable[[Any], Any] | None = None
+        self.max_active: Callable[[Any], int] | None = None
+        # features whose symbols have no fallback: on only where the contract has every one of them
+        self.spec_on = False
+        self.spec_readers: SpecReaders | None = None
+        self.lora_on = False
         # told after an error was caught (a spawned EngineCore's plugin: engine_errors.ErrorReporter.changed)
         self.on_error: Callable[[], None] | None = None
         self.sink: Callable[[StepPayload], None] | None = None
@@ -101,7 +108,7 @@ class StepHooks:
             if self.prompt_len is None:
                 self._pick_readers()
             shares = self._shares(instance, out)
-            preempted = getattr(out, "preempted_req_ids", None)
+            preempted = self.preempted_ids(out)
             kv = instance.kv_cache_manager.usage
             pending = self.pending
             if len(pending) > 64:  # update_from_output never came (engine error): don't grow
@@ -112,9 +119,10 @@ class StepHooks:
             # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
             idle = None if last_end is None else (start - last_end if not pending else 0.0)
             pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
-                                _queue_blocked(instance, out, running, waiting, n_preempted) if waiting else BLOCKED_NONE,
+                                _queue_blocked(instance, out, running, waiting, n_preempted, self.max_active)
+                                if waiting else BLOCKED_NONE,
                                 active_loras(instance, shares[_IDS])
-                                if getattr(instance, "lora_config", None) is not None else None)
+                                if self.lora_on and instance.lora_config is not None else None)
         except Exception as exc:
             GUARD.failed("scheduler.schedule hook", exc)
             if self.on_error is not None:
@@ -122,8 +130,18 @@ class StepHooks:
         return out
 
     def _pick_readers(self) -> None:
-        self.prefill_token_ids = self.contract.reader("NewRequestData.prefill_token_ids")
-        self.prompt_len = self.contract.reader("NewRequestData.prompt_len")
+        """vLLM's symbols through the contract, once (the scheduler's modules are imported by now)."""
+        fence = self.contract
+        self.prefill_token_ids = fence.reader("NewRequestData.prefill_token_ids")
+        self.preempted_ids = fence.reader("SchedulerOutput.preempted_req_ids")
+        self.max_active = fence.reader("Scheduler.max_num_active_reqs")
+        self.spec_readers = SpecReaders(fence.reader("SchedulerOutput.num_invalid_spec_tokens"),
+                                        fence.reader("Scheduler.num_sampled_tokens_per_step"))
+        self.spec_on = fence.present("SchedulerOutput.scheduled_spec_decode_tokens",
+                                     "ModelRunnerOutput.sampled_token_ids", "ModelRunnerOutput.req_id_to_index")
+        self.lora_on = fence.present("Scheduler.lora_config", "Scheduler.requests", "Request.lora_request",
+                                     "LoRARequest.lora_int_id")
+        self.prompt_len = fence.reader("NewRequestData.prompt_len")  # last: its being set means all are
 
     def _shares(self, scheduler: Any, out: Any) -> Shares:
         """The step's shares as vLLM's scheduler output lists them (step_wire.Shares' fields, a plain tuple: see
@@ -206,8 +224,9 @@ class StepHooks:
                 model_output = kwargs.get("model_runner_output", args[1] if len(args) > 1 else None)
             # speculative drafts (a dict that is empty unless the step verified some), counted before vLLM
             # trims a stopped request's sampled tokens in place (its own counts are taken before that too)
-            if getattr(scheduler_output, "scheduled_spec_decode_tokens", None):
-                spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens)
+            if self.spec_on and scheduler_output.scheduled_spec_decode_tokens:
+                spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens,
+                                   self.spec_readers)
         except Exception as exc:
             GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
         entered = clock()
@@ -255,12 +274,17 @@ _NO_SPEC = ((), (), ())
 _NO_WORKER = ((), None)
 
 
-def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int) -> int:
+_MAX_ACTIVE = contract._FALLBACKS["Scheduler.max_num_active_reqs"](False)
+
+
+def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempted: int,
+                   max_active: Callable[[Any], int] | None = None) -> int:
     """Why requests stayed waiting after this ``schedule()``: the first limit its admission loop hits
-    (vLLM 0.32 ``Scheduler.schedule``), read from the scheduler's state right after it ran."""
+    (vLLM 0.32 ``Scheduler.schedule``), read from the scheduler's state right after it ran. ``max_active``:
+    the contract's reader of ``Scheduler.max_num_active_reqs`` (its fallback where the release lacks it)."""
     if preempted:
         return BLOCKED_KV_CACHE  # a step that preempts admits nobody: the running requests outgrew the KV cache
-    if running >= getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs):
+    if running >= (max_active or _MAX_ACTIVE)(scheduler):
         return BLOCKED_MAX_SEQS
     if out.total_num_scheduled_tokens >= scheduler.max_num_scheduled_tokens:
         return BLOCKED_TOKEN_BUDGET

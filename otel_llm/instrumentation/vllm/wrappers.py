@@ -97,6 +97,7 @@ class VLLMWrappers:
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
         self._token_times_steps = telemetry.config.token_times == "steps"
         self._undrained = 0  # output batches since the step records were last read (token times from steps)
+        self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -128,19 +129,20 @@ class VLLMWrappers:
         if self.kv_receiver is None:
             try:
                 vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
-                if getattr(vllm_config, "kv_transfer_config", None) is not None:
+                if self._fence().read(vllm_config, "VllmConfig.kv_transfer_config") is not None:
                     self.kv_receiver = self.open_kv_receiver()
             except Exception as exc:
                 GUARD.failed("vllm kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
+            fence = self._fence()
             model_config = instance.vllm_config.model_config
-            name = getattr(model_config, "served_model_name", None) or model_config.model
+            name = fence.read(model_config, "ModelConfig.served_model_name") or model_config.model
             if isinstance(name, (list, tuple)):
                 name = name[0] if name else model_config.model
             instance.output_processor._otel_llm_model = str(name)
-            kv = getattr(instance.vllm_config, "kv_transfer_config", None)
-            instance.output_processor._otel_llm_disagg_role = _DISAGG_ROLES.get(getattr(kv, "kv_role", None))
+            kv = fence.read(instance.vllm_config, "VllmConfig.kv_transfer_config")
+            instance.output_processor._otel_llm_disagg_role = _DISAGG_ROLES.get(fence.read(kv, "KVTransferConfig.kv_role"))
         except Exception as exc:
             GUARD.failed("vllm engine __init__ (after)", exc)
         try:
@@ -158,12 +160,12 @@ class VLLMWrappers:
         of a stamp per output: each share makes at most one token (no speculative decoding), the prompt's
         cache reads have one source (no KV connector), and vLLM's finish and event hooks are there
         (contract.py). Kept on the engine's output processor: an engine outlives instrumenting again."""
-        if getattr(vllm_config, "speculative_config", None) is not None:
+        fence = self._fence()
+        if fence.read(vllm_config, "VllmConfig.speculative_config") is not None:
             return False
-        if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        if fence.read(vllm_config, "VllmConfig.kv_transfer_config") is not None:
             return False
-        fence = self.fence
-        return fence is None or all(map(fence.available, _STEP_TOKEN_HOOKS))
+        return all(map(fence.available, _STEP_TOKEN_HOOKS))
 
     def _from_steps(self, processor: Any) -> bool:
         """Whether ``processor``'s requests take their token times from steps under this instrumentation:
@@ -173,22 +175,22 @@ class VLLMWrappers:
 
     def _setup_diagnosis(self, vllm_config: Any) -> None:
         """The roofline's model shape and devices, from the engine's own configuration."""
+        read = self._fence().read  # each a contract entry (ROOFLINE, LORA_STEPS): None where a release lacks it
         model_config = vllm_config.model_config
-        cache_dtype = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)
+        cache_config = read(vllm_config, "VllmConfig.cache_config")
+        cache_dtype = read(cache_config, "CacheConfig.cache_dtype")
         shape = ModelShape.from_hf_config(model_config.hf_config, model_config.dtype, cache_dtype)
-        device_type = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
-        parallel = getattr(vllm_config, "parallel_config", None)
-        devices = (getattr(parallel, "tensor_parallel_size", 1) or 1) * (getattr(parallel, "pipeline_parallel_size", 1)
-                                                                          or 1)
-        lora_config = getattr(vllm_config, "lora_config", None)
-        max_loras = getattr(lora_config, "max_loras", None) if lora_config is not None else None
+        device_type = read(read(vllm_config, "VllmConfig.device_config"), "DeviceConfig.device_type")
+        parallel = read(vllm_config, "VllmConfig.parallel_config")
+        devices = (read(parallel, "ParallelConfig.tensor_parallel_size") or 1) * \
+            (read(parallel, "ParallelConfig.pipeline_parallel_size") or 1)
+        max_loras = read(read(vllm_config, "VllmConfig.lora_config"), "LoRAConfig.max_loras")
         engine = EngineShape(shape, device_type == "cuda", devices, max_loras)
         if self.engine_built is not None:
             self.engine_built(engine)
         self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
         self.telemetry.window.max_loras = max_loras
-        cache_config = getattr(vllm_config, "cache_config", None)
-        self.telemetry.diagnosis.kv_cache = kv_cache_facts(cache_dtype, getattr(cache_config, "block_size", None),
+        self.telemetry.diagnosis.kv_cache = kv_cache_facts(cache_dtype, read(cache_config, "CacheConfig.block_size"),
                                                            model_config.dtype)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
@@ -254,6 +256,7 @@ class VLLMWrappers:
         return result
 
     def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
+        reads = self.reads()
         operation, kind = _OPERATION.get() or (None, SpanKind.INTERNAL)
         params = request.sampling_params
         if operation is None:  # offline generate/encode: what the request itself says it is
@@ -279,19 +282,32 @@ class VLLMWrappers:
             provider=PROVIDER,
             kind=kind,
             parent=_parent_context(request),
-            response_id=getattr(request, "external_req_id", None) or request.request_id,
+            response_id=reads.external_req_id(request) or request.request_id,
             request_attributes=attrs,
             input_tokens=len(ids) if ids is not None else None,
         )
-        lora = getattr(request, "lora_request", None)
+        lora = request.lora_request if reads.lora else None
         if lora is not None:  # vLLM's LoRARequest: the adapter's name and integer id
-            t.lora_name = str(getattr(lora, "lora_name", "") or lora.lora_int_id)
+            t.lora_name = str(reads.lora_name(lora) or lora.lora_int_id)
             t.lora_id = int(lora.lora_int_id)
         t.native = processor.request_states.get(request.request_id)
         t.steps_give_tokens = self._from_steps(processor)
         if self.telemetry.config.capture_content:
             t.prompt_text = prompt
         return t
+
+    def _fence(self) -> contract.Contract:
+        if self.fence is None:  # not under an instrumentor (tests): a contract of its own
+            self.fence = contract.Contract()
+        return self.fence
+
+    def reads(self) -> "FrontendReads":
+        """The fence's readers for the request path's symbols, once: at the first request, when vLLM's engine
+        modules are imported (and checked), not per request."""
+        reads = self._reads
+        if reads is None:
+            reads = self._reads = FrontendReads.of(self._fence())
+        return reads
 
     def _drain_steps(self) -> None:
         """The step records that arrived, into the pipeline (or, with deferred reading, handed to its thread)."""
@@ -330,7 +346,7 @@ class VLLMWrappers:
             b = self.bind(wrapped)
             ts = b.get(args, kwargs, "engine_core_timestamp") or time.monotonic()
             finished = record_outputs(self.telemetry.requests, instance.request_states,
-                                      b.get(args, kwargs, "engine_core_outputs"), ts)
+                                      b.get(args, kwargs, "engine_core_outputs"), ts, self.reads())
             if finished:
                 stats = b.get(args, kwargs, "iteration_stats")
                 now = stats.iteration_timestamp if stats is not None else time.time()
@@ -393,7 +409,7 @@ class VLLMWrappers:
         t.native = None  # release vLLM's object now
         if t.steps_give_tokens:
             _token_window(t, state)
-        summary = summarize(t, state, now_wall)
+        summary = summarize(t, state, now_wall, self.reads())
         summary.error_type = _ERRORS.get(reason)
         detok = getattr(state, "detokenizer", None)
         text = getattr(detok, "output_text", None)
@@ -484,8 +500,34 @@ async def _with_operation(gen: Any, operation: str, server: tuple[str, int] | No
         await gen.aclose()
 
 
+class FrontendReads(NamedTuple):
+    """The contract's readers (contract._FALLBACKS) for what the request path reads with a fallback, and
+    whether the features without one are there."""
+    prefill_stats: Callable[[Any], Any]  # EngineCoreOutput.prefill_stats
+    local_cached: Callable[[Any], Any]  # PrefillStats.num_local_cached_tokens
+    external_cached: Callable[[Any], Any]  # PrefillStats.num_external_cached_tokens
+    external_req_id: Callable[[Any], Any]  # EngineCoreRequest.external_req_id
+    num_preemptions: Callable[[Any], Any]  # RequestStateStats.num_preemptions
+    lora_name: Callable[[Any], Any]  # LoRARequest.lora_name
+    lora: bool  # EngineCoreRequest.lora_request and LoRARequest.lora_int_id
+
+    @classmethod
+    def of(cls, fence: contract.Contract) -> "FrontendReads":
+        r = fence.reader
+        return cls(r("EngineCoreOutput.prefill_stats"), r("PrefillStats.num_local_cached_tokens"),
+                   r("PrefillStats.num_external_cached_tokens"), r("EngineCoreRequest.external_req_id"),
+                   r("RequestStateStats.num_preemptions"), r("LoRARequest.lora_name"),
+                   fence.present("EngineCoreRequest.lora_request", "LoRARequest.lora_int_id"))
+
+
+# every symbol there (vLLM's newest tested release): for callers without an instrumentor's fence (benchmarks)
+PRESENT = FrontendReads(*(contract._FALLBACKS[k](False) for k in (
+    "EngineCoreOutput.prefill_stats", "PrefillStats.num_local_cached_tokens", "PrefillStats.num_external_cached_tokens",
+    "EngineCoreRequest.external_req_id", "RequestStateStats.num_preemptions", "LoRARequest.lora_name")), True)
+
+
 def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: Any,
-                   ts: float) -> list[tuple[RequestTimeline, Any]] | None:
+                   ts: float, reads: FrontendReads = PRESENT) -> list[tuple[RequestTimeline, Any]] | None:
     """The hot path: per output, stamp its tokens and engine events on its timeline.
 
     Returns the (timeline, finish reason) of requests vLLM has just let go of, or None.
@@ -497,7 +539,7 @@ def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: A
             continue
         n = len(o.new_token_ids)
         if not t.token_ts and n:  # its first token: the prompt's cache reads by source come with it
-            _cache_sources(t, o)
+            _cache_sources(t, o, reads)
         if n == 1:
             t.token_ts.append(ts)
         elif n:
@@ -509,18 +551,20 @@ def record_outputs(requests: dict[str, RequestTimeline], states: Any, outputs: A
     return finished
 
 
-def _cache_sources(t: RequestTimeline, output: Any) -> None:
+def _cache_sources(t: RequestTimeline, output: Any, reads: FrontendReads = PRESENT) -> None:
     """The prompt's cached tokens split by source (vLLM's ``PrefillStats``: local prefix cache, KV
     connector), from the output that carries the first token."""
-    stats = getattr(output, "prefill_stats", None)
+    stats = reads.prefill_stats(output)
     if stats is not None:
-        try:
-            t.cache_sources = (int(stats.num_local_cached_tokens), int(stats.num_external_cached_tokens))
-        except (AttributeError, TypeError, ValueError):  # another vLLM's PrefillStats: the split is unknown
-            pass
+        local, external = reads.local_cached(stats), reads.external_cached(stats)
+        if local is not None and external is not None:
+            try:
+                t.cache_sources = (int(local), int(external))
+            except (TypeError, ValueError):  # another vLLM's PrefillStats: the split is unknown
+                pass
 
 
-def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary:
+def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendReads = PRESENT) -> RequestSummary:
     """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats)."""
     st = getattr(state, "stats", None)
     s = RequestSummary(model=t.model, operation=t.operation, provider=PROVIDER, input_tokens=t.input_tokens,
@@ -539,7 +583,7 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float) -> RequestSummary
                 s.prefill = st.first_token_ts - st.scheduled_ts
             s.decode = st.last_token_ts - st.first_token_ts
         s.output_tokens = st.num_generation_tokens
-        s.num_preemptions = getattr(st, "num_preemptions", None) or _count_preemptions(t)
+        s.num_preemptions = reads.num_preemptions(st) or _count_preemptions(t)
     else:
         # The engine was built before instrument() (statistics off, no engine events): derive
         # what our own stamps allow. TTFT then ends when the engine produced the token, not
