@@ -73,3 +73,17 @@ def in_process() -> Iterator[None]:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+
+
+def keep_step_records(telemetry: Any) -> list[Any]:
+    """Every step record that reaches the frontend's pipeline ``telemetry``, in a list, as well as the
+    pipeline (the receiver looks ``add_step`` up per drain, so replacing it catches them all)."""
+    records: list[Any] = []
+    add_step = telemetry.add_step
+
+    def keep(step: Any) -> None:
+        records.append(step)
+        add_step(step)
+
+    telemetry.add_step = keep
+    return records

@@ -7,17 +7,7 @@ for tests/vllm/test_vllm_fence_fallbacks.py: writes what the frontend recorded, 
 from __future__ import annotations
 
 import json
-import logging
 import os
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.levelname, record.getMessage()))
 
 
 def main() -> None:
@@ -27,13 +17,12 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import otel_llm
+    from support.log_lines import capture_otel_llm_log
     from otel_llm import semconv as sc
     from support.engine import make_llm
     from support.traces import engine_steps, request_trees
 
-    log = _Lines()
-    logging.getLogger("otel_llm").addHandler(log)
-    logging.getLogger("otel_llm").setLevel(logging.INFO)
+    log = capture_otel_llm_log()
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

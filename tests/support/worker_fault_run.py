@@ -8,17 +8,7 @@ tests/vllm/test_worker_errors.py: writes what the frontend saw, as JSON, to OTEL
 from __future__ import annotations
 
 import json
-import logging
 import os
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.levelname, record.getMessage()))
 
 
 def main() -> None:
@@ -26,11 +16,10 @@ def main() -> None:
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_llm
+    from support.log_lines import capture_otel_llm_log
     from support.engine import make_llm
 
-    log = _Lines()
-    logging.getLogger("otel_llm").addHandler(log)
-    logging.getLogger("otel_llm").setLevel(logging.INFO)
+    log = capture_otel_llm_log()
     otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(), sample_rate=1.0)
     llm = make_llm(distributed_executor_backend="mp")
     from vllm import SamplingParams

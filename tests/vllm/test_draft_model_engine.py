@@ -20,19 +20,12 @@ K, N, MAX_TOKENS = 2, 3, 12
 def run(otel):
     from vllm import SamplingParams
 
-    from support.engine import make_llm
+    from support.engine import keep_step_records, make_llm
     from support.tiny_model import ensure_tiny_model
 
     with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
-        records = []
         telemetry = inst.telemetry
-        add_step = telemetry.add_step
-
-        def keep(step):  # every step record that reaches the frontend (the receiver looks add_step up per drain)
-            records.append(step)
-            add_step(step)
-
-        telemetry.add_step = keep
+        records = keep_step_records(telemetry)
         llm = make_llm(speculative_config={"method": "draft_model", "model": ensure_tiny_model(),
                                            "num_speculative_tokens": K})
         prompts = [{"prompt_token_ids": [30 + i, 5, 6, 7, 8, 9, 10, 11]} for i in range(N)]

@@ -26,18 +26,11 @@ N_SHARED, MAX_TOKENS = 6, 8
 def run(otel):
     from vllm import SamplingParams
 
-    from support.engine import make_llm
+    from support.engine import keep_step_records, make_llm
 
     with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
-        records = []
         telemetry = inst.telemetry
-        add_step = telemetry.add_step
-
-        def keep(step):  # every step record that reaches the frontend (the receiver looks add_step up per drain)
-            records.append(step)
-            add_step(step)
-
-        telemetry.add_step = keep
+        records = keep_step_records(telemetry)
         llm = make_llm(kv_cache_dtype="fp8", enable_prefix_caching=True, block_size=BLOCK)
         params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
         # the first request fills the cache; the next ones share its first blocks, then differ

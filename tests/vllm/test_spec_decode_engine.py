@@ -24,18 +24,11 @@ N, MAX_TOKENS = 4, 32
 def run(otel):
     from vllm import SamplingParams
 
-    from support.engine import make_llm
+    from support.engine import keep_step_records, make_llm
 
     with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
-        records = []
         telemetry = inst.telemetry
-        add_step = telemetry.add_step
-
-        def keep(step):  # every step record that reaches the frontend (the receiver looks add_step up per drain)
-            records.append(step)
-            add_step(step)
-
-        telemetry.add_step = keep
+        records = keep_step_records(telemetry)
         llm = make_llm(speculative_config=SPEC, per_request_spec_decode_metrics="detailed")
         pattern = [7, 8, 9, 10, 11, 12]
         prompts = [{"prompt_token_ids": [20 + i] + pattern * 8} for i in range(N)]
