@@ -1,7 +1,7 @@
 """What one owner closes at exit: one exit hook per owner, closing what it holds in a stated order.
 
-The owners are the instrumentors in a frontend process and the plugin's ``EngineSide`` in a spawned
-EngineCore. Nothing else registers an exit hook: a pipeline, a socket or a provider we built is handed
+The owners are the instrumentors in a frontend process (a spawned EngineCore's or worker's sockets go
+with the process: the plugin's ``EngineSide`` registers none). Nothing else registers an exit hook: a pipeline, a socket or a provider we built is handed
 to its owner's ``Lifecycle``, which closes them stage by stage (``STAGES``): the telemetry is flushed
 before the providers it sends through shut down, and sockets close before their directory goes.
 """

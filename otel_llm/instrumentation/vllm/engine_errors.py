@@ -135,18 +135,13 @@ class WorkerErrors:
         self.sock.close()
 
 
-_worker: WorkerErrors | None = None
-
-
 def worker_errors(directory: str) -> WorkerErrors:
-    """This worker process's channel (one, whichever of our plugins asks first), listening to ``GUARD``, and
-    the contract's worker-side entries checked as their modules are imported."""
-    global _worker
-    if _worker is None:
-        _worker = WorkerErrors(directory)
-        GUARD.listeners.append(_worker.reporter.changed)
-        _worker.fence = _check_worker_side(_worker.reporter)
-    return _worker
+    """A worker process's channel, listening to ``GUARD``, with the contract's worker-side entries checked
+    as their modules are imported. Made once a process, by the plugin's ``EngineSide``, which holds it."""
+    errors = WorkerErrors(directory)
+    GUARD.listeners.append(errors.reporter.changed)
+    errors.fence = _check_worker_side(errors.reporter)
+    return errors
 
 
 def _check_worker_side(reporter: ErrorReporter) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...guard import GUARD
 from . import kv_channel
-from .engine_errors import ErrorReporter, worker_errors
+from .engine_errors import ErrorReporter, WorkerErrors, worker_errors
 from .kv_connector import ConnectorWrapper
 from .model_timing import ModelTimer
 from .process_roles import in_engine_process, in_worker_process
@@ -38,6 +38,7 @@ class EngineSide:
         self.sink: SocketSink | None = None
         self.timer: ModelTimer | None = None
         self.connectors: ConnectorWrapper | None = None
+        self.errors: WorkerErrors | None = None  # a worker's channel for its error counts
         self.fence: Any = None  # a worker's contract, checked as vLLM's worker modules are imported
 
     def arm_engine(self) -> None:
@@ -56,7 +57,8 @@ class EngineSide:
     def arm_worker(self) -> None:
         try:
             # its errors reach the frontends' stats() (engine_errors.py); one contract for the process
-            self.fence = worker_errors(self.directory).fence
+            self.errors = worker_errors(self.directory)
+            self.fence = self.errors.fence
             self.timer = timer = ModelTimer()
             timer.enable()
         except Exception as exc:
