@@ -97,6 +97,7 @@ def _value(v: dict[str, Any]) -> Any:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -147,7 +148,9 @@ def deployment(tmp_path_factory) -> Iterator[dict[str, Any]]:
                  "OTEL_BSP_SCHEDULE_DELAY": "200"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         _wait_port(port, proxy)
-        instrumentor.instrument(tracer_provider=provider)
+        # a meter provider without readers: left to the environment, the client's metrics would go to
+        # OTLP's default endpoint, where nothing listens in this test
+        instrumentor.instrument(tracer_provider=provider, meter_provider=MeterProvider())
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         model = servers["decode"].model
         cached = []
