@@ -18,7 +18,8 @@ tree's ``benchmarks/results/``; every number in what a run wrote is one key (``f
 list element is named by its ``name``/``mode``/``shape``/``path`` fields where it has them). Printed per
 key: each side's median and spread (min-max) over the rounds, and the median of the per-round ratios
 this/base, which cancels what a round's machine state did to both, with those ratios' quartiles (in the
-JSON also their min-max): a ratio whose quartiles straddle 1 is not resolved by the run. ``--keys`` selects keys by regex
+JSON also their min-max, the ratios themselves and a 95 % interval for their median): a ratio whose
+quartiles straddle 1 is not resolved by the run, and a change is resolved only beyond the interval. ``--keys`` selects keys by regex
 (default: every key outside ``raw``, ``machine`` and ``loadavg`` entries).
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -152,6 +154,22 @@ def _quartiles(values: list[float]) -> list[float] | None:
     return [q[0], q[2]]
 
 
+def median_interval(values: list[float], level: float = 0.95) -> list[float] | None:
+    """A distribution-free interval for the median of ``values`` (rounds are independent draws of the
+    ratio): the order statistics x(j+1), x(n-j), j the largest with P(Binomial(n, 1/2) <= j) <= (1-level)/2.
+    None where too few rounds give one (under 6 at 95 %)."""
+    n, cum, j = len(values), 0.0, -1
+    for i in range(n):
+        cum += math.comb(n, i) / 2 ** n
+        if cum > (1 - level) / 2:
+            break
+        j = i
+    if j < 0:
+        return None
+    ordered = sorted(values)
+    return [ordered[j], ordered[n - 1 - j]]
+
+
 def report(base: Side, this: Side, keys: re.Pattern[str] | None) -> list[dict]:
     rows = []
     for key in sorted(set(base.values) & set(this.values)):
@@ -163,14 +181,18 @@ def report(base: Side, this: Side, keys: re.Pattern[str] | None) -> list[dict]:
                      "this_median": statistics.median(b), "this_spread": [min(b), max(b)],
                      "paired_ratio_median": statistics.median(ratios) if ratios else None,
                      "paired_ratio_spread": [min(ratios), max(ratios)] if ratios else None,
-                     "paired_ratio_quartiles": _quartiles(ratios), "rounds": len(a)})
+                     "paired_ratio_quartiles": _quartiles(ratios),
+                     "paired_ratio_median_ci95": median_interval(ratios), "paired_ratios": ratios,
+                     "rounds": len(a)})
     width = max([len(r["key"]) for r in rows] + [3])
     print(f"{'key':<{width}}  {'base median':>12} {'(spread)':>19}  {'this median':>12} {'(spread)':>19}  this/base"
-          "  (quartiles)")
+          "  (quartiles)  [95 % interval of the median]")
     for r in rows:
         ratio = "" if r["paired_ratio_median"] is None else f"{r['paired_ratio_median']:.3f}x"
         if r["paired_ratio_quartiles"] is not None:
             ratio += " ({:.3f}-{:.3f})".format(*r["paired_ratio_quartiles"])
+        if r["paired_ratio_median_ci95"] is not None:
+            ratio += " [{:.3f}-{:.3f}]".format(*r["paired_ratio_median_ci95"])
         print(f"{r['key']:<{width}}  {r['base_median']:>12.4g} {spread(base.values[r['key']]):>19}  "
               f"{r['this_median']:>12.4g} {spread(this.values[r['key']]):>19}  {ratio}")
     return rows

@@ -42,12 +42,10 @@ class _WireRows:
         self._facts, self._encoded = facts, encoded
         self._step_rows: w.SiblingSpans | None = None
         self._window_rows: w.SiblingSpans | None = None
-        self._ids = w.span_ids(count)  # drawn in one call
+        # drawn in one call; a row beyond ``count`` draws its own. Taken inline with ``next`` (no helper
+        # method: that was one Python call more per row than the layout before the route encoded rows)
+        self._ids = iter(w.span_ids(count))
         self._parts: list[bytes] = []
-
-    def _span_id(self) -> bytes:
-        n = len(self._parts)
-        return self._ids[n] if n < len(self._ids) else w.span_ids(1)[0]
 
     def step(self, start: int, end: int, index: int, tokens: int, step: StepRecord | None,
              own_prefill_tokens: int, drafted: int | None = None) -> None:
@@ -59,7 +57,7 @@ class _WireRows:
             attributes += _STEP_DRAFTED(drafted)
         if step is not None:
             attributes += self._encoded.get(self._facts, step, own_prefill_tokens)
-        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
+        self._parts.append(rows.encode(next(self._ids, None) or w.span_ids(1)[0], start, end, attributes))
 
     def window(self, start: int, end: int, tokens: int, first: int, last: int, gap_mean: float,
                gap_max: float, drafted: int | None = None) -> None:
@@ -71,7 +69,7 @@ class _WireRows:
                       + _WINDOW_MAX(gap_max))
         if drafted is not None:
             attributes += _WINDOW_DRAFTED(drafted)
-        self._parts.append(rows.encode(self._span_id(), start, end, attributes))
+        self._parts.append(rows.encode(next(self._ids, None) or w.span_ids(1)[0], start, end, attributes))
 
     def close(self) -> None:
         if self._parts:

@@ -68,6 +68,15 @@ def test_the_harness_reports_medians_spreads_and_paired_ratios(capsys):
     assert "0.500x" in capsys.readouterr().out
 
 
+def test_the_harness_brackets_the_median_ratio_by_order_statistics():
+    interval = ab().median_interval
+    assert interval([1.0] * 5) is None  # 5 rounds: even min-max covers the median only 94 % of the time
+    assert interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == [1.0, 6.0]
+    ratios = [float(i) for i in range(1, 32)]  # 31 rounds: the 10th and 22nd of them (97 %)
+    assert interval(ratios) == [10.0, 22.0]
+    assert interval(ratios, level=0.5) == [14.0, 18.0]
+
+
 def test_the_harness_refuses_what_it_cannot_compare():
     harness = ab()
     with pytest.raises(SystemExit):

@@ -551,8 +551,8 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
         """The wire route's rows, each from the attribute dict the other routes build, encoded generically."""
 
         def _row(self, name: str, start: int, end: int, attrs: dict) -> None:
-            self._parts.append(wire.SiblingSpans(self._parent, name).encode(self._span_id(), start, end,
-                                                                            wire.attributes(attrs)))
+            sid = next(self._ids, None) or wire.span_ids(1)[0]  # the wire rows' draw, so the ids match
+            self._parts.append(wire.SiblingSpans(self._parent, name).encode(sid, start, end, wire.attributes(attrs)))
 
         def step(self, start, end, index, tokens, step, own_prefill_tokens, drafted=None):
             attrs = {sc.STEP_INDEX: index, sc.STEP_TOKENS: tokens}
@@ -597,3 +597,29 @@ def test_a_full_detail_requests_bytes_equal_the_attribute_dict_paths(monkeypatch
         blob = b"".join(b for b, _ in out[True])
         assert sc.STEP_DRAFTED.encode() in blob and sc.WINDOW_DRAFTED.encode() in blob
     tp.shutdown()
+
+
+def test_wire_rows_beyond_the_count_drawn_still_get_their_own_span_ids():
+    """The route draws ``count`` span ids up front; a row past them draws one of its own (valid, distinct),
+    and every row is sent."""
+    from otel_llm.core.step_facts import FactsCache
+    from otel_llm.otlp import routes
+
+    class Sent:
+        def add(self, spans: bytes, count: int) -> bool:
+            self.spans, self.count = spans, count
+            return True
+
+    parent = SpanContext(0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA9876543210, False, TraceFlags(1))
+    direct = Sent()
+    rows = routes._WireRows(direct, parent, 1, FactsCache(), routes.EncodedFacts())
+    rows.step(10, 20, 1, 1, None, 0)
+    rows.window(20, 30, 3, 2, 4, 0.01, 0.02)
+    rows.step(30, 40, 5, 2, None, 0)
+    rows.close()
+    assert direct.count == 3
+    spans = decode(wire.RequestFrame.for_tracer(RESOURCE, SCOPE).request([direct.spans]))
+    assert [sp.name for sp in spans] == [sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW, sc.SPAN_DECODE_STEP]
+    ids = [sp.span_id for sp in spans]
+    assert len(set(ids)) == 3 and all(len(sid) == 16 and sid != "0" * 16 for sid in ids)
+    assert [sp.attributes.get(sc.STEP_INDEX, sp.attributes.get(sc.WINDOW_FIRST_INDEX)) for sp in spans] == [1, 2, 5]
