@@ -200,7 +200,9 @@ def test_step_metrics_count_each_step_under_its_adapter(run):
     for p in run.step_counts:
         key = p.attributes.get(sc.LORA_NAME)
         got[key] = got.get(key, 0) + p.value
-    assert got == expected and set(expected) == {"adapter-a", "adapter-b", None}
+    # (the base model's requests share steps with the first adapter's: whether any step ran them alone is the
+    # scheduler's choice, so the base model's key may be missing)
+    assert got == expected and {"adapter-a", "adapter-b"} <= set(expected)
     assert {p.attributes[sc.LORA_NAME]: p.value for p in run.adapter_steps} == {
         k: v for k, v in expected.items() if k is not None}
 
