@@ -129,13 +129,12 @@ class AdapterStepMetrics:
     def record(self, steps: Any) -> None:
         """A batch of steps: one add per adapter label for the steps they were active in, and the cache's
         events (``StepRecord.worker``); nothing for steps that ran no adapter."""
-        active: dict[str, int] = {}
+        active: dict[int, int] = {}  # adapter id -> steps: labelled once per batch, not once per step
         for step in steps:
             loras = step.loras
             if loras:
                 for lora_id in loras:
-                    name = self.label(lora_id)
-                    active[name] = active.get(name, 0) + 1
+                    active[lora_id] = active.get(lora_id, 0) + 1
             worker = step.worker
             if worker is None or not worker.lora_events:
                 continue
@@ -145,7 +144,11 @@ class AdapterStepMetrics:
                     self._loads.record(e.seconds, attributes)
                 elif e.kind == LORA_EVICTED:
                     self._evictions.add(1, attributes)
-        for name, n in active.items():
+        by_label: dict[str, int] = {}
+        for lora_id, n in active.items():
+            name = self.label(lora_id)
+            by_label[name] = by_label.get(name, 0) + n
+        for name, n in by_label.items():
             self._steps.add(n, {sc.LORA_NAME: name})
 
 

@@ -43,6 +43,7 @@ _PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), (
           ("output", "output_s"), ("idle", "idle_s"))
 _OPTIONAL_PARTS = tuple((i, attr) for i, (_, attr) in enumerate(_PARTS) if attr)  # (index, field) but total
 _INF = float("inf")
+_UNSEEN: Any = object()
 
 
 def work(step: StepRecord) -> list[tuple[int, int]]:
@@ -170,9 +171,16 @@ class StepDiagnosis:
         rec = self._recorder
         values: dict[tuple[str, str | None], list[list[float]]] = {}  # (phase, adapter) -> values per part
         counted: dict[tuple[str, str, str | None], int] = {}
+        labels: dict[tuple[int, ...], str | None] = {}  # a batch's steps mostly repeat their adapter sets
         for step in steps:
             phase = step.phase
-            lora = adapter(step) if adapter is not None and step.loras else None
+            loras = step.loras
+            if loras and adapter is not None:
+                lora = labels.get(loras, _UNSEEN)
+                if lora is _UNSEEN:
+                    lora = labels[loras] = adapter(step)
+            else:
+                lora = None
             by_part = values.get((phase, lora))
             if by_part is None:
                 by_part = values[phase, lora] = [[] for _ in _PARTS]
