@@ -282,6 +282,7 @@ STEP_SPEC_DRAFT_TIME = "llm.engine.step.spec_decode.draft_time"
 LORA_NAME = "llm.lora.name"  # on the request span, and the adapter label of every per-request metric
 LORA_ID = "llm.lora.id"
 LORA_OTHER = "other"  # the label value of adapters beyond the label cap (counted in stats())
+LORA_MULTIPLE = "multiple"  # the step metrics' adapter label of a step that ran several adapters at once
 STEP_LORA_ADAPTERS = "llm.engine.step.lora.adapters"  # names of the adapters the step ran
 STEP_LORA_COUNT = "llm.engine.step.lora.active"  # how many adapters the step ran
 STEP_LORA_MAX = "llm.engine.step.lora.max"  # the engine's max_loras

@@ -3,9 +3,20 @@
 ``AdapterLabels`` gives a request's adapter label for its metrics: the first ``cap`` distinct names (each
 cut to ``max_length`` characters) label series of their own; every later one is ``other`` and counted
 (``collapsed``, in ``stats()``), so the series a metric can have stay ``cap + 1`` per other label set.
+The step metrics use the same instance (``AdapterStepMetrics``), so an adapter has one label everywhere and
+one cap bounds every metric.
 ``AdapterNames`` remembers the names of adapter ids, for step spans, within ``max_entries``.
 ``LoRAEvent``: an adapter loaded into or evicted from the model runner's cache, as a step record carries it
 (instrumentation/vllm/worker_facts.py measures it where it happens).
+
+How a step that ran several adapters is counted (``AdapterStepMetrics``):
+
+* the step-scoped metrics (step time, steps, MFU, MBU) count each step once, so their sums over adapters stay
+  the engine's totals: the label is the adapter's when the step ran one, ``multiple`` when it ran several,
+  none when it ran the base model only. A list of the adapters as a label would grow with the combinations
+  of adapters (``cap`` choose ``max_loras``), which no cap bounds;
+* the adapter-scoped counter ``llm.server.lora.steps`` counts one point per adapter active in the step, so
+  each adapter's steps are complete, mixed steps included; its sum over adapters is adapter-steps, not steps.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ class LoRAEvent(NamedTuple):
     at: float
     seconds: float
 
+_RESERVED = frozenset((sc.LORA_OTHER, sc.LORA_MULTIPLE))  # label values of ours: an adapter so named is "other"
 DEFAULT_CAP = 64  # adapters with series of their own (per process): more is what "other" is for
 MAX_LABEL_LENGTH = 128  # characters of an adapter name kept as a label value
 
@@ -38,7 +50,7 @@ class AdapterLabels:
         self.cap = cap
         self.max_length = max_length
         self._admitted: set[str] = set()
-        self.collapsed = 0  # requests whose adapter was labelled "other"
+        self.collapsed = 0  # points labelled "other": requests, and the steps and cache events that share the cap
 
     def label(self, name: str | None) -> str | None:
         """The label value for a request of adapter ``name`` (None: the base model, no label)."""
@@ -50,7 +62,7 @@ class AdapterLabels:
         admitted = self._admitted
         if name in admitted:
             return name
-        if len(admitted) < self.cap and name != sc.LORA_OTHER:
+        if len(admitted) < self.cap and name not in _RESERVED:
             admitted.add(name)
             return name
         self.collapsed += 1
@@ -90,29 +102,54 @@ class AdapterNames:
         return out
 
 
-class AdapterCacheMetrics:
-    """The model runner's adapter-cache events as metrics: load time and count, evictions, by adapter label
-    (``labels``: the request metrics' ``AdapterLabels``, so the same cap bounds both)."""
+class AdapterStepMetrics:
+    """The adapters of engine steps as metrics (``labels``: the request metrics' ``AdapterLabels``, so the same
+    cap bounds both): the model runner's adapter-cache events (load time and count, evictions) and the steps
+    each adapter was active in, by adapter label; ``step_label`` is the label of a step's step-scoped metrics."""
 
     def __init__(self, meter: Any, names: AdapterNames, labels: AdapterLabels) -> None:
-        from .metrics import LORA_EVICTIONS, LORA_LOAD_DURATION, create
+        from .metrics import LORA_EVICTIONS, LORA_LOAD_DURATION, LORA_STEPS, create
         self._loads = create(meter, LORA_LOAD_DURATION)
         self._evictions = create(meter, LORA_EVICTIONS)
+        self._steps = create(meter, LORA_STEPS)
         self._names = names
         self._labels = labels
 
+    def label(self, lora_id: int) -> str:
+        return self._labels.label(self._names.name(lora_id))  # type: ignore[return-value]  (a name: never None)
+
+    def step_label(self, step: Any) -> str | None:
+        """The adapter label of a step's step-scoped metrics: None for the base model only, the adapter's label
+        when the step ran one, ``multiple`` when it ran several (each step counted once: see the module's doc)."""
+        loras = step.loras
+        if not loras:
+            return None
+        return self.label(loras[0]) if len(loras) == 1 else sc.LORA_MULTIPLE
+
     def record(self, steps: Any) -> None:
-        """The events of a batch of steps (``StepRecord.worker``); nothing for a step without any."""
+        """A batch of steps: one add per adapter label for the steps they were active in, and the cache's
+        events (``StepRecord.worker``); nothing for steps that ran no adapter."""
+        active: dict[int, int] = {}  # adapter id -> steps: labelled once per batch, not once per step
         for step in steps:
+            loras = step.loras
+            if loras:
+                for lora_id in loras:
+                    active[lora_id] = active.get(lora_id, 0) + 1
             worker = step.worker
             if worker is None or not worker.lora_events:
                 continue
             for e in worker.lora_events:
-                attributes = {sc.LORA_NAME: self._labels.label(self._names.name(e.lora_id))}
+                attributes = {sc.LORA_NAME: self.label(e.lora_id)}
                 if e.kind == LORA_LOADED:
                     self._loads.record(e.seconds, attributes)
                 elif e.kind == LORA_EVICTED:
                     self._evictions.add(1, attributes)
+        by_label: dict[str, int] = {}
+        for lora_id, n in active.items():
+            name = self.label(lora_id)
+            by_label[name] = by_label.get(name, 0) + n
+        for name, n in by_label.items():
+            self._steps.add(n, {sc.LORA_NAME: name})
 
 
 def span_parts(step: Any, names: AdapterNames) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any], float]]]:
@@ -127,3 +164,15 @@ def span_parts(step: Any, names: AdapterNames) -> tuple[dict[str, Any], list[tup
     events = [(EVENT_NAMES[e.kind], names.event_attributes(e), e.at) for e in worker.lora_events
               if e.kind in EVENT_NAMES]
     return attributes, events
+
+
+def request_load_events(lora_id: int | None, steps: Any,
+                        names: AdapterNames) -> list[tuple[str, dict[str, Any], float]]:
+    """The loads of a request's adapter in the steps that served it (the request needed them: the worker loads
+    a step's adapters before its forward), as events for its span: the step span's ``llm.lora.loaded``, same
+    attributes (name, id, load time), same engine monotonic start."""
+    if lora_id is None:
+        return []
+    return [(sc.LORA_EVENT_LOADED, names.event_attributes(e), e.at)
+            for step in steps if step.worker is not None
+            for e in step.worker.lora_events if e.kind == LORA_LOADED and e.lora_id == lora_id]

@@ -398,25 +398,29 @@ STEP_TIME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 
                      1.28, 2.56, 5.12, 10.24)
 
 
+# the step-scoped metrics' adapter label: one value per step (core/lora.py says why)
+_STEP_ADAPTER = (f"; {sc.LORA_NAME}: the LoRA adapter the step ran ({sc.LORA_MULTIPLE}: several, none: the base "
+                 "model only; bounded as the request metrics' label)")
 STEP_DURATION = InstrumentSpec(
     "llm.server.engine.step.duration", "s",
     "Engine-step time by part (llm.engine.step.part: schedule, execute, model, output, total; idle: the gap "
-    "before the step) and step phase (prefill, decode, mixed)", STEP_TIME_BUCKETS,
-    attributes=(sc.STEP_PHASE, sc.STEP_PART))
+    "before the step) and step phase (prefill, decode, mixed)" + _STEP_ADAPTER, STEP_TIME_BUCKETS,
+    attributes=(sc.STEP_PHASE, sc.STEP_PART, sc.LORA_NAME))
 STEP_MFU = InstrumentSpec("llm.server.engine.step.mfu", "1",
-                          "Model FLOPs utilization per engine step (estimated FLOPs / measured time / peak)",
-                          UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
+                          "Model FLOPs utilization per engine step (estimated FLOPs / measured time / peak)"
+                          + _STEP_ADAPTER, UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND, sc.LORA_NAME))
 STEP_MBU = InstrumentSpec("llm.server.engine.step.mbu", "1",
-                          "Memory bandwidth utilization per engine step (estimated bytes / measured time / peak)",
-                          UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
+                          "Memory bandwidth utilization per engine step (estimated bytes / measured time / peak)"
+                          + _STEP_ADAPTER, UTILIZATION_BUCKETS, attributes=(sc.STEP_PHASE, sc.STEP_BOUND, sc.LORA_NAME))
 STEPS = InstrumentSpec("llm.server.engine.steps", "{step}",
-                       "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)",
-                       kind="counter", attributes=(sc.STEP_PHASE, sc.STEP_BOUND))
+                       "Engine steps by phase and roofline bound (compute, memory; unknown without device peaks)"
+                       + _STEP_ADAPTER, kind="counter", attributes=(sc.STEP_PHASE, sc.STEP_BOUND, sc.LORA_NAME))
 SPEC_POSITION_TOKENS = InstrumentSpec(
     "llm.server.spec_decode.position.tokens", "{token}",
     f"Speculative draft tokens by draft position ({sc.SPEC_POSITION}, 0-based) and {sc.SPEC_TOKEN_KIND} (drafted, "
     "accepted), over every engine step: accepted / drafted at a position is its acceptance rate (vLLM's "
-    "num_accepted_tokens_per_pos over num_draft_tokens_per_pos)", kind="counter",
+    "num_accepted_tokens_per_pos over num_draft_tokens_per_pos); no adapter label (acceptance by adapter: the "
+    "request metrics')", kind="counter",
     attributes=(sc.SPEC_POSITION, sc.SPEC_TOKEN_KIND))
 LORA_LOAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LORA_LOAD_DURATION = InstrumentSpec(
@@ -428,8 +432,13 @@ LORA_EVICTIONS = InstrumentSpec(
     "llm.server.lora.evictions", "{adapter}",
     f"LoRA adapters dropped from the model runner's adapter cache (least recently used, or removed), by {sc.LORA_NAME}",
     kind="counter", attributes=(sc.LORA_NAME,))
+LORA_STEPS = InstrumentSpec(
+    "llm.server.lora.steps", "{step}",
+    f"Engine steps each LoRA adapter was active in, by {sc.LORA_NAME}: one point per adapter of the step, so a step "
+    "that ran two adapters counts once for each (the sum over adapters is adapter-steps, not steps)",
+    kind="counter", attributes=(sc.LORA_NAME,))
 STEP_METRICS: tuple[InstrumentSpec, ...] = (STEP_DURATION, STEPS, STEP_MFU, STEP_MBU, SPEC_POSITION_TOKENS,
-                                            LORA_LOAD_DURATION, LORA_EVICTIONS)
+                                            LORA_LOAD_DURATION, LORA_EVICTIONS, LORA_STEPS)
 # OpenTelemetry hardware semantic conventions (hw.gpu.*, hw.power); SM clock and throttling have none: ours
 _HW = (sc.HW_ID, sc.HW_NAME, sc.HW_TYPE, sc.HW_VENDOR)
 GPU_UTILIZATION = InstrumentSpec("hw.gpu.utilization", "1",

@@ -25,7 +25,7 @@ from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
 from ..guard import GUARD
 from .inter_token import gap_summary
-from .lora import AdapterCacheMetrics, AdapterNames, span_parts
+from .lora import AdapterNames, AdapterStepMetrics, request_load_events, span_parts
 from .materializer import Materializer
 from . import self_metrics
 from .metrics import ServerMetrics
@@ -133,7 +133,8 @@ class Pipeline:
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
-        self.adapter_cache = AdapterCacheMetrics(meter, self.adapters, self.metrics.adapters)
+        # the steps' adapters as metrics, labelled with the request metrics' bounded labels (one cap for all)
+        self.adapter_steps = AdapterStepMetrics(meter, self.adapters, self.metrics.adapters)
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
@@ -367,8 +368,8 @@ class Pipeline:
             self._read_steps()
         elif kind is StepMetricsJob:
             try:
-                self.diagnosis.record(job.steps)
-                self.adapter_cache.record(job.steps)  # LoRA adapter loads and evictions
+                self.diagnosis.record(job.steps, self.adapter_steps.step_label)
+                self.adapter_steps.record(job.steps)  # steps per adapter, LoRA adapter loads and evictions
             except Exception as exc:
                 GUARD.failed("engine step metrics", exc)
         elif kind is EarlyStepJob:  # settled early: its requests outlived the step buffer
@@ -421,7 +422,8 @@ class Pipeline:
                 if verdict is not None and for_cause:
                     attrs.update(verdict.attributes())
                 held = own if detail >= Detail.PHASES and self.config.engine_steps else []
-                kept = self.spans.request(t, s, attrs, detail, WallClock(), held, slo.tpot)
+                kept = self.spans.request(t, s, attrs, detail, WallClock(), held, slo.tpot,
+                                          events=request_load_events(t.lora_id, own, self.adapters))
                 if kept is not None:
                     self.counts.requests_kept += 1
             except Exception as exc:  # a bug of ours (or a span processor's) costs these spans only
@@ -464,7 +466,8 @@ class Pipeline:
                     if verdict is not None and for_cause:
                         a.update(verdict.attributes())
                     parts.append((t, s, a, own if phases else []))
-                root, choices = self.spans.request_group(parts, attrs, detail, WallClock(), slo.tpot)
+                events = [request_load_events(t.lora_id, own, self.adapters) for (t, _), own in zip(members, owns)]
+                root, choices = self.spans.request_group(parts, attrs, detail, WallClock(), slo.tpot, events)
                 if root is not None:
                     self.counts.requests_kept += 1
             except Exception as exc:

@@ -88,6 +88,7 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     return a
 
 
+SpanEvent = tuple[str, dict[str, Any], float]  # a span event: name, attributes, engine monotonic time
 MAX_ADAPTER_NAME = 256  # characters of a LoRA adapter's name kept on a span (names come from users)
 
 
@@ -234,11 +235,12 @@ class SpanBuilder:
     def request(self, t: RequestTimeline, s: RequestSummary, attributes: dict[str, Any], detail: Detail,
                 clock: WallClock, steps: Sequence[StepRecord] = (),
                 tpot_slo: float | None = None, choice_of: Span | None = None,
-                max_spans: int | None = None) -> Materialized | None:
+                max_spans: int | None = None, events: Sequence[SpanEvent] = ()) -> Materialized | None:
         """The request's spans; ``steps`` are the engine steps it took part in that are still held
         (their facts go on its chunk and decode-step spans), ``tpot_slo`` its model's. ``choice_of``:
         the request span of the user request this sequence is one choice of (see ``request_group``);
-        its spans then hang under an ``llm.choice`` span there, within ``max_spans``."""
+        its spans then hang under an ``llm.choice`` span there, within ``max_spans``. ``events``: (name,
+        attributes, engine monotonic time) each, on its request (or choice) span, e.g. its adapter's loads."""
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
         if choice_of is None:
@@ -253,6 +255,8 @@ class SpanBuilder:
             return None
         if s.error_type:
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
+        for event_name, event_attributes, at in events:
+            root.add_event(event_name, event_attributes, timestamp=_clamp(clock.mono_ns(at), start, end))
         kept = Materialized(root.get_span_context())
         if detail >= Detail.PHASES and t.handoff is not None:
             self._handoff(root, t.handoff, start, end, clock)
@@ -265,11 +269,13 @@ class SpanBuilder:
     def request_group(self, members: Sequence[tuple[RequestTimeline, RequestSummary, dict[str, Any],
                                                      Sequence[StepRecord]]],
                       attributes: dict[str, Any], detail: Detail, clock: WallClock,
-                      tpot_slo: float | None = None) -> tuple[Materialized | None, list[Materialized | None]]:
+                      tpot_slo: float | None = None, events: Sequence[Sequence[SpanEvent]] | None = None,
+                      ) -> tuple[Materialized | None, list[Materialized | None]]:
         """A user request that asked for n > 1 choices: one request span (named and parented as a
         single request's, carrying ``attributes``, from the first arrival to the last sequence's end)
         over one ``llm.choice`` span per sequence, each with its own phases. The span budget is
-        shared: each choice gets an equal part of it. Returns the request span's and each choice's."""
+        shared: each choice gets an equal part of it. ``events``: each choice's span events, parallel to
+        ``members`` (``request``'s). Returns the request span's and each choice's."""
         first = members[0][0]
         start = min(clock.wall_ns(t.arrival) for t, _, _, _ in members)
         end = max(max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0))) for t, s, _, _ in members)
@@ -284,8 +290,9 @@ class SpanBuilder:
         if failed is not None:
             root.set_status(Status(StatusCode.ERROR, f"{failed.error_type}: a choice failed"))
         budget = max((self._max_spans - 1) // len(members), 1)
-        choices = [self.request(t, s, attrs, detail, clock, steps, tpot_slo, choice_of=root, max_spans=budget)
-                   for t, s, attrs, steps in members]
+        choices = [self.request(t, s, attrs, detail, clock, steps, tpot_slo, choice_of=root, max_spans=budget,
+                                events=events[i] if events is not None else ())
+                   for i, (t, s, attrs, steps) in enumerate(members)]
         root.end(end_time=end)
         return Materialized(root.get_span_context()), choices
 
@@ -427,7 +434,7 @@ class SpanBuilder:
 
     def engine_step(self, step: StepRecord, clock: WallClock, engine: str,
                     extra: dict[str, Any] | None = None,
-                    events: Sequence[tuple[str, dict[str, Any], float]] | None = None) -> None:
+                    events: Sequence[SpanEvent] | None = None) -> None:
         """``events``: (name, attributes, engine monotonic time) each, e.g. LoRA adapter loads (core/lora.py)."""
         start = clock.mono_ns(step.start)
         end = max(start, clock.mono_ns(step.end))

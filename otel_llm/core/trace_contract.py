@@ -75,6 +75,18 @@ def _anatomy() -> tuple[Item, ...]:
     first, *rest = (sc.STEP_MODEL_TIME, sc.STEP_EXECUTE_TIME, sc.STEP_IDLE_BEFORE)
     return (Item(first, lead="and, where the engine measured them, its anatomy: "), *(Item(n) for n in rest))
 
+# the production features' request facts (spans.feature_attributes): on the request span, or on each choice
+# span of a request with n > 1 choices
+_FEATURES = (*_lead("speculative decoding (vLLM; TensorRT-LLM: the drafted, accepted tokens and rate): ",
+                    sc.SPEC_VERIFY_STEPS, sc.SPEC_DRAFT_TOKENS, sc.SPEC_ACCEPTED_TOKENS, sc.SPEC_ACCEPTANCE_RATE,
+                    sc.SPEC_ACCEPTANCE_LENGTH),
+             *_lead("cache reads by source (vLLM, where it reports them): ", sc.CACHE_READ_LOCAL,
+                    sc.CACHE_READ_EXTERNAL),
+             *_lead("LoRA adapter (vLLM): ", sc.LORA_NAME, sc.LORA_ID),
+             Item(sc.LORA_EVENT_LOADED, " per load of its adapter in a step that served it: the step span's "
+                  f"event, same attributes (`{sc.LORA_NAME}`, `{sc.LORA_ID}`, `{sc.LORA_LOAD_TIME}`) and time",
+                  event=True))
+
 REQUEST_SPAN = SpanDoc(
     (), "SERVER under `vllm serve` / `trtllm-serve`, INTERNAL offline", "every kept request",
     "arrival → the frontend received the last output (`arrival + e2e`; TensorRT-LLM: its last token)",
@@ -103,9 +115,9 @@ REQUEST_SPAN = SpanDoc(
            f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` (seconds each cause cost) "
            f"when kept for a cause (see \"Why was it slow?\")"),
      Item(sc.INPUT_MESSAGES, lead="with `capture_content`: "), Item(sc.OUTPUT_MESSAGES),
+     *_FEATURES,
      *_lead("TensorRT-LLM only: ", sc.KV_CACHE_REUSED_BLOCKS, sc.KV_CACHE_MISSED_BLOCKS,
-            sc.KV_CACHE_ALLOCATED_BLOCKS, sc.KV_CACHE_HIT_RATE, sc.SPEC_DRAFT_TOKENS, sc.SPEC_ACCEPTED_TOKENS,
-            sc.SPEC_ACCEPTANCE_RATE, sc.FIRST_ITER, sc.LAST_ITER)),
+            sc.KV_CACHE_ALLOCATED_BLOCKS, sc.KV_CACHE_HIT_RATE, sc.FIRST_ITER, sc.LAST_ITER)),
     shown_name=f"`{{{sc.OPERATION_NAME}}} {{{sc.REQUEST_MODEL}}}` (e.g. `chat llama-3`)")
 
 CHOICE_SPAN = SpanDoc(
@@ -119,7 +131,8 @@ CHOICE_SPAN = SpanDoc(
      Item(sc.USAGE_CACHE_READ_INPUT_TOKENS), Item(sc.OUTPUT_CHARACTERS), Item(sc.SLO_MET), Item(sc.SLO_BREACHED),
      Item(sc.ERROR_TYPE),
      Group((sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()),
-           f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` when kept for a cause")))
+           f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` when kept for a cause"),
+     *_FEATURES))
 
 SERVER_SPANS: tuple[SpanDoc, ...] = (
     REQUEST_SPAN,

@@ -24,7 +24,8 @@ def events(t: Timeline) -> list[dict[str, Any]]:
                                  _meta("process_name", ENGINE_PID, 0, "engine steps"),
                                  _meta("process_sort_index", ENGINE_PID, 0, sort_index=1)]
     for tid, lane in enumerate(t.requests, 1):
-        out.append(_meta("thread_name", REQUESTS_PID, tid, f"{lane.title} ({lane.subtitle})"))
+        about = "; ".join(x for x in (lane.subtitle, lane.features) if x)
+        out.append(_meta("thread_name", REQUESTS_PID, tid, f"{lane.title} ({about})"))
         out.append(_meta("thread_sort_index", REQUESTS_PID, tid, sort_index=tid))
         # parents before children at equal start: longer first (the format nests X events by containment)
         for seg in sorted(lane.segments, key=lambda s: (s.start_ns, -(s.end_ns - s.start_ns))):

@@ -143,9 +143,72 @@ def _health(metric: str, by: str, legend: str) -> Query:
     return Query(f"sum{grouping} (rate({metric}[{RATE}])) or vector(0)", legend)
 
 
-# Rows for speculative decoding and LoRA adapters (acceptance, drafted tokens, per-adapter latency): a
-# tuple of (row title, panels) that slots in after the GPU row.
-SPECULATIVE_ROWS: tuple[tuple[str, tuple["PanelSpec", ...]], ...] = ()
+ADAPTER = label(sc.LORA_NAME)
+BASE_MODEL = "(base model)"  # the legend of steps without an adapter label
+
+
+def _speculative_decoding() -> tuple[str, tuple[PanelSpec, ...]]:
+    """Speculative decoding (docs/production-features.md). Engines without it have none of these series: the
+    queries end in "or vector(0)" (0 there: the feature is off)."""
+    spec_tokens = counter(m.SERVER_METRICS.spec_tokens_spec)
+    kind = label(sc.SPEC_TOKEN_KIND)
+    accepted = _rate_sum(spec_tokens, extra=f', {kind}="accepted"')
+    drafted = _rate_sum(spec_tokens, extra=f', {kind}="drafted"')
+    positions, position = instrument(m.SPEC_POSITION_TOKENS), label(sc.SPEC_POSITION)
+    by_position = (f'sum by ({position}) (rate({positions}{{{kind}="accepted"}}[{RATE}])) / '
+                   f'sum by ({position}) (rate({positions}{{{kind}="drafted"}}[{RATE}]))')
+    return ("Speculative decoding", (
+        PanelSpec("Draft acceptance rate", "Accepted over drafted speculative tokens per model (vLLM's "
+                  "draft_acceptance_rate; 0: no speculative decoding)",
+                  (Query(f"({accepted}) / ({drafted}) or vector(0)", "{{" + MODEL + "}}"),), "percentunit",
+                  zero_normal=True),
+        PanelSpec("Drafted and accepted tokens/s", "Speculative draft tokens per second by kind",
+                  (Query(f"sum by ({MODEL}, {kind}) (rate({spec_tokens}{{{SEL}}}[{RATE}])) or vector(0)",
+                         "{{" + kind + "}} {{" + MODEL + "}}"),), "short", zero_normal=True),
+        PanelSpec("Acceptance by draft position", "Accepted over drafted tokens at each draft position (0 is the "
+                  "first drafted token), over every engine step: where the drafter's guesses stop holding (the "
+                  "SDK's step instruments)",
+                  (Query(f"{by_position} or vector(0)", "position {{" + position + "}}"),), "percentunit",
+                  zero_normal=True),
+    ))
+
+
+def _lora_adapters() -> tuple[str, tuple[PanelSpec, ...]]:
+    """LoRA adapters: requests and tokens per adapter (the request metrics' llm.lora.name) and the engine
+    steps by adapter (the SDK's step instruments: one label per step, ``multiple`` for a step of several
+    adapters; llm.server.lora.steps counts each adapter of a step). "or vector(0)": 0 without adapters."""
+    requests, tokens = counter(m.SERVER_METRICS.requests_spec), prom_name(TOKENS.name, TOKENS.unit)
+    adapter_set = f'{ADAPTER}!=""'
+    step_time, sel = instrument(m.STEP_DURATION), f'{{{STEP_PART}="total"}}'
+    mean_step = (f"sum by ({ADAPTER}) (rate({step_time}_sum{sel}[{RATE}])) / "
+                 f"sum by ({ADAPTER}) (rate({step_time}_count{sel}[{RATE}]))")
+    loads, evictions = instrument(m.LORA_LOAD_DURATION), instrument(m.LORA_EVICTIONS)
+    return ("LoRA adapters", (
+        PanelSpec("Requests by LoRA adapter", "Finished requests per second per adapter (llm.lora.name; other: "
+                  "adapters beyond the label cap)",
+                  (Query(f"sum by ({ADAPTER}) (rate({requests}{{{SEL}, {adapter_set}}}[{RATE}])) or vector(0)",
+                         "{{" + ADAPTER + "}}"),), "reqps", stacked=True, zero_normal=True),
+        PanelSpec("Output tokens/s by LoRA adapter", "Output tokens per second of each adapter's requests",
+                  (Query(f"sum by ({ADAPTER}) (rate({tokens}_sum{{{SEL}, {adapter_set}, {TOKEN_TYPE}=\"output\"}}"
+                         f"[{RATE}])) or vector(0)", "{{" + ADAPTER + "}}"),), "short", stacked=True,
+                  zero_normal=True),
+        PanelSpec("Engine steps by LoRA adapter", "Steps per second each adapter was active in (a step of two "
+                  "adapters counts for each: llm.server.lora.steps)",
+                  (Query(f"sum by ({ADAPTER}) (rate({instrument(m.LORA_STEPS)}[{RATE}])) or vector(0)",
+                         "{{" + ADAPTER + "}}"),), "short", zero_normal=True),
+        PanelSpec("Step time by LoRA adapter", f"Mean engine-step time of the steps that ran one adapter, of those "
+                  f"that ran several ({sc.LORA_MULTIPLE}) and of the base model's: what serving adapters costs a step",
+                  (Query(f'label_replace({mean_step}, "{ADAPTER}", "{BASE_MODEL}", "{ADAPTER}", "") or vector(0)',
+                         "{{" + ADAPTER + "}}"),), "s", zero_normal=True),
+        PanelSpec("Adapter loads and evictions", "The model runner's adapter cache per adapter: loads/s (a load "
+                  "inside a step delays it) and evictions/s (a cache too small for the adapters in use thrashes)",
+                  (Query(f"sum by ({ADAPTER}) (rate({loads}_count[{RATE}])) or vector(0)", "loads {{" + ADAPTER + "}}"),
+                   Query(f"sum by ({ADAPTER}) (rate({evictions}[{RATE}])) or vector(0)",
+                         "evictions {{" + ADAPTER + "}}")), "short", zero_normal=True),
+    ))
+
+
+FEATURE_ROWS = (_speculative_decoding(), _lora_adapters())
 
 PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Latency (every request, from the histograms)", (
@@ -201,8 +264,8 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("GPU power and SM clock", "hw.power (W) and the SM clock (MHz) per device",
                   (_gpu(m.GPU_POWER, "power W"), _gpu(m.GPU_SM_CLOCK, "SM clock MHz")), "short"),
     )),
-    # speculative decoding and adapters: their panels join here as a row of their own (SPECULATIVE_ROWS)
-    *SPECULATIVE_ROWS,
+    # speculative decoding and LoRA adapters: a row each (_speculative_decoding, _lora_adapters)
+    *FEATURE_ROWS,
     ("Health: collector and SDK", (
         PanelSpec("Collector: spans in and out", "Accepted by the receivers, delivered by the exporters",
                   (Query(f"sum by (transport) (rate({collector('receiver_accepted_spans')}[{RATE}]))",
@@ -228,32 +291,6 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     )),
 )
 
-
-
-def _production_features() -> tuple[str, tuple[PanelSpec, ...]]:
-    """Speculative decoding and LoRA adapters (docs/production-features.md). Engines that run neither have
-    none of these series: the queries end in "or vector(0)" (0 there: the feature is off)."""
-    spec_tokens = counter(m.SERVER_METRICS.spec_tokens_spec)
-    kind, adapter = label(sc.SPEC_TOKEN_KIND), label(sc.LORA_NAME)
-    accepted = _rate_sum(spec_tokens, extra=f', {kind}="accepted"')
-    drafted = _rate_sum(spec_tokens, extra=f', {kind}="drafted"')
-    requests = counter(m.SERVER_METRICS.requests_spec)
-    return ("Speculative decoding and LoRA adapters", (
-        PanelSpec("Draft acceptance rate", "Accepted over drafted speculative tokens per model (vLLM's "
-                  "draft_acceptance_rate; 0: no speculative decoding)",
-                  (Query(f"({accepted}) / ({drafted}) or vector(0)", "{{" + MODEL + "}}"),), "percentunit",
-                  zero_normal=True),
-        PanelSpec("Drafted and accepted tokens/s", "Speculative draft tokens per second by kind",
-                  (Query(f"sum by ({MODEL}, {kind}) (rate({spec_tokens}{{{SEL}}}[{RATE}])) or vector(0)",
-                         "{{" + kind + "}} {{" + MODEL + "}}"),), "short", zero_normal=True),
-        PanelSpec("Requests by LoRA adapter", "Finished requests per second per adapter (llm.lora.name; other: "
-                  "adapters beyond the label cap)",
-                  (Query(f'sum by ({adapter}) (rate({requests}{{{SEL}, {adapter}!=""}}[{RATE}])) or vector(0)',
-                         "{{" + adapter + "}}"),), "reqps", stacked=True, zero_normal=True),
-    ))
-
-
-PANELS = PANELS + (_production_features(),)
 
 def _panel(spec: PanelSpec, width: int, panel_id: int):
     if spec.kind == "stat":

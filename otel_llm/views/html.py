@@ -14,6 +14,7 @@ from . import curves as latency_curves
 from .timeline import Lane, Segment, Timeline
 
 LABEL_W, PLOT_W, LANE_H, ENGINE_H, AXIS_H, GAP = 380, 980, 44, 44, 26, 8  # fits 1440 px wide
+FEATURE_LINE = 13  # a request lane with an adapter or speculative decoding gets a line more for them
 SUB_CHARS = 66  # what fits in LABEL_W at the subtitle's font size; the full text is in the lane's tooltip
 COLOURS = {
     "queue": "#b0b7c3", "prefill": "#3b82f6", "chunk": "#1e40af", "decode": "#22c55e", "stall": "#dc2626",
@@ -30,7 +31,7 @@ h1{font-size:18px;margin:0 0 4px} p.meta{color:#555;margin:0 0 12px}
 .legend span{display:inline-block;margin-right:14px}.legend i{display:inline-block;width:12px;height:12px;
 margin-right:4px;vertical-align:-2px;border-radius:2px}
 svg text{font-size:11px;fill:#222} svg .sub{fill:#666;font-size:10px} svg .tick{fill:#666;font-size:10px}
-svg .why{fill:#b91c1c;font-size:10px}
+svg .why{fill:#b91c1c;font-size:10px} svg .feat{fill:#4338ca;font-size:10px}
 h2{font-size:15px;margin:22px 0 4px} .curves{display:flex;flex-wrap:wrap;gap:8px} figure.curve{margin:0}
 svg .ctitle{font-size:12px;font-weight:600} p.cnote{color:#666;font-size:11px;margin:2px 0 0;max-width:420px}
 svg .lane:hover .bg{fill:#eef2ff} svg .bg{fill:#fafafa}
@@ -57,8 +58,9 @@ def render(t: Timeline, source: str, curves: list[latency_curves.Curve] | None =
     scale = PLOT_W / (t.end_ns - t.start_ns)
     y, parts = AXIS_H, []
     for lane in t.requests:
-        parts.append(_lane(lane, y, LANE_H, scale, t.start_ns, "request"))
-        y += LANE_H + GAP
+        h = LANE_H + FEATURE_LINE if lane.features else LANE_H
+        parts.append(_lane(lane, y, h, scale, t.start_ns, "request"))
+        y += h + GAP
     y += GAP
     for lane in t.engines:
         parts.append(_lane(lane, y, ENGINE_H, scale, t.start_ns, "engine"))
@@ -67,7 +69,8 @@ def render(t: Timeline, source: str, curves: list[latency_curves.Curve] | None =
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{LABEL_W + PLOT_W + 10}" height="{height}" '
            f'id="timeline">{_axis(t, height)}{"".join(parts)}</svg>')
     legend = "".join(f'<span><i style="background:{COLOURS[k]}"></i>{html.escape(v)}</span>' for k, v in LEGEND)
-    rows = "".join(f"<tr><td>{html.escape(lane.title)}</td><td>{html.escape(lane.subtitle)}</td>"
+    rows = "".join(f"<tr><td>{html.escape(lane.title)}</td>"
+                   f"<td>{html.escape('; '.join(x for x in (lane.subtitle, lane.features) if x))}</td>"
                    f"<td>{html.escape(lane.verdict)}</td>"
                    f"<td>{sum(1 for s in lane.segments if s.kind == 'stall')}</td><td>{len(lane.step_ids)}</td></tr>"
                    for lane in t.requests)
@@ -99,14 +102,17 @@ def render(t: Timeline, source: str, curves: list[latency_curves.Curve] | None =
 def _lane(lane: Lane, y: int, h: int, scale: float, t0: int, kind: str) -> str:
     steps = json.dumps(sorted(lane.step_ids))
     cause = f' data-cause="{html.escape(lane.cause)}"' if lane.cause else ""
-    full = "\n".join(x for x in (lane.title, lane.subtitle, lane.verdict) if x)
+    full = "\n".join(x for x in (lane.title, lane.subtitle, lane.features, lane.verdict) if x)
     out = [f'<g class="lane {kind}" data-key="{html.escape(lane.key)}" data-steps="{html.escape(steps)}"{cause}>',
            f'<rect class="bg" x="0" y="{y}" width="{LABEL_W + PLOT_W}" height="{h}"><title>{html.escape(full)}'
            '</title></rect>',
            f'<text x="4" y="{y + 12}">{html.escape(lane.title)}</text>',
            f'<text class="sub" x="4" y="{y + 24}">{html.escape(_clip(lane.subtitle, SUB_CHARS))}</text>']
-    if lane.verdict:
-        out.append(f'<text class="why" x="4" y="{y + 37}">{html.escape(_clip(lane.verdict, SUB_CHARS))}</text>')
+    line = y + 37
+    for cls, text in (("feat", lane.features), ("why", lane.verdict)):
+        if text:
+            out.append(f'<text class="{cls}" x="4" y="{line}">{html.escape(_clip(text, SUB_CHARS))}</text>')
+            line += FEATURE_LINE
     for seg in lane.segments:
         out.append(_rect(seg, y, h, scale, t0))
     out.append("</g>")

@@ -50,6 +50,7 @@ class Lane:
     step_ids: set[int] = field(default_factory=set)  # engine steps this request was served by
     verdict: str = ""  # why it was slow: the cause, its seconds per cause, the breached objectives
     cause: str | None = None
+    features: str = ""  # its LoRA adapter and speculative decoding, where it had them (``features``)
 
 
 @dataclass
@@ -168,7 +169,25 @@ def _request_lane(r: Span, slo: Mapping[str, float]) -> Lane:
     subtitle = (f"e2e {1000 * _e2e(r):.0f} ms, in {a.get(sc.USAGE_INPUT_TOKENS, '?')} / out "
                 f"{a.get(sc.USAGE_OUTPUT_TOKENS, '?')} tokens, preemptions {a.get(sc.NUM_PREEMPTIONS, 0)}"
                 + (f", kept for {reason}" if reason else ""))
-    return Lane(r.span_id, title, subtitle, segments, steps, verdict(a, slo), str(cause) if cause else None)
+    return Lane(r.span_id, title, subtitle, segments, steps, verdict(a, slo), str(cause) if cause else None,
+                features(a))
+
+
+def features(a: Mapping[str, Any]) -> str:
+    """``LoRA adapter-a; speculative: drafted 30, accepted 21 (70%)``: the request's adapter and its
+    speculative decoding, from its span (empty where it had neither)."""
+    parts = []
+    adapter = a.get(sc.LORA_NAME)
+    if adapter is not None:
+        parts.append(f"LoRA {adapter}")
+    drafted, accepted = a.get(sc.SPEC_DRAFT_TOKENS), a.get(sc.SPEC_ACCEPTED_TOKENS)
+    if isinstance(drafted, int) and isinstance(accepted, int):
+        rate = a.get(sc.SPEC_ACCEPTANCE_RATE)
+        if not isinstance(rate, (int, float)) and drafted > 0:
+            rate = accepted / drafted
+        parts.append(f"speculative: drafted {drafted}, accepted {accepted}"
+                     + (f" ({100 * rate:.0f}%)" if isinstance(rate, (int, float)) else ""))
+    return "; ".join(parts)
 
 
 def verdict(a: Mapping[str, Any], slo: Mapping[str, float]) -> str:

@@ -322,6 +322,109 @@ def test_adapter_labels_refuse_a_bad_cap():
     assert labels.label(sc.LORA_OTHER) == sc.LORA_OTHER and labels.collapsed == 2
 
 
+def _adapter_run():
+    """Two adapters and the base model through the pipeline on constructed steps: a's adapter loads in its
+    prefill step, b's in the step that prefills b while a decodes (two adapters: ``multiple``), then steps
+    of both, of the base model only and of b only."""
+    from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED, LoRAEvent
+    from otel_llm.core.timeline import StepWorkerFacts
+
+    tel, exporter, reader = _pipeline()
+    now = time.monotonic() - 2.0
+    timelines = {}
+    for rid, lora in (("a", 1), ("b", 2), ("c", None)):
+        t = RequestTimeline(rid, time.time() - 2.0, model="m", response_id=rid, input_tokens=8,
+                            lora_id=lora, lora_name={1: "adapter-a", 2: "adapter-b"}.get(lora))
+        t.events += [(QUEUED, now), (SCHEDULED, now)]
+        assert tel.start(t)
+        timelines[rid] = t
+    plan = [  # (shares, adapters, the model runner's cache events: (kind, adapter, offset into the step, seconds))
+        ([("a", 8, True)], (1,), [(LORA_LOADED, 1, 0.002, 0.003)]),
+        ([("a", 1, False), ("b", 8, True)], (1, 2), [(LORA_EVICTED, 7, 0.001, 0.0), (LORA_LOADED, 2, 0.002, 0.004)]),
+        ([("a", 1, False), ("b", 1, False), ("c", 8, True)], (1, 2), []),
+        ([("c", 1, False)], None, []),
+        ([("b", 1, False)], (2,), []),
+    ]
+    for k, (shares, loras, events) in enumerate(plan):
+        start = now + 0.01 * k
+        step = StepRecord(ENGINE | (k + 1), start, start + 0.01, shares, len(shares))
+        step.loras = loras
+        if events:
+            step.worker = StepWorkerFacts(tuple(LoRAEvent(kind, i, start + at, sec) for kind, i, at, sec in events))
+        tel.add_step(step)
+        for rid, _, _ in shares:
+            timelines[rid].add_tokens(start + 0.01, 1)
+    for rid, t in timelines.items():
+        n = len(t.token_ts)
+        tel.finish(rid, RequestSummary(model="m", ttft=0.01, e2e=0.06, decode=0.04, input_tokens=8, output_tokens=n))
+    assert tel.flush(10)
+    tel.close()
+    return tel, exporter.get_finished_spans(), points_by_name(reader.get_metrics_data())
+
+
+def test_step_metrics_carry_one_bounded_adapter_label_per_step():
+    """Each step counted once in the step-scoped metrics (its adapter, ``multiple``, or no label), and once per
+    adapter it ran in ``llm.server.lora.steps``."""
+    _, _, points = _adapter_run()
+    steps = {}
+    for p in points["llm.server.engine.steps"]:
+        key = p.attributes.get(sc.LORA_NAME)
+        steps[key] = steps.get(key, 0) + p.value
+    assert steps == {"adapter-a": 1, sc.LORA_MULTIPLE: 2, None: 1, "adapter-b": 1}
+    totals = {p.attributes.get(sc.LORA_NAME): p.count for p in points["llm.server.engine.step.duration"]
+              if p.attributes[sc.STEP_PART] == "total"}
+    assert totals == steps  # the durations are the same steps, by the same label
+    assert {p.attributes[sc.LORA_NAME]: p.value for p in points["llm.server.lora.steps"]} == {
+        "adapter-a": 3, "adapter-b": 3}  # a in steps 1-3, b in steps 2, 3 and 5
+
+
+def test_step_adapter_label_shares_the_request_labels_cap():
+    """One ``AdapterLabels`` for requests and steps: beyond the cap a step's adapter is ``other`` (counted), an
+    adapter named like one of our label values is ``other`` too, several adapters are ``multiple``."""
+    from otel_llm.core.lora import AdapterNames, AdapterStepMetrics
+
+    reader = InMemoryMetricReader()
+    names, labels = AdapterNames(), AdapterLabels(cap=1)
+    metrics = AdapterStepMetrics(MeterProvider(metric_readers=[reader]).get_meter("t"), names, labels)
+    for i, name in ((1, "first"), (2, "second"), (3, sc.LORA_MULTIPLE)):
+        names.note(i, name)
+    steps = []
+    for loras in ((1,), (2,), (3,), (1, 2), None):
+        step = StepRecord(ENGINE | len(steps), 1.0, 1.01, [("x", 1, False)])
+        step.loras = loras
+        steps.append(step)
+    assert [metrics.step_label(s) for s in steps] == ["first", sc.LORA_OTHER, sc.LORA_OTHER, sc.LORA_MULTIPLE, None]
+    assert labels.collapsed == 2
+    metrics.record(steps)
+    got = {p.attributes[sc.LORA_NAME]: p.value for p in points_by_name(reader.get_metrics_data())["llm.server.lora.steps"]}
+    assert got == {"first": 2, sc.LORA_OTHER: 3}
+
+
+def test_request_span_carries_its_adapters_load_event():
+    """The step span's ``llm.lora.loaded`` of a request's own adapter, in a step that served it, is on the
+    request span too: same name, attributes and time; not the other adapter's, nor the eviction."""
+    _, spans, _ = _adapter_run()
+    requests = {s.attributes.get(sc.RESPONSE_ID): s for s in spans if s.parent is None
+                and s.name != sc.SPAN_ENGINE_STEP}
+    step_loads = {e.attributes[sc.LORA_ID]: e for s in spans if s.name == sc.SPAN_ENGINE_STEP
+                  for e in s.events if e.name == sc.LORA_EVENT_LOADED}
+    assert set(step_loads) == {1, 2}
+    for rid, lora in (("a", 1), ("b", 2)):
+        (event,) = requests[rid].events
+        assert event.name == sc.LORA_EVENT_LOADED
+        assert dict(event.attributes) == dict(step_loads[lora].attributes)
+        # the same engine stamp; each span's materialization reads wall - monotonic itself (core/clock.py: the
+        # reads differ by ~100 ns, by a time slice when descheduled), so the two agree within that, not exactly
+        assert abs(event.timestamp - step_loads[lora].timestamp) < 50_000_000
+    assert dict(requests["b"].events[0].attributes) == {sc.LORA_ID: 2, sc.LORA_NAME: "adapter-b",
+                                                        sc.LORA_LOAD_TIME: 0.004}
+    assert not requests["c"].events  # the base model's request needed no adapter
+    from otel_llm.core.trace_contract import REQUEST_SPAN  # and the contract declares what they carry
+    for span in requests.values():
+        assert set(span.attributes) <= set(REQUEST_SPAN.attribute_names())
+        assert {e.name for e in span.events} <= set(REQUEST_SPAN.event_names())
+
+
 def test_spec_counts_fast_path_equals_the_loop():
     """spec_counts' C-level path and its loop give the same counts, and every step the fast path does not
     take (a draft invalidated, a request unscheduled or unknown, nothing sampled) still counts as the loop."""

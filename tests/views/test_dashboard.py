@@ -34,13 +34,17 @@ def test_dashboard_model() -> None:
                    "Output tokens/s", "Output characters/s", "Where the time goes", "SLO breaches by cause",
                    "Tail sampling: traces decided", "Collector: spans in and out", "SDK: engine steps",
                    "Engine-step duration by phase", "Step time against phase (latency curve)", "Inter-token latency",
-                   "GPU utilization", "GPU memory used", "GPU power and SM clock"):
+                   "GPU utilization", "GPU memory used", "GPU power and SM clock", "Draft acceptance rate",
+                   "Drafted and accepted tokens/s", "Acceptance by draft position", "Requests by LoRA adapter",
+                   "Output tokens/s by LoRA adapter", "Engine steps by LoRA adapter", "Step time by LoRA adapter",
+                   "Adapter loads and evictions"):
         assert wanted in titles
     # breaches are counted as breaches (one per request and objective), not as requests
     (causes,) = [p for p in panels if p["title"] == "SLO breaches by cause"]
     assert causes["fieldConfig"]["defaults"]["unit"] == "suffix: breaches/s"
     # the SDK's own instruments (engine steps, GPU) carry no model or service label: not filtered by them
-    sdk_only = ("otelcol", "otel_llm_", "llm_server_engine_", "hw_", "llm_gpu_")
+    sdk_only = ("otelcol", "otel_llm_", "llm_server_engine_", "hw_", "llm_gpu_", "llm_server_lora_",
+                "llm_server_spec_decode_position_")
     for p in panels:
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
         for t in p["targets"]:

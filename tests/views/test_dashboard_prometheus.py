@@ -5,6 +5,11 @@ Spans go from the instrumented engine over OTLP/gRPC to the gateway, which deriv
 (100 % of requests: the SDK sends every request, ``sample_rate=1``) and tail-samples into its file
 exporter; the timeline report is then written from that file. Each panel query must parse and return
 data with at least one finite value; a query that returns nothing fails the test.
+
+The speculative-decoding and LoRA panels answer 0 ("or vector(0)") where the features are off, so a second
+engine serves them data of their own: two LoRA adapters with one slot (loads, evictions) and n-gram
+speculation on repetitive prompts; each of those queries, without its "or vector(0)", must return a value
+above 0.
 """
 
 from __future__ import annotations
@@ -59,7 +64,22 @@ PRIMING = 8
 # what the gateway derives from the spans; the SDK's own copies are dropped (its engine-step, GPU and
 # health instruments are served as the SDK serves them)
 GATEWAY_DERIVED = ("gen_ai.*", *(spec.name for spec in m.SERVER_HISTOGRAMS), m.INTER_TOKEN_LATENCY.name,
-                   m.TOKEN_USAGE, m.OUTPUT_CHARACTERS, m.REQUESTS, m.GOOD_REQUESTS, m.SLO_BREACHES)
+                   m.TOKEN_USAGE, m.OUTPUT_CHARACTERS, m.REQUESTS, m.GOOD_REQUESTS, m.SLO_BREACHES, m.SPEC_TOKENS)
+# the features' engine: one LoRA slot (two adapters take turns: loads and evictions) and n-gram drafts
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+FEATURE_ENGINE = dict(enable_lora=True, max_loras=1, max_lora_rank=scenario.LORA_RANK, speculative_config=NGRAM)
+
+
+def feature_workload(prefix: str, each: int) -> list[scenario.Arrival]:
+    """``each`` requests per adapter and of the base model, repetitive prompts (the drafter's food)."""
+    return [scenario.Arrival(0, f"{prefix}{adapter or 'base'}-{i}", 24, 16, adapter=adapter, period=4)
+            for i in range(each) for adapter in (*scenario.ADAPTERS, None)]
+
+
+def feature_queries() -> list[tuple[str, str]]:
+    """(panel title, query without its "or vector(0)") of the speculative-decoding and LoRA rows."""
+    return [(spec.title, q.expr.removesuffix(" or vector(0)")) for _, panels in dashboard.FEATURE_ROWS
+            for spec in panels for q in spec.queries]
 RANGE = "5m"  # for $__rate_interval: covers the whole load at query time
 
 
@@ -167,6 +187,20 @@ scrape_configs:
                 raise AssertionError(f"Prometheus never saw {missing()}") from None
             finished = scenario.drive(llm.llm_engine, WORKLOAD)
             assert otel_llm.flush(60)
+            # the features' engine, built instrumented (its step hooks armed), primed the same way
+            from support.engine import make_llm
+
+            features = make_llm(**FEATURE_ENGINE)
+            adapters = scenario.adapter_requests(tmp / "adapters")
+            for wave in range(2):  # two turns of each adapter in the slot: each adapter's eviction series too
+                scenario.drive(features.llm_engine, feature_workload(f"fprime{wave}-", 1), adapters)
+            assert otel_llm.flush(60) and tracer_provider.force_flush(60_000)
+            wait_for(lambda: all(finite(api.query(concrete(q))) for _, q in feature_queries()),
+                     "Prometheus to have scraped every series the feature panels read")
+            feature_requests = len(feature_workload("f-", 2))
+            assert scenario.drive(features.llm_engine, feature_workload("f-", 2), adapters) == feature_requests
+            assert otel_llm.flush(60)
+            del features
         finally:
             otel_llm.uninstrument()
         assert tracer_provider.force_flush(60_000)
@@ -226,6 +260,20 @@ def test_every_panel_query_returns_data(stack) -> None:
     _, _, first = dashboard.queries()[0]
     name = sorted(metric_names(first.expr))[0]
     assert api.query(concrete(first.expr).replace(name, name + "_misspelt")) == []
+
+
+def test_feature_panels_have_data_of_their_own(stack) -> None:
+    """The speculative-decoding and LoRA queries without their "or vector(0)": each returns a value above 0
+    from the features' engine (acceptance, drafts, requests, tokens, steps, step time, loads, evictions by
+    adapter); the label they group by has the adapters' names where they group by adapter."""
+    api: PromAPI = stack["api"]
+    adapter = dashboard.ADAPTER
+    for title, expr in feature_queries():
+        result = wait_for(lambda: (lambda r: r if any(float(x["value"][1]) > 0 for x in r) else None)(
+            api.query(concrete(expr))), f"a value above 0 for panel {title!r}: {expr}")
+        if f"by ({adapter})" in expr:
+            names = {x["metric"].get(adapter) for x in result if float(x["value"][1]) > 0}
+            assert set(scenario.ADAPTERS) <= names, (title, names)
 
 
 def test_template_variables_have_values(stack) -> None:

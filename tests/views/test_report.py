@@ -15,7 +15,7 @@ from otel_llm import semconv as sc
 from otel_llm.views import chrome_trace
 from otel_llm.views.cli import main
 from otel_llm.views.report import write_report
-from otel_llm.views.timeline import STALL_FACTOR, build
+from otel_llm.views.timeline import STALL_FACTOR, build, features
 from otel_llm.views.traces import TraceFileError, read_spans
 
 DATA = Path(__file__).parent / "data"
@@ -215,3 +215,21 @@ def test_cli_rejects_a_bad_selection_before_writing(tmp_path: Path, capsys) -> N
     assert main(["report", str(SLICE), "-o", str(tmp_path / "y.html"), "--cause", "preemption"]) == 0
     assert "0 slowest of 5 requests (verdict preemption)" in capsys.readouterr().out
     assert "No request in this file matches" in (tmp_path / "y.html").read_text()
+
+
+def test_a_lane_names_its_adapter_and_speculative_acceptance(tmp_path: Path) -> None:
+    """The adapter and the drafted / accepted tokens with the acceptance rate, where the request had them;
+    nothing for a request that had neither; the rate from the counts where the span lacks it."""
+    from feature_slice import write_feature_slice
+
+    ids = write_feature_slice(SLICE, tmp_path / "features.jsonl")
+    t = build(read_spans(tmp_path / "features.jsonl"), top=3)
+    by_key = {lane.key: lane for lane in t.requests}
+    assert by_key[ids[0]].features == "LoRA adapter-a; speculative: drafted 30, accepted 21 (70%)"
+    assert by_key[ids[1]].features == "LoRA adapter-b"
+    assert [lane.features for lane in t.requests if lane.key not in ids] == [""]
+    assert features({sc.SPEC_DRAFT_TOKENS: 8, sc.SPEC_ACCEPTED_TOKENS: 2}) == (
+        "speculative: drafted 8, accepted 2 (25%)")
+    assert features({sc.SPEC_DRAFT_TOKENS: 0, sc.SPEC_ACCEPTED_TOKENS: 0}) == "speculative: drafted 0, accepted 0"
+    names = {e["args"]["name"] for e in chrome_trace.events(t) if e.get("name") == "thread_name"}
+    assert any("LoRA adapter-a; speculative" in n for n in names)

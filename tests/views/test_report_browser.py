@@ -113,3 +113,30 @@ def test_verdicts_axis_tooltips_and_latency_curves_render(browser: Browser, tmp_
     assert shot.stat().st_size > 10_000
     if os.environ.get("OTEL_LLM_SCREENSHOT_PHASES"):
         shutil.copyfile(shot, os.environ["OTEL_LLM_SCREENSHOT_PHASES"])
+
+
+def test_lanes_show_the_adapter_and_speculative_acceptance(browser: Browser, tmp_path: Path) -> None:
+    """A request with an adapter and speculation, one with an adapter only, one with neither: the first two
+    lanes say so in a line of their own (drawn inside their lane) and in their tooltip and table row; the third
+    has no such line."""
+    from feature_slice import write_feature_slice
+
+    ids = write_feature_slice(SLICE, tmp_path / "features.jsonl")
+    written = write_report(tmp_path / "features.jsonl", tmp_path / "features.html", top=3)
+    visit = browser.visit(written.html.resolve().as_uri())
+    assert visit.errors == [] and len(visit.requests) == 1
+    lanes = browser.evaluate(
+        "[...document.querySelectorAll('g.lane.request')].map(g => { const f = g.querySelector('text.feat');"
+        " const bg = g.querySelector('rect.bg').getBoundingClientRect();"
+        " const box = f ? f.getBoundingClientRect() : null;"
+        " return [g.getAttribute('data-key'), f ? f.textContent : null, g.querySelector('rect.bg title').textContent,"
+        " box ? box.top >= bg.top && box.bottom <= bg.bottom + 0.5 && box.width > 0 : null]; })")
+    by_key = {key: (line, tip, inside) for key, line, tip, inside in lanes}
+    line, tip, inside = by_key[ids[0]]
+    assert line == "LoRA adapter-a; speculative: drafted 30, accepted 21 (70%)" and line in tip and inside
+    line, tip, inside = by_key[ids[1]]
+    assert line == "LoRA adapter-b" and line in tip and inside
+    (other,) = [v for k, v in by_key.items() if k not in ids]
+    assert other[0] is None and "LoRA" not in other[1] and "speculative" not in other[1]
+    table = browser.evaluate("document.querySelector('table tbody').innerText")
+    assert "LoRA adapter-a; speculative: drafted 30, accepted 21 (70%)" in table and "LoRA adapter-b" in table

@@ -65,9 +65,11 @@ def run(otel, tmp_path_factory):
         requests = otel.histogram("llm.server.requests")
         loads = otel.histogram("llm.server.lora.load.duration")
         evictions = otel.histogram("llm.server.lora.evictions")
+        step_counts = otel.histogram("llm.server.engine.steps")
+        adapter_steps = otel.histogram("llm.server.lora.steps")
         del telemetry.add_step
         del llm
-    return Run(outputs, loras, spans, requests, records, cache_log, loads, evictions)
+    return Run(outputs, loras, spans, requests, records, cache_log, loads, evictions, step_counts, adapter_steps)
 
 
 class Run(NamedTuple):
@@ -79,6 +81,8 @@ class Run(NamedTuple):
     cache_log: list  # vLLM's own adapter cache, watched in the worker: ("loaded" | "evicted", adapter id)
     loads: list
     evictions: list
+    step_counts: list  # llm.server.engine.steps' points
+    adapter_steps: list  # llm.server.lora.steps' points
 
 
 def test_request_spans_and_metrics_name_the_adapter(run):
@@ -180,3 +184,46 @@ def test_step_spans_carry_the_load_and_evict_events(run):
                 assert (sc.LORA_LOAD_TIME in e.attributes) == (e.name == sc.LORA_EVENT_LOADED)
         seen += got
     assert len(seen) == len(run.cache_log), "every step that loaded an adapter served a kept request"
+
+
+def test_step_metrics_count_each_step_under_its_adapter(run):
+    """Every step record that served requests is counted once in the step metrics, under the adapter it ran
+    (none for the base model's steps); with one LoRA slot no step ran two adapters, so the adapter-scoped
+    counter holds the same counts."""
+    expected = {}
+    for r in run.records:
+        if r.ids:
+            assert r.loras is None or len(r.loras) == 1
+            key = NAMES[r.loras[0]] if r.loras else None
+            expected[key] = expected.get(key, 0) + 1
+    got = {}
+    for p in run.step_counts:
+        key = p.attributes.get(sc.LORA_NAME)
+        got[key] = got.get(key, 0) + p.value
+    # (the base model's requests share steps with the first adapter's: whether any step ran them alone is the
+    # scheduler's choice, so the base model's key may be missing)
+    assert got == expected and {"adapter-a", "adapter-b"} <= set(expected)
+    assert {p.attributes[sc.LORA_NAME]: p.value for p in run.adapter_steps} == {
+        k: v for k, v in expected.items() if k is not None}
+
+
+def test_request_spans_carry_their_adapters_loads(run):
+    """Each load of an adapter is on the request spans of that adapter's requests that its step served (at
+    least one: the load was for them), with the step event's attributes; no other request carries it. The
+    last request, alone in its call, reloaded the first adapter: that load is on its span."""
+    from otel_llm.core.lora import LORA_LOADED
+
+    trees = request_trees(run.spans)
+    loads = [e for e in _events(run.records) if e.kind == LORA_LOADED]
+    seen = set()
+    for o, lora in zip(run.outputs, run.loras):
+        events = [e for e in trees[o.request_id].span.events if e.name == sc.LORA_EVENT_LOADED]
+        if lora is None:
+            assert not events
+            continue
+        for e in events:
+            assert (e.attributes[sc.LORA_ID], e.attributes[sc.LORA_NAME]) == (lora.lora_int_id, lora.lora_name)
+            seen.add((e.attributes[sc.LORA_ID], e.attributes[sc.LORA_LOAD_TIME]))
+    assert seen == {(e.lora_id, e.seconds) for e in loads}
+    (last,) = [e for e in trees[run.outputs[-1].request_id].span.events if e.name == sc.LORA_EVENT_LOADED]
+    assert last.attributes[sc.LORA_LOAD_TIME] == loads[-1].seconds and loads[-1].lora_id == 1

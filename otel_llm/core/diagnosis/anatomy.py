@@ -18,7 +18,7 @@ The roofline takes model time as the measured time where present, else execute t
 from __future__ import annotations
 
 from itertools import repeat
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ... import semconv as sc
 from ..metrics import SPEC_POSITION_TOKENS, STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
@@ -43,6 +43,7 @@ _PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), (
           ("output", "output_s"), ("idle", "idle_s"))
 _OPTIONAL_PARTS = tuple((i, attr) for i, (_, attr) in enumerate(_PARTS) if attr)  # (index, field) but total
 _INF = float("inf")
+_UNSEEN: Any = object()
 
 
 def work(step: StepRecord) -> list[tuple[int, int]]:
@@ -98,10 +99,11 @@ class StepDiagnosis:
             self._mbu = create(meter, STEP_MBU)
             self._steps = create(meter, STEPS)
             self._positions = create(meter, SPEC_POSITION_TOKENS)
-        # (instrument, phase, part, bound) -> a recorder bound to that label set: a step's metrics are
+        # (instrument, phase, part, bound, adapter) -> a recorder bound to that label set: a step's metrics are
         # six calls, each through the SDK's public API several times what the step's bookkeeping costs
         self._recorders: dict[tuple, Any] = {}
-        self._counts: dict[tuple[str, str], Any] = {}  # (phase, part) -> bucket-counts recorder, False: none
+        # (phase, part, adapter) -> bucket-counts recorder, False: none
+        self._counts: dict[tuple[str, str, str | None], Any] = {}
 
     def configure(self, shape: ModelShape | None, peaks: DevicePeaks | None) -> None:
         self.shape, self.peaks = shape, peaks
@@ -157,20 +159,31 @@ class StepDiagnosis:
                 out.update(samples[0].attributes())
         return out
 
-    def record(self, steps: Sequence[StepRecord]) -> None:
-        """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU. The durations of the
-        batch go to each (phase, part) series as bucket counts in one call (``_add_durations``), the
-        step counts as one add per (phase, bound): a handful of calls a batch, not six a step."""
+    def record(self, steps: Sequence[StepRecord],
+               adapter: Callable[[StepRecord], str | None] | None = None) -> None:
+        """Metrics of a batch of steps: time by part and phase, bound, MFU and MBU, and by ``adapter(step)``,
+        the step's bounded LoRA adapter label (None: no label; core/lora.py ``AdapterStepMetrics.step_label``).
+        The durations of the batch go to each (phase, part, adapter) series as bucket counts in one call
+        (``_add_durations``), the step counts as one add per (phase, bound, adapter): a handful of calls a
+        batch, not six a step."""
         if self._meter is None:
             return
         rec = self._recorder
-        values: dict[str, list[list[float]]] = {}  # phase -> values per part, in _PARTS' order
-        counted: dict[tuple[str, str], int] = {}
+        values: dict[tuple[str, str | None], list[list[float]]] = {}  # (phase, adapter) -> values per part
+        counted: dict[tuple[str, str, str | None], int] = {}
+        labels: dict[tuple[int, ...], str | None] = {}  # a batch's steps mostly repeat their adapter sets
         for step in steps:
             phase = step.phase
-            by_part = values.get(phase)
+            loras = step.loras
+            if loras and adapter is not None:
+                lora = labels.get(loras, _UNSEEN)
+                if lora is _UNSEEN:
+                    lora = labels[loras] = adapter(step)
+            else:
+                lora = None
+            by_part = values.get((phase, lora))
             if by_part is None:
-                by_part = values[phase] = [[] for _ in _PARTS]
+                by_part = values[phase, lora] = [[] for _ in _PARTS]
             by_part[0].append(step.end - step.start)
             for i, attr in _OPTIONAL_PARTS:
                 value = getattr(step, attr)
@@ -178,16 +191,16 @@ class StepDiagnosis:
                     by_part[i].append(value)
             r = self.roofline(step)
             bound = r.bound if r is not None else "unknown"
-            counted[phase, bound] = counted.get((phase, bound), 0) + 1
+            counted[phase, bound, lora] = counted.get((phase, bound, lora), 0) + 1
             if r is not None and r.mfu is not None:
-                rec(self._mfu, phase, None, bound)(r.mfu, None)
-                rec(self._mbu, phase, None, bound)(r.mbu, None)
-        for phase, by_part in values.items():
+                rec(self._mfu, phase, None, bound, lora)(r.mfu, None)
+                rec(self._mbu, phase, None, bound, lora)(r.mbu, None)
+        for (phase, lora), by_part in values.items():
             for (part, _), got in zip(_PARTS, by_part):
                 if got:
-                    self._add_durations(phase, part, got)
-        for (phase, bound), n in counted.items():
-            rec(self._steps, phase, None, bound)(n, None)
+                    self._add_durations(phase, part, got, lora)
+        for (phase, bound, lora), n in counted.items():
+            rec(self._steps, phase, None, bound, lora)(n, None)
         self._record_positions(steps)
 
     def _record_positions(self, steps: Sequence[StepRecord]) -> None:
@@ -215,17 +228,17 @@ class StepDiagnosis:
                         self._positions, {sc.SPEC_POSITION: i, sc.SPEC_TOKEN_KIND: kind})
                 record(n, None)
 
-    def _add_durations(self, phase: str, part: str, values: list[float]) -> None:
-        """Values of one (phase, part) series: bucket counts, sum, min and max added to the SDK's
+    def _add_durations(self, phase: str, part: str, values: list[float], lora: str | None = None) -> None:
+        """Values of one (phase, part, adapter) series: bucket counts, sum, min and max added to the SDK's
         aggregation at once where the recorder can (exactly what recording each would give), else
         one record each (another metrics SDK, a view, a value the SDK refuses: negative, NaN)."""
-        key = (phase, part)
+        key = (phase, part, lora)
         counts_of = self._counts.get(key)
         if counts_of is None:
-            counts_of = bind_counts(self._duration, self._attrs(phase, part), STEP_TIME_BUCKETS)
+            counts_of = bind_counts(self._duration, self._attrs(phase, part, None, lora), STEP_TIME_BUCKETS)
             self._counts[key] = counts_of = counts_of if fast_path(counts_of) else False
         if counts_of is False or not all(0 <= v < _INF for v in values):
-            record = self._recorder(self._duration, phase, part)
+            record = self._recorder(self._duration, phase, part, None, lora)
             for v in values:
                 record(v, None)
             return
@@ -236,15 +249,18 @@ class StepDiagnosis:
         s = sorted_gap_summary(sorted(values), total, STEP_TIME_BUCKETS)
         counts_of(s.counts, s.total, s.lo, s.hi)
 
-    def _recorder(self, instrument: Any, phase: str, part: str | None, bound: str | None = None) -> Any:
-        key = (id(instrument), phase, part, bound)
+    def _recorder(self, instrument: Any, phase: str, part: str | None, bound: str | None = None,
+                  lora: str | None = None) -> Any:
+        key = (id(instrument), phase, part, bound, lora)
         found = self._recorders.get(key)
         if found is None:
-            found = self._recorders[key] = bind_value(instrument, self._attrs(phase, part, bound))
+            found = self._recorders[key] = bind_value(instrument, self._attrs(phase, part, bound, lora))
         return found
 
-    def _attrs(self, phase: str, part: str | None, bound: str | None = None) -> dict[str, str]:
-        key = (phase, part, bound)
+    def _attrs(self, phase: str, part: str | None, bound: str | None = None,
+               lora: str | None = None) -> dict[str, str]:
+        """A label set (bounded: phases, parts, bounds and the adapter labels' cap + 2 values)."""
+        key = (phase, part, bound, lora)
         found = self._bound.get(key)
         if found is None:
             found = {sc.STEP_PHASE: phase}
@@ -252,6 +268,8 @@ class StepDiagnosis:
                 found[sc.STEP_PART] = part
             if bound is not None:
                 found[sc.STEP_BOUND] = bound
+            if lora is not None:
+                found[sc.LORA_NAME] = lora
             self._bound[key] = found
         return found
 
