@@ -1,4 +1,4 @@
-"""The core's costs, measured without an engine: two sections, each writing the file named by what it measures.
+"""The core's costs, measured without an engine: three sections, each writing the file named by what it measures.
 
 * ``metrics`` (results/metrics_record_cost.json): what one finished request's metrics cost on the
   OpenTelemetry SDK: the public API against the bound recorders of ``otel_llm/core/sdk_metrics.py`` (the
@@ -12,8 +12,14 @@
      of interleaved repeats.
   2. ``decide()`` for a request that waited 500 steps and decoded 1,000, and one that decoded 2,500, in a
      window of 8,192 steps; per verdict and per step of the request's life.
+* ``step_metrics`` (results/step_metrics_cost.json): the engine-step metrics, as the materializer thread
+  records them (``StepDiagnosis.record`` and the adapters' ``AdapterStepMetrics.record``, on the
+  pipeline's own instruments), for batches of 32 decode steps at batch 64: steps of the base model, of
+  one LoRA adapter and of two (labelled ``multiple``, and one adapter-steps point each). Interleaved
+  rounds, thread CPU per step; medians and the spread between rounds, and the adapters' cost as the
+  median of per-round differences to the base model's steps.
 
-Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict]
+Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics]
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillC
 RESULTS = Path(__file__).parent / "results"
 TOKENS = 128
 ENGINE = 1 << 32
-SECTIONS = ("metrics", "verdict")
+SECTIONS = ("metrics", "verdict", "step_metrics")
 
 
 # -- metrics: one finished request's metrics ----------------------------------------------------------
@@ -205,6 +211,60 @@ def verdict() -> None:
     (RESULTS / "verdict_cost.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
+# -- step_metrics: the engine-step metrics by adapter ---------------------------------------------------
+
+STEP_ADAPTERS = {"base model": None, "one adapter": (1,), "two adapters": (1, 2)}
+
+
+def step_batch(loras: tuple[int, ...] | None, first: int, batch: int = 64, steps: int = 32) -> list[StepRecord]:
+    ids = [f"r{i}" for i in range(batch)]
+    out = []
+    for i in range(steps):
+        t = 100.0 + (first + i) * 0.01
+        step = StepRecord.of_lists(ENGINE | (first + i), t, t + 0.008, ids, None, (), batch, 0, 0, 0.5)
+        step.schedule_s, step.execute_s, step.output_s = 0.0002, 0.0075, 0.0003
+        step.loras = loras
+        out.append(step)
+    return out
+
+
+def step_metrics() -> None:
+    tele = Pipeline(Config.resolve({}, environ={}), TracerProvider().get_tracer("b"),
+                    MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("b"), "bench")
+    tele.adapters.note(1, "adapter-a")
+    tele.adapters.note(2, "adapter-b")
+    batches, per_batch = 200, 32
+    samples: dict[str, list[float]] = {name: [] for name in STEP_ADAPTERS}
+    first = 0
+    for round_ in range(11):
+        order = list(STEP_ADAPTERS.items())
+        if round_ % 2:
+            order.reverse()
+        for name, loras in order:
+            work = [step_batch(loras, first + b * per_batch) for b in range(batches)]
+            first += batches * per_batch
+            c0 = time.thread_time_ns()
+            for steps in work:
+                tele.diagnosis.record(steps, tele.adapter_steps.step_label)
+                tele.adapter_steps.record(steps)
+            samples[name].append((time.thread_time_ns() - c0) / (batches * per_batch) / 1000)
+    tele.close(1.0)
+    base = samples["base model"]
+    out: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                 "python": platform.python_version(), "load_average_1m": round(os.getloadavg()[0], 1),
+                 "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": len(base),
+                 "batch": 64, "steps_per_record_call": per_batch, "us_per_step": {}, "added_us_per_step": {}}
+    for name, got in samples.items():
+        out["us_per_step"][name] = {"median": round(statistics.median(got), 3),
+                                    "min": round(min(got), 3), "max": round(max(got), 3)}
+        if name != "base model":
+            diffs = [a - b for a, b in zip(got, base)]
+            out["added_us_per_step"][name] = {"median": round(statistics.median(diffs), 3),
+                                              "min": round(min(diffs), 3), "max": round(max(diffs), 3)}
+    print(json.dumps(out, indent=1))
+    (RESULTS / "step_metrics_cost.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
@@ -215,7 +275,7 @@ def main() -> None:
         ap.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
     RESULTS.mkdir(exist_ok=True)
     for name in chosen:
-        {"metrics": metrics, "verdict": verdict}[name]()
+        {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics}[name]()
 
 
 if __name__ == "__main__":
