@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Literal
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from .. import semconv as sc
-from ..guard import GUARD
+from ..guard import Guard
 from .metrics import InstrumentSpec
 
 STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", sc.ENGINE
@@ -34,8 +34,9 @@ ERRORS = InstrumentSpec("otel_llm.errors", "{error}", "Instrumentation errors ca
 SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, SPANS_DROPPED, ERRORS)
 
 
-def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> None:
-    """Observable counters over ``stats()`` (Pipeline.stats)."""
+def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]], guard: Guard) -> None:
+    """Observable counters over ``stats()`` (Pipeline.stats) and ``guard``'s errors (the pipeline owner's: each
+    instrumentor's meter reports its own, so the counters of all of them add up to ``otel_llm.stats()``)."""
 
     def by_state(prefix: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -52,7 +53,7 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> 
         return observe
 
     def errors(options: CallbackOptions) -> Iterable[Observation]:
-        for site, n in list(GUARD.errors.items()):
+        for site, n in list(guard.errors.items()):
             yield Observation(n, {SITE: site})
 
     for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
