@@ -52,14 +52,21 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]], gua
                 yield Observation(value, {ENGINE: engine})
         return observe
 
+    for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
+                           (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped"))):
+        meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
+    register_errors(meter, guard)
+
+
+def register_errors(meter: Meter, guard: Guard) -> None:
+    """The ``otel_llm.errors`` counter over ``guard``'s errors, by site (an instrumentor without a pipeline,
+    the openai client's, registers this alone)."""
+
     def errors(options: CallbackOptions) -> Iterable[Observation]:
         for site, n in list(guard.errors.items()):
             yield Observation(n, {SITE: site})
 
-    for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
-                           (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped")),
-                           (ERRORS, errors)):
-        meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
+    meter.create_observable_counter(ERRORS.name, [errors], unit=ERRORS.unit, description=ERRORS.description)
 
 
 # -- the collector's (otel-llm-collector's) own telemetry -------------------------------------------

@@ -157,3 +157,25 @@ def test_the_vllm_instrumentor_hands_its_guard_to_what_it_builds(monkeypatch, tm
     finally:
         inst.uninstrument()
 
+
+def test_the_openai_instrumentor_counts_its_errors_on_its_own_meter(owners):
+    pytest.importorskip("openai")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from support.metrics import points_by_name
+
+    openai_inst, _ = owners
+    if openai_inst.is_instrumented_by_opentelemetry:
+        pytest.skip("instrumented by another test: its meter was bound then")
+    reader = InMemoryMetricReader()
+    openai_inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]))
+    try:
+        guard = openai_inst.guard
+        assert openai_inst.telemetry.guard is guard and openai_inst.lifecycle.guard is guard
+        assert openai_inst._table.guard is guard
+        guard.failed("a test site", RuntimeError("ours"))
+        (point,) = points_by_name(reader.get_metrics_data())["otel_llm.errors"]
+        assert point.value == 1 and dict(point.attributes) == {"otel_llm.site": "a test site"}
+    finally:
+        openai_inst.uninstrument()

@@ -19,6 +19,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
+from ...core import self_metrics
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...guard import GuardOwner
 from ...lifecycle import Lifecycle
@@ -51,6 +52,7 @@ class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
         tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__)
         meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__)
         self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo), self.guard)
+        self_metrics.register_errors(meter, self.guard)  # its errors, on its own meter (the pipelines do the same)
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
                            (APIResponse, AsyncAPIResponse))
         chat, completions, responses, embeddings = (
