@@ -182,7 +182,8 @@ class Senders:
 def senders_of(tracer: Any, guard: Guard) -> Senders | None:
     """Senders for every processor of this SDK tracer's provider, if each is the SDK's batch or
     simple processor around the SDK's OTLP exporter; else None (the SDK path is used). A moved
-    internal is logged once as a warning (by ``guard``, the owner's): direct export is then off, which costs CPU, not spans."""
+    internal is logged once as a warning (by ``guard``, the owner's): direct export is then off, which costs
+    CPU, not spans."""
     try:
         found = senders_of_strict(tracer)
         return found if found.sends else None

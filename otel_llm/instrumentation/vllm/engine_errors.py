@@ -2,10 +2,10 @@
 
 Our hooks in the EngineCore catch their own errors (the guard of the plugin's ``EngineSide``) so that vLLM
 runs on; but that process's counts are invisible to the frontend, and a step whose hook failed sends no step
-record, so the loss would be silent. The EngineCore therefore sends a **control record** on the step socket whenever its counts
-change (at most every ``ErrorReporter.MIN_INTERVAL_S``; a change held back is sent at the next record or
-the sink's once-a-second rescan): its pid and its cumulative count per site, JSON after one marker byte
-that no step record starts with (step_wire's first byte is its version, a small number). The frontend
+record, so the loss would be silent. The EngineCore therefore sends a **control record** on the step socket
+whenever its counts change (at most every ``ErrorReporter.MIN_INTERVAL_S``; a change held back is sent at
+the next record or the sink's once-a-second rescan): its pid and its cumulative count per site, JSON after
+one marker byte that no step record starts with (step_wire's first byte is its version, a small number). The frontend
 (``ErrorRelay``) adds each site's increase to its instrumentor's guard as ``EngineCore: <site>``, so it
 shows in ``otel_llm.stats()["errors"]`` and the ``otel_llm.errors`` counter. JSON, never pickle: a
 frontend executes nothing that arrives on its socket; an unreadable control record is counted as malformed.

@@ -31,7 +31,7 @@ class EngineSide:
       worker side, whose figures ride on each step's output.
 
     Nothing here needs an exit hook: the process's sockets and shared memory go with it. ``guard`` counts
-    the errors of everything it armed; the EngineCore's and the worker's reach the frontends' stats() (engine_errors.py)."""
+    the errors of everything it armed; they reach the frontends' stats() (engine_errors.py)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
