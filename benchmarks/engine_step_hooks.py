@@ -134,9 +134,10 @@ class Wired:
         self.scheduler = Scheduler()
         self.scheduler.__dict__.update(vars(scene.scheduler))
         if schedule is not None:
+            from otel_llm.guard import Guard
             from otel_llm.instrumentation.wraps import Target, WrapTable
             WrapTable([Target(name, "Scheduler.schedule", schedule, plain=True),
-                       Target(name, "Scheduler.update_from_output", update, plain=True)]).wrap()
+                       Target(name, "Scheduler.update_from_output", update, plain=True)], Guard()).wrap()
 
 
 def steps_ns(wired: Wired, scene: Scene, steps: int, drain: Callable[[], None]) -> list[int]:
@@ -184,7 +185,7 @@ def worker_ns(n: int = 20000) -> dict:
     name, wrapped = stand_ins("wrapped")
     facts = WorkerFacts()
     WrapTable([Target(name, "Runner.add_adapter", facts.add_adapter, plain=True),
-               Target(name, "Runner.propose_draft_token_ids", facts.propose, plain=True)]).wrap()
+               Target(name, "Runner.propose_draft_token_ids", facts.propose, plain=True)], facts.guard).wrap()
     request = types.SimpleNamespace(lora_int_id=1)
     b, w = bare(), wrapped()
     timer = ModelTimer()

@@ -302,7 +302,7 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
     finally:
         hooks.sink = None
         receiver.close()
-    if len(got) < steps:  # the hooks failed on the stand-ins (GUARD counted it): no figure rather than a wrong one
+    if len(got) < steps:  # the hooks failed on the stand-ins (their guard counted it): no figure, not a wrong one
         return {"error": f"{len(got)} step records received for {steps} steps"}
     return {"batch": batch, "bare_us": round(bare, 2), "disarmed_us": round(disarmed, 2), "armed_us": round(armed, 2),
             "hooks_us_per_step": round(armed - bare, 2), "records_received": len(got)}

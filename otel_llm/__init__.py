@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 from .core.config import Config, Detail
@@ -96,20 +97,28 @@ def flush(timeout: float = 10.0) -> bool:
 
 
 def stats() -> dict[str, Any]:
-    """What happened to the telemetry so far, per instrumented engine, plus the errors we caught.
+    """What happened to the telemetry so far, per instrumented engine, plus the errors we caught (every
+    instrumentor's guard, summed by site).
 
     ``{"vllm": {"requests_finished": 120, "requests_kept": 9, "direct_spans_sent": 1032, ...},
     "errors": {"site": count}}``. The same numbers are observable counters named ``otel_llm.*``
     on the meter provider (see docs/export.md and docs/troubleshooting.md).
     """
-    from .guard import GUARD
+    from .guard import total
 
     out: dict[str, Any] = {}
+    guards = []  # each owner's: the instrumentors', and the vLLM plugin's in a process vLLM spawned
     for package, path in _INSTRUMENTORS.items():
         if not _available(package):
             continue
-        telemetry = getattr(_instrumentor(path), "telemetry", None)
+        inst = _instrumentor(path)
+        guards.append(inst.guard)
+        telemetry = getattr(inst, "telemetry", None)
         if telemetry is not None and hasattr(telemetry, "stats"):
             out[package] = telemetry.stats()
-    out["errors"] = dict(GUARD.errors)
+    plugin = sys.modules.get("otel_llm.instrumentation.vllm.plugin")  # imported only where vLLM loaded it
+    side = plugin.engine_side() if plugin is not None else None
+    if side is not None:
+        guards.append(side.guard)
+    out["errors"] = total(guards)
     return out

@@ -1,10 +1,17 @@
-"""Telemetry never breaks inference: our errors are caught, logged once per site, and counted."""
+"""Telemetry never breaks inference: our errors are caught, logged once per site, and counted.
+
+A ``Guard`` belongs to an owner, never to the module: each frontend instrumentor holds one (``GuardOwner``;
+the instrumentor is a singleton, so one per process and kind), as does the object the vLLM plugin makes in a
+spawned EngineCore or worker (``plugin.EngineSide``). The owner hands it by constructor to what it builds;
+``otel_llm.stats()`` sums the guards of the owners alive in the process (``total``).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Callable
+from functools import cached_property
+from typing import Callable, Iterable
 
 logger = logging.getLogger("otel_llm")
 
@@ -18,7 +25,7 @@ class Guard:
 
     def warn_once(self, key: str, message: str, *args: object) -> bool:
         """Log ``message`` as a warning the first time ``key`` is told; True then. A feature we had to turn
-        off is said once per process, not per request."""
+        off is said once per owner (an instrumentor: once per process), not per request."""
         if key in self.told:
             return False
         self.told.add(key)
@@ -39,4 +46,18 @@ class Guard:
                 pass
 
 
-GUARD = Guard()
+class GuardOwner:
+    """Mixin for an owner made once and kept (a ``BaseInstrumentor``, a singleton, has no ``__init__`` of
+    its own to make it in): its guard, made on first use and kept for the owner's life."""
+
+    @cached_property
+    def guard(self) -> Guard:
+        return Guard()
+
+
+def total(guards: Iterable[Guard]) -> dict[str, int]:
+    """The errors of several guards, summed site by site: what ``otel_llm.stats()["errors"]`` shows."""
+    out: Counter[str] = Counter()
+    for guard in guards:
+        out.update(guard.errors)
+    return dict(out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 from typing import Callable
 
-from .guard import GUARD
+from .guard import Guard
 
 # The stages an owner closes things in, first to last (within a stage: the order they were added).
 TELEMETRY, PROVIDERS, SOCKETS, DIRECTORIES = STAGES = range(4)
@@ -20,7 +20,8 @@ TELEMETRY, PROVIDERS, SOCKETS, DIRECTORIES = STAGES = range(4)
 class Lifecycle:
     """Named closers, run in order at exit (one ``atexit`` hook for all of them) or earlier, by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard  # the owner's: a closer that fails is counted there
         self._closers: dict[str, tuple[int, Callable[[], object]]] = {}  # name -> (stage, closer)
         self._hooked = False
 
@@ -47,23 +48,22 @@ class Lifecycle:
         held = self._closers.pop(what, None)
         self._unhook_if_empty()
         if held is not None:
-            _run(what, held[1])
+            self._run(what, held[1])
 
     def close_all(self) -> None:
         """Close everything, in order, and remove the exit hook (what runs at exit)."""
         closers, self._closers = self._closers, {}
         self._unhook_if_empty()
         for what, (_, close) in sorted(closers.items(), key=lambda item: item[1][0]):  # a stable sort
-            _run(what, close)
+            self._run(what, close)
 
     def _unhook_if_empty(self) -> None:
         if self._hooked and not self._closers:
             atexit.unregister(self.close_all)
             self._hooked = False
 
-
-def _run(what: str, close: Callable[[], object]) -> None:
-    try:
-        close()
-    except Exception as exc:  # one closer failing leaves the others to run
-        GUARD.failed(f"closing {what}", exc)
+    def _run(self, what: str, close: Callable[[], object]) -> None:
+        try:
+            close()
+        except Exception as exc:  # one closer failing leaves the others to run
+            self.guard.failed(f"closing {what}", exc)

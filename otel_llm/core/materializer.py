@@ -18,13 +18,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..guard import GUARD
+from ..guard import Guard
 
 
 class Materializer:
-    def __init__(self, work: Callable[[Any], None], max_jobs: int = 4096, name: str = "otel-llm-spans",
+    def __init__(self, work: Callable[[Any], None], guard: Guard, max_jobs: int = 4096, name: str = "otel-llm-spans",
                  idle: Callable[[], None] | None = None, idle_s: float = 0.05) -> None:
         self._work = work
+        self._guard = guard  # its owner's: a job that raises is counted there
         # called on this thread after ``idle_s`` without a job (and only then): work that must happen now
         # and then even while nothing is submitted (reading the engine's step ring before it fills)
         self._idle = idle
@@ -92,13 +93,13 @@ class Materializer:
                 try:
                     self._idle()
                 except Exception as exc:  # a bug of ours costs this round of idle work, nothing more
-                    GUARD.failed("background idle work", exc)
+                    self._guard.failed("background idle work", exc)
                 job = None
                 continue
             try:
                 self._work(job)
             except Exception as exc:  # a bug of ours costs this request's spans, nothing more
-                GUARD.failed("span materializer", exc)
+                self._guard.failed("span materializer", exc)
             # Between jobs, the engine's thread gets the GIL back (see spans.yield_gil) once ~0.3 ms of work
             # ran since the last offer: offering it after every job (most take tens of µs) cost two thread
             # switches a finished request when the engine's thread was busy, more CPU than the job itself

@@ -23,7 +23,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import StepDiagnosis
-from ..guard import GUARD
+from ..guard import Guard
 from .inter_token import gap_summary
 from .lora import AdapterNames, AdapterStepMetrics, request_load_events, span_parts
 from .materializer import Materializer
@@ -109,13 +109,16 @@ class Pipeline:
     settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
 
     def __init__(self, config: Config, tracer: Tracer, meter: Meter, engine: str,
-                 router: RouterFactory | None = None) -> None:
+                 router: RouterFactory | None = None, guard: Guard | None = None) -> None:
         """``router``: how spans reach export (``otel_llm.otlp.routes.Router``, which the instrumentors hand
-        over: the OTLP wire route where the provider allows); without one, the public API's routes."""
+        over: the OTLP wire route where the provider allows); without one, the public API's routes.
+        ``guard``: the owner's (the instrumentor's), which counts every error caught here and in what the
+        pipeline builds (its own where it is built alone, as in tests)."""
         self.config = config
         self.engine = engine
+        self.guard = guard = guard if guard is not None else Guard()
         self.spans = SpanBuilder(tracer, config.direct_export, config.max_spans_per_request,
-                                 config.engine_step_service, router)
+                                 config.engine_step_service, router, guard)
         self.metrics = ServerMetrics(meter, config.slo)
         causes: list[Policy] = [ErrorPolicy("error"), SLOPolicy(config.slo)]
         if config.tail_quantile > 0:
@@ -138,7 +141,7 @@ class Pipeline:
         self._steps_lock = threading.Lock()  # the engine's thread adds steps, the materializer settles them
         self.counts = Counts()
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
-        self.diagnosis = StepDiagnosis(meter)
+        self.diagnosis = StepDiagnosis(meter, guard)
         self._step_metrics: list[StepRecord] = []  # steps whose metrics this frontend records, in batches
         # deferred step reading: where this thread reads the engine's step records (None: they are handed to
         # add_step by the adapter, on the engine's output thread), and the requests a step may serve: with
@@ -147,9 +150,9 @@ class Pipeline:
         self._tracked: dict[str, RequestTimeline] = self.requests
         # only deferred reading wakes the thread while nothing is submitted (each wake-up costs CPU)
         deferred = config.step_reading == "deferred"
-        self.materializer = Materializer(self._materialize, name=f"otel-llm-{engine}",
+        self.materializer = Materializer(self._materialize, guard, name=f"otel-llm-{engine}",
                                          idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
-        self_metrics.register(meter, engine, self.stats)
+        self_metrics.register(meter, engine, self.stats, guard)
 
     def stats(self) -> dict[str, int]:
         """What happened to the telemetry so far: requests kept, spans sent and dropped (counts)."""
@@ -253,7 +256,7 @@ class Pipeline:
             try:
                 source(self.add_step)
             except Exception as exc:  # a bug of ours costs steps (the verdict says unknown), nothing more
-                GUARD.failed("step receiver (deferred)", exc)
+                self.guard.failed("step receiver (deferred)", exc)
 
     def _lose(self, step: StepRecord) -> bool:
         """``step`` leaves the buffer (under the lock): the requests it served that are still to settle lose
@@ -273,11 +276,11 @@ class Pipeline:
         parent = trace.get_current_span(t.parent).get_span_context() if t.parent is not None else None
         if parent is not None and parent.is_valid and not parent.trace_flags.sampled:
             # the caller chose not to trace: no spans; still evaluate so rolling quantiles see it
-            first_match(self.causes, TraceView(parent.trace_id, summaries), _policy_failed)
+            first_match(self.causes, TraceView(parent.trace_id, summaries), self._policy_failed)
             return Decision(Verdict.NOT_SAMPLED, "parent_not_sampled"), Detail.REQUEST
         trace_id = parent.trace_id if parent is not None and parent.is_valid else random.getrandbits(128)
         view = TraceView(trace_id, summaries)
-        cause = first_match(self.causes, view, _policy_failed)
+        cause = first_match(self.causes, view, self._policy_failed)
         if cause.sampled:
             return cause, self.config.detail
         base = self.baseline.evaluate(view)
@@ -321,7 +324,7 @@ class Pipeline:
             self.counts.requests_spans_dropped += 1
         for member, summary in group.finished if group is not None else ((t, s),):
             self._tokens_from_steps(member)
-            _add_gaps(member, summary)
+            self._add_gaps(member, summary)
             self.metrics.record(summary)
             self._settle_steps(member, None)
         return decision
@@ -371,7 +374,7 @@ class Pipeline:
                 self.diagnosis.record(job.steps, self.adapter_steps.step_label)
                 self.adapter_steps.record(job.steps)  # steps per adapter, LoRA adapter loads and evictions
             except Exception as exc:
-                GUARD.failed("engine step metrics", exc)
+                self.guard.failed("engine step metrics", exc)
         elif kind is EarlyStepJob:  # settled early: its requests outlived the step buffer
             self._emit_step(job.step)
         elif kind is CloseJob:  # emit the steps still held
@@ -393,7 +396,7 @@ class Pipeline:
             s.slow_cause = verdict.cause
             return verdict
         except Exception as exc:  # a bug of ours costs the verdict only
-            GUARD.failed("slow-cause verdict", exc)
+            self.guard.failed("slow-cause verdict", exc)
             return None
 
     def _for_cause(self, decision: Decision | None) -> bool:
@@ -405,7 +408,7 @@ class Pipeline:
         t, s, decision, detail = job.timeline, job.summary, job.decision, job.detail
         kept: Materialized | None = None
         own = self._tokens_from_steps(t)
-        _add_gaps(t, s)
+        self._add_gaps(t, s)
         slo = self.config.slo.for_model(s.model)
         breached = slo.breaches(s)
         for_cause = self._for_cause(decision)
@@ -427,7 +430,7 @@ class Pipeline:
                 if kept is not None:
                     self.counts.requests_kept += 1
             except Exception as exc:  # a bug of ours (or a span processor's) costs these spans only
-                GUARD.failed("request spans", exc)
+                self.guard.failed("request spans", exc)
         span_ctx = kept.context if kept is not None else None
         # metrics cover every request, whatever happened to its spans; the exemplar points at it
         self.metrics.record(s, trace.set_span_in_context(NonRecordingSpan(span_ctx)) if span_ctx else None)
@@ -443,7 +446,7 @@ class Pipeline:
         derived = []
         for t, s in members:
             derived.append(self._tokens_from_steps(t))
-            _add_gaps(t, s)
+            self._add_gaps(t, s)
         decision, detail = job.decision, job.detail
         slo = self.config.slo.for_model(members[0][1].model)
         breaches = [slo.breaches(s) for _, s in members]
@@ -471,7 +474,7 @@ class Pipeline:
                 if root is not None:
                     self.counts.requests_kept += 1
             except Exception as exc:
-                GUARD.failed("request spans", exc)
+                self.guard.failed("request spans", exc)
         exemplar = trace.set_span_in_context(NonRecordingSpan(root.context)) if root is not None else None
         for (t, s), kept in zip(members, choices):
             self.metrics.record(s, exemplar)
@@ -487,7 +490,7 @@ class Pipeline:
         try:
             times = token_times(t.request_id, own, window) if not t.steps_lost else None
         except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
-            GUARD.failed("token times from steps", exc)
+            self.guard.failed("token times from steps", exc)
             times = None
         if times is None:
             if window.tokens > 1:  # (one token has no gap to lose)
@@ -556,7 +559,7 @@ class Pipeline:
             try:
                 extra = self.diagnosis.attributes(step)
             except Exception as exc:  # the step span still goes out, without the diagnosis
-                GUARD.failed("engine step diagnosis", exc)
+                self.guard.failed("engine step diagnosis", exc)
                 extra = None
             events = None
             if step.loras or step.worker is not None:
@@ -569,6 +572,20 @@ class Pipeline:
             self.spans.engine_step(step, WallClock(), self.engine, extra, events)
             self.counts.steps_emitted += 1
 
+    def _add_gaps(self, t: RequestTimeline, s: RequestSummary) -> None:
+        """Inter-token latencies for every request, from its token stamps, unless the adapter gave them."""
+        if s.gaps is None:
+            try:
+                s.gaps = gap_summary(t.token_ts, t.multi_token_steps)
+            except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
+                self.guard.failed("inter-token latencies", exc)
+                return
+            if s.gaps is not None and s.max_gap is None:
+                s.max_gap = s.gaps.max_gap
+
+    def _policy_failed(self, policy: Policy, exc: BaseException) -> None:
+        self.guard.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)
+
 
 # deferred step reading: the longest wait between reads while no request finishes. A ring holds thousands of
 # records (seconds of steps at hundreds a second); each idle wake-up costs ~30-100 µs of CPU here
@@ -579,19 +596,3 @@ _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine mo
 
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
 _HANDOFF_KEPT = Decision(Verdict.SAMPLED, sc.SAMPLING_REASON_DEFERRED)  # the prefill half of a disaggregated request
-
-
-def _add_gaps(t: RequestTimeline, s: RequestSummary) -> None:
-    """Inter-token latencies for every request, from its token stamps, unless the adapter gave them."""
-    if s.gaps is None:
-        try:
-            s.gaps = gap_summary(t.token_ts, t.multi_token_steps)
-        except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
-            GUARD.failed("inter-token latencies", exc)
-            return
-        if s.gaps is not None and s.max_gap is None:
-            s.max_gap = s.gaps.max_gap
-
-
-def _policy_failed(policy: Policy, exc: BaseException) -> None:
-    GUARD.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Literal
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from .. import semconv as sc
-from ..guard import GUARD
+from ..guard import Guard
 from .metrics import InstrumentSpec
 
 STATE, SITE, ENGINE = "otel_llm.state", "otel_llm.site", sc.ENGINE
@@ -34,8 +34,9 @@ ERRORS = InstrumentSpec("otel_llm.errors", "{error}", "Instrumentation errors ca
 SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, SPANS_DROPPED, ERRORS)
 
 
-def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> None:
-    """Observable counters over ``stats()`` (Pipeline.stats)."""
+def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]], guard: Guard) -> None:
+    """Observable counters over ``stats()`` (Pipeline.stats) and ``guard``'s errors (the pipeline owner's: each
+    instrumentor's meter reports its own, so the counters of all of them add up to ``otel_llm.stats()``)."""
 
     def by_state(prefix: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -51,14 +52,21 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]]) -> 
                 yield Observation(value, {ENGINE: engine})
         return observe
 
+    for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
+                           (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped"))):
+        meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
+    register_errors(meter, guard)
+
+
+def register_errors(meter: Meter, guard: Guard) -> None:
+    """The ``otel_llm.errors`` counter over ``guard``'s errors, by site (an instrumentor without a pipeline,
+    the openai client's, registers this alone)."""
+
     def errors(options: CallbackOptions) -> Iterable[Observation]:
-        for site, n in list(GUARD.errors.items()):
+        for site, n in list(guard.errors.items()):
             yield Observation(n, {SITE: site})
 
-    for spec, callback in ((REQUESTS, by_state("requests_")), (ENGINE_STEPS, by_state("steps_")),
-                           (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped")),
-                           (ERRORS, errors)):
-        meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
+    meter.create_observable_counter(ERRORS.name, [errors], unit=ERRORS.unit, description=ERRORS.description)
 
 
 # -- the collector's (otel-llm-collector's) own telemetry -------------------------------------------

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Tracer
 
 from .. import semconv as sc
+from ..guard import Guard
 from .step_facts import FactsCache
 from .timeline import StepRecord
 
@@ -64,8 +65,9 @@ class Router(Protocol):
     def route(self) -> Route: ...
 
 
-# Router(tracer, engine_tracer, direct_export): the router a pipeline's span builder uses
-RouterFactory = Callable[[Tracer, Tracer, bool], Router]
+# Router(tracer, engine_tracer, direct_export, guard): the router a pipeline's span builder uses (the
+# guard: the pipeline's owner's, which counts the export route's errors)
+RouterFactory = Callable[[Tracer, Tracer, bool, Guard], Router]
 
 
 class _ApiRows:
@@ -130,7 +132,8 @@ class ApiRouter:
     """The routes of the public API alone: the SDK's tracer's (``sdk``) or any other's (``api``). The
     default of a pipeline built without an OTLP router (``otel_llm.otlp.routes.Router``)."""
 
-    def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True) -> None:
+    def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True,
+                 guard: Guard | None = None) -> None:
         self._route: Route = (SdkRoute if is_sdk_tracer(tracer) else ApiRoute)(tracer, engine_tracer)
 
     def current(self) -> Route:

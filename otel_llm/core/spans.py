@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, Tracer
 
 from .. import semconv as sc
+from ..guard import Guard
 from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
@@ -200,10 +201,12 @@ class SpanBuilder:
     Engine-step spans go out under their own service (``engine_step_service``)."""
 
     def __init__(self, tracer: Tracer, direct_export: bool = True, max_spans: int = 1000,
-                 engine_service: str = "{service}", router: RouterFactory | None = None) -> None:
+                 engine_service: str = "{service}", router: RouterFactory | None = None,
+                 guard: Guard | None = None) -> None:
         # router: otel_llm.otlp.routes.Router where the instrumentor hands it over (the wire route when the
-        # provider allows), else the public API's routes
-        self._router = (router or ApiRouter)(tracer, with_service(tracer, engine_service), direct_export)
+        # provider allows), else the public API's routes; guard: the owner's, for the route's errors
+        self._router = (router or ApiRouter)(tracer, with_service(tracer, engine_service), direct_export,
+                                             guard if guard is not None else Guard())
         self._route: Route = self._router.route
         self._max_spans = max_spans
         self._facts = FactsCache()

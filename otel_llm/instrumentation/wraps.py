@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import wrapt
 
-from ..guard import GUARD
+from ..guard import Guard
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class WrapTable:
     ``unwrap`` cannot take ours out of the middle of their chain; it stays, switched off.
     """
 
-    def __init__(self, targets: list[Target]) -> None:
+    def __init__(self, targets: list[Target], guard: Guard) -> None:
         self.targets = targets
+        self.guard = guard  # the owner's: a target that fails to wrap is counted there
         self.applied: list[tuple[Any, str, Any]] = []  # (owner, attribute, our FunctionWrapper)
         self._active = False
         self._hooked: set[str] = set()
@@ -72,7 +73,7 @@ class WrapTable:
             except AttributeError:
                 continue  # not in this engine version: nothing to wrap
             except Exception as exc:
-                GUARD.failed(f"wrap {t.module}.{t.name}", exc)
+                self.guard.failed(f"wrap {t.module}.{t.name}", exc)
 
     def _switchable(self, wrapper: Callable[..., Any]) -> Callable[..., Any]:
         def call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

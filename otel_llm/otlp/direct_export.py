@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from ..guard import GUARD
+from ..guard import Guard
 from . import sdk_bridge
 from .encode import RequestFrame
 
@@ -47,8 +47,9 @@ class DirectCounts:
 
 class DirectExport:
     def __init__(self, senders: list[Send], frame: RequestFrame, *, max_batch_bytes: int = 1 << 20,
-                 max_buffer_bytes: int = 16 << 20, schedule_delay: float = 5.0) -> None:
+                 max_buffer_bytes: int = 16 << 20, schedule_delay: float = 5.0, guard: Guard | None = None) -> None:
         self._senders = senders
+        self._guard = guard if guard is not None else Guard()  # the owner's: a send that raises is counted there
         self._frame = frame
         self._max_batch = max_batch_bytes
         self._max_buffer = max_buffer_bytes
@@ -66,9 +67,9 @@ class DirectExport:
         self.counts = DirectCounts()  # flushed at exit by its owner (Pipeline), after the spans are built
 
     @classmethod
-    def for_tracer(cls, tracer: Any) -> "DirectExport | None":
+    def for_tracer(cls, tracer: Any, guard: Guard) -> "DirectExport | None":
         """One for an SDK tracer whose provider only batches to OTLP exporters; else None."""
-        senders = sdk_bridge.senders_of(tracer)  # a moved SDK internal: None, with one warning
+        senders = sdk_bridge.senders_of(tracer, guard)  # a moved SDK internal: None, with one warning
         if senders is None:
             return None
         try:
@@ -76,7 +77,7 @@ class DirectExport:
         except Exception as exc:  # the SDK's encoder or scope not as tested: the SDK path still works
             _log.warning("otel-llm direct export unavailable: %s", exc)
             return None
-        return cls(list(senders.sends), frame, schedule_delay=senders.schedule_delay)
+        return cls(list(senders.sends), frame, schedule_delay=senders.schedule_delay, guard=guard)
 
     def add(self, spans: bytes, count: int, frame: RequestFrame | None = None) -> bool:
         """Buffer ``count`` encoded spans (as otlp_wire.SiblingSpans wrote them), to be sent under
@@ -137,7 +138,7 @@ class DirectExport:
                 with suppress_instrumentation():
                     self._send(chunks, counts, frames)
             except Exception as exc:
-                GUARD.failed("direct span export", exc)
+                self._guard.failed("direct span export", exc)
 
     def _take(self) -> tuple[list[bytes], list[int], list[RequestFrame | None]]:
         """Up to one batch's worth of the buffer, oldest first (caller holds the lock)."""

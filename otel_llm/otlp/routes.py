@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry.trace import Span, SpanContext, Tracer
 
 from .. import semconv as sc
+from ..guard import Guard
 from ..core.span_routes import ApiRoute, Route, Rows, SdkRoute, is_sdk_tracer
 from ..core.step_facts import FactsCache
 from ..core.timeline import StepRecord
@@ -113,8 +114,10 @@ class Router:
     """Holds the route for a tracer (and the same tracer under the engine-step service), re-inspecting
     the provider only when its span processors change."""
 
-    def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True) -> None:
+    def __init__(self, tracer: Tracer, engine_tracer: Tracer, direct_export: bool = True,
+                 guard: Guard | None = None) -> None:
         self._tracer, self._engine_tracer = tracer, engine_tracer
+        self._guard = guard if guard is not None else Guard()  # the owner's: the direct exporter's errors
         self._sdk = is_sdk_tracer(tracer)
         self._fallback: Route = ApiRoute(tracer, engine_tracer)
         if self._sdk:
@@ -140,7 +143,7 @@ class Router:
     def _choose(self) -> None:
         if self._route.direct is not None:
             self._route.direct.close(timeout=1.0)
-        direct = DirectExport.for_tracer(self._tracer) if self._for is not None else None
+        direct = DirectExport.for_tracer(self._tracer, self._guard) if self._for is not None else None
         if direct is None:
             self._route = self._fallback
             return

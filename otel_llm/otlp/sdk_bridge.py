@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..guard import GUARD
+from ..guard import Guard
 
 _log = logging.getLogger(__name__)
 
@@ -179,17 +179,18 @@ class Senders:
     schedule_delay: float
 
 
-def senders_of(tracer: Any) -> Senders | None:
+def senders_of(tracer: Any, guard: Guard) -> Senders | None:
     """Senders for every processor of this SDK tracer's provider, if each is the SDK's batch or
     simple processor around the SDK's OTLP exporter; else None (the SDK path is used). A moved
-    internal is logged once as a warning: direct export is then off, which costs CPU, not spans."""
+    internal is logged once as a warning (by ``guard``, the owner's): direct export is then off, which costs
+    CPU, not spans."""
     try:
         found = senders_of_strict(tracer)
         return found if found.sends else None
     except LookupError:  # another processor or exporter: its spans must go through it
         return None
     except Moved as moved:
-        GUARD.warn_once(f"sdk_bridge moved: {moved}", "otel-llm: direct export is off (spans go through the SDK, "
+        guard.warn_once(f"sdk_bridge moved: {moved}", "otel-llm: direct export is off (spans go through the SDK, "
                         "~10x the CPU): %s moved in this opentelemetry-sdk release (tested with %s)", moved,
                         ", ".join(TESTED_WITH))
         return None

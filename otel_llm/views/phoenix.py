@@ -28,7 +28,7 @@ from typing import Any
 from opentelemetry.sdk.trace import SpanProcessor
 
 from .. import semconv as sc
-from ..guard import GUARD
+from ..guard import Guard
 
 SPAN_KIND = "openinference.span.kind"
 PROJECT_NAME = sc.OPENINFERENCE_PROJECT_NAME
@@ -77,13 +77,17 @@ def openinference_attributes(name: str, attributes: Any) -> dict[str, Any]:
 class OpenInferenceSpans(SpanProcessor):
     """Adds OpenInference attributes to our spans as they start (see the module's docstring)."""
 
+    def __init__(self) -> None:
+        # its own: the user builds and owns this processor, no instrumentor does (its errors: ``guard.errors``)
+        self.guard = Guard()
+
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
             extra = openinference_attributes(span.name, span.attributes)
             if extra:
                 span.set_attributes(extra)
         except Exception as exc:  # a span we cannot read: left as it is, never an error for the host
-            GUARD.failed("openinference attributes", exc)
+            self.guard.failed("openinference attributes", exc)
 
     def on_end(self, span: Any) -> None:
         pass

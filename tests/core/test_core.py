@@ -18,6 +18,7 @@ from support.traces import MS, engine_steps, request_trees, row_tokens
 from otel_llm import semconv as sc
 from otel_llm.core.config import Config, Detail
 from otel_llm.core.pipeline import Pipeline
+from otel_llm.guard import Guard
 from otel_llm.core.quantile import QuantileSketch
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
@@ -482,7 +483,7 @@ def test_wrap_table_coexists_with_other_wrappers():
             return wrapped(*args, **kwargs) + ["ours"]
 
         wrapt.wrap_function_wrapper(Engine, "step", theirs)  # someone was first
-        table = WrapTable([Target(mod.__name__, "Engine.step", ours)])
+        table = WrapTable([Target(mod.__name__, "Engine.step", ours)], Guard())
         table.wrap()
         table.wrap()
         assert Engine().step() == ["engine", "theirs", "ours"]
@@ -524,7 +525,7 @@ def test_a_plain_target_wraps_with_a_plain_function_and_unwraps_exactly():
             seen.append((wrapped.__self__ is instance, instance, args, kwargs))
             return wrapped(*args, **kwargs) + ["ours"]
 
-        table = WrapTable([Target(mod.__name__, "Scheduler.step", ours, plain=True)])
+        table = WrapTable([Target(mod.__name__, "Scheduler.step", ours, plain=True)], Guard())
         table.wrap()
         table.wrap()  # not twice
         installed = Scheduler.__dict__["step"]
@@ -565,7 +566,6 @@ def test_decode_steps_take_the_sdk_fast_path_with_the_sdk_tracer():
 def test_materializer_is_bounded_never_blocks_and_survives_errors():
     import threading
 
-    from otel_llm.guard import GUARD
     from otel_llm.core.materializer import Materializer
 
     gate, done = threading.Event(), []
@@ -576,15 +576,15 @@ def test_materializer_is_bounded_never_blocks_and_survives_errors():
         gate.wait(120)  # held until the test opens it (a bound only so a failed test cannot hang the worker)
         done.append(job)
 
-    m = Materializer(work, max_jobs=2)
+    guard = Guard()
+    m = Materializer(work, guard, max_jobs=2)
     accepted = [m.submit(i) for i in range(1, 8)]  # one may be running, two queued: the rest refused
     assert accepted[:2] == [True, True] and not all(accepted) and m.refused == accepted.count(False)
     assert m.flush(0.1) is False  # stuck behind the gate: flush times out, nothing blocks
-    before = GUARD.errors["span materializer"]
     gate.set()
     assert m.flush(60)
     assert m.submit("boom") and m.flush(60)
-    assert GUARD.errors["span materializer"] == before + 1
+    assert guard.errors == {"span materializer": 1}  # in its owner's guard
     assert m.submit(9) and m.flush(60) and done[-1] == 9  # still working after the error
 
 
@@ -696,10 +696,7 @@ def test_a_sequence_refused_over_max_requests_does_not_hold_its_siblings_back():
 
 
 def test_materializer_refuses_what_is_not_a_job():
-    from otel_llm.guard import GUARD
-
     h = Harness(sample_rate=1.0)
-    before = GUARD.errors["span materializer"]
     assert h.telemetry.materializer.submit(("a", "tuple", None, None))
     assert h.telemetry.flush(10)
-    assert GUARD.errors["span materializer"] == before + 1
+    assert h.telemetry.guard.errors == {"span materializer": 1}  # the pipeline's guard: its owner's

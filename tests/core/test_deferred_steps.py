@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm.core.config import Config
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.core.materializer import Materializer
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.summary import RequestSummary
@@ -119,10 +119,9 @@ def test_a_failing_step_source_costs_steps_only():
     source = StepSource()
     source.fail = True
     pipeline.read_steps_from(source)
-    failures = GUARD.errors["step receiver (deferred)"]
     _serve(pipeline, source.waiting.append, finish_before_last_step=True)
     assert pipeline.flush(10)
-    assert GUARD.errors["step receiver (deferred)"] > failures  # counted, never raised into the engine's thread
+    assert pipeline.guard.errors["step receiver (deferred)"] > 0  # counted, never raised into the engine's thread
     assert pipeline.counts.requests_finished == 2 and pipeline.counts.requests_kept == 2  # spans and metrics
     assert pipeline.counts.steps_recorded == 0
     pipeline.close()
@@ -132,7 +131,7 @@ def test_the_background_thread_reads_while_no_request_finishes():
     """With nothing submitted the materializer still calls its idle work (the ring must not fill while long
     requests run): waited for, not timed."""
     called = threading.Event()
-    m = Materializer(lambda job: None, idle=called.set, idle_s=0.01)
+    m = Materializer(lambda job: None, Guard(), idle=called.set, idle_s=0.01)
     assert m.submit(object())  # starts the thread
     assert called.wait(30)
     m.close()
@@ -140,18 +139,18 @@ def test_the_background_thread_reads_while_no_request_finishes():
 
 def test_an_idle_callback_that_raises_is_counted_and_the_thread_keeps_working():
     done = threading.Event()
-    failures = GUARD.errors["background idle work"]
+    guard = Guard()
 
     def idle():
         raise RuntimeError("boom")
 
-    m = Materializer(lambda job: done.set(), idle=idle, idle_s=0.001)
+    m = Materializer(lambda job: done.set(), guard, idle=idle, idle_s=0.001)
     assert m.submit(object())
     assert done.wait(30)
     deadline = time.monotonic() + 30
-    while GUARD.errors["background idle work"] == failures and time.monotonic() < deadline:
+    while not guard.errors["background idle work"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert GUARD.errors["background idle work"] > failures
+    assert guard.errors["background idle work"] > 0
     done.clear()
     assert m.submit(object()) and done.wait(30)
     m.close()

@@ -8,30 +8,30 @@ import textwrap
 
 import pytest
 
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.lifecycle import DIRECTORIES, PROVIDERS, SOCKETS, TELEMETRY, Lifecycle
 
 
 def test_closers_run_stage_by_stage_in_the_order_added_and_one_failing_leaves_the_others():
     closed: list[str] = []
-    owned = Lifecycle()
+    guard = Guard()
+    owned = Lifecycle(guard)
     owned.add("directory", lambda: closed.append("directory"), DIRECTORIES)
     owned.add("socket", lambda: closed.append("socket"), SOCKETS)
     owned.add("tracer provider", lambda: closed.append("tracer provider"), PROVIDERS)
     owned.add("broken", lambda: 1 / 0, PROVIDERS)
     owned.add("meter provider", lambda: closed.append("meter provider"), PROVIDERS)
     owned.add("telemetry", lambda: closed.append("telemetry"), TELEMETRY)
-    before = GUARD.errors["closing broken"]
     owned.close_all()
     assert closed == ["telemetry", "tracer provider", "meter provider", "socket", "directory"]
-    assert GUARD.errors["closing broken"] == before + 1
+    assert guard.errors == {"closing broken": 1}  # counted in the owner's guard
     owned.close_all()  # nothing left: nothing closes twice
     assert len(closed) == 5
 
 
 def test_closing_or_discarding_by_name():
     closed: list[str] = []
-    owned = Lifecycle()
+    owned = Lifecycle(Guard())
     owned.add("telemetry", lambda: closed.append("telemetry"), TELEMETRY)
     owned.add("provider", lambda: closed.append("provider"), PROVIDERS)
     owned.discard("telemetry")
@@ -45,12 +45,13 @@ def test_closing_or_discarding_by_name():
 
 def test_one_exit_hook_closes_what_is_left_and_what_was_closed_before_exit_stays_closed():
     code = textwrap.dedent("""
+        from otel_llm.guard import Guard
         from otel_llm.lifecycle import PROVIDERS, SOCKETS, TELEMETRY, Lifecycle
-        owned = Lifecycle()
+        owned = Lifecycle(Guard())
         owned.add("socket", lambda: print("socket"), SOCKETS)
         owned.add("provider", lambda: print("provider"), PROVIDERS)
         owned.add("telemetry", lambda: print("telemetry"), TELEMETRY)
-        done = Lifecycle()
+        done = Lifecycle(Guard())
         done.add("early", lambda: print("early"), TELEMETRY)
         done.close_all()
         print("exit")

@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_llm.core.client_metrics import ClientMetrics
 from otel_llm.core.config import Config
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.instrumentation.openai.ops import Chat
 from otel_llm.instrumentation.openai.record import CallRecord
 from otel_llm.instrumentation.openai.stream import StreamProxy
@@ -42,7 +42,7 @@ def setup() -> Iterator[tuple[ClientState, InMemorySpanExporter]]:
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     config = Config.resolve({"slo": "tpot=0.01"})
     metrics = ClientMetrics(MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), config.slo)
-    yield ClientState(config, tp.get_tracer("t"), metrics), exporter
+    yield ClientState(config, tp.get_tracer("t"), metrics, Guard()), exporter
 
 
 def record(t: ClientState) -> CallRecord:
@@ -59,7 +59,7 @@ def test_gap_profile_counts_every_output_chunk(setup: Any) -> None:
     assert (rec.first, rec.first_content, rec.last, rec.n, rec.chars) == (1.0, 1.1, 1.15, 4, 11)
     assert rec.max_gap == pytest.approx(0.1) and rec.over == 2  # 8 ms is under the 10 ms SLO; 100 and 42 ms over
     assert record(ClientState(Config(), t.tracer, ClientMetrics(
-        MeterProvider().get_meter("x"), Config().slo))).tpot_limit == math.inf  # no SLO: nothing is "over"
+        MeterProvider().get_meter("x"), Config().slo), Guard())).tpot_limit == math.inf  # no SLO: nothing is "over"
 
 
 def test_exhausted_stream_ends_once_with_usage(setup: Any) -> None:
@@ -110,10 +110,9 @@ def test_instrumentation_error_never_reaches_the_caller(setup: Any) -> None:
     def bad_reader(rec: CallRecord, c: Any, now: float) -> None:
         raise RuntimeError("bug in our chunk reader")
 
-    before = GUARD.errors["openai stream chunk"]
     proxy = StreamProxy(iter(CHUNKS), record(t), bad_reader)
     assert list(proxy) == CHUNKS
-    assert GUARD.errors["openai stream chunk"] == before + len(CHUNKS)
+    assert t.guard.errors["openai stream chunk"] == len(CHUNKS)  # in the owner's guard
     (span,) = exporter.get_finished_spans()
     assert span.attributes["llm.client.stream.end"] == "complete"
 
@@ -164,10 +163,9 @@ def test_our_failure_before_the_call_leaves_the_call_as_the_caller_made_it(setup
 
     resource = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x").chat.completions
     kwargs = {"model": "m", "messages": [], "extra_headers": {"x-a": "1"}}
-    before = GUARD.errors["openai chat (before)"]
     assert OpenAIWrappers(t, (openai.Stream, openai.AsyncStream)).sync(Broken)(create, resource, (), kwargs) == "result"
     assert seen == [kwargs]  # no traceparent added: the arguments as the caller gave them
-    assert GUARD.errors["openai chat (before)"] == before + 1
+    assert t.guard.errors["openai chat (before)"] == 1
     (span,) = exporter.get_finished_spans()  # the started span is ended, not leaked
 
 
@@ -180,7 +178,8 @@ def test_time_per_output_chunk_is_one_value_per_chunk_after_the_first(setup: Any
 
     t, exporter = setup
     reader = InMemoryMetricReader()
-    t = ClientState(t.config, t.tracer, ClientMetrics(Provider(metric_readers=[reader]).get_meter("t"), t.config.slo))
+    t = ClientState(t.config, t.tracer, ClientMetrics(Provider(metric_readers=[reader]).get_meter("t"), t.config.slo),
+                    t.guard)
     stamps = [1.0, 1.004, 1.03, 1.2, 1.2005]
     for ok in (True, False):
         rec = record(t)

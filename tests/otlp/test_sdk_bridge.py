@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.otlp import sdk_bridge
 from otel_llm.otlp.routes import Router
 
@@ -41,19 +41,20 @@ def test_a_moved_internal_fails_the_check_and_turns_direct_export_off_with_a_war
     monkeypatch.setattr(BatchSpanProcessor, "__init__", without_inner)
     monkeypatch.setattr(BatchSpanProcessor, "shutdown", lambda self: self._renamed.shutdown())
     monkeypatch.setattr(BatchSpanProcessor, "force_flush", lambda self, timeout_millis=None: True)
-    monkeypatch.setattr(GUARD, "told", set())  # a fresh process: the warning not given yet
     problems = sdk_bridge.check()
     assert problems and "_batch_processor" in problems[0]
 
     tp = TracerProvider()
     tp.add_span_processor(BatchSpanProcessor(HTTPExporter(endpoint="http://127.0.0.1:9/v1/traces")))
     tracer = tp.get_tracer("t")
+    guard = Guard()  # an owner's (an instrumentor's): the warning is said once per owner
     with caplog.at_level(logging.WARNING, logger=sdk_bridge.__name__):
-        assert sdk_bridge.senders_of(tracer) is None
-        assert sdk_bridge.senders_of(tracer) is None
+        assert sdk_bridge.senders_of(tracer, guard) is None
+        assert sdk_bridge.senders_of(tracer, guard) is None
     warnings = [r for r in caplog.records if "direct export is off" in r.getMessage()]
     assert len(warnings) == 1 and "_batch_processor" in warnings[0].getMessage()  # once, naming it
-    assert Router(tracer, tracer).route.kind == "sdk"  # spans still go out, through the SDK
+    assert any("_batch_processor" in key for key in guard.told)
+    assert Router(tracer, tracer, guard=guard).route.kind == "sdk"  # spans still go out, through the SDK
     tp.shutdown()
 
 

@@ -18,7 +18,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import fake_trtllm as fake
 from otel_llm import semconv as sc
-from otel_llm.guard import GUARD
 from support.traces import MS, engine_steps, request_trees, row_tokens
 from trtllm_env import instrumented
 
@@ -511,10 +510,11 @@ def test_errors_of_ours_never_reach_the_caller(trt, monkeypatch) -> None:
         raise ValueError("bug of ours")
 
     monkeypatch.setattr(wrappers, "finalize", broken)
-    before = GUARD.errors["GenerationResult._handle_response"]
+    guard = trt.inst.guard  # the instrumentor's, kept for the process (earlier tests' counts are in it)
+    before = guard.errors["GenerationResult._handle_response"]
     out = _llm().generate("a b c", _params(3))
     assert out.outputs[0].length == 3
-    assert GUARD.errors["GenerationResult._handle_response"] == before + 1
+    assert guard.errors["GenerationResult._handle_response"] == before + 1
 
 
 def test_uninstrument_removes_every_wrapper(trt) -> None:

@@ -45,7 +45,6 @@ import pytest
 
 import fake_trtllm as fake
 from trtllm_env import instrumented
-from otel_llm.guard import GUARD
 from otel_llm.instrumentation.tensorrt_llm import contract
 from otel_llm.instrumentation.wraps import is_wrapped
 
@@ -207,7 +206,10 @@ def test_a_drifted_release_is_refused_not_misread(drift, expected, caplog) -> No
     drift(modules)
     fake.install(modules)
     site = f"{contract.REFUSAL_SITE}: the LLM API"
-    before = GUARD.errors[site]
+    from otel_llm.instrumentation.tensorrt_llm import TensorRTLLMInstrumentor
+
+    guard = TensorRTLLMInstrumentor().guard  # the instrumentor's (a singleton): the process's counts
+    before = guard.errors[site]
     first_time = before == 0
     try:
         with caplog.at_level(logging.WARNING, logger="otel_llm"):
@@ -216,7 +218,7 @@ def test_a_drifted_release_is_refused_not_misread(drift, expected, caplog) -> No
             assert not is_wrapped(llm_mod.BaseLLM, "generate_async")
             assert not is_wrapped(fake.BaseLLM, "generate_async")
             assert not is_wrapped(fake.DetokenizedGenerationResultBase, "_handle_response")
-            assert GUARD.errors[site] == before + 1
+            assert guard.errors[site] == before + 1
             assert any(expected in d for d in env.inst.refused["the LLM API"]), env.inst.refused
             out = llm_mod.LLM(model="m").generate("a b c", fake.SamplingParams(max_tokens=3))
             assert out.outputs[0].length == 3  # the engine works as before, untouched

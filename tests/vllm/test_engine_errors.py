@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.instrumentation.vllm import engine_errors
 from otel_llm.instrumentation.vllm.engine_errors import ErrorReporter
 from otel_llm.instrumentation.vllm.step_hooks import StepHooks
@@ -19,17 +19,20 @@ SITE = "scheduler.schedule hook"
 
 @pytest.fixture
 def guard():
-    saved = dict(GUARD.errors)
-    GUARD.errors.clear()
-    yield GUARD.errors
-    GUARD.errors.clear()
-    GUARD.errors.update(saved)
+    """The frontend's guard (its instrumentor's): where the EngineCores' and workers' counts are added."""
+    return Guard()
 
 
 @pytest.fixture
-def wire(tmp_path):
-    receiver = StepReceiver(str(tmp_path))
-    sink = SocketSink(str(tmp_path))
+def engine():
+    """The EngineCore's guard (the plugin's EngineSide's), in a process of its own."""
+    return Guard()
+
+
+@pytest.fixture
+def wire(tmp_path, guard, engine):
+    receiver = StepReceiver(str(tmp_path), guard)
+    sink = SocketSink(str(tmp_path), engine)
     sink._rescan(time.monotonic())  # connects to the receiver's socket
     yield sink, receiver
     sink.close()
@@ -44,51 +47,48 @@ class _Clock:
         return self.now
 
 
-def _engine_side(guard, site: str, n: int) -> None:
-    # what the EngineCore's GUARD holds: the frontend's is the same object in this test, so the relayed
-    # counts are told apart by their prefix
-    guard[site] += n
-
-
-def test_the_frontend_counts_the_engine_cores_errors_once_each(guard, wire):
+def test_the_frontend_counts_the_engine_cores_errors_once_each(guard, engine, wire):
     sink, receiver = wire
     clock = _Clock()
-    reporter = ErrorReporter(sink.send_control, clock)
-    _engine_side(guard, SITE, 3)
+    reporter = ErrorReporter(sink.send_control, clock, guard=engine)
+    engine.errors[SITE] += 3
     reporter.changed()
     receiver.drain(lambda step: None)
-    assert guard[engine_errors.PREFIX + SITE] == 3
-    _engine_side(guard, SITE, 2)
+    assert guard.errors == {engine_errors.PREFIX + SITE: 3}
+    engine.errors[SITE] += 2
     clock.now += 0.1
     reporter.changed()  # within the interval: held back
     receiver.drain(lambda step: None)
-    assert guard[engine_errors.PREFIX + SITE] == 3
+    assert guard.errors[engine_errors.PREFIX + SITE] == 3
     clock.now += 1.0
     reporter.changed()  # the sink's rescan or the next error sends it
     receiver.drain(lambda step: None)
-    assert guard[engine_errors.PREFIX + SITE] == 5  # increases only, never the cumulative count twice
-    reporter.changed()  # nothing new (the relayed sites are not the engine's own: here they share a GUARD)
+    assert guard.errors[engine_errors.PREFIX + SITE] == 5  # increases only, never the cumulative count twice
+    # a site relayed to this guard is not the engine's own (a process that is both): never sent on
+    engine.errors[engine_errors.PREFIX + "elsewhere"] += 1
+    clock.now += 1.0
+    reporter.changed()
     receiver.drain(lambda step: None)
-    assert guard[engine_errors.PREFIX + SITE] == 5
+    assert guard.errors == {engine_errors.PREFIX + SITE: 5}
 
 
-def test_the_contract_warnings_are_not_relayed_and_a_bad_record_is_counted(guard, wire):
+def test_the_contract_warnings_are_not_relayed_and_a_bad_record_is_counted(guard, engine, wire):
     sink, receiver = wire
-    _engine_side(guard, "vllm contract: NewRequestData.req_id", 1)  # the frontend checks that itself
-    assert b"vllm contract" not in engine_errors.encode(1, dict(guard))
+    engine.errors["vllm contract: NewRequestData.req_id"] += 1  # the frontend checks that itself
+    assert b"vllm contract" not in engine_errors.encode(1, dict(engine.errors))
     before = receiver.malformed
     sink.send_control(bytes((engine_errors.CONTROL,)) + b"not json")
     receiver.drain(lambda step: None)
     assert receiver.malformed == before + 1
-    assert guard["step control record"] == 1
+    assert guard.errors == {"step control record": 1}  # in the receiver's owner's guard
 
 
-def test_a_failing_schedule_hook_reports_though_its_step_sends_nothing(guard):
-    hooks = StepHooks()
+def test_a_failing_schedule_hook_reports_though_its_step_sends_nothing(engine):
+    hooks = StepHooks(guard=engine)
     told = []
     sent = []
     hooks.sink = sent.append
-    hooks.on_error = lambda: told.append(dict(guard))
+    hooks.on_error = lambda: told.append(dict(engine.errors))
 
     class Broken:  # a scheduler output without what the hook reads
         pass
@@ -99,43 +99,43 @@ def test_a_failing_schedule_hook_reports_though_its_step_sends_nothing(guard):
 
 
 @pytest.fixture
-def worker(guard, tmp_path):
+def worker(guard, engine, tmp_path):
     """A worker's channel (engine_errors.WorkerErrors) and a frontend's receiver, on real Unix sockets in one
-    step directory; the worker's reporter listening to GUARD as ``worker_errors`` sets it up, with its
-    held-back sends captured instead of timed."""
-    receiver = StepReceiver(str(tmp_path))
-    channel = engine_errors.WorkerErrors(str(tmp_path))
+    step directory; the worker's reporter listening to the worker's guard (``engine``: its EngineSide's) as
+    ``worker_errors`` sets it up, with its held-back sends captured instead of timed."""
+    receiver = StepReceiver(str(tmp_path), guard)
+    channel = engine_errors.WorkerErrors(str(tmp_path), engine)
     clock = _Clock()
     later: list = []
     channel.reporter.clock = clock
     channel.reporter.later = lambda delay, call: later.append((delay, call))
-    GUARD.listeners.append(channel.reporter.changed)
+    engine.listeners.append(channel.reporter.changed)
     yield channel, receiver, clock, later
-    GUARD.listeners.remove(channel.reporter.changed)
     channel.close()
     receiver.close()
 
 
-def test_a_workers_errors_reach_the_frontend_on_its_own_channel(worker, guard, caplog):
+def test_a_workers_errors_reach_the_frontend_on_its_own_channel(worker, guard, engine, caplog):
     channel, receiver, clock, later = worker
     site = "model runner timer"
     with caplog.at_level("WARNING", "otel_llm"):
-        GUARD.failed(site, TypeError("a bug of ours"))  # in the worker: told to the reporter at once
+        engine.failed(site, TypeError("a bug of ours"))  # in the worker: told to the reporter at once
         receiver.drain(lambda step: None)
-    assert guard[engine_errors.WORKER_PREFIX + site] == 1
+    assert guard.errors[engine_errors.WORKER_PREFIX + site] == 1
     said = [r.getMessage() for r in caplog.records if "vLLM worker process" in r.getMessage()]
     assert len(said) == 1 and site in said[0]
-    GUARD.failed(site, TypeError("again"))
-    GUARD.failed(site, TypeError("and again"))
+    engine.failed(site, TypeError("again"))
+    engine.failed(site, TypeError("and again"))
     receiver.drain(lambda step: None)
-    assert guard[engine_errors.WORKER_PREFIX + site] == 1  # within the interval: held back, one send pending
+    assert guard.errors[engine_errors.WORKER_PREFIX + site] == 1  # within the interval: held back, one send pending
     assert len(later) == 1 and 0 < later[0][0] <= engine_errors.ErrorReporter.MIN_INTERVAL_S
     clock.now += 1.0
     caplog.clear()
     with caplog.at_level("WARNING", "otel_llm"):
         later[0][1]()  # the one-shot timer fires
         receiver.drain(lambda step: None)
-    assert guard[engine_errors.WORKER_PREFIX + site] == 3
+    assert guard.errors[engine_errors.WORKER_PREFIX + site] == 3
+    assert engine.errors == {site: 3}  # the worker's own, unprefixed
     assert not [r for r in caplog.records if "vLLM worker process" in r.getMessage()]  # said once per site
 
 
@@ -147,8 +147,8 @@ def test_a_workers_contract_sites_are_relayed_and_an_engine_cores_are_not():
     assert engine == {"pid": 8, "errors": {"kv connector (worker)": 2}}
 
 
-def test_a_worker_with_no_frontend_loses_its_counts_quietly(guard, tmp_path):
-    channel = engine_errors.WorkerErrors(str(tmp_path / "gone"))
+def test_a_worker_with_no_frontend_loses_its_counts_quietly(engine, tmp_path):
+    channel = engine_errors.WorkerErrors(str(tmp_path / "gone"), engine)
     channel.send(b"\xc0{}")  # no directory: nothing raises
     (tmp_path / "stale.sock").write_text("")  # not a socket: the send fails and is counted
     channel.directory = str(tmp_path)

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from otel_llm.guard import GUARD
+from otel_llm.guard import Guard
 from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
 
 
@@ -217,14 +217,14 @@ def test_a_record_of_another_version_or_size_is_refused_and_counted_not_misread(
     with pytest.raises(step_wire.WireError, match=why):
         step_wire.decode(mangle(good))
     with tempfile.TemporaryDirectory() as d:
-        receiver = step_transport.StepReceiver(d)
+        guard = Guard()  # its owner's
+        receiver = step_transport.StepReceiver(d, guard)
         sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        before = GUARD.errors["step record wire"]
         for data in (mangle(good), good):  # the bad one is dropped, the next one still arrives
             sender.sendto(data, receiver.path)
         got = drained(receiver)
         assert [x.step_id for x in got] == [5]
-        assert receiver.malformed == 1 and GUARD.errors["step record wire"] == before + 1
+        assert receiver.malformed == 1 and guard.errors == {"step record wire": 1}
         sender.close()
         receiver.close()
 

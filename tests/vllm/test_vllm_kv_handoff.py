@@ -10,7 +10,7 @@ import pytest
 
 import otel_llm
 from otel_llm import semconv as sc
-from otel_llm.guard import GUARD
+from otel_llm.instrumentation.vllm import VLLMInstrumentor
 from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
@@ -27,8 +27,10 @@ def runs(otel, tmp_path_factory):
     from support.engine import make_llm
 
     storage = tmp_path_factory.mktemp("kv-storage")
-    # the guard's counts are the process's: tests run before this one feed the channel bad records on purpose
-    before = dict(GUARD.errors)
+    # the instrumentor's guard is kept for the process: tests run before this one feed the channel bad records
+    # on purpose
+    guard = VLLMInstrumentor().guard
+    before = dict(guard.errors)
     otel_llm.uninstrument()
     with otel.instrumented(sample_rate=1.0, tail_quantile=0) as inst:
         llm = make_llm(block_size=BLOCK, enable_prefix_caching=True, kv_transfer_config={
@@ -39,7 +41,7 @@ def runs(otel, tmp_path_factory):
         assert llm.reset_prefix_cache()
         second = llm.generate([PROMPT], params, use_tqdm=False)[0]
         spans = otel.finished()
-        errors = {k: v - before.get(k, 0) for k, v in GUARD.errors.items() if v != before.get(k, 0)}
+        errors = {k: v - before.get(k, 0) for k, v in guard.errors.items() if v != before.get(k, 0)}
         held = len(inst.telemetry.requests)
         del llm
     return first, second, spans, errors, held

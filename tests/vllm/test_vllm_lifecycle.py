@@ -12,7 +12,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_llm
-from otel_llm.guard import GUARD
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.instrumentation.vllm import VLLMInstrumentor
 from otel_llm.instrumentation.wraps import _resolve, is_wrapped
@@ -125,12 +124,15 @@ def test_an_exception_inside_the_adapter_changes_nothing(llm, otel, reference, m
 
     # where a finish is handed over: vLLM's finish hook (token times from steps), or process_outputs (stamps)
     sites = ("OutputProcessor._update_stats_from_finished", "OutputProcessor.process_outputs")
-    before = sum(GUARD.errors[s] for s in sites)
+    guard = VLLMInstrumentor().guard  # the instrumentor's, kept for the process
+    before = sum(guard.errors[s] for s in sites)
     with otel.instrumented(sample_rate=1.0):
         monkeypatch.setattr(Pipeline, "finish", broken)
         assert _tokens(llm) == reference
         monkeypatch.undo()
-        assert sum(GUARD.errors[s] for s in sites) > before  # counted, not raised
+        assert sum(guard.errors[s] for s in sites) > before  # counted, not raised
+        shown = otel_llm.stats()["errors"]
+        assert all(shown.get(s, 0) == guard.errors[s] for s in sites)  # and shown by stats()
         # and the process is healthy: the next requests are traced normally
         otel.spans.clear()
         assert _tokens(llm) == reference

@@ -21,6 +21,7 @@ from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from ... import semconv as sc
+from ...guard import Guard
 from ..metrics import SPEC_POSITION_TOKENS, STEP_DURATION, STEP_MBU, STEP_MFU, STEP_TIME_BUCKETS, STEPS, create
 from ..sdk_metrics import bind_counts, bind_value, fast_path
 from ..inter_token import sorted_gap_summary
@@ -86,7 +87,8 @@ class StepDiagnosis:
     """Model shape and device peaks (set when the engine is built), the GPU sampler, and the step
     instruments; ``attributes`` for a step span, ``record`` for every step's metrics."""
 
-    def __init__(self, meter: Any | None = None) -> None:
+    def __init__(self, meter: Any | None = None, guard: Guard | None = None) -> None:
+        self.guard = guard  # its owner's (the pipeline's), handed to the GPU sampler
         self.shape: ModelShape | None = None
         self.peaks: DevicePeaks | None = None
         self.sampler: Any = None  # GpuSampler
@@ -114,7 +116,7 @@ class StepDiagnosis:
         Peaks: ``config.peak_*`` options, else the table row for ``config.device`` or NVML's name."""
         if on_gpu and self.sampler is None and config.gpu_sample_hz > 0:
             from .gpu import GpuSampler
-            self.sampler = GpuSampler.start(config.gpu_sample_hz)
+            self.sampler = GpuSampler.start(config.gpu_sample_hz, guard=self.guard)
             if self.sampler is not None and self._meter is not None:
                 self.sampler.register_metrics(self._meter)
         name = config.device or (self.sampler.device_name if self.sampler is not None else None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ... import semconv as sc
-from ...guard import GUARD
+from ...guard import Guard
 
 logger = logging.getLogger("otel_llm")
 
@@ -74,8 +74,9 @@ class GpuSampler:
     """One NVML reading per device every ``1/hz`` seconds, kept ``keep_s`` seconds."""
 
     def __init__(self, nvml: Any, hz: float = 10.0, devices: list[int] | None = None, keep_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, guard: Guard | None = None) -> None:
         self.nvml = nvml
+        self.guard = guard if guard is not None else Guard()  # its owner's (the pipeline's), else its own
         self.hz = hz
         self.clock = clock
         count = nvml.nvmlDeviceGetCount()
@@ -94,10 +95,12 @@ class GpuSampler:
             or getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
 
     @classmethod
-    def start(cls, hz: float, nvml: Any = None, devices: list[int] | None = None) -> "GpuSampler | None":
+    def start(cls, hz: float, nvml: Any = None, devices: list[int] | None = None,
+              guard: Guard | None = None) -> "GpuSampler | None":
         """A running sampler, or None (and no thread) where NVML is absent or does not initialise."""
         if hz <= 0:
             return None
+        guard = guard if guard is not None else Guard()
         try:
             nvml = nvml if nvml is not None else _load_nvml()
             nvml.nvmlInit()
@@ -105,13 +108,13 @@ class GpuSampler:
             logger.debug("otel-llm: no GPU telemetry (%s)", exc)
             return None
         try:
-            sampler = cls(nvml, hz, devices if devices is not None else visible_devices())
+            sampler = cls(nvml, hz, devices if devices is not None else visible_devices(), guard=guard)
             if not sampler.handles:
                 nvml.nvmlShutdown()
                 return None
             sampler.sample_once()
         except Exception as exc:
-            GUARD.failed("gpu sampler", exc)
+            guard.failed("gpu sampler", exc)
             try:
                 nvml.nvmlShutdown()
             except Exception:
@@ -172,7 +175,7 @@ class GpuSampler:
                 self.sample_once()
             except Exception as exc:
                 self.errors += 1
-                GUARD.failed("gpu sample", exc)
+                self.guard.failed("gpu sample", exc)
 
     def close(self) -> None:
         self._stop.set()

@@ -19,7 +19,9 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
+from ...core import self_metrics
 from ...core.providers import meter_provider_from, tracer_provider_from
+from ...guard import GuardOwner
 from ...lifecycle import Lifecycle
 from ...version import __version__
 from ..wraps import Target, WrapTable
@@ -30,7 +32,8 @@ from .wrappers import OpenAIWrappers
 __all__ = ["OpenAIInstrumentor"]
 
 
-class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
+    """``guard``: this process's errors of the openai instrumentation, kept across instrument cycles."""
     telemetry: ClientState | None = None
     lifecycle: Lifecycle | None = None  # the providers this instrumentation built: shut down at exit or uninstrument
 
@@ -45,10 +48,11 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        self.lifecycle = owned = Lifecycle()
+        self.lifecycle = owned = Lifecycle(self.guard)
         tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__)
         meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__)
-        self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo))
+        self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo), self.guard)
+        self_metrics.register_errors(meter, self.guard)  # its errors, on its own meter (the pipelines do the same)
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
                            (APIResponse, AsyncAPIResponse))
         chat, completions, responses, embeddings = (
@@ -67,7 +71,8 @@ class OpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             Target(responses, "AsyncResponses.parse", w.asynchronous(Responses)),
             Target(embeddings, "Embeddings.create", w.sync(Embeddings)),
             Target(embeddings, "AsyncEmbeddings.create", w.asynchronous(Embeddings)),
-        ] + [Target(module, name, w.helper_close(asynchronous)) for module, name, asynchronous in HELPER_CLOSES])
+        ] + [Target(module, name, w.helper_close(asynchronous)) for module, name, asynchronous in HELPER_CLOSES],
+            self.guard)
         self._table.wrap()
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -22,7 +22,6 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 import wrapt
 
-from ...guard import GUARD
 from .record import ABANDONED, CLOSED, COMPLETE, ERROR, CallRecord
 from .stream import AsyncStreamProxy, StreamProxy
 
@@ -52,7 +51,7 @@ def timed(source: Iterator[Any], rec: CallRecord, lines: bool) -> Iterator[Any]:
                 try:
                     rec.chunk(last, _classify(piece, state))
                 except Exception as exc:
-                    GUARD.failed("openai raw stream line", exc)
+                    rec.owner.guard.failed("openai raw stream line", exc)
             yield piece
     except GeneratorExit:
         rec.finish(CLOSED, at=last)
@@ -73,7 +72,7 @@ async def atimed(source: AsyncIterator[Any], rec: CallRecord, lines: bool) -> As
                 try:
                     rec.chunk(last, _classify(piece, state))
                 except Exception as exc:
-                    GUARD.failed("openai raw stream line", exc)
+                    rec.owner.guard.failed("openai raw stream line", exc)
             yield piece
     except GeneratorExit:
         rec.finish(CLOSED, at=last)
@@ -134,7 +133,7 @@ class RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
                 self._self_finalizer.detach()  # the stream proxy owns the end now
             self._self_parsed[to] = out
         except Exception as exc:
-            GUARD.failed("openai raw parse", exc)
+            rec.owner.guard.failed("openai raw parse", exc)
             return parsed
         if out is parsed:
             self._self_end(COMPLETE)

@@ -19,7 +19,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from ... import semconv as sc
-from ...guard import GUARD
 from ...core.client_metrics import TIME_PER_OUTPUT_CHUNK, ClientSummary
 from ...core.inter_token import sorted_gap_summary
 from .messages import Output, dumps
@@ -145,7 +144,7 @@ class CallRecord:
         try:
             self._finish(how, exc, end)
         except Exception as err:
-            GUARD.failed("openai finish", err)
+            self.owner.guard.failed("openai finish", err)
             try:
                 self.span.end(end_time=self.wall_ns(end))
             except Exception:

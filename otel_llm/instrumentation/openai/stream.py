@@ -22,7 +22,6 @@ import weakref
 from time import perf_counter
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from ...guard import GUARD
 from .record import CLOSED, COMPLETE, ERROR, CallRecord
 
 # reader(rec, chunk, now): notes one received chunk in the record (ops.py: ``Chat.chunk``...)
@@ -90,7 +89,7 @@ class StreamProxy(_Proxy):
                 try:
                     reader(rec, chunk, now)
                 except Exception as exc:
-                    GUARD.failed(_SITE, exc)
+                    rec.owner.guard.failed(_SITE, exc)
                 at_yield = True
                 yield chunk
                 at_yield = False
@@ -115,7 +114,7 @@ class StreamProxy(_Proxy):
         try:
             self._reader(self._rec, chunk, now)
         except Exception as exc:
-            GUARD.failed(_SITE, exc)
+            self._rec.owner.guard.failed(_SITE, exc)
         return chunk
 
     def __enter__(self) -> "StreamProxy":
@@ -149,7 +148,7 @@ class AsyncStreamProxy(_Proxy):
                 try:
                     reader(rec, chunk, now)
                 except Exception as exc:
-                    GUARD.failed(_SITE, exc)
+                    rec.owner.guard.failed(_SITE, exc)
                 at_yield = True
                 yield chunk
                 at_yield = False
@@ -172,7 +171,7 @@ class AsyncStreamProxy(_Proxy):
         try:
             self._reader(self._rec, chunk, now)
         except Exception as exc:
-            GUARD.failed(_SITE, exc)
+            self._rec.owner.guard.failed(_SITE, exc)
         return chunk
 
     async def __aenter__(self) -> "AsyncStreamProxy":

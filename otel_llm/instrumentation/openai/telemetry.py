@@ -7,6 +7,7 @@ from opentelemetry.trace import Tracer
 
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
+from ...guard import Guard
 
 PROVIDER = "openai"
 
@@ -14,7 +15,8 @@ PROVIDER = "openai"
 class ClientState:
     provider = PROVIDER
 
-    def __init__(self, config: Config, tracer: Tracer, metrics: ClientMetrics) -> None:
+    def __init__(self, config: Config, tracer: Tracer, metrics: ClientMetrics, guard: Guard) -> None:
         self.config = config
+        self.guard = guard  # the instrumentor's: every wrapper, record and stream proxy counts its errors there
         self.tracer = tracer
         self.metrics = metrics

@@ -15,7 +15,6 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from ... import semconv as sc
-from ...guard import GUARD
 from ._fence import helper_raw_stream
 from .raw import RawResponse
 from .record import CLOSED, COMPLETE, ERROR, CallRecord
@@ -29,6 +28,7 @@ class OpenAIWrappers:
     def __init__(self, telemetry: ClientState, stream_types: tuple[type, type],
                  legacy_raw_type: type | None = None, raw_types: tuple[type, ...] = ()) -> None:
         self.t = telemetry
+        self.guard = telemetry.guard
         self.stream_type, self.async_stream_type = stream_types
         self.legacy_raw_type = legacy_raw_type  # ``with_raw_response``: the body is read, unless streamed
         self.raw_types = raw_types  # ``with_streaming_response``: nothing read yet
@@ -70,7 +70,7 @@ class OpenAIWrappers:
                     try:
                         return await wrapped(*args, **kwargs)
                     finally:
-                        _helper_closed(instance)
+                        self._helper_closed(instance)
                 return call()
             return awrapper
 
@@ -78,7 +78,7 @@ class OpenAIWrappers:
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                _helper_closed(instance)
+                self._helper_closed(instance)
         return wrapper
 
     # -- shared by sync and async --------------------------------------------------------------
@@ -120,7 +120,7 @@ class OpenAIWrappers:
             rec.start = anchor
             return rec, kwargs, token
         except Exception as exc:
-            GUARD.failed(f"openai {op.operation} (before)", exc)
+            self.guard.failed(f"openai {op.operation} (before)", exc)
             if span is not None:
                 try:
                     span.end()
@@ -129,12 +129,12 @@ class OpenAIWrappers:
             return None, original, None
 
     def _failed(self, op: Any, rec: CallRecord, token: object, exc: BaseException) -> None:
-        _detach(token)
-        _completion_of(op, rec, exc)
+        self._detach(token)
+        self._completion_of(op, rec, exc)
         rec.finish(ERROR, exc)
 
     def _returned(self, op: Any, rec: CallRecord, token: object, result: Any) -> Any:
-        _detach(token)
+        self._detach(token)
         try:
             if isinstance(result, self.stream_type):
                 return StreamProxy(result, rec, op.chunk)
@@ -146,7 +146,7 @@ class OpenAIWrappers:
                 try:
                     parsed = result.parse()
                 except Exception as exc:  # the host's own (``.parse()``'s finish-reason errors): the
-                    _completion_of(op, rec, exc)  # caller's parse raises it too; the call failed as
+                    self._completion_of(op, rec, exc)  # caller's parse raises it too; the call failed as
                     rec.finish(ERROR, exc)      # a plain ``.parse()`` does
                     return result
                 op.response(rec, parsed)
@@ -157,9 +157,35 @@ class OpenAIWrappers:
                 op.response(rec, result)
                 rec.read_output = True
         except Exception as exc:
-            GUARD.failed(f"openai {op.operation} (after)", exc)
+            self.guard.failed(f"openai {op.operation} (after)", exc)
         rec.finish(COMPLETE)
         return result
+
+    def _completion_of(self, op: Any, rec: CallRecord, exc: BaseException) -> None:
+        """``.parse()`` raises ``ContentFilterFinishReasonError`` / ``LengthFinishReasonError`` for a
+        response the API did return: the error span keeps that response's facts (id, usage, finish reasons)."""
+        completion = getattr(exc, "completion", None)
+        if completion is None or not hasattr(completion, "model_dump"):
+            return
+        try:
+            op.response(rec, completion)
+            rec.read_output = True
+        except Exception as err:
+            self.guard.failed("openai parse error facts", err)
+
+    def _helper_closed(self, helper: Any) -> None:
+        try:
+            raw = helper_raw_stream(helper)
+            if type(raw) in (StreamProxy, AsyncStreamProxy):  # type(), not isinstance: the proxy answers
+                raw._end(CLOSED)                                  # the wrapped stream's class
+        except Exception as exc:
+            self.guard.failed("openai stream helper close", exc)
+
+    def _detach(self, token: object) -> None:
+        try:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        except Exception as exc:
+            self.guard.failed("openai context detach", exc)
 
     def _server(self, instance: Any) -> tuple[str | None, int | None]:
         url = instance._client.base_url
@@ -201,32 +227,3 @@ def with_trace_headers(kwargs: dict, ctx: Any, instance: Any) -> dict:
     merged: dict[str, Any] = dict(given.items()) if given else {}
     merged.update(add)
     return {**kwargs, "extra_headers": merged}
-
-
-def _completion_of(op: Any, rec: CallRecord, exc: BaseException) -> None:
-    """``.parse()`` raises ``ContentFilterFinishReasonError`` / ``LengthFinishReasonError`` for a
-    response the API did return: the error span keeps that response's facts (id, usage, finish reasons)."""
-    completion = getattr(exc, "completion", None)
-    if completion is None or not hasattr(completion, "model_dump"):
-        return
-    try:
-        op.response(rec, completion)
-        rec.read_output = True
-    except Exception as err:
-        GUARD.failed("openai parse error facts", err)
-
-
-def _helper_closed(helper: Any) -> None:
-    try:
-        raw = helper_raw_stream(helper)
-        if type(raw) in (StreamProxy, AsyncStreamProxy):  # type(), not isinstance: the proxy answers
-            raw._end(CLOSED)                                  # the wrapped stream's class
-    except Exception as exc:
-        GUARD.failed("openai stream helper close", exc)
-
-
-def _detach(token: object) -> None:
-    try:
-        otel_context.detach(token)  # type: ignore[arg-type]
-    except Exception as exc:
-        GUARD.failed("openai context detach", exc)

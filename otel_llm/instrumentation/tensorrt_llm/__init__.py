@@ -17,7 +17,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
-from ...guard import GUARD
+from ...guard import GuardOwner
 from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...lifecycle import TELEMETRY, Lifecycle
@@ -55,14 +55,14 @@ class TRTLLMPipeline(Pipeline):
         try:
             self.ledger.flush(timeout)
         except Exception as exc:
-            GUARD.failed("tensorrt_llm iteration ledger", exc)
+            self.guard.failed("tensorrt_llm iteration ledger", exc)
         return super().flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         try:
             self.ledger.close(timeout)
         except Exception as exc:
-            GUARD.failed("tensorrt_llm iteration ledger", exc)
+            self.guard.failed("tensorrt_llm iteration ledger", exc)
         super().close(timeout)
 
     def stats(self) -> dict[str, int]:
@@ -74,7 +74,8 @@ class TRTLLMPipeline(Pipeline):
         return out
 
 
-class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class TensorRTLLMInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
+    """``guard``: this process's errors of the TensorRT-LLM instrumentation, kept across instrument cycles."""
     telemetry: TRTLLMPipeline | None = None
     # what this instrumentation closes at exit (the telemetry's flush, the providers it built), or at uninstrument
     lifecycle: Lifecycle | None = None
@@ -92,13 +93,15 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        self.lifecycle = owned = Lifecycle()
+        self.lifecycle = owned = Lifecycle(self.guard)
         tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.tensorrt_llm", __version__)
         meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.tensorrt_llm", __version__)
-        self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router)
+        self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router,
+                                                       guard=self.guard)
         owned.add("telemetry", lambda: telemetry.flush(2.0), TELEMETRY)  # the ledger's held requests too
         telemetry.ledger = IterationLedger(telemetry.add_step, telemetry.finish, max_steps=config.max_steps,
-                                           max_waiting=config.max_requests, wait_s=config.iteration_wait)
+                                           max_waiting=config.max_requests, wait_s=config.iteration_wait,
+                                           guard=self.guard)
         w = TRTLLMWrappers(telemetry, telemetry.ledger)
         self._engine_table = WrapTable([
             Target(LLM_MODULE, "BaseLLM.generate_async", w.generate_async),
@@ -108,13 +111,13 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             Target(RESULT_MODULE, "GenerationResultBase.record_stats", w.record_stats),
             Target(RESULT_MODULE, "GenerationResult.abort", w.abort),
             Target(RESULT_MODULE, "IterationResult.__anext__", w.iteration_anext),
-        ])
+        ], self.guard)
         self._server_table = WrapTable([
             Target(SERVER_MODULE, "OpenAIServer.openai_chat", w.serving("chat")),
             Target(SERVER_MODULE, "OpenAIServer.chat_harmony", w.serving("chat")),
             Target(SERVER_MODULE, "OpenAIServer.openai_completion", w.serving("text_completion")),
             Target(SERVER_MODULE, "OpenAIServer.openai_responses", w.serving("chat")),
-        ])
+        ], self.guard)
         # Checked and wrapped once llm.py is imported (it imports executor/result.py first); the server
         # module on its own import. Nothing of TensorRT-LLM is imported by instrumenting.
         self.refused: dict[str, list[str]] = {}
@@ -134,7 +137,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             differences = [f"the check itself failed: {exc!r}"]
         if differences:
             self.refused[part] = differences
-            contract.refuse(part, differences)
+            contract.refuse(part, differences, self.guard)
             return
         table.wrap()
 
@@ -147,7 +150,7 @@ class TensorRTLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             try:
                 self.telemetry.close()
             except Exception as exc:
-                GUARD.failed("tensorrt_llm uninstrument", exc)
+                self.guard.failed("tensorrt_llm uninstrument", exc)
         self.telemetry = None
         if self.lifecycle is not None:  # the providers it built
             self.lifecycle.close_all()

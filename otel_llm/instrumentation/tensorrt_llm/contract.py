@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ...guard import GUARD
+from ...guard import Guard
 
 logger = logging.getLogger("otel_llm")
 
@@ -212,12 +212,12 @@ def check(server: bool = False) -> list[str]:
 REFUSAL_SITE = "tensorrt_llm contract"
 
 
-def refuse(part: str, differences: list[str]) -> None:
-    """Count a refusal to wrap (``otel_llm.stats()["errors"]``, the ``otel_llm.errors`` counter) and say
-    why, once per part."""
+def refuse(part: str, differences: list[str], guard: Guard) -> None:
+    """Count a refusal to wrap in ``guard``, the instrumentor's (``otel_llm.stats()["errors"]``, the
+    ``otel_llm.errors`` counter), and say why, once per part."""
     site = f"{REFUSAL_SITE}: {part}"
-    first = site not in GUARD.errors
-    GUARD.errors[site] += 1
+    first = site not in guard.errors
+    guard.errors[site] += 1
     if first:
         logger.warning("otel-llm: the installed TensorRT-LLM differs from the source this adapter was built "
                        "from (%s %s); %s is not instrumented: %s",

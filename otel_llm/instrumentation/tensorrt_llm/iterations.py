@@ -38,6 +38,7 @@ from ... import semconv as sc
 from ...core.materializer import Materializer
 from ...core.summary import RequestSummary
 from ...core.timeline import RequestTimeline, StepRecord
+from ...guard import Guard
 
 _TIMESTAMP_FORMATS = ("%m-%d-%Y %H:%M:%S.%f", "%m-%d-%Y %H:%M:%S")
 
@@ -215,7 +216,8 @@ class IterationLedger:
 
     def __init__(self, add_step: Callable[[StepRecord], None], finish: Callable[[str, RequestSummary], Any],
                  max_steps: int, max_waiting: int, wait_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, background: bool = True,
+                 guard: Guard | None = None) -> None:
         self._add_step = add_step
         self._finish = finish
         self.max_steps = max_steps
@@ -239,7 +241,8 @@ class IterationLedger:
         # request an iteration served, and trtllm-serve pulls from its event loop (/metrics). The
         # caller only queues. A full queue drops stats (counted) and runs a finish where it is.
         self.stats_dropped = 0
-        self._worker = Materializer(self._run, max_jobs=max_steps + 4096,
+        # guard: the instrumentor's, which counts the worker's errors (its own where built alone, as in tests)
+        self._worker = Materializer(self._run, guard if guard is not None else Guard(), max_jobs=max_steps + 4096,
                                     name="otel-llm-tensorrt_llm-iterations") if background else None
 
     # -- inputs ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ... import semconv as sc
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.summary import RequestSummary
 from ...core.timeline import QUEUED, SCHEDULED, RequestTimeline
 
@@ -77,7 +77,7 @@ def _diff(later: float | None, earlier: float | None) -> float | None:
 
 
 def finalize(t: RequestTimeline, times: EngineTimes | None, perf: Any, output_tokens: int, streamed: bool,
-             now_mono: float, now_wall: float) -> RequestSummary:
+             now_mono: float, now_wall: float, guard: Guard) -> RequestSummary:
     """Settle ``t`` with the engine's stamps and build its summary.
 
     ``t.token_ts`` holds, on the hot path, when this process received each streamed update (and how
@@ -85,7 +85,7 @@ def finalize(t: RequestTimeline, times: EngineTimes | None, perf: Any, output_to
     replaced by the engine's ``first_token_time`` and ``last_token_time``, the ones between are kept
     (clamped into that interval). Without streaming there is one update, at the end: the first token's
     stamp only (the iteration ledger adds one per decode iteration once it has the request's iteration
-    stats: ``iterations.decode_stamps``).
+    stats: ``iterations.decode_stamps``). ``guard``: the instrumentor's, which says a missing one once.
     """
     s = RequestSummary(model=t.model, operation=t.operation, provider=t.provider, input_tokens=t.input_tokens,
                        output_tokens=output_tokens, finish_reason=t.finish_reason)
@@ -106,7 +106,7 @@ def finalize(t: RequestTimeline, times: EngineTimes | None, perf: Any, output_to
             s.e2e = max(0.0, now_mono - times.arrival)
     else:
         if s.error_type is None:  # an aborted or failed request may end before the engine reported
-            _warn_no_perf_metrics()
+            _warn_no_perf_metrics(guard)
         # our own stamps: TTFT and decode as this process saw them
         s.e2e = max(0.0, now_wall - t.arrival)
         if t.token_ts:
@@ -174,8 +174,8 @@ def iteration_range(perf: Any) -> tuple[int, int] | None:
     return None
 
 
-def _warn_no_perf_metrics() -> None:
-    GUARD.warn_once("tensorrt_llm no perf metrics",
+def _warn_no_perf_metrics(guard: Guard) -> None:
+    guard.warn_once("tensorrt_llm no perf metrics",
                     "otel-llm: a TensorRT-LLM request finished without per-request perf metrics "
                     "(return_perf_metrics): its span has TTFT, decode and e2e as this process saw them, "
                     "no queue/prefill phases. Call otel_llm.instrument() before building the LLM.")

@@ -22,7 +22,6 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ... import semconv as sc
-from ...guard import GUARD
 from ...core.pipeline import Pipeline
 from ...core.timeline import RequestTimeline
 from ...core.request_params import sampling_attributes
@@ -47,6 +46,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 class TRTLLMWrappers:
     def __init__(self, telemetry: Pipeline, ledger: IterationLedger) -> None:
         self.telemetry = telemetry
+        self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
         self.ledger = ledger
         self.bind = Binders()
         self._told_perf_metrics = False
@@ -64,7 +64,7 @@ class TRTLLMWrappers:
                                 "(SamplingParams.return_perf_metrics=True); the request timings we report are "
                                 "TensorRT-LLM's own")
         except Exception as exc:
-            GUARD.failed("BaseLLM._prepare_sampling_params", exc)
+            self.guard.failed("BaseLLM._prepare_sampling_params", exc)
         return params
 
     # -- request start ----------------------------------------------------------------------------
@@ -74,12 +74,12 @@ class TRTLLMWrappers:
         try:
             args, kwargs = self._propagate(wrapped, args, kwargs)
         except Exception as exc:
-            GUARD.failed("BaseLLM.generate_async (before)", exc)
+            self.guard.failed("BaseLLM.generate_async (before)", exc)
         result = wrapped(*args, **kwargs)
         try:
             self._start(wrapped, instance, args, kwargs, result, arrival)
         except Exception as exc:
-            GUARD.failed("BaseLLM.generate_async", exc)
+            self.guard.failed("BaseLLM.generate_async", exc)
         return result
 
     def _propagate(self, wrapped: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -138,7 +138,7 @@ class TRTLLMWrappers:
             try:
                 self._finish(instance, t, "engine_error")
             except Exception as exc:
-                GUARD.failed("GenerationResult._handle_response", exc)
+                self.guard.failed("GenerationResult._handle_response", exc)
             raise
         try:  # the hot path: once per streamed update
             o = instance.outputs[0]
@@ -152,7 +152,7 @@ class TRTLLMWrappers:
             elif _is_error(args[0] if args else kwargs.get("response")):  # errors carry no tokens
                 self._finish(instance, t, "engine_error")
         except Exception as exc:
-            GUARD.failed("GenerationResult._handle_response", exc)
+            self.guard.failed("GenerationResult._handle_response", exc)
         return out
 
     def record_stats(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -165,7 +165,7 @@ class TRTLLMWrappers:
                 if times is not None:
                     t.native = times
         except Exception as exc:
-            GUARD.failed("GenerationResultBase.record_stats", exc)
+            self.guard.failed("GenerationResultBase.record_stats", exc)
         return out
 
     def abort(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -181,7 +181,7 @@ class TRTLLMWrappers:
                     t.finish_reason = "cancelled"
                     self._finish(instance, t, "aborted")
         except Exception as exc:
-            GUARD.failed("GenerationResult.abort", exc)
+            self.guard.failed("GenerationResult.abort", exc)
         return out
 
     def _finish(self, result: Any, t: RequestTimeline, error_type: str | None) -> None:
@@ -203,7 +203,7 @@ class TRTLLMWrappers:
         now_mono, now_wall = time.monotonic(), time.time()
         output_tokens = len(o.token_ids) if o is not None and o.token_ids is not None else 0
         s = finalize(t, times, perf, output_tokens, bool(t.request_attributes.get(sc.REQUEST_STREAM)),
-                     now_mono, now_wall)
+                     now_mono, now_wall, self.guard)
         text = getattr(o, "text", None)
         if isinstance(text, str) and text:
             s.output_characters = len(text)
@@ -227,7 +227,7 @@ class TRTLLMWrappers:
                 if isinstance(stats, dict):
                     self.ledger.observe(stats)
         except Exception as exc:
-            GUARD.failed("BaseLLM.get_stats", exc)
+            self.guard.failed("BaseLLM.get_stats", exc)
         return out
 
     def iteration_anext(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -237,7 +237,7 @@ class TRTLLMWrappers:
                 if isinstance(stats, dict) and self.telemetry.config.engine_steps:
                     self.ledger.observe(stats)
             except Exception as exc:
-                GUARD.failed("IterationResult.__anext__", exc)
+                self.guard.failed("IterationResult.__anext__", exc)
             return stats
         return call()
 
@@ -252,7 +252,7 @@ class TRTLLMWrappers:
                 context = (operation, SpanKind.SERVER, getattr(instance, "model", None),
                            {str(k).lower(): v for k, v in headers.items()} if headers is not None else None)
             except Exception as exc:
-                GUARD.failed("OpenAIServer handler", exc)
+                self.guard.failed("OpenAIServer handler", exc)
 
             async def call() -> Any:
                 token = _SERVING.set(context)

@@ -13,7 +13,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
-from ...guard import GUARD
+from ...guard import GuardOwner
 from ...core.pipeline import Pipeline
 from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, meter_provider_from, tracer_provider_from
 from ...lifecycle import DIRECTORIES, SOCKETS, TELEMETRY, Lifecycle
@@ -32,7 +32,7 @@ def installed_distribution() -> str | None:
     return first_installed(_DISTRIBUTIONS)
 
 
-class VLLMInstrumentor(BaseInstrumentor):
+class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
     """One per process (BaseInstrumentor is a singleton), and it owns the step machinery there:
 
     * ``step_hooks``: the scheduler hooks of an engine running in this process, armed while
@@ -42,7 +42,8 @@ class VLLMInstrumentor(BaseInstrumentor):
       an EngineCore spawned earlier keeps sending to it for as long as it runs;
     * ``last_engine``: the shape of the last engine built here, for the roofline of a later instrumentation;
     * ``lifecycle``: what it closes at exit, in order: the telemetry's flush, the providers it built (both
-      closed at uninstrument instead), the sockets, the step directory it made.
+      closed at uninstrument instead), the sockets, the step directory it made;
+    * ``guard``: the errors caught in all of that (and those its EngineCores relay), for the life of the process.
     """
     telemetry: Pipeline | None = None
     # vLLM's symbols we rely on, checked once per process as their modules are imported (contract.py)
@@ -66,14 +67,14 @@ class VLLMInstrumentor(BaseInstrumentor):
         owned = self._owned()
         tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.vllm", __version__)
         meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.vllm", __version__)
-        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router)
+        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
         # at exit: build what is queued and send it, before the providers it goes through shut down
         owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver,
                          engine_built=self._engine_built)
         self._fence()
         if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
-            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add, fence=self.fence)
+            self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add, fence=self.fence, guard=self.guard)
             self.kv_wrapper.arm()
         w.fence = self.fence
         engine = self.last_engine
@@ -82,7 +83,7 @@ class VLLMInstrumentor(BaseInstrumentor):
                 telemetry.diagnosis.setup(engine.model, config, engine.on_cuda, engine.devices)
                 telemetry.window.max_loras = engine.max_loras  # the LoRA-slot verdict's input too
             except Exception as exc:
-                GUARD.failed("vllm step diagnosis set-up", exc)
+                self.guard.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:
             # once vLLM is imported (now, if it is): nothing of vLLM's is imported for a process that
             # only has it installed
@@ -105,7 +106,7 @@ class VLLMInstrumentor(BaseInstrumentor):
             Target("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses.create_responses",
                    w.serving("chat")),
             Target("vllm.entrypoints.pooling.embed.serving", "ServingEmbedding.__call__", w.serving("embeddings")),
-        ])
+        ], self.guard)
         self._table.wrap()
 
     def _fence(self) -> None:
@@ -113,13 +114,13 @@ class VLLMInstrumentor(BaseInstrumentor):
         is imported (now, if it is). Once per process: the hooks stay, the contract says each thing once."""
         if self.fence is not None:
             return
-        self.fence = fence = contract.Contract()
+        self.fence = fence = contract.Contract(guard=self.guard)
         try:
             fence.check_version()
             for name in dict.fromkeys(e.module for e in fence.entries):
                 wrapt.register_post_import_hook(lambda _m, name=name: fence.check_module(name), name)
         except Exception as exc:
-            GUARD.failed("vllm contract", exc)
+            self.guard.failed("vllm contract", exc)
 
     def _arm_steps(self, w: VLLMWrappers) -> None:
         if self.telemetry is not w.telemetry:  # instrumented again (or not at all) since
@@ -136,10 +137,10 @@ class VLLMInstrumentor(BaseInstrumentor):
             w.steps_armed = True
             w.receiver = self.step_receiver
             if self.step_hooks is None:
-                self.step_hooks = step_hooks.StepHooks(self.fence)
+                self.step_hooks = step_hooks.StepHooks(self.fence, self.guard)
             self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
-            GUARD.failed("vllm step hooks", exc)
+            self.guard.failed("vllm step hooks", exc)
 
     def _engine_built(self, engine: EngineShape) -> None:
         self.last_engine = engine
@@ -154,19 +155,19 @@ class VLLMInstrumentor(BaseInstrumentor):
 
     def _owned(self) -> Lifecycle:
         if self.lifecycle is None:
-            self.lifecycle = Lifecycle()
+            self.lifecycle = Lifecycle(self.guard)
         return self.lifecycle
 
     def _open_receiver(self) -> step_transport.StepReceiver:
         """This process's step socket: kept across instrument/uninstrument cycles, closed at exit."""
         if self.step_receiver is None:
-            self.step_receiver = receiver = step_transport.StepReceiver(self._step_dir())
+            self.step_receiver = receiver = step_transport.StepReceiver(self._step_dir(), self.guard)
             self._owned().add("step receiver", receiver.close, SOCKETS)
         return self.step_receiver
 
     def _open_kv_receiver(self) -> kv_channel.HandoffReceiver:
         if self.kv_receiver is None:
-            self.kv_receiver = receiver = kv_channel.HandoffReceiver(self._step_dir())
+            self.kv_receiver = receiver = kv_channel.HandoffReceiver(self._step_dir(), self.guard)
             self._owned().add("kv hand-off receiver", receiver.close, SOCKETS)
         return self.kv_receiver
 
@@ -181,7 +182,7 @@ class VLLMInstrumentor(BaseInstrumentor):
             try:
                 self.telemetry.close()  # spans of requests already finished still go out
             except Exception as exc:
-                GUARD.failed("vllm uninstrument", exc)
+                self.guard.failed("vllm uninstrument", exc)
         self.telemetry = None
         if self.lifecycle is not None:  # what this instrumentation added; the sockets stay for the process
             self.lifecycle.discard(_TELEMETRY)

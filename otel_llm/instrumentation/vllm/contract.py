@@ -46,7 +46,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ...guard import GUARD
+from ...guard import Guard
 
 logger = logging.getLogger("otel_llm")
 
@@ -563,8 +563,10 @@ class Contract:
     """The table checked in one process: each module's entries once that module is imported; each
     missing entry said once. ``reader`` hands out the fallback-aware accessor for an entry."""
 
-    def __init__(self, entries: Iterable[Entry] = ENTRIES) -> None:
+    def __init__(self, entries: Iterable[Entry] = ENTRIES, guard: Guard | None = None) -> None:
         self.entries = tuple(entries)
+        # the owner's: a missing entry is counted there (alone, as in tests: its own)
+        self.guard = guard if guard is not None else Guard()
         self.missing: dict[str, str] = {}  # entry key -> why
         self._checked: set[str] = set()  # modules whose entries were checked
         self._version_told = False
@@ -633,7 +635,7 @@ class Contract:
             logger.info("otel-llm: %s %s in vllm %s; using %s instead", entry.key, why, version, entry.fallback)
             return
         site = f"vllm contract: {entry.key}"
-        GUARD.errors[site] += 1
+        self.guard.errors[site] += 1
         logger.warning("otel-llm: %s off: %s.%s %s in vllm %s", entry.feature, entry.module, entry.qualname,
                        why, version)
 

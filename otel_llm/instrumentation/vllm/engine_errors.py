@@ -1,12 +1,12 @@
 """Errors caught in a spawned EngineCore, counted where the user looks: the frontend's ``otel_llm.stats()``.
 
-Our hooks in the EngineCore catch their own errors (``GUARD``) so that vLLM runs on; but that process's
-counts are invisible to the frontend, and a step whose hook failed sends no step record, so the loss would
-be silent. The EngineCore therefore sends a **control record** on the step socket whenever its counts
-change (at most every ``ErrorReporter.MIN_INTERVAL_S``; a change held back is sent at the next record or
-the sink's once-a-second rescan): its pid and its cumulative count per site, JSON after one marker byte
-that no step record starts with (step_wire's first byte is its version, a small number). The frontend
-(``ErrorRelay``) adds each site's increase to its own ``GUARD.errors`` as ``EngineCore: <site>``, so it
+Our hooks in the EngineCore catch their own errors (the guard of the plugin's ``EngineSide``) so that vLLM
+runs on; but that process's counts are invisible to the frontend, and a step whose hook failed sends no step
+record, so the loss would be silent. The EngineCore therefore sends a **control record** on the step socket
+whenever its counts change (at most every ``ErrorReporter.MIN_INTERVAL_S``; a change held back is sent at
+the next record or the sink's once-a-second rescan): its pid and its cumulative count per site, JSON after
+one marker byte that no step record starts with (step_wire's first byte is its version, a small number). The frontend
+(``ErrorRelay``) adds each site's increase to its instrumentor's guard as ``EngineCore: <site>``, so it
 shows in ``otel_llm.stats()["errors"]`` and the ``otel_llm.errors`` counter. JSON, never pickle: a
 frontend executes nothing that arrives on its socket; an unreadable control record is counted as malformed.
 
@@ -14,7 +14,7 @@ vLLM **worker** processes (the multiprocess executor's ``VllmWorker-<rank>``: te
 ``distributed_executor_backend="mp"``, which the CPU build runs with one worker too) host the model-runner
 timer (model_timing.py) and the KV connector's worker side (kv_connector.py). Their errors take a channel of
 their own (``WorkerErrors``): the same control record, marked ``"role": "worker"``, sent from a socket of
-the worker's to every frontend socket in the inherited step directory, whenever the worker's ``GUARD``
+the worker's to every frontend socket in the inherited step directory, whenever the worker's guard
 counts an error (``Guard.listeners``; a change held back by the interval is sent by a one-shot timer).
 The frontend counts them as ``vLLM worker: <site>`` and warns once per site. A worker also checks the
 contract's worker-side entries as their modules are imported (the frontend does not import the model
@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ...guard import GUARD
+from ...guard import Guard
 
 logger = logging.getLogger("otel_llm")
 
@@ -57,13 +57,15 @@ def encode(pid: int, errors: dict[str, int], role: str | None = None, contract: 
 
 
 class ErrorReporter:
-    """EngineCore side: sends this process's error counts through ``send`` when they changed."""
+    """EngineCore side: sends the error counts of ``guard`` (the EngineSide's) through ``send`` when they changed."""
 
     MIN_INTERVAL_S = 0.5
 
     def __init__(self, send: Callable[[bytes], None], clock: Callable[[], float] = time.monotonic,
-                 role: str | None = None, later: Callable[[float, Callable[[], None]], None] | None = None) -> None:
+                 role: str | None = None, later: Callable[[float, Callable[[], None]], None] | None = None,
+                 guard: Guard | None = None) -> None:
         self.send = send
+        self.guard = guard if guard is not None else Guard()
         self.clock = clock
         self.role = role  # None: an EngineCore's; WORKER: a worker's (its contract sites relayed too)
         self.later = later  # where nothing rescans (a worker): calls ``changed`` again after a delay
@@ -74,8 +76,8 @@ class ErrorReporter:
     def changed(self) -> None:
         """Called after an error was caught (and at the sink's rescans): send if due."""
         contract = self.role == WORKER
-        # this process's own sites: never ones relayed to it (a process that is both, or a test's shared GUARD)
-        errors = {k: v for k, v in GUARD.errors.items()
+        # this process's own sites: never ones relayed to it (a process that is both, or a test's shared guard)
+        errors = {k: v for k, v in self.guard.errors.items()
                   if (contract or not k.startswith(_NOT_RELAYED)) and not k.startswith(_RELAYED)}
         if errors == self.sent:
             return
@@ -111,12 +113,12 @@ class WorkerErrors:
     """A vLLM worker's channel to the frontends: control records from a socket of its own to every
     ``*.sock`` in the step directory (rare: only when its error counts change), found afresh each time."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, guard: Guard) -> None:
         self.directory = directory
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
         self.dropped = 0
-        self.reporter = ErrorReporter(self.send, role=WORKER, later=_timer)
+        self.reporter = ErrorReporter(self.send, role=WORKER, later=_timer, guard=guard)
         self.fence: Any = None  # the worker's contract (contract.Contract), shared by our hooks in this process
 
     def send(self, data: bytes) -> None:
@@ -135,25 +137,25 @@ class WorkerErrors:
         self.sock.close()
 
 
-def worker_errors(directory: str) -> WorkerErrors:
-    """A worker process's channel, listening to ``GUARD``, with the contract's worker-side entries checked
-    as their modules are imported. Made once a process, by the plugin's ``EngineSide``, which holds it."""
-    errors = WorkerErrors(directory)
-    GUARD.listeners.append(errors.reporter.changed)
-    errors.fence = _check_worker_side(errors.reporter)
+def worker_errors(directory: str, guard: Guard) -> WorkerErrors:
+    """A worker process's channel, listening to ``guard`` (the plugin's ``EngineSide``'s, which makes it
+    once a process and holds it), with the contract's worker-side entries checked as their modules are imported."""
+    errors = WorkerErrors(directory, guard)
+    guard.listeners.append(errors.reporter.changed)
+    errors.fence = _check_worker_side(errors.reporter, guard)
     return errors
 
 
-def _check_worker_side(reporter: ErrorReporter) -> Any:
+def _check_worker_side(reporter: ErrorReporter, guard: Guard) -> Any:
     import wrapt
 
     from . import contract
 
-    fence = contract.Contract()
+    fence = contract.Contract(guard=guard)
 
     def check(name: str) -> None:
         fence.check_module(name)
-        reporter.changed()  # a missing symbol is counted in GUARD by the contract, not through failed()
+        reporter.changed()  # a missing symbol is counted in the guard by the contract, not through failed()
 
     for name in dict.fromkeys(e.module for e in contract.ENTRIES if e.side == contract.WORKER):
         wrapt.register_post_import_hook(lambda _m, name=name: check(name), name)
@@ -162,11 +164,13 @@ def _check_worker_side(reporter: ErrorReporter) -> Any:
 
 class ErrorRelay:
     """Frontend side: each EngineCore's (and worker's) cumulative counts, their increases added to
-    ``GUARD.errors``; a worker's new site is also said once in this log (its own log may be far away)."""
+    ``guard.errors`` (the instrumentor's); a worker's new site is also said once in this log (its own log may
+    be far away)."""
 
     MAX_ENGINES = 16
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard if guard is not None else Guard()
         self.seen: dict[int, dict[str, int]] = {}  # EngineCore pid -> the counts it last reported
 
     def take(self, data: bytes) -> None:
@@ -188,8 +192,8 @@ class ErrorRelay:
             now[site] = count
             if count > before.get(site, 0):
                 if worker:
-                    GUARD.warn_once(prefix + site, "otel-llm: %s error(s) at %s in vLLM worker process %d (its log "
-                                    "has the first one's traceback; further ones are counted in stats())",
-                                    count, site, pid)
-                GUARD.errors[prefix + site] += count - before.get(site, 0)
+                    self.guard.warn_once(prefix + site, "otel-llm: %s error(s) at %s in vLLM worker process %d "
+                                         "(its log has the first one's traceback; further ones are counted in "
+                                         "stats())", count, site, pid)
+                self.guard.errors[prefix + site] += count - before.get(site, 0)
         self.seen[pid] = now

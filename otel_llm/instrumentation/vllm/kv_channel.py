@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Callable
 
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.handoff import KVHandoff
 from .step_transport import _unlink
 
@@ -59,7 +59,8 @@ class HandoffSink:
 class HandoffReceiver:
     """Frontend side: this process's ``<pid>.kv`` socket, drained with the step records."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, guard: Guard | None = None) -> None:
+        self.guard = guard if guard is not None else Guard()  # the instrumentor's: a malformed record is counted there
         self.path = os.path.join(directory, f"{os.getpid()}{SUFFIX}")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         _unlink(self.path)  # a stale one of a dead process that had our pid
@@ -77,7 +78,7 @@ class HandoffReceiver:
                 record = KVHandoff.from_wire(json.loads(data))
             except (ValueError, TypeError) as exc:  # json's errors are ValueErrors
                 self.malformed += 1
-                GUARD.failed("kv hand-off record wire", exc)
+                self.guard.failed("kv hand-off record wire", exc)
                 continue
             deliver(record)
 

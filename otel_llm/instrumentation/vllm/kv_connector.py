@@ -23,7 +23,7 @@ Every vLLM symbol read here is a contract entry (contract.py): the wrapper asks 
 connector is built, which methods and fields are there, and keeps the fallback-aware readers it hands out.
 
 A connector that raises raises to vLLM exactly as before (the same exception object); the request
-shows a failed hand-off, and the host's error is not counted as ours (``GUARD`` counts only our own).
+shows a failed hand-off, and the host's error is not counted as ours (the owner's ``Guard`` counts only our own).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import operator
 import time
 from typing import Any, Callable, NamedTuple
 
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.handoff import KVHandoff
 from ..wraps import Target, WrapTable
 from . import contract
@@ -346,11 +346,13 @@ class ConnectorWrapper:
 
     def __init__(self, sink: Callable[[KVHandoff], None] | None,
                  clock: Callable[[], float] = time.monotonic, spawned: bool = False,
-                 fence: contract.Contract | None = None) -> None:
+                 fence: contract.Contract | None = None, guard: Guard | None = None) -> None:
         self.sink = sink
         self.clock = clock
         self.spawned = spawned
-        self.fence = fence or contract.Contract()
+        # the owner's (the instrumentor's, or the plugin's EngineSide): our errors here are counted there
+        self.guard = guard = guard if guard is not None else Guard()
+        self.fence = fence or contract.Contract(guard=guard)
         self.reads: _Reads | None = None  # vLLM's symbols through the contract, resolved at the first connector
         self.worker: WorkerSide | None = None  # the worker-side connector of this process, once built
         self.schedulers: list[SchedulerSide] = []
@@ -359,7 +361,7 @@ class ConnectorWrapper:
             Target(MIXIN_MODULE, "KVConnectorModelRunnerMixin._get_kv_connector_output",
                    self.kv_connector_output),
             Target(AGGREGATOR_MODULE, "KVOutputAggregator.aggregate", self.aggregate),
-        ])
+        ], guard)
 
     def arm(self) -> None:
         self._table.wrap()
@@ -381,7 +383,7 @@ class ConnectorWrapper:
                 return connector
             self.wrap(connector)
         except Exception as exc:
-            GUARD.failed("kv connector wrap", exc)
+            self.guard.failed("kv connector wrap", exc)
         return connector
 
     def wrap(self, connector: Any) -> Any:
@@ -439,15 +441,14 @@ class ConnectorWrapper:
                 kv_output=f.present("ModelRunnerOutput.kv_connector_output"))
         return reads
 
-    @staticmethod
-    def _deliver(sink: Callable[[KVHandoff], None], record: KVHandoff) -> None:
+    def _deliver(self, sink: Callable[[KVHandoff], None], record: KVHandoff) -> None:
         try:
             sink(record)
         except Exception as exc:
-            GUARD.failed("kv hand-off record", exc)
+            self.guard.failed("kv hand-off record", exc)
 
     def _wrapper(self, side: Any, method: str, bound: Callable[..., Any], worker: bool) -> Callable[..., Any]:
-        clock = self.clock
+        clock, guard = self.clock, self.guard
         if worker:
             def call(*args: Any, **kwargs: Any) -> Any:
                 start = clock()
@@ -458,32 +459,32 @@ class ConnectorWrapper:
                         side.spent(method, start, clock())
                         side.raised(method, exc)
                     except Exception as ours:
-                        GUARD.failed("kv connector (worker)", ours)
+                        guard.failed("kv connector (worker)", ours)
                     raise
                 try:
                     side.spent(method, start, clock())
                     side.returned(method, result)
                 except Exception as ours:
-                    GUARD.failed("kv connector (worker)", ours)
+                    guard.failed("kv connector (worker)", ours)
                 return result
         else:
             def call(*args: Any, **kwargs: Any) -> Any:
                 try:
                     side.before(method, args, kwargs)
                 except Exception as ours:
-                    GUARD.failed("kv connector (scheduler)", ours)
+                    guard.failed("kv connector (scheduler)", ours)
                 try:
                     result = bound(*args, **kwargs)
                 except BaseException as exc:
                     try:
                         side.raised(method, args, kwargs, exc)
                     except Exception as ours:
-                        GUARD.failed("kv connector (scheduler)", ours)
+                        guard.failed("kv connector (scheduler)", ours)
                     raise
                 try:
                     side.returned(method, args, kwargs, result)
                 except Exception as ours:
-                    GUARD.failed("kv connector (scheduler)", ours)
+                    guard.failed("kv connector (scheduler)", ours)
                 return result
         call.__wrapped__ = bound  # type: ignore[attr-defined]
         call.__name__ = method
@@ -511,7 +512,7 @@ class ConnectorWrapper:
                     if step is not None:
                         figures.append(step)
         except Exception as exc:
-            GUARD.failed("kv connector (aggregate)", exc)
+            self.guard.failed("kv connector (aggregate)", exc)
         result = wrapped(*args, **kwargs)
         if figures:
             try:
@@ -519,7 +520,7 @@ class ConnectorWrapper:
                 if kv is not None:
                     setattr(kv, WORKER_STEP_ATTR, merge_worker_steps(figures))
             except Exception as exc:
-                GUARD.failed("kv connector (aggregate)", exc)
+                self.guard.failed("kv connector (aggregate)", exc)
         return result
 
     def attach_worker_step(self, output: Any) -> None:
@@ -561,5 +562,5 @@ class _AttachWorkerStep:
         try:
             self.owner.attach_worker_step(self.output)
         except Exception as ours:
-            GUARD.failed("kv connector (worker step)", ours)
+            self.owner.guard.failed("kv connector (worker step)", ours)
         return suppress

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ...guard import GUARD
+from ...guard import Guard
 from ..wraps import Target, WrapTable
 from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
@@ -27,9 +27,10 @@ class ModelTimer:
     multiprocess executor's worker), with the times they keep until the step's output is handed on."""
 
     __slots__ = ("timing", "in_engine", "model", "current_model_step", "cuda_events", "event_pool", "clock",
-                 "facts", "_table")
+                 "facts", "_table", "guard")
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard = guard if guard is not None else Guard()  # its owner's (alone, as in tests: its own)
         self.timing = False  # the runner hooks on: in the EngineCore (with a sink) or in a worker (plugin)
         self.in_engine = False  # timing for the EngineCore's own step hooks (else for a worker process)
         self.model: dict[int, Any] = {}  # id(scheduler_output) -> seconds (CPU) or [(start, end) CUDA events]
@@ -38,12 +39,12 @@ class ModelTimer:
         self.event_pool: list[Any] = []  # read CUDA events, reused (creating them costs more than recording)
         self.clock: Callable[[], float] = time.monotonic
         # LoRA adapter loads and the drafter's time, hung on the step's output with the model time
-        self.facts = WorkerFacts()
+        self.facts = WorkerFacts(guard)
         self._table = WrapTable([
             # plain: called on every step, wrapt's call costs more (wraps.Target)
             Target(_RUNNER_MODULE, "GPUModelRunner.execute_model", self.execute_model, plain=True),
             Target(_RUNNER_MODULE, "GPUModelRunner.sample_tokens", self.sample_tokens, plain=True),
-        ])
+        ], guard)
 
     def enable(self, in_engine: bool = False) -> None:
         """Time the model runner in this process: for the EngineCore's step hooks (``in_engine``), or in a
@@ -102,7 +103,7 @@ class ModelTimer:
                 if self.facts.pending:  # an adapter loaded, the drafter ran: this step's
                     setattr(out, WORKER_FACTS_ATTR, self.facts.take_plain())
         except Exception as exc:
-            GUARD.failed("model runner timer", exc)
+            self.guard.failed("model runner timer", exc)
         return out
 
     def _pick_timer(self, runner: Any) -> None:
@@ -120,7 +121,7 @@ class ModelTimer:
                     self.timing = False
         except Exception as exc:
             self.cuda_events = False
-            GUARD.failed("model timer", exc)
+            self.guard.failed("model timer", exc)
 
     def _time_cuda(self, key: int, wrapped: Any, args: tuple, kwargs: dict) -> Any:
         """Events on the current stream around the call: the device's time for it. They are read once

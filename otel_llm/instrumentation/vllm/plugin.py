@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from ...guard import GUARD
+from ...guard import Guard
 from . import kv_channel
 from .engine_errors import ErrorReporter, WorkerErrors, worker_errors
 from .kv_connector import ConnectorWrapper
@@ -30,10 +30,12 @@ class EngineSide:
     * in a worker, where the model runs: the model runner's timing (``timer``) and the connectors'
       worker side, whose figures ride on each step's output.
 
-    Nothing here needs an exit hook: the process's sockets and shared memory go with it."""
+    Nothing here needs an exit hook: the process's sockets and shared memory go with it. ``guard`` counts
+    the errors of everything it armed; they reach the frontends' stats() (engine_errors.py)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self.guard = Guard()
         self.hooks: StepHooks | None = None
         self.sink: SocketSink | None = None
         self.timer: ModelTimer | None = None
@@ -43,34 +45,34 @@ class EngineSide:
 
     def arm_engine(self) -> None:
         try:
-            self.hooks = hooks = StepHooks()
-            self.sink = sink = SocketSink(self.directory)
+            self.hooks = hooks = StepHooks(guard=self.guard)
+            self.sink = sink = SocketSink(self.directory, self.guard)
             # errors caught here reach the frontends' stats() (engine_errors.py)
-            reporter = ErrorReporter(sink.send_control)
+            reporter = ErrorReporter(sink.send_control, guard=self.guard)
             hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
             hooks.arm(sink.__call__)
         except Exception as exc:
-            GUARD.failed("vllm plugin", exc)
+            self.guard.failed("vllm plugin", exc)
         self._arm_connectors(kv_channel.HandoffSink(self.directory, time.monotonic))
 
     def arm_worker(self) -> None:
         try:
             # its errors reach the frontends' stats() (engine_errors.py); one contract for the process
-            self.errors = worker_errors(self.directory)
+            self.errors = worker_errors(self.directory, self.guard)
             self.fence = self.errors.fence
-            self.timer = timer = ModelTimer()
+            self.timer = timer = ModelTimer(self.guard)
             timer.enable()
         except Exception as exc:
-            GUARD.failed("vllm plugin", exc)
+            self.guard.failed("vllm plugin", exc)
         self._arm_connectors(None, self.fence)
 
     def _arm_connectors(self, sink: kv_channel.HandoffSink | None, fence: Any = None) -> None:
         try:
-            self.connectors = ConnectorWrapper(sink, spawned=True, fence=fence)
+            self.connectors = ConnectorWrapper(sink, spawned=True, fence=fence, guard=self.guard)
             self.connectors.arm()
         except Exception as exc:
-            GUARD.failed("vllm kv connector plugin", exc)
+            self.guard.failed("vllm kv connector plugin", exc)
 
 
 def plugin() -> None:
@@ -83,15 +85,21 @@ def plugin() -> None:
     directory = os.environ.get(STEP_DIR_ENV)
     if not directory or _engine_side is not None:
         return
+    side = EngineSide(directory)  # kept only where it arms something; its guard counts what goes wrong here
     try:
         if in_engine_process():
-            _engine_side = EngineSide(directory)
-            _engine_side.arm_engine()
+            _engine_side = side
+            side.arm_engine()
         elif in_worker_process():
-            _engine_side = EngineSide(directory)
-            _engine_side.arm_worker()
+            _engine_side = side
+            side.arm_worker()
     except Exception as exc:
-        GUARD.failed("vllm plugin", exc)
+        side.guard.failed("vllm plugin", exc)
+
+
+def engine_side() -> EngineSide | None:
+    """The object the plugin made in this process, if any (``otel_llm.stats()`` adds its guard's errors)."""
+    return _engine_side
 
 
 # The one object the plugin made in this process (vLLM keeps no reference to what a plugin returns).

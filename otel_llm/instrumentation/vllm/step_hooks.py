@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
 from ..wraps import Target, WrapTable
@@ -49,12 +49,14 @@ class StepHooks:
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
                  "_table", "contract", "prompt_len", "prefill_token_ids", "preempted_ids", "max_active", "spec_on",
-                 "spec_readers", "lora_on", "on_error")
+                 "spec_readers", "lora_on", "on_error", "guard")
 
-    def __init__(self, fence: contract.Contract | None = None) -> None:
+    def __init__(self, fence: contract.Contract | None = None, guard: Guard | None = None) -> None:
+        # the owner's (the instrumentor's, or the plugin's EngineSide): the hooks' errors are counted there
+        self.guard = guard = guard if guard is not None else Guard()
         # vLLM's symbols, read through the contract where a release may lack them (contract.py): the
         # readers are picked at the first schedule(), once vLLM's scheduler output module is imported
-        self.contract = fence or contract.Contract()
+        self.contract = fence or contract.Contract(guard=guard)
         self.prompt_len: Callable[[Any], int] | None = None
         self.prefill_token_ids: Callable[[Any], Any] | None = None
         self.preempted_ids: Callable[[Any], Any] | None = None
@@ -69,7 +71,7 @@ class StepHooks:
         # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
         # usage, shares, queue_blocked), unpacked whole by update_from_output
         self.pending: dict[int, tuple] = {}
-        self.timer = ModelTimer()
+        self.timer = ModelTimer(guard)
         self.model = self.timer.model  # the timer's times by step (the same dict: read once a step)
         self.counter = itertools.count(1)
         self.prefix = 0
@@ -80,7 +82,7 @@ class StepHooks:
             # plain: called on every step in the EngineCore's loop, wrapt's call costs more (wraps.Target)
             Target(_SCHEDULER_MODULE, "Scheduler.schedule", self.schedule, plain=True),
             Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output, plain=True),
-        ])
+        ], guard)
 
     def arm(self, sink: Callable[[StepPayload], None]) -> None:
         """Report every step to ``sink`` (and time the model runner, where it runs in this process)."""
@@ -124,7 +126,7 @@ class StepHooks:
                                 active_loras(instance, shares[_IDS])
                                 if self.lora_on and instance.lora_config is not None else None)
         except Exception as exc:
-            GUARD.failed("scheduler.schedule hook", exc)
+            self.guard.failed("scheduler.schedule hook", exc)
             if self.on_error is not None:
                 self.on_error()  # counted where the user looks, even though this step sends no record
         return out
@@ -228,7 +230,7 @@ class StepHooks:
                 spec = spec_counts(instance, scheduler_output, model_output, scheduler_output.num_scheduled_tokens,
                                    self.spec_readers)
         except Exception as exc:
-            GUARD.failed("scheduler.update_from_output hook (drafts)", exc)
+            self.guard.failed("scheduler.update_from_output hook (drafts)", exc)
         entered = clock()
         result = wrapped(*args, **kwargs)
         left = clock()
@@ -262,7 +264,7 @@ class StepHooks:
                     payload += (Extras(*(spec or _NO_SPEC), loras or (), *(worker or _NO_WORKER)),)
                 sink(payload)
         except Exception as exc:
-            GUARD.failed("scheduler.update_from_output hook", exc)
+            self.guard.failed("scheduler.update_from_output hook", exc)
             if self.on_error is not None:
                 self.on_error()  # counted where the user looks, even though this step sends no record
         return result

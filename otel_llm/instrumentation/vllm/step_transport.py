@@ -28,7 +28,7 @@ import tempfile
 import threading
 from typing import Callable, NamedTuple
 
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.timeline import StepRecord
 from . import engine_errors, step_ring, step_wire
 from .process_roles import in_api_server_process
@@ -50,8 +50,9 @@ class SocketSink:
     RING = step_ring.AVAILABLE
     RING_CAPACITY = step_ring.CAPACITY
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, guard: Guard | None = None) -> None:
         self.directory = directory
+        self.guard = guard if guard is not None else Guard()  # the plugin's EngineSide's
         self.dropped = 0
         # the last step's request ids, their encoding, and the step id of the last record that every
         # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
@@ -171,7 +172,7 @@ class SocketSink:
             try:
                 ring = step_ring.RingWriter(self.RING_CAPACITY)
             except OSError as exc:
-                GUARD.failed("step ring", exc)
+                self.guard.failed("step ring", exc)
             else:
                 try:
                     ring.announce(sock)
@@ -240,7 +241,9 @@ class StepReceiver:
     MAX_RINGS = 16
     MAX_DATAGRAM = 1 << 20  # the largest record read off the socket (a longer one arrives truncated: malformed)
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, guard: Guard | None = None) -> None:
+        # the instrumentor's: a bad record is counted there, and the EngineCores' relayed errors are added to it
+        self.guard = guard = guard if guard is not None else Guard()
         self.path = os.path.join(directory, f"{os.getpid()}.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -257,7 +260,7 @@ class StepReceiver:
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
         self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
         self._lock = threading.Lock()
-        self.engine_errors = engine_errors.ErrorRelay()  # the EngineCores' error counts (control records)
+        self.engine_errors = engine_errors.ErrorRelay(guard)  # the EngineCores' error counts (control records)
         self._ids = step_wire.reader_cache()  # the socket's last record's ids (step_wire.decode's; rings keep their own)
         # One receive buffer for the life of the receiver: ``recvmsg(1 << 20)`` allocated (and, above
         # malloc's mmap threshold, mapped and unmapped) a megabyte on every drain, empty socket included.
@@ -289,7 +292,7 @@ class StepReceiver:
                     records = ring.read()
             except step_ring.RingError as exc:
                 self.malformed += 1
-                GUARD.failed("step ring", exc)
+                self.guard.failed("step ring", exc)
                 records = exc.args[1]
             ids = ring.ids
             for data in records:
@@ -317,7 +320,7 @@ class StepReceiver:
             self.engine_errors.take(data)
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             self.malformed += 1
-            GUARD.failed("step control record", exc)
+            self.guard.failed("step control record", exc)
 
     def _take(self, data: bytes, deliver: Callable[[StepRecord], None], ids: list | None = None) -> None:
         """One record decoded (with the cache of the ring it came from, else the socket's) and delivered."""
@@ -325,13 +328,13 @@ class StepReceiver:
             step = step_wire.decode(data, self._ids if ids is None else ids)
         except (step_wire.WireError, struct.error, UnicodeDecodeError) as exc:
             self.malformed += 1
-            GUARD.failed("step record wire", exc)
+            self.guard.failed("step record wire", exc)
             return
         try:
             deliver(step)
         except Exception as exc:
             self.failed += 1
-            GUARD.failed("step record", exc)
+            self.guard.failed("step record", exc)
 
     def _add_ring(self, data: bytes, ancillary: list) -> None:
         """An EngineCore's ring (step_ring): mapped, its descriptor closed. A newer one of the same
@@ -346,7 +349,7 @@ class StepReceiver:
             ring = step_ring.RingReader(data, fds[0])
         except (step_ring.RingError, OSError, ValueError) as exc:
             self.malformed += 1
-            GUARD.failed("step ring", exc)
+            self.guard.failed("step ring", exc)
             return
         finally:
             for fd in fds:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from ...core.lora import LORA_EVICTED, LORA_LOADED, LoRAEvent
 from ...core.timeline import StepWorkerFacts
-from ...guard import GUARD
+from ...guard import Guard
 from ..wraps import Target, WrapTable
 
 WORKER_FACTS_ATTR = "_otel_llm_worker_facts"
@@ -40,9 +40,10 @@ _RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 class WorkerFacts:
     """The worker-side hooks of one owner (its ``ModelTimer``) and the facts they keep until ``take``."""
 
-    __slots__ = ("pending", "events", "draft_s", "draft_events", "clock", "_before", "_table")
+    __slots__ = ("pending", "events", "draft_s", "draft_events", "clock", "_before", "_table", "guard")
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard if guard is not None else Guard()  # its owner's (alone, as in tests: its own)
         self.pending = False  # something to take (read once per output by the model timer)
         self.events: list[LoRAEvent] = []
         self.draft_s: float | None = None
@@ -55,7 +56,7 @@ class WorkerFacts:
             Target(_LORA_MODULE, "WorkerLoRAManager._load_adapter", self.load_adapter, plain=True),
             Target(_LORA_MODULE, "WorkerLoRAManager.remove_adapter", self.remove_adapter, plain=True),
             Target(_RUNNER_MODULE, "GPUModelRunner.propose_draft_token_ids", self.propose, plain=True),
-        ])
+        ], self.guard)
 
     def arm(self) -> None:
         self._table.wrap()
@@ -101,14 +102,14 @@ class WorkerFacts:
                     self._event(LORA_EVICTED, gone, start, 0.0)
                 self._event(LORA_LOADED, request.lora_int_id, start, spent)
             except Exception as exc:
-                GUARD.failed("lora adapter load hook", exc)
+                self.guard.failed("lora adapter load hook", exc)
         return out
 
     def load_adapter(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         try:
             self._before = set(instance.list_adapters())  # what a load may evict from
         except Exception as exc:
-            GUARD.failed("lora adapter load hook", exc)
+            self.guard.failed("lora adapter load hook", exc)
         return wrapped(*args, **kwargs)
 
     def remove_adapter(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -118,7 +119,7 @@ class WorkerFacts:
             if out:
                 self._event(LORA_EVICTED, int(args[0] if args else kwargs.get("adapter_id")), start, 0.0)
         except Exception as exc:
-            GUARD.failed("lora adapter remove hook", exc)
+            self.guard.failed("lora adapter remove hook", exc)
         return out
 
     def _event(self, kind: int, lora_id: int, at: float, seconds: float) -> None:
@@ -150,7 +151,7 @@ class WorkerFacts:
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
         except Exception as exc:
-            GUARD.failed("drafter timer", exc)
+            self.guard.failed("drafter timer", exc)
             return wrapped(*args, **kwargs)
         try:
             return wrapped(*args, **kwargs)
@@ -161,7 +162,7 @@ class WorkerFacts:
                 self.draft_events.append((begin, finish))
                 self.pending = True
             except Exception as exc:
-                GUARD.failed("drafter timer", exc)
+                self.guard.failed("drafter timer", exc)
 
 
 def _cuda_seconds(pairs: list) -> float | None:

@@ -30,7 +30,7 @@ from ... import semconv as sc
 from ...core.clock import WallClock
 from ...core.diagnosis.anatomy import kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
-from ...guard import GUARD
+from ...guard import Guard
 from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
 from ...core.step_tokens import TokenWindow
@@ -80,6 +80,7 @@ class VLLMWrappers:
                  engine_built: Callable[[EngineShape], None] | None = None,
                  receiver: StepReceiver | None = None) -> None:
         self.telemetry = telemetry
+        self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
         self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
         self.receiver = receiver
         # KV hand-offs (disaggregated serving): records of requests still running, and the socket the
@@ -112,7 +113,7 @@ class VLLMWrappers:
                     logger.info("otel-llm: turned on vLLM's per-request statistics (log_stats=True); "
                                 "the request timings we report are vLLM's own")
         except Exception as exc:
-            GUARD.failed("vllm engine __init__ (before)", exc)
+            self.guard.failed("vllm engine __init__ (before)", exc)
         if self.fence is not None:
             # an engine is being built: the EngineCore side's modules (light ones: the scheduler's) are worth
             # importing to check them here, where the user reads the log; the frontend's are checked as the
@@ -120,19 +121,19 @@ class VLLMWrappers:
             try:
                 self.fence.check_all(sides=(contract.ENGINE,))
             except Exception as exc:
-                GUARD.failed("vllm contract", exc)
+                self.guard.failed("vllm contract", exc)
         if self.steps_armed and self.receiver is None:
             try:  # before the EngineCore starts sending: this process's socket in the step directory
                 self.receiver = self.open_receiver()
             except Exception as exc:
-                GUARD.failed("vllm step receiver", exc)
+                self.guard.failed("vllm step receiver", exc)
         if self.kv_receiver is None:
             try:
                 vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
                 if self._fence().read(vllm_config, "VllmConfig.kv_transfer_config") is not None:
                     self.kv_receiver = self.open_kv_receiver()
             except Exception as exc:
-                GUARD.failed("vllm kv hand-off receiver", exc)
+                self.guard.failed("vllm kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         try:
             fence = self._fence()
@@ -144,15 +145,15 @@ class VLLMWrappers:
             kv = fence.read(instance.vllm_config, "VllmConfig.kv_transfer_config")
             instance.output_processor._otel_llm_disagg_role = _DISAGG_ROLES.get(fence.read(kv, "KVTransferConfig.kv_role"))
         except Exception as exc:
-            GUARD.failed("vllm engine __init__ (after)", exc)
+            self.guard.failed("vllm engine __init__ (after)", exc)
         try:
             self._setup_diagnosis(instance.vllm_config)
         except Exception as exc:
-            GUARD.failed("vllm step diagnosis set-up", exc)
+            self.guard.failed("vllm step diagnosis set-up", exc)
         try:
             setattr(instance.output_processor, _STEPS_CAN_GIVE_TOKENS, self._steps_can_give_tokens(instance.vllm_config))
         except Exception as exc:
-            GUARD.failed("vllm token times from steps", exc)
+            self.guard.failed("vllm token times from steps", exc)
         return result
 
     def _steps_can_give_tokens(self, vllm_config: Any) -> bool:
@@ -207,7 +208,7 @@ class VLLMWrappers:
                 server = getattr(b.get(args, kwargs, "raw_request"), "scope", {}).get("server")
                 _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
             except Exception as exc:
-                GUARD.failed(f"vllm serving {operation}", exc)
+                self.guard.failed(f"vllm serving {operation}", exc)
             return _streams_keep_operation(wrapped(*args, **kwargs), operation)
         return wrapper
 
@@ -225,7 +226,7 @@ class VLLMWrappers:
         try:
             headers = self.bind(wrapped).get(args, kwargs, "trace_headers")
         except Exception as exc:
-            GUARD.failed("AsyncLLM.add_request", exc)
+            self.guard.failed("AsyncLLM.add_request", exc)
 
         async def call() -> Any:
             token = _HEADERS.set(headers)
@@ -252,7 +253,7 @@ class VLLMWrappers:
                 t.choice_index = b.get(args, kwargs, "request_index")
             self.telemetry.start(t)
         except Exception as exc:
-            GUARD.failed("OutputProcessor.add_request", exc)
+            self.guard.failed("OutputProcessor.add_request", exc)
         return result
 
     def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
@@ -298,7 +299,7 @@ class VLLMWrappers:
 
     def _fence(self) -> contract.Contract:
         if self.fence is None:  # not under an instrumentor (tests): a contract of its own
-            self.fence = contract.Contract()
+            self.fence = contract.Contract(guard=self.guard)
         return self.fence
 
     def reads(self) -> "FrontendReads":
@@ -321,7 +322,7 @@ class VLLMWrappers:
                 else:
                     receiver.drain(self.telemetry.add_step)
             except Exception as exc:
-                GUARD.failed("step receiver", exc)
+                self.guard.failed("step receiver", exc)
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from_steps = self._from_steps(instance)
@@ -338,7 +339,7 @@ class VLLMWrappers:
             try:
                 self.kv_receiver.drain(self.kv_book.add)
             except Exception as exc:
-                GUARD.failed("kv hand-off receiver", exc)
+                self.guard.failed("kv hand-off receiver", exc)
         result = wrapped(*args, **kwargs)
         if from_steps:
             return result  # finishes and events come from their own hooks; token times from the steps
@@ -353,7 +354,7 @@ class VLLMWrappers:
                 for t, reason in finished:
                     self._finish(t, str(reason) if reason is not None else "stop", now)
         except Exception as exc:
-            GUARD.failed("OutputProcessor.process_outputs", exc)
+            self.guard.failed("OutputProcessor.process_outputs", exc)
         return result
 
     def finished(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -372,7 +373,7 @@ class VLLMWrappers:
                     now = stats.iteration_timestamp if stats is not None else time.time()
                     self._finish(t, str(reason) if reason is not None else "stop", now)
             except Exception as exc:
-                GUARD.failed("OutputProcessor._update_stats_from_finished", exc)
+                self.guard.failed("OutputProcessor._update_stats_from_finished", exc)
         return result
 
     def engine_events(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -385,7 +386,7 @@ class VLLMWrappers:
             if t is not None and t.steps_give_tokens:  # (stamped requests take them in record_outputs)
                 t.events.extend((int(e.type), e.timestamp) for e in b.get(args, kwargs, "events"))
         except Exception as exc:
-            GUARD.failed("IterationStats.update_from_events", exc)
+            self.guard.failed("IterationStats.update_from_events", exc)
         return result
 
     def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -399,7 +400,7 @@ class VLLMWrappers:
                 if t is not None:
                     self._finish(t, "abort", now)
         except Exception as exc:
-            GUARD.failed("OutputProcessor.abort_requests", exc)
+            self.guard.failed("OutputProcessor.abort_requests", exc)
         return result
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
@@ -409,7 +410,7 @@ class VLLMWrappers:
         t.native = None  # release vLLM's object now
         if t.steps_give_tokens:
             _token_window(t, state)
-        summary = summarize(t, state, now_wall, self.reads())
+        summary = summarize(t, state, now_wall, self.reads(), self.guard)
         summary.error_type = _ERRORS.get(reason)
         detok = getattr(state, "detokenizer", None)
         text = getattr(detok, "output_text", None)
@@ -564,8 +565,9 @@ def _cache_sources(t: RequestTimeline, output: Any, reads: FrontendReads = PRESE
                 pass
 
 
-def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendReads = PRESENT) -> RequestSummary:
-    """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats)."""
+def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendReads, guard: Guard) -> RequestSummary:
+    """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats). ``guard``:
+    the instrumentor's, which says once that an engine has no statistics."""
     st = getattr(state, "stats", None)
     s = RequestSummary(model=t.model, operation=t.operation, provider=PROVIDER, input_tokens=t.input_tokens,
                        finish_reason=t.finish_reason)
@@ -588,7 +590,7 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendRe
         # The engine was built before instrument() (statistics off, no engine events): derive
         # what our own stamps allow. TTFT then ends when the engine produced the token, not
         # when the frontend received it.
-        _warn_no_stats()
+        _warn_no_stats(guard)
         queued, scheduled = t.first(QUEUED), t.first_scheduled()
         if queued is not None and scheduled is not None:
             s.queue = scheduled - queued
@@ -603,8 +605,8 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendRe
     return s
 
 
-def _warn_no_stats() -> None:
-    GUARD.warn_once("vllm engine without statistics",
+def _warn_no_stats(guard: Guard) -> None:
+    guard.warn_once("vllm engine without statistics",
                     "otel-llm: this vLLM engine was built before otel_llm.instrument() with per-request "
                     "statistics off: request spans get TTFT, decode and e2e only, no queue/prefill phases "
                     "or engine steps. Call instrument() before building the engine.")

@@ -10,7 +10,7 @@ import os
 def _break(module) -> None:
     if not multiprocessing.current_process().name.startswith("VllmWorker"):
         return
-    module.MODEL_TIME_ATTR = 0  # setattr(output, 0, ...): TypeError, caught by GUARD ("model runner timer")
+    module.MODEL_TIME_ATTR = 0  # setattr(output, 0, ...): TypeError, counted by the worker's guard
     marks = os.environ.get("OTEL_LLM_TEST_MARKS")
     if marks:
         open(os.path.join(marks, f"{multiprocessing.current_process().name}-{os.getpid()}"), "w").close()
