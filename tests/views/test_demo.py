@@ -68,7 +68,8 @@ def test_the_steady_phase_is_measured_on_its_own_batches() -> None:
     assert len(measured) == scenario.QUIET_CHATS < len(quiet.arrivals)
     assert [(a.step, a.prompt_tokens, a.max_tokens) for a in measured] == \
         [(a.step, a.prompt_tokens, a.max_tokens) for a in quiet.arrivals[:scenario.QUIET_CHATS]]
-    assert all("-base-" in a.request_id for a in measured) and not {a.request_id for a in measured} & quiet.request_ids()
+    assert all("-base-" in a.request_id for a in measured)
+    assert not {a.request_id for a in measured} & quiet.request_ids()
 
 
 def test_the_warm_up_runs_every_measurement_and_first_wave_under_other_ids() -> None:
