@@ -10,7 +10,7 @@ on a loaded machine is the scenario's construction, not speed: arrivals are coun
 decodes against a TTFT SLO of 16 decode steps (or twice a quiet TTFT); the squeeze needs more KV blocks
 than the cache holds, and its seven victims wait for another's whole life; eight of a chat's eleven
 decode steps each prefill two whole documents (four quiet decode steps or more) against a TPOT SLO of
-two quiet decode steps (``scenario.DOCUMENTS_TPOT_FACTOR``). The engine is ``scenario.ENGINE_ARGS``,
+one and a half quiet decode steps (``scenario.DOCUMENTS_TPOT_FACTOR``). The engine is ``scenario.ENGINE_ARGS``,
 LoRA off: the LoRA phase runs on an engine of its own (test_demo_lora_phase.py; why:
 ``scenario.LORA_ENGINE_ARGS``).
 """
