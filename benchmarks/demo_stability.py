@@ -3,8 +3,11 @@ CPU-heavy process; per run and scripted phase: how many requests breached and wh
 the cause the phase was built for. Writes benchmarks/results/demo_stability.json.
 
 Each run is ``./run demo``'s command: ``./run bench`` has set the machine up once (``scripts/setup.sh``)
-and set ``./run``'s environment; the runs then start the demo itself (``--setup-each`` runs ``./run demo``
-whole, set-up check included, each time).
+and set ``./run``'s environment; the runs then start ``examples/demo.py`` with the Python this script runs
+under (so ``.venv/bin/python benchmarks/demo_stability.py`` in a set-up checkout, with ``./run``'s
+environment, runs that checkout's demo and sets nothing up); ``--setup-each`` runs ``./run demo`` whole,
+set-up check included, each time. Each run records the load average before and after it (the machine's
+other users).
 
     ./run bench benchmarks/demo_stability.py [--runs 5] [--loaded 2,4] [--out benchmarks/results/demo_stability.json]
 
@@ -45,6 +48,7 @@ def judge(index: int, loaded: bool, summary: Path, wall: float | None) -> dict:
 def run_demo(index: int, loaded: bool, work: Path, setup_each: bool = False) -> dict:
     summary = work / f"run-{index}.json"
     summary.unlink(missing_ok=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]  # the machine's other users, as the run starts
     hog = subprocess.Popen([sys.executable, "-c", HOG]) if loaded else None
     t0 = time.monotonic()
     try:
@@ -58,11 +62,12 @@ def run_demo(index: int, loaded: bool, work: Path, setup_each: bool = False) -> 
             hog.kill()
             hog.wait()
     wall = time.monotonic() - t0
+    load = {"load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()]}
     (work / f"run-{index}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not summary.exists():
         return {"run": index, "beside_cpu_hog": loaded, "wall_s": round(wall, 1), "rc": done.returncode,
-                "ok": False, "error": (done.stderr or done.stdout)[-2000:]}
-    return judge(index, loaded, summary, wall)
+                "ok": False, "error": (done.stderr or done.stdout)[-2000:], **load}
+    return {**judge(index, loaded, summary, wall), **load}
 
 
 def main() -> None:
@@ -78,6 +83,7 @@ def main() -> None:
     loaded = {int(x) for x in args.loaded.split(",") if x.strip()}
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    load_start = [round(x, 2) for x in os.getloadavg()]  # 1, 5, 15 minutes: other users of the machine
     runs = []
     for i in range(1, args.runs + 1):
         if args.collect:
@@ -91,6 +97,7 @@ def main() -> None:
         runs.append(r)
         shares = ", ".join(f"{p['phase']} {p['right']}/{p['breached']}" for p in r.get("phases", ()) if p["built_to_cause"])
         print(f"run {i}{' (beside a CPU hog)' if r['beside_cpu_hog'] else ''}: {r.get('wall_s')} s, "
+              f"load {r.get('load_average_before')} -> {r.get('load_average_after')}, "
               f"{'meets' if r['ok'] else 'MISSES'} the target; right/breached: {shares or r.get('error', '')[-300:]}",
               flush=True)
     doc = {
@@ -100,7 +107,7 @@ def main() -> None:
         "method": f"{args.runs} runs of the demo in a row (./run's environment, set up once); runs {sorted(loaded)} "
                   "beside one busy-looping Python process "
                   "(a CPU hog on one core); each phase's SLOs from the quiet measurement the demo runs before it",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_at_start": load_start,
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "all_runs_meet_target": all(r["ok"] for r in runs),
         "runs_done": sum(1 for r in runs if r.get("error") != "not run"),

@@ -2,12 +2,13 @@
 of the second adapter's requests that breached, at least 90 % waited for the slot (``queue_lora_slot``),
 and at least five breached.
 
-Construction, not speed: each wave's first-adapter requests hold the slot for 64 decode steps; the
-second adapter's arrive two steps later and are skipped by the scheduler until the slot is free (62 decode
-steps, the batch half empty) against a TTFT SLO of 16 quiet decode steps (or twice a quiet TTFT, with
-the adapter already in the slot). The engine is built under the quiet measurement's instrumentation and
-judged under another: the verdict still knows the engine's ``max_loras`` (the instrumentor keeps it with
-the last engine's shape).
+Construction, not speed: each wave's first-adapter requests hold the slot for 128 decode steps
+(``scenario.LORA_HOLD_TOKENS``); the second adapter's arrive two steps later and are skipped by the
+scheduler until the slot is free (126 decode steps, the batch half empty) against a TTFT SLO of 16 quiet
+decode steps (or twice a quiet TTFT, with the adapter already in the slot), from the fastest of three
+quiet measurements taken after a warm-up of every batch shape (``scenario.warm_up``). The engine is
+built under the quiet measurement's instrumentation and judged under another: the verdict still knows
+the engine's ``max_loras`` (the instrumentor keeps it with the last engine's shape).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
-"""The demo's scripted phases on the real engine, shortened: of the victim requests that breached in
-each cause phase, at least 90 % carry the cause the phase was built for, and each phase has at least
-five. A phase's load requests (documents, the first wave that fills the batch or the KV cache) are slow
-by their own work or not at all: the tally counts them apart (``scenario.PhaseTally``).
+"""The demo's scripted phases on the real engine, shortened: of the victim requests that breached in each
+cause phase, at least 90 % carry the cause the phase was built for, and each phase has at least five. A
+phase's load requests (documents, the first wave that fills the batch or the KV cache) are slow by their
+own work or not at all: the tally counts them apart (``scenario.PhaseTally``).
 
-Each phase's SLOs come from a quiet measurement just before it (``scenario.run_phases``), as in the
-demo. What makes this hold on a loaded machine is the scenario's construction, not speed: arrivals are
-counted in engine steps (EngineCore in this process); a burst three times ``max_num_seqs`` wide waits
-whole waves of 96-token decodes against a TTFT SLO of 16 decode steps (or twice a quiet TTFT); the
-squeeze needs more KV blocks than the cache holds; eight of a chat's eleven decode steps each prefill
-two whole documents (four quiet decode steps or more) against a TPOT SLO of two quiet decode steps
-(``scenario.DOCUMENTS_TPOT_FACTOR``). The engine is ``scenario.ENGINE_ARGS``, LoRA off: the LoRA phase
-runs on an engine of its own (test_demo_lora_phase.py; why: ``scenario.LORA_ENGINE_ARGS``).
+Each phase's SLOs come from the fastest of three quiet measurements just before it, after a warm-up of
+every batch shape (``scenario.run_phases``, ``scenario.warm_up``), as in the demo. What makes this hold
+on a loaded machine is the scenario's construction, not speed: arrivals are counted in engine steps
+(EngineCore in this process); a burst three times ``max_num_seqs`` wide waits whole waves of 96-token
+decodes against a TTFT SLO of 16 decode steps (or twice a quiet TTFT); the squeeze needs more KV blocks
+than the cache holds, and its seven victims wait for another's whole life; eight of a chat's eleven
+decode steps each prefill two whole documents (four quiet decode steps or more) against a TPOT SLO of
+one and a half quiet decode steps (``scenario.DOCUMENTS_TPOT_FACTOR``). The engine is ``scenario.ENGINE_ARGS``,
+LoRA off: the LoRA phase runs on an engine of its own (test_demo_lora_phase.py; why:
+``scenario.LORA_ENGINE_ARGS``).
 """
 
 from __future__ import annotations
