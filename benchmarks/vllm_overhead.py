@@ -233,74 +233,40 @@ def steps_recorded() -> int | None:
 
 
 def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
-    """The EngineCore step hooks on their own: ``Scheduler.schedule`` and ``update_from_output`` wrapped
-    as the plugin wraps them, around stand-ins that return at once, at ``batch`` decoding requests, with
-    the real sink (one datagram per step to a frontend socket, drained between steps, untimed). CPU per
-    step with the hooks armed, disarmed (a wrapper that only checks), and the bare calls."""
+    """The EngineCore step hooks on their own, on ``engine_step_hooks.py``'s stand-ins (one definition of
+    what the hooks read of vLLM's scheduler), at ``batch`` decoding requests, with the real sink (a frontend
+    on a ring, drained between steps, untimed): CPU per step with the hooks armed, disarmed (no sink: a
+    wrapper that only checks), and the bare calls. ``engine_step_hooks.py`` breaks the figure down."""
     import tempfile
-    import types
 
-    from vllm.v1.engine import EngineCoreOutput
+    from engine_step_hooks import Scene, Wired, steps_ns
 
     from otel_llm.instrumentation.vllm.step_hooks import StepHooks
     from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
 
-    class Req:
-        __slots__ = ("num_computed_tokens", "num_tokens", "num_output_tokens")
-
-        def __init__(self) -> None:
-            self.num_computed_tokens, self.num_tokens, self.num_output_tokens = 100, 101, 5
-
-    class Waiting(list):
-        def peek_request(self):
-            return self[0]
-
-    scheduler = types.SimpleNamespace(
-        requests={str(i): Req() for i in range(batch)}, running=list(range(batch)), waiting=Waiting(),
-        kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
-        max_num_scheduled_tokens=8192)
-    from vllm.v1.core.sched.output import CachedRequestData
-
-    cached = CachedRequestData.make_empty()  # what the hooks ship (wire v2): vLLM's own lists
-    cached.req_ids = [str(i) for i in range(batch)]
-    cached.num_computed_tokens, cached.num_output_tokens = [100] * batch, [5] * batch
-    out = types.SimpleNamespace(num_scheduled_tokens={str(i): 1 for i in range(batch)}, preempted_req_ids=set(),
-                                total_num_scheduled_tokens=batch, scheduled_cached_reqs=cached,
-                                scheduled_new_reqs=[], finished_req_ids=set())
-    outputs = {0: types.SimpleNamespace(timestamp=0.0, outputs=[EngineCoreOutput(request_id=str(i), new_token_ids=[7])
-                                                                for i in range(batch)])}
-    schedule = lambda: out  # noqa: E731
-    update = lambda scheduler_output, model_runner_output: outputs  # noqa: E731
-    model_output = types.SimpleNamespace()
+    scene = Scene(batch, 0)
     directory = tempfile.mkdtemp(prefix="otel-llm-bench-")
     receiver = StepReceiver(directory)
-    got = []
-    hooks = StepHooks()  # armed by hand below: arm() would also wrap vLLM's real scheduler
+    got: list = []
+    hooks = StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
+    sink = SocketSink(directory)
 
-    def per_step(hooked: bool) -> float:
-        samples = []
-        for _ in range(steps):
-            c0 = time.thread_time_ns()
-            if hooked:
-                hooks.schedule(schedule, scheduler, (), {})
-                hooks.update_from_output(update, scheduler, (out, model_output), {})
-            else:
-                schedule()
-                update(out, model_output)
-            samples.append(time.thread_time_ns() - c0)
-            receiver.drain(got.append)
-        return statistics.median(samples) / 1000
+    def drain() -> None:
+        receiver.drain(got.append)
+
+    def per_step(wired: Wired) -> float:
+        return statistics.median(steps_ns(wired, scene, steps, drain)) / 1000
 
     try:
-        bare = per_step(False)
+        bare = per_step(Wired(None, None, scene))
+        hooked = Wired(hooks.schedule, hooks.update_from_output, scene)
         hooks.sink = None
-        disarmed = per_step(True)
-        hooks.sink = SocketSink(directory)
-        armed = per_step(True)
-    except AttributeError as exc:  # the hooks moved (step_hooks.py): say so rather than measure something else
-        return {"error": f"step hooks not found: {exc!r}"}
+        disarmed = per_step(hooked)
+        hooks.sink = sink.__call__
+        armed = per_step(hooked)
     finally:
         hooks.sink = None
+        sink.close()
         receiver.close()
     if len(got) < steps:  # the hooks failed on the stand-ins (their guard counted it): no figure, not a wrong one
         return {"error": f"{len(got)} step records received for {steps} steps"}
