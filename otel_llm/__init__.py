@@ -96,6 +96,13 @@ def flush(timeout: float = 10.0) -> bool:
     return done
 
 
+class _Errors:
+    """Errors counted elsewhere (an agent process), by site, summed with the guards' as a guard's are."""
+
+    def __init__(self, errors: dict[str, int]) -> None:
+        self.errors = errors
+
+
 def stats() -> dict[str, Any]:
     """What happened to the telemetry so far, per instrumented engine, plus the errors we caught (every
     instrumentor's guard, summed by site).
@@ -113,6 +120,9 @@ def stats() -> dict[str, Any]:
             continue
         inst = _instrumentor(path)
         guards.append(inst.guard)
+        agent = getattr(inst, "agent", None)  # the vLLM instrumentor's agent process: the errors it caught
+        if agent is not None:
+            guards.append(_Errors(agent.agent_errors()))
         telemetry = getattr(inst, "telemetry", None)
         if telemetry is not None and hasattr(telemetry, "stats"):
             out[package] = telemetry.stats()

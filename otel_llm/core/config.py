@@ -101,6 +101,7 @@ def _peak(raw: str | float) -> float:
 
 STEP_READINGS = ("drain", "deferred")
 TOKEN_TIMES = ("steps", "stamps")
+AGENT_MODES = ("auto", "off")
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -114,6 +115,7 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
 
 _step_reading = _one_of(STEP_READINGS)
 _token_times = _one_of(TOKEN_TIMES)
+_agent = _one_of(AGENT_MODES)
 
 
 def _genai_capture(raw: str) -> bool:
@@ -169,6 +171,11 @@ OPTIONS: tuple[Option, ...] = (
            "Where vLLM requests' token times come from: `steps` (the engine-step records, read when a request "
            "finishes: nothing per token on vLLM's output thread) or `stamps` (a stamp per output batch). "
            "Speculative decoding, KV connectors and engines without step records always stamp"),
+    Option("agent", "OTEL_LLM_AGENT", _agent, "auto",
+           "Where a vLLM frontend's telemetry work runs: `auto` (an agent process it starts, when the engine is "
+           "spawned, token times come from steps and the providers are OTLP as `OTEL_*` configures them: the "
+           "frontend then only hands over each request's start and finish) or `off` (the frontend's own "
+           "background thread). See docs/design/off-process.md"),
     Option("max_spans_per_request", "OTEL_LLM_MAX_SPANS_PER_REQUEST", _positive_int, 1000,
            "Spans one kept request's trace may hold (request, phases, prefill chunks, decode steps and "
            "windows); also bounds the engine-step spans linked from it. See \"Decode detail and the span "
@@ -215,6 +222,7 @@ class Config:
     max_steps: int = _DEFAULTS["max_steps"]
     step_reading: str = _DEFAULTS["step_reading"]
     token_times: str = _DEFAULTS["token_times"]
+    agent: str = _DEFAULTS["agent"]
     max_spans_per_request: int = _DEFAULTS["max_spans_per_request"]
     engine_step_service: str = _DEFAULTS["engine_step_service"]
     max_requests: int = _DEFAULTS["max_requests"]

@@ -12,7 +12,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
@@ -38,6 +38,15 @@ from .spec_decode import add_to_requests
 from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
+
+
+class Remote(Protocol):
+    """An agent process that does a pipeline's work (otel_llm/agent/link.py's ``AgentLink``)."""
+
+    def request_started(self, t: RequestTimeline) -> None: ...
+    def request_finished(self, request_id: str, t: RequestTimeline | None, s: RequestSummary) -> None: ...
+    def flush(self, timeout: float) -> bool: ...
+    def stats(self, counts: "Counts") -> dict[str, int]: ...
 
 
 @dataclass
@@ -152,10 +161,24 @@ class Pipeline:
         deferred = config.step_reading == "deferred"
         self.materializer = Materializer(self._materialize, guard, name=f"otel-llm-{engine}",
                                          idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
-        self_metrics.register(meter, engine, self.stats, guard)
+        # where an agent process does this pipeline's work (otel_llm/agent): the frontend only hands it each
+        # request's start and finish; None: all of it here
+        self.remote: Remote | None = None
+        self_metrics.register(meter, engine, self._own_stats, guard)
+
+    def attach(self, remote: "Remote") -> None:
+        """From now on an agent process does the work: ``start`` and ``finish`` only hand it the request."""
+        self.remote = remote
+
+    def _own_stats(self) -> dict[str, int]:
+        # with an agent, its pipeline's meter reports these numbers (its own self-metrics): not twice
+        return self.stats() if self.remote is None else {}
 
     def stats(self) -> dict[str, int]:
         """What happened to the telemetry so far: requests kept, spans sent and dropped (counts)."""
+        remote = self.remote
+        if remote is not None:
+            return remote.stats(self.counts)
         out = dict(vars(self.counts))
         out["lora_labels_collapsed"] = self.metrics.adapters.collapsed
         wire = self.spans.direct
@@ -175,6 +198,10 @@ class Pipeline:
             return False
         rid = timeline.request_id
         self.requests[rid] = timeline
+        if self.remote is not None:
+            self.counts.requests_started += 1
+            self.remote.request_started(timeline)
+            return True
         if timeline.lora_id is not None:
             self.adapters.note(timeline.lora_id, timeline.lora_name)
         timeline.steps_from = self._seq + 1
@@ -298,6 +325,9 @@ class Pipeline:
         """Settle a finished (or aborted, or failed) request; releases everything held for it."""
         t = self.requests.pop(request_id, None)
         self.counts.requests_finished += 1
+        if self.remote is not None:  # decided there
+            self.remote.request_finished(request_id, t, s)
+            return _REMOTE
         if t is None:  # untracked: metrics only (no token stamps: no inter-token latencies)
             self.metrics.record(s)
             return NOT_SAMPLED
@@ -338,6 +368,8 @@ class Pipeline:
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until every finished request's spans were handed to the span processors (and the
         decode steps we encode ourselves were sent)."""
+        if self.remote is not None:
+            return self.remote.flush(timeout if timeout is not None else 10.0)
         if self._step_source is not None:  # the steps waiting in the ring, and their metrics, count too
             self.materializer.submit(ReadStepsJob())
             self.materializer.flush(timeout)
@@ -346,6 +378,8 @@ class Pipeline:
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
+        if self.remote is not None:  # the agent outlives an instrumentation (its owner closes it at exit)
+            self.remote.flush(timeout)
         if self._step_source is not None:
             self.materializer.submit(ReadStepsJob())
             self.materializer.flush(timeout)
@@ -594,5 +628,6 @@ _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 
 
+_REMOTE = Decision(Verdict.NOT_SAMPLED, "agent")  # decided in the agent process, not here
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
 _HANDOFF_KEPT = Decision(Verdict.SAMPLED, sc.SAMPLING_REASON_DEFERRED)  # the prefill half of a disaggregated request

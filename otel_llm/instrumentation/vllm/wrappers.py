@@ -78,7 +78,7 @@ class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, open_receiver: Callable[[], StepReceiver],
                  open_kv_receiver: Callable[[], kv_channel.HandoffReceiver],
                  engine_built: Callable[[EngineShape], None] | None = None,
-                 receiver: StepReceiver | None = None) -> None:
+                 receiver: StepReceiver | None = None, open_agent: Callable[[], Any] | None = None) -> None:
         self.telemetry = telemetry
         self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
         self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
@@ -91,6 +91,10 @@ class VLLMWrappers:
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        # the agent process that does the telemetry's work (otel_llm/agent/link.AgentLink), once started: it
+        # reads the step records itself, so then this process has no receiver and reads no step
+        self.open_agent = open_agent
+        self.agent: Any = None
         # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
         self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
@@ -122,11 +126,18 @@ class VLLMWrappers:
                 self.fence.check_all(sides=(contract.ENGINE,))
             except Exception as exc:
                 self.guard.failed("vllm contract", exc)
-        if self.steps_armed and self.receiver is None:
-            try:  # before the EngineCore starts sending: this process's socket in the step directory
-                self.receiver = self.open_receiver()
-            except Exception as exc:
-                self.guard.failed("vllm step receiver", exc)
+        if self.steps_armed and self.receiver is None and self.agent is None:
+            if self.open_agent is not None:
+                try:  # before the EngineCore starts sending: the agent binds the step socket
+                    if self._agent_fits(wrapped, args, kwargs):
+                        self.agent = self.open_agent()
+                except Exception as exc:
+                    self.guard.failed("vllm agent", exc)
+            if self.agent is None:
+                try:  # before the EngineCore starts sending: this process's socket in the step directory
+                    self.receiver = self.open_receiver()
+                except Exception as exc:
+                    self.guard.failed("vllm step receiver", exc)
         if self.kv_receiver is None:
             try:
                 vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
@@ -170,9 +181,23 @@ class VLLMWrappers:
 
     def _from_steps(self, processor: Any) -> bool:
         """Whether ``processor``'s requests take their token times from steps under this instrumentation:
-        the option asks for it, the engine allows it, and its steps reach this process."""
-        return (self._token_times_steps and self.steps_armed and self.receiver is not None
+        the option asks for it, the engine allows it, and its steps reach this process (or its agent)."""
+        return (self._token_times_steps and self.steps_armed
+                and (self.receiver is not None or self.agent is not None)
                 and getattr(processor, _STEPS_CAN_GIVE_TOKENS, False))
+
+    def _agent_fits(self, wrapped: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether the engine being built can have its telemetry done by an agent process: its EngineCore is
+        spawned (its steps then reach any process through the step directory: an in-process engine's go
+        straight to this process's pipeline), and its token times come from its steps."""
+        b = self.bind(wrapped)
+        # LLMEngine's ``multiprocess_mode`` (VLLM_ENABLE_V1_MULTIPROCESSING); AsyncLLM has none: always
+        # spawned. A release without the parameter reads as in-process: no agent, as before there was one
+        if "multiprocess_mode" in b.positions or "multiprocess_mode" in kwargs:
+            if not b.get(args, kwargs, "multiprocess_mode", False):
+                return False
+        vllm_config = b.get(args, kwargs, "vllm_config")
+        return self._token_times_steps and vllm_config is not None and self._steps_can_give_tokens(vllm_config)
 
     def _setup_diagnosis(self, vllm_config: Any) -> None:
         """The roofline's model shape and devices, from the engine's own configuration."""
@@ -189,10 +214,15 @@ class VLLMWrappers:
         engine = EngineShape(shape, device_type == "cuda", devices, max_loras)
         if self.engine_built is not None:
             self.engine_built(engine)
+        kv_cache = kv_cache_facts(cache_dtype, read(cache_config, "CacheConfig.block_size"), model_config.dtype)
+        if self.agent is not None:  # the roofline (and an NVIDIA GPU's sampler) live in the agent process
+            from ...agent.protocol import EngineFacts
+
+            self.agent.engine(EngineFacts(shape, engine.on_cuda, engine.devices, max_loras, kv_cache))
+            return
         self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
         self.telemetry.window.max_loras = max_loras
-        self.telemetry.diagnosis.kv_cache = kv_cache_facts(cache_dtype, read(cache_config, "CacheConfig.block_size"),
-                                                           model_config.dtype)
+        self.telemetry.diagnosis.kv_cache = kv_cache
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 
@@ -325,6 +355,8 @@ class VLLMWrappers:
                 self.guard.failed("step receiver", exc)
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self.agent is not None:  # the agent reads the steps; finishes and events come from their own hooks
+            return wrapped(*args, **kwargs)
         from_steps = self._from_steps(instance)
         if from_steps:
             # Token times from steps: nothing needs this batch's step records before a request finishes, so

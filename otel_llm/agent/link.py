@@ -1,0 +1,251 @@
+"""The frontend's side of its agent: start it, send it a request's start and finish, ask it to flush.
+
+What the frontend pays a request with the agent: building two small tuples and two ``send`` calls on a
+non-blocking ``SOCK_SEQPACKET`` socket (protocol.py). Nothing per token, nothing per step: the agent
+reads the engine's step ring itself.
+
+Never hurts the host:
+
+* a full socket (the agent is slow or stopped) refuses the message whole: counted (``agent_dropped``),
+  the frontend goes on; a finish whose start was refused is settled as an untracked request there
+  (metrics only), and one whose finish was refused is lost, counted here;
+* a dead agent (killed, crashed) is noticed at the next send (``EPIPE``) or ``flush``: counted
+  (``agent_lost``), and a new one started, at most once per ``RESTART_S``; it binds the step socket
+  again and the EngineCore's sink finds it at its next rescan (once a second);
+* an agent that does not answer a ``flush`` or ``stats`` within the timeout costs that answer only.
+
+The agent is started with ``sys.executable -m otel_llm.agent``, with ``OTEL_LLM_AGENT=off`` and
+without ``opentelemetry-instrument``'s ``sitecustomize`` on its path: it never instruments itself
+and never starts an agent of its own. It dies with its parent (protocol: the socket's end-of-file, and
+``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from ..guard import Guard
+from . import protocol
+
+RESTART_S = 5.0
+READY_S = 60.0  # an agent's start on a loaded machine: the interpreter, the SDK and the exporters' imports
+SEND_BUFFER = 4 << 20
+AGENT_ENV = "OTEL_LLM_AGENT"
+
+
+class AgentLink:
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.sock: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+        self.pid = 0
+        self.dropped = 0  # messages the socket refused (full)
+        self.lost = 0  # messages a dead agent did not get
+        self.restarts = 0
+        self.oversized = 0
+        self._last_start = 0.0
+        self._replies = threading.Lock()  # one request/reply exchange at a time
+        self._tokens = itertools.count(1)
+        self._config: bytes | None = None  # re-sent to a restarted agent
+        self._engines: list[bytes] = []
+
+    # -- life --------------------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Start an agent and wait until it is up; False (and counted) if it did not come up."""
+        self._last_start = time.monotonic()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        except OSError:
+            pass
+        env = dict(os.environ)
+        env[AGENT_ENV] = "off"
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith(
+            "auto_instrumentation")]
+        env["PYTHONPATH"] = os.pathsep.join(path)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "otel_llm.agent", str(child.fileno())],
+                                    pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                                    close_fds=True)
+        except OSError as exc:
+            parent.close()
+            child.close()
+            self.guard.failed("agent start", exc)
+            return False
+        child.close()
+        parent.settimeout(READY_S)
+        try:
+            ready = protocol.unpack(parent.recv(protocol.MAX_PACKET))
+            if ready[0] != protocol.READY:
+                raise ValueError(f"agent said {ready[0]} first")
+        except Exception as exc:
+            parent.close()
+            _stop(proc)
+            self.guard.failed("agent start", exc)
+            return False
+        parent.setblocking(False)
+        self.sock, self.proc, self.pid = parent, proc, proc.pid
+        for data in ([self._config] if self._config is not None else []) + self._engines:
+            self._send(data)
+        return True
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """The agent sends what it holds and exits (the socket's end-of-file)."""
+        sock, proc = self.sock, self.proc
+        self.sock = self.proc = None
+        if sock is not None:
+            sock.close()
+        if proc is not None:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def configure(self, config: protocol.AgentConfig) -> None:
+        self._config = protocol.pack_object(protocol.CONFIG, config)
+        self._send(self._config)
+
+    def engine(self, facts: protocol.EngineFacts) -> None:
+        data = protocol.pack_object(protocol.ENGINE, facts)
+        self._engines.append(data)
+        self._send(data)
+
+    def send(self, data: bytes) -> None:
+        """One message, never blocking (the hot path's: a start, a finish)."""
+        sock = self.sock
+        if sock is None:
+            self._lose()
+            return
+        try:
+            sock.send(data)
+        except BlockingIOError:
+            self.dropped += 1
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                self.oversized += 1
+            else:
+                self._lose()
+
+    _send = send
+
+    def _lose(self) -> None:
+        """The agent is gone: count the message, start another (not more often than RESTART_S)."""
+        self.lost += 1
+        if time.monotonic() - self._last_start < RESTART_S:
+            return
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+        self.restarts += 1
+        self.start()
+
+    def ask(self, kind: int, timeout: float, *args: Any) -> Any:
+        """A request the agent answers (FLUSH, STATS); None if it did not answer within ``timeout``."""
+        with self._replies:
+            sock = self.sock
+            if sock is None or not self.alive():
+                if self.sock is not None or self.proc is not None:
+                    self._lose()
+                return None
+            token = next(self._tokens)
+            deadline = time.monotonic() + timeout
+            # the socket stays non-blocking (the hot path's sends must never wait): the answer is polled for
+            poll = select.poll()
+            poll.register(sock.fileno(), select.POLLIN)
+            try:
+                sock.send(protocol.pack((kind, token, *args)))
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not poll.poll(left * 1e3):
+                        return None
+                    data = sock.recv(protocol.MAX_PACKET)
+                    if not data:
+                        return None
+                    reply = protocol.unpack(data)
+                    if reply[0] == protocol.REPLY and reply[1] == token:
+                        return reply[2]
+                    # an answer to an earlier request that timed out: skip it
+            except (OSError, ValueError, EOFError):
+                return None
+
+    def flush(self, timeout: float) -> bool:
+        return bool(self.ask(protocol.FLUSH, timeout, float(timeout)))
+
+    # -- the pipeline's remote (core/pipeline.Remote) ----------------------------------------------------
+
+    def request_started(self, t: Any) -> None:
+        data = protocol.start_message(t)
+        if len(data) > protocol.MAX_PACKET:
+            self.oversized += 1
+            return
+        self.send(data)
+
+    def request_finished(self, request_id: str, t: Any, s: Any) -> None:
+        data = protocol.finish_message(request_id, t, s)
+        if len(data) > protocol.MAX_PACKET:  # captured content too long for one packet: metrics still count
+            self.oversized += 1
+            data = protocol.finish_message(request_id, t, s, content=False)
+        self.send(data)
+
+    def stats(self, counts: Any, timeout: float = 2.0) -> dict[str, Any]:
+        """The agent's pipeline's counts (what users read), the frontend's own requests, and the link's."""
+        remote = self.ask(protocol.STATS, timeout)
+        out: dict[str, Any] = dict(remote) if isinstance(remote, dict) else dict(vars(counts))
+        out.pop("agent_errors", None)
+        # the frontend's counts of what it handed over: the agent's miss those a full socket refused
+        out["requests_started"], out["requests_finished"] = counts.requests_started, counts.requests_finished
+        out["requests_untracked"] = counts.requests_untracked
+        out["agent_unreachable"] = int(remote is None)
+        out.update(self.counts())
+        return out
+
+    def agent_errors(self, timeout: float = 2.0) -> dict[str, int]:
+        """The errors the agent caught, by site (``otel_llm.stats()["errors"]`` adds them)."""
+        remote = self.ask(protocol.STATS, timeout)
+        return dict(remote.get("agent_errors") or {}) if isinstance(remote, dict) else {}
+
+    def counts(self) -> dict[str, int]:
+        return {"agent_pid": self.pid if self.alive() else 0, "agent_dropped": self.dropped,
+                "agent_lost": self.lost, "agent_restarts": self.restarts, "agent_oversized": self.oversized,
+                "agent_cpu_ns": _cpu_ns(self.pid) if self.alive() else 0}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        proc.kill()
+        proc.wait(5)
+    except Exception:
+        pass
+
+
+def _cpu_ns(pid: int) -> int:
+    """The agent's CPU so far (every thread's, as the scheduler accounts it)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    except OSError:
+        pass
+    return total

@@ -1,0 +1,256 @@
+"""The agent: joins a frontend's requests with its engine's steps, and does everything else.
+
+Started by the frontend (``link.AgentLink``) with one end of a ``SOCK_SEQPACKET`` pair. It binds the
+frontend's step socket in the step directory (the EngineCore's sink hands it the shared-memory ring),
+runs the engine-agnostic ``Pipeline`` as the frontend would (tail decision, verdict, metrics, spans)
+and exports through providers rebuilt from the ``OTEL_*`` variables (destinations.py).
+
+Order: a step that served a request was written after the request's ``START`` was sent (the frontend
+sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
+step was written. So each turn reads the socket (starts go in at once, finishes wait), then hands the
+pipeline the steps read at the *previous* turn (every request they served had started by the end of
+that read, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
+written before they were sent, so read by then), then reads the ring for the next turn.
+
+It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), after
+sending what it holds; ``PR_SET_PDEATHSIG`` makes a SIGTERM of its parent's death as well.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from ..core.pipeline import Pipeline
+from ..guard import Guard, total
+from ..version import __version__
+from . import destinations, protocol
+
+IDLE_S = 0.1  # the longest wait for a message: the ring is read at least this often (it holds seconds)
+BUSY_S = 0.002  # the wait while finishes or steps are pending a turn
+
+
+class Agent:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.guard = Guard()
+        self.pipeline: Pipeline | None = None
+        self.providers: tuple[Any, Any] | None = None
+        self.receiver: Any = None
+        self.starts = protocol.Starts()
+        self.pending_steps: list[Any] = []  # read at the last turn, handed to the pipeline at the next
+        self.arrived: list[tuple] = []  # finishes received since the last turn
+        self.due: list[tuple] = []  # finishes received before the last turn's ring read: settled this turn
+        self.engines: list[protocol.EngineFacts] = []
+        self.malformed = 0
+        self.orphans = 0  # finishes whose start never arrived (dropped by a full socket, or a restart)
+
+    # -- configuration -----------------------------------------------------------------------------
+
+    def configure(self, setup: protocol.AgentConfig) -> None:
+        """A new instrumentation: a new pipeline (and providers), after the old one sent what it held."""
+        self.close_pipeline()
+        from ..otlp.routes import Router
+
+        tp, mp = destinations.build(setup.destinations)
+        self.providers = (tp, mp)
+        tracer = tp.get_tracer("otel_llm.vllm", __version__)
+        meter = mp.get_meter("otel_llm.vllm", __version__)
+        self.pipeline = Pipeline(setup.config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
+        for facts in self.engines:
+            self.apply_engine(facts)
+        if self.receiver is None and setup.config.engine_steps:
+            self.open_receiver()
+
+    def open_receiver(self) -> None:
+        from ..instrumentation.vllm.step_transport import STEP_DIR_ENV, StepReceiver
+
+        directory = os.environ.get(STEP_DIR_ENV)
+        if directory:
+            self.receiver = StepReceiver(directory, self.guard)
+
+    def apply_engine(self, facts: protocol.EngineFacts) -> None:
+        p = self.pipeline
+        if p is None:
+            return
+        try:
+            p.diagnosis.setup(facts.shape, p.config, facts.on_cuda, facts.devices)
+            p.window.max_loras = facts.max_loras
+            p.diagnosis.kv_cache = facts.kv_cache
+        except Exception as exc:
+            self.guard.failed("agent step diagnosis set-up", exc)
+
+    def close_pipeline(self) -> None:
+        if self.pipeline is not None:
+            self.turn(final=True)
+            self.pipeline.close(5.0)
+            self.pipeline = None
+        if self.providers is not None:
+            for provider in self.providers:
+                try:
+                    provider.shutdown()
+                except Exception as exc:
+                    self.guard.failed("agent provider shutdown", exc)
+            self.providers = None
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        poll = select.poll()
+        poll.register(self.sock.fileno(), select.POLLIN)
+        while True:
+            wait = BUSY_S if (self.pending_steps or self.arrived or self.due) else IDLE_S
+            events = poll.poll(wait * 1e3)
+            if events and not self.receive():
+                break  # the frontend is gone
+            self.turn()
+        self.close_pipeline()
+
+    def receive(self) -> bool:
+        """Every message waiting; False when the frontend's end closed."""
+        while True:
+            try:
+                data = self.sock.recv(protocol.MAX_PACKET, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            try:
+                self.handle(protocol.unpack(data))
+            except Exception as exc:  # a message we cannot read costs that message
+                self.malformed += 1
+                self.guard.failed("agent message", exc)
+
+    def handle(self, m: tuple) -> None:
+        kind = m[0]
+        p = self.pipeline
+        if kind == protocol.START:
+            if p is not None:
+                p.start(self.starts.timeline(m))
+        elif kind == protocol.FINISH:
+            self.arrived.append(m)
+        elif kind == protocol.CONFIG:
+            self.configure(protocol.unpack_object(m[1]))
+        elif kind == protocol.ENGINE:
+            facts = protocol.unpack_object(m[1])
+            self.engines.append(facts)
+            self.apply_engine(facts)
+        elif kind == protocol.FLUSH:
+            self.turn(final=True)
+            ok = True
+            if p is not None:
+                ok = p.flush(m[2])
+            if self.providers is not None:
+                tp, mp = self.providers
+                ok = tp.force_flush(int(m[2] * 1e3)) and ok
+                ok = mp.force_flush(int(m[2] * 1e3)) and ok
+            self.reply(m[1], ok)
+        elif kind == protocol.STATS:
+            self.reply(m[1], self.stats())
+        else:
+            raise ValueError(f"unknown agent message kind {kind}")
+
+    def turn(self, final: bool = False) -> None:
+        """Last turn's steps, then last turn's finishes, then this turn's ring read (see the module's
+        docstring). ``final``: everything now (a flush; the frontend has sent all it will for now)."""
+        p = self.pipeline
+        steps, self.pending_steps = self.pending_steps, []
+        finishes, self.due, self.arrived = self.due, self.arrived, []
+        if final:
+            steps += self.read_steps()
+            finishes += self.due
+            self.due = []
+        if p is not None:
+            add = p.add_step
+            for step in steps:
+                add(step)
+            for m in finishes:
+                self.finish(p, m)
+            self.starts.forget_complete()
+        if not final:
+            self.pending_steps = self.read_steps()
+
+    def read_steps(self) -> list[Any]:
+        out: list[Any] = []
+        if self.receiver is not None:
+            try:
+                self.receiver.drain(out.append)
+            except Exception as exc:
+                self.guard.failed("agent step receiver", exc)
+        return out
+
+    def finish(self, p: Pipeline, m: tuple) -> None:
+        try:
+            t = p.requests.get(m[1])
+            if t is None:
+                self.orphans += 1
+            rid, summary = protocol.finish_into(t, m)
+            p.finish(rid, summary)
+        except Exception as exc:
+            self.guard.failed("agent finish", exc)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.pipeline.stats()) if self.pipeline is not None else {}
+        out["agent_malformed"] = self.malformed
+        out["agent_orphans"] = self.orphans
+        out["agent_rss_bytes"] = _rss_bytes()
+        out["agent_errors"] = total([self.guard])
+        return out
+
+    def reply(self, token: int, payload: Any) -> None:
+        try:
+            self.sock.settimeout(5.0)
+            self.sock.send(protocol.pack((protocol.REPLY, token, payload)))
+        except OSError:
+            pass  # the frontend gave up waiting, or is gone
+        finally:
+            self.sock.settimeout(None)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # the socket's end-of-file still ends us
+
+
+def main(argv: list[str]) -> int:
+    fd = int(argv[1])
+    sock = socket.socket(fileno=fd)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # finally: close the pipeline, send what is held
+    if os.getppid() == 1:
+        return 0
+    agent = Agent(sock)
+    try:
+        sock.send(protocol.pack((protocol.READY, 0, os.getpid())))
+        agent.run()
+    finally:
+        try:
+            agent.close_pipeline()
+        finally:
+            if agent.receiver is not None:
+                agent.receiver.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

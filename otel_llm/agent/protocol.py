@@ -1,0 +1,159 @@
+"""What the frontend tells its agent, one message a packet on a ``SOCK_SEQPACKET`` socket pair.
+
+The two messages a request costs the frontend (a start, a finish) are plain tuples of built-in values,
+``marshal``-ed: ~1–2 µs each, where pickling the ``RequestTimeline`` and ``RequestSummary`` themselves
+took ~10 µs. Rare messages (the configuration, an engine's shape) are pickled. Every message is one
+packet, so a full socket refuses it whole (counted by the sender) and never leaves half a message.
+
+Replies go the other way only for ``FLUSH`` and ``STATS`` (and ``READY`` once), each carrying the
+request's token, so the frontend never has unsolicited data waiting on its end.
+"""
+
+from __future__ import annotations
+
+import marshal
+import pickle
+from dataclasses import dataclass, fields
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+
+from ..core.step_tokens import TokenWindow
+from ..core.summary import RequestSummary
+from ..core.timeline import RequestGroup, RequestTimeline
+
+# message kinds (the first item of every message)
+START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY = range(1, 9)
+MAX_PACKET = 1 << 20  # a longer message (captured content) is refused by the sender, counted
+
+_SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary))
+_GAPS = _SUMMARY_FIELDS.index("gaps")
+_KINDS = tuple(SpanKind)
+
+
+@dataclass
+class AgentConfig:
+    """What an instrumentation hands its agent (pickled, once per ``instrument()``): the options, and the
+    exporters to build (``destinations.Destinations``)."""
+
+    config: Any  # core.config.Config
+    destinations: Any
+
+
+@dataclass
+class EngineFacts:
+    """An engine built in the frontend, for the agent's step diagnosis (the roofline, the LoRA slots)."""
+
+    shape: Any  # diagnosis.roofline.ModelShape
+    on_cuda: bool
+    devices: int
+    max_loras: int | None
+    kv_cache: Any
+
+
+def pack(message: tuple) -> bytes:
+    return marshal.dumps(message)
+
+
+def pack_object(kind: int, obj: Any) -> bytes:
+    return marshal.dumps((kind, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def unpack(data: bytes) -> tuple:
+    message = marshal.loads(data)
+    if not isinstance(message, tuple) or not message or not isinstance(message[0], int):
+        raise ValueError("not an agent message")
+    return message
+
+
+def unpack_object(payload: bytes) -> Any:
+    return pickle.loads(payload)
+
+
+# -- a request's start and finish ---------------------------------------------------------------------
+
+def start_message(t: RequestTimeline) -> bytes:
+    group = t.group
+    return marshal.dumps((
+        START, t.request_id, t.arrival, t.model, t.operation, t.provider, _KINDS.index(t.kind),
+        _parent(t.parent), t.response_id, t.request_attributes, t.input_tokens, t.lora_name, t.lora_id,
+        t.steps_give_tokens, t.prompt_text,
+        (group.group_id, group.choice_count, group.expected) if group is not None else None, t.choice_index,
+    ))
+
+
+def finish_message(request_id: str, t: RequestTimeline | None, s: RequestSummary, content: bool = True) -> bytes:
+    """``t``: None for a request the frontend did not track (over ``max_requests``): metrics only there.
+    ``content``: False leaves the captured completion out (too long for a packet)."""
+    values = [getattr(s, name) for name in _SUMMARY_FIELDS]
+    values[_GAPS] = None  # derived in the agent, from the token times
+    if t is None:
+        return marshal.dumps((FINISH, request_id, None, None, (), (), None, None, None, None, None, tuple(values)))
+    window = t.token_window
+    return marshal.dumps((
+        FINISH, request_id, t.finish_reason, t.error_type, t.events, t.token_ts, t.multi_token_steps,
+        tuple(window) if window is not None else None, t.cache_sources, t.output_text if content else None,
+        t.spec, tuple(values),
+    ))
+
+
+class Starts:
+    """The agent's side of ``START``: timelines, and the groups (n > 1) their sequences belong to."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, RequestGroup] = {}
+
+    def timeline(self, m: tuple) -> RequestTimeline:
+        (_, rid, arrival, model, operation, provider, kind, parent, response_id, attrs, input_tokens,
+         lora_name, lora_id, steps_give_tokens, prompt_text, group, choice_index) = m
+        t = RequestTimeline(request_id=rid, arrival=arrival, model=model, operation=operation, provider=provider,
+                            kind=_KINDS[kind], parent=_context(parent), response_id=response_id,
+                            request_attributes=attrs, input_tokens=input_tokens)
+        t.lora_name, t.lora_id, t.steps_give_tokens, t.prompt_text = lora_name, lora_id, steps_give_tokens, prompt_text
+        if group is not None:
+            gid, n, expected = group
+            g = self.groups.get(gid)
+            if g is None or g.complete:
+                g = self.groups[gid] = RequestGroup(gid, n, expected)
+            g.expected = expected
+            t.group, t.choice_index = g, choice_index
+        return t
+
+    def forget_complete(self) -> None:
+        for gid in [gid for gid, g in self.groups.items() if g.complete]:
+            del self.groups[gid]
+
+
+def finish_into(t: RequestTimeline | None, m: tuple) -> tuple[str, RequestSummary]:
+    """The request id and summary of a ``FINISH``; fills ``t`` (the started timeline, if known)."""
+    (_, rid, reason, error_type, events, token_ts, multi, window, cache_sources, output_text, spec, values) = m
+    if t is not None:
+        t.finish_reason, t.error_type, t.output_text = reason, error_type, output_text
+        t.events = [tuple(e) for e in events]
+        t.token_ts = list(token_ts)
+        t.multi_token_steps = multi
+        t.token_window = TokenWindow(*window) if window is not None else None
+        t.cache_sources = tuple(cache_sources) if cache_sources is not None else None
+        if spec is not None and t.spec is None:
+            t.spec = list(spec)
+    return rid, RequestSummary(*values)
+
+
+def _parent(context: Any) -> tuple | None:
+    if context is None:
+        return None
+    sc = trace.get_current_span(context).get_span_context()
+    if not sc.is_valid:
+        return None
+    return (sc.trace_id.to_bytes(16, "big"), sc.span_id, int(sc.trace_flags), sc.is_remote,
+            sc.trace_state.to_header() if sc.trace_state else "")
+
+
+def _context(parent: tuple | None) -> Any:
+    if parent is None:
+        return None
+    trace_id, span_id, flags, remote, state = parent
+    ctx = SpanContext(int.from_bytes(trace_id, "big"), span_id, remote, TraceFlags(flags),
+                      TraceState.from_header([state]) if state else None)
+    return trace.set_span_in_context(NonRecordingSpan(ctx))
