@@ -165,7 +165,10 @@ def providers(endpoint: str | None):
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+        # as OTEL_* configures it (what a deployment does, and what lets an agent process export for it):
+        # the variable is inherited by the processes started from here
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"{endpoint}/v1/traces"
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
 
 

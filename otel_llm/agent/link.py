@@ -10,8 +10,8 @@ Never hurts the host:
   the frontend goes on; a finish whose start was refused is settled as an untracked request there
   (metrics only), and one whose finish was refused is lost, counted here;
 * a dead agent (killed, crashed) is noticed at the next send (``EPIPE``) or ``flush``: counted
-  (``agent_lost``), and a new one started, at most once per ``RESTART_S``; it binds the step socket
-  again and the EngineCore's sink finds it at its next rescan (once a second);
+  (``agent_lost``), and a new one started (on a thread of its own), at most once per ``RESTART_S``; it
+  binds the step socket again and the EngineCore's sink finds it at its next rescan (once a second);
 * an agent that does not answer a ``flush`` or ``stats`` within the timeout costs that answer only.
 
 The agent is started with ``sys.executable -m otel_llm.agent``, with ``OTEL_LLM_AGENT=off`` and
@@ -53,6 +53,7 @@ class AgentLink:
         self.restarts = 0
         self.oversized = 0
         self._last_start = 0.0
+        self._restarting = False
         self._replies = threading.Lock()  # one request/reply exchange at a time
         self._tokens = itertools.count(1)
         self._config: bytes | None = None  # re-sent to a restarted agent
@@ -146,16 +147,26 @@ class AgentLink:
     def _lose(self) -> None:
         """The agent is gone: count the message, start another (not more often than RESTART_S)."""
         self.lost += 1
-        if time.monotonic() - self._last_start < RESTART_S:
+        if self._restarting or time.monotonic() - self._last_start < RESTART_S:
             return
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            _stop(self.proc)
-            self.proc = None
-        self.restarts += 1
-        self.start()
+        self._restarting = True
+        self._last_start = time.monotonic()
+        sock, proc = self.sock, self.proc
+        self.sock = self.proc = None
+        if sock is not None:
+            sock.close()
+        # the new agent's start (an interpreter's, ~1 s) on a thread of its own: never on the caller's, which
+        # is vLLM's output thread; what is sent meanwhile is counted lost
+        threading.Thread(target=self._restart, args=(proc,), name="otel-llm-agent-restart", daemon=True).start()
+
+    def _restart(self, old: subprocess.Popen | None) -> None:
+        try:
+            if old is not None:
+                _stop(old)
+            self.restarts += 1
+            self.start()
+        finally:
+            self._restarting = False
 
     def ask(self, kind: int, timeout: float, *args: Any) -> Any:
         """A request the agent answers (FLUSH, STATS); None if it did not answer within ``timeout``."""

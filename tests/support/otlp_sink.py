@@ -108,6 +108,7 @@ class SinkPoint:
     sum: float | None
     time_ns: int
     resource: dict[str, Any]
+    explicit_bounds: tuple[float, ...] = ()
 
 
 def decode_metrics(body: bytes) -> list[SinkPoint]:
@@ -124,7 +125,7 @@ def decode_metrics(body: bytes) -> list[SinkPoint]:
                 for p in getattr(m, which).data_points:
                     if which == "histogram":
                         out.append(SinkPoint(m.name, _attrs(p.attributes), None, p.count, p.sum,
-                                             p.time_unix_nano, resource))
+                                             p.time_unix_nano, resource, tuple(p.explicit_bounds)))
                     else:
                         value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
                         out.append(SinkPoint(m.name, _attrs(p.attributes), value, None, None, p.time_unix_nano,

@@ -64,8 +64,18 @@ def test_serve_reports_engine_steps_and_chunks():
     assert {x.service for x in steps} == {f"{request.service}-engine-steps"}
 
 
+def _frontend_of(pid: int) -> int:
+    """The frontend a step socket's process serves: itself, or the API server whose agent process it is
+    (otel_llm/agent: it binds the step socket for its frontend)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"otel_llm.agent" not in f.read():
+            return pid
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid (the field after the state)
+
+
 def _step_sockets_of(server: VLLMServer, since: float) -> set[int]:
-    """Pids of the processes of ``server``'s session that bound a socket in a step directory since
+    """The frontends (by pid) of the processes of ``server``'s session that bound a socket in a step directory since
     ``since`` (wall clock). A socket file a killed process of an earlier run left behind is older: its
     pid may belong to one of this server's processes by now (pids wrap at 32768 on a busy machine)."""
     import glob
@@ -76,7 +86,7 @@ def _step_sockets_of(server: VLLMServer, since: float) -> set[int]:
         try:
             pid = int(os.path.basename(path).split(".")[0])
             if server.proc is not None and os.getsid(pid) == server.proc.pid and os.stat(path).st_mtime >= since:
-                pids.add(pid)
+                pids.add(_frontend_of(pid))
         except (ValueError, OSError):
             pass  # not a pid-named socket, or a process that is gone
     return pids

@@ -192,6 +192,10 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
                 return None
             self.agent = link
             self._owned().add(_AGENT, link.close, SOCKETS)
+            if self.step_receiver is not None:  # bound for an earlier engine: its EngineCore now finds the agent's
+                self.step_receiver.close()
+                self.step_receiver = None
+                self._owned().discard("step receiver")
         if self.telemetry is not None and self._agent_config is not None:
             self.agent.configure(self._agent_config)
             self.telemetry.attach(self.agent)

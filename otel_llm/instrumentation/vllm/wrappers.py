@@ -126,18 +126,19 @@ class VLLMWrappers:
                 self.fence.check_all(sides=(contract.ENGINE,))
             except Exception as exc:
                 self.guard.failed("vllm contract", exc)
+        if self.steps_armed and self.agent is None and self.open_agent is not None:
+            try:  # before the EngineCore starts sending: the agent binds the step socket (in place of ours)
+                if self._agent_fits(wrapped, args, kwargs):
+                    self.agent = self.open_agent()
+                    if self.agent is not None:
+                        self.receiver = None
+            except Exception as exc:
+                self.guard.failed("vllm agent", exc)
         if self.steps_armed and self.receiver is None and self.agent is None:
-            if self.open_agent is not None:
-                try:  # before the EngineCore starts sending: the agent binds the step socket
-                    if self._agent_fits(wrapped, args, kwargs):
-                        self.agent = self.open_agent()
-                except Exception as exc:
-                    self.guard.failed("vllm agent", exc)
-            if self.agent is None:
-                try:  # before the EngineCore starts sending: this process's socket in the step directory
-                    self.receiver = self.open_receiver()
-                except Exception as exc:
-                    self.guard.failed("vllm step receiver", exc)
+            try:  # before the EngineCore starts sending: this process's socket in the step directory
+                self.receiver = self.open_receiver()
+            except Exception as exc:
+                self.guard.failed("vllm step receiver", exc)
         if self.kv_receiver is None:
             try:
                 vllm_config = self.bind(wrapped).get(args, kwargs, "vllm_config")
@@ -355,9 +356,9 @@ class VLLMWrappers:
                 self.guard.failed("step receiver", exc)
 
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if self.agent is not None:  # the agent reads the steps; finishes and events come from their own hooks
-            return wrapped(*args, **kwargs)
         from_steps = self._from_steps(instance)
+        if from_steps and self.agent is not None:  # the agent reads the steps; finishes and events: own hooks
+            return wrapped(*args, **kwargs)
         if from_steps:
             # Token times from steps: nothing needs this batch's step records before a request finishes, so
             # they are read in bulk (warm: one cache-cold start instead of one a batch) at the first finish of

@@ -1,0 +1,118 @@
+"""The agent process on the real engine: the offline contract, unchanged, with the work done off the frontend.
+
+The engine of this module is built while instrumented with providers as ``OTEL_*`` configures them (the
+SDK's batch processor and periodic metric reader around OTLP/HTTP exporters whose endpoint comes from the
+variables), so ``agent=auto`` starts an agent process: the frontend hands each request's start and finish
+to it, the agent reads the EngineCore's step records, builds the spans and metrics and exports them to a
+real OTLP receiver. The assertions of ``test_vllm_offline.py`` then run, unchanged, on what it exported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import otel_llm
+from support.otlp_sink import OTLPSink
+
+pytestmark = pytest.mark.engine
+
+_spec = importlib.util.spec_from_file_location("offline_contract", Path(__file__).with_name("test_vllm_offline.py"))
+offline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(offline)
+
+# the offline contract's assertions on the full-detail run, collected here against this module's run
+test_one_request_span_each_with_engine_timings = offline.test_one_request_span_each_with_engine_timings
+test_phases_tile_the_request_span = offline.test_phases_tile_the_request_span
+test_chunked_prefill_is_visible = offline.test_chunked_prefill_is_visible
+test_engine_steps_match_the_scheduler_and_link_requests = offline.test_engine_steps_match_the_scheduler_and_link_requests
+test_ttft_histogram_counts_every_request_with_engine_sum = offline.test_ttft_histogram_counts_every_request_with_engine_sum
+
+
+class AgentRun:
+    def __init__(self, outputs: list, spans: list, sink: OTLPSink, stats: dict, receiver: Any,
+                 agent_pid: int, errors: dict) -> None:
+        self.outputs, self.spans, self.sink, self.stats = outputs, spans, sink, stats
+        self.receiver, self.agent_pid, self.errors = receiver, agent_pid, errors
+
+
+@pytest.fixture(scope="module")
+def agent_run():
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+    from support.engine import make_llm
+
+    sink = OTLPSink().start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)  # the agent inherits the variables
+        resource = Resource.create({"service.name": "agent-contract"})
+        tp = TracerProvider(resource=resource)
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        # a day's interval: the points come with flush(), not with the machine's timing
+        mp_ = MeterProvider(resource=resource, metric_readers=[
+            PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=86_400_000)])
+        otel_llm.uninstrument()
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp_, sample_rate=1.0, baseline_detail="steps",
+                            tail_quantile=0)
+        inst = VLLMInstrumentor()
+        try:
+            llm = make_llm()
+            outputs = llm.generate(offline.PROMPTS, offline._params(), use_tqdm=False)
+            assert otel_llm.flush(60)  # the agent's spans and metrics sent (60 s: a bound for a hang)
+            stats = otel_llm.stats()
+            run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.step_receiver,
+                           inst.agent.pid if inst.agent is not None else 0, stats["errors"])
+            run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+            del llm
+        finally:
+            otel_llm.uninstrument()
+            tp.shutdown()
+            mp_.shutdown()
+    yield run
+    sink.stop()
+
+
+@pytest.fixture(scope="module")
+def full_run(agent_run):
+    """The offline contract's fixture, as the agent exported it: outputs, spans, what the frontend held, and
+    the time-to-first-token histogram's points."""
+    points = agent_run.sink.metric_points("gen_ai.server.time_to_first_token")
+    last = max(p.time_ns for p in points)  # cumulative: the last export holds every request
+    return agent_run.outputs, agent_run.spans, agent_run.held, [p for p in points if p.time_ns == last]
+
+
+def test_an_agent_did_the_work_and_the_frontend_read_no_step(agent_run):
+    s = agent_run.stats
+    assert agent_run.agent_pid and s["agent_pid"] == agent_run.agent_pid != os.getpid()
+    assert agent_run.receiver is None, "the agent binds the step socket, not the frontend"
+    assert s["requests_finished"] == len(offline.PROMPTS) and s["requests_kept"] == len(offline.PROMPTS)
+    assert s["steps_recorded"] > 0 and s["token_times_unplaced"] == 0 and s["steps_lost"] == 0
+    assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
+    assert s["direct_spans_sent"] == len(agent_run.spans)
+    assert agent_run.errors == {}
+
+
+def test_the_agent_exports_under_the_frontends_resource(agent_run):
+    spans = agent_run.sink.spans()
+    assert {s.resource.get("service.name") for s in spans} == {"agent-contract", "agent-contract-engine-steps"}
+    assert {s.resource.get("process.pid") for s in spans} == {os.getpid()}, "the frontend's resource, not the agent's"
+
+
+def test_every_request_metric_is_exported_once(agent_run):
+    points = agent_run.sink.metric_points("gen_ai.server.request.duration")
+    last = max(p.time_ns for p in points)
+    assert sum(p.count for p in points if p.time_ns == last) == len(offline.PROMPTS)
+    gaps = agent_run.sink.metric_points("llm.server.inter_token.latency")
+    last = max(p.time_ns for p in gaps)
+    assert sum(p.count for p in gaps if p.time_ns == last) == len(offline.PROMPTS) * (offline.MAX_TOKENS - 1)
