@@ -56,7 +56,7 @@ def agent_run():
     sink = OTLPSink().start()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)  # the agent inherits the variables
-        resource = Resource.create({"service.name": "agent-contract"})
+        resource = Resource.create({"service.name": "agent-contract", "process.pid": os.getpid()})
         tp = TracerProvider(resource=resource)
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         # a day's interval: the points come with flush(), not with the machine's timing
