@@ -1,8 +1,9 @@
 """The frontend's side of its agent: start it, send it a request's start and finish, ask it to flush.
 
 What the frontend pays a request with the agent: building two small tuples and two ``send`` calls on a
-non-blocking ``SOCK_SEQPACKET`` socket (protocol.py). Nothing per token, nothing per step: the agent
-reads the engine's step ring itself.
+non-blocking ``SOCK_SEQPACKET`` socket (protocol.py), ~2 µs each: the agent reads its socket at a tick
+rather than waiting on it, so a send wakes nobody. Nothing per token, nothing per step: the agent reads
+the engine's step ring itself.
 
 Never hurts the host:
 
