@@ -15,7 +15,7 @@ Never hurts the host:
   binds the step socket again and the EngineCore's sink finds it at its next rescan (once a second);
 * an agent that does not answer a ``flush`` or ``stats`` within the timeout costs that answer only.
 
-The agent is started with ``sys.executable -m otel_llm.agent``, with ``OTEL_LLM_AGENT=off`` and
+The agent is started with ``sys.executable -m <the adapter's agent module>``, with ``OTEL_LLM_AGENT=off`` and
 without ``opentelemetry-instrument``'s ``sitecustomize`` on its path: it never instruments itself
 and never starts an agent of its own. It dies with its parent (protocol: the socket's end-of-file, and
 ``PR_SET_PDEATHSIG``).
@@ -44,8 +44,12 @@ AGENT_ENV = "OTEL_LLM_AGENT"
 
 
 class AgentLink:
-    def __init__(self, guard: Guard) -> None:
+    """``module``: the engine adapter's agent entry (``python -m module FD``), which gives the agent its
+    reader of the engine's step records."""
+
+    def __init__(self, guard: Guard, module: str) -> None:
         self.guard = guard
+        self.module = module
         self.sock: socket.socket | None = None
         self.proc: subprocess.Popen | None = None
         self.pid = 0
@@ -76,7 +80,7 @@ class AgentLink:
             "auto_instrumentation")]
         env["PYTHONPATH"] = os.pathsep.join(path)
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "otel_llm.agent", str(child.fileno())],
+            proc = subprocess.Popen([sys.executable, "-m", self.module, str(child.fileno())],
                                     pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                     close_fds=True)
         except OSError as exc:

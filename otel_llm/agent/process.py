@@ -1,7 +1,9 @@
 """The agent: joins a frontend's requests with its engine's steps, and does everything else.
 
-Started by the frontend (``link.AgentLink``) with one end of a ``SOCK_SEQPACKET`` pair. It binds the
-frontend's step socket in the step directory (the EngineCore's sink hands it the shared-memory ring),
+Started by the frontend (``link.AgentLink``) with one end of a ``SOCK_SEQPACKET`` pair, as the engine
+adapter's ``python -m`` module (vLLM's: ``otel_llm.instrumentation.vllm.agent_process``), which hands it
+its reader of the engine's step records: for vLLM, the frontend's step socket in the step directory,
+bound here instead (the EngineCore's sink hands it the shared-memory ring). It
 runs the engine-agnostic ``Pipeline`` as the frontend would (tail decision, verdict, metrics, spans)
 and exports through providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 
@@ -25,7 +27,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
@@ -37,8 +39,12 @@ BUSY_S = 0.02  # the tick within a second of the last message (a flush is answer
 
 
 class Agent:
-    def __init__(self, sock: socket.socket) -> None:
+    """``open_steps(guard)``: the engine adapter's reader of its engine's step records (an object whose
+    ``drain(deliver)`` hands each waiting record to ``deliver``, and ``close()``), opened once; None: none."""
+
+    def __init__(self, sock: socket.socket, open_steps: Callable[[Guard], Any] | None = None) -> None:
         self.sock = sock
+        self._open_steps = open_steps
         self.guard = Guard()
         self.pipeline: Pipeline | None = None
         self.providers: tuple[Any, Any] | None = None
@@ -68,15 +74,13 @@ class Agent:
         self.pipeline = Pipeline(setup.config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
         for facts in self.engines:
             self.apply_engine(facts)
-        if self.receiver is None and setup.config.engine_steps:
-            self.open_receiver()
 
     def open_receiver(self) -> None:
-        from ..instrumentation.vllm.step_transport import STEP_DIR_ENV, StepReceiver
-
-        directory = os.environ.get(STEP_DIR_ENV)
-        if directory:
-            self.receiver = StepReceiver(directory, self.guard)
+        if self._open_steps is not None and self.receiver is None:
+            try:
+                self.receiver = self._open_steps(self.guard)
+            except Exception as exc:  # no steps: the requests' verdicts say unknown, their metrics still count
+                self.guard.failed("agent step receiver", exc)
 
     def apply_engine(self, facts: protocol.EngineFacts) -> None:
         p = self.pipeline
@@ -243,15 +247,19 @@ def _die_with_parent() -> None:
         pass  # the socket's end-of-file still ends us
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> int:
+    """The agent process's entry (an engine adapter's ``python -m`` module calls it with its step reader)."""
     fd = int(argv[1])
     sock = socket.socket(fileno=fd)
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # finally: close the pipeline, send what is held
     if os.getppid() == 1:
         return 0
-    agent = Agent(sock)
+    agent = Agent(sock, open_steps)
     try:
+        # the step socket first: bound before the frontend builds its engine, so its EngineCore's sink finds
+        # it at its first scan
+        agent.open_receiver()
         sock.send(protocol.pack((protocol.READY, 0, os.getpid())))
         agent.run()
     finally:
@@ -263,5 +271,3 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -68,7 +68,7 @@ def _frontend_of(pid: int) -> int:
     """The frontend a step socket's process serves: itself, or the API server whose agent process it is
     (otel_llm/agent: it binds the step socket for its frontend)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"otel_llm.agent" not in f.read():
+        if b"agent_process" not in f.read():
             return pid
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid (the field after the state)

@@ -185,7 +185,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         if self.agent is None:
             from ...agent.link import AgentLink
 
-            link = AgentLink(self.guard)
+            link = AgentLink(self.guard, "otel_llm.instrumentation.vllm.agent_process")
             if not link.start():
                 self.guard.warn_once("agent start", "otel-llm: the agent process did not start; the telemetry's "
                                      "work stays in vLLM's frontend process (see otel_llm.stats()['errors'])")
