@@ -34,7 +34,7 @@ How it is made to resolve a few per cent on a shared, noisy machine:
   ``--engine-omp-bind``): unbound, it keeps one OpenMP thread per core it started with, and two of them
   spinning on one core cut the engine's throughput thirtyfold. The worker also busy-polls for a second
   after each step (vLLM's shared-memory queue), on the other CPUs with the clients under serve;
-  ``--engine-nice`` lowers the engine's priority there. The results say which pinning was used
+  ``--engine-nice`` lowers the worker's priority there. The results say which pinning was used
   (``pinning``).
 * ``resolves_5pct`` per frontend: whether the run could tell a 5 % share from none at all: the default
   mode's resolution under 2.5 points and ``none``'s MAD under 2.5 %.
@@ -66,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,17 +197,31 @@ def pin_threads(pid: int, cpus: set[int]) -> int:
     return n
 
 
-def nice_threads(pid: int, nice: int) -> None:
+WORKER_NAME = "VLLM::Worker"  # the process title vLLM gives its model workers (the busy-pollers)
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def nice_threads(pid: int, nice: int) -> int:
     """Every live thread of ``pid`` at niceness ``nice`` (Linux: per thread, inherited by new ones)."""
+    n = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return
+        return 0
     for tid in tids:
         try:
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            n += 1
         except (OSError, ValueError):
             pass
+    return n
 
 
 @dataclass
@@ -218,7 +232,6 @@ class Pinning:
     other_cpus: set[int] | None = None
     engine_omp_bind: str = "nobind"
     engine_nice: int = 0
-    last: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def choose(cls, enabled: bool, engine_omp_bind: str | None, engine_nice: int) -> "Pinning":
@@ -238,15 +251,13 @@ class Pinning:
     def apply(self, frontend: int, others: list[int], engine: list[int]) -> dict[str, int]:
         """``frontend``'s threads onto the frontend's CPUs, every thread of each of ``others`` onto the rest,
         ``engine``'s at the engine's niceness; how many threads each side holds."""
-        if self.engine_nice:
-            for p in engine:
-                nice_threads(p, self.engine_nice)
+        niced = {"niced_worker_threads": sum(nice_threads(p, self.engine_nice) for p in engine
+                                             if process_name(p).startswith(WORKER_NAME))} if self.engine_nice else {}
         if not self.enabled:
-            return {}
-        self.last = {"frontend_threads": pin_threads(frontend, self.frontend_cpus),
-                     "other_threads": sum(pin_threads(p, self.other_cpus) for p in dict.fromkeys(others)
-                                          if p != frontend)}
-        return self.last
+            return niced
+        return {"frontend_threads": pin_threads(frontend, self.frontend_cpus),
+                "other_threads": sum(pin_threads(p, self.other_cpus) for p in dict.fromkeys(others) if p != frontend),
+                **niced}
 
     def describe(self) -> dict:
         if not self.enabled:
@@ -585,8 +596,8 @@ def main() -> None:
                     help="VLLM_CPU_OMP_THREADS_BIND for the engine's worker (default: the other CPUs when pinned, "
                          "nobind when not)")
     ap.add_argument("--engine-nice", type=int, default=0,
-                    help="niceness of the EngineCore's processes (its worker busy-polls for a second after each "
-                         "step: niced, it yields its core to the clients and the agent)")
+                    help="niceness of the engine's model workers (a worker busy-polls for a second after each "
+                         "step: niced, it yields its core to the EngineCore, the clients and the agent)")
     args = ap.parse_args()
     OUTPUT_TOKENS = args.tokens
     modes = args.modes.split(",")
