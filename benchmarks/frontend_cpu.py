@@ -23,14 +23,33 @@ How it is made to resolve a few per cent on a shared, noisy machine:
   bootstrap 90 % interval of that median (resampled rounds);
 * the spread of ``none`` between rounds is stated (range and median absolute deviation, over its median).
 
-There is no helper process in the chosen design (docs/design/off-process.md); the field
-``helper_cpu_us_per_token`` says so rather than leaving the question open.
+* pinning (``--pin``, the default; ``--no-pin`` turns it off): on a 2-core machine the frontend and the
+  EngineCore share both cores, and the engine's OpenMP threads spinning on the frontend's core moved
+  ``none`` between rounds more than the overheads measured. So every thread of the frontend (offline: this
+  process; serve: the API server) runs on the first allowed CPU, and every thread of everything else (the
+  EngineCore and its workers, the agent process, the OTLP sink, under serve this process with its
+  clients) on the others, set with ``sched_setaffinity`` per thread after the engine is up and again
+  before each measurement (a process started later, such as the agent, is caught then). The engine's
+  worker gets its OpenMP threads bound to those CPUs by vLLM itself (``VLLM_CPU_OMP_THREADS_BIND``,
+  ``--engine-omp-bind``): unbound, it keeps one OpenMP thread per core it started with, and two of them
+  spinning on one core cut the engine's throughput thirtyfold. The worker also busy-polls for a second
+  after each step (vLLM's shared-memory queue), on the other CPUs with the clients under serve;
+  ``--engine-nice`` lowers the worker's priority there. The results say which pinning was used
+  (``pinning``).
+* ``resolves_5pct`` per frontend: whether the run could tell a 5 % share from none at all: the default
+  mode's resolution under 2.5 points and ``none``'s MAD under 2.5 %.
+
+The agent process (the telemetry's work off the frontend, docs/design/off-process.md): when the
+telemetry's ``stats()`` names it (``agent_pid``), its CPU (every thread's schedstat, before and after) is
+reported per measurement (``agent_cpu_us_per_token``), its median per mode, and the share of the
+frontend and the agent together over ``none``'s; ``None`` where there is no agent.
 
 The EngineCore's µs per step cannot be resolved from whole-process CPU here (a step is ~25 ms of the
 model's forward on this CPU build); the per-step figure is the step hooks on their own at batch 64
 (``vllm_overhead.engine_hooks_us_per_step``), with the EngineCore's CPU per token beside it.
 
-Run: ./run bench benchmarks/frontend_cpu.py [--frontends serve,offline] [--rounds 6] [--modes none,default,...]
+Run: ./run bench benchmarks/frontend_cpu.py [--frontends serve,offline] [--rounds 12] [--modes none,default,...]
+     [--no-pin] [--engine-omp-bind nobind|CPUS] [--engine-nice N]
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +136,136 @@ def tree_cpu_ns(pids: list[int]) -> int:
     return total
 
 
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): tells a process from a later one that
+    reused its id."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Agent:
+    """The agent process, as the telemetry's ``stats()`` names it (``agent_pid``; 0 or absent: none). The
+    last one named is kept while it lives, so modes whose ``stats()`` is empty (``none``, ``native``) still
+    see it."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.started: int | None = None
+
+    def update(self, stats: dict) -> int:
+        pid = stats.get("agent_pid") if isinstance(stats, dict) else None
+        if isinstance(pid, int) and pid > 0 and (pid, start_time(pid)) != (self.pid, self.started):
+            self.pid, self.started = pid, start_time(pid)
+        if self.pid and start_time(self.pid) != self.started:  # gone (or its id reused)
+            self.pid, self.started = 0, None
+        return self.pid
+
+    def tree(self) -> list[int]:
+        return [self.pid, *children_of(self.pid)] if self.pid else []
+
+    def threads_ns(self) -> dict[tuple[int, int], int]:
+        out = {}
+        for p in self.tree():
+            try:
+                out.update({(p, tid): ns for tid, ns in thread_cpu_ns(p).items()})
+            except OSError:
+                pass
+        return out
+
+
+def delta_ns(before: dict, after: dict) -> int:
+    """CPU between two per-thread snapshots: threads started in between count from zero."""
+    return sum(ns - before.get(key, 0) for key, ns in after.items())
+
+
+def pin_threads(pid: int, cpus: set[int]) -> int:
+    """Every live thread of ``pid`` onto ``cpus`` (threads started later inherit their creator's)."""
+    n = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            n += 1
+        except (OSError, ValueError):  # exited meanwhile
+            pass
+    return n
+
+
+WORKER_NAME = "VLLM::Worker"  # the process title vLLM gives its model workers (the busy-pollers)
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def nice_threads(pid: int, nice: int) -> int:
+    """Every live thread of ``pid`` at niceness ``nice`` (Linux: per thread, inherited by new ones)."""
+    n = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            n += 1
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+@dataclass
+class Pinning:
+    """The frontend on ``frontend_cpus``, everything else on ``other_cpus``; ``None`` CPUs: not pinned."""
+
+    frontend_cpus: set[int] | None = None
+    other_cpus: set[int] | None = None
+    engine_omp_bind: str = "nobind"
+    engine_nice: int = 0
+
+    @classmethod
+    def choose(cls, enabled: bool, engine_omp_bind: str | None, engine_nice: int) -> "Pinning":
+        allowed = sorted(os.sched_getaffinity(0))
+        if not enabled or len(allowed) < 2:
+            if enabled:
+                print(f"pinning off: {len(allowed)} CPU allowed", flush=True)
+            return cls(engine_omp_bind=engine_omp_bind or "nobind", engine_nice=engine_nice)
+        others = set(allowed[1:])
+        bind = engine_omp_bind if engine_omp_bind is not None else ",".join(map(str, sorted(others)))
+        return cls({allowed[0]}, others, bind, engine_nice)
+
+    @property
+    def enabled(self) -> bool:
+        return self.frontend_cpus is not None
+
+    def apply(self, frontend: int, others: list[int], engine: list[int]) -> dict[str, int]:
+        """``frontend``'s threads onto the frontend's CPUs, every thread of each of ``others`` onto the rest,
+        ``engine``'s at the engine's niceness; how many threads each side holds."""
+        niced = {"niced_worker_threads": sum(nice_threads(p, self.engine_nice) for p in engine
+                                             if process_name(p).startswith(WORKER_NAME))} if self.engine_nice else {}
+        if not self.enabled:
+            return niced
+        return {"frontend_threads": pin_threads(frontend, self.frontend_cpus),
+                "other_threads": sum(pin_threads(p, self.other_cpus) for p in dict.fromkeys(others) if p != frontend),
+                **niced}
+
+    def describe(self) -> dict:
+        if not self.enabled:
+            return {"pinned": False, "engine_omp_bind": self.engine_omp_bind, "engine_nice": self.engine_nice}
+        return {"pinned": True, "frontend_cpus": sorted(self.frontend_cpus), "other_cpus": sorted(self.other_cpus),
+                "engine_omp_bind": self.engine_omp_bind, "engine_nice": self.engine_nice}
+
+
 # -- statistics --------------------------------------------------------------------------------------
 
 def bootstrap_halfwidth(values: list[float], n: int = 2000, seed: int = 0) -> float:
@@ -135,6 +285,7 @@ def summarize(results: dict[str, list[dict]], modes: list[str], key: str = "cpu_
         "none_us_per_token_median": round(med_none, 2),
         "none_spread_range_pct": round(100 * (max(none) - min(none)) / med_none, 2),
         "none_spread_mad_pct": round(100 * mad / med_none, 2),
+        "none_agent_cpu_us_per_token": median_or_none(r.get("agent_cpu_us_per_token") for r in results["none"]),
         "modes": {},
     }
     for mode in modes:
@@ -160,8 +311,37 @@ def summarize(results: dict[str, list[dict]], modes: list[str], key: str = "cpu_
             if within else None,
             "our_threads_share_within_pct": round(100 * statistics.median(within), 2) if within else None,
             "our_threads_share_within_resolution_pct": round(100 * bootstrap_halfwidth(within), 2) if within else None,
+            "agent_cpu_us_per_token": median_or_none(a.get("agent_cpu_us_per_token") for a in results[mode]),
+            **with_agent(results[mode], results["none"], key),
         }
+    default = out["modes"].get(DEFAULT_MODE)
+    # a 5 % share is told from none only where the interval around it (± half-width) stays clear of both 0
+    # and 10 %, and none itself holds still between rounds at least that well
+    out["resolves_5pct"] = (default is not None and default["resolution_pct"] < RESOLVE_POINTS
+                            and out["none_spread_mad_pct"] < RESOLVE_POINTS)
     return out
+
+
+DEFAULT_MODE = "default"  # the mode whose share the 5 % target is about
+RESOLVE_POINTS = 2.5  # half of the 5 % target, in points
+
+
+def median_or_none(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 2) if known else None
+
+
+def with_agent(mode: list[dict], none: list[dict], key: str) -> dict:
+    """The mode's share with the agent's CPU counted (frontend + agent, over none's frontend + agent, paired
+    by round), where the agent was there in every measurement of the mode."""
+    def agent(r: dict) -> float:
+        return r.get("agent_cpu_us_per_token") or 0.0
+
+    if not mode or any(r.get("agent_cpu_us_per_token") is None for r in mode):
+        return {"share_with_agent_pct": None, "share_with_agent_resolution_pct": None}
+    shares = [(a[key] + agent(a) - b[key] - agent(b)) / (b[key] + agent(b)) for a, b in zip(mode, none)]
+    return {"share_with_agent_pct": round(100 * statistics.median(shares), 2),
+            "share_with_agent_resolution_pct": round(100 * bootstrap_halfwidth(shares), 2)}
 
 
 # -- the OTLP sink and the control socket ------------------------------------------------------------
@@ -232,7 +412,7 @@ async def stream_requests(base_url: str, model: str, n: int, concurrency: int, p
     return tokens
 
 
-def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict:
+def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str, pinning: Pinning) -> dict:
     from support.engine import ENV, serve_command
     from support.server import free_port
     from support.tiny_model import ensure_tiny_model
@@ -243,7 +423,8 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
     cmd = [sys.executable, str(HERE / "serve_with_modes.py"), "--sink", endpoint, "--",
            *serve_command(port, max_num_seqs=args.concurrency, max_num_batched_tokens=512)[2:]]
     env = {**os.environ, **ENV, "VLLM_LOGGING_LEVEL": "WARNING", "FRONTEND_CPU_CONTROL": control_path,
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE.parent / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE.parent / "tests")]),
+           "VLLM_CPU_OMP_THREADS_BIND": pinning.engine_omp_bind}
     env.pop("OTEL_LLM_STEP_DIR", None)
     log = open(os.path.join(workdir, "server.log"), "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -266,15 +447,23 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
                     raise
                 time.sleep(1)
         engine_pids = children_of(proc.pid)
-        print(f"serve: API server pid {proc.pid}, children {engine_pids}", flush=True)
+        print(f"serve: API server pid {proc.pid}, children {engine_pids}, pinning {pinning.describe()}", flush=True)
+        agent = Agent()
 
         def measure(mode: str) -> dict:
             control.ask(mode=mode)
-            steps0 = control.ask(stats=True).get("steps_recorded")
-            c0, e0, t0 = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter()
+            stats0 = control.ask(stats=True)
+            steps0 = stats0.get("steps_recorded")
+            agent.update(stats0)
+            # this process (the clients) with the engine, the sink and the agent, away from the server
+            engine = [p for p in engine_pids if p not in agent.tree()]
+            pinned = pinning.apply(proc.pid, [os.getpid(), *SINK_PIDS, *children_of(proc.pid), *agent.tree()], engine)
+            a0 = agent.threads_ns()
+            c0, e0, t0 = thread_cpu_ns(proc.pid), tree_cpu_ns(engine), time.perf_counter()
             tokens = asyncio.run(stream_requests(base_url, model, args.requests, args.concurrency, args.prompt_words))
             control.ask(flush=True)
-            c1, e1, wall = thread_cpu_ns(proc.pid), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            c1, e1, wall = thread_cpu_ns(proc.pid), tree_cpu_ns(engine), time.perf_counter() - t0
+            a1 = agent.threads_ns()
             reply = control.ask(stats=True)
             steps1 = reply.get("steps_recorded")
             split = split_cpu(c0, c1, proc.pid, set(control.ask(threads=True)["ours"]))
@@ -285,7 +474,7 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
                     "main_us_per_token": split["main"] / 1e3 / tokens, "ours_us_per_token": split["ours"] / 1e3 / tokens,
                     "engine_us_per_token": (e1 - e0) / 1e3 / tokens, "tokens_per_s": tokens / wall, "tokens": tokens,
                     "engine_steps": steps1 - steps0 if steps0 is not None and steps1 is not None else None,
-                    "steps_lost": reply.get("steps_lost")}
+                    "steps_lost": reply.get("steps_lost"), **agent_figures(agent, a0, a1, tokens), **pinned}
 
         return interleave("serve", modes, measure, args.rounds)
     finally:
@@ -299,12 +488,13 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict
 
 # -- offline -----------------------------------------------------------------------------------------
 
-def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> dict:
+def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinning: Pinning) -> dict:
     from support.engine import engine_args, prepare_env
 
     from telemetry_modes import ModeSwitch
     from vllm_overhead import providers
 
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pinning.engine_omp_bind  # read by the engine's worker at its start
     prepare_env()
     os.environ.pop("OTEL_LLM_STEP_DIR", None)
     from vllm import LLM, SamplingParams
@@ -315,6 +505,8 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> di
     llm = switch.build(lambda: LLM(**engine_args(max_num_seqs=args.concurrency, max_num_batched_tokens=512)))
     switch.processors.append(llm.llm_engine.output_processor)
     engine_pids = [p for p in children_of(os.getpid()) if p not in SINK_PIDS]
+    print(f"offline: engine processes {engine_pids}, pinning {pinning.describe()}", flush=True)
+    agent = Agent()
     prompts = [{"prompt_token_ids": [5 + (i * 31 + j) % 400 for j in range(16 + (i % 8) * 8)]}
                for i in range(args.requests)]
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, temperature=0.0)
@@ -323,13 +515,19 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> di
         switch.enter(mode)
         telemetry = VLLMInstrumentor().telemetry
         steps0 = telemetry.counts.steps_recorded if telemetry is not None else None
+        agent.update(dict(telemetry.stats()) if telemetry is not None else {})
+        # this process (the frontend, our threads) on its own; the engine, the sink and the agent elsewhere
+        engine = [p for p in engine_pids if p not in agent.tree()]
+        pinned = pinning.apply(os.getpid(), [*SINK_PIDS, *children_of(os.getpid()), *agent.tree()], engine)
         try:
-            c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter()
+            a0 = agent.threads_ns()
+            c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter()
             threads0 = thread_cpu_ns(os.getpid())
             outs = llm.generate(prompts, params, use_tqdm=False)
             switch.flush()
             threads1 = thread_cpu_ns(os.getpid())
-            c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine_pids), time.perf_counter() - t0
+            c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter() - t0
+            a1 = agent.threads_ns()
             split = split_cpu(threads0, threads1, os.getpid(), our_threads())
             steps1 = telemetry.counts.steps_recorded if telemetry is not None else None
         finally:
@@ -339,9 +537,16 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str) -> di
         return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "main_us_per_token": split["main"] / 1e3 / tokens,
                 "ours_us_per_token": split["ours"] / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
                 "tokens_per_s": tokens / wall, "tokens": tokens,
-                "engine_steps": steps1 - steps0 if steps0 is not None else None}
+                "engine_steps": steps1 - steps0 if steps0 is not None else None,
+                **agent_figures(agent, a0, a1, tokens), **pinned}
 
     return interleave("offline", modes, measure, args.rounds)
+
+
+def agent_figures(agent: Agent, before: dict, after: dict, tokens: int) -> dict:
+    """The agent's CPU in one measurement, or ``None`` where there was no agent at its end."""
+    return {"agent_pid": agent.pid or None,
+            "agent_cpu_us_per_token": delta_ns(before, after) / 1e3 / tokens if agent.pid else None}
 
 
 # -- the interleaved run -----------------------------------------------------------------------------
@@ -358,8 +563,10 @@ def interleave(name: str, modes: list[str], measure, rounds: int) -> dict:
         for mode in order:
             res = measure(mode)
             results[mode].append(res)
+            agent = res.get("agent_cpu_us_per_token")
             print(f"{name} round {r + 1} {mode:14s} {res['cpu_us_per_token']:7.2f} us/token frontend  "
-                  f"{res['engine_us_per_token']:8.1f} engine  {res['tokens_per_s']:6.0f} tok/s", flush=True)
+                  f"{res['engine_us_per_token']:8.1f} engine  {res['tokens_per_s']:6.0f} tok/s  agent "
+                  f"{'-' if agent is None else f'{agent:.2f}'}", flush=True)
         load.append(os.getloadavg()[0])
     summary = summarize(results, modes)
     steps = [r["engine_steps"] for m in modes for r in results[m] if r.get("engine_steps")]
@@ -377,17 +584,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frontends", default="serve,offline")
     ap.add_argument("--modes", default="none,default,full,native")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=64, help="requests per measurement")
     ap.add_argument("--concurrency", type=int, default=32, help="streaming clients at once (serve); max_num_seqs")
     ap.add_argument("--prompt-words", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request")
     ap.add_argument("--out", default="frontend_cpu.json")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="the frontend on one CPU, everything else on the others (--no-pin: the scheduler's choice)")
+    ap.add_argument("--engine-omp-bind", default=None,
+                    help="VLLM_CPU_OMP_THREADS_BIND for the engine's worker (default: the other CPUs when pinned, "
+                         "nobind when not)")
+    ap.add_argument("--engine-nice", type=int, default=0,
+                    help="niceness of the engine's model workers (a worker busy-polls for a second after each "
+                         "step: niced, it yields its core to the EngineCore, the clients and the agent)")
     args = ap.parse_args()
     OUTPUT_TOKENS = args.tokens
     modes = args.modes.split(",")
     if modes[0] != "none":
         raise SystemExit("--modes must start with none (the denominator)")
+    pinning = Pinning.choose(args.pin, args.engine_omp_bind, args.engine_nice)
     sink, endpoint = start_sink()
     SINK_PIDS.add(sink.pid)
     out: dict[str, Any] = {
@@ -395,14 +611,14 @@ def main() -> None:
                     f"{args.concurrency}, tiny model, CPU build",
         "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "helper_cpu_us_per_token": None,  # no helper process in this design
+        "pinning": pinning.describe(),
     }
     try:
         for frontend in args.frontends.split(","):
             if frontend == "serve":
-                out["serve"] = run_serve(args, modes, endpoint)
+                out["serve"] = run_serve(args, modes, endpoint, pinning)
             elif frontend == "offline":
-                out["offline"] = run_offline(args, modes, endpoint)
+                out["offline"] = run_offline(args, modes, endpoint, pinning)
             else:
                 raise SystemExit(f"unknown frontend {frontend!r}")
         from vllm_overhead import engine_hooks_us_per_step
@@ -410,20 +626,29 @@ def main() -> None:
         out["engine_hooks_cpu_per_step"] = engine_hooks_us_per_step()
     finally:
         sink.terminate()
+    # the agent's CPU per token, median per frontend and mode (None: no agent in that mode's measurements)
+    out["agent_cpu_us_per_token"] = {
+        frontend: {"none": out[frontend]["none_agent_cpu_us_per_token"],
+                   **{mode: m["agent_cpu_us_per_token"] for mode, m in out[frontend]["modes"].items()}}
+        for frontend in ("serve", "offline") if frontend in out}
     for frontend in ("serve", "offline"):
         if frontend not in out:
             continue
         s = out[frontend]
         print(f"\n{frontend}: vLLM's frontend {s['none_us_per_token_median']} us/token (none); spread of none "
-              f"between rounds: range {s['none_spread_range_pct']} %, MAD {s['none_spread_mad_pct']} %")
+              f"between rounds: range {s['none_spread_range_pct']} %, MAD {s['none_spread_mad_pct']} %; "
+              f"resolves a 5 % target: {s['resolves_5pct']}; agent {out['agent_cpu_us_per_token'][frontend]} us/token")
         for mode, m in s["modes"].items():
             print(f"  {mode:14s} {m['share_of_vllm_frontend_pct']:6.2f} % +/- {m['resolution_pct']:.2f} "
                   f"(+{m['extra_us_per_token']} us/token; rounds {m['per_round_shares_pct']}); our threads "
                   f"{m['our_threads_us_per_token']} us/token = {m['our_threads_share_within_pct']} % +/- "
-                  f"{m['our_threads_share_within_resolution_pct']} of the rest, within each measurement")
+                  f"{m['our_threads_share_within_resolution_pct']} of the rest, within each measurement"
+                  + (f"; with the agent {m['share_with_agent_pct']} % +/- {m['share_with_agent_resolution_pct']}"
+                     if m["share_with_agent_pct"] is not None else ""))
     print(f"EngineCore step hooks (batch 64): {out.get('engine_hooks_cpu_per_step')}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(out, indent=1))
+    print(f"pinning: {out['pinning']}")
     print(f"wrote {RESULTS / args.out}")
 
 
