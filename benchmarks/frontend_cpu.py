@@ -455,9 +455,13 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str, pinning
             stats0 = control.ask(stats=True)
             steps0 = stats0.get("steps_recorded")
             agent.update(stats0)
-            # this process (the clients) with the engine, the sink and the agent, away from the server
+            # the engine, the sink and the agent away from the server; this process (the clients) on the server's
+            # CPU (--serve-clients frontend: the engine's worker busy-polls the other one) or with the engine
             engine = [p for p in engine_pids if p not in agent.tree()]
-            pinned = pinning.apply(proc.pid, [os.getpid(), *SINK_PIDS, *children_of(proc.pid), *agent.tree()], engine)
+            clients = [os.getpid()] if args.serve_clients == "others" else []
+            pinned = pinning.apply(proc.pid, [*clients, *SINK_PIDS, *children_of(proc.pid), *agent.tree()], engine)
+            if pinning.enabled and not clients:
+                pinned["client_threads"] = pin_threads(os.getpid(), pinning.frontend_cpus)
             a0 = agent.threads_ns()
             c0, e0, t0 = thread_cpu_ns(proc.pid), tree_cpu_ns(engine), time.perf_counter()
             tokens = asyncio.run(stream_requests(base_url, model, args.requests, args.concurrency, args.prompt_words))
@@ -595,6 +599,9 @@ def main() -> None:
     ap.add_argument("--engine-omp-bind", default=None,
                     help="VLLM_CPU_OMP_THREADS_BIND for the engine's worker (default: the other CPUs when pinned, "
                          "nobind when not)")
+    ap.add_argument("--serve-clients", choices=("frontend", "others"), default="frontend",
+                    help="pinned serve: the streaming clients (this process) on the API server's CPU (default: "
+                         "the engine's worker busy-polls the other CPU for a second after each step) or on the others")
     ap.add_argument("--engine-nice", type=int, default=0,
                     help="niceness of the engine's model workers (a worker busy-polls for a second after each "
                          "step: niced, it yields its core to the EngineCore, the clients and the agent)")
@@ -611,7 +618,7 @@ def main() -> None:
                     f"{args.concurrency}, tiny model, CPU build",
         "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "pinning": pinning.describe(),
+        "pinning": {**pinning.describe(), "serve_clients": args.serve_clients},
     }
     try:
         for frontend in args.frontends.split(","):

@@ -166,8 +166,9 @@ def providers(endpoint: str | None):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         # as OTEL_* configures it (what a deployment does, and what lets an agent process export for it):
-        # the variable is inherited by the processes started from here
-        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"{endpoint}/v1/traces"
+        # the variable is inherited by the processes started from here. (Not the traces-only variable: vLLM's
+        # EngineCore and workers start tracers of their own, over gRPC, where that one is set)
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return tp, MeterProvider()  # metrics recorded in memory (no reader): the recording cost counts
 

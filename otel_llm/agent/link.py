@@ -126,6 +126,12 @@ class AgentLink:
         self._config = protocol.pack_object(protocol.CONFIG, config)
         self._send(self._config)
 
+    def release(self) -> None:
+        """The instrumentation ended: the agent sends what it holds and drops its pipeline (and providers); it
+        keeps reading the engine's steps, discarding them, until the next ``configure``."""
+        self._config = None
+        self._send(protocol.pack((protocol.CONFIG, None)))
+
     def engine(self, facts: protocol.EngineFacts) -> None:
         data = protocol.pack_object(protocol.ENGINE, facts)
         self._engines.append(data)

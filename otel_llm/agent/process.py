@@ -154,7 +154,10 @@ class Agent:
         elif kind == protocol.FINISH:
             self.arrived.append(m)
         elif kind == protocol.CONFIG:
-            self.configure(protocol.unpack_object(m[1]))
+            if m[1] is None:  # the instrumentation ended
+                self.close_pipeline()
+            else:
+                self.configure(protocol.unpack_object(m[1]))
         elif kind == protocol.ENGINE:
             facts = protocol.unpack_object(m[1])
             self.engines.append(facts)

@@ -47,6 +47,7 @@ class Remote(Protocol):
     def request_finished(self, request_id: str, t: RequestTimeline | None, s: RequestSummary) -> None: ...
     def flush(self, timeout: float) -> bool: ...
     def stats(self, counts: "Counts") -> dict[str, int]: ...
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -380,6 +381,8 @@ class Pipeline:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
         if self.remote is not None:  # the agent outlives an instrumentation (its owner closes it at exit)
             self.remote.flush(timeout)
+            self.remote.release()
+            self.remote = None
         if self._step_source is not None:
             self.materializer.submit(ReadStepsJob())
             self.materializer.flush(timeout)
