@@ -41,6 +41,7 @@ RESTART_S = 5.0
 READY_S = 60.0  # an agent's start on a loaded machine: the interpreter, the SDK and the exporters' imports
 SEND_BUFFER = 4 << 20
 AGENT_ENV = "OTEL_LLM_AGENT"
+_KERNEL_PACKET_SLACK = 64  # af_unix refuses a packet longer than the send buffer less 32 bytes: a margin on it
 
 
 class AgentLink:
@@ -57,6 +58,9 @@ class AgentLink:
         self.lost = 0  # messages a dead agent did not get
         self.restarts = 0
         self.oversized = 0
+        # the longest message this socket takes: MAX_PACKET, or less where net.core.wmem_max caps the send
+        # buffer (the kernel refuses a packet over the buffer whole; Linux's default caps it at ~416 KiB)
+        self.max_packet = protocol.MAX_PACKET
         self._last_start = 0.0
         self._restarting = False
         self._replies = threading.Lock()  # one request/reply exchange at a time
@@ -72,6 +76,11 @@ class AgentLink:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        except OSError:
+            pass
+        try:  # the kernel's check (af_unix): a packet over the buffer less 32 bytes is EMSGSIZE
+            self.max_packet = min(protocol.MAX_PACKET,
+                                  parent.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - _KERNEL_PACKET_SLACK)
         except OSError:
             pass
         env = dict(os.environ)
@@ -193,7 +202,7 @@ class AgentLink:
             poll = select.poll()
             poll.register(sock.fileno(), select.POLLIN)
             try:
-                sock.send(protocol.pack((kind, token, *args)))
+                self._send_by(sock, protocol.pack((kind, token, *args)), deadline)
                 while True:
                     left = deadline - time.monotonic()
                     if left <= 0 or not poll.poll(left * 1e3):
@@ -208,6 +217,22 @@ class AgentLink:
             except (OSError, ValueError, EOFError):
                 return None
 
+    @staticmethod
+    def _send_by(sock: socket.socket, data: bytes, deadline: float) -> None:
+        """Send, waiting until ``deadline`` for room: a socket filled by a burst of finishes is a busy agent,
+        which answers once it has read them (raises ``BlockingIOError`` if it did not make room in time)."""
+        room = select.poll()
+        room.register(sock.fileno(), select.POLLOUT)
+        while True:
+            try:
+                sock.send(data)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                room.poll(min(left, 0.05) * 1e3)  # re-tried at least every 50 ms: a missed wake-up costs no more
+
     def flush(self, timeout: float) -> bool:
         return bool(self.ask(protocol.FLUSH, timeout, float(timeout)))
 
@@ -215,14 +240,14 @@ class AgentLink:
 
     def request_started(self, t: Any) -> None:
         data = protocol.start_message(t)
-        if len(data) > protocol.MAX_PACKET:
+        if len(data) > self.max_packet:
             self.oversized += 1
             return
         self.send(data)
 
     def request_finished(self, request_id: str, t: Any, s: Any) -> None:
         data = protocol.finish_message(request_id, t, s)
-        if len(data) > protocol.MAX_PACKET:  # captured content too long for one packet: metrics still count
+        if len(data) > self.max_packet:  # captured content too long for one packet: metrics still count
             self.oversized += 1
             data = protocol.finish_message(request_id, t, s, content=False)
         self.send(data)

@@ -1,0 +1,299 @@
+"""A real agent process (``python -m otel_llm.agent``) behind a frontend ``Pipeline``, no engine.
+
+The frontend hands each request's start and finish over an ``AgentLink``; the agent exports to an
+``OTLPSink`` through providers it rebuilds from the ``OTEL_*`` variables it inherits. What it sends is
+compared with an in-process pipeline fed the same requests. Then the agent's failure modes: killed,
+stopped (a full socket), an oversized message, its parent's death, garbage on the socket; each one
+leaves the host's calls unharmed and is counted in ``stats()``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import pytest
+from opentelemetry.metrics import NoOpMeter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracer
+
+from otel_llm import semconv as sc
+from otel_llm.agent import destinations, link, protocol
+from otel_llm.agent.link import AgentLink
+from otel_llm.core.config import Config
+from otel_llm.core.pipeline import Pipeline
+from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
+from otel_llm.core.summary import RequestSummary
+from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
+from otel_llm.guard import Guard
+from support.otlp_sink import OTLPSink
+
+OPTIONS = {"sample_rate": 1.0, "engine_steps": False}
+DURATION = "gen_ai.server.request.duration"
+WAIT_S = 30.0  # generous: exports and process exits on a loaded machine (a wait, not an assertion)
+
+
+def request(rid: str, tokens: int = 8, output_text: str | None = None) -> tuple[RequestTimeline, RequestSummary]:
+    """A finished request as the vLLM adapter hands it over: stamped token times (not from steps)."""
+    base = time.monotonic() - 2.0
+    t = RequestTimeline(rid, time.time() - 2.0 - 0.002, model="m", response_id=rid, input_tokens=100)
+    t.events += [(QUEUED, base), (SCHEDULED, base + 0.01)]
+    first = base + 0.06
+    t.token_ts = [first + 0.01 * i for i in range(tokens)]
+    t.finish_reason, t.output_text = "length", output_text
+    decode = t.token_ts[-1] - first
+    s = RequestSummary(model="m", ttft=0.062, e2e=0.062 + decode, queue=0.01, prefill=0.05, decode=decode,
+                       tpot=RequestSummary.mean_tpot(decode, tokens), input_tokens=100, output_tokens=tokens,
+                       output_characters=4 * tokens, finish_reason="length")
+    return t, s
+
+
+def feed(pipeline: Pipeline, rid: str, **kw) -> None:
+    t, s = request(rid, **kw)
+    pipeline.start(t)
+    pipeline.finish(rid, s)
+
+
+def request_spans(spans: list, rid: str) -> list:
+    return [s for s in spans if s.attributes.get(sc.RESPONSE_ID) == rid and not s.parent_span_id]
+
+
+def duration_count(sink: OTLPSink) -> int:
+    """The request-duration histogram's count, as the agent's latest export has it (cumulative)."""
+    points = sink.metric_points(DURATION)
+    if not points:
+        return 0
+    last = points[-1].time_ns
+    return sum(p.count for p in points if p.time_ns == last)
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped yet (the agent of an exited parent is reparented)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(predicate, timeout: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- fixtures ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sink() -> Iterator[OTLPSink]:
+    with OTLPSink() as s:
+        yield s
+
+
+@pytest.fixture
+def otel_env(monkeypatch: pytest.MonkeyPatch, sink: OTLPSink) -> None:
+    """What the agent inherits (set before it starts): OTLP/HTTP to the sink, metrics only on flush."""
+    for var in [v for v in os.environ if v.startswith(("OTEL_", "OTEL_LLM_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "agent-test")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
+
+
+@pytest.fixture
+def setup(otel_env: None) -> protocol.AgentConfig:
+    """The options, and the providers otel-llm builds from ``OTEL_*`` as the agent is to rebuild them."""
+    tp, mp = _sdk_tracer_provider(), _sdk_meter_provider()
+    try:
+        verdict = destinations.Verdict()
+        dest = destinations.describe(tp, mp, verdict)
+        assert dest is not None, verdict.reason
+    finally:
+        tp.shutdown()
+        mp.shutdown()
+    assert dest.resource[sc.SERVICE_NAME] == "agent-test"
+    return protocol.AgentConfig(Config.resolve(OPTIONS, environ={}), dest)
+
+
+class Frontend:
+    """A frontend pipeline whose work an agent does (its own providers record nothing)."""
+
+    def __init__(self, setup: protocol.AgentConfig) -> None:
+        self.link = AgentLink(Guard())
+        assert self.link.start()
+        self.link.configure(setup)
+        self.pipeline = Pipeline(setup.config, NoOpTracer(), NoOpMeter("frontend"), engine="vllm")
+        self.pipeline.attach(self.link)
+
+    def close(self) -> None:
+        self.link.close()
+        self.pipeline.close(1.0)
+
+
+@pytest.fixture
+def frontend(setup: protocol.AgentConfig) -> Iterator[Frontend]:
+    f = Frontend(setup)
+    yield f
+    f.close()
+
+
+# -- the agent does what the frontend would --------------------------------------------------------
+
+
+def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
+    n = 5
+    for i in range(n):
+        feed(frontend.pipeline, f"r{i}")
+    assert frontend.pipeline.flush(WAIT_S)
+    spans = sink.wait_for(lambda s: len({x.attributes.get(sc.RESPONSE_ID) for x in s if not x.parent_span_id}) >= n)
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    local = Pipeline(Config.resolve(OPTIONS, environ={}), tp.get_tracer("t"),
+                     MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), engine="vllm")
+    for i in range(n):
+        feed(local, f"r{i}")
+    assert local.flush(WAIT_S)
+    expected = list(exporter.get_finished_spans())
+    local.close()
+
+    assert sorted(s.name for s in spans) == sorted(s.name for s in expected)
+    for i in range(n):
+        (got,) = request_spans(spans, f"r{i}")
+        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == f"r{i}" and s.parent is None]
+        assert got.name == want.name
+        assert got.attributes == dict(want.attributes)
+        assert got.service == "agent-test"
+
+    assert duration_count(sink) == n
+    stats = frontend.pipeline.stats()
+    assert stats["requests_finished"] == n and stats["requests_kept"] == n
+    assert stats["agent_pid"] == frontend.link.pid != 0
+    assert stats["agent_unreachable"] == 0
+    assert stats["agent_dropped"] == stats["agent_lost"] == stats["agent_oversized"] == 0
+
+
+# -- failure modes: the host unaffected, the loss counted ------------------------------------------
+
+
+def kill(f: Frontend) -> int:
+    pid = f.link.pid
+    os.kill(pid, signal.SIGKILL)
+    f.link.proc.wait(WAIT_S)
+    return pid
+
+
+def test_killed_agent_costs_counted_messages(frontend: Frontend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link, "RESTART_S", 1e9)  # no restart in this test
+    kill(frontend)
+    feed(frontend.pipeline, "after")  # a start and a finish: neither raises
+    assert frontend.pipeline.flush(1.0) is False
+    stats = frontend.pipeline.stats()
+    assert stats["agent_unreachable"] == 1
+    assert stats["agent_lost"] >= 2 and stats["agent_restarts"] == 0
+    assert stats["agent_pid"] == 0
+    assert stats["requests_started"] == stats["requests_finished"] == 1
+
+
+def test_killed_agent_is_restarted(frontend: Frontend, sink: OTLPSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link, "RESTART_S", 0.0)
+    old = kill(frontend)
+    feed(frontend.pipeline, "lost")  # its start finds the agent gone: lost, and a new agent started
+    counts = frontend.link.counts()
+    assert counts["agent_restarts"] == 1 and counts["agent_lost"] == 1
+    assert counts["agent_pid"] not in (0, old)
+    feed(frontend.pipeline, "later")
+    assert frontend.pipeline.flush(WAIT_S)
+    spans = sink.wait_for(lambda s: request_spans(s, "later"))
+    assert len(request_spans(spans, "later")) == 1
+    stats = frontend.pipeline.stats()
+    assert stats["agent_unreachable"] == 0 and stats["agent_restarts"] == 1
+    assert stats["agent_orphans"] == 1  # "lost"'s finish reached the new agent without its start
+
+
+def test_stopped_agent_fills_the_socket_and_drops(frontend: Frontend, sink: OTLPSink) -> None:
+    pid = frontend.link.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(20_000):
+            feed(frontend.pipeline, f"s{i}", tokens=64)  # none raises, none blocks: the test finishing shows it
+        assert frontend.link.counts()["agent_dropped"] > 0
+        assert frontend.pipeline.flush(timeout=0.5) is False
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert frontend.pipeline.flush(WAIT_S) is True
+    stats = frontend.pipeline.stats()
+    assert stats["agent_dropped"] > 0 and stats["agent_lost"] == 0
+    assert stats["requests_finished"] == 20_000
+    # every finish the agent got was settled (metrics), with or without its start
+    assert 0 < duration_count(sink) < 20_000
+
+
+def test_oversized_finish_is_resent_without_content(frontend: Frontend, sink: OTLPSink) -> None:
+    feed(frontend.pipeline, "big", output_text="x" * (2 << 20))
+    assert frontend.pipeline.flush(WAIT_S)
+    assert frontend.link.counts()["agent_oversized"] == 1
+    assert duration_count(sink) == 1
+    (span,) = request_spans(sink.wait_for(lambda s: request_spans(s, "big")), "big")
+    assert frontend.pipeline.stats()["requests_kept"] == 1
+
+
+def test_finish_over_the_socket_buffer_is_resent_without_content(
+        monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
+    """A host whose ``net.core.wmem_max`` caps the send buffer below ``MAX_PACKET`` (Linux's default does):
+    a finish between the two is too long for the kernel, and must still count as a request."""
+    monkeypatch.setattr(link, "SEND_BUFFER", 64 << 10)
+    f = Frontend(setup)
+    try:
+        feed(f.pipeline, "mid", output_text="x" * (400 << 10))
+        assert f.pipeline.flush(WAIT_S)
+        assert f.link.counts()["agent_oversized"] == 1
+        assert duration_count(sink) == 1
+    finally:
+        f.close()
+
+
+def test_malformed_messages_are_counted_and_the_agent_serves_on(frontend: Frontend, sink: OTLPSink) -> None:
+    import marshal
+
+    frontend.link.send(b"xx")  # not marshal data
+    frontend.link.send(marshal.dumps([1, 2]))  # not a message
+    frontend.link.send(marshal.dumps((99, 1)))  # an unknown kind
+    feed(frontend.pipeline, "after-garbage")
+    assert frontend.pipeline.flush(WAIT_S)
+    stats = frontend.pipeline.stats()
+    assert stats["agent_malformed"] == 3
+    assert stats["agent_unreachable"] == 0 and stats["requests_kept"] == 1
+    assert request_spans(sink.wait_for(lambda s: request_spans(s, "after-garbage")), "after-garbage")
+
+
+PARENT = r"""
+from otel_llm.agent.link import AgentLink
+from otel_llm.guard import Guard
+link = AgentLink(Guard())
+assert link.start()
+print(link.pid, flush=True)
+"""  # and exits without closing the link
+
+
+def test_agent_exits_with_its_parent(otel_env: None) -> None:
+    out = subprocess.run([sys.executable, "-c", PARENT], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    assert pid > 0
+    assert wait_until(lambda: exited(pid))
