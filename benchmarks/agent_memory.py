@@ -62,6 +62,7 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
 
     from otel_llm.agent import destinations, protocol
     from otel_llm.agent.link import AgentLink
+from otel_llm.instrumentation.vllm import AGENT_MODULE
     from otel_llm.core.config import Config
     from otel_llm.core.pipeline import Pipeline
     from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
     if dest is None:
         raise SystemExit(f"the agent cannot stand in for these providers: {verdict.reason}")
     config = Config.resolve({}, environ={})  # the defaults
-    link = AgentLink(Guard())
+    link = AgentLink(Guard(), AGENT_MODULE)
     if not link.start():
         raise SystemExit("the agent did not start")
     link.configure(protocol.AgentConfig(config, dest))

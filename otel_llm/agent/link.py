@@ -17,8 +17,8 @@ Never hurts the host:
 
 The agent is started with ``sys.executable -m <the adapter's agent module>``, with ``OTEL_LLM_AGENT=off`` and
 without ``opentelemetry-instrument``'s ``sitecustomize`` on its path: it never instruments itself
-and never starts an agent of its own. It dies with its parent (protocol: the socket's end-of-file, and
-``PR_SET_PDEATHSIG``).
+and never starts an agent of its own. It dies with its parent (the socket's end-of-file, or its parent
+changing: process.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from ..guard import Guard
 from . import protocol
 
 RESTART_S = 5.0
+CONTROL_S = 5.0  # the longest wait for room for a control message (never on the hot path)
+_GONE = frozenset((errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF))  # a send that says: no agent
 READY_S = 60.0  # an agent's start on a loaded machine: the interpreter, the SDK and the exporters' imports
 SEND_BUFFER = 4 << 20
 AGENT_ENV = "OTEL_LLM_AGENT"
@@ -109,9 +111,15 @@ class AgentLink:
             self.guard.failed("agent start", exc)
             return False
         parent.setblocking(False)
+        try:  # its options before any request (a restarted agent's too): what comes first is not discarded
+            for data in ([self._config] if self._config is not None else []) + self._engines:
+                self._send_by(parent, data, time.monotonic() + CONTROL_S)
+        except OSError as exc:
+            parent.close()
+            _stop(proc)
+            self.guard.failed("agent start", exc)
+            return False
         self.sock, self.proc, self.pid = parent, proc, proc.pid
-        for data in ([self._config] if self._config is not None else []) + self._engines:
-            self._send(data)
         return True
 
     def alive(self) -> bool:
@@ -159,10 +167,28 @@ class AgentLink:
         except OSError as exc:
             if exc.errno == errno.EMSGSIZE:
                 self.oversized += 1
-            else:
+            elif exc.errno in _GONE:
                 self._lose()
+            else:  # ENOBUFS and the like: the kernel short of memory, the agent alive
+                self.dropped += 1
 
-    _send = send
+    def _send(self, data: bytes) -> None:
+        """A message the agent must not miss (its options, an engine's facts): waits up to CONTROL_S for
+        room; a dead agent gets it again when it is restarted (start re-sends them)."""
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            self._send_by(sock, data, time.monotonic() + CONTROL_S)
+        except BlockingIOError:
+            self.dropped += 1
+            self.guard.warn_once("agent control dropped", "otel-llm: the agent process did not take its options "
+                                 "within %.0f s; its telemetry may be off until it is restarted", CONTROL_S)
+        except OSError as exc:
+            if exc.errno in _GONE:
+                self._lose()
+            else:
+                self.dropped += 1
 
     def _lose(self) -> None:
         """The agent is gone: count the message, start another (not more often than RESTART_S)."""

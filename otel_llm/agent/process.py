@@ -14,13 +14,14 @@ pipeline the steps read at the *previous* turn (every request they served had st
 that read, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
 written before they were sent, so read by then), then reads the ring for the next turn.
 
-It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), after
-sending what it holds; ``PR_SET_PDEATHSIG`` makes a SIGTERM of its parent's death as well.
+It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), or when its
+parent is no longer the frontend (it died while a process it forked still holds its end), after sending
+what it holds. (Not ``PR_SET_PDEATHSIG``: that signals the death of the parent *thread*, and an agent
+restarted from a thread of the frontend would be killed when that thread ends.)
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import signal
@@ -45,6 +46,7 @@ class Agent:
     def __init__(self, sock: socket.socket, open_steps: Callable[[Guard], Any] | None = None) -> None:
         self.sock = sock
         self._open_steps = open_steps
+        self.frontend = os.getppid()
         self.guard = Guard()
         self.pipeline: Pipeline | None = None
         self.providers: tuple[Any, Any] | None = None
@@ -113,13 +115,14 @@ class Agent:
         # the kernel then often runs it at once in place of the sender, vLLM's output thread (a send measured
         # ~0.1-0.7 ms of the frontend's wall time so, against ~2 µs with nobody to wake). At a tick the
         # socket holds what came meanwhile (SEND_BUFFER: thousands of requests' messages).
-        sleep, clock = time.sleep, time.monotonic
+        sleep, clock, parent = time.sleep, time.monotonic, os.getppid
+        frontend = self.frontend
         busy_until = 0.0
         while True:
             sleep(BUSY_S if clock() < busy_until else IDLE_S)
             got = self.receive()
-            if got is None:
-                break  # the frontend is gone
+            if got is None or parent() != frontend:
+                break  # the frontend is gone (its end closed; or it died while a child it forked holds its end)
             if got or self.pending_steps or self.due:
                 busy_until = clock() + 1.0
             self.turn()
@@ -242,22 +245,11 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass  # the socket's end-of-file still ends us
-
-
 def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> int:
     """The agent process's entry (an engine adapter's ``python -m`` module calls it with its step reader)."""
     fd = int(argv[1])
     sock = socket.socket(fileno=fd)
-    _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # finally: close the pipeline, send what is held
-    if os.getppid() == 1:
-        return 0
     agent = Agent(sock, open_steps)
     try:
         # the step socket first: bound before the frontend builds its engine, so its EngineCore's sink finds

