@@ -9,6 +9,7 @@ Unix socket named in ``FRONTEND_CPU_CONTROL``, one JSON object a line:
     {"stats": true}   -> our telemetry's stats() (steps received, spans sent), or {} when not instrumented
     {"flush": true}   -> the measurement's spans sent (their export is part of its CPU)
     {"threads": true} -> {"ours": native ids of the telemetry threads (ours, the SDK's exporters')}
+    {"hooks": true}   -> {"ns": our hooks' CPU on vLLM's threads so far, "calls": ...} (telemetry_modes.HookProbe)
 
 Modes change only while no request is in flight (the benchmark waits for its clients first).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from telemetry_modes import MODES, ModeSwitch  # noqa: E402
+from telemetry_modes import MODES, HookProbe, ModeSwitch  # noqa: E402
 from vllm_overhead import providers  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def stats(switch: ModeSwitch) -> dict:
     return dict(telemetry.stats()) if telemetry is not None and isinstance(MODES.get(switch.mode), dict) else {}
 
 
-def serve_control(switch: ModeSwitch, path: str) -> None:
+def serve_control(switch: ModeSwitch, path: str, hooks: HookProbe) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -65,6 +66,8 @@ def serve_control(switch: ModeSwitch, path: str) -> None:
         if "threads" in cmd:  # our telemetry threads (and the SDK's exporters'), by native id
             return {"ours": [t.native_id for t in threading.enumerate() if t.native_id is not None
                              and (t.name.startswith("otel-llm") or t.name.startswith("Otel"))]}
+        if "hooks" in cmd:  # our hooks' CPU on vLLM's threads so far (telemetry_modes.HookProbe)
+            return {"ns": hooks.ns, "calls": hooks.calls}
         if "flush" in cmd:
             switch.flush()
             return {"ok": True}
@@ -88,10 +91,12 @@ def serve_control(switch: ModeSwitch, path: str) -> None:
 def main() -> None:
     args = sys.argv[1:]
     sink = args[args.index("--sink") + 1]
+    hooks = HookProbe()
+    hooks.install()  # before the instrumentation: its wrappers are the probed ones
     switch = ModeSwitch(*providers(sink), sink)
     capture_processors(switch)
     switch.start_build()
-    serve_control(switch, os.environ["FRONTEND_CPU_CONTROL"])
+    serve_control(switch, os.environ["FRONTEND_CPU_CONTROL"], hooks)
     sys.argv = ["vllm.entrypoints.openai.api_server", *args[args.index("--") + 1:]]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 

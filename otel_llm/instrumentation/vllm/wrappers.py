@@ -518,20 +518,39 @@ _GROUP_ATTR = "_otel_llm_group"
 async def _streams_keep_operation(call: Any, operation: str) -> Any:
     result = await call
     if inspect.isasyncgen(result):
-        return _with_operation(result, operation, _SERVER.get())
+        return OperationStream(result, operation, _SERVER.get())
     return result
 
 
-async def _with_operation(gen: Any, operation: str, server: tuple[str, int] | None = None) -> Any:
-    """A streamed response adds its request to the engine on its first iteration, in the task
-    that streams the body (Starlette's), whose context lacks what the handler set: set it there too."""
-    _OPERATION.set((operation, SpanKind.SERVER))
-    _SERVER.set(server)
-    try:
-        async for item in gen:
-            yield item
-    finally:
-        await gen.aclose()
+class OperationStream:
+    """A streamed response, which adds its request to the engine on its first iteration, in the task that
+    streams the body (Starlette's), whose context lacks what the handler set: set there, at the first
+    ``__anext__``. Every later chunk is the response's own ``__anext__``, handed back as is: no frame of
+    ours per streamed token (an async generator re-yielding each chunk cost ~1 µs a token)."""
+
+    __slots__ = ("_gen", "_operation", "_server", "_first")
+
+    def __init__(self, gen: Any, operation: str, server: tuple[str, int] | None) -> None:
+        self._gen, self._operation, self._server, self._first = gen, operation, server, True
+
+    def __aiter__(self) -> "OperationStream":
+        return self
+
+    def __anext__(self) -> Any:
+        if self._first:
+            self._first = False
+            _OPERATION.set((self._operation, SpanKind.SERVER))
+            _SERVER.set(self._server)
+        return self._gen.__anext__()
+
+    def asend(self, value: Any) -> Any:
+        return self._gen.asend(value)
+
+    def athrow(self, *args: Any) -> Any:
+        return self._gen.athrow(*args)
+
+    def aclose(self) -> Any:
+        return self._gen.aclose()
 
 
 class FrontendReads(NamedTuple):
