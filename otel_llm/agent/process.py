@@ -3,9 +3,9 @@
 Started by the frontend (``link.AgentLink``) with one end of a ``SOCK_SEQPACKET`` pair, as the engine
 adapter's ``python -m`` module (vLLM's: ``otel_llm.instrumentation.vllm.agent_process``), which hands it
 its reader of the engine's step records: for vLLM, the frontend's step socket in the step directory,
-bound here instead (the EngineCore's sink hands it the shared-memory ring). It
-runs the engine-agnostic ``Pipeline`` as the frontend would (tail decision, verdict, metrics, spans)
-and exports through providers rebuilt from the ``OTEL_*`` variables (destinations.py).
+bound here instead (the EngineCore's sink hands it the shared-memory ring). It runs the engine-agnostic
+``Pipeline`` as the frontend would (tail decision, verdict, metrics, spans) and exports through
+providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 
 Order: a step that served a request was written after the request's ``START`` was sent (the frontend
 sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
