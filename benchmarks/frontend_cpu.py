@@ -68,7 +68,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -181,8 +181,8 @@ def delta_ns(before: dict, after: dict) -> int:
     return sum(ns - before.get(key, 0) for key, ns in after.items())
 
 
-def pin_threads(pid: int, cpus: set[int]) -> int:
-    """Every live thread of ``pid`` onto ``cpus`` (threads started later inherit their creator's)."""
+def each_thread(pid: int, act: Callable[[int], None]) -> int:
+    """``act(tid)`` on every live thread of ``pid``; how many it was done to (threads may exit meanwhile)."""
     n = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -190,11 +190,16 @@ def pin_threads(pid: int, cpus: set[int]) -> int:
         return 0
     for tid in tids:
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            act(int(tid))
             n += 1
         except (OSError, ValueError):  # exited meanwhile
             pass
     return n
+
+
+def pin_threads(pid: int, cpus: set[int]) -> int:
+    """Every live thread of ``pid`` onto ``cpus`` (threads started later inherit their creator's)."""
+    return each_thread(pid, lambda tid: os.sched_setaffinity(tid, cpus))
 
 
 WORKER_NAME = "VLLM::Worker"  # the process title vLLM gives its model workers (the busy-pollers)
@@ -210,18 +215,7 @@ def process_name(pid: int) -> str:
 
 def nice_threads(pid: int, nice: int) -> int:
     """Every live thread of ``pid`` at niceness ``nice`` (Linux: per thread, inherited by new ones)."""
-    n = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-            n += 1
-        except (OSError, ValueError):
-            pass
-    return n
+    return each_thread(pid, lambda tid: os.setpriority(os.PRIO_PROCESS, tid, nice))
 
 
 @dataclass
