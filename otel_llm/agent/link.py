@@ -65,6 +65,7 @@ class AgentLink:
         self.max_packet = protocol.MAX_PACKET
         self._last_start = 0.0
         self._restarting = False
+        self._last_stats: tuple[float, Any] = (float("-inf"), None)  # (when, the agent's last STATS answer)
         self._replies = threading.Lock()  # one request/reply exchange at a time
         self._tokens = itertools.count(1)
         self._config: bytes | None = None  # re-sent to a restarted agent
@@ -281,6 +282,7 @@ class AgentLink:
     def stats(self, counts: Any, timeout: float = 2.0) -> dict[str, Any]:
         """The agent's pipeline's counts (what users read), the frontend's own requests, and the link's."""
         remote = self.ask(protocol.STATS, timeout)
+        self._last_stats = (time.monotonic(), remote)
         out: dict[str, Any] = dict(remote) if isinstance(remote, dict) else dict(vars(counts))
         out.pop("agent_errors", None)
         # the frontend's counts of what it handed over: the agent's miss those a full socket refused
@@ -291,8 +293,11 @@ class AgentLink:
         return out
 
     def agent_errors(self, timeout: float = 2.0) -> dict[str, int]:
-        """The errors the agent caught, by site (``otel_llm.stats()["errors"]`` adds them)."""
-        remote = self.ask(protocol.STATS, timeout)
+        """The errors the agent caught, by site (``otel_llm.stats()["errors"]`` adds them): from the answer
+        ``stats`` just got (``otel_llm.stats()`` asks for both), else asked for."""
+        at, remote = self._last_stats
+        if time.monotonic() - at > 1.0:
+            remote = self.ask(protocol.STATS, timeout)
         return dict(remote.get("agent_errors") or {}) if isinstance(remote, dict) else {}
 
     def counts(self) -> dict[str, int]:
