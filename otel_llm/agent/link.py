@@ -267,9 +267,9 @@ class AgentLink:
 
     def request_started(self, t: Any) -> None:
         data = protocol.start_message(t)
-        if len(data) > self.max_packet:
+        if len(data) > self.max_packet:  # a captured prompt too long for one packet: the request still counts
             self.oversized += 1
-            return
+            data = protocol.start_message(t, content=False)
         self.send(data)
 
     def request_finished(self, request_id: str, t: Any, s: Any) -> None:

@@ -73,12 +73,13 @@ def unpack_object(payload: bytes) -> Any:
 
 # -- a request's start and finish ---------------------------------------------------------------------
 
-def start_message(t: RequestTimeline) -> bytes:
+def start_message(t: RequestTimeline, content: bool = True) -> bytes:
+    """``content``: False leaves the captured prompt out (too long for a packet)."""
     group = t.group
     return marshal.dumps((
         START, t.request_id, t.arrival, t.model, t.operation, t.provider, _KINDS.index(t.kind),
         _parent(t.parent), t.response_id, t.request_attributes, t.input_tokens, t.lora_name, t.lora_id,
-        t.steps_give_tokens, t.prompt_text,
+        t.steps_give_tokens, t.prompt_text if content else None,
         (group.group_id, group.choice_count, group.expected) if group is not None else None, t.choice_index,
     ))
 

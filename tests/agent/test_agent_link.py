@@ -259,6 +259,19 @@ def test_oversized_finish_is_resent_without_content(frontend: Frontend, sink: OT
     assert frontend.pipeline.stats()["requests_kept"] == 1
 
 
+def test_oversized_start_is_resent_without_the_prompt(frontend: Frontend, sink: OTLPSink) -> None:
+    t, s = request("long-prompt")
+    t.prompt_text = "y" * (2 << 20)  # a captured prompt longer than a packet
+    frontend.pipeline.start(t)
+    frontend.pipeline.finish("long-prompt", s)
+    assert frontend.pipeline.flush(WAIT_S)
+    assert frontend.link.counts()["agent_oversized"] == 1
+    # its start reached the agent (without the prompt): a tracked request, kept with its spans, not an orphan
+    (span,) = request_spans(sink.wait_for(lambda x: request_spans(x, "long-prompt")), "long-prompt")
+    stats = frontend.pipeline.stats()
+    assert stats["agent_orphans"] == 0 and stats["requests_kept"] == 1
+
+
 def test_finish_over_the_socket_buffer_is_resent_without_content(
         monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
     """A host whose ``net.core.wmem_max`` caps the send buffer below ``MAX_PACKET`` (Linux's default does):
