@@ -4,9 +4,10 @@ The agent builds its exporters from the ``OTEL_*`` variables it inherits (endpoi
 compression, timeout: the exporters read them themselves), so it is used only where the frontend's
 providers are what those variables build:
 
-* the tracer provider is the SDK's, its sampler the default (``ParentBased(ALWAYS_ON)``), each span
-  processor the SDK's batch or simple processor around the SDK's OTLP exporter (HTTP or gRPC) whose
-  endpoint is the one a new exporter of that kind gets from the variables now;
+* the tracer provider is the SDK's, its sampler the default (``ParentBased(ALWAYS_ON)``), with at least one
+  span processor (one added after the engine was built would never reach the agent), each the SDK's batch
+  or simple processor around the SDK's OTLP exporter (HTTP or gRPC) whose endpoint is the one a new
+  exporter of that kind gets from the variables now;
 * the meter provider is the SDK's, with no views, each reader a ``PeriodicExportingMetricReader`` around
   the SDK's OTLP metric exporter, on the same terms (none at all is fine: metrics recorded, not exported).
 
@@ -81,7 +82,11 @@ def describe(tracer_provider: Any, meter_provider: Any, verdict: Verdict | None 
             verdict.reason = "a sampler other than the default"
             return None
         out = Destinations()
-        for processor in _attr(_attr(tracer_provider, "_active_span_processor"), "_span_processors"):
+        processors = _attr(_attr(tracer_provider, "_active_span_processor"), "_span_processors")
+        if not processors:  # nothing to export to yet: a processor added later would never reach an agent
+            verdict.reason = "no span processor"
+            return None
+        for processor in processors:
             dest = sdk_bridge.destination(processor)
             kind = _kind(dest.exporter, _SPAN_EXPORTERS) if dest is not None else None
             if kind is None:

@@ -129,6 +129,31 @@ def setup(otel_env: None) -> protocol.AgentConfig:
     return protocol.AgentConfig(Config.resolve(OPTIONS, environ={}), dest)
 
 
+def test_an_agent_stands_in_only_for_providers_as_otel_variables_build_them(otel_env: None, sink: OTLPSink) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    def verdict_of(tp: TracerProvider, mp: MeterProvider) -> str | None:
+        v = destinations.Verdict()
+        found = destinations.describe(tp, mp, v)
+        return None if found is not None else v.reason
+
+    built = [_sdk_tracer_provider(), _sdk_meter_provider()]
+    memory = TracerProvider()
+    memory.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    elsewhere = TracerProvider()  # an endpoint given in code: the agent, building from OTEL_*, could not know it
+    elsewhere.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")))
+    try:
+        assert verdict_of(*built) is None
+        assert verdict_of(TracerProvider(), built[1]) == "no span processor"
+        assert "InMemory" in verdict_of(memory, built[1]) or "SimpleSpanProcessor" in verdict_of(memory, built[1])
+        assert "OTEL_*" in verdict_of(elsewhere, built[1])
+        assert verdict_of(built[0], MeterProvider(metric_readers=[InMemoryMetricReader()])) is not None
+    finally:
+        for p in (*built, memory, elsewhere):
+            p.shutdown()
+
+
 class Frontend:
     """A frontend pipeline whose work an agent does (its own providers record nothing)."""
 
