@@ -3,22 +3,25 @@
     .venv/bin/python benchmarks/engine_step_hooks.py [--rounds 9] [--steps 400] [--batch 64] [--new 0]
 
 The harness: a stand-in ``Scheduler`` class whose ``schedule`` and ``update_from_output`` return at once,
-wrapped by the hooks through a ``WrapTable`` as the plugin wraps vLLM's (so the wrapper call is in the
-figure), timed on the thread's CPU clock. The scheduler output is vLLM's real ``CachedRequestData`` for
-``--batch`` decoding requests with vLLM-shaped ids, plus ``--new`` new requests (prefill chunks). One
-frontend (a real ``StepReceiver``, its records counted, not decoded) is drained between steps, untimed.
-Each round runs the modes in slices of 25 steps, reshuffled per slice, so a burst of interference from
-other processes hits every mode alike; medians of per-round medians. Modes:
+wrapped by the hooks through a ``WrapTable`` as the plugin wraps vLLM's (``StepHooks.targets``: the C hook
+methods where built, so the method call is in the figure), timed on the thread's CPU clock. The scheduler
+output is vLLM's real ``CachedRequestData`` for ``--batch`` decoding requests with vLLM-shaped ids, plus
+``--new`` new requests (prefill chunks). One frontend (a real ``StepReceiver``, its records counted, not
+decoded) is drained between steps, untimed. Each round runs the modes in slices of 25 steps, reshuffled per
+slice, so a burst of interference from other processes hits every mode alike; medians of per-round medians.
+Modes:
 
-    bare         the stand-ins alone, unwrapped
-    wrap         the same through plain-function wrappers that only call through (the wrapping's cost)
-    hooks        the hooks and SocketSink: a shared-memory ring where available, the C accelerator where built
-    hooks_py     the same without the C accelerator (the fallback: no compiler, or not x86-64)
-    hooks_dgram  the same with rings off (one datagram a step)
-    encode       the hooks, the record encoded but not sent
-    hook_only    the hooks, the record handed to a no-op (their own Python work and wrapping)
-    hooks_lora   ``hooks`` on a step of an engine serving LoRA: every request with one of 4 adapters
-    hooks_spec   ``hooks`` on a verify step: every request with 3 draft tokens, 2 accepted
+    bare             the stand-ins alone, unwrapped
+    wrap             the same through plain Python wrappers that only call through (the Python methods' wrapping)
+    hooks            the hooks and SocketSink as users get them: a shared-memory ring where available, the C
+                     hook methods (_hooks_fast.c) and the C encoder (_step_fast.c) where built
+    hooks_py         the same in Python alone (the fallback: no compiler; the encoder also off x86-64)
+    hooks_pymethods  the Python hook methods with the C encoder
+    hooks_dgram      ``hooks`` with rings off (one datagram a step)
+    encode           the hooks, the record encoded but not sent
+    hook_only        the hooks, the record handed to a no-op (their own work and the method call)
+    hooks_lora       ``hooks`` on a step of an engine serving LoRA: every request with one of 4 adapters
+    hooks_spec       ``hooks`` on a verify step: every request with 3 draft tokens, 2 accepted
 
 (``hooks`` is the step with both off.) The model runner's side, per call, in the process where it runs
 (``worker_ns``): the LoRA hook around ``add_adapter`` (once per adapter of a LoRA batch, no load), the
@@ -26,7 +29,7 @@ drafter's timer around ``propose_draft_token_ids`` (once per step with speculati
 timer's hand-over of them with the step's output.
 
 So ``hooks - bare`` is what a step costs the EngineCore; ``hooks - encode`` the ring transport,
-``encode - hook_only`` the encoding. Frontend side, per record: decoding a full record and the next
+``encode - hook_only`` the encoding, ``hook_only - bare`` the hooks' own work. Frontend side, per record: decoding a full record and the next
 record of a steady batch (its ids left out), and taking a record off the ring and off a datagram socket.
 Writes benchmarks/results/engine_step_hooks.json.
 """
@@ -34,6 +37,7 @@ Writes benchmarks/results/engine_step_hooks.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -50,7 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/support: test helpers, not shipped
 RESULTS = ROOT / "benchmarks" / "results"
 SLICE = 25  # steps per mode per slice of a round
-MODES = ("bare", "wrap", "hooks", "hooks_py", "hooks_dgram", "encode", "hook_only", "hooks_lora", "hooks_spec")
+MODES = ("bare", "wrap", "hooks", "hooks_py", "hooks_pymethods", "hooks_dgram", "encode", "hook_only", "hooks_lora",
+         "hooks_spec")
 ADAPTERS, DRAFTS, ACCEPTED = 4, 3, 2  # the LoRA and speculative cases
 
 
@@ -91,12 +96,12 @@ class Scene:
         self.scheduler = types.SimpleNamespace(
             requests=requests, running=list(range(batch + new)), waiting=Waiting(),
             kv_cache_manager=types.SimpleNamespace(usage=0.5), max_num_running_reqs=256, max_num_active_reqs=256,
-            max_num_scheduled_tokens=8192,
+            max_num_scheduled_tokens=8192, num_sampled_tokens_per_step=1,
             lora_config=types.SimpleNamespace(max_loras=ADAPTERS) if lora else None)
         scheduled = dict.fromkeys(decoding, 1 + DRAFTS if spec else 1)
         scheduled.update(dict.fromkeys(fresh, chunk))
         self.out = types.SimpleNamespace(
-            num_scheduled_tokens=scheduled, preempted_req_ids=set(), finished_req_ids=set(),
+            num_scheduled_tokens=scheduled, preempted_req_ids=set(), finished_req_ids=set(), num_invalid_spec_tokens=None,
             total_num_scheduled_tokens=sum(scheduled.values()), scheduled_cached_reqs=cached,
             scheduled_spec_decode_tokens={r: [9] * DRAFTS for r in decoding} if spec else {},
             scheduled_new_reqs=[types.SimpleNamespace(req_id=r, num_computed_tokens=0, prompt_len=prompt,
@@ -115,7 +120,7 @@ class Wired:
 
     made = 0
 
-    def __init__(self, schedule: Callable | None, update: Callable | None, scene: Scene) -> None:
+    def __init__(self, targets: Callable[[str], list] | None, scene: Scene) -> None:
         Wired.made += 1
         name = f"_engine_step_hooks_{Wired.made}"
         module = types.ModuleType(name)
@@ -133,11 +138,10 @@ class Wired:
         sys.modules[name] = module
         self.scheduler = Scheduler()
         self.scheduler.__dict__.update(vars(scene.scheduler))
-        if schedule is not None:
+        if targets is not None:  # as the hooks wrap vLLM's (StepHooks.targets), or plain wrappers
             from otel_llm.guard import Guard
-            from otel_llm.instrumentation.wraps import Target, WrapTable
-            WrapTable([Target(name, "Scheduler.schedule", schedule, plain=True),
-                       Target(name, "Scheduler.update_from_output", update, plain=True)], Guard()).wrap()
+            from otel_llm.instrumentation.wraps import WrapTable
+            WrapTable(targets(name), Guard()).wrap()
 
 
 def steps_ns(wired: Wired, scene: Scene, steps: int, drain: Callable[[], None]) -> list[int]:
@@ -310,6 +314,7 @@ def main() -> None:
     from support.engine import prepare_env
     prepare_env()
     from otel_llm.instrumentation.vllm import step_hooks, step_transport, step_wire
+    from otel_llm.instrumentation.wraps import Target
 
     scene = Scene(args.batch, args.new)
     scenes = dict.fromkeys(MODES, scene)
@@ -328,13 +333,17 @@ def main() -> None:
     def wired(mode: str) -> Wired:
         scene = scenes[mode]
         if mode == "bare":
-            return Wired(None, None, scene)
+            return Wired(None, scene)
         if mode == "wrap":
             def through(wrapped: Callable, instance: Any, a: tuple, kw: dict) -> Any:
                 return wrapped(*a, **kw)
-            return Wired(through, through, scene)
+            return Wired(lambda name: [Target(name, "Scheduler.schedule", through, plain=True),
+                                       Target(name, "Scheduler.update_from_output", through, plain=True)], scene)
         hooks = step_hooks.StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
-        if mode in ("hooks", "hooks_py", "hooks_dgram", "hooks_lora", "hooks_spec"):
+        targets = hooks.targets
+        if mode in ("hooks_py", "hooks_pymethods"):  # the Python methods (StepHooks.FAST off)
+            targets = lambda name: [dataclasses.replace(t, method=None) for t in hooks.targets(name)]  # noqa: E731
+        if mode in ("hooks", "hooks_py", "hooks_pymethods", "hooks_dgram", "hooks_lora", "hooks_spec"):
             sink = step_transport.SocketSink(directory)
             if mode == "hooks_dgram":
                 sink.RING = False
@@ -347,7 +356,7 @@ def main() -> None:
             hooks.sink = lambda payload: step_wire.encode(payload, cache, True)
         else:
             hooks.sink = lambda payload: None
-        return Wired(hooks.schedule, hooks.update_from_output, scene)
+        return Wired(targets, scene)
 
     by_mode = {m: wired(m) for m in MODES}
     for m in MODES:  # warm up: struct layouts compiled, sockets connected, rings handed over
@@ -370,7 +379,7 @@ def main() -> None:
     captured: list = []
     hooks = step_hooks.StepHooks()
     hooks.sink = captured.append
-    steps_ns(Wired(hooks.schedule, hooks.update_from_output, scene), scene, 1, lambda: None)
+    steps_ns(Wired(hooks.targets, scene), scene, 1, lambda: None)
     med = {m: statistics.median(v) for m, v in rounds.items()}
     result = {
         "benchmark": "engine_step_hooks", "started": started, "batch": args.batch, "new_requests": args.new,
@@ -378,14 +387,17 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "arch": platform.machine(), "cpus": os.cpu_count(),
                     "loadavg_1min": [round(x, 2) for x in load]},
         "ring": step_transport.SocketSink.RING, "c_accelerator": step_wire.REASON or "built and chosen",
+        "c_hook_methods": (step_hooks.FAST_REASON or "built and chosen") if step_hooks.fast_methods() is not None
+        else step_hooks.FAST_REASON,
         "records_received": received[0], "records_dropped": {m: s.dropped for m, s in sinks.items()},
         "cpu_us_per_step": {m: round(v, 2) for m, v in med.items()},
         "engine_core_us_per_step": {
             "hooks": round(med["hooks"] - med["bare"], 2),
             "hooks_python": round(med["hooks_py"] - med["bare"], 2),
+            "hooks_python_methods": round(med["hooks_pymethods"] - med["bare"], 2),
             "hooks_datagram": round(med["hooks_dgram"] - med["bare"], 2),
-            "wrapping": round(med["wrap"] - med["bare"], 2),
-            "hooks_own_python": round(med["hook_only"] - med["wrap"], 2),
+            "python_wrapping": round(med["wrap"] - med["bare"], 2),
+            "hooks_own": round(med["hook_only"] - med["bare"], 2),
             "encoding": round(med["encode"] - med["hook_only"], 2),
             "ring_transport": round(med["hooks"] - med["encode"], 2),
             "hooks_lora": round(med["hooks_lora"] - med["bare"], 2),

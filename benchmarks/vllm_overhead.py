@@ -262,8 +262,8 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
         return statistics.median(steps_ns(wired, scene, steps, drain)) / 1000
 
     try:
-        bare = per_step(Wired(None, None, scene))
-        hooked = Wired(hooks.schedule, hooks.update_from_output, scene)
+        bare = per_step(Wired(None, scene))
+        hooked = Wired(hooks.targets, scene)  # as the plugin wraps vLLM's: the C hook methods where built
         hooks.sink = None
         disarmed = per_step(hooked)
         hooks.sink = sink.__call__

@@ -32,10 +32,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..guard import Guard
 from . import protocol
+
+if TYPE_CHECKING:
+    from ..core.diagnosis.anatomy import EngineFacts
 
 RESTART_S = 5.0
 CONTROL_S = 5.0  # the longest wait for room for a control message (never on the hot path)
@@ -150,9 +153,11 @@ class AgentLink:
         self._config = None
         self._send(protocol.pack((protocol.CONFIG, None)))
 
-    def engine(self, facts: protocol.EngineFacts) -> None:
+    def engine(self, facts: EngineFacts) -> None:
+        """An engine built in the frontend, for the agent's step diagnosis (kept: a restarted agent gets it too)."""
         data = protocol.pack_object(protocol.ENGINE, facts)
-        self._engines.append(data)
+        if data not in self._engines:  # instrumenting again re-sends the last engine's
+            self._engines.append(data)
         self._send(data)
 
     def send(self, data: bytes) -> None:

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..core.diagnosis.anatomy import EngineFacts
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
 from ..version import __version__
@@ -55,7 +56,7 @@ class Agent:
         self.pending_steps: list[Any] = []  # read at the last turn, handed to the pipeline at the next
         self.arrived: list[tuple] = []  # finishes received since the last turn
         self.due: list[tuple] = []  # finishes received before the last turn's ring read: settled this turn
-        self.engines: list[protocol.EngineFacts] = []
+        self.engines: list[EngineFacts] = []
         self.malformed = 0
         # one receive buffer for the agent's life: ``recv(MAX_PACKET)`` allocated (and, above malloc's mmap
         # threshold, mapped and unmapped) a megabyte a message, ~25 µs each
@@ -84,14 +85,12 @@ class Agent:
             except Exception as exc:  # no steps: the requests' verdicts say unknown, their metrics still count
                 self.guard.failed("agent step receiver", exc)
 
-    def apply_engine(self, facts: protocol.EngineFacts) -> None:
+    def apply_engine(self, facts: EngineFacts) -> None:
         p = self.pipeline
         if p is None:
             return
         try:
-            p.diagnosis.setup(facts.shape, p.config, facts.on_cuda, facts.devices)
-            p.window.max_loras = facts.max_loras
-            p.diagnosis.kv_cache = facts.kv_cache
+            p.engine_built(facts)
         except Exception as exc:
             self.guard.failed("agent step diagnosis set-up", exc)
 
@@ -163,7 +162,8 @@ class Agent:
                 self.configure(protocol.unpack_object(m[1]))
         elif kind == protocol.ENGINE:
             facts = protocol.unpack_object(m[1])
-            self.engines.append(facts)
+            if facts not in self.engines:
+                self.engines.append(facts)
             self.apply_engine(facts)
         elif kind == protocol.FLUSH:
             self.turn(final=True)

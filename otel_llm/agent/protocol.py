@@ -41,17 +41,6 @@ class AgentConfig:
     destinations: Any
 
 
-@dataclass
-class EngineFacts:
-    """An engine built in the frontend, for the agent's step diagnosis (the roofline, the LoRA slots)."""
-
-    shape: Any  # diagnosis.roofline.ModelShape
-    on_cuda: bool
-    devices: int
-    max_loras: int | None
-    kv_cache: Any
-
-
 def pack(message: tuple) -> bytes:
     return marshal.dumps(message)
 

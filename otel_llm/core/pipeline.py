@@ -22,7 +22,7 @@ from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
-from .diagnosis.anatomy import StepDiagnosis
+from .diagnosis.anatomy import EngineFacts, StepDiagnosis
 from ..guard import Guard
 from .inter_token import gap_summary
 from .lora import AdapterNames, AdapterStepMetrics, request_load_events, span_parts
@@ -45,6 +45,7 @@ class Remote(Protocol):
 
     def request_started(self, t: RequestTimeline) -> None: ...
     def request_finished(self, request_id: str, t: RequestTimeline | None, s: RequestSummary) -> None: ...
+    def engine(self, facts: EngineFacts) -> None: ...
     def flush(self, timeout: float) -> bool: ...
     def stats(self, counts: "Counts") -> dict[str, int]: ...
     def release(self) -> None: ...
@@ -170,6 +171,16 @@ class Pipeline:
     def attach(self, remote: "Remote") -> None:
         """From now on an agent process does the work: ``start`` and ``finish`` only hand it the request."""
         self.remote = remote
+
+    def engine_built(self, facts: EngineFacts) -> None:
+        """An engine was built (or one built earlier is instrumented again): the step diagnosis set up for it,
+        here or, with an agent, in the agent (and its NVIDIA GPU sampler with it: never in the frontend)."""
+        if self.remote is not None:
+            self.remote.engine(facts)
+            return
+        self.diagnosis.setup(facts.model, self.config, facts.on_cuda, facts.devices)
+        self.window.max_loras = facts.max_loras
+        self.diagnosis.kv_cache = facts.kv_cache
 
     def _own_stats(self) -> dict[str, int]:
         # with an agent, its pipeline's meter reports these numbers (its own self-metrics): not twice

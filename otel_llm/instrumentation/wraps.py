@@ -26,6 +26,11 @@ class Target:
     # the step hooks' benchmark harness (both wrappers around one stand-in). Same wrapper signature, same
     # unwrap; only a plain function defined on a class qualifies, anything else is wrapped by wrapt.
     plain: bool = False
+    # For a plain target: makes the class attribute itself from (original function, this table), in place of
+    # the plain Python function; it returns None where it cannot (the step hooks' C methods, _hooks_fast.c,
+    # not built). What it makes must call ``wrapper``'s work only while the table is active and keep the
+    # original as ``__wrapped__`` (unwrap puts it back).
+    method: Callable[[Callable[..., Any], "WrapTable"], Any] | None = None
 
 
 class WrapTable:
@@ -66,7 +71,8 @@ class WrapTable:
                     continue  # ours is in place (switched on again if it was left in someone's chain)
                 original = inspect.getattr_static(owner, attr)
                 if t.plain and isinstance(owner, type) and type(original) is types.FunctionType:  # not a proxy
-                    setattr(owner, attr, self._plain(original, t.wrapper))
+                    made = t.method(original, self) if t.method is not None else None
+                    setattr(owner, attr, made if made is not None else self._plain(original, t.wrapper))
                 else:
                     wrapt.wrap_function_wrapper(owner, attr, self._switchable(t.wrapper))
                 self.applied.append((owner, attr, _own(owner, attr)))

@@ -30,6 +30,7 @@ from otel_llm.agent import destinations, link, protocol
 from otel_llm.agent.link import AgentLink
 from otel_llm.instrumentation.vllm import AGENT_MODULE
 from otel_llm.core.config import Config
+from otel_llm.core.diagnosis.anatomy import EngineFacts
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
 from otel_llm.core.summary import RequestSummary
@@ -343,3 +344,17 @@ def test_agent_exits_with_its_parent(otel_env: None) -> None:
     pid = int(out.stdout.split()[-1])
     assert pid > 0
     assert wait_until(lambda: exited(pid))
+
+
+def test_an_engine_is_set_up_in_the_agent_not_the_frontend(frontend: Frontend) -> None:
+    """An engine built (or, instrumenting again, one built earlier) under an agent: its diagnosis (the roofline, an
+    NVIDIA GPU's sampler, the LoRA slots) is the agent's; the frontend sets up none of it, and the facts the link
+    keeps for a restarted agent are kept once."""
+    facts = EngineFacts(None, on_cuda=True, devices=2, max_loras=4, kv_cache={"llm.kv_cache.dtype": "fp8"})
+    frontend.pipeline.engine_built(facts)
+    frontend.pipeline.engine_built(facts)
+    assert frontend.pipeline.window.max_loras is None and frontend.pipeline.diagnosis.kv_cache == {}
+    assert frontend.pipeline.diagnosis.sampler is None
+    assert frontend.link._engines == [protocol.pack_object(protocol.ENGINE, facts)]
+    assert frontend.pipeline.flush(WAIT_S)  # the agent took it and serves on
+    assert frontend.link.agent_errors() == {}

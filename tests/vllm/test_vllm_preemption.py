@@ -26,23 +26,41 @@ def old_rule_shares(scheduler, out) -> dict:
 @pytest.fixture(scope="module")
 def run(otel):
     from vllm import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    from otel_llm.instrumentation.vllm import step_hooks
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor, step_hooks
     from support.engine import in_process, make_llm
 
-    compared = []  # (old rule's shares, the hook's shares) per step
-    shares = step_hooks.StepHooks._shares
+    seen = []  # per schedule() with requests: (old rule's shares, output counts), right after vLLM's own
+    sent = []  # the hooks' records, in step order (the C methods keep a steady step's shares, Python the rest)
+    real = Scheduler.schedule
 
-    def both(hooks, scheduler, out):
-        new = shares(hooks, scheduler, out)
+    def schedule(self, *args, **kwargs):  # wrapped by our hooks in turn: they see what it returns
+        out = real(self, *args, **kwargs)
         cached = out.scheduled_cached_reqs
-        outputs = dict(zip(cached.req_ids, cached.num_output_tokens))
-        compared.append((old_rule_shares(scheduler, out), new, outputs))
-        return new
+        if cached.req_ids or out.scheduled_new_reqs:
+            seen.append((old_rule_shares(self, out), dict(zip(cached.req_ids, cached.num_output_tokens))))
+        return out
+
+    handed = []  # the steps schedule()'s Python method kept (the C methods hand it those they do not take)
+    python_kept = step_hooks.StepHooks.scheduled
+
+    def scheduled(hooks, *args):
+        handed.append(args[1])
+        python_kept(hooks, *args)
 
     with in_process(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(step_hooks.StepHooks, "_shares", both)
+        mp.setattr(Scheduler, "schedule", schedule)
+        mp.setattr(step_hooks.StepHooks, "scheduled", scheduled)
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
+            hooks = VLLMInstrumentor().step_hooks
+            to_pipeline = hooks.sink
+
+            def sink(payload):
+                sent.append(payload)
+                to_pipeline(payload)
+            hooks.sink = sink
+            installed = type(Scheduler.__dict__["schedule"]).__name__
             # 128-token blocks: 6 requests of 100 + 60 tokens each need 2 blocks past token 128; 6 blocks can't hold them
             llm = make_llm(num_gpu_blocks_override=6, max_num_batched_tokens=256)
             prompts = [{"prompt_token_ids": [5 + (i * 13 + j) % 400 for j in range(PROMPT_LEN)]} for i in range(N)]
@@ -51,11 +69,13 @@ def run(otel):
             spans = otel.finished()
             held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
         del llm
-    return outputs, spans, held, compared
+    assert len(sent) == len(seen)  # in-process and synchronous: every step with requests, one record, in order
+    compared = [(old, payload[7], counts) for (old, counts), payload in zip(seen, sent)]
+    return outputs, spans, held, compared, (installed, len(handed))
 
 
 def test_preemptions_show_as_events_and_requeue_spans(run):
-    outputs, spans, held, _ = run
+    outputs, spans, held, _, _ = run
     trees = request_trees(spans)
     total = sum(o.metrics.num_preemptions for o in outputs)
     assert total > 0, "the tiny KV cache forced preemptions"
@@ -76,7 +96,7 @@ def test_preemptions_show_as_events_and_requeue_spans(run):
 
 
 def test_phases_still_tile_and_match_the_engine(run):
-    outputs, spans, _, _ = run
+    outputs, spans, _, _, _ = run
     trees = request_trees(spans)
     for o in outputs:
         t = trees[o.request_id]
@@ -95,7 +115,7 @@ def test_phases_still_tile_and_match_the_engine(run):
 
 
 def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
-    outputs, spans, _, _ = run
+    outputs, spans, _, _, _ = run
     steps = engine_steps(spans)
     assert sum(s.attributes[sc.STEP_NUM_PREEMPTED] for s in steps) == sum(o.metrics.num_preemptions for o in outputs)
     # recomputation after a preemption is prefill work: more prefill tokens than the prompts alone
@@ -105,7 +125,7 @@ def test_engine_steps_count_preemptions_and_recompute_as_prefill(run):
 def test_in_process_engine_steps_carry_the_anatomy_without_model_time(run):
     """EngineCore in this process: the records are handed over in-process, the anatomy still sums to
     the step, and a CPU model runner in the EngineCore's own thread is not timed (by design)."""
-    _, spans, _, _ = run
+    _, spans, _, _, _ = run
     steps = engine_steps(spans)
     assert steps
     for s in steps:
@@ -121,7 +141,7 @@ def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
     on chunked prefills, preemptions and their recomputes it gets what the per-request rule got."""
     from otel_llm.instrumentation.vllm import step_hooks, step_wire
 
-    *_, compared = run
+    *_, compared, _ = run
     assert compared
     recomputes = chunks = 0
     for old, new, outputs in compared:
@@ -133,3 +153,17 @@ def test_shares_derived_from_vllms_lists_equal_the_per_request_rule(run):
         recomputes += sum(1 for rid, (_, prefill, _) in old.items() if prefill and outputs.get(rid))
         chunks += sum(1 for rid, (_, prefill, before) in old.items() if prefill and before and not outputs.get(rid))
     assert recomputes and chunks  # the scenario has both: recomputes after preemptions, chunked prefills
+
+
+def test_the_c_methods_took_the_steady_steps(run):
+    """Where built, the steps without a prompt entry (decodes, a running request's next chunk) were kept and
+    sent by the C methods (_hooks_fast.c), and their shares are among those compared above."""
+    from otel_llm.instrumentation.vllm import step_hooks
+
+    if step_hooks.fast_methods() is None:
+        pytest.skip(f"no C hook methods: {step_hooks.FAST_REASON}")
+    *_, compared, (installed, handed) = run
+    assert installed == "HookMethod"
+    with_prompt_entries = sum(1 for _, new, _ in compared if new[4])  # prompt_at: a new or recomputing share
+    # the Python method kept those, and the first step (it picks vLLM's readers): the C methods all the rest
+    assert handed <= with_prompt_entries + 1 and len(compared) - handed > len(compared) // 2

@@ -17,6 +17,7 @@ The roofline takes model time as the measured time where present, else execute t
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
@@ -65,6 +66,21 @@ def cost(shape: ModelShape, step: StepRecord) -> StepCost | None:
         return decode_step_cost(shape, contexts)
     spec = step.spec
     return step_cost(shape, work(step), spec.draft_tokens if spec is not None else 0)
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the step diagnosis needs of an engine, read by its adapter when the engine is built: the roofline's
+    model shape, whether it runs on an NVIDIA GPU and how many devices one step spans, its LoRA slots (the
+    LoRA-slot verdict) and its KV cache's format (``kv_cache_facts``). The instrumentor keeps the last engine's,
+    so instrumenting again (new options) re-arms the diagnosis for an engine built earlier; an agent process
+    gets it whole (pickled: ``Pipeline.engine_built``)."""
+
+    model: ModelShape | None
+    on_cuda: bool
+    devices: int = 1
+    max_loras: int | None = None
+    kv_cache: dict[str, Any] = field(default_factory=dict)
 
 
 def kv_cache_facts(cache_dtype: Any, block_size: Any, model_dtype: Any = None) -> dict[str, Any]:

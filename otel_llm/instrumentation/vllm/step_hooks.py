@@ -24,6 +24,7 @@ from . import contract, step_wire
 from .step_extras import SpecReaders, active_loras, share_positions, spec_counts, worker_facts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
+from .worker_facts import WORKER_FACTS_ATTR
 
 
 # Step anatomy from four stamps the EngineCore thread takes anyway: scheduler entered (t0) and left
@@ -46,6 +47,9 @@ class StepHooks:
     The owner arms them: ``VLLMInstrumentor`` for an engine in its own process (the sink hands the
     record to its pipeline), ``plugin()`` in a spawned EngineCore (a ``SocketSink``). The bound
     methods are the wrapt wrappers: the hot path reads this object's attributes, nothing module-wide."""
+
+    # the C methods (_hooks_fast.c) where built: off, the Python methods alone (the same records; benchmarks)
+    FAST = True
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
                  "_table", "contract", "prompt_len", "prefill_token_ids", "preempted_ids", "max_active", "spec_on",
@@ -78,11 +82,21 @@ class StepHooks:
         self.last_end: float | None = None  # u1 of the last step that carried work
         self.clock: Callable[[], float] = time.monotonic
         self.recompute: dict[str, int] = {}  # request id -> prompt length, while it recomputes after a preemption
-        self._table = WrapTable([
-            # plain: called on every step in the EngineCore's loop, wrapt's call costs more (wraps.Target)
-            Target(_SCHEDULER_MODULE, "Scheduler.schedule", self.schedule, plain=True),
-            Target(_SCHEDULER_MODULE, "Scheduler.update_from_output", self.update_from_output, plain=True),
-        ], guard)
+        self._table = WrapTable(self.targets(_SCHEDULER_MODULE), guard)
+
+    def targets(self, module: str) -> list[Target]:
+        """The two scheduler methods of ``module``'s ``Scheduler`` (vLLM's, or a benchmark's stand-in): plain,
+        because they are called on every step in the EngineCore's loop and wrapt's call costs more
+        (wraps.Target); the C methods where built and ``FAST`` is on."""
+        return [Target(module, "Scheduler.schedule", self.schedule, plain=True, method=self._fast(0)),
+                Target(module, "Scheduler.update_from_output", self.update_from_output, plain=True,
+                       method=self._fast(1))]
+
+    def _fast(self, kind: int) -> Callable[[Callable, WrapTable], Any]:
+        def make(original: Callable, table: WrapTable) -> Any:
+            fast = fast_methods() if self.FAST else None
+            return fast.HookMethod(kind, original, self, table) if fast is not None else None
+        return make
 
     def arm(self, sink: Callable[[StepPayload], None]) -> None:
         """Report every step to ``sink`` (and time the model runner, where it runs in this process)."""
@@ -105,7 +119,12 @@ class StepHooks:
         clock = self.clock
         start = clock()
         out = wrapped(*args, **kwargs)
-        left = clock()
+        self.scheduled(instance, out, start, clock())
+        return out
+
+    def scheduled(self, instance: Any, out: Any, start: float, left: float) -> None:
+        """What ``schedule()`` keeps of a step until its ``update_from_output``, in ``pending``. (The C method
+        (_hooks_fast.c) keeps a steady step itself, the same entry, and hands any other step here.)"""
         try:
             if self.prompt_len is None:
                 self._pick_readers()
@@ -126,10 +145,13 @@ class StepHooks:
                                 active_loras(instance, shares[_IDS])
                                 if self.lora_on and instance.lora_config is not None else None)
         except Exception as exc:
-            self.guard.failed("scheduler.schedule hook", exc)
-            if self.on_error is not None:
-                self.on_error()  # counted where the user looks, even though this step sends no record
-        return out
+            self.failed("scheduler.schedule hook", exc)
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        """A hook's error, counted where the user looks (even though this step sends no record)."""
+        self.guard.failed(where, exc)
+        if self.on_error is not None:
+            self.on_error()
 
     def _pick_readers(self) -> None:
         """vLLM's symbols through the contract, once (the scheduler's modules are imported by now)."""
@@ -217,7 +239,7 @@ class StepHooks:
         if sink is None:
             return wrapped(*args, **kwargs)
         clock = self.clock
-        spec = None
+        spec = scheduler_output = model_output = None
         try:
             if len(args) == 2:  # as vLLM's EngineCore calls it
                 scheduler_output, model_output = args
@@ -233,7 +255,16 @@ class StepHooks:
             self.guard.failed("scheduler.update_from_output hook (drafts)", exc)
         entered = clock()
         result = wrapped(*args, **kwargs)
-        left = clock()
+        self.updated(scheduler_output, model_output, result, entered, clock(), spec)
+        return result
+
+    def updated(self, scheduler_output: Any, model_output: Any, result: Any, entered: float, left: float,
+                spec: tuple | None) -> None:
+        """The step's record, from what ``schedule()`` kept and ``update_from_output``'s outputs, to the sink.
+        (The C method sends a steady step's itself, the same record, and hands any other step here.)"""
+        sink = self.sink
+        if sink is None:
+            return
         try:
             key = id(scheduler_output)
             pending = self.pending.pop(key, None)
@@ -264,12 +295,29 @@ class StepHooks:
                     payload += (Extras(*(spec or _NO_SPEC), loras or (), *(worker or _NO_WORKER)),)
                 sink(payload)
         except Exception as exc:
-            self.guard.failed("scheduler.update_from_output hook", exc)
-            if self.on_error is not None:
-                self.on_error()  # counted where the user looks, even though this step sends no record
-        return result
+            self.failed("scheduler.update_from_output hook", exc)
 
     # -- model execution, timed where it runs ---------------------------------------------------
+
+
+def fast_methods() -> Any | None:
+    """The C module of the scheduler hooks' steady step (``_hooks_fast.c``, built by setup.py where there is a
+    compiler), configured on first use; None where it is not importable (``FAST_REASON`` says why): the Python
+    methods then take every step, with the same records (tests/vllm/test_hooks_fast.py)."""
+    global _fast_module, FAST_REASON
+    if _fast_module is None:
+        try:
+            from . import _hooks_fast
+            _hooks_fast.setup(_queue_blocked, StepHooks._tokens, BLOCKED_NONE, _NONE, MODEL_TIME_ATTR,
+                              WORKER_FACTS_ATTR)
+            _fast_module, FAST_REASON = _hooks_fast, None
+        except (ImportError, TypeError) as exc:
+            _fast_module, FAST_REASON = False, f"the C hook methods are not importable ({exc}): the Python hooks"
+    return _fast_module or None
+
+
+_fast_module: Any = None  # the configured _hooks_fast, False where it is not importable, None before the first use
+FAST_REASON: str | None = None  # why the Python hooks take every step, or None
 
 
 _NO_SPEC = ((), (), ())

@@ -28,7 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ... import semconv as sc
 from ...core.clock import WallClock
-from ...core.diagnosis.anatomy import kv_cache_facts
+from ...core.diagnosis.anatomy import EngineFacts, kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
 from ...guard import Guard
 from ...core.handoff import HandoffBook
@@ -60,16 +60,6 @@ _DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG
 _ERRORS = {"abort": "aborted", "error": "engine_error"}
 
 
-class EngineShape(NamedTuple):
-    """What the roofline needs of an engine: kept by the instrumentor for the last engine built in its
-    process, so that instrumenting again (new options) re-arms the roofline, and the LoRA-slot verdict, for
-    an engine built earlier."""
-
-    model: ModelShape
-    on_cuda: bool
-    devices: int  # the devices one step spans (tensor x pipeline parallel)
-    max_loras: int | None = None  # its LoRA slots, where it serves adapters
-
 
 
 
@@ -77,7 +67,7 @@ class EngineShape(NamedTuple):
 class VLLMWrappers:
     def __init__(self, telemetry: Pipeline, open_receiver: Callable[[], StepReceiver],
                  open_kv_receiver: Callable[[], kv_channel.HandoffReceiver],
-                 engine_built: Callable[[EngineShape], None] | None = None,
+                 engine_built: Callable[[EngineFacts], None] | None = None,
                  receiver: StepReceiver | None = None, open_agent: Callable[[], Any] | None = None) -> None:
         self.telemetry = telemetry
         self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
@@ -212,18 +202,12 @@ class VLLMWrappers:
         devices = (read(parallel, "ParallelConfig.tensor_parallel_size") or 1) * \
             (read(parallel, "ParallelConfig.pipeline_parallel_size") or 1)
         max_loras = read(read(vllm_config, "VllmConfig.lora_config"), "LoRAConfig.max_loras")
-        engine = EngineShape(shape, device_type == "cuda", devices, max_loras)
+        kv_cache = kv_cache_facts(cache_dtype, read(cache_config, "CacheConfig.block_size"), model_config.dtype)
+        engine = EngineFacts(shape, device_type == "cuda", devices, max_loras, kv_cache)
         if self.engine_built is not None:
             self.engine_built(engine)
-        kv_cache = kv_cache_facts(cache_dtype, read(cache_config, "CacheConfig.block_size"), model_config.dtype)
-        if self.agent is not None:  # the roofline (and an NVIDIA GPU's sampler) live in the agent process
-            from ...agent.protocol import EngineFacts
-
-            self.agent.engine(EngineFacts(shape, engine.on_cuda, engine.devices, max_loras, kv_cache))
-            return
-        self.telemetry.diagnosis.setup(shape, self.telemetry.config, engine.on_cuda, engine.devices)
-        self.telemetry.window.max_loras = max_loras
-        self.telemetry.diagnosis.kv_cache = kv_cache
+        # with an agent, the roofline (and an NVIDIA GPU's sampler) live in the agent process
+        self.telemetry.engine_built(engine)
 
     # -- request context: operation, kind and the incoming trace headers ----------------------
 
