@@ -431,8 +431,12 @@ def test_spec_counts_fast_path_equals_the_loop():
     import random
     import types
 
-    from otel_llm.instrumentation.vllm.step_extras import _spec_counts_loop, share_positions, spec_counts
+    from otel_llm.instrumentation.vllm import step_hooks
+    from otel_llm.instrumentation.vllm.step_extras import _PRESENT, _spec_counts_loop, share_positions, spec_counts
 
+    fast = step_hooks.fast_methods()
+    readers = [_PRESENT] + ([_PRESENT._replace(counts=fast.spec_counts)] if fast is not None else [])
+    taken_in_c = 0
     rng = random.Random(5)
     for case in range(300):
         n = rng.randint(1, 12)
@@ -445,11 +449,18 @@ def test_spec_counts_fast_path_equals_the_loop():
         out = types.SimpleNamespace(scheduled_spec_decode_tokens=drafts, num_invalid_spec_tokens=invalid)
         model = types.SimpleNamespace(sampled_token_ids=sampled, req_id_to_index=index)
         scheduler = types.SimpleNamespace(num_sampled_tokens_per_step=1)
-        got = spec_counts(scheduler, out, model, scheduled)
         loop = _spec_counts_loop(drafts, sampled, index, invalid or {}, 1, scheduled) if drafts else None
-        assert got == loop, case
+        for r in readers:  # the Python lines, and the C count of the same common step (_hooks_fast.c)
+            got = spec_counts(scheduler, out, model, scheduled, r)
+            assert got == loop, case
+        if fast is not None and not invalid and drafts and fast.spec_counts(drafts, sampled, index, scheduled):
+            taken_in_c += 1
         if got is not None:
             rev = ids[::-1]
             for order in (ids, rev):  # the fast share lookup (same order) and the dict's
                 at, d, a = share_positions(got, order)
                 assert [order[i] for i in at] == got[0] and (d, a) == (got[1], got[2])
+    assert fast is None or taken_in_c > 50
+    if fast is not None:  # an index past the sampled rows: the IndexError Python's lines raise
+        with pytest.raises(IndexError):
+            fast.spec_counts({"a": [9]}, [[7, 7]], {"a": 3}, {"a": 1})

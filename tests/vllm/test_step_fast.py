@@ -62,9 +62,23 @@ def _payloads(rng: random.Random, count: int):
             shares = (ids, None, computed, [], [], [1, 2], [3])
         idle = rng.choice((None, 0.0, -0.0, 0, 0.25, rng.random()))
         model = rng.choice((None, -0.0, rng.random()))
-        yield step_wire.StepPayload(step, rng.random() * 1e4, rng.random() * 1e4, n, rng.randint(0, 9),
-                                    rng.randint(0, 3), rng.random(), step_wire.Shares(*shares), rng.randint(0, 5),
-                                    rng.random(), rng.random(), rng.random(), idle, model)
+        payload = step_wire.StepPayload(step, rng.random() * 1e4, rng.random() * 1e4, n, rng.randint(0, 9),
+                                        rng.randint(0, 3), rng.random(), step_wire.Shares(*shares), rng.randint(0, 5),
+                                        rng.random(), rng.random(), rng.random(), idle, model)
+        if n and rng.random() < 0.25:  # a verify step, a LoRA batch (events: the Python path), both
+            yield (*payload, _extras(rng, n))
+        else:
+            yield payload
+
+
+def _extras(rng: random.Random, n: int) -> step_wire.Extras:
+    spec = sorted(rng.sample(range(n), rng.randint(0, n))) if rng.random() < 0.7 else []
+    if spec and rng.random() < 0.3:
+        spec = list(range(n))  # share_positions' same-order answer
+    loras = tuple(sorted(rng.sample(range(1, 40), rng.randint(0, 4))))
+    events = ((1, 3, rng.random(), rng.random()),) if rng.random() < 0.1 else ()
+    return step_wire.Extras(spec, [rng.randint(1, 7) for _ in spec], [rng.randint(0, 7) for _ in spec], loras,
+                            events, rng.choice((None, rng.random(), 0.0)))
 
 
 @fast
@@ -83,6 +97,28 @@ def test_encode_writes_the_python_paths_bytes_and_leaves_the_same_cache(cache, s
     assert bool(flags & step_wire._SAME_IDS) == same_ids
     if same_ids:  # the cases were exercised
         assert flags & step_wire._SAME_IDS and flags & step_wire._ONE_EACH and flags & step_wire._HAS_IDLE
+    assert flags & step_wire._EXTRAS
+
+
+@fast
+@pytest.mark.parametrize("extras", [
+    step_wire.Extras([0, 5], [1, 1], [0, 0], (), (), None),  # a share index past the step's 2 shares
+    step_wire.Extras([0, 1], [1], [0, 0], (), (), None),  # counts that do not line up
+    step_wire.Extras([0], [1 << 32], [0], (), (), None),
+    step_wire.Extras([0], [1], [0], (-1,), (), None),
+    step_wire.Extras([0], [1], [0], (), (), 1),  # a drafter time that is not a float: struct takes it
+])
+def test_extras_the_python_path_refuses_or_packs_are_handled_alike(extras):
+    payload = (7, 1.0, 2.0, 2, 0, 0, 0.5, (["a", "b"], None, [1, 2], [], [], [], []), 0, 0.1, 0.2, 0.3, None, None,
+               extras)
+    caches = [[None, b"", None], [None, b"", None]]
+    results = []
+    for encode, cache in zip((step_wire.encode, step_wire.encode_py), caches):
+        try:
+            results.append(encode(payload, cache, True))
+        except Exception as exc:
+            results.append((type(exc), str(exc)))
+    assert results[0] == results[1] and caches[0] == caches[1]
 
 
 @fast
@@ -346,3 +382,29 @@ def test_ring_read_takes_what_the_python_reader_takes_and_leaves_the_same_positi
         r.close()
     with pytest.raises(ValueError):  # a closed ring: an error, never a read of unmapped memory
         step_wire.ring_read(rc)
+
+
+@fast
+def test_extras_without_lora_events_are_encoded_in_c():
+    """A verify step's or a LoRA batch's extras are encoded by the C encoder itself; only LoRA load events
+    (rare) go to the Python encoder. (The profile hook sees every Python function the C module calls.)"""
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in (step_wire.encode_py.__code__, step_wire._extras_bytes.__code__):
+            calls.append(frame.f_code.co_name)
+
+    shares = (["a", "b"], None, [1, 2], [], [], [], [])
+    plain = (7, 1.0, 2.0, 2, 0, 0, 0.5, shares, 0, 0.1, 0.2, 0.3, None, None)
+    spec = (*plain, step_wire.Extras([0, 1], [3, 3], [2, 1], (), (), None))
+    lora = (*plain, step_wire.Extras([], [], [], (4,), (), 0.01))
+    loaded = (*plain, step_wire.Extras([], [], [], (4,), ((1, 4, 2.0, 0.01),), None))
+    sys.setprofile(profile)
+    try:
+        for payload in (spec, lora):
+            step_wire.encode(payload)
+        assert calls == []
+        step_wire.encode(loaded)
+    finally:
+        sys.setprofile(None)
+    assert calls[0] == "encode_py"

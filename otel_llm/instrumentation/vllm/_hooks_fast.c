@@ -409,6 +409,76 @@ done:
     return result;
 }
 
+/* -- speculative decoding's counts ------------------------------------------------------------------------ */
+
+static PyObject *len_list(Py_ssize_t n, PyObject *const *objs, int less_one, int *zero) {
+    /* [len(o) (- 1)] of n objects; *zero set when a length is 0 */
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k = PyObject_Size(objs[i]);
+        if (k < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (k == 0) *zero = 1;
+        PyObject *v = PyLong_FromSsize_t(k - less_one);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyObject *spec_counts(PyObject *module, PyObject *args) {
+    /* step_extras.spec_counts' common step, as its Python lines count it: every drafting request known to the
+     * model runner and scheduled, with drafts and sampled tokens, none invalidated, one token sampled a step:
+     * (ids, drafted, accepted), else None (the Python loop decides). The same exceptions where Python raises. */
+    PyObject *drafts, *sampled, *index, *scheduled;
+    if (!PyArg_ParseTuple(args, "O!OO!O!:spec_counts", &PyDict_Type, &drafts, &sampled, &PyDict_Type, &index,
+                          &PyDict_Type, &scheduled))
+        return NULL;
+    Py_ssize_t n = PyDict_GET_SIZE(drafts), pos = 0, i = 0;
+    PyObject *ids = PyList_New(n), *rows = NULL, *draft_lists = NULL, *drafted = NULL, *accepted = NULL;
+    PyObject *k, *v, *result = NULL;
+    int zero = 0;
+    if (ids == NULL) return NULL;
+    if ((rows = PyList_New(n)) == NULL || (draft_lists = PyList_New(n)) == NULL) goto done;
+    while (PyDict_Next(drafts, &pos, &k, &v)) {
+        if (i >= n) goto fallback;  /* the dict changed under us */
+        PyObject *at = PyDict_GetItemWithError(index, k);
+        if (at == NULL || at == Py_None) {
+            if (PyErr_Occurred()) goto done;
+            goto fallback;  /* not known to the model runner */
+        }
+        int in = PyDict_Contains(scheduled, k);
+        if (in < 0) goto done;
+        if (!in) goto fallback;
+        PyObject *row = PyObject_GetItem(sampled, at);  /* sampled[index[rid]]: IndexError as in Python */
+        if (row == NULL) goto done;
+        Py_INCREF(k);
+        PyList_SET_ITEM(ids, i, k);
+        PyList_SET_ITEM(rows, i, row);
+        Py_INCREF(v);
+        PyList_SET_ITEM(draft_lists, i, v);
+        i++;
+    }
+    if (i != n) goto fallback;
+    if ((drafted = len_list(n, &PyList_GET_ITEM(draft_lists, 0), 0, &zero)) == NULL) goto done;
+    if ((accepted = len_list(n, &PyList_GET_ITEM(rows, 0), 1, &zero)) == NULL) goto done;
+    if (zero) goto fallback;
+    result = PyTuple_Pack(3, ids, drafted, accepted);
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(ids); Py_XDECREF(rows); Py_XDECREF(draft_lists); Py_XDECREF(drafted); Py_XDECREF(accepted);
+    return result;
+}
+
 /* -- the method object ----------------------------------------------------------------------------------- */
 
 static PyObject *hm_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -530,6 +600,8 @@ static PyObject *setup(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(queue_blocked, tokens, BLOCKED_NONE, empty share tuple, MODEL_TIME_ATTR, WORKER_FACTS_ATTR)"},
+    {"spec_counts", spec_counts, METH_VARARGS,
+     "spec_counts(drafts, sampled, index, scheduled) -> (ids, drafted, accepted) or None: step_extras.spec_counts"},
     {NULL, NULL, 0, NULL}
 };
 

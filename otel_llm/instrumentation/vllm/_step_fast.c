@@ -22,8 +22,10 @@
 #define F_MODEL 2
 #define F_ONE_EACH 4
 #define F_SAME_IDS 8
-/* any other flag (step_wire: the optional extras, speculative decoding and LoRA): the Python decoder */
+#define F_EXTRAS 16 /* step_wire._EXTRAS: speculative drafts, LoRA adapters; encoded here, decoded in Python */
+/* any other flag (the extras): the Python decoder */
 #define F_KNOWN (F_IDLE | F_MODEL | F_ONE_EACH | F_SAME_IDS)
+#define EXTRA_COUNTS_SIZE 20 /* step_wire._EXTRA_COUNTS "<IIId" */
 
 static PyObject *py_encode;    /* step_wire.encode_py: every input the fast path does not take */
 static int wire_version;
@@ -44,6 +46,11 @@ typedef struct {
     uint32_t running, waiting, preempted, n, z, m;
     uint8_t flags, blocked;
     Py_ssize_t nvals;     /* u32 values in vals */
+    /* the extras block (F_EXTRAS; no LoRA events: a step with some goes to the Python path): its counts,
+     * then ex_vals u32 values in vals after the shares' */
+    uint32_t ex_spec, ex_loras;
+    double ex_draft;
+    Py_ssize_t ex_vals;
     PyObject *joined;     /* new reference or NULL (no id bytes) */
 } record_t;
 
@@ -111,6 +118,43 @@ static int put_counts(PyObject *o, Py_ssize_t *at) {
     return 1;
 }
 
+/* step_wire._extras_bytes of (spec_at, drafted, accepted, loras, events, draft) after the shares' counts in
+ * vals: 1 taken; 0 not (LoRA events, counts that do not line up, a value out of range: the Python path raises
+ * or encodes them), nothing changed that matters (vals is scratch) */
+static int prepare_extras(PyObject *extras, record_t *r) {
+    PyObject **x = &PyTuple_GET_ITEM(extras, 0);
+    for (int i = 0; i < 5; i++)
+        if (!seq(x[i]))
+            return 0;
+    if (PySequence_Fast_GET_SIZE(x[4]))
+        return 0; /* adapter loads or evictions: rare, the Python path */
+    Py_ssize_t spec = PySequence_Fast_GET_SIZE(x[0]), loras = PySequence_Fast_GET_SIZE(x[3]);
+    if (PySequence_Fast_GET_SIZE(x[1]) != spec || PySequence_Fast_GET_SIZE(x[2]) != spec || loras > 0xFFFFFFFFll)
+        return 0;
+    if (x[5] == Py_None) {
+        /* Python's float("nan"), bit for bit (C's NAN need not be the same NaN) */
+        uint64_t bits = 0x7ff8000000000000ull;
+        memcpy(&r->ex_draft, &bits, sizeof bits);
+    } else if (!get_double(x[5], &r->ex_draft)) {
+        return 0;
+    }
+    Py_ssize_t at = r->nvals;
+    if (grow((void **)&vals, &vals_cap, at + 3 * spec + loras, sizeof(uint32_t)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    for (int i = 0; i < 4; i++)
+        if (!put_counts(x[i], &r->nvals))
+            return 0;
+    for (Py_ssize_t i = 0; i < spec; i++)
+        if (vals[at + i] >= r->n)
+            return 0; /* a share index past the step's shares: the Python path's WireError */
+    r->ex_spec = (uint32_t)spec, r->ex_loras = (uint32_t)loras;
+    r->ex_vals = r->nvals - at;
+    r->nvals = at; /* the shares' counts; the extras' follow them in vals */
+    return 1;
+}
+
 /* 1: r filled (and the cache updated as step_wire.encode_py would); 0: not taken, nothing changed (no
  * exception set); -1: an exception (the same one the Python path raises at the same point) */
 static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r) {
@@ -120,8 +164,14 @@ static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r
         return -1;
     }
     r->flags = 0;
-    /* step_wire.StepPayload and Shares: tuples (NamedTuple subclasses, or plain ones) of 14 and 7 fields */
-    if (!PyTuple_Check(payload) || PyTuple_GET_SIZE(payload) != 14)
+    r->ex_vals = 0;
+    /* step_wire.StepPayload and Shares: tuples (NamedTuple subclasses, or plain ones) of 14 and 7 fields; a
+     * 15th, step_wire.Extras (6 fields), in a step with speculative drafts or LoRA adapters */
+    Py_ssize_t fields = PyTuple_Check(payload) ? PyTuple_GET_SIZE(payload) : 0;
+    if (fields != 14 && fields != 15)
+        return 0;
+    PyObject *extras = fields == 15 ? PyTuple_GET_ITEM(payload, 14) : NULL;
+    if (extras != NULL && (!PyTuple_Check(extras) || PyTuple_GET_SIZE(extras) != 6))
         return 0;
     PyObject **p = &PyTuple_GET_ITEM(payload, 0);
     PyObject *shares = p[7];
@@ -169,6 +219,11 @@ static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r
         return 0;
     r->n = (uint32_t)n, r->z = (uint32_t)z, r->m = (uint32_t)m;
     r->nvals = 0;
+    if (extras != NULL) {
+        if (!n)
+            return 0; /* extras of an empty step: the Python path says what it makes of them */
+        r->flags |= F_EXTRAS;
+    }
     if (!n)
         return 1; /* the header alone: no ids, no counts, cache untouched */
     /* the counts: array("I", computed) for a plain decode batch (any length, as array takes it), else the
@@ -193,6 +248,8 @@ static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r
     for (int i = first; i < last; i++)
         if (!put_counts(s[i], &r->nvals))
             return 0;
+    if (extras != NULL && !prepare_extras(extras, r))
+        return 0;
     /* the ids: as step_wire.encode_py, the cache last (everything above could still refuse) */
     if (same) {
         PyObject *bytes = PyList_GET_ITEM(cache, 1);
@@ -263,7 +320,8 @@ static int prepare(PyObject *payload, PyObject *cache, int same_ids, record_t *r
 }
 
 static Py_ssize_t record_size(const record_t *r) {
-    return HEADER_SIZE + 4 * r->nvals + (r->joined ? PyBytes_GET_SIZE(r->joined) : 0);
+    return HEADER_SIZE + 4 * r->nvals + (r->flags & F_EXTRAS ? EXTRA_COUNTS_SIZE + 4 * r->ex_vals : 0)
+           + (r->joined ? PyBytes_GET_SIZE(r->joined) : 0);
 }
 
 #define PUT(v) (memcpy(out, &(v), sizeof(v)), out += sizeof(v))
@@ -278,6 +336,12 @@ static void emit(const record_t *r, unsigned char *out) {
     if (r->nvals) {
         memcpy(out, vals, 4 * (size_t)r->nvals);
         out += 4 * r->nvals;
+    }
+    if (r->flags & F_EXTRAS) { /* the shares' counts, then the extras, then the ids: as encode_py */
+        uint32_t events = 0;
+        PUT(r->ex_spec); PUT(r->ex_loras); PUT(events); PUT(r->ex_draft);
+        memcpy(out, vals + r->nvals, 4 * (size_t)r->ex_vals);
+        out += 4 * r->ex_vals;
     }
     if (r->joined)
         memcpy(out, PyBytes_AS_STRING(r->joined), (size_t)PyBytes_GET_SIZE(r->joined));

@@ -29,9 +29,12 @@ from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
 
 class SpecReaders(NamedTuple):
-    """The contract's readers for the draft counts' symbols with a fallback (contract._FALLBACKS)."""
+    """The contract's readers for the draft counts' symbols with a fallback (contract._FALLBACKS), and the C
+    count of the common step (``_hooks_fast.spec_counts``) where built."""
     invalid: Callable[[Any], Any]  # SchedulerOutput.num_invalid_spec_tokens (None: no grammar invalidated any)
     per_step: Callable[[Any], int]  # Scheduler.num_sampled_tokens_per_step (1 where vLLM lacks it)
+    # (drafts, sampled, index, scheduled) -> (ids, drafted, accepted), or None where the Python loop decides
+    counts: Callable[..., Any] | None = None
 
 
 _PRESENT = SpecReaders(operator.attrgetter("num_invalid_spec_tokens"), operator.attrgetter("num_sampled_tokens_per_step"))
@@ -57,6 +60,12 @@ def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any, schedu
     invalid = readers.invalid(scheduler_output)
     per_step = readers.per_step(scheduler)
     if sampled and not invalid and per_step == 1:
+        counts = readers.counts
+        if counts is not None and drafts.__class__ is dict and index.__class__ is dict and scheduled.__class__ is dict:
+            counted = counts(drafts, sampled, index, scheduled)  # the lines below, in C (~7 µs less at 64)
+            if counted is not None:
+                return counted
+            return _spec_counts_loop(drafts, sampled, index, invalid or {}, per_step, scheduled)
         ids = list(drafts)
         at = list(map(index.get, ids))
         if None not in at and all(map(scheduled.__contains__, ids)):

@@ -159,8 +159,10 @@ class StepHooks:
         self.prefill_token_ids = fence.reader("NewRequestData.prefill_token_ids")
         self.preempted_ids = fence.reader("SchedulerOutput.preempted_req_ids")
         self.max_active = fence.reader("Scheduler.max_num_active_reqs")
+        fast = fast_methods() if self.FAST else None
         self.spec_readers = SpecReaders(fence.reader("SchedulerOutput.num_invalid_spec_tokens"),
-                                        fence.reader("Scheduler.num_sampled_tokens_per_step"))
+                                        fence.reader("Scheduler.num_sampled_tokens_per_step"),
+                                        fast.spec_counts if fast is not None else None)
         self.spec_on = fence.present("SchedulerOutput.scheduled_spec_decode_tokens",
                                      "ModelRunnerOutput.sampled_token_ids", "ModelRunnerOutput.req_id_to_index")
         self.lora_on = fence.present("Scheduler.lora_config", "Scheduler.requests", "Request.lora_request",
