@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -516,7 +517,8 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
     from telemetry_modes import HookProbe
 
     hooks = HookProbe()
-    hooks.install()  # before any instrumentation: the wrappers it builds are the probed ones
+    if args.probe:  # off: the whole-process figure without the probe's own CPU in it (no paired figure then)
+        hooks.install()  # before any instrumentation: the wrappers it builds are the probed ones
     switch = ModeSwitch(*providers(endpoint), endpoint)
     llm = switch.build(lambda: LLM(**engine_args(max_num_seqs=args.concurrency, max_num_batched_tokens=512)))
     switch.processors.append(llm.llm_engine.output_processor)
@@ -538,10 +540,12 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
         try:
             a0 = agent.threads_ns()
             c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter()
-            threads0, h0 = thread_cpu_ns(os.getpid()), hooks.ns
+            threads0, h0, g0, n0 = thread_cpu_ns(os.getpid()), hooks.ns, collector.ns, collector.collections()
             outs = llm.generate(prompts, params, use_tqdm=False)
+            f0 = time.thread_time_ns()
             switch.flush()
-            threads1, h1 = thread_cpu_ns(os.getpid()), hooks.ns
+            flush_ns = time.thread_time_ns() - f0
+            threads1, h1, g1, n1 = thread_cpu_ns(os.getpid()), hooks.ns, collector.ns, collector.collections()
             c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter() - t0
             a1 = agent.threads_ns()
             split = split_cpu(threads0, threads1, os.getpid(), our_threads())
@@ -553,10 +557,42 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
         return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "main_us_per_token": split["main"] / 1e3 / tokens,
                 "ours_us_per_token": split["ours"] / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
                 "hooks_us_per_token": (h1 - h0) / 1e3 / tokens, "tokens_per_s": tokens / wall, "tokens": tokens,
+                "gc_us_per_token": (g1 - g0) / 1e3 / tokens, "gc_collections": [b - a for a, b in zip(n0, n1)],
+                # the measurement's closing flush (counted in it: the frontend's own exports' CPU)
+                "flush_us_per_token": flush_ns / 1e3 / tokens,
                 "engine_steps": steps1 - steps0 if steps0 is not None else None,
                 **agent_figures(agent, a0, a1, tokens), **pinned}
 
-    return interleave("offline", modes, measure, args.rounds)
+    collector = CollectorTime()
+    try:
+        return interleave("offline", modes, measure, args.rounds)
+    finally:
+        collector.close()
+
+
+class CollectorTime:
+    """The CPU this process's garbage collector spends, on whichever thread runs it (``gc.callbacks``), and
+    its collections by generation: work our allocations can add to vLLM's frontend outside our own hooks."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self._started = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.thread_time_ns()
+        elif self._started:
+            self.ns += time.thread_time_ns() - self._started
+            self._started = 0
+
+    @staticmethod
+    def collections() -> list[int]:
+        return [g["collections"] for g in gc.get_stats()]
+
+    def close(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
 
 
 def agent_figures(agent: Agent, before: dict, after: dict, tokens: int) -> dict:
@@ -606,6 +642,9 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request")
     ap.add_argument("--out", default="frontend_cpu.json")
+    ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
+                    help="offline: time our hooks inside each measurement (the paired figure); --no-probe leaves "
+                         "the probe's own CPU out of the whole-process figure")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="the frontend on one CPU, everything else on the others (--no-pin: the scheduler's choice)")
     ap.add_argument("--engine-omp-bind", default=None,
@@ -631,6 +670,7 @@ def main() -> None:
         "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pinning": {**pinning.describe(), "serve_clients": args.serve_clients},
+        "offline_hook_probe": args.probe,
     }
     try:
         for frontend in args.frontends.split(","):

@@ -236,14 +236,17 @@ def steps_recorded() -> int | None:
     return telemetry.counts.steps_recorded if telemetry is not None else None
 
 
-def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
+def engine_hooks_us_per_step(batch: int = 64, steps: int = 400, rounds: int = 5) -> dict:
     """The EngineCore step hooks on their own, on ``engine_step_hooks.py``'s stand-ins (one definition of
     what the hooks read of vLLM's scheduler), at ``batch`` decoding requests, with the real sink (a frontend
     on a ring, drained between steps, untimed): CPU per step with the hooks armed, disarmed (no sink: a
-    wrapper that only checks), and the bare calls. ``engine_step_hooks.py`` breaks the figure down."""
+    method that only checks), and the bare calls, interleaved in slices of 25 steps over ``rounds`` rounds
+    (medians of per-round medians), so a slow spell of the machine hits all three alike.
+    ``engine_step_hooks.py`` breaks the figure down."""
+    import random
     import tempfile
 
-    from engine_step_hooks import Scene, Wired, steps_ns
+    from engine_step_hooks import SLICE, Scene, Wired, steps_ns
 
     from otel_llm.instrumentation.vllm.step_hooks import StepHooks
     from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
@@ -252,30 +255,41 @@ def engine_hooks_us_per_step(batch: int = 64, steps: int = 400) -> dict:
     directory = tempfile.mkdtemp(prefix="otel-llm-bench-")
     receiver = StepReceiver(directory)
     got: list = []
-    hooks = StepHooks()  # armed by hand: arm() would also wrap vLLM's real scheduler
+    armed_hooks, disarmed_hooks = StepHooks(), StepHooks()  # armed by hand: arm() would also wrap vLLM's
     sink = SocketSink(directory)
+    armed_hooks.sink = sink.__call__
 
     def drain() -> None:
         receiver.drain(got.append)
 
-    def per_step(wired: Wired) -> float:
-        return statistics.median(steps_ns(wired, scene, steps, drain)) / 1000
-
     try:
-        bare = per_step(Wired(None, scene))
-        hooked = Wired(hooks.targets, scene)  # as the plugin wraps vLLM's: the C hook methods where built
-        hooks.sink = None
-        disarmed = per_step(hooked)
-        hooks.sink = sink.__call__
-        armed = per_step(hooked)
+        wired = {"bare": Wired(None, scene), "disarmed": Wired(disarmed_hooks.targets, scene),
+                 "armed": Wired(armed_hooks.targets, scene)}  # the C hook methods where built
+        for w in wired.values():
+            steps_ns(w, scene, 50, drain)
+        per_round: dict[str, list[float]] = {m: [] for m in wired}
+        for _ in range(rounds):
+            taken: dict[str, list[int]] = {m: [] for m in wired}
+            for _ in range(steps // SLICE):
+                order = list(wired)
+                random.shuffle(order)
+                for m in order:
+                    taken[m] += steps_ns(wired[m], scene, SLICE, drain)
+            for m in wired:
+                per_round[m].append(statistics.median(taken[m]) / 1000)
     finally:
-        hooks.sink = None
+        armed_hooks.sink = None
         sink.close()
         receiver.close()
-    if len(got) < steps:  # the hooks failed on the stand-ins (their guard counted it): no figure, not a wrong one
-        return {"error": f"{len(got)} step records received for {steps} steps"}
-    return {"batch": batch, "bare_us": round(bare, 2), "disarmed_us": round(disarmed, 2), "armed_us": round(armed, 2),
-            "hooks_us_per_step": round(armed - bare, 2), "records_received": len(got)}
+    sent = 50 + rounds * (steps // SLICE) * SLICE
+    if len(got) < sent:  # the hooks failed on the stand-ins (their guard counted it): no figure, not a wrong one
+        return {"error": f"{len(got)} step records received for {sent} steps"}
+    med = {m: statistics.median(v) for m, v in per_round.items()}
+    return {"batch": batch, "rounds": rounds, "bare_us": round(med["bare"], 2),
+            "disarmed_us": round(med["disarmed"], 2), "armed_us": round(med["armed"], 2),
+            "hooks_us_per_step": round(med["armed"] - med["bare"], 2),
+            "hooks_us_per_step_rounds": [round(a - b, 2) for a, b in zip(per_round["armed"], per_round["bare"])],
+            "records_received": len(got)}
 
 
 def hot_path_ns_per_token() -> float:
