@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
 from typing import Any
 
 import openai
@@ -199,12 +200,18 @@ def test_connection_refused(client: Any, mode: str, stream: bool) -> None:
     assert span.attributes["server.port"] == port
 
 
-def test_timeout(client: Any, server: VLLMServer) -> None:
-    # the reply comes only after all 400 tokens (hundreds of engine steps, far past 20 ms), so the model must
-    # not end early: random weights sampled the end-of-sequence token soon enough once to answer in time
-    with pytest.raises(openai.APITimeoutError):
-        call("sync", server.base_url, "chat", model=server.model, messages=MESSAGES, max_tokens=400, timeout=0.02,
-             extra_body=LONG_ENOUGH)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_timeout(client: Any, mode: str) -> None:
+    """A server that accepts the connection and never answers: the caller's timeout fires whatever the
+    machine's speed. (Against the real engine, a 400-token answer once came back through a 20 ms timeout in
+    a full run on the loaded machine: whether it does is the machine's to decide, not our code's.)"""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # the kernel completes the handshake and takes the request; nobody reads it
+        port = listener.getsockname()[1]
+        with pytest.raises(openai.APITimeoutError):
+            call(mode, f"http://127.0.0.1:{port}/v1", "chat", model="m", messages=MESSAGES, max_tokens=4,
+                 timeout=0.2)
     span = only_span(client)
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes["error.type"] == "APITimeoutError"
