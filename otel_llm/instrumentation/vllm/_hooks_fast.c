@@ -53,7 +53,7 @@ typedef struct {
     PyObject *table;     /* its WrapTable: _active */
 } HookMethod;
 
-/* -- small helpers: each returns a new reference or NULL with an exception set ------------------------ */
+/* -- small helpers ----------------------------------------------------------------------------------- */
 
 static int truth_of(PyObject *obj, PyObject *name) {  /* bool(obj.name): 1, 0, -1 with an exception */
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -239,14 +239,14 @@ done:
     return rc;
 }
 
-static PyObject *schedule(HookMethod *self, PyObject *const *args, size_t nargsf) {
+static PyObject *schedule(HookMethod *self, PyObject *const *args, size_t nargs) {
     PyObject *clock = NULL, *start = NULL, *left = NULL, *out;
     if ((clock = PyObject_GetAttr(self->hooks, s_clock)) == NULL || (start = PyObject_CallNoArgs(clock)) == NULL) {
         PyErr_Clear();  /* no clock, no record: the call itself goes on */
         Py_XDECREF(clock);
-        return PyObject_Vectorcall(self->original, args, nargsf, NULL);
+        return PyObject_Vectorcall(self->original, args, nargs, NULL);
     }
-    out = PyObject_Vectorcall(self->original, args, nargsf, NULL);
+    out = PyObject_Vectorcall(self->original, args, nargs, NULL);
     if (out == NULL) goto done;  /* vLLM's own exception: its own to handle */
     if ((left = PyObject_CallNoArgs(clock)) == NULL) {
         PyErr_Clear();
@@ -367,7 +367,7 @@ done:
     return rc;
 }
 
-static PyObject *update(HookMethod *self, PyObject *const *args, size_t nargsf) {
+static PyObject *update(HookMethod *self, PyObject *const *args, size_t nargs) {
     PyObject *clock = NULL, *entered = NULL, *left = NULL, *result;
     /* a verify step of speculative decoding: its drafts are counted before the call (the Python hook) */
     int t = truth_of(self->hooks, s_spec_on);
@@ -379,15 +379,15 @@ static PyObject *update(HookMethod *self, PyObject *const *args, size_t nargsf) 
         }
         if (t != 0) {
             PyErr_Clear();
-            return whole_python(self, s_update_from_output, args, PyVectorcall_NARGS(nargsf), NULL);
+            return whole_python(self, s_update_from_output, args, (Py_ssize_t)nargs, NULL);
         }
     }
     if ((clock = PyObject_GetAttr(self->hooks, s_clock)) == NULL || (entered = PyObject_CallNoArgs(clock)) == NULL) {
         PyErr_Clear();
         Py_XDECREF(clock);
-        return PyObject_Vectorcall(self->original, args, nargsf, NULL);
+        return PyObject_Vectorcall(self->original, args, nargs, NULL);
     }
-    result = PyObject_Vectorcall(self->original, args, nargsf, NULL);
+    result = PyObject_Vectorcall(self->original, args, nargs, NULL);
     if (result == NULL) goto done;
     if ((left = PyObject_CallNoArgs(clock)) == NULL) {
         PyErr_Clear();

@@ -28,13 +28,28 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
 
 
+def common_counts(drafts: dict, sampled: Any, index: dict, scheduled: Any
+                  ) -> tuple[list[str], list[int], list[int]] | None:
+    """The common verify step's (ids, drafted, accepted), counted with C-level maps (a third of the loop's time
+    at batch 64, benchmarks/engine_step_hooks.py): every drafting request scheduled, known to the model runner,
+    with drafts and sampled tokens. None for any other step (the loop counts it). ``_hooks_fast.spec_counts``
+    counts the same in C, where built (tests/core/test_production_features.py holds them equal)."""
+    ids = list(drafts)
+    at = list(map(index.get, ids))
+    if None not in at and all(map(scheduled.__contains__, ids)):
+        drafted = list(map(len, drafts.values()))
+        generated = list(map(len, map(sampled.__getitem__, at)))
+        if 0 not in drafted and 0 not in generated:
+            return ids, drafted, [g - 1 for g in generated]
+    return None
+
+
 class SpecReaders(NamedTuple):
-    """The contract's readers for the draft counts' symbols with a fallback (contract._FALLBACKS), and the C
-    count of the common step (``_hooks_fast.spec_counts``) where built."""
+    """The contract's readers for the draft counts' symbols with a fallback (contract._FALLBACKS), and the
+    count of the common step: ``common_counts``, or its C twin (``_hooks_fast.spec_counts``) where built."""
     invalid: Callable[[Any], Any]  # SchedulerOutput.num_invalid_spec_tokens (None: no grammar invalidated any)
     per_step: Callable[[Any], int]  # Scheduler.num_sampled_tokens_per_step (1 where vLLM lacks it)
-    # (drafts, sampled, index, scheduled) -> (ids, drafted, accepted), or None where the Python loop decides
-    counts: Callable[..., Any] | None = None
+    counts: Callable[..., Any] = common_counts  # the C twin takes exact dicts only: spec_counts checks
 
 
 _PRESENT = SpecReaders(operator.attrgetter("num_invalid_spec_tokens"), operator.attrgetter("num_sampled_tokens_per_step"))
@@ -47,9 +62,8 @@ def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any, schedu
     counting them (drafts accepted past ``max_tokens`` count, as in its own statistics). ``scheduled``:
     the step's ``num_scheduled_tokens`` (a request vLLM did not schedule is left out).
 
-    The common step (every drafting request scheduled, known to the model runner, with drafts and sampled
-    tokens, none invalidated) is counted with C-level maps, a third of the loop's time at batch 64
-    (benchmarks/engine_step_hooks.py); any other step takes the loop (``_spec_counts_loop``), the same result."""
+    The common step (none invalidated, one token sampled a step) is counted by ``readers.counts``; any other
+    step takes the loop (``_spec_counts_loop``), the same result."""
     drafts = scheduler_output.scheduled_spec_decode_tokens
     if not drafts or model_output is None:
         return None
@@ -61,18 +75,11 @@ def spec_counts(scheduler: Any, scheduler_output: Any, model_output: Any, schedu
     per_step = readers.per_step(scheduler)
     if sampled and not invalid and per_step == 1:
         counts = readers.counts
-        if counts is not None and drafts.__class__ is dict and index.__class__ is dict and scheduled.__class__ is dict:
-            counted = counts(drafts, sampled, index, scheduled)  # the lines below, in C (~7 µs less at 64)
-            if counted is not None:
-                return counted
-            return _spec_counts_loop(drafts, sampled, index, invalid or {}, per_step, scheduled)
-        ids = list(drafts)
-        at = list(map(index.get, ids))
-        if None not in at and all(map(scheduled.__contains__, ids)):
-            drafted = list(map(len, drafts.values()))
-            generated = list(map(len, map(sampled.__getitem__, at)))
-            if 0 not in drafted and 0 not in generated:
-                return ids, drafted, [g - 1 for g in generated]
+        if not (drafts.__class__ is index.__class__ is scheduled.__class__ is dict):
+            counts = common_counts  # a dict subclass may iterate otherwise than the C twin reads it
+        counted = counts(drafts, sampled, index, scheduled)
+        if counted is not None:
+            return counted
     return _spec_counts_loop(drafts, sampled, index, invalid or {}, per_step, scheduled)
 
 

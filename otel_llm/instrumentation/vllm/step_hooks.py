@@ -21,7 +21,7 @@ from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, 
                                BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
-from .step_extras import SpecReaders, active_loras, share_positions, spec_counts, worker_facts
+from .step_extras import SpecReaders, active_loras, common_counts, share_positions, spec_counts, worker_facts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
 from .worker_facts import WORKER_FACTS_ATTR
@@ -36,6 +36,7 @@ from .worker_facts import WORKER_FACTS_ATTR
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 _SHARES = 7  # in what schedule() keeps of a step (StepHooks.pending)
+_SCHEDULE, _UPDATE = 0, 1  # the two kinds of _hooks_fast.HookMethod
 _IDS = Shares._fields.index("ids")
 _NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
 
@@ -88,9 +89,9 @@ class StepHooks:
         """The two scheduler methods of ``module``'s ``Scheduler`` (vLLM's, or a benchmark's stand-in): plain,
         because they are called on every step in the EngineCore's loop and wrapt's call costs more
         (wraps.Target); the C methods where built and ``FAST`` is on."""
-        return [Target(module, "Scheduler.schedule", self.schedule, plain=True, method=self._fast(0)),
+        return [Target(module, "Scheduler.schedule", self.schedule, plain=True, method=self._fast(_SCHEDULE)),
                 Target(module, "Scheduler.update_from_output", self.update_from_output, plain=True,
-                       method=self._fast(1))]
+                       method=self._fast(_UPDATE))]
 
     def _fast(self, kind: int) -> Callable[[Callable, WrapTable], Any]:
         def make(original: Callable, table: WrapTable) -> Any:
@@ -162,7 +163,7 @@ class StepHooks:
         fast = fast_methods() if self.FAST else None
         self.spec_readers = SpecReaders(fence.reader("SchedulerOutput.num_invalid_spec_tokens"),
                                         fence.reader("Scheduler.num_sampled_tokens_per_step"),
-                                        fast.spec_counts if fast is not None else None)
+                                        fast.spec_counts if fast is not None else common_counts)
         self.spec_on = fence.present("SchedulerOutput.scheduled_spec_decode_tokens",
                                      "ModelRunnerOutput.sampled_token_ids", "ModelRunnerOutput.req_id_to_index")
         self.lora_on = fence.present("Scheduler.lora_config", "Scheduler.requests", "Request.lora_request",
