@@ -284,6 +284,13 @@ class AgentLink:
             data = protocol.finish_message(request_id, t, s, content=False)
         self.send(data)
 
+    def request_settled(self, facts: Any) -> None:
+        data = protocol.facts_message(facts)
+        if len(data) > self.max_packet:  # captured content too long for one packet: metrics still count
+            self.oversized += 1
+            data = protocol.facts_message(facts, content=False)
+        self.send(data)
+
     def stats(self, counts: Any, timeout: float = 2.0) -> dict[str, Any]:
         """The agent's pipeline's counts (what users read), the frontend's own requests, and the link's."""
         remote = self.ask(protocol.STATS, timeout)

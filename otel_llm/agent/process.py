@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable
 
 from ..core.diagnosis.anatomy import EngineFacts
+from ..core.finish_facts import settle
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
 from ..version import __version__
@@ -153,7 +154,7 @@ class Agent:
         if kind == protocol.START:
             if p is not None:
                 p.start(self.starts.timeline(m))
-        elif kind == protocol.FINISH:
+        elif kind == protocol.FINISH or kind == protocol.FACTS:
             self.arrived.append(m)
         elif kind == protocol.CONFIG:
             if m[1] is None:  # the instrumentation ended
@@ -214,7 +215,10 @@ class Agent:
             t = p.requests.get(m[1])
             if t is None:
                 self.orphans += 1
-            rid, summary = protocol.finish_into(t, m)
+            if m[0] == protocol.FACTS:
+                rid, summary = m[1], settle(t, protocol.facts_of(m))
+            else:
+                rid, summary = protocol.finish_into(t, m)
             p.finish(rid, summary)
         except Exception as exc:
             self.guard.failed("agent finish", exc)

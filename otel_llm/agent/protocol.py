@@ -2,7 +2,8 @@
 
 The two messages a request costs the frontend (a start, a finish) are plain tuples of built-in values,
 ``marshal``-ed: ~1–2 µs each, where pickling the ``RequestTimeline`` and ``RequestSummary`` themselves
-took ~10 µs. Rare messages (the configuration, an engine's shape) are pickled. Every message is one
+took ~10 µs. A finish is the engine's own numbers (``FACTS``, core/finish_facts.py) where the frontend has
+them: the summary is made in the agent; else (an engine without statistics) a summary (``FINISH``). Rare messages (the configuration, an engine's shape) are pickled. Every message is one
 packet, so a full socket refuses it whole (counted by the sender) and never leaves half a message.
 
 Replies go the other way only for ``FLUSH`` and ``STATS`` (and ``READY`` once), each carrying the
@@ -19,12 +20,13 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 
+from ..core.finish_facts import EngineStats, FinishFacts
 from ..core.step_tokens import TokenWindow
 from ..core.summary import RequestSummary
 from ..core.timeline import RequestGroup, RequestTimeline
 
 # message kinds (the first item of every message)
-START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY = range(1, 9)
+START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY, FACTS = range(1, 10)
 MAX_PACKET = 1 << 20  # a longer message (captured content) is refused by the sender, counted
 
 _SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary))
@@ -113,6 +115,18 @@ class Starts:
     def forget_complete(self) -> None:
         for gid in [gid for gid, g in self.groups.items() if g.complete]:
             del self.groups[gid]
+
+
+def facts_message(f: FinishFacts, content: bool = True) -> bytes:
+    """A finish as the engine's own numbers (``FACTS``): the frontend's finish where it has them.
+    ``content``: False leaves the captured completion out (too long for a packet)."""
+    return marshal.dumps((FACTS, f.request_id, f.reason, f.end, f.events, f.cache_sources, f.cached_tokens,
+                          f.output_characters, f.output_text if content else None, f.model, f.operation,
+                          f.provider, f.input_tokens, f.arrival, tuple(f.stats)))
+
+
+def facts_of(m: tuple) -> FinishFacts:
+    return FinishFacts(*m[1:14], EngineStats(*m[14]))
 
 
 def finish_into(t: RequestTimeline | None, m: tuple) -> tuple[str, RequestSummary]:

@@ -35,6 +35,7 @@ from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
 from .spec_decode import add_to_requests
+from .finish_facts import FinishFacts, settle
 from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
@@ -45,6 +46,7 @@ class Remote(Protocol):
 
     def request_started(self, t: RequestTimeline) -> None: ...
     def request_finished(self, request_id: str, t: RequestTimeline | None, s: RequestSummary) -> None: ...
+    def request_settled(self, facts: FinishFacts) -> None: ...
     def engine(self, facts: EngineFacts) -> None: ...
     def flush(self, timeout: float) -> bool: ...
     def stats(self, counts: "Counts") -> dict[str, int]: ...
@@ -332,6 +334,16 @@ class Pipeline:
             # engine that offloads its own KV cache serves whole requests.)
             return _HANDOFF_KEPT, max(Detail.PHASES, self.config.baseline_detail)
         return NOT_SAMPLED, Detail.REQUEST
+
+    def finish_facts(self, facts: FinishFacts) -> Decision:
+        """Settle a finished request from the engine's own numbers (core/finish_facts.py): with an agent,
+        the facts go to it as they are (the summary is made there); else made here, then ``finish``."""
+        if self.remote is not None:
+            self.requests.pop(facts.request_id, None)
+            self.counts.requests_finished += 1
+            self.remote.request_settled(facts)
+            return _REMOTE
+        return self.finish(facts.request_id, settle(self.requests.get(facts.request_id), facts))
 
     def finish(self, request_id: str, s: RequestSummary) -> Decision:
         """Settle a finished (or aborted, or failed) request; releases everything held for it."""

@@ -31,6 +31,7 @@ from otel_llm.agent.link import AgentLink
 from otel_llm.instrumentation.vllm import AGENT_MODULE
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.anatomy import EngineFacts
+from otel_llm.core.finish_facts import EngineStats, FinishFacts
 from otel_llm.core.pipeline import Pipeline
 from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
 from otel_llm.core.summary import RequestSummary
@@ -62,6 +63,20 @@ def feed(pipeline: Pipeline, rid: str, **kw) -> None:
     t, s = request(rid, **kw)
     pipeline.start(t)
     pipeline.finish(rid, s)
+
+
+def feed_facts(pipeline: Pipeline, rid: str, output_text: str | None = None) -> None:
+    """A request as the vLLM adapter hands it over with an agent: its start, then the engine's own numbers."""
+    t, _ = request(rid)
+    t.steps_give_tokens = True
+    pipeline.start(t)
+    base = t.events[0][1]
+    stats = EngineStats(t.arrival + 0.002, base, base + 0.01, t.token_ts[0], t.token_ts[-1], 0.062,
+                        len(t.token_ts), 0)
+    t.token_ts = []  # (its token times come from the engine's steps: none here)
+    pipeline.finish_facts(FinishFacts(rid, "length", t.arrival + 1.0, list(t.events), None, 16,
+                                      len(output_text or ""), output_text, t.model, t.operation, t.provider,
+                                      t.input_tokens, t.arrival, stats))
 
 
 def request_spans(spans: list, rid: str) -> list:
@@ -214,6 +229,36 @@ def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSin
     assert stats["agent_dropped"] == stats["agent_lost"] == stats["agent_oversized"] == 0
 
 
+def test_a_finish_as_the_engines_numbers_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
+    """The agent makes the summary from the facts as an in-process pipeline does: the same spans."""
+    n = 3
+    for i in range(n):
+        feed_facts(frontend.pipeline, f"f{i}", output_text="abcd")
+    assert frontend.pipeline.flush(WAIT_S)
+    spans = sink.wait_for(lambda s: len({x.attributes.get(sc.RESPONSE_ID) for x in s if not x.parent_span_id}) >= n)
+
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    local = Pipeline(Config.resolve(OPTIONS, environ={}), tp.get_tracer("t"),
+                     MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), engine="vllm")
+    for i in range(n):
+        feed_facts(local, f"f{i}", output_text="abcd")
+    assert local.flush(WAIT_S)
+    expected = list(exporter.get_finished_spans())
+    local.close()
+
+    assert sorted(s.name for s in spans) == sorted(s.name for s in expected)
+    for i in range(n):
+        (got,) = request_spans(spans, f"f{i}")
+        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == f"f{i}" and s.parent is None]
+        assert got.attributes == dict(want.attributes)
+        assert got.attributes[sc.USAGE_OUTPUT_TOKENS] == 8
+    assert duration_count(sink) == n
+    stats = frontend.pipeline.stats()
+    assert stats["requests_finished"] == n and stats["agent_orphans"] == 0
+
+
 # -- failure modes: the host unaffected, the loss counted ------------------------------------------
 
 
@@ -282,6 +327,14 @@ def test_oversized_finish_is_resent_without_content(frontend: Frontend, sink: OT
     assert frontend.link.counts()["agent_oversized"] == 1
     assert duration_count(sink) == 1
     (span,) = request_spans(sink.wait_for(lambda s: request_spans(s, "big")), "big")
+    assert frontend.pipeline.stats()["requests_kept"] == 1
+
+
+def test_oversized_facts_are_resent_without_content(frontend: Frontend, sink: OTLPSink) -> None:
+    feed_facts(frontend.pipeline, "big-facts", output_text="x" * (2 << 20))
+    assert frontend.pipeline.flush(WAIT_S)
+    assert frontend.link.counts()["agent_oversized"] == 1
+    (span,) = request_spans(sink.wait_for(lambda s: request_spans(s, "big-facts")), "big-facts")
     assert frontend.pipeline.stats()["requests_kept"] == 1
 
 

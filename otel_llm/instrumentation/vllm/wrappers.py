@@ -31,9 +31,9 @@ from ...core.clock import WallClock
 from ...core.diagnosis.anatomy import EngineFacts, kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
 from ...guard import Guard
+from ...core.finish_facts import ERROR_TYPES, EngineStats, FinishFacts, summary_of, token_window
 from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
-from ...core.step_tokens import TokenWindow
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
@@ -57,7 +57,6 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 # an instance's part in disaggregated serving, from its KV connector's role
 _DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG_ROLE_DECODE,
                  "kv_both": sc.DISAGG_ROLE_BOTH}
-_ERRORS = {"abort": "aborted", "error": "engine_error"}
 
 
 
@@ -93,6 +92,8 @@ class VLLMWrappers:
         self._token_times_steps = telemetry.config.token_times == "steps"
         self._undrained = 0  # output batches since the step records were last read (token times from steps)
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
+        # (timeline, finish reason, wall time) of requests an output batch finished, settled at the batch's end
+        self._finishing: list[tuple[RequestTimeline, str, float]] = []
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -342,7 +343,10 @@ class VLLMWrappers:
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from_steps = self._from_steps(instance)
         if from_steps and self.agent is not None:  # the agent reads the steps; finishes and events: own hooks
-            return wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
+            if self._finishing:
+                self._settle_finishing()
+            return result
         if from_steps:
             # Token times from steps: nothing needs this batch's step records before a request finishes, so
             # they are read in bulk (warm: one cache-cold start instead of one a batch) at the first finish of
@@ -388,7 +392,13 @@ class VLLMWrappers:
                     reason = b.get(args, kwargs, "finish_reason")
                     stats = b.get(args, kwargs, "iteration_stats")
                     now = stats.iteration_timestamp if stats is not None else time.time()
-                    self._finish(t, str(reason) if reason is not None else "stop", now)
+                    reason = str(reason) if reason is not None else "stop"
+                    if self.agent is not None:  # settled with the batch's others, once vLLM's loop is done
+                        self._finishing.append((t, reason, now))
+                        if len(self._finishing) >= _FINISHING_MAX:
+                            self._settle_finishing()
+                    else:
+                        self._finish(t, reason, now)
             except Exception as exc:
                 self.guard.failed("OutputProcessor._update_stats_from_finished", exc)
         return result
@@ -406,8 +416,20 @@ class VLLMWrappers:
             self.guard.failed("IterationStats.update_from_events", exc)
         return result
 
+    def _settle_finishing(self) -> None:
+        """The finishes an output batch left (an agent does the work): one after the other, after vLLM's own
+        loop over the batch, where our code runs warm, rather than each between two of vLLM's outputs."""
+        finishing, self._finishing = self._finishing, []
+        for t, reason, now in finishing:
+            try:
+                self._finish(t, reason, now)
+            except Exception as exc:
+                self.guard.failed("OutputProcessor._update_stats_from_finished", exc)
+
     def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
+        if self._finishing:  # (before the aborted: a request's finish goes out once)
+            self._settle_finishing()
         try:
             if result and self._undrained:
                 self._drain_steps()  # (token times from steps: the records an output batch left unread)
@@ -422,39 +444,44 @@ class VLLMWrappers:
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
-        t.handoff = self.kv_book.pop(t.request_id)
         state = t.native
         t.native = None  # release vLLM's object now
-        if t.steps_give_tokens:
-            _token_window(t, state)
-        summary = summarize(t, state, now_wall, self.reads(), self.guard)
-        summary.error_type = _ERRORS.get(reason)
+        st = getattr(state, "stats", None)
         detok = getattr(state, "detokenizer", None)
         text = getattr(detok, "output_text", None)
-        if isinstance(text, str):
+        if not isinstance(text, str):
+            text = None
+        if st is not None and t.steps_give_tokens and self.agent is not None and self.kv_receiver is None:
+            # the engine's numbers as they are: the summary is made in the agent (core/finish_facts.py); its
+            # token times come from the steps there (stamped ones travel in a FINISH)
+            self.telemetry.finish_facts(FinishFacts(
+                t.request_id, reason, now_wall, t.events, t.cache_sources, getattr(state, "num_cached_tokens", None),
+                len(text) if text is not None else None, text if self.telemetry.config.capture_content else None,
+                t.model, t.operation, t.provider, t.input_tokens, t.arrival, engine_stats(st, self.reads())))
+            return
+        t.handoff = self.kv_book.pop(t.request_id)
+        if t.steps_give_tokens and st is not None:
+            token_window(t, engine_stats(st, self.reads()), getattr(state, "num_cached_tokens", None))
+        summary = summarize(t, state, now_wall, self.reads(), self.guard)
+        summary.error_type = ERROR_TYPES.get(reason)
+        if text is not None:
             summary.output_characters = len(text)
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
 
 
+_FINISHING_MAX = 256  # finishes held for the end of an output batch at most (vLLM's batches are smaller)
 _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a ring holds hundreds of steps)
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
 _STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
 
 
-def _token_window(t: RequestTimeline, state: Any) -> None:
-    """What the pipeline needs to derive ``t``'s token times from its steps: vLLM's first and last token
-    stamps and its count. The prompt's cache reads have one source here (no KV connector)."""
-    st = getattr(state, "stats", None)
-    if st is not None and st.first_token_ts:
-        t.token_window = TokenWindow(st.first_token_ts, st.last_token_ts, st.num_generation_tokens,
-                                     t.input_tokens or 0)
-    # (as the stamps take them: with the first output that carries a token; a pooling request has none)
-    cached = getattr(state, "num_cached_tokens", None)
-    if t.cache_sources is None and isinstance(cached, int) and st is not None and st.num_generation_tokens:
-        t.cache_sources = (cached, 0)
+def engine_stats(st: Any, reads: "FrontendReads") -> EngineStats:
+    """vLLM's ``RequestStateStats`` as the core's record of an engine's per-request statistics."""
+    return EngineStats(st.arrival_time, st.queued_ts, st.scheduled_ts, st.first_token_ts, st.last_token_ts,
+                       st.first_token_latency, st.num_generation_tokens, reads.num_preemptions(st))
 
 
 class CountingReader:
@@ -603,40 +630,30 @@ def _cache_sources(t: RequestTimeline, output: Any, reads: FrontendReads = PRESE
 
 def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendReads, guard: Guard) -> RequestSummary:
     """vLLM's own numbers (RequestStateStats), with vLLM's own formulas (FinishedRequestStats). ``guard``:
-    the instrumentor's, which says once that an engine has no statistics."""
+    the instrumentor's, which says once that an engine has no statistics (then: what our own stamps allow)."""
     st = getattr(state, "stats", None)
+    if st is not None:
+        return summary_of(t, engine_stats(st, reads), now_wall, getattr(state, "num_cached_tokens", None))
     s = RequestSummary(model=t.model, operation=t.operation, provider=PROVIDER, input_tokens=t.input_tokens,
                        finish_reason=t.finish_reason)
-    s.e2e = now_wall - (st.arrival_time if st is not None and st.arrival_time else t.arrival)
+    s.e2e = now_wall - t.arrival
     s.prefix_cache_hit_tokens = getattr(state, "num_cached_tokens", None)
     if t.cache_sources is not None and s.prefix_cache_hit_tokens == sum(t.cache_sources):
-        # (vLLM replaces num_cached_tokens for a remote prefill: then the split would not add up, and is left out)
         s.cache_read_local, s.cache_read_external = t.cache_sources
-    if st is not None:
-        if st.queued_ts and st.scheduled_ts:
-            s.queue = st.scheduled_ts - st.queued_ts
-        if st.first_token_ts:
-            s.ttft = st.first_token_latency
-            if st.scheduled_ts:
-                s.prefill = st.first_token_ts - st.scheduled_ts
-            s.decode = st.last_token_ts - st.first_token_ts
-        s.output_tokens = st.num_generation_tokens
-        s.num_preemptions = reads.num_preemptions(st) or _count_preemptions(t)
-    else:
-        # The engine was built before instrument() (statistics off, no engine events): derive
-        # what our own stamps allow. TTFT then ends when the engine produced the token, not
-        # when the frontend received it.
-        _warn_no_stats(guard)
-        queued, scheduled = t.first(QUEUED), t.first_scheduled()
-        if queued is not None and scheduled is not None:
-            s.queue = scheduled - queued
-        if t.token_ts:
-            s.ttft = WallClock().mono_ns(t.token_ts[0]) / 1e9 - t.arrival
-            if scheduled is not None:
-                s.prefill = t.token_ts[0] - scheduled
-            s.decode = t.token_ts[-1] - t.token_ts[0]
-        s.output_tokens = sum(t.tokens_at(i) for i in range(len(t.token_ts)))
-        s.num_preemptions = _count_preemptions(t)
+    # The engine was built before instrument() (statistics off, no engine events): derive
+    # what our own stamps allow. TTFT then ends when the engine produced the token, not
+    # when the frontend received it.
+    _warn_no_stats(guard)
+    queued, scheduled = t.first(QUEUED), t.first_scheduled()
+    if queued is not None and scheduled is not None:
+        s.queue = scheduled - queued
+    if t.token_ts:
+        s.ttft = WallClock().mono_ns(t.token_ts[0]) / 1e9 - t.arrival
+        if scheduled is not None:
+            s.prefill = t.token_ts[0] - scheduled
+        s.decode = t.token_ts[-1] - t.token_ts[0]
+    s.output_tokens = sum(t.tokens_at(i) for i in range(len(t.token_ts)))
+    s.num_preemptions = _count_preemptions(t)
     s.tpot = RequestSummary.mean_tpot(s.decode, s.output_tokens)
     return s
 
