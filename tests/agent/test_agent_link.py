@@ -195,35 +195,41 @@ def frontend(setup: protocol.AgentConfig) -> Iterator[Frontend]:
 # -- the agent does what the frontend would --------------------------------------------------------
 
 
-def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
-    n = 5
-    for i in range(n):
-        feed(frontend.pipeline, f"r{i}")
+def agent_and_local_spans(frontend: Frontend, sink: OTLPSink, feeder, ids: list[str]) -> tuple[list, list]:
+    """``feeder(pipeline, rid)`` for each id into the agent's frontend and into an in-process pipeline:
+    what the sink got from the agent, and what the in-process pipeline exported."""
+    for rid in ids:
+        feeder(frontend.pipeline, rid)
     assert frontend.pipeline.flush(WAIT_S)
-    spans = sink.wait_for(lambda s: len({x.attributes.get(sc.RESPONSE_ID) for x in s if not x.parent_span_id}) >= n)
-
+    spans = sink.wait_for(lambda s: len({x.attributes.get(sc.RESPONSE_ID) for x in s if not x.parent_span_id})
+                          >= len(ids))
     exporter = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     local = Pipeline(Config.resolve(OPTIONS, environ={}), tp.get_tracer("t"),
                      MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), engine="vllm")
-    for i in range(n):
-        feed(local, f"r{i}")
+    for rid in ids:
+        feeder(local, rid)
     assert local.flush(WAIT_S)
     expected = list(exporter.get_finished_spans())
     local.close()
-
     assert sorted(s.name for s in spans) == sorted(s.name for s in expected)
-    for i in range(n):
-        (got,) = request_spans(spans, f"r{i}")
-        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == f"r{i}" and s.parent is None]
+    return spans, expected
+
+
+def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
+    ids = [f"r{i}" for i in range(5)]
+    spans, expected = agent_and_local_spans(frontend, sink, feed, ids)
+    for rid in ids:
+        (got,) = request_spans(spans, rid)
+        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == rid and s.parent is None]
         assert got.name == want.name
         assert got.attributes == dict(want.attributes)
         assert got.service == "agent-test"
 
-    assert duration_count(sink) == n
+    assert duration_count(sink) == len(ids)
     stats = frontend.pipeline.stats()
-    assert stats["requests_finished"] == n and stats["requests_kept"] == n
+    assert stats["requests_finished"] == len(ids) and stats["requests_kept"] == len(ids)
     assert stats["agent_pid"] == frontend.link.pid != 0
     assert stats["agent_unreachable"] == 0
     assert stats["agent_dropped"] == stats["agent_lost"] == stats["agent_oversized"] == 0
@@ -231,32 +237,16 @@ def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSin
 
 def test_a_finish_as_the_engines_numbers_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
     """The agent makes the summary from the facts as an in-process pipeline does: the same spans."""
-    n = 3
-    for i in range(n):
-        feed_facts(frontend.pipeline, f"f{i}", output_text="abcd")
-    assert frontend.pipeline.flush(WAIT_S)
-    spans = sink.wait_for(lambda s: len({x.attributes.get(sc.RESPONSE_ID) for x in s if not x.parent_span_id}) >= n)
-
-    exporter = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exporter))
-    local = Pipeline(Config.resolve(OPTIONS, environ={}), tp.get_tracer("t"),
-                     MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t"), engine="vllm")
-    for i in range(n):
-        feed_facts(local, f"f{i}", output_text="abcd")
-    assert local.flush(WAIT_S)
-    expected = list(exporter.get_finished_spans())
-    local.close()
-
-    assert sorted(s.name for s in spans) == sorted(s.name for s in expected)
-    for i in range(n):
-        (got,) = request_spans(spans, f"f{i}")
-        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == f"f{i}" and s.parent is None]
+    ids = [f"f{i}" for i in range(3)]
+    spans, expected = agent_and_local_spans(frontend, sink, lambda p, rid: feed_facts(p, rid, output_text="abcd"), ids)
+    for rid in ids:
+        (got,) = request_spans(spans, rid)
+        (want,) = [s for s in expected if s.attributes.get(sc.RESPONSE_ID) == rid and s.parent is None]
         assert got.attributes == dict(want.attributes)
         assert got.attributes[sc.USAGE_OUTPUT_TOKENS] == 8
-    assert duration_count(sink) == n
+    assert duration_count(sink) == len(ids)
     stats = frontend.pipeline.stats()
-    assert stats["requests_finished"] == n and stats["agent_orphans"] == 0
+    assert stats["requests_finished"] == len(ids) and stats["agent_orphans"] == 0
 
 
 # -- failure modes: the host unaffected, the loss counted ------------------------------------------
