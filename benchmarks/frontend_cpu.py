@@ -698,6 +698,8 @@ def main() -> None:
     modes = args.modes.split(",")
     if modes[0] != "none":
         raise SystemExit("--modes must start with none (the denominator)")
+    from telemetry_modes import HookProbe
+
     pinning = Pinning.choose(args.pin, args.engine_omp_bind, args.engine_nice)
     sink, endpoint = start_sink()
     SINK_PIDS.add(sink.pid)
@@ -708,6 +710,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pinning": {**pinning.describe(), "serve_clients": args.serve_clients},
         "offline_hook_probe": args.probe,
+        "hook_probe_times_one_call_in": HookProbe.DEFAULT_EVERY,
     }
     try:
         for frontend in args.frontends.split(","):

@@ -3,8 +3,9 @@
 The two messages a request costs the frontend (a start, a finish) are plain tuples of built-in values,
 ``marshal``-ed: ~1–2 µs each, where pickling the ``RequestTimeline`` and ``RequestSummary`` themselves
 took ~10 µs. A finish is the engine's own numbers (``FACTS``, core/finish_facts.py) where the frontend has
-them: the summary is made in the agent; else (an engine without statistics) a summary (``FINISH``). Rare messages (the configuration, an engine's shape) are pickled. Every message is one
-packet, so a full socket refuses it whole (counted by the sender) and never leaves half a message.
+them: the summary is made in the agent; else (an engine without statistics) a summary (``FINISH``). Rare
+messages (the configuration, an engine's shape) are pickled. Every message is one packet, so a full
+socket refuses it whole (counted by the sender) and never leaves half a message.
 
 Replies go the other way only for ``FLUSH`` and ``STATS`` (and ``READY`` once), each carrying the
 request's token, so the frontend never has unsolicited data waiting on its end.

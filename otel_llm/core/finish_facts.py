@@ -51,17 +51,24 @@ class FinishFacts(NamedTuple):
     stats: EngineStats
 
 
-def summary_of(t: RequestTimeline, stats: EngineStats, end: float, cached_tokens: int | None) -> RequestSummary:
-    """The summary of ``t`` from the engine's statistics, with the engine's own formulas: queue from queued to
-    scheduled, prefill from scheduled to the first token, decode from the first token to the last. Reads
-    ``t``'s identity, finish reason, cache sources and events (preemptions where the engine counts none)."""
+def base_summary(t: RequestTimeline, e2e: float, cached_tokens: int | None) -> RequestSummary:
+    """What every summary of ``t`` holds, whatever the engine counted: its identity and outcome, its
+    end-to-end time, and its prompt's cached tokens, split by source where the split adds up."""
     s = RequestSummary(model=t.model, operation=t.operation, provider=t.provider, input_tokens=t.input_tokens,
                        finish_reason=t.finish_reason)
-    s.e2e = end - (stats.arrival or t.arrival)
+    s.e2e = e2e
     s.prefix_cache_hit_tokens = cached_tokens
     if t.cache_sources is not None and cached_tokens == sum(t.cache_sources):
         # (vLLM replaces num_cached_tokens for a remote prefill: then the split would not add up, and is left out)
         s.cache_read_local, s.cache_read_external = t.cache_sources
+    return s
+
+
+def summary_of(t: RequestTimeline, stats: EngineStats, end: float, cached_tokens: int | None) -> RequestSummary:
+    """The summary of ``t`` from the engine's statistics, with the engine's own formulas: queue from queued to
+    scheduled, prefill from scheduled to the first token, decode from the first token to the last. Reads
+    ``t``'s identity, finish reason, cache sources and events (preemptions where the engine counts none)."""
+    s = base_summary(t, end - (stats.arrival or t.arrival), cached_tokens)
     if stats.queued and stats.scheduled:
         s.queue = stats.scheduled - stats.queued
     if stats.first_token:

@@ -23,6 +23,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
+from .finish_facts import FinishFacts, settle
 from ..guard import Guard
 from .inter_token import gap_summary
 from .lora import AdapterNames, AdapterStepMetrics, request_load_events, span_parts
@@ -35,7 +36,6 @@ from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
                     yield_gil)
 from .spec_decode import add_to_requests
-from .finish_facts import FinishFacts, settle
 from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord

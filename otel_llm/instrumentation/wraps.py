@@ -98,6 +98,7 @@ class WrapTable:
             if not table._active:
                 return original(instance, *args, **kwargs)
             return wrapper(original.__get__(instance), instance, args, kwargs)
+        setattr(call, _PLAIN_MARK, True)
         return call
 
     def unwrap(self) -> None:
@@ -116,9 +117,17 @@ def _own(owner: Any, attr: str) -> Any:
     return owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
 
 
-def is_wrapped(owner: Any, attr: str) -> bool:
+_PLAIN_MARK = "_otel_llm_plain"  # on the plain functions WrapTable puts in wrapt's place
+
+
+def is_ours(obj: Any) -> bool:
+    """Whether ``obj`` is a wrapper a ``WrapTable`` installs: wrapt's, or a plain method of ours."""
     # FunctionWrapper, not ObjectProxy: under wrapt 2 the public ObjectProxy is not its base
-    return isinstance(_own(owner, attr), wrapt.FunctionWrapper)
+    return isinstance(obj, wrapt.FunctionWrapper) or getattr(obj, _PLAIN_MARK, False) is True
+
+
+def is_wrapped(owner: Any, attr: str) -> bool:
+    return is_ours(_own(owner, attr))
 
 
 def _resolve(module: Any, dotted: str) -> tuple[Any, str]:

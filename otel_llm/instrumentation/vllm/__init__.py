@@ -111,12 +111,16 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", w.engine_init),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", w.engine_init),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.add_request", w.async_add_request),
-            Target("vllm.v1.engine.output_processor", "OutputProcessor.add_request", w.add_request),
-            Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", w.process_outputs),
-            Target("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", w.abort_requests),
+            # called per request or per output batch on vLLM's output thread: plain methods, not wrapt's
+            # bound wrapper built per call (wraps.Target.plain)
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.add_request", w.add_request, plain=True),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", w.process_outputs,
+                   plain=True),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", w.abort_requests, plain=True),
             # the stamp-free frontend's finish and engine events (wrappers.py: token_times=steps)
-            Target("vllm.v1.engine.output_processor", "OutputProcessor._update_stats_from_finished", w.finished),
-            Target("vllm.v1.metrics.stats", "IterationStats.update_from_events", w.engine_events),
+            Target("vllm.v1.engine.output_processor", "OutputProcessor._update_stats_from_finished", w.finished,
+                   plain=True),
+            Target("vllm.v1.metrics.stats", "IterationStats.update_from_events", w.engine_events, plain=True),
             Target("vllm.entrypoints.llm", "LLM.chat", w.offline("chat")),
             Target("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion",
                    w.serving("chat")),

@@ -31,7 +31,7 @@ from ...core.clock import WallClock
 from ...core.diagnosis.anatomy import EngineFacts, kv_cache_facts
 from ...core.diagnosis.roofline import ModelShape
 from ...guard import Guard
-from ...core.finish_facts import ERROR_TYPES, EngineStats, FinishFacts, summary_of, token_window
+from ...core.finish_facts import ERROR_TYPES, EngineStats, FinishFacts, base_summary, summary_of, token_window
 from ...core.handoff import HandoffBook
 from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
@@ -92,8 +92,6 @@ class VLLMWrappers:
         self._token_times_steps = telemetry.config.token_times == "steps"
         self._undrained = 0  # output batches since the step records were last read (token times from steps)
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
-        # (timeline, finish reason, wall time) of requests an output batch finished, settled at the batch's end
-        self._finishing: list[tuple[RequestTimeline, str, float]] = []
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -343,10 +341,7 @@ class VLLMWrappers:
     def process_outputs(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from_steps = self._from_steps(instance)
         if from_steps and self.agent is not None:  # the agent reads the steps; finishes and events: own hooks
-            result = wrapped(*args, **kwargs)
-            if self._finishing:
-                self._settle_finishing()
-            return result
+            return wrapped(*args, **kwargs)
         if from_steps:
             # Token times from steps: nothing needs this batch's step records before a request finishes, so
             # they are read in bulk (warm: one cache-cold start instead of one a batch) at the first finish of
@@ -392,13 +387,7 @@ class VLLMWrappers:
                     reason = b.get(args, kwargs, "finish_reason")
                     stats = b.get(args, kwargs, "iteration_stats")
                     now = stats.iteration_timestamp if stats is not None else time.time()
-                    reason = str(reason) if reason is not None else "stop"
-                    if self.agent is not None:  # settled with the batch's others, once vLLM's loop is done
-                        self._finishing.append((t, reason, now))
-                        if len(self._finishing) >= _FINISHING_MAX:
-                            self._settle_finishing()
-                    else:
-                        self._finish(t, reason, now)
+                    self._finish(t, str(reason) if reason is not None else "stop", now)
             except Exception as exc:
                 self.guard.failed("OutputProcessor._update_stats_from_finished", exc)
         return result
@@ -411,25 +400,13 @@ class VLLMWrappers:
             b = self.bind(wrapped)
             t = self.telemetry.requests.get(b.get(args, kwargs, "req_id"))
             if t is not None and t.steps_give_tokens:  # (stamped requests take them in record_outputs)
-                t.events.extend((int(e.type), e.timestamp) for e in b.get(args, kwargs, "events"))
+                t.events += [(int(e.type), e.timestamp) for e in b.get(args, kwargs, "events")]
         except Exception as exc:
             self.guard.failed("IterationStats.update_from_events", exc)
         return result
 
-    def _settle_finishing(self) -> None:
-        """The finishes an output batch left (an agent does the work): one after the other, after vLLM's own
-        loop over the batch, where our code runs warm, rather than each between two of vLLM's outputs."""
-        finishing, self._finishing = self._finishing, []
-        for t, reason, now in finishing:
-            try:
-                self._finish(t, reason, now)
-            except Exception as exc:
-                self.guard.failed("OutputProcessor._update_stats_from_finished", exc)
-
     def abort_requests(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         result = wrapped(*args, **kwargs)
-        if self._finishing:  # (before the aborted: a request's finish goes out once)
-            self._settle_finishing()
         try:
             if result and self._undrained:
                 self._drain_steps()  # (token times from steps: the records an output batch left unread)
@@ -471,7 +448,6 @@ class VLLMWrappers:
         self.telemetry.finish(t.request_id, summary)
 
 
-_FINISHING_MAX = 256  # finishes held for the end of an output batch at most (vLLM's batches are smaller)
 _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a ring holds hundreds of steps)
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
@@ -634,12 +610,7 @@ def summarize(t: RequestTimeline, state: Any, now_wall: float, reads: FrontendRe
     st = getattr(state, "stats", None)
     if st is not None:
         return summary_of(t, engine_stats(st, reads), now_wall, getattr(state, "num_cached_tokens", None))
-    s = RequestSummary(model=t.model, operation=t.operation, provider=PROVIDER, input_tokens=t.input_tokens,
-                       finish_reason=t.finish_reason)
-    s.e2e = now_wall - t.arrival
-    s.prefix_cache_hit_tokens = getattr(state, "num_cached_tokens", None)
-    if t.cache_sources is not None and s.prefix_cache_hit_tokens == sum(t.cache_sources):
-        s.cache_read_local, s.cache_read_external = t.cache_sources
+    s = base_summary(t, now_wall - t.arrival, getattr(state, "num_cached_tokens", None))
     # The engine was built before instrument() (statistics off, no engine events): derive
     # what our own stamps allow. TTFT then ends when the engine produced the token, not
     # when the frontend received it.
