@@ -1,18 +1,21 @@
 """The frontend's side of its agent: start it, send it a request's start and finish, ask it to flush.
 
-What the frontend pays a request with the agent: building two small tuples and two ``send`` calls on a
-non-blocking ``SOCK_SEQPACKET`` socket (protocol.py), ~2 µs each: the agent reads its socket at a tick
-rather than waiting on it, so a send wakes nobody. Nothing per token, nothing per step: the agent reads
-the engine's step ring itself.
+What the frontend pays a request with the agent: building two small tuples and copying each into a
+shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL is never
+let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket, which
+the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread, and
+lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
 
 Never hurts the host:
 
-* a full socket (the agent is slow or stopped) refuses the message whole: counted (``agent_dropped``),
-  the frontend goes on; a finish whose start was refused is settled as an untracked request there
-  (metrics only), and one whose finish was refused is lost, counted here;
-* a dead agent (killed, crashed) is noticed at the next send (``EPIPE``) or ``flush``: counted
-  (``agent_lost``), and a new one started (on a thread of its own), at most once per ``RESTART_S``; it
-  binds the step socket again and the EngineCore's sink finds it at its next rescan (once a second);
+* a full ring or socket (the agent is slow or stopped) refuses the message whole: counted
+  (``agent_dropped``), the frontend goes on; a finish whose start was refused is settled as an untracked
+  request there (metrics only), and one whose finish was refused is lost, counted here;
+* a dead agent (killed, crashed) is noticed by a write at most ``CHECK_S`` after the last check (a ring
+  write cannot tell: the check asks the kernel) or when the ring is full, at the next send (``EPIPE``)
+  without a ring, or at a ``flush``: counted (``agent_lost``, with what it left unread in its ring), and
+  a new one started (on a thread of its own), at most once per ``RESTART_S``; it binds the step socket
+  again and the EngineCore's sink finds it at its next rescan (once a second);
 * an agent that does not answer a ``flush`` or ``stats`` within the timeout costs that answer only.
 
 The agent is started with ``sys.executable -m <the adapter's agent module>``, with ``OTEL_LLM_AGENT=off`` and
@@ -34,6 +37,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import shm_ring
 from ..guard import Guard
 from . import protocol
 
@@ -47,6 +51,9 @@ READY_S = 60.0  # an agent's start on a loaded machine: the interpreter, the SDK
 SEND_BUFFER = 4 << 20
 AGENT_ENV = "OTEL_LLM_AGENT"
 _KERNEL_PACKET_SLACK = 64  # af_unix refuses a packet longer than the send buffer less 32 bytes: a margin on it
+USE_RING = shm_ring.AVAILABLE  # messages through a shared-memory ring (its capacity: SEND_BUFFER), else packets
+CHECK_S = 1.0  # the longest a ring's writes go on without asking whether the agent lives
+_ROOM_S = 0.01  # how often a control message waiting for room in a full ring tries again
 
 
 class AgentLink:
@@ -73,6 +80,11 @@ class AgentLink:
         self._tokens = itertools.count(1)
         self._config: bytes | None = None  # re-sent to a restarted agent
         self._engines: list[bytes] = []
+        # the agent's ring (USE_RING), written under the lock: the hot path's thread, and control messages
+        # from any thread (a ring has one writer at a time)
+        self.ring: shm_ring.RingWriter | None = None
+        self._writing = threading.Lock()
+        self._checked = 0.0  # when a ring's write last asked whether the agent lives
 
     # -- life --------------------------------------------------------------------------------------
 
@@ -114,15 +126,35 @@ class AgentLink:
             _stop(proc)
             self.guard.failed("agent start", exc)
             return False
-        parent.setblocking(False)
-        try:  # its options before any request (a restarted agent's too): what comes first is not discarded
-            for data in ([self._config] if self._config is not None else []) + self._engines:
-                self._send_by(parent, data, time.monotonic() + CONTROL_S)
+        ring = None
+        try:  # the channel every later message takes: a ring, or the socket itself (RING None)
+            if USE_RING:
+                ring = shm_ring.RingWriter(SEND_BUFFER, name="otel-llm-agent")
+                ring.announce(parent, protocol.pack((protocol.RING, ring.announcement())))
+            else:
+                parent.send(protocol.pack((protocol.RING, None)))
         except OSError as exc:
+            if ring is not None:
+                ring.close()
             parent.close()
             _stop(proc)
             self.guard.failed("agent start", exc)
             return False
+        if ring is not None:  # a message must fit the ring with room for others (the agent reads at a tick)
+            self.max_packet = min(protocol.MAX_PACKET, ring.cap // 4)
+        parent.setblocking(False)
+        try:  # its options before any request (a restarted agent's too): what comes first is not discarded
+            for data in ([self._config] if self._config is not None else []) + self._engines:
+                self._put(parent, ring, data, time.monotonic() + CONTROL_S)
+        except OSError as exc:
+            if ring is not None:
+                ring.close()
+            parent.close()
+            _stop(proc)
+            self.guard.failed("agent start", exc)
+            return False
+        self._checked = time.monotonic()
+        self.ring = ring  # before the socket: whoever sees the socket sees the ring
         self.sock, self.proc, self.pid = parent, proc, proc.pid
         return True
 
@@ -133,6 +165,7 @@ class AgentLink:
         """The agent sends what it holds and exits (the socket's end-of-file)."""
         sock, proc = self.sock, self.proc
         self.sock = self.proc = None
+        self._drop_ring()
         if sock is not None:
             sock.close()
         if proc is not None:
@@ -140,6 +173,16 @@ class AgentLink:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 _stop(proc)
+
+    def _drop_ring(self) -> int:
+        """Stop writing to the agent's ring: the records it had not read (lost, if it is gone)."""
+        with self._writing:
+            ring, self.ring = self.ring, None
+            if ring is None:
+                return 0
+            unread = ring.unread()
+            ring.close()
+            return unread
 
     # -- messages ----------------------------------------------------------------------------------
 
@@ -162,6 +205,22 @@ class AgentLink:
 
     def send(self, data: bytes) -> None:
         """One message, never blocking (the hot path's: a start, a finish)."""
+        ring = self.ring
+        if ring is not None:
+            now = time.monotonic()
+            if now - self._checked >= CHECK_S:  # (a ring write cannot tell a dead agent: the kernel is asked)
+                self._checked = now
+                if not self.alive():
+                    self._lose()
+                    return
+            with self._writing:
+                written = ring is self.ring and ring.write(data)
+            if not written:
+                if self.alive():
+                    self.dropped += 1  # full: the agent is slow or stopped
+                else:
+                    self._lose()
+            return
         sock = self.sock
         if sock is None:
             self._lose()
@@ -185,7 +244,7 @@ class AgentLink:
         if sock is None:
             return
         try:
-            self._send_by(sock, data, time.monotonic() + CONTROL_S)
+            self._put(sock, self.ring, data, time.monotonic() + CONTROL_S)
         except BlockingIOError:
             self.dropped += 1
             self.guard.warn_once("agent control dropped", "otel-llm: the agent process did not take its options "
@@ -197,8 +256,9 @@ class AgentLink:
                 self.dropped += 1
 
     def _lose(self) -> None:
-        """The agent is gone: count the message, start another (not more often than RESTART_S)."""
-        self.lost += 1
+        """The agent is gone: count the message (and what it left unread in its ring), start another (not more
+        often than RESTART_S)."""
+        self.lost += 1 + self._drop_ring()
         if self._restarting or time.monotonic() - self._last_start < RESTART_S:
             return
         self._restarting = True
@@ -234,7 +294,7 @@ class AgentLink:
             poll = select.poll()
             poll.register(sock.fileno(), select.POLLIN)
             try:
-                self._send_by(sock, protocol.pack((kind, token, *args)), deadline)
+                self._put(sock, self.ring, protocol.pack((kind, token, *args)), deadline)
                 while True:
                     left = deadline - time.monotonic()
                     if left <= 0 or not poll.poll(left * 1e3):
@@ -248,6 +308,20 @@ class AgentLink:
                     # an answer to an earlier request that timed out: skip it
             except (OSError, ValueError, EOFError):
                 return None
+
+    def _put(self, sock: socket.socket, ring: shm_ring.RingWriter | None, data: bytes, deadline: float) -> None:
+        """A control message through the agent's channel (its ``ring``, else ``sock``), waiting until
+        ``deadline`` for room (raises ``BlockingIOError`` if there was none in time)."""
+        if ring is None:
+            self._send_by(sock, data, deadline)
+            return
+        while True:
+            with self._writing:
+                if ring.write(data):
+                    return
+            if time.monotonic() >= deadline:
+                raise BlockingIOError(errno.EAGAIN, "the agent's ring stayed full")
+            time.sleep(_ROOM_S)
 
     @staticmethod
     def _send_by(sock: socket.socket, data: bytes, deadline: float) -> None:

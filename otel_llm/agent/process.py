@@ -9,10 +9,11 @@ providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 
 Order: a step that served a request was written after the request's ``START`` was sent (the frontend
 sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
-step was written. So each turn reads the socket (starts go in at once, finishes wait), then hands the
-pipeline the steps read at the *previous* turn (every request they served had started by the end of
-that read, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
-written before they were sent, so read by then), then reads the ring for the next turn.
+step was written. So each turn reads the frontend's messages (from its shared-memory ring, or the socket
+where it has none: starts go in at once, finishes wait), then hands the pipeline the steps read at the
+*previous* turn (every request they served had started by the end of that read, so its ``START`` is in),
+then settles the finishes of the previous turn (their steps were written before they were sent, so read
+by then), then reads the engine's step ring for the next turn.
 
 It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), or when its
 parent is no longer the frontend (it died while a process it forked still holds its end), after sending
@@ -30,6 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from .. import shm_ring
 from ..core.diagnosis.anatomy import EngineFacts
 from ..core.finish_facts import settle
 from ..core.pipeline import Pipeline
@@ -38,6 +40,7 @@ from ..version import __version__
 from . import destinations, protocol
 
 IDLE_S = 0.1  # the tick with nothing going on: the ring is read at least this often (it holds seconds of steps)
+FIRST_S = 60.0  # the frontend's first message (RING) follows READY at once: a bound for a frontend that hung
 BUSY_S = 0.02  # the tick within a second of the last message (a flush is answered within it)
 
 
@@ -63,6 +66,24 @@ class Agent:
         # threshold, mapped and unmapped) a megabyte a message, ~25 µs each
         self._view = memoryview(bytearray(protocol.MAX_PACKET))
         self.orphans = 0  # finishes whose start never arrived (dropped by a full socket, or a restart)
+        self.ring: shm_ring.RingReader | None = None  # the frontend's messages, where it sends them so (RING)
+
+    def open_ring(self, m: tuple, fds: list[int]) -> None:
+        """The frontend's first message (``RING``): the ring it writes every later message into, or None
+        (every message a packet)."""
+        try:
+            if m[0] != protocol.RING:
+                raise ValueError(f"the frontend's first message is of kind {m[0]}, not RING")
+            if m[1] is not None:
+                if len(fds) != 1:
+                    raise shm_ring.RingError(f"ring announcement with {len(fds)} descriptors")
+                self.ring = shm_ring.RingReader(m[1], fds[0])
+        except Exception as exc:  # no ring: nothing the frontend sends reaches the pipeline; counted
+            self.malformed += 1
+            self.guard.failed("agent ring", exc)
+        finally:
+            for fd in fds:
+                os.close(fd)  # the mapping stays
 
     # -- configuration -----------------------------------------------------------------------------
 
@@ -132,21 +153,36 @@ class Agent:
         """Every message waiting (how many); None when the frontend's end closed."""
         n = 0
         view, recv_into = self._view, self.sock.recv_into
-        while True:
+        while True:  # the socket: the frontend's messages where it has no ring; its end-of-file in any case
             try:
                 size = recv_into(view, 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                return n
+                break
             except OSError:
                 return None
             if not size:
                 return None
             n += 1
+            self.take(view[:size])
+        ring = self.ring
+        if ring is not None:
             try:
-                self.handle(protocol.unpack(view[:size]))
-            except Exception as exc:  # a message we cannot read costs that message
+                records = ring.read()
+            except shm_ring.RingError as exc:  # positions that make no sense: what was written is skipped
                 self.malformed += 1
-                self.guard.failed("agent message", exc)
+                self.guard.failed("agent ring", exc)
+                records = exc.args[1] if len(exc.args) > 1 else []
+            for data in records:
+                self.take(data)
+            n += len(records)
+        return n
+
+    def take(self, data: Any) -> None:
+        try:
+            self.handle(protocol.unpack(data))
+        except Exception as exc:  # a message we cannot read costs that message
+            self.malformed += 1
+            self.guard.failed("agent message", exc)
 
     def handle(self, m: tuple) -> None:
         kind = m[0]
@@ -260,6 +296,20 @@ def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> i
         # it at its first scan
         agent.open_receiver()
         sock.send(protocol.pack((protocol.READY, 0, os.getpid())))
+        sock.settimeout(FIRST_S)
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, protocol.MAX_PACKET, 1)
+        except OSError:
+            return 0  # the frontend gave up on this agent, or is gone
+        sock.settimeout(None)
+        if not data:
+            return 0
+        try:
+            first = protocol.unpack(data)
+        except Exception as exc:
+            first = (None,)
+            agent.guard.failed("agent ring", exc)
+        agent.open_ring(first, fds)
         agent.run()
     finally:
         try:
@@ -267,6 +317,8 @@ def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> i
         finally:
             if agent.receiver is not None:
                 agent.receiver.close()
+            if agent.ring is not None:
+                agent.ring.close()
     return 0
 
 

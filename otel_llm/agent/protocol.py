@@ -9,6 +9,11 @@ socket refuses it whole (counted by the sender) and never leaves half a message.
 
 Replies go the other way only for ``FLUSH`` and ``STATS`` (and ``READY`` once), each carrying the
 request's token, so the frontend never has unsolicited data waiting on its end.
+
+The frontend's first message after ``READY`` is ``RING``: the announcement of a shared-memory ring
+(otel_llm/shm_ring.py, with its descriptor), through which it sends every later message, or None where
+the platform has none (then every message is a packet). One channel either way, so the agent reads the
+messages in the order they were sent.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ..core.summary import RequestSummary
 from ..core.timeline import RequestGroup, RequestTimeline
 
 # message kinds (the first item of every message)
-START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY, FACTS = range(1, 10)
+START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY, FACTS, RING = range(1, 11)
 MAX_PACKET = 1 << 20  # a longer message (captured content) is refused by the sender, counted
 
 _SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary))

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracer
 
 from otel_llm import semconv as sc
+from otel_llm import shm_ring
 from otel_llm.agent import destinations, link, protocol
 from otel_llm.agent.link import AgentLink
 from otel_llm.instrumentation.vllm import AGENT_MODULE
@@ -185,9 +186,16 @@ class Frontend:
         self.pipeline.close(1.0)
 
 
-@pytest.fixture
-def frontend(setup: protocol.AgentConfig) -> Iterator[Frontend]:
+CHANNELS = ["ring", "socket"] if shm_ring.AVAILABLE else ["socket"]
+
+
+@pytest.fixture(params=CHANNELS)
+def frontend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+             setup: protocol.AgentConfig) -> Iterator[Frontend]:
+    """Over each channel the link has: the shared-memory ring (x86-64 Linux), and the socket elsewhere."""
+    monkeypatch.setattr(link, "USE_RING", request.param == "ring")
     f = Frontend(setup)
+    assert (f.link.ring is not None) == (request.param == "ring")
     yield f
     f.close()
 
@@ -233,6 +241,8 @@ def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSin
     assert stats["agent_pid"] == frontend.link.pid != 0
     assert stats["agent_unreachable"] == 0
     assert stats["agent_dropped"] == stats["agent_lost"] == stats["agent_oversized"] == 0
+    if frontend.link.ring is not None:  # every message went through the ring: its options, two a request,
+        assert frontend.link.ring.written == 1 + 2 * len(ids) + 2  # the flush and the stats asked for
 
 
 def test_a_finish_as_the_engines_numbers_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSink) -> None:
@@ -253,6 +263,7 @@ def test_a_finish_as_the_engines_numbers_exports_what_the_frontend_would(fronten
 
 
 def kill(f: Frontend) -> int:
+    assert f.pipeline.flush(WAIT_S)  # the agent has read everything so far: what is lost is what comes next
     pid = f.link.pid
     os.kill(pid, signal.SIGKILL)
     f.link.proc.wait(WAIT_S)
@@ -273,6 +284,7 @@ def test_killed_agent_costs_counted_messages(frontend: Frontend, monkeypatch: py
 
 def test_killed_agent_is_restarted(frontend: Frontend, sink: OTLPSink, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(link, "RESTART_S", 0.0)
+    monkeypatch.setattr(link, "CHECK_S", 0.0)  # a ring's write asks whether the agent lives every time
     old = kill(frontend)
     t, s = request("lost")
     frontend.pipeline.start(t)  # finds the agent gone: lost, and a new agent starting, on a thread of its own
@@ -344,11 +356,30 @@ def test_oversized_start_is_resent_without_the_prompt(frontend: Frontend, sink: 
 def test_finish_over_the_socket_buffer_is_resent_without_content(
         monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
     """A host whose ``net.core.wmem_max`` caps the send buffer below ``MAX_PACKET`` (Linux's default does):
-    a finish between the two is too long for the kernel, and must still count as a request."""
+    a finish between the two is too long for the kernel, and must still count as a request. (The socket:
+    a ring's messages are bounded by its own capacity, the next test.)"""
+    monkeypatch.setattr(link, "USE_RING", False)
     monkeypatch.setattr(link, "SEND_BUFFER", 64 << 10)
     f = Frontend(setup)
     try:
         feed(f.pipeline, "mid", output_text="x" * (400 << 10))
+        assert f.pipeline.flush(WAIT_S)
+        assert f.link.counts()["agent_oversized"] == 1
+        assert duration_count(sink) == 1
+    finally:
+        f.close()
+
+
+@pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no shared-memory ring on this platform")
+def test_finish_over_a_quarter_of_the_ring_is_resent_without_content(
+        monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
+    """A message takes at most a quarter of the ring, so one long message never leaves no room for the rest."""
+    monkeypatch.setattr(link, "USE_RING", True)
+    monkeypatch.setattr(link, "SEND_BUFFER", 256 << 10)
+    f = Frontend(setup)
+    try:
+        assert f.link.max_packet == 64 << 10
+        feed(f.pipeline, "quarter", output_text="x" * (100 << 10))
         assert f.pipeline.flush(WAIT_S)
         assert f.link.counts()["agent_oversized"] == 1
         assert duration_count(sink) == 1

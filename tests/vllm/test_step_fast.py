@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
+from otel_llm import shm_ring
+from otel_llm.instrumentation.vllm import step_hooks, step_transport, step_wire
 from test_step_ring import pair as _pair  # a ring writer and its reader, as a frontend gets them
 
 X86_64 = platform.machine() in ("x86_64", "AMD64")
@@ -164,7 +165,7 @@ def test_ids_the_python_path_refuses_are_refused_alike(ids):
 
 
 @fast
-@pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+@pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no step rings on this platform")
 def test_encode_into_rings_leaves_the_rings_byte_for_byte_as_encode_and_write_do():
     """Two rings per path (one lagging reader: full rings, drops), sizes that wrap around the end: after
     every step the whole memory of each ring, its positions and counts, the drops and the cache agree."""
@@ -228,7 +229,7 @@ def test_no_memory_is_kept_per_call():
     reader.close()
 
 
-@pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+@pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no step rings on this platform")
 @pytest.mark.parametrize("path", ["c", "python"])
 def test_the_sink_delivers_the_same_records_on_either_path(path, monkeypatch, tmp_path):
     """SocketSink through step_wire's choice, and with the C path switched off: the frontend reads every
@@ -374,7 +375,7 @@ def test_ring_read_takes_what_the_python_reader_takes_and_leaves_the_same_positi
     before = (rc.tail, rc.consumed, list(rc._words))
     assert step_wire.ring_read(rc) is None and before == (rc.tail, rc.consumed, list(rc._words))
     for r in (rc, rp):
-        with pytest.raises(step_ring.RingError):
+        with pytest.raises(shm_ring.RingError):
             r.read()
     assert (rc.tail, rc.consumed) == (rp.tail, rp.consumed) and step_wire.ring_read(rc) == []
     for w, r in ((wc, rc), (wp, rp)):

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm.core.config import Config
 from otel_llm.core.pipeline import Pipeline
-from otel_llm.instrumentation.vllm import step_ring
+from otel_llm import shm_ring
 from otel_llm.instrumentation.vllm.step_hooks import StepHooks
 from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
 from otel_llm.instrumentation.vllm.wrappers import CountingReader
@@ -20,7 +20,7 @@ from otel_llm.instrumentation.vllm.wrappers import CountingReader
 def test_a_full_ring_loses_steps_counted_in_stats_and_the_engine_goes_on():
     """The new failure mode: nothing reads for a while (the background thread busy or blocked), the EngineCore's
     ring fills, its writes are refused (the engine does not wait), and the frontend counts what it lost."""
-    if not step_ring.AVAILABLE:
+    if not shm_ring.AVAILABLE:
         pytest.skip("no step rings on this platform")
     shares = (["req-a", "req-b"], [16, 1], [0, 40], [], [0], [16], [0])
     pipeline = Pipeline(Config.resolve({"step_reading": "deferred"}, environ={}), TracerProvider().get_tracer("t"),

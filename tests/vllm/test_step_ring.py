@@ -1,4 +1,4 @@
-"""The shared-memory ring between an EngineCore and a frontend (step_ring), on its own and through the
+"""The shared-memory ring between an EngineCore and a frontend (shm_ring), on its own and through the
 sink and receiver: every record read is one written, in order; what does not fit is refused (counted by
 the sink), never overwritten unread; a bad ring or announcement is refused and counted."""
 
@@ -10,19 +10,20 @@ import tempfile
 
 import pytest
 
-from otel_llm.instrumentation.vllm import step_ring, step_transport
+from otel_llm import shm_ring
+from otel_llm.instrumentation.vllm import step_transport
 
-pytestmark = pytest.mark.skipif(not step_ring.AVAILABLE, reason="no step rings on this platform")
+pytestmark = pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no step rings on this platform")
 
 
-def pair(capacity: int) -> tuple[step_ring.RingWriter, step_ring.RingReader]:
+def pair(capacity: int) -> tuple[shm_ring.RingWriter, shm_ring.RingReader]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        writer = step_ring.RingWriter(capacity)
+        writer = shm_ring.RingWriter(capacity)
         writer.announce(a)
         data, fds, _, _ = socket.recv_fds(b, 1 << 16, 1)
         try:
-            return writer, step_ring.RingReader(data, fds[0])
+            return writer, shm_ring.RingReader(data, fds[0])
         finally:
             os.close(fds[0])
     finally:
@@ -70,7 +71,7 @@ def test_a_record_with_an_impossible_size_is_refused_and_the_ring_goes_on():
     assert reader.read() == [b"good"]
     writer.write(b"bad record")
     writer._sizes[8 >> 2] = 10_000  # its size field (after "good": 4 + 4 bytes), mangled
-    with pytest.raises(step_ring.RingError) as err:
+    with pytest.raises(shm_ring.RingError) as err:
         reader.read()
     assert err.value.args[1] == []
     writer.write(b"after")
@@ -81,7 +82,7 @@ def test_a_record_with_an_impossible_size_is_refused_and_the_ring_goes_on():
 
 @pytest.mark.parametrize("mangle, why", [
     (lambda data: b"notaring" + data[8:], "layout"),
-    (lambda data: data[:8] + (step_ring.LAYOUT + 1).to_bytes(4, "little") + data[12:], "layout"),
+    (lambda data: data[:8] + (shm_ring.LAYOUT + 1).to_bytes(4, "little") + data[12:], "layout"),
     (lambda data: data[:12] + (1 << 16).to_bytes(4, "little") + data[16:], "capacity"),
     (lambda data: data[:-1], "bytes"),
 ])
@@ -92,11 +93,11 @@ def test_a_bad_announcement_is_refused_and_counted(mangle, why):
         receiver = step_transport.StepReceiver(d)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.connect(receiver.path)
-        writer = step_ring.RingWriter(256)
-        data = step_ring.ANNOUNCE.pack(step_ring.MAGIC, step_ring.LAYOUT, 256, 1)
+        writer = shm_ring.RingWriter(256)
+        data = shm_ring.ANNOUNCE.pack(shm_ring.MAGIC, shm_ring.LAYOUT, 256, 1)
         socket.send_fds(sock, [mangle(data)], [writer._fd])
-        with pytest.raises(step_ring.RingError, match=why):
-            step_ring.RingReader(mangle(data), writer._fd)
+        with pytest.raises(shm_ring.RingError, match=why):
+            shm_ring.RingReader(mangle(data), writer._fd)
         before = len(os.listdir("/proc/self/fd"))
         assert receiver.drain(lambda step: None) is None
         assert receiver.malformed == 1 and receiver.rings == {}
@@ -161,7 +162,7 @@ def test_a_restarted_engine_replaces_its_ring_and_rings_of_engines_gone_are_boun
         writers = []
         for pid in [1, 2, 1] + list(range(3, 3 + step_transport.StepReceiver.MAX_RINGS)):
             monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
-            writer = step_ring.RingWriter(256)
+            writer = shm_ring.RingWriter(256)
             writer.announce(sock)
             writer.write(pid.to_bytes(4, "little") * 8)  # not a step record: refused when read, counted
             writers.append(writer)

@@ -10,7 +10,8 @@ import tempfile
 import pytest
 
 from otel_llm.guard import Guard
-from otel_llm.instrumentation.vllm import step_hooks, step_ring, step_transport, step_wire
+from otel_llm import shm_ring
+from otel_llm.instrumentation.vllm import step_hooks, step_transport, step_wire
 
 
 def record(step_id: int) -> step_wire.StepPayload:
@@ -28,9 +29,9 @@ def drained(receiver: step_transport.StepReceiver) -> list:
 
 @pytest.fixture(params=["ring", "datagram"])
 def transport(request):
-    """Both ways a sink carries records: shared-memory rings (step_ring, where available) and datagrams.
+    """Both ways a sink carries records: shared-memory rings (shm_ring, where available) and datagrams.
     (Its own patch: the tests undo their ``monkeypatch`` midway.)"""
-    if request.param == "ring" and not step_ring.AVAILABLE:
+    if request.param == "ring" and not shm_ring.AVAILABLE:
         pytest.skip("no step rings on this platform")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(step_transport.SocketSink, "RING", request.param == "ring")

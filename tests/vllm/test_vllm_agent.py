@@ -74,7 +74,11 @@ def agent_run():
             run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.step_receiver,
                            inst.agent.pid if inst.agent is not None else 0, stats["errors"])
             run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
-            del llm
+            processor = llm.llm_engine.output_processor
+            run.passed = "process_outputs" in vars(processor)  # its output batches went straight to vLLM's
+            otel_llm.uninstrument()
+            run.restored = "process_outputs" not in vars(processor)
+            del llm, processor
         finally:
             otel_llm.uninstrument()
             tp.shutdown()
@@ -101,6 +105,7 @@ def test_an_agent_did_the_work_and_the_frontend_read_no_step(agent_run):
     assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
     assert s["direct_spans_sent"] == len(agent_run.spans)
     assert agent_run.errors == {}
+    assert agent_run.passed and agent_run.restored, "output batches straight to vLLM's, hooked again at uninstrument"
 
 
 def test_the_agent_exports_under_the_frontends_resource(agent_run):

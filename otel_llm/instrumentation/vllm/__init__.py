@@ -64,6 +64,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
     # an eligible instrumentation builds, and kept, as the step receiver it owns, for the life of the process
     agent: Any = None
     _agent_config: Any = None
+    _wrappers: VLLMWrappers | None = None  # this instrumentation's (undone with it)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
@@ -84,6 +85,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         w = VLLMWrappers(telemetry, open_receiver=self._open_receiver, open_kv_receiver=self._open_kv_receiver,
                          engine_built=self._engine_built,
                          open_agent=self._open_agent if self._agent_config is not None else None)
+        self._wrappers = w
         if self.agent is not None:  # an engine built under an earlier instrumentation sends its steps to it
             if self._agent_config is not None:
                 w.agent = self._open_agent()
@@ -237,6 +239,9 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._table.unwrap()
+        if self._wrappers is not None:  # the engines whose output batches went straight to vLLM: hooked again
+            self._wrappers.restore()
+            self._wrappers = None
         if self.kv_wrapper is not None:
             self.kv_wrapper.disarm()
             self.kv_wrapper = None

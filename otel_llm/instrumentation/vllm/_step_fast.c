@@ -1,5 +1,5 @@
 /* Optional C accelerator of the EngineCore's per-step path: step_wire.encode, and the copy of the record
- * into each frontend's shared-memory ring (step_ring.RingWriter.write), in one call. And of the frontend's:
+ * into each frontend's shared-memory ring (shm_ring.RingWriter.write), in one call. And of the frontend's:
  * step_wire.decode of the common record (see "the frontend's side" below).
  *
  * Byte-identical to the Python path by construction where it matters: this module encodes only input it
@@ -29,7 +29,7 @@
 
 static PyObject *py_encode;    /* step_wire.encode_py: every input the fast path does not take */
 static int wire_version;
-static Py_ssize_t ring_data;   /* step_ring: offset of the data, and of the head/tail words */
+static Py_ssize_t ring_data;   /* shm_ring: offset of the data, and of the head/tail words */
 static Py_ssize_t ring_head, ring_tail;
 static PyObject *s_mm, *s_cap, *s_head, *s_written;
 
@@ -374,7 +374,7 @@ static int get_size(PyObject *o, const char *what, unsigned long long *out) {
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* step_ring.RingWriter.write in C: 1 written, 0 full (dropped), -1 exception. Same bytes, same positions. */
+/* shm_ring.RingWriter.write in C: 1 written, 0 full (dropped), -1 exception. Same bytes, same positions. */
 static int ring_put(PyObject *writer, const unsigned char *data, Py_ssize_t size) {
     PyObject *mm = PyObject_GetAttr(writer, s_mm);
     if (mm == NULL)
@@ -401,7 +401,7 @@ static int ring_put(PyObject *writer, const unsigned char *data, Py_ssize_t size
     }
     unsigned char *base = view.buf;
     unsigned char *data_at = base + ring_data;
-    /* Memory ordering (step_ring's module docstring). The reader publishes `tail` after copying records out:
+    /* Memory ordering (shm_ring's module docstring). The reader publishes `tail` after copying records out:
      * the acquire load pairs with its store, so our writes into that space come after its reads of it. The
      * record's bytes are written first, then `head` with a release store: a reader that loads `head` (and
      * acquires it) sees every byte of the record. On x86-64 both compile to plain moves; the builtins keep
@@ -691,7 +691,7 @@ static PyObject *setup_decode(PyObject *self, PyObject *args) {
 }
 
 
-/* ---- the frontend's ring read: step_ring.RingReader.read of a ring whose positions and sizes make sense ----
+/* ---- the frontend's ring read: shm_ring.RingReader.read of a ring whose positions and sizes make sense ----
  *
  * Returns the records written since the last read (bytes, oldest first) and publishes `consumed` and `tail`
  * as the Python reader does, or None, having touched nothing, when the positions or a record's size make no
@@ -729,7 +729,7 @@ static PyObject *ring_read(PyObject *self, PyObject *reader) {
     }
     unsigned char *base = view.buf;
     const unsigned char *data_at = base + ring_data;
-    /* acquire: pairs with the writer's release store of head, so the records' bytes are there (step_ring) */
+    /* acquire: pairs with the writer's release store of head, so the records' bytes are there (shm_ring) */
     uint64_t head = __atomic_load_n((uint64_t *)(base + ring_head), __ATOMIC_ACQUIRE);
     if (head == tail) {
         out = PyList_New(0);

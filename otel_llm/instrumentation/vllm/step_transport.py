@@ -30,7 +30,8 @@ from typing import Callable, NamedTuple
 
 from ...guard import Guard
 from ...core.timeline import StepRecord
-from . import engine_errors, step_ring, step_wire
+from ... import shm_ring
+from . import engine_errors, step_wire
 from .process_roles import in_api_server_process
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
@@ -41,14 +42,14 @@ class SocketSink:
     """EngineCore side: each step's record to every frontend socket in ``directory``.
 
     One socket per frontend, connected once (at the rescan that found it). Where the platform allows
-    (step_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
+    (shm_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
     record is then copied with no syscall; the socket is probed once per rescan to notice a frontend
     that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
     path lookup a ``sendto`` makes in the kernel every step)."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
-    RING = step_ring.AVAILABLE
-    RING_CAPACITY = step_ring.CAPACITY
+    RING = shm_ring.AVAILABLE
+    RING_CAPACITY = shm_ring.CAPACITY
 
     def __init__(self, directory: str, guard: Guard | None = None) -> None:
         self.directory = directory
@@ -61,7 +62,7 @@ class SocketSink:
         # whether records may leave repeated ids out: only while every frontend reads a ring of its own (a
         # datagram socket may hear several EngineCores, interleaved, through one reader's cache)
         self._same_ids = False
-        self._targets: list[tuple[str, socket.socket, step_ring.RingWriter | None]] = []
+        self._targets: list[tuple[str, socket.socket, shm_ring.RingWriter | None]] = []
         self._writes: tuple | None = ()  # each target's RingWriter.write, when every target has a ring (else None)
         self._rings: tuple = ()  # the same targets' RingWriters (for step_wire.encode_into_rings)
         # step_wire's choice: the C accelerator (encode and ring writes in one call) or the pure-Python path
@@ -170,7 +171,7 @@ class SocketSink:
         ring = None
         if self.RING:
             try:
-                ring = step_ring.RingWriter(self.RING_CAPACITY)
+                ring = shm_ring.RingWriter(self.RING_CAPACITY)
             except OSError as exc:
                 self.guard.failed("step ring", exc)
             else:
@@ -210,7 +211,7 @@ class SocketSink:
         self._rings = tuple(ring for _, _, ring in self._targets) if rings else ()
 
     @staticmethod
-    def _close(sock: socket.socket, ring: step_ring.RingWriter | None) -> None:
+    def _close(sock: socket.socket, ring: shm_ring.RingWriter | None) -> None:
         sock.close()
         if ring is not None:
             ring.close()
@@ -258,7 +259,7 @@ class StepReceiver:
         self.sock.setblocking(False)
         self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError), bad rings
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
-        self.rings: dict[int, step_ring.RingReader] = {}  # EngineCore pid -> its ring (step_ring)
+        self.rings: dict[int, shm_ring.RingReader] = {}  # EngineCore pid -> its ring (shm_ring)
         self._lock = threading.Lock()
         self.engine_errors = engine_errors.ErrorRelay(guard)  # the EngineCores' error counts (control records)
         self._ids = step_wire.reader_cache()  # the socket's last record's ids (step_wire.decode's; rings keep their own)
@@ -290,7 +291,7 @@ class StepReceiver:
                 records = fast(ring) if fast is not None else None
                 if records is None:
                     records = ring.read()
-            except step_ring.RingError as exc:
+            except shm_ring.RingError as exc:
                 self.malformed += 1
                 self.guard.failed("step ring", exc)
                 records = exc.args[1]
@@ -303,7 +304,7 @@ class StepReceiver:
         recvmsg_into, take, into, view = self.sock.recvmsg_into, self._take, self._into, self._view
         while True:
             try:
-                n, ancillary, _, _ = recvmsg_into(into, step_ring.FDS_SPACE)
+                n, ancillary, _, _ = recvmsg_into(into, shm_ring.FDS_SPACE)
             except (BlockingIOError, OSError):
                 break
             data = view[:n].tobytes()
@@ -337,7 +338,7 @@ class StepReceiver:
             self.guard.failed("step record", exc)
 
     def _add_ring(self, data: bytes, ancillary: list) -> None:
-        """An EngineCore's ring (step_ring): mapped, its descriptor closed. A newer one of the same
+        """An EngineCore's ring (shm_ring): mapped, its descriptor closed. A newer one of the same
         EngineCore process (it reconnected) replaces the older; at most MAX_RINGS are kept."""
         fds: list[int] = []
         for level, kind, payload in ancillary:
@@ -345,9 +346,9 @@ class StepReceiver:
                 fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
         try:
             if len(fds) != 1:
-                raise step_ring.RingError(f"ring announcement with {len(fds)} descriptors")
-            ring = step_ring.RingReader(data, fds[0])
-        except (step_ring.RingError, OSError, ValueError) as exc:
+                raise shm_ring.RingError(f"ring announcement with {len(fds)} descriptors")
+            ring = shm_ring.RingReader(data, fds[0])
+        except (shm_ring.RingError, OSError, ValueError) as exc:
             self.malformed += 1
             self.guard.failed("step ring", exc)
             return

@@ -368,7 +368,7 @@ class Accelerator(NamedTuple):
     encode_into_rings: Callable[..., Any] | None
     # decode(data, cache=None) -> StepRecord (cache: a reader_cache())
     decode: Callable[..., StepRecord]
-    # ring_read(reader: step_ring.RingReader) -> list[bytes] | None; None where there is no C accelerator
+    # ring_read(reader: shm_ring.RingReader) -> list[bytes] | None; None where there is no C accelerator
     ring_read: Callable[..., Any] | None
     reason: str | None  # why the pure-Python encoder, or None
 
@@ -399,8 +399,8 @@ def _choose() -> Accelerator:
                            f"not on x86-64 ({platform.machine()}): the pure-Python encoder")
     try:
         from . import _step_fast
-        from . import step_ring
-        _step_fast.setup(encode_py, VERSION, HEADER.size, step_ring.DATA_AT, step_ring.HEAD_AT, step_ring.TAIL_AT)
+        from ... import shm_ring
+        _step_fast.setup(encode_py, VERSION, HEADER.size, shm_ring.DATA_AT, shm_ring.HEAD_AT, shm_ring.TAIL_AT)
     except (ImportError, ValueError) as exc:
         return Accelerator(encode_py, None, decode_py, None,
                            f"the C accelerator is not importable ({exc}): the pure-Python encoder")
@@ -410,7 +410,7 @@ def _choose() -> Accelerator:
     except (AttributeError, TypeError):  # a build of the accelerator without the decoder
         return Accelerator(_step_fast.encode, _step_fast.encode_into_rings, decode_py, None, None)
     try:
-        _step_fast.setup_ring_read(step_ring.CONSUMED_AT)
+        _step_fast.setup_ring_read(shm_ring.CONSUMED_AT)
         ring_read = _step_fast.ring_read
     except (AttributeError, TypeError, ValueError):
         ring_read = None

@@ -1,4 +1,7 @@
-"""A shared-memory ring per (EngineCore, frontend) pair: step records without a syscall per step.
+"""A shared-memory ring from one process to another: records without a system call each.
+
+Two pairs use it: an EngineCore and each frontend (or its agent) for the engine-step records, and a
+frontend and its agent process for the requests' starts and finishes (agent/link.py).
 
 The EngineCore's ``SocketSink`` makes one ring for each frontend socket it connects: an anonymous
 memory file (``memfd_create``), whose descriptor travels once over the frontend's socket (SCM_RIGHTS,
@@ -76,14 +79,15 @@ class RingError(ValueError):
 
 
 class RingWriter:
-    """EngineCore side of one pair. ``write`` copies a record in, or returns False when it does not fit."""
+    """The writing side of one pair (the EngineCore's, a frontend's to its agent). ``write`` copies a record
+    in, or returns False when it does not fit. ``name``: the memory file's, as ``/proc/PID/fd`` shows it."""
 
     __slots__ = ("mm", "cap", "head", "written", "_fd", "_words", "_data", "_sizes")
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, name: str = "otel-llm-steps") -> None:
         if capacity % 4 or capacity < 64:
             raise ValueError(f"ring capacity {capacity}: a multiple of 4, at least 64")
-        self._fd = os.memfd_create("otel-llm-steps", os.MFD_CLOEXEC)
+        self._fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, _DATA + capacity)
             self.mm = mmap.mmap(self._fd, _DATA + capacity)
@@ -97,12 +101,17 @@ class RingWriter:
         self._words, self._data, self._sizes = _views(self.mm)
         self._data[:] = bytes(capacity)  # every page touched now: no page faults on the first lap of steps
 
-    def announce(self, sock: socket.socket) -> None:
-        """Hand the ring to the frontend at the other end of ``sock`` (OSError if it is gone)."""
+    def announcement(self) -> bytes:
+        """What a reader is made from, with the memory file's descriptor (``RingReader``)."""
+        return ANNOUNCE.pack(MAGIC, LAYOUT, self.cap, os.getpid())
+
+    def announce(self, sock: socket.socket, message: bytes | None = None) -> None:
+        """Hand the ring to the process at the other end of ``sock`` (OSError if it is gone): ``message`` (by
+        default the announcement itself) with the memory file's descriptor, in one datagram."""
         try:
-            socket.send_fds(sock, [ANNOUNCE.pack(MAGIC, LAYOUT, self.cap, os.getpid())], [self._fd])
+            socket.send_fds(sock, [self.announcement() if message is None else message], [self._fd])
         finally:
-            os.close(self._fd)  # the mapping stays; the frontend holds its own descriptor or none
+            os.close(self._fd)  # the mapping stays; the reader holds its own descriptor or none
             self._fd = -1
 
     def write(self, data: bytes) -> bool:
@@ -139,7 +148,7 @@ class RingWriter:
 
 
 class RingReader:
-    """Frontend side of one pair, from the announcement datagram and the descriptor it carried."""
+    """The reading side of one pair, from the announcement and the descriptor that came with it."""
 
     __slots__ = ("mm", "cap", "writer_pid", "tail", "consumed", "ids", "_words", "_data", "_sizes")
 
