@@ -317,6 +317,8 @@ class AgentLink:
             return
         while True:
             with self._writing:
+                if ring.mm.closed:  # dropped meanwhile: the agent is gone
+                    raise BrokenPipeError(errno.EPIPE, "the agent's ring was dropped")
                 if ring.write(data):
                     return
             if time.monotonic() >= deadline:

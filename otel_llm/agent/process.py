@@ -152,6 +152,7 @@ class Agent:
     def receive(self) -> int | None:
         """Every message waiting (how many); None when the frontend's end closed."""
         n = 0
+        closed = False
         view, recv_into = self._view, self.sock.recv_into
         while True:  # the socket: the frontend's messages where it has no ring; its end-of-file in any case
             try:
@@ -159,11 +160,15 @@ class Agent:
             except BlockingIOError:
                 break
             except OSError:
-                return None
+                closed = True
+                break
             if not size:
-                return None
+                closed = True
+                break
             n += 1
             self.take(view[:size])
+        # the ring after the socket, and after its end-of-file too: what the frontend wrote before it closed
+        # its end is there (a socket's packets came before its end-of-file of themselves)
         ring = self.ring
         if ring is not None:
             try:
@@ -175,7 +180,7 @@ class Agent:
             for data in records:
                 self.take(data)
             n += len(records)
-        return n
+        return None if closed else n
 
     def take(self, data: Any) -> None:
         try:

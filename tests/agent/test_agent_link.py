@@ -259,6 +259,18 @@ def test_a_finish_as_the_engines_numbers_exports_what_the_frontend_would(fronten
     assert stats["requests_finished"] == len(ids) and stats["agent_orphans"] == 0
 
 
+def test_closing_the_link_delivers_what_was_sent_before(frontend: Frontend, sink: OTLPSink) -> None:
+    """No flush: the agent reads what came before its frontend's end closed (a ring's records too), then exits."""
+    ids = [f"c{i}" for i in range(3)]
+    for rid in ids:
+        feed(frontend.pipeline, rid)
+    pid = frontend.link.pid
+    frontend.link.close()
+    assert exited(pid)
+    spans = sink.wait_for(lambda s: all(request_spans(s, rid) for rid in ids))
+    assert all(len(request_spans(spans, rid)) == 1 for rid in ids)
+
+
 # -- failure modes: the host unaffected, the loss counted ------------------------------------------
 
 

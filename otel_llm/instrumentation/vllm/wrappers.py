@@ -3,9 +3,10 @@
 Every wrapper has one shape: the host's call runs unguarded (its exceptions pass through
 untouched), our bookkeeping before and after it is guarded.
 
-Per generated token, by default (``token_times=steps``), nothing: ``process_outputs`` only counts output
-batches (the engine-step records are read at the first finish of a batch, or every ``_DRAIN_EVERY``
-batches), a request's finish comes from vLLM's own
+Per generated token, by default (``token_times=steps``), nothing: with an agent process (which reads the
+engine-step records itself) vLLM's output batches go straight to its own ``process_outputs``; without one,
+``process_outputs`` only counts output batches (the engine-step records are read at the first finish of a
+batch, or every ``_DRAIN_EVERY`` batches). A request's finish comes from vLLM's own
 ``_update_stats_from_finished`` (once a request) and its engine events from
 ``IterationStats.update_from_events`` (only for the outputs that carry events); its token times are
 derived at finish, off this thread, from the steps that served it (core/step_tokens.py). Where the
