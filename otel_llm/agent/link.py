@@ -122,10 +122,7 @@ class AgentLink:
             if ready[0] != protocol.READY:
                 raise ValueError(f"agent said {ready[0]} first")
         except Exception as exc:
-            parent.close()
-            _stop(proc)
-            self.guard.failed("agent start", exc)
-            return False
+            return self._abandon(parent, proc, None, exc)
         ring = None
         try:  # the channel every later message takes: a ring, or the socket itself (RING None)
             if USE_RING:
@@ -134,12 +131,7 @@ class AgentLink:
             else:
                 parent.send(protocol.pack((protocol.RING, None)))
         except OSError as exc:
-            if ring is not None:
-                ring.close()
-            parent.close()
-            _stop(proc)
-            self.guard.failed("agent start", exc)
-            return False
+            return self._abandon(parent, proc, ring, exc)
         if ring is not None:  # a message must fit the ring with room for others (the agent reads at a tick)
             self.max_packet = min(protocol.MAX_PACKET, ring.cap // 4)
         parent.setblocking(False)
@@ -147,16 +139,21 @@ class AgentLink:
             for data in ([self._config] if self._config is not None else []) + self._engines:
                 self._put(parent, ring, data, time.monotonic() + CONTROL_S)
         except OSError as exc:
-            if ring is not None:
-                ring.close()
-            parent.close()
-            _stop(proc)
-            self.guard.failed("agent start", exc)
-            return False
+            return self._abandon(parent, proc, ring, exc)
         self._checked = time.monotonic()
         self.ring = ring  # before the socket: whoever sees the socket sees the ring
         self.sock, self.proc, self.pid = parent, proc, proc.pid
         return True
+
+    def _abandon(self, sock: socket.socket, proc: subprocess.Popen, ring: shm_ring.RingWriter | None,
+                 exc: BaseException) -> bool:
+        """An agent that did not come up: stopped, its channel closed, counted; False (``start``'s answer)."""
+        if ring is not None:
+            ring.close()
+        sock.close()
+        _stop(proc)
+        self.guard.failed("agent start", exc)
+        return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

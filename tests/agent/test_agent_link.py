@@ -365,33 +365,25 @@ def test_oversized_start_is_resent_without_the_prompt(frontend: Frontend, sink: 
     assert stats["agent_orphans"] == 0 and stats["requests_kept"] == 1
 
 
-def test_finish_over_the_socket_buffer_is_resent_without_content(
-        monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
-    """A host whose ``net.core.wmem_max`` caps the send buffer below ``MAX_PACKET`` (Linux's default does):
-    a finish between the two is too long for the kernel, and must still count as a request. (The socket:
-    a ring's messages are bounded by its own capacity, the next test.)"""
-    monkeypatch.setattr(link, "USE_RING", False)
-    monkeypatch.setattr(link, "SEND_BUFFER", 64 << 10)
+@pytest.mark.parametrize("channel, buffer, cap, text", [
+    # a host whose net.core.wmem_max caps the send buffer below MAX_PACKET (Linux's default does): a finish
+    # between the two is too long for the kernel
+    pytest.param("socket", 64 << 10, None, 400 << 10, id="over-the-socket-buffer"),
+    # a message takes at most a quarter of the ring: one long message never leaves no room for the rest
+    pytest.param("ring", 256 << 10, 64 << 10, 100 << 10, id="over-a-quarter-of-the-ring",
+                 marks=pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no shared-memory ring here")),
+])
+def test_finish_longer_than_the_channel_takes_is_resent_without_content(
+        monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink,
+        channel: str, buffer: int, cap: int | None, text: int) -> None:
+    """Under MAX_PACKET, over what this channel takes: it must still count as a request."""
+    monkeypatch.setattr(link, "USE_RING", channel == "ring")
+    monkeypatch.setattr(link, "SEND_BUFFER", buffer)
     f = Frontend(setup)
     try:
-        feed(f.pipeline, "mid", output_text="x" * (400 << 10))
-        assert f.pipeline.flush(WAIT_S)
-        assert f.link.counts()["agent_oversized"] == 1
-        assert duration_count(sink) == 1
-    finally:
-        f.close()
-
-
-@pytest.mark.skipif(not shm_ring.AVAILABLE, reason="no shared-memory ring on this platform")
-def test_finish_over_a_quarter_of_the_ring_is_resent_without_content(
-        monkeypatch: pytest.MonkeyPatch, setup: protocol.AgentConfig, sink: OTLPSink) -> None:
-    """A message takes at most a quarter of the ring, so one long message never leaves no room for the rest."""
-    monkeypatch.setattr(link, "USE_RING", True)
-    monkeypatch.setattr(link, "SEND_BUFFER", 256 << 10)
-    f = Frontend(setup)
-    try:
-        assert f.link.max_packet == 64 << 10
-        feed(f.pipeline, "quarter", output_text="x" * (100 << 10))
+        if cap is not None:
+            assert f.link.max_packet == cap
+        feed(f.pipeline, "long", output_text="x" * text)
         assert f.pipeline.flush(WAIT_S)
         assert f.link.counts()["agent_oversized"] == 1
         assert duration_count(sink) == 1

@@ -36,54 +36,51 @@ def _wrappers() -> VLLMWrappers:
     return VLLMWrappers(telemetry, open_receiver=lambda: None, open_kv_receiver=lambda: None)
 
 
+class Hooked:
+    """A stand-in ``OutputProcessor`` class with our ``process_outputs`` hook on it (a plain method, as the
+    instrumentor wraps it), which passes its processor through as the real hook does with an agent."""
+
+    def __init__(self) -> None:
+        self.mod = _processor_module()
+        self.w = _wrappers()
+        self.calls: list = []
+
+        def ours(wrapped, instance, args, kwargs):
+            self.calls.append(args)
+            self.w._pass_through(instance)
+            return wrapped(*args, **kwargs)
+
+        self.table = WrapTable([Target(self.mod.__name__, "OutputProcessor.process_outputs", ours, plain=True)],
+                               Guard())
+
+    def __enter__(self) -> "Hooked":
+        sys.modules[self.mod.__name__] = self.mod
+        self.table.wrap()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.table.unwrap()
+        del sys.modules[self.mod.__name__]
+
+
 def test_only_our_own_wrapper_is_passed_and_restore_hooks_it_again() -> None:
-    mod = _processor_module()
-    sys.modules[mod.__name__] = mod
-    w = _wrappers()
-    calls: list = []
-
-    def ours(wrapped, instance, args, kwargs):
-        calls.append(args)
-        w._pass_through(instance)
-        return wrapped(*args, **kwargs)
-
-    table = WrapTable([Target(mod.__name__, "OutputProcessor.process_outputs", ours, plain=True)], Guard())
-    try:
-        table.wrap()
-        p = mod.OutputProcessor()
-        assert p.process_outputs(1) == ["vllm", 1] and calls == [(1,)]
-        assert p.process_outputs(2) == ["vllm", 2] and calls == [(1,)], "straight to vLLM's after the first"
-        w.restore()
+    with Hooked() as h:
+        p = h.mod.OutputProcessor()
+        assert p.process_outputs(1) == ["vllm", 1] and h.calls == [(1,)]
+        assert p.process_outputs(2) == ["vllm", 2] and h.calls == [(1,)], "straight to vLLM's after the first"
+        h.w.restore()
         assert "process_outputs" not in vars(p)
-        assert p.process_outputs(3) == ["vllm", 3] and calls == [(1,), (3,)]
-        assert not w.guard.errors
-    finally:
-        table.unwrap()
-        del sys.modules[mod.__name__]
+        assert p.process_outputs(3) == ["vllm", 3] and h.calls == [(1,), (3,)]
+        assert not h.w.guard.errors
 
 
 def test_another_librarys_wrapper_above_ours_keeps_running() -> None:
-    mod = _processor_module()
-    sys.modules[mod.__name__] = mod
-    w = _wrappers()
-    calls: list = []
-
-    def ours(wrapped, instance, args, kwargs):
-        calls.append(args)
-        w._pass_through(instance)
-        return wrapped(*args, **kwargs)
-
     def theirs(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs) + ["theirs"]
 
-    table = WrapTable([Target(mod.__name__, "OutputProcessor.process_outputs", ours, plain=True)], Guard())
-    try:
-        table.wrap()
-        wrapt.wrap_function_wrapper(mod.OutputProcessor, "process_outputs", theirs)  # on top of ours
-        p = mod.OutputProcessor()
+    with Hooked() as h:
+        wrapt.wrap_function_wrapper(h.mod.OutputProcessor, "process_outputs", theirs)  # on top of ours
+        p = h.mod.OutputProcessor()
         assert p.process_outputs(1) == ["vllm", 1, "theirs"]
-        assert p.process_outputs(2) == ["vllm", 2, "theirs"] and calls == [(1,), (2,)]
-        assert "process_outputs" not in vars(p) and not w.guard.errors
-    finally:
-        table.unwrap()
-        del sys.modules[mod.__name__]
+        assert p.process_outputs(2) == ["vllm", 2, "theirs"] and h.calls == [(1,), (2,)]
+        assert "process_outputs" not in vars(p) and not h.w.guard.errors
