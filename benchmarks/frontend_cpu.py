@@ -52,6 +52,7 @@ model's forward on this CPU build); the per-step figure is the step hooks on the
 (``vllm_overhead.engine_hooks_us_per_step``), with the EngineCore's CPU per token beside it.
 
 Run: ./run bench benchmarks/frontend_cpu.py [--frontends serve,offline] [--rounds 12] [--modes none,default,...]
+     [--requests 64] [--serve-rounds N] [--serve-requests N] [--offline-rounds N] [--offline-requests N]
      [--no-pin] [--engine-omp-bind nobind|CPUS] [--engine-nice N]
 """
 
@@ -668,6 +669,13 @@ def interleave(name: str, modes: list[str], measure, rounds: int) -> dict:
 SINK_PIDS: set[int] = set()
 
 
+def frontend_args(args: argparse.Namespace, frontend: str) -> argparse.Namespace:
+    """``args`` with ``--rounds`` and ``--requests`` replaced by the frontend's own, where given."""
+    rounds, requests = getattr(args, f"{frontend}_rounds"), getattr(args, f"{frontend}_requests")
+    return argparse.Namespace(**{**vars(args), "rounds": args.rounds if rounds is None else rounds,
+                                 "requests": args.requests if requests is None else requests})
+
+
 def main() -> None:
     global OUTPUT_TOKENS
     ap = argparse.ArgumentParser()
@@ -675,6 +683,10 @@ def main() -> None:
     ap.add_argument("--modes", default="none,default,full,native")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=64, help="requests per measurement")
+    for frontend in ("serve", "offline"):  # each frontend resolves at its own length: these override the two above
+        ap.add_argument(f"--{frontend}-rounds", type=int, default=None, help=f"rounds for {frontend} (default --rounds)")
+        ap.add_argument(f"--{frontend}-requests", type=int, default=None,
+                        help=f"requests per measurement for {frontend} (default --requests)")
     ap.add_argument("--concurrency", type=int, default=32, help="streaming clients at once (serve); max_num_seqs")
     ap.add_argument("--prompt-words", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request")
@@ -703,23 +715,29 @@ def main() -> None:
     pinning = Pinning.choose(args.pin, args.engine_omp_bind, args.engine_nice)
     sink, endpoint = start_sink()
     SINK_PIDS.add(sink.pid)
+    frontends = args.frontends.split(",")
+    for frontend in frontends:
+        if frontend not in ("serve", "offline"):
+            raise SystemExit(f"unknown frontend {frontend!r}")
+    lengths = {frontend: frontend_args(args, frontend) for frontend in frontends}
+    if any(a.rounds < 1 or a.requests < 1 for a in lengths.values()):
+        raise SystemExit("rounds and requests must be at least 1")
     out: dict[str, Any] = {
-        "workload": f"{args.requests} requests x {OUTPUT_TOKENS} output tokens a measurement, concurrency "
-                    f"{args.concurrency}, tiny model, CPU build",
-        "rounds": args.rounds, "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "workload": "; ".join(f"{frontend}: {a.requests} requests x {OUTPUT_TOKENS} output tokens a measurement"
+                              for frontend, a in lengths.items())
+                    + f", concurrency {args.concurrency}, tiny model, CPU build",
+        "rounds": {frontend: a.rounds for frontend, a in lengths.items()},
+        "requests": {frontend: a.requests for frontend, a in lengths.items()},
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pinning": {**pinning.describe(), "serve_clients": args.serve_clients},
         "offline_hook_probe": args.probe,
         "hook_probe_times_one_call_in": HookProbe.DEFAULT_EVERY,
     }
     try:
-        for frontend in args.frontends.split(","):
-            if frontend == "serve":
-                out["serve"] = run_serve(args, modes, endpoint, pinning)
-            elif frontend == "offline":
-                out["offline"] = run_offline(args, modes, endpoint, pinning)
-            else:
-                raise SystemExit(f"unknown frontend {frontend!r}")
+        for frontend, fargs in lengths.items():
+            run = run_serve if frontend == "serve" else run_offline
+            out[frontend] = run(fargs, modes, endpoint, pinning)
         from vllm_overhead import engine_hooks_us_per_step
 
         out["engine_hooks_cpu_per_step"] = engine_hooks_us_per_step()
