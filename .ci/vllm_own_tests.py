@@ -87,7 +87,8 @@ def main(root: str, files: list[str]) -> int:
           f"{len(diverged)} diverged, instrumentation errors {errors or 'none'}")
     for k, (a, b) in sorted(diverged.items()):
         print(f"  diverged: {k}: plain {a}, instrumented {b}")
-    return 1 if diverged or errors or not plain else 0
+    # a run where no test passed plain tested nothing (a broken set-up, a collection error): a failure
+    return 1 if diverged or errors or not any(v == "passed" for v in plain.values()) else 0
 
 
 if __name__ == "__main__":

