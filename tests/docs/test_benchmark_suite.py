@@ -43,6 +43,14 @@ def test_the_suite_is_every_script_but_the_harness():
     assert len(listed) == len(set(listed)), "a script listed twice"
 
 
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_every_benchmark_script_parses(script: str) -> None:
+    # no test runs the benchmarks (they write results, they take minutes): one that no longer parsed went
+    # unnoticed, so each is at least compiled here
+    path = BENCH / script
+    compile(path.read_text(encoding="utf-8"), str(path), "exec")
+
+
 def test_result_files_are_named_by_what_they_measure():
     import re
     for path in (BENCH / "results").iterdir():
