@@ -139,7 +139,7 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
     from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
     from otel_llm.guard import Guard
     from otel_llm.instrumentation.vllm import AGENT_MODULE
-    from otel_llm.instrumentation.vllm.step_transport import STEP_DIR_ENV, SocketSink, open_step_dir
+    from otel_llm.instrumentation.vllm.step_transport import STEP_DIR_ENV, SocketSink, open_step_dir, remove_if_empty
 
     tp, mp = _sdk_tracer_provider(), _sdk_meter_provider()  # as otel-llm builds them from OTEL_*
     verdict = destinations.Verdict()
@@ -195,6 +195,8 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
         pipeline.close(1.0)
         if engine is not None:
             engine.sink.close()
+        if step_dir is not None:
+            remove_if_empty(step_dir)  # (the agent removed its socket as it exited)
     rss = [p["rss_bytes"] for p in series]
     return {
         "series": series,
