@@ -26,8 +26,8 @@ Hardening keys (docs/collector-limits.md says what each guarantees): the receive
 ``read_header_timeout``/``read_timeout``/``max_connections``/``max_header_bytes``/``max_json_body_size``/
 ``max_unauthenticated_connections``/``json_workers``/``json_bytes_per_peer_per_second`` (HTTP),
 ``read_timeout``/``max_concurrent_requests``/``keepalive.server_parameters``/``workers`` (gRPC), and on both
-``peer_share`` (the most of a receiver's slots one peer holds) and ``trusted_peers`` (addresses or CIDR blocks
-exempt from the shares: the load-balancing tier); ``auth: {authenticator: <bearertokenauth extension>}`` on both
+``min_data_rate`` (under contention, a body or waiting call below it may yield its slot to a peer holding
+fewer) and ``trusted_peers`` (addresses or CIDR blocks exempt from the shares: the load-balancing tier); ``auth: {authenticator: <bearertokenauth extension>}`` on both
 receivers and ``exporters.prometheus`` (the extension's ``tenants: {name: token}`` names tenants);
 ``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, max_series_per_tenant,
 max_series_per_source, label_cache_size}``; ``service.shutdown_timeout``.
@@ -225,7 +225,9 @@ class GrpcReceiverConfig:
     # contends for the GIL, -40% at 2 workers)
     workers: int = 0
     auth: BearerTokenConfig | None = None
-    peer_share: float = 0.25  # of the calls in flight, the most one peer (tenant, else source address) holds
+    # under contention, a call still waiting for its message below this rate (bytes/s) may be taken for a
+    # newcomer of a peer holding fewer calls (fairness.py; 0: only the cap)
+    min_data_rate: int = 1024
     trusted_peers: tuple[str, ...] = ()  # addresses / CIDR blocks exempt from per-peer shares (the LB tier)
 
 
@@ -242,9 +244,10 @@ class HttpReceiverConfig:
     read_header_timeout: float = 10.0  # from connection (or previous response) to the end of the headers
     read_timeout: float = 30.0  # from the end of the headers to the end of the body
     auth: BearerTokenConfig | None = None
-    peer_share: float = 0.25  # of max_connections, the most one peer (tenant, else source address) holds
+    # under contention, a body arriving below this rate (bytes/s) may be taken for a newcomer (fairness.py)
+    min_data_rate: int = 1024
     trusted_peers: tuple[str, ...] = ()  # addresses / CIDR blocks exempt from per-peer shares (the LB tier)
-    # with auth: connections whose token is not checked yet (each source at most peer_share of them)
+    # with auth: connections whose token is not checked yet (shared by source address like the connections)
     max_unauthenticated_connections: int = 64
     # OTLP/JSON bodies are parsed in this many worker processes (0: on the handler thread, holding the GIL)
     json_workers: int = 1
@@ -382,7 +385,8 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
         return None
     w = "receivers.otlp.protocols.grpc"
     _only(m, ("endpoint", "max_recv_msg_size_mib", "tls", "max_concurrent_requests", "read_timeout", "keepalive",
-              "workers", "auth", "peer_share", "trusted_peers"), w)
+              "workers", "auth", "peer_share", "min_data_rate", "trusted_peers"), w)
+    _no_peer_share(m, w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     keepalive = m.get("keepalive") or {}
     _only(keepalive, ("server_parameters",), f"{w}.keepalive")
@@ -400,7 +404,7 @@ def _grpc(m: Any, auths: Mapping[str, BearerTokenConfig]) -> GrpcReceiverConfig 
                                                                 f"{ka}.max_connection_age_grace"),
                               workers=positive_int(m.get("workers", 0), f"{w}.workers", allow_zero=True),
                               auth=_auth(m, auths, w),
-                              peer_share=_share(m.get("peer_share", 0.25), f"{w}.peer_share"),
+                              min_data_rate=_size_or_zero(m.get("min_data_rate", 1024), f"{w}.min_data_rate"),
                               trusted_peers=_trusted(m.get("trusted_peers"), f"{w}.trusted_peers"))
 
 
@@ -410,7 +414,9 @@ def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig 
     w = "receivers.otlp.protocols.http"
     _only(m, ("endpoint", "max_request_body_size", "max_concurrent_requests", "tls", "max_json_body_size",
               "max_connections", "max_header_bytes", "read_header_timeout", "read_timeout", "auth", "peer_share",
-              "trusted_peers", "max_unauthenticated_connections", "json_workers", "json_bytes_per_peer_per_second"), w)
+              "min_data_rate", "trusted_peers", "max_unauthenticated_connections", "json_workers",
+              "json_bytes_per_peer_per_second"), w)
+    _no_peer_share(m, w)
     host, port = endpoint(m.get("endpoint"), f"{w}.endpoint")
     return HttpReceiverConfig(host, port, size(m.get("max_request_body_size"), f"{w}.max_request_body_size"),
                               positive_int(m.get("max_concurrent_requests"), f"{w}.max_concurrent_requests"),
@@ -422,7 +428,7 @@ def _http(m: Any, auths: Mapping[str, BearerTokenConfig]) -> HttpReceiverConfig 
                                                                      f"{w}.read_header_timeout"),
                               read_timeout=_positive_duration(m.get("read_timeout"), f"{w}.read_timeout"),
                               auth=_auth(m, auths, w),
-                              peer_share=_share(m.get("peer_share", 0.25), f"{w}.peer_share"),
+                              min_data_rate=_size_or_zero(m.get("min_data_rate", 1024), f"{w}.min_data_rate"),
                               trusted_peers=_trusted(m.get("trusted_peers"), f"{w}.trusted_peers"),
                               max_unauthenticated_connections=positive_int(
                                   m.get("max_unauthenticated_connections", 64), f"{w}.max_unauthenticated_connections"),
@@ -436,11 +442,12 @@ def _size_or_zero(value: Any, where: str) -> int:
     return 0 if value == 0 and not isinstance(value, bool) else size(value, where)
 
 
-def _share(value: Any, where: str) -> float:
-    """A fraction in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{where}: expected a fraction in (0, 1], got {value!r}")
-    return float(value)
+def _no_peer_share(m: Mapping, where: str) -> None:
+    """``peer_share`` capped a peer even when nothing was contended; shares are now computed (max-min)."""
+    if "peer_share" in m:
+        raise ConfigError(f"{where}.peer_share: removed - a peer may use free capacity and, when the receiver is "
+                          "full, yields idle and slow slots to peers holding fewer (docs/collector-limits.md); "
+                          "delete the key (min_data_rate sets what counts as slow)")
 
 
 def _trusted(value: Any, where: str) -> tuple[str, ...]:

@@ -1,33 +1,48 @@
-"""Per-peer shares of the receivers' slots, so one greedy client cannot lock the others out.
+"""Per-peer shares of the receivers' slots that bite only under contention (max-min fairness).
 
 A *peer* is the tenant a request's bearer token names when the receiver checks tokens, else the
-client's source address. ``PeerSlots`` is one capacity (connections, calls in flight) that every
-peer shares, each holding at most ``share`` of it: a peer that asks for more is refused at once
-(``reason="peer_share"``) while the rest of the capacity stays free for others, so an honest peer
-always finds a slot unless more than ``1 / share`` peers are saturating it together. A peer in
-``trusted_peers`` (the load-balancing tier in front of scaled-out gateways: every span arrives from
-it) is held only to the capacity.
+client's source address. ``PeerSlots`` is one capacity (connections, gRPC calls in flight, bodies being
+processed). While it has free slots, any peer takes one, however many it holds: a host running many
+instrumented processes is one peer and may use what nobody else needs. When it is full, a newcomer gets a
+slot at the expense of the peer furthest above its fair share (``capacity / peers holding slots``) - first
+that peer's idle keep-alive connections (idle for at least ``grace``), then its slowest bodies (older than
+``grace`` and below ``min_rate`` bytes a second, as Apache's and nginx's request-rate limits do) - and only
+of a peer holding more than the newcomer, so the shares converge to max-min. A newcomer of the same peer
+may take that peer's own idle or slow slot: a slow or idle connection never outranks a live request from
+the same address. A live slot (a request being parsed or processed, a gRPC message being handled) is never
+taken. With nothing to take, the newcomer is refused: ``peer_share`` when it holds at least its fair share,
+else ``busy``. ``trusted_peers`` (the load-balancing tier) are held to the capacity only: they are never
+charged to a share, never taken from, and take from nobody.
 
-State is bounded by construction: a peer has an entry only while it holds a slot, so a table holds
-at most ``capacity`` entries whatever the number of sources; counters carry a reason, never a
-source. ``ByteBudgets`` (per-peer token buckets) keeps at most ``max_peers`` entries and forgets the
-least recently seen peer first (a forgotten peer starts again with a full bucket).
+``grace`` is read on the injected clock, so tests decide what is idle or slow by advancing a fake clock.
+
+State is bounded by construction: a slot exists only while held (at most ``capacity``; a slot taken from
+its holder leaves the table at once), a peer has an entry only while it holds a slot; counters carry a
+reason (``evicted_idle``, ``evicted_slow``, ``peer_share``, ``busy``), never a source.
+``ByteBudgets`` (per-peer token buckets) keeps at most ``max_peers`` entries and forgets the least recently
+seen peer first (a forgotten peer starts again with a full bucket).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, NamedTuple
 
-PEER_SHARE = "peer_share"  # the refusal reason when a peer holds its whole share
-BUSY = "busy"  # the capacity itself is taken
+PEER_SHARE = "peer_share"  # refused: the pool is full, nothing can be taken, and the peer holds its fair share
+BUSY = "busy"  # refused: the pool is full, nothing can be taken, the peer is below its fair share
+EVICTED_IDLE = "evicted_idle"  # a slot taken from an idle keep-alive connection
+EVICTED_SLOW = "evicted_slow"  # a slot taken from a body arriving below min_rate
+
+IDLE, RECEIVING, LIVE = "idle", "receiving", "live"
+GRACE_S = 1.0  # how long a slot must have been idle, or receiving, before it can be taken
+MIN_RATE = 1024  # bytes a second below which a body (or a gRPC call waiting for its message) is slow
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -76,64 +91,134 @@ def parse_network(entry: str) -> Network:
         raise ValueError(f"{entry!r} is neither an IP address nor a CIDR block") from None
 
 
-def share_of(capacity: int, share: float) -> int:
-    """A peer's slots: ``share`` of ``capacity``, at least one."""
-    return max(1, math.floor(capacity * share))
+@dataclass(eq=False)
+class Slot:
+    """One held slot: whose it is, what it is doing since when, and how to take it back (``on_evict``, called
+    with the reason outside the pool's lock: it shuts the connection down or cancels the call)."""
+
+    peer: Peer
+    state: str
+    since: float
+    on_evict: Callable[[str], None] | None = None
+    received: int = 0  # body bytes since ``since`` (state RECEIVING)
+    evicted: str | None = None  # the reason, once taken
+    released: bool = field(default=False, repr=False)
+
+
+class Grant(NamedTuple):
+    """``slot`` when one was given (``evicted``: the reason of the slot taken for it, if any), else ``refused``."""
+
+    slot: Slot | None
+    refused: str | None = None
+    evicted: str | None = None
 
 
 class PeerSlots:
-    """``capacity`` slots; each peer (by ``Peer.key``) at most ``limit`` of them, trusted peers exempt.
+    """``capacity`` slots shared by peers (by ``Peer.key``) with max-min fairness under contention. Thread-safe."""
 
-    Thread-safe. ``acquire`` returns None when a slot was taken, else the refusal reason. A slot taken with
-    ``peer=None`` counts toward the capacity only (a connection whose tenant is not known yet); ``bind``
-    charges it to a peer later."""
-
-    def __init__(self, capacity: int, share: float) -> None:
+    def __init__(self, capacity: int, min_rate: float = MIN_RATE, grace: float = GRACE_S,
+                 clock: Clock = time.monotonic) -> None:
         self.capacity = capacity
-        self.limit = share_of(capacity, share)
-        self._held: dict[str, int] = {}  # peers holding slots now (at most ``capacity`` entries)
+        self.min_rate, self.grace = min_rate, grace
+        self._clock = clock
+        self._held: dict[str, dict[Slot, None]] = {}  # peer key -> its slots (insertion order: oldest first)
         self._total = 0
         self._lock = threading.Lock()
 
-    def acquire(self, peer: Peer | None) -> str | None:
+    def acquire(self, peer: Peer, state: str = LIVE, on_evict: Callable[[str], None] | None = None) -> Grant:
+        now = self._clock()
+        victim: Slot | None = None
         with self._lock:
             if self._total >= self.capacity:
-                return BUSY
-            if peer is not None and not peer.trusted:
-                key = peer.key
-                n = self._held.get(key, 0)
-                if n >= self.limit:
-                    return PEER_SHARE
-                self._held[key] = n + 1
-            self._total += 1
-            return None
+                if peer.trusted:
+                    return Grant(None, BUSY)
+                victim = self._victim(peer.key, now)
+                if victim is None:
+                    mine = len(self._held.get(peer.key, ()))
+                    peers = len(self._held) + (peer.key not in self._held)
+                    return Grant(None, PEER_SHARE if peers > 1 and mine >= self.capacity // peers else BUSY)
+                self._remove(victim)
+            slot = Slot(peer, state, now, on_evict)
+            self._add(slot)
+        if victim is not None and victim.on_evict is not None:
+            victim.on_evict(victim.evicted or EVICTED_IDLE)
+        return Grant(slot, None, victim.evicted if victim is not None else None)
 
-    def bind(self, old: Peer | None, new: Peer) -> str | None:
-        """Move a held slot from ``old`` (None: the capacity only) to ``new``; a refusal leaves it with ``old``."""
-        if old is not None and old.key == new.key and old.trusted == new.trusted:
-            return None
-        with self._lock:
-            if not new.trusted:
-                n = self._held.get(new.key, 0)
-                if n >= self.limit:
-                    return PEER_SHARE
-                self._held[new.key] = n + 1
-            self._drop(old)
-            return None
+    def _victim(self, key: str, now: float) -> Slot | None:
+        """The slot to take for a newcomer of ``key``: from the peers holding more than it, furthest above its
+        fair share first, then from its own; in each, the longest idle, then the slowest body."""
+        mine = len(self._held.get(key, ()))
+        others = sorted((k for k, s in self._held.items() if k != key and len(s) > mine + 1),
+                        key=lambda k: -len(self._held[k]))
+        for k in (*others, key):
+            slot = self._takeable(self._held.get(k), now)
+            if slot is not None:
+                return slot
+        return None
 
-    def release(self, peer: Peer | None) -> None:
-        with self._lock:
-            self._drop(peer)
-            self._total -= 1
+    def _takeable(self, slots: dict[Slot, None] | None, now: float) -> Slot | None:
+        if not slots:
+            return None
+        slowest: Slot | None = None
+        slowest_rate = self.min_rate
+        for s in slots:  # oldest first
+            age = now - s.since
+            if age < self.grace:
+                continue
+            if s.state == IDLE:
+                s.evicted = EVICTED_IDLE
+                return s
+            if s.state == RECEIVING and self.min_rate > 0:
+                rate = s.received / age
+                if rate < slowest_rate:
+                    slowest, slowest_rate = s, rate
+        if slowest is not None:
+            slowest.evicted = EVICTED_SLOW
+        return slowest
 
-    def _drop(self, peer: Peer | None) -> None:
-        if peer is None or peer.trusted:
+    def _add(self, slot: Slot) -> None:
+        self._total += 1
+        if not slot.peer.trusted:
+            self._held.setdefault(slot.peer.key, {})[slot] = None
+
+    def _remove(self, slot: Slot) -> None:
+        self._total -= 1
+        slot.released = True
+        if slot.peer.trusted:
             return
-        n = self._held.get(peer.key, 0) - 1
-        if n > 0:
-            self._held[peer.key] = n
-        else:
-            self._held.pop(peer.key, None)
+        slots = self._held.get(slot.peer.key)
+        if slots is not None:
+            slots.pop(slot, None)
+            if not slots:
+                del self._held[slot.peer.key]
+
+    def release(self, slot: Slot | None) -> None:
+        """Give a slot back (a no-op for one already taken or released)."""
+        if slot is None:
+            return
+        with self._lock:
+            if not slot.released:
+                self._remove(slot)
+
+    def mark(self, slot: Slot, state: str) -> bool:
+        """``slot`` is now ``state`` (from now on the clock); False when it was taken meanwhile."""
+        with self._lock:
+            if slot.released:
+                return False
+            slot.state, slot.since, slot.received = state, self._clock(), 0
+            return True
+
+    def bind(self, slot: Slot, peer: Peer) -> bool:
+        """Charge a held slot to ``peer`` (a connection's tenant, once its token is checked); False when taken."""
+        with self._lock:
+            if slot.released:
+                return False
+            if slot.peer.key != peer.key or slot.peer.trusted != peer.trusted:
+                self._remove(slot)
+                slot.released = False
+                slot.peer = peer
+                self._add(slot)
+            return True
 
     @property
     def in_use(self) -> int:
@@ -141,7 +226,7 @@ class PeerSlots:
 
     def held_by(self, peer: Peer) -> int:
         """Slots ``peer`` holds now (tests and logs)."""
-        return self._held.get(peer.key, 0)
+        return len(self._held.get(peer.key, ()))
 
     @property
     def peers(self) -> int:

@@ -103,10 +103,10 @@ class Gateway:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
                                                      BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
             if cfg.grpc is not None:
-                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request)
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request, self.clock)
                 self.grpc.start()
             if cfg.http is not None:
-                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request)
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request, self.clock)
                 self.http.start()
         except Exception:
             self.shutdown()

@@ -1,9 +1,11 @@
-"""One greedy client must not lock the others out: per-peer shares of connections and calls, series budgets
-per tenant and source, refusals by their reason, non-finite latencies refused, OTLP/JSON parsed elsewhere.
+"""One greedy client must not lock the others out: shares of connections and calls that bite only under
+contention (max-min: idle, then slow slots yield), series budgets per tenant and source, refusals by their
+reason, non-finite latencies refused, OTLP/JSON parsed elsewhere.
 
 Clients bind distinct loopback source addresses (127.0.0.2 squats, 127.0.0.3 or 127.0.0.1 is honest). Each
-attack holds its whole weight before the honest client starts, and the assertions are about what the
-gateway decided (how many exports it accepted, which reason it counted), never how fast.
+attack fills its pool before every honest export, the clock the shares read is a fake one the test
+advances, and the assertions are about what the gateway decided (how many exports it accepted, which
+reason it counted), never how fast.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ import math
 import os
 import struct
 import threading
+import time
 import zlib
+from typing import Callable
 
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector_testkit import export_request, loopback_config, request_attrs, span, wait_for
+from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span, wait_for
 from peer_clients import METHOD, ConnectionSquatter, Forwarder, http_export
 from otel_llm.otlp.json_codec import dumps
 from otel_llm_collector.auth import BearerAuth
 from otel_llm_collector.config import CollectorConfig, ConfigError
-from otel_llm_collector.fairness import ByteBudgets, Peer, PeerSlots, TrustedPeers
+from otel_llm_collector.fairness import GRACE_S, IDLE, LIVE, RECEIVING, ByteBudgets, Peer, PeerSlots, TrustedPeers
 from otel_llm_collector.gateway import Gateway
 
 GOOD = export_request(span(1, 1, attrs=request_attrs())).SerializeToString()
@@ -36,11 +40,12 @@ def bad(g: Gateway, transport: str, reason: str) -> float:
     return g.telemetry.value("receiver_bad_requests", transport=transport, reason=reason)
 
 
-def gateway(http: dict | None = None, grpc_: dict | None = None, **over) -> Gateway:
+def gateway(http: dict | None = None, grpc_: dict | None = None, clock: Callable[[], float] = time.monotonic,
+            **over) -> Gateway:
     protocols = {"grpc": None if grpc_ is None else {"endpoint": "127.0.0.1:0", **grpc_},
                  "http": None if http is None else {"endpoint": "127.0.0.1:0", **http}}
     cfg = loopback_config(receivers={"otlp": {"protocols": protocols}}, processors={"tail_sampling": None}, **over)
-    return Gateway(cfg, manual_ticks=True).start()
+    return Gateway(cfg, clock=clock, manual_ticks=True).start()
 
 
 TOKENS = {"extensions": {"bearertokenauth": {"tokens": ["squatter-token", "honest-token"]}}}
@@ -48,61 +53,139 @@ AUTH = {"auth": {"authenticator": "bearertokenauth"}}
 
 
 # -- connections --------------------------------------------------------------------------------------
+#
+# Each attack fills the pool before every honest export (asserted), and the clock the shares read is a
+# fake one the test advances past the grace before each export: what is idle or slow is what the test says,
+# not what the machine's speed makes it.
 
-def _squat_connections(g: Gateway, token: str | None) -> int:
-    """300 idle connections from SQUATTER (reopened when closed) while HONEST exports; the honest successes."""
-    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=300)
+SMALL_POOL = 16  # connections (or calls) a receiver holds here: the attacks fill it with tens of sockets
+ATTACKERS = 24
+
+
+def _contended(g: Gateway, clock: FakeClock, pool, honest) -> int:
+    """HONEST_EXPORTS calls of ``honest()``, each after the pool was full and the clock passed the grace."""
+    ok = 0
+    for _ in range(HONEST_EXPORTS):
+        assert wait_for(lambda: pool.in_use >= pool.capacity), "the attack did not fill the pool"
+        clock.advance(2 * GRACE_S)
+        ok += honest()
+    return ok
+
+
+def _squat(body: bytes = b"") -> tuple[dict, Callable[[Gateway], ConnectionSquatter]]:
+    http = {"max_connections": SMALL_POOL}
+    return http, lambda g: ConnectionSquatter(g.http.port, SQUATTER, n=ATTACKERS, send=body)
+
+
+SLOW_BODY = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+             b"Content-Length: 100000\r\n\r\n\x0a")  # one byte of a declared 100 KB body; the rest never comes
+
+
+@pytest.mark.parametrize("honest_source", [HONEST, SQUATTER], ids=["other_address", "same_address"])
+@pytest.mark.parametrize("attack", ["idle", "slow_body"])
+def test_an_honest_client_gets_its_exports_through_a_full_pool_of_idle_or_slow_connections(
+        attack: str, honest_source: str) -> None:
+    clock = FakeClock()
+    http, squat = _squat(SLOW_BODY if attack == "slow_body" else b"")
+    g = gateway(http=http, clock=clock)
+    squatter = squat(g)
     try:
-        # every one of the 300 was taken or refused before the honest client starts
-        assert wait_for(lambda: g.http.connections + bad(g, "http", "too_many_connections")
-                        + bad(g, "http", "peer_share") + bad(g, "http", "unauthenticated_pool") >= 300)
-        return sum(http_export(g.http.port, GOOD, HONEST, token) == 200 for _ in range(HONEST_EXPORTS))
+        pool = g.http.connection_slots
+        ok = _contended(g, clock, pool, lambda: http_export(g.http.port, GOOD, honest_source) == 200)
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+        reason = "evicted_idle" if attack == "idle" else "evicted_slow"
+        assert bad(g, "http", reason) >= HONEST_EXPORTS  # each honest connection took an attacker's slot
+        assert pool.in_use <= pool.capacity and pool.peers <= 2
     finally:
         squatter.close()
+        g.shutdown()
 
 
-def test_a_connection_squatter_leaves_an_honest_client_its_exports() -> None:
+def test_100_honest_keep_alive_clients_on_one_address_get_their_exports_through() -> None:
+    """A host running many instrumented processes is one peer: with nothing else contending it may use the
+    whole receiver (the fixed shares refused a third of these exports)."""
     g = gateway(http={})
+    clients, rounds = 100, 3
+    results: list[int] = []
+    lock = threading.Lock()
+    ready = threading.Barrier(clients)
+
+    def client() -> None:
+        import http.client
+
+        c = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=30, source_address=(HONEST, 0))
+        ok = 0
+        try:
+            ready.wait(60)  # all 100 connections are open together
+            for _ in range(rounds):
+                try:
+                    c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf"})
+                    r = c.getresponse()
+                    r.read()
+                    ok += r.status == 200
+                except (OSError, http.client.HTTPException):
+                    c.close()
+        finally:
+            c.close()
+            with lock:
+                results.append(ok)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     try:
-        ok = _squat_connections(g, None)
-        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
-        share = g.http.connection_slots.limit
-        assert g.http.connection_slots.held_by(Peer(SQUATTER)) <= share < g.config.http.max_connections
-        assert bad(g, "http", "peer_share") > 0
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        sent = clients * rounds
+        assert len(results) == clients and sum(results) >= 0.99 * sent, f"{sum(results)} of {sent} succeeded"
+        for reason in ("peer_share", "too_many_connections", "evicted_idle", "evicted_slow", "busy"):
+            assert bad(g, "http", reason) == 0, reason
     finally:
         g.shutdown()
 
 
 def test_with_auth_unauthenticated_connections_wait_in_a_small_pool() -> None:
-    g = gateway(http=AUTH, extensions=TOKENS["extensions"])
+    clock = FakeClock()
+    g = gateway(http={**AUTH, "max_unauthenticated_connections": SMALL_POOL}, extensions=TOKENS["extensions"],
+                clock=clock)
+    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=ATTACKERS)
     try:
-        ok = _squat_connections(g, "honest-token")
-        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
         pool = g.http.unauthenticated_slots
-        assert pool is not None and pool.held_by(Peer(SQUATTER)) <= pool.limit
+        assert pool is not None
+        ok = _contended(g, clock, pool, lambda: http_export(g.http.port, GOOD, HONEST, "honest-token") == 200)
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
         assert g.http.connections <= pool.capacity + 1  # the squatter never got past the pool
+        assert bad(g, "http", "evicted_idle") >= HONEST_EXPORTS
     finally:
+        squatter.close()
         g.shutdown()
 
 
-def test_a_tenant_holds_at_most_its_share_of_connections_after_its_token_is_checked() -> None:
-    g = gateway(http={"max_connections": 8, **AUTH}, extensions=TOKENS["extensions"])
+def test_a_tenant_uses_free_connections_and_yields_its_idle_ones_under_contention() -> None:
     import http.client
 
+    clock = FakeClock()
+    g = gateway(http={"max_connections": 4, **AUTH}, extensions=TOKENS["extensions"], clock=clock)
     held = []
+
+    def post(c: http.client.HTTPConnection, token: str) -> int:
+        c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf",
+                                                              "Authorization": f"Bearer {token}"})
+        r = c.getresponse()
+        r.read()
+        return r.status
+
     try:
-        statuses = []
-        for _ in range(4):  # keep-alive connections of one tenant, each past its token check
+        for _ in range(4):  # keep-alive connections of one tenant, each past its token check: all of them fit
             c = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=10)
-            c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf",
-                                                                  "Authorization": "Bearer squatter-token"})
-            r = c.getresponse()
-            r.read()
-            statuses.append(r.status)
+            assert post(c, "squatter-token") == 200
             held.append(c)
-        assert statuses == [200, 200, 503, 503]  # 8 x 0.25: two connections per tenant
-        assert bad(g, "http", "peer_share") == 2
+        slots = g.http.connection_slots
+        assert slots.held_by(Peer("127.0.0.1", "token-1")) == 4 and bad(g, "http", "peer_share") == 0
+        clock.advance(2 * GRACE_S)  # now they are idle keep-alives
         assert http_export(g.http.port, GOOD, token="honest-token") == 200  # another tenant, same address
+        assert bad(g, "http", "evicted_idle") == 1
+        assert wait_for(lambda: slots.held_by(Peer("127.0.0.1", "token-1")) == 3)
     finally:
         for c in held:
             c.close()
@@ -110,12 +193,16 @@ def test_a_tenant_holds_at_most_its_share_of_connections_after_its_token_is_chec
 
 
 def test_trusted_peers_are_held_to_the_cap_only() -> None:
-    g = gateway(http={"max_connections": 8, "trusted_peers": [SQUATTER, "10.0.0.0/8"]})
+    clock = FakeClock()
+    g = gateway(http={"max_connections": 8, "trusted_peers": [SQUATTER, "10.0.0.0/8"]}, clock=clock)
     try:
-        squatter = ConnectionSquatter(g.http.port, SQUATTER, n=6, max_reopens=0)
+        squatter = ConnectionSquatter(g.http.port, SQUATTER, n=8, max_reopens=0)
         try:
-            assert wait_for(lambda: g.http.connections == 6)  # 6 > 8 x 0.25: the share does not apply
-            assert bad(g, "http", "peer_share") == 0
+            assert wait_for(lambda: g.http.connections == 8)
+            clock.advance(2 * GRACE_S)
+            # the load-balancing tier's idle connections are never taken: the newcomer finds the cap full
+            assert http_export(g.http.port, GOOD, HONEST) in (0, 503)
+            assert bad(g, "http", "too_many_connections") == 1 and bad(g, "http", "evicted_idle") == 0
         finally:
             squatter.close()
     finally:
@@ -135,32 +222,44 @@ def _hold_calls(channel: grpc.Channel, n: int, metadata=None):
     return release, [stream.future(never(), timeout=60, metadata=metadata) for _ in range(n)]
 
 
-def _honest_calls(channel: grpc.Channel, metadata=None) -> int:
+def _honest_call(channel: grpc.Channel, metadata=None) -> int:
     call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
-    ok = 0
-    for _ in range(HONEST_EXPORTS):
-        try:
-            ExportTraceServiceResponse.FromString(call(GOOD, timeout=10, metadata=metadata))
-            ok += 1
-        except grpc.RpcError:
-            pass
-    return ok
-
-
-def test_a_call_squatter_leaves_an_honest_peer_its_calls() -> None:
-    g = gateway(grpc_={})
-    forwarder = Forwarder(g.grpc.port, SQUATTER)
-    squat = grpc.insecure_channel(forwarder.endpoint)
-    honest = grpc.insecure_channel(g.grpc_endpoint)  # from 127.0.0.1
-    release, futures = _hold_calls(squat, 300)  # 300 calls that never send their message
     try:
-        assert wait_for(lambda: g.grpc.in_flight + bad(g, "grpc", "busy") + bad(g, "grpc", "peer_share") >= 300)
-        ok = _honest_calls(honest)
+        ExportTraceServiceResponse.FromString(call(GOOD, timeout=10, metadata=metadata))
+        return 1
+    except grpc.RpcError:
+        return 0
+
+
+@pytest.mark.parametrize("same_address", [False, True], ids=["other_address", "same_address"])
+def test_stalled_grpc_calls_yield_their_slots_to_an_honest_call(same_address: bool) -> None:
+    clock = FakeClock()
+    g = gateway(grpc_={"max_concurrent_requests": SMALL_POOL}, clock=clock)
+    forwarder = Forwarder(g.grpc.port, SQUATTER)
+    honest = grpc.insecure_channel(g.grpc_endpoint)  # from 127.0.0.1
+    squat = honest if same_address else grpc.insecure_channel(forwarder.endpoint)
+    releases, futures = [], []
+    pool = g.grpc.slots
+
+    def stall(n: int) -> None:  # the squatter keeps the pool full: one more stalled call for each it lost
+        release, fs = _hold_calls(squat, n)
+        releases.append(release)
+        futures.extend(fs)
+
+    try:
+        stall(SMALL_POOL + 8)  # the 8 beyond the pool are refused at once (the clock has not moved)
+        assert wait_for(lambda: bad(g, "grpc", "peer_share") + bad(g, "grpc", "busy") >= 8)
+        ok = 0
+        for _ in range(HONEST_EXPORTS):
+            assert wait_for(lambda: pool.in_use >= pool.capacity), "the stalled calls did not fill the pool"
+            clock.advance(2 * GRACE_S)
+            ok += _honest_call(honest)
+            stall(1)
         assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest calls succeeded"
-        assert g.grpc.slots.held_by(Peer(SQUATTER)) == g.grpc.slots.limit
-        assert bad(g, "grpc", "peer_share") == 300 - g.grpc.slots.limit
+        assert bad(g, "grpc", "evicted_slow") >= HONEST_EXPORTS
     finally:
-        release.set()
+        for r in releases:
+            r.set()
         for f in futures:
             f.cancel()
         squat.close()
@@ -170,14 +269,17 @@ def test_a_call_squatter_leaves_an_honest_peer_its_calls() -> None:
 
 
 def test_with_auth_a_call_is_charged_to_its_tenant() -> None:
-    g = gateway(grpc_={"max_concurrent_requests": 8, **AUTH}, extensions=TOKENS["extensions"])
+    clock = FakeClock()
+    g = gateway(grpc_={"max_concurrent_requests": 8, **AUTH}, extensions=TOKENS["extensions"], clock=clock)
     ch = grpc.insecure_channel(g.grpc_endpoint)  # both tenants from the same address
     release, futures = _hold_calls(ch, 8, metadata=(("authorization", "Bearer squatter-token"),))
     try:
-        assert wait_for(lambda: g.grpc.in_flight + bad(g, "grpc", "busy") + bad(g, "grpc", "peer_share") >= 8)
-        ok = _honest_calls(ch, metadata=(("authorization", "Bearer honest-token"),))
-        assert ok == HONEST_EXPORTS
-        assert g.grpc.slots.held_by(Peer("127.0.0.1", "token-1")) == 2  # 8 x 0.25
+        assert wait_for(lambda: g.grpc.slots.held_by(Peer("127.0.0.1", "token-1")) == 8)  # free: it may take all
+        clock.advance(2 * GRACE_S)
+        ok = sum(_honest_call(ch, metadata=(("authorization", "Bearer honest-token"),)) for _ in range(4))
+        # the first took a stalled call of the other tenant; the rest found the slot it gave back free
+        assert ok == 4 and bad(g, "grpc", "evicted_slow") == 1
+        assert g.grpc.slots.held_by(Peer("127.0.0.1", "token-1")) == 7
         with pytest.raises(grpc.RpcError) as no_token:  # refused before taking a slot
             ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)(GOOD, timeout=10)
         assert no_token.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -334,17 +436,43 @@ def test_json_is_parsed_in_a_worker_process_within_a_per_peer_byte_budget() -> N
 
 # -- the pieces --------------------------------------------------------------------------------------
 
-def test_peer_slots_bound_each_peer_and_forget_peers_that_hold_nothing() -> None:
-    slots = PeerSlots(8, 0.25)
-    a, b = Peer("10.0.0.1"), Peer("10.0.0.2")
-    assert [slots.acquire(a) for _ in range(3)] == [None, None, "peer_share"]
-    assert slots.acquire(b) is None and slots.in_use == 3 and slots.peers == 2
-    for p in (a, a, b):
-        slots.release(p)
-    assert slots.in_use == 0 and slots.peers == 0  # no entry for a peer that holds nothing
+def test_peer_slots_bite_only_under_contention_and_take_idle_then_slow_slots() -> None:
+    now = [0.0]
+    slots = PeerSlots(4, min_rate=100, grace=1.0, clock=lambda: now[0])
+    a, b, c = Peer("10.0.0.1"), Peer("10.0.0.2"), Peer("10.0.0.3")
+    taken: list[str] = []
+    held = [slots.acquire(a, LIVE, taken.append).slot for _ in range(4)]  # free capacity: no share applies
+    assert all(held) and slots.in_use == 4 and slots.held_by(a) == 4
+    assert slots.acquire(b).refused == "busy"  # full and every slot live: nothing is taken
+    assert slots.mark(held[0], IDLE) and slots.mark(held[1], RECEIVING)
+    held[1].received = 50  # 50 bytes in 2 s below: 25 B/s, under min_rate
+    assert slots.mark(held[2], RECEIVING)
+    held[2].received = 10_000  # fast: never taken
+    assert slots.acquire(b).refused == "busy"  # idle and receiving for less than the grace: not yet
+    now[0] = 2.0
+    first = slots.acquire(b)
+    assert first.slot is not None and first.evicted == "evicted_idle" and taken == ["evicted_idle"]
+    second = slots.acquire(c)  # the idle one is gone: the slowest body next
+    assert second.evicted == "evicted_slow" and held[1].evicted == "evicted_slow"
+    assert slots.held_by(a) == 2 and slots.held_by(b) == slots.held_by(c) == 1
+    # a (2) is not more than one above b or c (1): max-min reached, a newcomer of c finds nothing to take
+    assert slots.acquire(c).refused == "peer_share"
+    slots.release(held[0])  # released after it was taken: a no-op
+    assert slots.in_use == 4
+    # within one peer: a newcomer of b takes b's own idle slot, never a's live one
+    assert first.slot is not None and slots.mark(first.slot, IDLE)
+    now[0] = 4.0
+    own = slots.acquire(b)
+    assert own.evicted == "evicted_idle" and first.slot.evicted and slots.held_by(b) == 1
+    # bounded: an entry per peer holding slots, gone with its last slot
+    for s in (own.slot, second.slot, held[2], held[3]):
+        slots.release(s)
+    assert slots.in_use == 0 and slots.peers == 0
     lb = TrustedPeers(["10.1.0.0/16"]).peer("10.1.2.3")
-    assert lb.trusted and [slots.acquire(lb) for _ in range(9)][-1] == "busy"  # the cap still holds
-    assert slots.peers == 0
+    got = [slots.acquire(lb, IDLE) for _ in range(5)]
+    assert got[-1].refused == "busy" and slots.peers == 0  # the cap still holds; never charged to a share
+    now[0] = 10.0
+    assert slots.acquire(a).refused == "busy"  # the trusted tier's idle slots are never taken
 
 
 def test_byte_budgets_refill_and_stay_bounded() -> None:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector_testkit import export_request, loopback_config, request_attrs, span, wait_for
+from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span, wait_for
 from otel_llm_collector.gateway import Gateway
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -48,12 +48,11 @@ def bad(g: Gateway, transport: str, reason: str) -> float:
 
 
 def gateway(read_timeout: str = "4s") -> Gateway:
-    # every client here is one peer (127.0.0.1): the per-peer shares (tests/collector/test_fairness.py) are
-    # lifted so that what bites is the slow-client defences
+    # every client here is one peer (127.0.0.1) and nothing fills a pool, so the shares never bite: what bites
+    # is the slow-client defences (tests/collector/test_fairness.py contends the pools)
     cfg = loopback_config(receivers={"otlp": {"protocols": {
-        "grpc": {"endpoint": "127.0.0.1:0", "read_timeout": read_timeout, "peer_share": 1},
-        "http": {"endpoint": "127.0.0.1:0", "read_timeout": read_timeout, "read_header_timeout": "4s",
-                 "peer_share": 1}}}},
+        "grpc": {"endpoint": "127.0.0.1:0", "read_timeout": read_timeout},
+        "http": {"endpoint": "127.0.0.1:0", "read_timeout": read_timeout, "read_header_timeout": "4s"}}}},
         processors={"tail_sampling": None})
     return Gateway(cfg, manual_ticks=True).start()
 
@@ -145,8 +144,9 @@ def test_header_slowloris_is_cut_at_read_header_timeout(gw: Gateway) -> None:
 
 def test_connections_are_capped_and_the_excess_refused_with_503() -> None:
     cfg = loopback_config(receivers={"otlp": {"protocols": {"grpc": None, "http": {
-        "endpoint": "127.0.0.1:0", "max_connections": 5, "peer_share": 1}}}}, processors={"tail_sampling": None})
-    with Gateway(cfg, manual_ticks=True) as g:
+        "endpoint": "127.0.0.1:0", "max_connections": 5}}}}, processors={"tail_sampling": None})
+    # a frozen clock: the held connections never count as idle long enough to be taken for the sixth
+    with Gateway(cfg, clock=FakeClock(), manual_ticks=True) as g:
         held = [socket.create_connection(("127.0.0.1", g.http.port), timeout=10) for _ in range(5)]
         try:
             assert wait_for(lambda: g.http.connections == 5)

@@ -16,10 +16,12 @@ gRPC's own inflation is off: a compressed message is inflated here with an outpu
 counted ``gzip_too_large``), and gRPC's hard cap is 4 x ours, so every refusal below it has its reason.
 
 Calls are shared per peer (``fairness.PeerSlots``): a peer - the token's tenant with ``auth``, else the
-source address - holds at most ``peer_share`` of ``max_concurrent_requests``; beyond it the call gets
-RESOURCE_EXHAUSTED at once (``reason="peer_share"``), so the rest stays free for other peers.
-``trusted_peers`` (the load-balancing tier) are held to the cap only. The token is checked before a slot
-is taken.
+source address - may use free capacity. When ``max_concurrent_requests`` are in flight, a new call takes
+the slot of a call still waiting for its message (below ``min_data_rate`` for at least a second) of the
+peer furthest above its fair share, or of its own peer; that call ends RESOURCE_EXHAUSTED and is counted
+(``reason="evicted_slow"``). With nothing to take, the new call gets RESOURCE_EXHAUSTED (``peer_share`` or
+``busy``). A call whose message is in is never taken. ``trusted_peers`` (the load-balancing tier) are held to
+the cap only. The token is checked before a slot is taken.
 
 With ``tls`` the port is TLS only (gRPC's own handshake; ``client_ca_file`` makes a client certificate
 mandatory). With ``auth`` a call must carry ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,7 +42,7 @@ from otel_llm.otlp import messages
 
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
-from ..fairness import PEER_SHARE, Peer, PeerSlots, TrustedPeers
+from ..fairness import LIVE, PEER_SHARE, RECEIVING, Clock, Peer, PeerSlots, Slot, TrustedPeers
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
 from .compression import InflateError, inflate_message
@@ -49,14 +52,16 @@ HARD_CAP_FACTOR = 4
 
 
 class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+    """``reason`` None: counted elsewhere (a call whose slot was taken is counted by the call that took it)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str | None, message: str) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
 
 
 class GrpcReceiver:
     def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request) -> None:
+                 parse: Parse = messages.parse_request, clock: Clock = time.monotonic) -> None:
         self._cfg = cfg
         self._ingest = ingest
         self._parse = parse  # validates the bytes (MalformedRequest: refused) into what ``ingest`` takes
@@ -64,8 +69,8 @@ class GrpcReceiver:
         self._auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self._in_flight = 0
         self.trusted = TrustedPeers(cfg.trusted_peers)
-        # calls in flight, each peer (the token's tenant, else the source address) at most its share
-        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.peer_share)
+        # calls in flight, shared by peers (the token's tenant, else the source address) under contention
+        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.min_data_rate, clock=clock)
         self._pool = (ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="otlp-grpc")
                       if cfg.workers else None)
         self._loop = asyncio.new_event_loop()
@@ -128,7 +133,8 @@ class GrpcReceiver:
     async def _export(self, requests, context: grpc.aio.ServicerContext) -> bytes:
         cfg = self._cfg
         self._in_flight += 1  # on the event loop's thread only: no lock needed
-        peer: Peer | None = None
+        slot: Slot | None = None
+        message: asyncio.Future | None = None
         try:
             address = peer_address(context.peer())
             tenant = None
@@ -136,22 +142,41 @@ class GrpcReceiver:
                 tenant = self._auth.tenant(_metadata(context, self._auth.header))
                 if tenant is None:
                     raise _Refused(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated", "missing or wrong bearer token")
-            candidate = self.trusted.peer(address, tenant)
-            why = self.slots.acquire(candidate)
-            if why is not None:
-                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why,
-                               "this peer holds its share of the concurrent calls; retry later" if why == PEER_SHARE
-                               else "too many concurrent calls; retry later")
-            peer = candidate
-            try:
-                raw = await asyncio.wait_for(requests.__anext__(), cfg.read_timeout)
-            except asyncio.TimeoutError:
+            loop = asyncio.get_running_loop()
+            taken: asyncio.Future = loop.create_future()
+
+            def evict(reason: str) -> None:  # on this loop's thread (acquire runs here), or from another
+                loop.call_soon_threadsafe(lambda: taken.done() or taken.set_result(reason))
+
+            got = self.slots.acquire(self.trusted.peer(address, tenant), RECEIVING, evict)
+            if got.slot is None:
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, got.refused or "busy",
+                               "this peer holds its fair share of the concurrent calls; retry later"
+                               if got.refused == PEER_SHARE else "too many concurrent calls; retry later")
+            if got.evicted:
+                self._t.inc("receiver_bad_requests", transport="grpc", reason=got.evicted)
+            slot = got.slot
+            peer: Peer = slot.peer
+            message = asyncio.ensure_future(requests.__anext__())
+            message.add_done_callback(_retrieve)  # a read that ends with the aborted call is not an error
+            done, _ = await asyncio.wait((message, taken), timeout=cfg.read_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if message not in done:
+                message.cancel()
+                if taken.done():
+                    raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, None,
+                                   "the call's message did not come; its slot was given to another call")
                 raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "read_timeout",
-                               f"the request message did not arrive within {cfg.read_timeout:g} s") from None
+                               f"the request message did not arrive within {cfg.read_timeout:g} s")
+            try:
+                raw = message.result()
             except StopAsyncIteration:
                 # no message: the client cancelled or reset the stream (or sent one above gRPC's hard cap,
                 # which gRPC answers itself; the call's state does not tell the two apart)
                 raise _Refused(grpc.StatusCode.CANCELLED, "disconnected", "no request message") from None
+            if not self.slots.mark(slot, LIVE):  # taken in the same instant its message came
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, None,
+                               "the call's message came late; its slot was given to another call")
             if len(raw) > cfg.max_message_bytes:
                 raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                                f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
@@ -160,15 +185,17 @@ class GrpcReceiver:
             else:
                 rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw, peer)
         except _Refused as r:
-            self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
+            if r.reason is not None:
+                self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
             await context.abort(r.code, r.message)
         except asyncio.CancelledError:  # the client went away or the connection was closed
             self._t.inc("receiver_bad_requests", transport="grpc", reason="disconnected")
             raise
         finally:
             self._in_flight -= 1
-            if peer is not None:
-                self.slots.release(peer)
+            if message is not None and not message.done():
+                message.cancel()
+            self.slots.release(slot)
         return messages.response(rejected, REFUSED_MESSAGE)
 
     def _process(self, raw: bytes, peer: Peer | None = None) -> int:
@@ -186,6 +213,11 @@ class GrpcReceiver:
             return self._ingest(request, "grpc", raw, peer)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             raise _Refused(grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}") from None
+
+
+def _retrieve(f: asyncio.Future) -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 def peer_address(peer: str | None) -> str:

@@ -15,10 +15,14 @@ and is closed) and so are header bytes (``max_header_bytes``, 431). Every refusa
 never logged with a traceback. Parsing happens outside the gateway's pipeline lock.
 
 Connections and processing slots are shared per peer (``fairness.PeerSlots``): a peer - the token's tenant
-with ``auth``, else the source address - holds at most ``peer_share`` of each (503 ``peer_share`` beyond),
-``trusted_peers`` only the caps. With ``auth`` a connection waits in a small unauthenticated pool (each
-source at most its share of it) until its token is checked, then is charged to its tenant. OTLP/JSON
-bodies are parsed in a worker process (``json_workers``), each peer within a byte budget (429 ``json_budget``).
+with ``auth``, else the source address - may use free capacity; when the connections are full, a newcomer
+takes the slot of an idle keep-alive connection, else of a body arriving below ``min_data_rate``, of the
+peer furthest above its fair share (or of its own peer): that connection is shut down and counted
+(``evicted_idle``, ``evicted_slow``). A connection is idle while it waits for a request's headers, receiving
+while its body arrives, live from its headers to its response (never taken). ``trusted_peers`` are held to
+the caps only. With ``auth`` a connection also waits in a small unauthenticated pool (shared the same way)
+until its token is checked, then is charged to its tenant. OTLP/JSON bodies are parsed in a worker process
+(``json_workers``), each peer within a byte budget (429 ``json_budget``).
 
 With ``tls`` the port is HTTPS only (TLS >= 1.2; ``client_ca_file`` makes a client certificate
 mandatory). The handshake runs on the connection's own thread, never in the accept loop, so a
@@ -36,7 +40,9 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from otel_llm.otlp import messages
@@ -44,7 +50,8 @@ from otel_llm.otlp.json_codec import OtlpJsonError, parse_request
 
 from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
-from ..fairness import BUSY, PEER_SHARE, ByteBudgets, Peer, PeerSlots, TrustedPeers
+from ..fairness import BUSY, IDLE, LIVE, PEER_SHARE, RECEIVING, ByteBudgets, Clock, Peer, PeerSlots, Slot, \
+    TrustedPeers
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
 from . import compression
@@ -96,12 +103,32 @@ class _HeaderLimit:
 
 @dataclass
 class _Conn:
-    """What one connection holds: its slot in the connection cap (charged to ``peer``: None until the token
-    names a tenant, with auth) and, with auth until its token is checked, a slot in the unauthenticated pool."""
+    """What one connection holds: its slot in the connection cap (charged to its source address, with auth to
+    its tenant once the token is checked) and, with auth until then, a slot in the unauthenticated pool."""
 
     address: str
-    peer: Peer | None
-    unauthenticated: Peer | None = None
+    slot: Slot
+    unauthenticated: Slot | None = None
+    authenticated: bool = False
+
+    @property
+    def peer(self) -> Peer:
+        return self.slot.peer
+
+    @property
+    def taken(self) -> bool:
+        """The connection's slot was taken for another peer's newcomer (it is being shut down)."""
+        return self.slot.evicted is not None or (self.unauthenticated is not None
+                                                 and self.unauthenticated.evicted is not None)
+
+
+def _shutdown(sock: socket.socket) -> Callable[[str], None]:
+    def evict(_reason: str) -> None:
+        try:  # the plain socket's shutdown (an SSLSocket's would unwrap under its reader's feet)
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+    return evict
 
 
 class _Server(ThreadingHTTPServer):
@@ -111,13 +138,14 @@ class _Server(ThreadingHTTPServer):
     tls: ssl.SSLContext | None = None
     telemetry: GatewayMetrics | None = None
 
-    def __init__(self, *args: object, cfg: HttpReceiverConfig, **kwargs: object) -> None:
+    def __init__(self, *args: object, cfg: HttpReceiverConfig, clock: Clock = time.monotonic,
+                 **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.trusted = TrustedPeers(cfg.trusted_peers)
-        self.slots = PeerSlots(cfg.max_connections, cfg.peer_share)
-        # with auth, a connection is confined to this pool (each source at most its share) until its token is
+        self.slots = PeerSlots(cfg.max_connections, cfg.min_data_rate, clock=clock)
+        # with auth, a connection is confined to this pool (shared by source address) until its token is
         # checked, so connections that never present one cannot take the connection cap
-        self.unauthenticated = PeerSlots(cfg.max_unauthenticated_connections, cfg.peer_share) \
+        self.unauthenticated = PeerSlots(cfg.max_unauthenticated_connections, cfg.min_data_rate, clock=clock) \
             if cfg.auth is not None else None
         self._conns: dict[socket.socket, _Conn] = {}  # open connections (at most max_connections entries)
         self._conns_lock = threading.Lock()
@@ -130,23 +158,29 @@ class _Server(ThreadingHTTPServer):
         if self.telemetry is not None:
             self.telemetry.inc("receiver_bad_requests", transport="http", reason=reason)
 
-    def _admit(self, address: str) -> tuple[_Conn | None, str]:
-        """A connection's slots, or None and the refusal reason."""
+    def _admit(self, address: str, request: socket.socket) -> tuple[_Conn | None, str]:
+        """A connection's slots (taking an idle or slow one of another connection when full, counted), or None
+        and the refusal reason. The connection is idle until its first request's headers are in."""
         peer = self.trusted.peer(address)
-        if self.unauthenticated is None or peer.trusted:  # charged to its source address now
-            why = self.slots.acquire(peer)
-            return (_Conn(address, peer), "") if why is None else (None, _CONNECTION_REFUSAL[why])
-        why = self.slots.acquire(None)  # its tenant is charged once its token is checked
-        if why is not None:
-            return None, _CONNECTION_REFUSAL[why]
-        why = self.unauthenticated.acquire(peer)
-        if why is not None:
-            self.slots.release(None)
-            return None, "unauthenticated_pool" if why == BUSY else PEER_SHARE
-        return _Conn(address, None, peer), ""
+        evict = _shutdown(request)
+        got = self.slots.acquire(peer, IDLE, evict)  # charged to its source address (to its tenant later)
+        if got.slot is None:
+            return None, _CONNECTION_REFUSAL[got.refused or BUSY]
+        if got.evicted:
+            self._count(got.evicted)
+        conn = _Conn(address, got.slot)
+        if self.unauthenticated is not None and not peer.trusted:
+            pool = self.unauthenticated.acquire(peer, IDLE, evict)
+            if pool.slot is None:
+                self.slots.release(got.slot)
+                return None, "unauthenticated_pool" if pool.refused == BUSY else PEER_SHARE
+            if pool.evicted:
+                self._count(pool.evicted)
+            conn.unauthenticated = pool.slot
+        return conn, ""
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        conn, why = self._admit(_address(client_address))
+        conn, why = self._admit(_address(client_address), request)
         if conn is None:  # refuse in the accept loop without blocking it: one non-blocking write, then close
             self._count(why)
             if not isinstance(request, ssl.SSLSocket):
@@ -175,27 +209,33 @@ class _Server(ThreadingHTTPServer):
         with self._conns_lock:
             return self._conns.get(request)
 
-    def authenticated(self, conn: _Conn, tenant: str) -> str | None:
+    def authenticated(self, conn: _Conn, tenant: str) -> bool:
         """A connection's token named ``tenant``: charge its slot to the tenant and leave the unauthenticated
-        pool. The refusal reason when the tenant holds its whole share (the connection keeps its old charge)."""
-        peer = Peer(conn.address, tenant, conn.peer.trusted if conn.peer is not None else False)
-        if conn.peer is not None and conn.peer == peer:
-            return None
-        why = self.slots.bind(conn.peer, peer)
-        if why is not None:
-            return why
-        conn.peer = peer
+        pool. False when the connection's slot was taken meanwhile (it is being shut down)."""
+        peer = Peer(conn.address, tenant, conn.peer.trusted)
+        if conn.authenticated and conn.peer == peer:
+            return not conn.taken
+        if not self.slots.bind(conn.slot, peer):
+            return False
+        conn.authenticated = True
         if conn.unauthenticated is not None and self.unauthenticated is not None:
             self.unauthenticated.release(conn.unauthenticated)
             conn.unauthenticated = None
-        return None
+        return True
+
+    def mark(self, conn: _Conn, state: str) -> bool:
+        """The connection is now idle, receiving a body or live; False when its slot was taken meanwhile."""
+        ok = self.slots.mark(conn.slot, state)
+        if conn.unauthenticated is not None and self.unauthenticated is not None:
+            ok = self.unauthenticated.mark(conn.unauthenticated, state) and ok
+        return ok
 
     def _release(self, request: socket.socket) -> None:
         with self._conns_lock:
             conn = self._conns.pop(request, None)
         if conn is None:
             return
-        self.slots.release(conn.peer)
+        self.slots.release(conn.slot)
         if conn.unauthenticated is not None and self.unauthenticated is not None:
             self.unauthenticated.release(conn.unauthenticated)
 
@@ -244,15 +284,16 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 class HttpReceiver:
     def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request) -> None:
+                 parse: Parse = messages.parse_request, clock: Clock = time.monotonic) -> None:
         """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing;
         ``parse`` validates a protobuf body (``MalformedRequest``: refused) into what ``ingest`` takes."""
         self.cfg = cfg
         self.ingest = ingest
         self.parse = parse
         self.telemetry = telemetry
-        # processing slots, shared like the connections: one peer's bodies cannot take them all
-        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.peer_share)
+        # processing slots (bodies in, being parsed and ingested): every one is live, so none is ever taken;
+        # any peer may use them while free (processing is short: holding them takes a stream of real requests)
+        self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.min_data_rate, clock=clock)
         self.auth = BearerAuth(cfg.auth) if cfg.auth is not None else None
         self.watchdog = Watchdog()
         receiver = self
@@ -261,7 +302,7 @@ class HttpReceiver:
             owner = receiver
 
         tls = server_context(cfg.tls) if cfg.tls is not None else None  # before binding: a bad cert binds nothing
-        self._server = _Server((cfg.host, cfg.port), Handler, cfg=cfg)
+        self._server = _Server((cfg.host, cfg.port), Handler, cfg=cfg, clock=clock)
         self._server.tls, self._server.telemetry = tls, telemetry
         self.json = JsonParser(cfg.json_workers) if cfg.json_workers else None
         self.json_budget = ByteBudgets(cfg.json_bytes_per_peer_per_second, max(cfg.json_bytes_per_peer_per_second,
@@ -299,10 +340,20 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server_version = "otel-llm-collector"
     _head: Deadline | None = None
+    _conn: _Conn | None = None
+
+    def _state(self, state: str) -> bool:
+        """Tell the connection pools what this connection does now; False when its slot was taken."""
+        if self._conn is None:
+            self._conn = self.server.connection(self.request)  # type: ignore[attr-defined]
+        return self._conn is not None and self.server.mark(self._conn, state)  # type: ignore[attr-defined]
 
     def handle_one_request(self) -> None:
         """One request; its line and headers under ``read_header_timeout`` (which also ends idle keep-alives)."""
         owner = self.owner
+        if not self._state(IDLE):  # taken for another peer's newcomer while it answered
+            self.close_connection = True
+            return
         self._head = owner.watchdog.arm(self.connection, owner.cfg.read_header_timeout, "header_timeout")
         self.raw_requestline = b""
         try:
@@ -327,6 +378,9 @@ class _Handler(BaseHTTPRequestHandler):
             if self._head.expired:  # the deadline cut the headers short
                 self.close_connection = True
                 return False
+        if ok and not self._state(LIVE):  # taken while idle: the request came too late to keep it
+            self.close_connection = True
+            return False
         return ok
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
@@ -377,10 +431,10 @@ class _Handler(BaseHTTPRequestHandler):
             if tenant is None:
                 return self._refuse(401, "unauthenticated", "missing or wrong bearer token",
                                     {"WWW-Authenticate": "Bearer"})
-            if server.authenticated(conn, tenant) is not None:
-                return self._refuse(503, PEER_SHARE, f"tenant {tenant!r} holds its share of the connections; "
-                                                     "retry later")
-        self._post(conn.peer or server.trusted.peer(conn.address))
+            if not server.authenticated(conn, tenant):  # its slot was taken meanwhile: it is being shut down
+                self.close_connection = True
+                return None
+        self._post(conn.peer)
 
     def _post(self, peer: Peer) -> None:
         cfg = self.owner.cfg
@@ -408,9 +462,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body(length)
         if body is None:
             return
-        why = self.owner.slots.acquire(peer)  # only now: a client still sending holds no slot
-        if why is not None:
-            return self._error(BadRequest(503, why, "too many concurrent requests; retry later"), is_json)
+        got = self.owner.slots.acquire(peer)  # only now: a client still sending holds no slot
+        if got.slot is None:
+            return self._error(BadRequest(503, got.refused or BUSY, "too many concurrent requests; retry later"),
+                               is_json)
         try:
             if len(body) < length:
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
@@ -438,7 +493,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
-            self.owner.slots.release(peer)
+            self.owner.slots.release(got.slot)
         self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, REFUSED_MESSAGE, as_json=is_json))
 
     def _read_body(self, length: int) -> bytes | None:
@@ -452,14 +507,19 @@ class _Handler(BaseHTTPRequestHandler):
         # count it as disconnected: while the body arrives, it is the whole deadline.
         self.connection.settimeout(max(self.timeout, owner.cfg.read_timeout))
         parts, left = [], length
+        conn = self._conn if self._state(RECEIVING) else None
         try:
-            while left > 0:
+            while left > 0 and conn is not None:
                 chunk = self.rfile.read1(min(left, _CHUNK))
                 if not chunk:
                     break
                 parts.append(chunk)
                 left -= len(chunk)
+                conn.slot.received += len(chunk)
         except (OSError, ValueError) as exc:
+            if conn is not None and conn.taken:  # shut down to give its slot to a newcomer: counted there
+                self.close_connection = True
+                return None
             late = isinstance(exc, TimeoutError) and "read_timeout"
             owner.telemetry.inc("receiver_bad_requests", transport="http",
                                 reason=deadline.expired or late or "disconnected")
@@ -468,6 +528,9 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             owner.watchdog.disarm(deadline)
             self._restore_timeout()
+        if conn is None or not self._state(LIVE):  # taken while slow: counted as evicted_slow by the taker
+            self.close_connection = True
+            return None
         if deadline.expired:
             owner.telemetry.inc("receiver_bad_requests", transport="http", reason=deadline.expired)
             self.close_connection = True
