@@ -63,6 +63,7 @@ settings is a contradiction and refused.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -313,6 +314,7 @@ class CollectorConfig:
     labels: LabelLimits = LabelLimits()
     prometheus_auth: BearerTokenConfig | None = None
     shutdown_timeout: float = 5.0  # how long shutdown waits for exporters to deliver what is queued
+    storage: "StorageConfig" = field(default_factory=lambda: StorageConfig())  # durable logs (off by default)
 
     @classmethod
     def from_yaml(cls, text: str) -> "CollectorConfig":
@@ -359,6 +361,7 @@ class CollectorConfig:
             labels=_labels(procs.get("llm_metrics")),
             prometheus_auth=_auth(exps.get("prometheus"), auths, "exporters.prometheus"),
             shutdown_timeout=duration(service.get("shutdown_timeout", 5), "service.shutdown_timeout"),
+            storage=_storage(merged),
         )
 
 
@@ -518,9 +521,11 @@ def _extensions(m: Any) -> dict[str, BearerTokenConfig]:
     """``extensions: {bearertokenauth[/name]: {scheme, token | tokens | filename, header}}`` -> authenticators."""
     if not m:
         return {}
-    _only(m, ("bearertokenauth",), "extensions")
+    _only(m, ("bearertokenauth", "file_storage"), "extensions")
     out = {}
     for name, spec in m.items():
+        if name.split("/")[0] == "file_storage":  # read by _storage
+            continue
         w = f"extensions.{name}"
         if not isinstance(spec, Mapping):
             raise ConfigError(f"{w}: expected a mapping with token, tokens or filename")
@@ -589,7 +594,7 @@ def _tail(m: Any) -> TailSamplingConfig | None:
         return None
     w = "processors.tail_sampling"
     _only(m, ("decision_wait", "decision_wait_after_root_received", "num_traces", "max_buffer_bytes",
-              "expected_new_traces_per_sec", "tick_interval", "decision_cache", "policies"), w)
+              "expected_new_traces_per_sec", "tick_interval", "decision_cache", "policies", "storage"), w)
     cache = m.get("decision_cache") or {}
     _only(cache, ("sampled_cache_size", "non_sampled_cache_size"), f"{w}.decision_cache")
     policies = m.get("policies")
@@ -639,7 +644,7 @@ def _exporter(key: str, m: Any) -> ExporterConfig:
         raise ConfigError(f"{w}.tls: the file exporter has no TLS")
     queue = m.get("sending_queue") or {}
     retry = m.get("retry_on_failure") or {}
-    _only(queue, ("enabled", "queue_size"), f"{w}.sending_queue")
+    _only(queue, ("enabled", "queue_size", "storage"), f"{w}.sending_queue")
     _only(retry, ("enabled", "initial_interval", "max_interval", "max_elapsed_time"), f"{w}.retry_on_failure")
     compression = m.get("compression", "none")
     if compression not in ("none", "gzip"):
@@ -792,3 +797,85 @@ def _client_tls(kind: str, m: Mapping, w: str) -> TLSClientConfig | None:
     cert, key = _key_pair(t, where, required=False)
     return TLSClientConfig(ca_file=ca, cert_file=cert, key_file=key,
                            insecure_skip_verify=flags["insecure_skip_verify"], server_name_override=name)
+
+
+# -- durable logs: the file_storage extension and what uses it ----------------------------------------
+
+@dataclass(frozen=True)
+class FileStorageConfig:
+    """``extensions: {file_storage[/name]: {directory, fsync, create_directory, max_size}}``: where durable logs
+    live (one directory per log under ``directory``). ``max_size`` (ours, not upstream's) is each log's disk
+    budget."""
+
+    name: str
+    directory: str
+    fsync: bool = False  # upstream's default: a killed process loses nothing; a power loss may
+    max_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Which logs are durable: ``exporters.<name>.sending_queue.storage`` and ``processors.tail_sampling.storage``
+    name a ``file_storage`` extension. Nothing is durable by default."""
+
+    extensions: Mapping[str, FileStorageConfig] = field(default_factory=dict)
+    exporters: Mapping[str, str] = field(default_factory=dict)  # exporter name -> extension name
+    tail_sampling: str | None = None  # extension name for the write-ahead log of undecided batches
+
+    def for_exporter(self, name: str) -> FileStorageConfig | None:
+        ext = self.exporters.get(name)
+        return self.extensions[ext] if ext is not None else None
+
+    @property
+    def received(self) -> FileStorageConfig | None:
+        return self.extensions[self.tail_sampling] if self.tail_sampling is not None else None
+
+
+def _storage(merged: Mapping[str, Any]) -> StorageConfig:
+    """The ``file_storage`` extensions, and the exporters' and the tail sampler's ``storage`` references."""
+    extensions: dict[str, FileStorageConfig] = {}
+    for name, spec in (merged.get("extensions") or {}).items():
+        if name.split("/")[0] != "file_storage":
+            continue
+        w = f"extensions.{name}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{w}: expected a mapping with a directory")
+        _only(spec, ("directory", "fsync", "create_directory", "max_size"), w)
+        directory = spec.get("directory")
+        if not isinstance(directory, str) or not directory:
+            raise ConfigError(f"{w}.directory: the directory the logs live in is required")
+        for key in ("fsync", "create_directory"):
+            if not isinstance(spec.get(key, False), bool):
+                raise ConfigError(f"{w}.{key}: expected true or false, got {spec[key]!r}")
+        if spec.get("create_directory", False):
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"{w}.directory: cannot create {directory}: {exc}") from None
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+            raise ConfigError(f"{w}.directory: {directory} is not a writable directory (create_directory: true "
+                              "creates it)")
+        extensions[name] = FileStorageConfig(name, directory, spec.get("fsync", False),
+                                             size(spec.get("max_size", 1 << 30), f"{w}.max_size"))
+
+    def ref(value: Any, where: str) -> str:
+        if value not in extensions:
+            raise ConfigError(f"{where}: {value!r} is not a file_storage extension; defined: "
+                              f"{', '.join(extensions) or 'none'}")
+        return value
+
+    exporters: dict[str, str] = {}
+    for key, m in (merged.get("exporters") or {}).items():
+        if isinstance(m, Mapping) and isinstance(m.get("sending_queue"), Mapping) \
+                and m["sending_queue"].get("storage") is not None:
+            exporters[key] = ref(m["sending_queue"]["storage"], f"exporters.{key}.sending_queue.storage")
+    tail = (merged.get("processors") or {}).get("tail_sampling")
+    received = None
+    if isinstance(tail, Mapping) and tail.get("storage") is not None:
+        received = ref(tail["storage"], "processors.tail_sampling.storage")
+        volatile = [k for k, m in (merged.get("exporters") or {}).items()
+                    if m is not None and k.split("/")[0] != "prometheus" and k not in exporters]
+        if volatile:  # a decided trace would leave the log for a queue a crash empties
+            raise ConfigError(f"processors.tail_sampling.storage: exporters {volatile} keep their queue in memory; "
+                              "give each `sending_queue: {storage: ...}` too, or nothing kept is durable")
+    return StorageConfig(extensions, exporters, received)

@@ -1,8 +1,12 @@
 """The gateway: receivers -> llm_metrics -> tail_sampling -> exporters, plus the Prometheus endpoint.
 
-One object owns the pipeline. ``clock`` is injected (the tail sampler's windows and the
-rate limiters read it); with ``manual_ticks=True`` no ticker thread runs and the caller
+One object owns the pipeline. ``clock`` is injected (the tail sampler's windows, the
+rate limiters and the receivers' shares read it); with ``manual_ticks=True`` no ticker thread runs and the caller
 decides when time passes by calling ``tick()`` - that is how tests drive decisions.
+
+With ``processors.tail_sampling.storage`` every received batch is written to a write-ahead log before it is
+acknowledged (``received_log.py``), and read back through the pipeline at start; the exporters' queues are
+durable then too (``sending_queue.storage``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
+from .received_log import STORAGE, ReceivedLog
+from .storage import DurableLog, log_directory
 from .fast import wire
 from .spans import REQUEST, TRACE_ID, Extracted, Received, RequestFacts, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
@@ -71,7 +77,20 @@ class Gateway:
         # disaggregated serving: the user's request from its prefill and decode halves, recorded once
         self.disagg_join = DisaggJoin(self._record_users, config.slo, self.telemetry, clock) \
             if config.llm_metrics else None
-        self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
+        self.exporters: list[QueuedExporter] = []
+        self.received_log: ReceivedLog | None = None
+        try:  # a durable queue replays what it held when it starts
+            for e in config.exporters:
+                self.exporters.append(make_exporter(e, self.telemetry, config.storage.for_exporter(e.name)))
+            received = config.storage.received
+            if received is not None and config.tail_sampling is not None:
+                self.received_log = ReceivedLog(DurableLog(
+                    log_directory(received.directory, STORAGE), received.fsync, received.max_bytes,
+                    lambda outcome, n: self.telemetry.inc("storage_records", n, storage=STORAGE, outcome=outcome)))
+        except BaseException:
+            for q in self.exporters:
+                q.close(0)
+            raise
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
         self._keys: frozenset[str] = frozenset()  # attribute keys the policies read (collected per trace)
@@ -99,6 +118,7 @@ class Gateway:
             log.warning("receivers validate and read each request in two passes (%s); the one-pass path needs the "
                         "C extension built by `pip install ./collector` with a C compiler", wire.REASON)
         try:
+            self._replay()  # before any receiver opens: what was acknowledged before a crash goes first
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
                                                      BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
@@ -131,11 +151,14 @@ class Gateway:
         if self.sampler is not None:
             with self.serial:  # after a request already in the pipeline: what it buffered is decided too
                 self.sampler.decide_all()
+                self._decided()
         # one grace for all exporters together: they drain in parallel (each has its own worker)
         deadline = time.monotonic() + timeout
         for e in self.exporters:
             e.flush(max(0.0, deadline - time.monotonic()))
         lost = {e.name: e.close(0) for e in self.exporters}
+        if self.received_log is not None:
+            self.received_log.close()
         if self.prometheus is not None:
             self.prometheus.close()
         self.meter_provider.shutdown()
@@ -169,6 +192,10 @@ class Gateway:
         right after, on the same thread, while their data is still in cache. ``peer``: who sent it (the
         receivers' tenant or source address), for the per-tenant and per-source series budgets."""
         batch = extract(request, raw, self._keys)
+        logged = None
+        if self.received_log is not None and batch.spans:  # durable before it is acknowledged
+            with self.serial:
+                logged = self.received_log.append(raw if raw is not None else request.SerializeToString())
         if len(batch.spans) > INGEST_CHUNK:  # a big request: other clients' exports get the lock in between
             for part in split(batch, INGEST_CHUNK):
                 with self.serial:
@@ -179,9 +206,37 @@ class Gateway:
         with self.serial:
             if not batch_done:
                 self._ingest(batch, transport, peer)
+            if logged is not None and self.received_log is not None and self.sampler is not None:
+                self.received_log.hold(logged, (rec[TRACE_ID] for rec in batch.spans), self.sampler.holds)
             if self.sampler is not None:
                 self.sampler.tick()
+                self._decided()
         return batch.rejected
+
+    def _decided(self) -> None:
+        """After decisions (under the pipeline lock): the logged batches whose traces are all decided are done."""
+        if self.received_log is not None and self.sampler is not None:
+            self.received_log.advance(self.sampler.holds)
+
+    def _replay(self) -> None:
+        """Read the batches a crash left in the write-ahead log back through the pipeline (policies run again on
+        what was logged); each stays in the log until its traces are decided again."""
+        if self.received_log is None or self.sampler is None:
+            return
+        for position, raw in self.received_log.replay():
+            try:
+                batch = extract(self.read_request(raw), raw, self._keys)
+            except Exception:  # noqa: BLE001 - a record that passed its crc but does not parse: skip, counted
+                self.telemetry.inc("storage_records", storage=STORAGE, outcome="corrupt")
+                batch = None
+            with self.serial:
+                if batch is not None:
+                    self._ingest(batch, "replay", None)
+                self.received_log.hold(position, (rec[TRACE_ID] for rec in batch.spans) if batch else (),
+                                       self.sampler.holds)
+        with self.serial:
+            self.sampler.tick()
+            self._decided()
 
     def _ingest(self, batch: Extracted, transport: str, peer: Peer | None = None) -> None:
         if batch.spans:
@@ -215,7 +270,9 @@ class Gateway:
         if self.sampler is None:
             return 0
         with self.serial:
-            return self.sampler.tick()
+            n = self.sampler.tick()
+            self._decided()
+            return n
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every exporter has sent (or given up on) what it was handed."""

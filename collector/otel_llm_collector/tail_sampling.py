@@ -101,6 +101,10 @@ class TailSampler:
     def bytes_on_memory(self) -> int:
         return self._bytes
 
+    def holds(self, trace_id: bytes) -> bool:
+        """The trace is buffered, waiting for its decision."""
+        return trace_id in self._traces
+
     # -- receive path --------------------------------------------------------------------------
 
     def add(self, batch: Extracted) -> None:

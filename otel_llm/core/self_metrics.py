@@ -128,9 +128,14 @@ GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
     GatewayMetric("exporter_sent_spans", "counter", ("exporter",), "Spans an exporter delivered"),
     GatewayMetric("exporter_send_failures", "counter", ("exporter",), "Failed export attempts (each retry counts)"),
     GatewayMetric("exporter_dropped_spans", "counter", ("exporter", "reason"),
-                  "Spans an exporter gave up on (queue_full, retries_exhausted, permanent_error, rejected: the "
-                  "backend's partial_success, shutdown: not delivered within service.shutdown_timeout)"),
+                  "Spans an exporter gave up on (queue_full, disk_full, retries_exhausted, permanent_error, rejected: "
+                  "the backend's partial_success, shutdown: not delivered within service.shutdown_timeout)"),
     GatewayMetric("exporter_queue_size", "gauge", ("exporter",), "Batches waiting in an exporter's queue"),
+    GatewayMetric("storage_records", "counter", ("storage", "outcome"),
+                  "Records of a durable log (tail_sampling: the undecided batches; exporter/<name>: a sending queue) "
+                  "by outcome: written, replayed at start (each a possible duplicate), torn (a crash mid-write: "
+                  "skipped), corrupt, full (refused: the disk budget is spent)"),
+    GatewayMetric("storage_bytes", "gauge", ("storage",), "Bytes of a durable log's segments on disk"),
 )
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from ..config import ExporterConfig
+from ..config import ExporterConfig, FileStorageConfig
+from ..storage import DurableLog, log_directory
 from ..telemetry import GatewayMetrics
 from .queue import Clock, QueuedExporter, Sleep
 from .senders import FileSender, GrpcSender, HttpSender, Sender
 
 
-def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics) -> QueuedExporter:
+def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics,
+                  storage: FileStorageConfig | None = None) -> QueuedExporter:
+    """``storage``: the ``file_storage`` extension its ``sending_queue.storage`` names (None: in memory)."""
     sender: Sender
     if cfg.type == "otlp":
         sender = GrpcSender(cfg)
@@ -18,7 +21,12 @@ def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics) -> QueuedExpor
         sender = FileSender(cfg)
     else:
         raise ValueError(f"unknown exporter type {cfg.type!r}")
-    return QueuedExporter(cfg, sender, telemetry)
+    log = None
+    if storage is not None:
+        log = DurableLog(log_directory(storage.directory, f"exporter_{cfg.name}"), storage.fsync, storage.max_bytes,
+                         lambda outcome, n: telemetry.inc("storage_records", n, storage=f"exporter/{cfg.name}",
+                                                          outcome=outcome))
+    return QueuedExporter(cfg, sender, telemetry, log=log)
 
 
 __all__ = ["make_exporter", "QueuedExporter", "Sender", "GrpcSender", "HttpSender", "FileSender", "Clock", "Sleep"]

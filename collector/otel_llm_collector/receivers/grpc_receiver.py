@@ -43,6 +43,7 @@ from otel_llm.otlp import messages
 from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..fairness import LIVE, PEER_SHARE, RECEIVING, Clock, Peer, PeerSlots, Slot, TrustedPeers
+from ..storage import StorageFull
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
 from .compression import InflateError, inflate_message
@@ -211,6 +212,9 @@ class GrpcReceiver:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:
             return self._ingest(request, "grpc", raw, peer)
+        except StorageFull:  # the write-ahead log's disk budget is spent: nothing was taken, the client retries
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage_full",
+                           "the gateway's disk budget is spent; retry later") from None
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             raise _Refused(grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}") from None
 

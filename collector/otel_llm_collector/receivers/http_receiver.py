@@ -52,6 +52,7 @@ from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
 from ..fairness import BUSY, IDLE, LIVE, PEER_SHARE, RECEIVING, ByteBudgets, Clock, Peer, PeerSlots, Slot, \
     TrustedPeers
+from ..storage import StorageFull
 from ..telemetry import GatewayMetrics
 from . import REFUSED_MESSAGE, Ingest, Parse
 from . import compression
@@ -490,6 +491,9 @@ class _Handler(BaseHTTPRequestHandler):
             rejected = self.owner.ingest(request, "http", raw, peer)
         except BadRequest as err:
             return self._error(err, is_json, extra=err.headers)
+        except StorageFull:  # the write-ahead log's disk budget is spent: nothing was taken, the client retries
+            return self._error(BadRequest(503, "storage_full", "the gateway's disk budget is spent; retry later"),
+                               is_json)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
