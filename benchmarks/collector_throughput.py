@@ -1,10 +1,11 @@
 """Collector throughput, memory per buffered span, 10x overload behaviour, and the inter-token derivation.
 
     .venv/bin/python benchmarks/collector_throughput.py [--seconds 6]
-        [--only ingest,loopback,memory,overload,inter_token] [--root OTHER_CHECKOUT]
+        [--only ingest,loopback,memory,overload,inter_token,persistence] [--root OTHER_CHECKOUT]
 
 Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only),
-and benchmarks/results/collector_inter_token.json (the inter_token section, when it runs).
+and benchmarks/results/collector_inter_token.json (the inter_token section, when it runs), and
+benchmarks/results/collector_persistence.json (the persistence section, when it runs).
 * ingest: receive-path work without sockets (protobuf parse, which validates, handed to the gateway with
   the bytes as the receivers do; extract + llm_metrics + tail_sampling add + decisions + export encoding
   of the kept spans), per CPU-second of this process = spans/s per core.
@@ -29,6 +30,12 @@ and benchmarks/results/collector_inter_token.json (the inter_token section, when
   attribute ("with_counts": 14 counts; every other span has some above 127, two-byte varints, the slower
   path). Each of ``--itl-rounds`` rounds ingests 20 requests (fresh trace ids) on a fresh gateway (no tail
   sampling: the derivation is what is measured) for each variant in turn; process CPU per span, medians.
+* persistence: what durability costs the receive path: the ingest phase's work (shape 10) with an exporter's
+  queue behind it (a sender that drops what it is given, so the queue's own work is measured), memory only
+  vs ``file_storage`` (the tail sampler's write-ahead log + the exporter's durable queue) with ``fsync: false``
+  and with ``fsync: true``. Each round runs the three in turn (rotated order) on fresh gateways and fresh
+  directories; the ratios to memory-only are per round (CPU per span of this process, and wall time, which
+  is where fsync's waiting shows), medians with their spread. ``--persistence-rounds`` (default 15).
 * --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: each round runs every
   path after one ceiling round; loopback: runs alternating between the paths; always on fresh gateways), by
   switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
@@ -358,6 +365,82 @@ def bench_ingest(shape: int, seconds: float, paths: list | None = None) -> dict:
     return out if paths else out[None]
 
 
+class _DropSender:
+    """A sender that takes each payload and drops it: the queue's own work (and its log's) is what is measured."""
+
+    def send(self, payload: bytes):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+PERSISTENCE_VARIANTS = ("memory", "file", "file_fsync")
+
+
+def _persistence_round(variant: str, payloads: list[bytes], directory: str) -> tuple[float, float, int]:
+    """(CPU s, wall s, spans) for ingesting ``payloads`` on a fresh gateway, queue drained included."""
+    import tempfile
+
+    raw: dict = {"receivers": {"otlp": {"protocols": {"grpc": None, "http": None}}},
+                 "processors": {"llm_metrics": {"slo": "ttft=0.5"},
+                                "tail_sampling": {"decision_wait_after_root_received": 0, "tick_interval": "50ms"}},
+                 "exporters": {"prometheus": None, "otlp": {"endpoint": "127.0.0.1:1"}}}
+    with tempfile.TemporaryDirectory(dir=directory) as state:
+        if variant != "memory":
+            raw["extensions"] = {"file_storage": {"directory": state, "fsync": variant == "file_fsync"}}
+            raw["exporters"]["otlp"]["sending_queue"] = {"storage": "file_storage"}
+            raw["processors"]["tail_sampling"]["storage"] = "file_storage"
+        g = Gateway(CollectorConfig.from_mapping(raw), manual_ticks=True)
+        for e in g.exporters:
+            e._sender.close()
+            e._sender = _DropSender()  # no socket: the queue (and its log) is what is measured
+        spans = sum(span_count(p) for p in payloads)
+        c0, w0 = time.process_time(), time.perf_counter()
+        for p in payloads:
+            g.ingest(g.read_request(p), raw=p)
+            g.tick()
+        g.flush(60)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        g.shutdown(5)
+    return cpu, wall, spans
+
+
+def bench_persistence(rounds: int, directory: str | None = None) -> dict:
+    """Memory-only vs durable (fsync off, on), interleaved per round on fresh gateways: ratios per round."""
+    payloads = unique_copies(build_requests(10, 20, seed=10), 40, seed=7)
+    directory = directory or str(Path(__file__).resolve().parent / "results")
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    each: dict[str, dict[str, list[float]]] = {v: {"cpu_us_per_span": [], "wall_us_per_span": []}
+                                               for v in PERSISTENCE_VARIANTS}
+    spans = 0
+    for r in range(rounds):
+        order = PERSISTENCE_VARIANTS[r % 3:] + PERSISTENCE_VARIANTS[:r % 3]
+        for v in order:
+            cpu, wall, spans = _persistence_round(v, payloads, directory)
+            each[v]["cpu_us_per_span"].append(cpu / spans * 1e6)
+            each[v]["wall_us_per_span"].append(wall / spans * 1e6)
+
+    def summary(xs: list[float]) -> dict:
+        q = statistics.quantiles(xs, n=4) if len(xs) > 1 else xs * 3
+        return {"median": round(statistics.median(xs), 3), "p25": round(q[0], 3), "p75": round(q[2], 3),
+                "min": round(min(xs), 3), "max": round(max(xs), 3)}
+
+    out: dict = {"unit": "us per shape-10 span (ingest + decisions + export queue drained), medians of rounds",
+                 "rounds": rounds, "spans_per_round": spans,
+                 "note": "a shared 2-core machine with other work running: read the ratios (same round), "
+                         "not the absolute times",
+                 "load_avg_before": load_before}
+    for v in PERSISTENCE_VARIANTS:
+        out[v] = {k: summary(xs) for k, xs in each[v].items()}
+    for v in PERSISTENCE_VARIANTS[1:]:
+        for k in ("cpu_us_per_span", "wall_us_per_span"):
+            ratios = [a / b for a, b in zip(each[v][k], each["memory"][k])]
+            out[f"{v}_vs_memory_{k.split('_')[0]}"] = summary(ratios)
+    out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def as_deployed(g: Gateway) -> Gateway:
     """The process tuning the CLI applies after start-up (if the measured checkout's CLI has it)."""
     if tune_process is not None:
@@ -542,6 +625,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="1,10,200", help="trace shapes (spans per trace) to measure")
     ap.add_argument("--paths", default=None, help="receive paths to compare in this run: one_pass,two_pass")
     ap.add_argument("--out", default=None, help="write the results here (any phases, shapes, paths)")
+    ap.add_argument("--persistence-rounds", type=int, default=15, help="rounds of the persistence section")
     args = ap.parse_args()
     paths = args.paths.split(",") if args.paths else [None]
     shapes = tuple(int(s) for s in args.shapes.split(","))
@@ -577,6 +661,7 @@ def main() -> None:
     if sink_proc is not None:
         sink_proc.terminate()
     inter_token = bench_inter_token(args.itl_rounds) if "inter_token" in phases else None
+    persistence = bench_persistence(args.persistence_rounds) if "persistence" in phases else None
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
     print(f"{'phase':<24}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
@@ -609,6 +694,20 @@ def main() -> None:
         if args.root is None:
             out = Path(__file__).resolve().parent / "results" / "collector_inter_token.json"
             out.write_text(json.dumps(inter_token, indent=2) + "\n")
+            print(f"written {out}")
+    if persistence is not None:
+        print("persistence, us per shape-10 span (CPU / wall): " + ", ".join(
+            f"{v} {persistence[v]['cpu_us_per_span']['median']:.2f} / {persistence[v]['wall_us_per_span']['median']:.2f}"
+            for v in PERSISTENCE_VARIANTS) + "; ratios to memory-only (CPU, wall): " + ", ".join(
+            f"{v} {persistence[f'{v}_vs_memory_cpu']['median']:.2f}x "
+            f"({persistence[f'{v}_vs_memory_cpu']['min']:.2f}-{persistence[f'{v}_vs_memory_cpu']['max']:.2f}), "
+            f"{persistence[f'{v}_vs_memory_wall']['median']:.2f}x "
+            f"({persistence[f'{v}_vs_memory_wall']['min']:.2f}-{persistence[f'{v}_vs_memory_wall']['max']:.2f})"
+            for v in PERSISTENCE_VARIANTS[1:]))
+        if args.root is None:
+            persistence["code"] = results["code"]
+            out = Path(__file__).resolve().parent / "results" / "collector_persistence.json"
+            out.write_text(json.dumps(persistence, indent=2) + "\n")
             print(f"written {out}")
     if args.out or (args.root is None and {"ingest", "loopback", "memory", "overload"} <= phases
                     and shapes == (1, 10, 200) and args.paths is None):

@@ -93,7 +93,8 @@ GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
     GatewayMetric("receiver_bad_requests", "counter", ("transport", "reason"),
                   "Requests or connections refused or cut (malformed, too large, gzip bomb, busy, "
                   "too_many_connections, headers_too_large, header_timeout, read_timeout, disconnected, "
-                  "unauthenticated, peer_share, unauthenticated_pool, json_budget, ...)"),
+                  "unauthenticated, peer_share, unauthenticated_pool, json_budget, storage_full; evicted_idle, "
+                  "evicted_slow: a slot taken for another peer under contention, ...)"),
     GatewayMetric("llm_metrics_requests", "counter", ("source",),
                   "Request spans the llm_metrics processor derived metrics from"),
     GatewayMetric("llm_metrics_labels_truncated", "counter", ("label",),

@@ -124,12 +124,12 @@ class _Conn:
 
 
 def _shutdown(sock: socket.socket) -> Callable[[str], None]:
-    def evict(_reason: str) -> None:
+    def shutdown(_reason: str) -> None:
         try:  # the plain socket's shutdown (an SSLSocket's would unwrap under its reader's feet)
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass  # already closed
-    return evict
+    return shutdown
 
 
 class _Server(ThreadingHTTPServer):
@@ -163,7 +163,15 @@ class _Server(ThreadingHTTPServer):
         """A connection's slots (taking an idle or slow one of another connection when full, counted), or None
         and the refusal reason. The connection is idle until its first request's headers are in."""
         peer = self.trusted.peer(address)
-        evict = _shutdown(request)
+        admitted: list[_Conn] = []
+
+        def evict(reason: str) -> None:  # either slot taken: shut the connection down, give back the other one
+            _shutdown(request)(reason)
+            for conn in admitted:
+                self.slots.release(conn.slot)
+                if conn.unauthenticated is not None and self.unauthenticated is not None:
+                    self.unauthenticated.release(conn.unauthenticated)
+
         got = self.slots.acquire(peer, IDLE, evict)  # charged to its source address (to its tenant later)
         if got.slot is None:
             return None, _CONNECTION_REFUSAL[got.refused or BUSY]
@@ -178,6 +186,7 @@ class _Server(ThreadingHTTPServer):
             if pool.evicted:
                 self._count(pool.evicted)
             conn.unauthenticated = pool.slot
+        admitted.append(conn)
         return conn, ""
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
