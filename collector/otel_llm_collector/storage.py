@@ -31,6 +31,7 @@ import fcntl
 import os
 import re
 import struct
+import threading
 import zlib
 from typing import Callable, Iterator, NamedTuple
 
@@ -81,6 +82,9 @@ class DurableLog:
         self.cursor = self._read_cursor()
         self._fd: int | None = None  # the segment being appended to: always a new one after a start
         self._segment = max(self._sizes, default=0)
+        # one producer appends (the pipeline) while one consumer acknowledges (an exporter's worker)
+        self._lock = threading.Lock()
+        self._closed = False
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -135,11 +139,18 @@ class DurableLog:
     @property
     def size(self) -> int:
         """Bytes of the segments on disk (what the budget counts)."""
-        return sum(self._sizes.values())
+        with self._lock:
+            return sum(self._sizes.values())
 
     def append(self, payload: bytes) -> Position:
         record = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-        if self.size + len(record) > self.max_bytes:
+        with self._lock:
+            return self._append(record)
+
+    def _append(self, record: bytes) -> Position:
+        if self._closed:
+            raise StorageFull(f"{self.directory}: the log is closed")
+        if sum(self._sizes.values()) + len(record) > self.max_bytes:
             self._count(FULL, 1)
             raise StorageFull(f"{self.directory}: the disk budget of {self.max_bytes} bytes is spent")
         if self._fd is None or self._sizes[self._segment] >= self.segment_bytes:
@@ -167,7 +178,11 @@ class DurableLog:
 
     def ack(self, position: Position) -> None:
         """Every record up to ``position`` is done: persist the cursor, delete the segments wholly before it."""
-        if position <= self.cursor:
+        with self._lock:
+            self._ack(position)
+
+    def _ack(self, position: Position) -> None:
+        if self._closed or position <= self.cursor:  # closed: the next start replays it (at least once)
             return
         self.cursor = position
         head = struct.pack("<IQ", *position)
@@ -182,7 +197,14 @@ class DurableLog:
             del self._sizes[segment]
 
     def close(self) -> None:
-        for fd in (self._fd, self._cursor_fd, self._lock_fd):
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._closed:  # a file descriptor number is reused: never close one twice
+            return
+        self._closed = True
+        for fd in (self._fd, self._cursor_fd, self._lock_fd):  # the lock goes last, with its descriptor
             if fd is not None:
                 try:
                     os.close(fd)
