@@ -10,8 +10,8 @@ that peer's idle keep-alive connections (idle for at least ``grace``), then its 
 of a peer holding more than the newcomer, so the shares converge to max-min. A newcomer of the same peer
 may take that peer's own idle or slow slot: a slow or idle connection never outranks a live request from
 the same address. A live slot (a request being parsed or processed, a gRPC message being handled) is never
-taken. With nothing to take, the newcomer is refused: ``peer_share`` when it holds at least its fair share,
-else ``busy``. ``trusted_peers`` (the load-balancing tier) are held to the capacity only: they are never
+taken. With nothing to take, the newcomer is refused: ``peer_share`` when it holds at least its fair share
+while other peers hold slots, else ``busy``. ``trusted_peers`` (the load-balancing tier) are held to the capacity only: they are never
 charged to a share, never taken from, and take from nobody.
 
 ``grace`` is read on the injected clock, so tests decide what is idle or slow by advancing a fake clock.

@@ -101,6 +101,22 @@ def test_an_honest_client_gets_its_exports_through_a_full_pool_of_idle_or_slow_c
         g.shutdown()
 
 
+def test_300_idle_connections_on_the_default_pool_leave_a_client_of_the_same_address_its_exports() -> None:
+    """The squat the fixed shares were built for, at the default capacity (256 connections), from the honest
+    client's own address: the fixed per-address share gave that client nothing."""
+    clock = FakeClock()
+    g = gateway(http={}, clock=clock)
+    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=300)
+    try:
+        pool = g.http.connection_slots
+        ok = _contended(g, clock, pool, lambda: http_export(g.http.port, GOOD, SQUATTER) == 200)
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+        assert pool.capacity == 256 and bad(g, "http", "evicted_idle") >= HONEST_EXPORTS
+    finally:
+        squatter.close()
+        g.shutdown()
+
+
 def test_100_honest_keep_alive_clients_on_one_address_get_their_exports_through() -> None:
     """A host running many instrumented processes is one peer: with nothing else contending it may use the
     whole receiver (the fixed shares refused a third of these exports)."""
