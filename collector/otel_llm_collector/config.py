@@ -32,6 +32,11 @@ receivers and ``exporters.prometheus`` (the extension's ``tenants: {name: token}
 ``processors.llm_metrics.{max_label_length, max_series, max_series_per_service, max_series_per_tenant,
 max_series_per_source, label_cache_size}``; ``service.shutdown_timeout``.
 
+Durability (memory-only by default): ``extensions: {file_storage[/name]: {directory, fsync, create_directory,
+max_size}}``, named by exporters' ``sending_queue: {storage: ...}`` (upstream's key) and by
+``processors.tail_sampling.storage`` (a write-ahead log of undecided batches; it needs every exporter's queue
+durable too). Read by ``_storage`` into ``CollectorConfig.storage``.
+
 TLS uses the upstream ``configtls`` key names::
 
     receivers:
