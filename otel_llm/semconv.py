@@ -29,7 +29,11 @@ USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 # prompt tokens served from the prefix cache (vLLM's num_cached_tokens)
 USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+# output tokens the model spent reasoning (openai's completion_tokens_details.reasoning_tokens)
+USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 TOKEN_TYPE = "gen_ai.token.type"
+TOKEN_MODALITY = "gen_ai.token.modality"  # on the usage counters; ``unknown``: the provider reports no breakdown
+TOKEN_MODALITY_UNKNOWN = "unknown"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 ERROR_TYPE = "error.type"
@@ -42,13 +46,33 @@ OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"
 OPERATION_EMBEDDINGS = "embeddings"
 
-# GenAI client metrics. The conventions are renaming them to ``gen_ai.client.inference.*``
-# (semantic-conventions-genai PR 521): that switch is this one line.
+# GenAI client metrics, in two versions of the conventions, chosen once at instrument() as the contrib
+# instrumentations choose (core/semconv_mode.py): by default the names they emit without an opt-in;
+# with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental, the registry's current ones (below).
+# Held against the vendored registry by tests/core/test_semconv_registry.py.
+SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
+GENAI_LATEST_EXPERIMENTAL = "gen_ai_latest_experimental"
 CLIENT_METRIC_NAMESPACE = "gen_ai.client.operation"
-METRIC_CLIENT_DURATION = f"{CLIENT_METRIC_NAMESPACE}.duration"
+METRIC_CLIENT_DURATION = f"{CLIENT_METRIC_NAMESPACE}.duration"  # latest: embeddings (and other non-inference) only
 METRIC_CLIENT_TIME_TO_FIRST_CHUNK = f"{CLIENT_METRIC_NAMESPACE}.time_to_first_chunk"
 METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = f"{CLIENT_METRIC_NAMESPACE}.time_per_output_chunk"
-METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
+METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"  # default only: replaced by the usage counters (PR 374)
+# latest: inference operations (chat, text_completion) on gen_ai.client.inference.* (semantic-conventions-genai
+# PR 521), token usage on counters by gen_ai.token.modality and per-operation histograms (PR 374)
+INFERENCE_METRIC_NAMESPACE = "gen_ai.client.inference"
+METRIC_INFERENCE_DURATION = f"{INFERENCE_METRIC_NAMESPACE}.duration"
+METRIC_INFERENCE_TIME_TO_FIRST_CHUNK = f"{INFERENCE_METRIC_NAMESPACE}.time_to_first_chunk"
+METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK = f"{INFERENCE_METRIC_NAMESPACE}.time_per_output_chunk"
+METRIC_USAGE_INPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.usage.input_tokens"
+METRIC_USAGE_OUTPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.usage.output_tokens"
+METRIC_USAGE_CACHE_READ_INPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.usage.cache_read.input_tokens"
+METRIC_USAGE_REASONING_OUTPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.usage.reasoning.output_tokens"
+METRIC_OPERATION_INPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.operation.input_tokens"
+METRIC_OPERATION_OUTPUT_TOKENS = f"{INFERENCE_METRIC_NAMESPACE}.operation.output_tokens"
+# The schema URL of our tracers and meters: the GenAI registry has published none yet, so the last core
+# semantic-conventions release that held the GenAI conventions as active (1.42 moved them out)
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
+SERVICE_INSTANCE_ID = "service.instance.id"  # one per process on the resources we build (core/providers.py)
 
 # Ours: request-level latencies (seconds) and facts
 LATENCY_TTFT = "llm.latency.time_to_first_token"
@@ -222,12 +246,15 @@ STEP_KV_BLOCKS_MAX = "llm.engine.step.kv_cache_blocks_max"
 SERVICE_NAME = "service.name"
 OPENINFERENCE_PROJECT_NAME = "openinference.project.name"  # how Phoenix assigns traces to projects
 
-# vLLM's own native ``llm_request`` span (read by the collector)
+# vLLM's own native ``llm_request`` span (read by the collector). The ``gen_ai.latency.*`` ones (vLLM's and
+# SGLang's, proposal 408 of the GenAI conventions, not in the registry) are also on our request spans, with
+# vLLM's formulas, so dashboards built on vLLM's tracing keep working; ``llm.latency.*`` are the canonical ones.
 VLLM_TTFT = "gen_ai.latency.time_to_first_token"
 VLLM_E2E = "gen_ai.latency.e2e"
 VLLM_QUEUE = "gen_ai.latency.time_in_queue"
 VLLM_PREFILL = "gen_ai.latency.time_in_model_prefill"
 VLLM_DECODE = "gen_ai.latency.time_in_model_decode"
+VLLM_INFERENCE = "gen_ai.latency.time_in_model_inference"  # prefill + decode (first scheduled to last token)
 VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
 VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 VLLM_RESPONSE_MODEL = "gen_ai.response.model"

@@ -36,6 +36,7 @@ from ..core.diagnosis.anatomy import EngineFacts
 from ..core.finish_facts import settle
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
+from ..semconv import SCHEMA_URL
 from ..version import __version__
 from . import destinations, protocol
 
@@ -94,8 +95,8 @@ class Agent:
 
         tp, mp = destinations.build(setup.destinations)
         self.providers = (tp, mp)
-        tracer = tp.get_tracer("otel_llm.vllm", __version__)
-        meter = mp.get_meter("otel_llm.vllm", __version__)
+        tracer = tp.get_tracer("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
+        meter = mp.get_meter("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         self.pipeline = Pipeline(setup.config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
         for facts in self.engines:
             self.apply_engine(facts)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import difflib
 import enum
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from .. import semconv as sc
+from .semconv_mode import genai_latest
 from .slo import SLOTable
+
+logger = logging.getLogger("otel_llm")
 
 
 class Detail(enum.IntEnum):
@@ -118,15 +123,27 @@ _token_times = _one_of(TOKEN_TIMES)
 _agent = _one_of(AGENT_MODES)
 
 
-def _genai_capture(raw: str) -> bool:
-    """The GenAI instrumentations' shared switch: ``true``/``false``, or the newer modes, of which only
-    the ones that put content on spans turn our capture on (we emit no content events)."""
+_CAPTURE_MODES = {"SPAN_ONLY": True, "SPAN_AND_EVENT": True, "NO_CONTENT": False, "EVENT_ONLY": False}
+
+
+def _genai_capture(raw: str, environ: Mapping[str, str]) -> bool:
+    """The GenAI instrumentations' shared switch, read as they read it (``OTEL_SEMCONV_STABILITY_OPT_IN``):
+    by default ``true``/``false``; under ``gen_ai_latest_experimental`` the content-capturing modes, of which
+    only the ones that put content on spans turn our capture on (we emit no content events). A value of the
+    other reading captures nothing, as with them; anything else is an error."""
     v = str(raw).strip().upper()
-    if v in ("SPAN_ONLY", "SPAN_AND_EVENT"):
-        return True
-    if v in ("NO_CONTENT", "EVENT_ONLY"):
-        return False
-    return _bool(raw)
+    latest = genai_latest(environ)
+    if v in _CAPTURE_MODES:
+        if not latest:
+            logger.warning("otel-llm: %s=%s is a mode of %s=%s; without it no content is captured",
+                           GENAI_CAPTURE_ENV, raw, sc.SEMCONV_OPT_IN_ENV, sc.GENAI_LATEST_EXPERIMENTAL)
+        return latest and _CAPTURE_MODES[v]
+    value = _bool(raw)
+    if latest:
+        logger.warning("otel-llm: under %s=%s, %s takes a mode (SPAN_ONLY, SPAN_AND_EVENT, NO_CONTENT, "
+                       "EVENT_ONLY), not %r: no content is captured", sc.SEMCONV_OPT_IN_ENV,
+                       sc.GENAI_LATEST_EXPERIMENTAL, GENAI_CAPTURE_ENV, raw)
+    return value and not latest
 
 
 GENAI_CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -139,8 +156,9 @@ class Option:
     parse: Callable[[Any], Any]
     default: Any
     doc: str
-    # an ecosystem-wide variable read when ours is unset (ours wins: it is the more specific)
-    shared_env: tuple[str, Callable[[Any], Any]] | None = None
+    # an ecosystem-wide variable read when ours is unset (ours wins: it is the more specific); its parser
+    # also gets the environment (the ecosystem reads some variables by others, e.g. OTEL_SEMCONV_STABILITY_OPT_IN)
+    shared_env: tuple[str, Callable[[Any, Mapping[str, str]], Any]] | None = None
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -156,7 +174,8 @@ OPTIONS: tuple[Option, ...] = (
            "Keep requests slower (end-to-end) than this running quantile of their model; 0 turns it off"),
     Option("capture_content", "OTEL_LLM_CAPTURE_CONTENT", _bool, False,
            "Record prompts and completions on spans (sensitive: off by default); when unset, "
-           f"`{GENAI_CAPTURE_ENV}` (`true`, `SPAN_ONLY` or `SPAN_AND_EVENT` turn it on)",
+           f"`{GENAI_CAPTURE_ENV}` as the GenAI instrumentations read it: `true`, or with "
+           f"`{sc.SEMCONV_OPT_IN_ENV}={sc.GENAI_LATEST_EXPERIMENTAL}` `SPAN_ONLY` or `SPAN_AND_EVENT`",
            shared_env=(GENAI_CAPTURE_ENV, _genai_capture)),
     Option("engine_steps", "OTEL_LLM_ENGINE_STEPS", _bool, True,
            "Record engine steps (batch composition) and emit `llm.engine.step` spans for kept requests"),
@@ -248,7 +267,8 @@ class Config:
                 values[opt.name] = opt.parse(given)
                 continue
             values[opt.name] = opt.default
-            for name, parse in ((opt.env, opt.parse), *((opt.shared_env,) if opt.shared_env else ())):
+            shared = ((opt.shared_env[0], lambda raw, p=opt.shared_env[1]: p(raw, env)),) if opt.shared_env else ()
+            for name, parse in ((opt.env, opt.parse), *shared):
                 if env.get(name, "").strip():  # ours first, then the ecosystem's
                     try:
                         values[opt.name] = parse(env[name])

@@ -54,7 +54,7 @@ class FinishFacts(NamedTuple):
 def base_summary(t: RequestTimeline, e2e: float, cached_tokens: int | None) -> RequestSummary:
     """What every summary of ``t`` holds, whatever the engine counted: its identity and outcome, its
     end-to-end time, and its prompt's cached tokens, split by source where the split adds up."""
-    s = RequestSummary(model=t.model, operation=t.operation, provider=t.provider, input_tokens=t.input_tokens,
+    s = RequestSummary(model=t.requested_model, operation=t.operation, provider=t.provider, input_tokens=t.input_tokens,
                        finish_reason=t.finish_reason)
     s.e2e = e2e
     s.prefix_cache_hit_tokens = cached_tokens

@@ -126,11 +126,21 @@ SPEC_TOKENS = "llm.server.spec_decode.tokens"
 
 
 @dataclass(frozen=True)
+class UsageSpec:
+    """A token instrument of its own (the latest GenAI conventions' usage counters): its row, the count it
+    adds from a summary (``None``: nothing to add) and the attributes it adds to the request labels."""
+
+    spec: InstrumentSpec
+    value: Callable[[RequestSummary], int | None]
+    attributes: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class MetricSet:
     """One side's metrics (server, client): the histogram table, token usage and the goodput counters."""
 
     histograms: tuple[HistogramSpec, ...]
-    token_usage: str
+    token_usage: str | None  # one histogram by gen_ai.token.type; None: ``usage`` counts tokens
     requests: str
     good_requests: str
     characters: str | None = None
@@ -138,11 +148,12 @@ class MetricSet:
     slo_breaches: str | None = None  # a counter of breaches by objective and slow cause
     inter_token: HistogramSpec | None = None  # per-token latencies, from RequestSummary.gaps' bucket counts
     spec_tokens: str | None = None  # a counter of speculative draft tokens, drafted and accepted
+    usage: tuple[UsageSpec, ...] = ()  # token instruments of their own (each recorded when its value is known)
 
     @property
-    def token_usage_spec(self) -> InstrumentSpec:
+    def token_usage_spec(self) -> InstrumentSpec | None:
         return InstrumentSpec(self.token_usage, TOKEN_UNIT, f"Input and output tokens per {self.noun}",
-                              TOKEN_BUCKETS, attributes=(sc.TOKEN_TYPE,))
+                              TOKEN_BUCKETS, attributes=(sc.TOKEN_TYPE,)) if self.token_usage else None
 
     @property
     def requests_spec(self) -> InstrumentSpec:
@@ -176,8 +187,8 @@ class MetricSet:
 
     def instruments(self) -> tuple[InstrumentSpec, ...]:
         """Every instrument of the set but the histograms, in the docs table's order."""
-        specs = (self.token_usage_spec, self.characters_spec, self.requests_spec, self.good_requests_spec,
-                 self.slo_breaches_spec, self.spec_tokens_spec)
+        specs = (self.token_usage_spec, *(u.spec for u in self.usage), self.characters_spec, self.requests_spec,
+                 self.good_requests_spec, self.slo_breaches_spec, self.spec_tokens_spec)
         return tuple(spec for spec in specs if spec is not None)
 
 
@@ -191,13 +202,14 @@ class Instruments:
     bind them: the collector records lists of requests into its own aggregation backend)."""
 
     histograms: tuple[tuple[HistogramSpec, Any], ...]
-    tokens: Any  # token usage, by ``gen_ai.token.type`` (input, output)
+    tokens: Any | None  # token usage, by ``gen_ai.token.type`` (input, output); None: the set counts by ``usage``
     chars: Any | None
     requests: Any
     good: Any
     breaches: Any | None
     inter_token: tuple[Any, Any] | None = None  # (its spec, the histogram): a request's gap counts, added whole
     spec_tokens: Any | None = None  # speculative draft tokens, by llm.spec_decode.token.kind (drafted, accepted)
+    usage: tuple[tuple[UsageSpec, Any], ...] = ()  # the set's own token instruments
 
 
 class RequestMetrics:
@@ -212,7 +224,9 @@ class RequestMetrics:
                                           explicit_bucket_boundaries_advisory=list(spec.buckets)))
             for spec in metric_set.histograms
         ]
-        self._tokens = create(meter, metric_set.token_usage_spec)
+        tokens = metric_set.token_usage_spec
+        self._tokens = create(meter, tokens) if tokens is not None else None
+        self._usage = tuple((u, create(meter, u.spec)) for u in metric_set.usage)
         chars, breaches = metric_set.characters_spec, metric_set.slo_breaches_spec
         self._chars = create(meter, chars) if chars is not None else None
         self._requests = create(meter, metric_set.requests_spec)
@@ -225,7 +239,7 @@ class RequestMetrics:
         spec_tokens = metric_set.spec_tokens_spec
         self._spec_tokens = create(meter, spec_tokens) if spec_tokens is not None else None
         self.instruments = Instruments(tuple(self._histograms), self._tokens, self._chars, self._requests, self._good,
-                                       self._breaches, self._itl, self._spec_tokens)
+                                       self._breaches, self._itl, self._spec_tokens, self._usage)
         self._attr_cache = FirstN(4096)  # a process's label sets are few; a flood of new ones is not remembered
         self.adapters = AdapterLabels()  # the LoRA adapter label: bounded (adapter names come from users)
 
@@ -242,10 +256,14 @@ class RequestMetrics:
             value = value_of(s)
             if value is not None:
                 record(value, context)
-        if s.input_tokens is not None:
+        if s.input_tokens is not None and b.input_tokens is not None:
             b.input_tokens(s.input_tokens, context)
-        if s.output_tokens is not None:
+        if s.output_tokens is not None and b.output_tokens is not None:
             b.output_tokens(s.output_tokens, context)
+        for count_of, add in b.usage:
+            count = count_of(s)
+            if count is not None:
+                add(count, context)
         if b.chars is not None and s.output_characters is not None:
             b.chars(s.output_characters, context)
         if s.gaps is not None and b.inter_token is not None:
@@ -292,7 +310,8 @@ class RequestMetrics:
             input_attrs, output_attrs = {**attrs, sc.TOKEN_TYPE: "input"}, {**attrs, sc.TOKEN_TYPE: "output"}
             found = _Bound(
                 tuple((spec.value, _bind(hist, attrs)) for spec, hist in self._histograms),
-                _bind(self._tokens, input_attrs), _bind(self._tokens, output_attrs),
+                *((_bind(self._tokens, input_attrs), _bind(self._tokens, output_attrs))
+                  if self._tokens is not None else (None, None)),
                 _bind(self._chars, attrs) if self._chars is not None else None,
                 _bind(self._requests, attrs), _bind(self._good, attrs),
                 self._slos.for_model(s.model),
@@ -300,7 +319,8 @@ class RequestMetrics:
                 bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None,
                 *((_bind(self._spec_tokens, {**attrs, sc.SPEC_TOKEN_KIND: "drafted"}),
                    _bind(self._spec_tokens, {**attrs, sc.SPEC_TOKEN_KIND: "accepted"}))
-                  if self._spec_tokens is not None else (None, None)))
+                  if self._spec_tokens is not None else (None, None)),
+                tuple((u.value, _bind(inst, {**attrs, **dict(u.attributes)})) for u, inst in self._usage))
             self._attr_cache.put(key, found)  # bounded: model names come from users
         return found
 
@@ -334,8 +354,8 @@ class _Bound:
     """One label set's instruments, bound once: a request then costs one cache lookup, not one per metric."""
 
     histograms: tuple[tuple[Callable[[RequestSummary], float | None], Recorder], ...]
-    input_tokens: Recorder
-    output_tokens: Recorder
+    input_tokens: Recorder | None  # the token-usage histogram's two label sets (None: the set has none)
+    output_tokens: Recorder | None
     chars: Recorder | None
     requests: Recorder
     good: Recorder
@@ -344,6 +364,7 @@ class _Bound:
     inter_token: CountsRecorder | None  # adds one request's inter-token bucket counts
     spec_drafted: Recorder | None  # speculative draft tokens (kind drafted / accepted)
     spec_accepted: Recorder | None
+    usage: tuple[tuple[Callable[[RequestSummary], int | None], Recorder], ...] = ()  # the set's own token counts
 
 
 class _Breaches:

@@ -9,15 +9,18 @@ down after the telemetry sending through it was flushed (at exit, or at uninstru
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
+import uuid
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from .. import semconv as sc
 from ..lifecycle import PROVIDERS, Lifecycle
 
 logger = logging.getLogger("otel_llm")
@@ -78,13 +81,30 @@ def _exporters(var: str, signal: str, console: Any) -> list[Any]:
     return out
 
 
-def _sdk_tracer_provider() -> TracerProvider:
+@functools.lru_cache(maxsize=4)
+def _instance_id(pid: int) -> str:
+    """This process's ``service.instance.id`` (keyed by pid: a forked child is another instance)."""
+    return str(uuid.uuid4())
+
+
+def resource() -> Any:
+    """The resource of the providers we build: the SDK's (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``),
+    with a ``service.instance.id`` per process where neither the user nor the SDK set one (SDK releases before
+    1.35 set none: ``vllm serve --api-server-count N`` would write N processes' points into one series)."""
     from opentelemetry.sdk.resources import Resource
+
+    created = Resource.create()
+    if created.attributes.get(sc.SERVICE_INSTANCE_ID):
+        return created
+    return created.merge(Resource({sc.SERVICE_INSTANCE_ID: _instance_id(os.getpid())}))
+
+
+def _sdk_tracer_provider() -> TracerProvider:
     from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
     # shut down by its owner's Lifecycle, after the telemetry that sends through it (not by its own exit hook)
-    provider = SDKTracerProvider(resource=Resource.create(), shutdown_on_exit=False)
+    provider = SDKTracerProvider(resource=resource(), shutdown_on_exit=False)
     for exporter in _exporters("OTEL_TRACES_EXPORTER", "TRACES", ConsoleSpanExporter):
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
@@ -93,8 +113,8 @@ def _sdk_tracer_provider() -> TracerProvider:
 def _sdk_meter_provider() -> MeterProvider:
     from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
 
     readers = [PeriodicExportingMetricReader(e)
                for e in _exporters("OTEL_METRICS_EXPORTER", "METRICS", ConsoleMetricExporter)]
-    return SDKMeterProvider(resource=Resource.create(), metric_readers=readers, shutdown_on_exit=False)
+    return SDKMeterProvider(resource=resource(), metric_readers=readers, shutdown_on_exit=False)
+

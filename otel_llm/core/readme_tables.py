@@ -10,6 +10,8 @@ the same). Tables:
 * ``metrics``: the server metric set (``metrics.SERVER_METRICS``);
 * ``client-metrics``: the openai client's metric set (``client_metrics.CLIENT_METRICS``) and the
   collector's client overhead (``metrics.CLIENT_OVERHEAD``);
+* ``client-metrics-latest``: the client's set under ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``
+  (``client_metrics.CLIENT_METRICS_LATEST``);
 * ``step-metrics``: the engine-step and GPU instruments (``metrics.STEP_METRICS``, ``metrics.GPU_METRICS``);
 * ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``);
 * ``gateway-metrics`` (docs/collector.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
@@ -25,7 +27,7 @@ from typing import Callable, Iterable
 
 from . import metrics as m
 from . import self_metrics as sm
-from .client_metrics import CLIENT_METRICS
+from .client_metrics import CLIENT_METRICS, CLIENT_METRICS_LATEST
 from .config import options_table
 from .trace_contract import spans_table
 
@@ -63,6 +65,12 @@ def client_metrics_table() -> str:
                              "attributes (beyond the call's)")
 
 
+def client_metrics_latest_table() -> str:
+    latest = CLIENT_METRICS_LATEST
+    per_chunk = (latest.inter_token,) if latest.inter_token is not None else ()
+    return instruments_table((*latest.histograms, *per_chunk, *latest.instruments()), "attributes (beyond the call's)")
+
+
 def step_metrics_table() -> str:
     return instruments_table((*m.STEP_METRICS, *m.GPU_METRICS), "attributes")
 
@@ -83,6 +91,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "trace-contract": spans_table,
     "metrics": metrics_table,
     "client-metrics": client_metrics_table,
+    "client-metrics-latest": client_metrics_latest_table,
     "step-metrics": step_metrics_table,
     "self-metrics": self_metrics_table,
     "gateway-metrics": gateway_metrics_table,

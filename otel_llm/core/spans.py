@@ -39,6 +39,7 @@ from .clock import WallClock
 from .config import Detail
 from .content import input_messages, output_messages
 from .decode_rows import choose_rows, eventful_steps
+from .finish_facts import ERROR_TYPES
 from .span_routes import ApiRouter, DirectSink, Route, RouterFactory
 from .step_facts import FactsCache
 from .handoff import handoff_attributes
@@ -51,10 +52,7 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     a: dict[str, Any] = {sc.OPERATION_NAME: t.operation}
     if t.provider:
         a[sc.PROVIDER_NAME] = t.provider
-    if t.model:
-        # the engine serves the model it was asked for under that name: it is also the response's model
-        a[sc.REQUEST_MODEL] = a[sc.RESPONSE_MODEL] = t.model
-    a.update(t.request_attributes)
+    _models(a, t)
     if t.response_id:
         a[sc.RESPONSE_ID] = t.response_id
     if t.finish_reason:
@@ -68,6 +66,7 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     ):
         if value is not None:
             a[key] = value
+    a.update(vllm_latency_attributes(s))
     if t.handoff is not None:
         a.update(handoff_attributes(t.handoff))
     if s.gaps is not None:  # compact: the histogram's bucket counts, so a collector can add them up
@@ -89,6 +88,28 @@ def request_attributes(t: RequestTimeline, s: RequestSummary, reason: str, slo_m
     return a
 
 
+def _models(a: dict[str, Any], t: RequestTimeline) -> None:
+    """The requested and the served model, and the request's own attributes (the API request's model among
+    them, which wins): a LoRA request's response model is its adapter, so client and server series join."""
+    served = t.served_model
+    if served:
+        a[sc.REQUEST_MODEL] = a[sc.RESPONSE_MODEL] = served
+    a.update(t.request_attributes)
+
+
+def vllm_latency_attributes(s: RequestSummary) -> dict[str, float]:
+    """vLLM's own request-span latencies (``gen_ai.latency.*``, its formulas: queue from queued to scheduled,
+    prefill from scheduled to the first token, decode from the first to the last token, inference both), the
+    same values as ours, so that dashboards built on vLLM's tracing find them on our spans."""
+    a = {key: value for key, value in ((sc.VLLM_TTFT, s.ttft), (sc.VLLM_E2E, s.e2e), (sc.VLLM_QUEUE, s.queue),
+                                       (sc.VLLM_PREFILL, s.prefill), (sc.VLLM_DECODE, s.decode))
+         if value is not None}
+    if s.prefill is not None and s.decode is not None:
+        a[sc.VLLM_INFERENCE] = s.prefill + s.decode
+    return a
+
+
+ABORTED = ERROR_TYPES["abort"]  # error.type of an aborted request
 SpanEvent = tuple[str, dict[str, Any], float]  # a span event: name, attributes, engine monotonic time
 MAX_ADAPTER_NAME = 256  # characters of a LoRA adapter's name kept on a span (names come from users)
 
@@ -119,9 +140,7 @@ def group_attributes(members: Sequence[tuple[RequestTimeline, RequestSummary]], 
     a: dict[str, Any] = {sc.OPERATION_NAME: t.operation}
     if t.provider:
         a[sc.PROVIDER_NAME] = t.provider
-    if t.model:
-        a[sc.REQUEST_MODEL] = a[sc.RESPONSE_MODEL] = t.model
-    a.update(t.request_attributes)
+    _models(a, t)
     a.pop(sc.REQUEST_SEED, None)  # the engine seeds each sequence differently (seed + index): on the choices
     if group is not None:
         a[sc.REQUEST_CHOICE_COUNT] = group.choice_count
@@ -247,7 +266,8 @@ class SpanBuilder:
         start = clock.wall_ns(t.arrival)
         end = max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0)))
         if choice_of is None:
-            name, context, kind = (f"{t.operation} {t.model}" if t.model else t.operation), t.parent, t.kind
+            model = t.requested_model
+            name, context, kind = (f"{t.operation} {model}" if model else t.operation), t.parent, t.kind
             self.wire_export()  # the route for this request
         else:
             name, context, kind = sc.SPAN_CHOICE, trace.set_span_in_context(choice_of), SpanKind.INTERNAL
@@ -256,7 +276,8 @@ class SpanBuilder:
         if not root.is_recording():  # the provider's own sampler said no (e.g. an unsampled parent)
             root.end(end_time=end)
             return None
-        if s.error_type:
+        if s.error_type and not (kind is SpanKind.SERVER and s.error_type == ABORTED):
+            # (a SERVER span's abort is its client's cancellation, not a server error: error.type says aborted)
             root.set_status(Status(StatusCode.ERROR, f"{s.error_type}: finish reason {t.finish_reason}"))
         for event_name, event_attributes, at in events:
             root.add_event(event_name, event_attributes, timestamp=_clamp(clock.mono_ns(at), start, end))
@@ -282,14 +303,16 @@ class SpanBuilder:
         first = members[0][0]
         start = min(clock.wall_ns(t.arrival) for t, _, _, _ in members)
         end = max(max(start, clock.wall_ns(t.arrival + (s.e2e or 0.0))) for t, s, _, _ in members)
-        name = f"{first.operation} {first.model}" if first.model else first.operation
+        model = first.requested_model
+        name = f"{first.operation} {model}" if model else first.operation
         self.wire_export()  # the route for this request
         root = self._route.tracer.start_span(name, context=first.parent, kind=first.kind, start_time=start,
                                              attributes=attributes)
         if not root.is_recording():
             root.end(end_time=end)
             return None, [None] * len(members)
-        failed = next((s for _, s, _, _ in members if s.error_type), None)
+        failed = next((s for _, s, _, _ in members if s.error_type and not
+                       (first.kind is SpanKind.SERVER and s.error_type == ABORTED)), None)
         if failed is not None:
             root.set_status(Status(StatusCode.ERROR, f"{failed.error_type}: a choice failed"))
         budget = max((self._max_spans - 1) // len(members), 1)

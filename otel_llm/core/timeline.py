@@ -12,6 +12,8 @@ from typing import Any, Iterable, NamedTuple, Sequence
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind
 
+from ..semconv import REQUEST_MODEL
+
 QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # vLLM's EngineCoreEventType values (fenced: tests/vllm/test_vllm_fences.py)
 
 # Why the head of the engine's waiting queue was not admitted in a step (StepRecord.queue_blocked),
@@ -71,6 +73,18 @@ class RequestTimeline:
     # parallel sampling (n > 1): the user request this sequence is one choice of, and its index there
     group: "RequestGroup | None" = None
     choice_index: int | None = None
+
+    @property
+    def served_model(self) -> str | None:
+        """What served it (``gen_ai.response.model``): its LoRA adapter, else the served model name."""
+        return self.lora_name or self.model
+
+    @property
+    def requested_model(self) -> str | None:
+        """What the client asked for (``gen_ai.request.model``, the span name's and the metrics' model): the API
+        request's ``model`` where the frontend read it (an alias, an adapter), else what served it."""
+        asked = self.request_attributes.get(REQUEST_MODEL)
+        return asked if isinstance(asked, str) and asked else self.served_model
 
     def add_tokens(self, ts: float, count: int) -> None:
         if count > 1:

@@ -92,14 +92,21 @@ REQUEST_SPAN = SpanDoc(
     "arrival → the frontend received the last output (`arrival + e2e`; TensorRT-LLM: its last token)",
     (Item(sc.OPERATION_NAME),
      Item(sc.PROVIDER_NAME, f"=`{sc.PROVIDER_VLLM}` or `{sc.PROVIDER_TENSORRT_LLM}`"),
-     Item(sc.REQUEST_MODEL), Item(sc.REQUEST_MAX_TOKENS), Item(sc.REQUEST_TEMPERATURE), Item(sc.REQUEST_TOP_P),
+     Item(sc.REQUEST_MODEL, " (what the client asked for: the API request's `model` under serve, else the "
+          "served model's or adapter's name)"),
+     Item(sc.REQUEST_MAX_TOKENS), Item(sc.REQUEST_TEMPERATURE), Item(sc.REQUEST_TOP_P),
      *_when_set(sc.REQUEST_TOP_K, sc.REQUEST_SEED, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
                 sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT),
      Item(sc.REQUEST_STREAM, " (under serve when streaming; TensorRT-LLM: whenever streamed)"),
-     Item(sc.RESPONSE_MODEL), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
+     Item(sc.RESPONSE_MODEL, " (what served it: the LoRA adapter's name for an adapter's request, else the "
+          "served model name)"), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
      Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),
      Item(sc.LATENCY_TTFT), Item(sc.LATENCY_TPOT), Item(sc.LATENCY_E2E), Item(sc.LATENCY_QUEUE),
      Item(sc.LATENCY_PREFILL), Item(sc.LATENCY_DECODE),
+     Group((sc.VLLM_TTFT, sc.VLLM_E2E, sc.VLLM_QUEUE, sc.VLLM_PREFILL, sc.VLLM_DECODE, sc.VLLM_INFERENCE),
+           f"`{sc.VLLM_TTFT}`, `{sc.VLLM_E2E}`, `{sc.VLLM_QUEUE}`, `{sc.VLLM_PREFILL}`, `{sc.VLLM_DECODE}`, "
+           f"`{sc.VLLM_INFERENCE}` (vLLM's own request-span names, same values, for dashboards built on vLLM's "
+           "tracing; `llm.latency.*` are canonical)"),
      Item(sc.LATENCY_MAX_GAP, " (the longest gap between two steps that produced tokens)"),
      Item(sc.LATENCY_ITL_COUNTS, " (its inter-token latencies as counts over `llm.server.inter_token.latency`'s "
           "buckets; both when it produced two or more tokens)"),
@@ -110,7 +117,8 @@ REQUEST_SPAN = SpanDoc(
            ", ".join(f"`{n}`" for n in sc.SLO_THRESHOLDS.values()) + " (the SLO thresholds it was judged "
            "against, seconds: those set for its model, when SLOs are set)"),
      Item(sc.SAMPLING_REASON),
-     Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when aborted or failed"),
+     Item(sc.ERROR_TYPE, " (`aborted`, `engine_error`) and ERROR status when failed, or aborted on an INTERNAL "
+          "span (a SERVER span's abort is the client's cancellation, not a server error: no ERROR status)"),
      Group((sc.SLOW_CAUSE, *sc.SLOW_SECONDS.values()),
            f"`{sc.SLOW_CAUSE}` and `{sc.SLOW_SECONDS_TEMPLATE.format(cause='<cause>')}` (seconds each cause cost) "
            f"when kept for a cause (see \"Why was it slow?\")"),
@@ -206,7 +214,10 @@ CLIENT_SPAN = SpanDoc(
                 sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_ENCODING_FORMATS),
      Item(sc.REQUEST_STREAM), Item(sc.SERVER_ADDRESS), Item(sc.SERVER_PORT),
      Item(sc.RESPONSE_ID), Item(sc.RESPONSE_MODEL), Item(sc.RESPONSE_FINISH_REASONS),
-     Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS), Item(sc.EMBEDDINGS_DIMENSION_COUNT, " (embeddings)"),
+     Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),
+     Item(sc.USAGE_CACHE_READ_INPUT_TOKENS, " (`cached_tokens` of the usage's prompt or input token details)"),
+     Item(sc.USAGE_REASONING_OUTPUT_TOKENS, " (`reasoning_tokens` of its completion or output token details)"),
+     Item(sc.EMBEDDINGS_DIMENSION_COUNT, " (embeddings)"),
      Item(sc.CLIENT_DURATION), Item(sc.CLIENT_SLO_MET), Item(sc.CLIENT_SLO_BREACHED),
      Item(sc.CLIENT_OUTPUT_CHARACTERS), Item(sc.CLIENT_CHARS_PER_SECOND),
      Item(sc.CLIENT_OUTPUT_KINDS, " (`text`, `tool_call`, `refusal`, `reasoning`, `other`)"),

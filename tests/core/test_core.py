@@ -409,16 +409,26 @@ def test_boolean_options_take_python_bools_and_strings():
     assert Config.resolve({}, environ={"OTEL_LLM_CAPTURE_CONTENT": "true"}).capture_content is True
 
 
-@pytest.mark.parametrize("shared, ours, explicit, expected", [
-    ("true", None, None, True), ("SPAN_ONLY", None, None, True), ("span_and_event", None, None, True),
-    ("EVENT_ONLY", None, None, False), ("NO_CONTENT", None, None, False), ("false", None, None, False),
-    ("true", "false", None, False),  # ours, the more specific, wins over the ecosystem's variable
-    ("true", None, False, False),  # and an explicit argument over both
-    (None, None, None, False),
+LATEST = "gen_ai_latest_experimental"
+
+
+@pytest.mark.parametrize("shared, ours, explicit, expected, opt_in", [
+    ("true", None, None, True, None), ("false", None, None, False, None),
+    # the modes are the latest conventions' reading (OTEL_SEMCONV_STABILITY_OPT_IN), as the contrib
+    # instrumentations read them: without the opt-in they capture nothing; with it a boolean captures nothing
+    ("SPAN_ONLY", None, None, False, None), ("span_and_event", None, None, False, None),
+    ("SPAN_ONLY", None, None, True, LATEST), ("span_and_event", None, None, True, f"http/dup, {LATEST}"),
+    ("EVENT_ONLY", None, None, False, LATEST), ("NO_CONTENT", None, None, False, LATEST),
+    ("true", None, None, False, LATEST), ("true", None, None, True, "gen_ai_latest"),  # not the value
+    ("true", "false", None, False, None),  # ours, the more specific, wins over the ecosystem's variable
+    (None, "true", None, True, LATEST),  # (and is a boolean in either reading)
+    ("true", None, False, False, None),  # and an explicit argument over both
+    (None, None, None, False, None),
 ])
-def test_content_capture_follows_the_genai_instrumentations_variable(shared, ours, explicit, expected):
+def test_content_capture_follows_the_genai_instrumentations_variable(shared, ours, explicit, expected, opt_in):
     env = {k: v for k, v in (("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", shared),
-                             ("OTEL_LLM_CAPTURE_CONTENT", ours)) if v is not None}
+                             ("OTEL_LLM_CAPTURE_CONTENT", ours), ("OTEL_SEMCONV_STABILITY_OPT_IN", opt_in))
+           if v is not None}
     config = Config.resolve({"capture_content": explicit}, environ=env)
     assert config.capture_content is expected
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from otel_llm import semconv
 from otel_llm.core import config, metrics, readme_tables, self_metrics, trace_contract
-from otel_llm.core.client_metrics import CLIENT_METRICS
+from otel_llm.core.client_metrics import CLIENT_METRICS, CLIENT_METRICS_LATEST
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,9 @@ def declared_names() -> set[str]:
     """Every dotted name the declaration modules hold: attributes, spans, events, metrics."""
     names = {v for v in vars(semconv).values() if isinstance(v, str) and "." in v}
     names |= set(semconv.SLOW_SECONDS.values())
-    for metric_set in (metrics.SERVER_METRICS, CLIENT_METRICS):
-        names |= {s.name for s in (*metric_set.histograms, *metric_set.instruments())}
+    for metric_set in (metrics.SERVER_METRICS, CLIENT_METRICS, CLIENT_METRICS_LATEST):
+        inter_token = (metric_set.inter_token,) if metric_set.inter_token is not None else ()
+        names |= {s.name for s in (*metric_set.histograms, *inter_token, *metric_set.instruments())}
     names |= {s.name for s in (*metrics.STEP_METRICS, *metrics.GPU_METRICS, *self_metrics.SELF_METRICS)}
     names |= {self_metrics.STATE, self_metrics.SITE}
     return names

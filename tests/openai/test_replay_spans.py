@@ -182,6 +182,11 @@ def test_bodies_plain_and_raw_alike(client: Any, replay: ReplayServer, name: str
         assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (
             usage["input_tokens"], usage["output_tokens"])
         texts = [part["text"] for item in body["output"] for part in item["content"]]
+    # the usage's token details, as the recording reports them (absent where it reports none)
+    prompt = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    completion = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
+    assert a.get("gen_ai.usage.cache_read.input_tokens") == prompt.get("cached_tokens")
+    assert a.get("gen_ai.usage.reasoning.output_tokens") == completion.get("reasoning_tokens")
     if any(texts):
         assert rate_points(client) == rates + 1
     else:  # tool calls and refusals: characters of their own, never a rate of 0

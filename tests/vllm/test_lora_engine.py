@@ -95,11 +95,15 @@ def test_request_spans_and_metrics_name_the_adapter(run):
         else:
             assert (a[sc.LORA_NAME], a[sc.LORA_ID]) == (lora.lora_name, lora.lora_int_id)
             assert o.lora_request.lora_name == lora.lora_name
+            # the adapter served it (and is what the request named, offline): the span and the metrics say so
+            assert a[sc.REQUEST_MODEL] == a[sc.RESPONSE_MODEL] == lora.lora_name
     by_adapter = {}
     for p in requests:
         key = p.attributes.get(sc.LORA_NAME)
         by_adapter[key] = by_adapter.get(key, 0) + p.value
     assert by_adapter == {"adapter-a": N + 1, "adapter-b": N, None: 2}
+    assert all(p.attributes[sc.REQUEST_MODEL] == p.attributes.get(sc.LORA_NAME, p.attributes[sc.REQUEST_MODEL])
+               for p in requests)
 
 
 def test_step_spans_state_the_adapters_they_ran(run):

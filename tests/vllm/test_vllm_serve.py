@@ -19,13 +19,22 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 def test_serve_reports_engine_steps_and_chunks():
     import openai
 
-    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env={"OTEL_LLM_BASELINE_DETAIL": "steps"}) as s:
+    # two names for the model (served-model-name): a request names either, the engine serves the first
+    names = ("tiny", "tiny-alias")
+    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env={"OTEL_LLM_BASELINE_DETAIL": "steps"},
+                                        extra_args=("--served-model-name", *names)) as s:
         client = openai.OpenAI(base_url=s.base_url, api_key="unused")
         prompt = [3 + j % 400 for j in range(150)]  # > max_num_batched_tokens (64): prefilled in chunks
-        client.completions.create(model=s.model, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
+        client.completions.create(model=names[0], prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
         # parallel sampling: two choices of one request (vLLM fans them out to two engine requests)
-        two = client.completions.create(model=s.model, prompt=prompt[:20], max_tokens=5, n=2, temperature=0.8,
+        two = client.completions.create(model=names[1], prompt=prompt[:20], max_tokens=5, n=2, temperature=0.8,
                                         extra_body={"ignore_eos": True})
+        # the client walks away from a stream after its first chunk: vLLM aborts the request (last, so that its
+        # engine steps are its own)
+        stream = client.completions.create(model=names[0], prompt=prompt[:10], max_tokens=400, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))
+        stream.close()
 
         def ready(spans):  # exporters batch: wait until the requests and all their steps are in
             chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
@@ -33,10 +42,24 @@ def test_serve_reports_engine_steps_and_chunks():
                      if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
             steps = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name == sc.SPAN_ENGINE_STEP}
             decoded = any(x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW) for x in spans)
-            return sum(x.kind == "SERVER" for x in spans) == 2 and chunks >= 3 and decoded and named <= steps
+            return sum(x.kind == "SERVER" for x in spans) == 3 and chunks >= 3 and decoded and named <= steps
         spans = sink.wait_for(ready, timeout=30)
+    (aborted,) = [x for x in spans if x.kind == "SERVER" and x.attributes.get(sc.ERROR_TYPE) == "aborted"]
+    # the client's cancellation is no server error; the span says it was aborted
+    assert aborted.status == "UNSET" and aborted.attributes[sc.RESPONSE_FINISH_REASONS] == ("abort",)
+    assert 0 < aborted.attributes[sc.USAGE_OUTPUT_TOKENS] < 400
+    spans = [x for x in spans if x.trace_id != aborted.trace_id
+             and (aborted.trace_id, aborted.span_id) not in set(x.links)]
     (request,) = [x for x in spans if x.kind == "SERVER" and sc.REQUEST_CHOICE_COUNT not in x.attributes]
     (parallel,) = [x for x in spans if x.kind == "SERVER" and sc.REQUEST_CHOICE_COUNT in x.attributes]
+    # the model the client asked for, and the one that served it: the alias names the served model
+    assert (request.attributes[sc.REQUEST_MODEL], request.attributes[sc.RESPONSE_MODEL]) == ("tiny", "tiny")
+    assert (parallel.attributes[sc.REQUEST_MODEL], parallel.attributes[sc.RESPONSE_MODEL]) == ("tiny-alias", "tiny")
+    assert request.name == "text_completion tiny" and parallel.name == "text_completion tiny-alias"
+    # vLLM's own latency names beside ours, with the same values
+    a = request.attributes
+    assert (a[sc.VLLM_TTFT], a[sc.VLLM_E2E], a[sc.VLLM_QUEUE], a[sc.VLLM_PREFILL], a[sc.VLLM_DECODE]) == (
+        a[sc.LATENCY_TTFT], a[sc.LATENCY_E2E], a[sc.LATENCY_QUEUE], a[sc.LATENCY_PREFILL], a[sc.LATENCY_DECODE])
     assert parallel.attributes[sc.REQUEST_CHOICE_COUNT] == 2
     # vLLM's id of the engine request: the response's id plus the prompt's index ("cmpl-<id>-0")
     assert parallel.attributes[sc.RESPONSE_ID].startswith(two.id)

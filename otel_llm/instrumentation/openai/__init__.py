@@ -23,6 +23,7 @@ from ...core import self_metrics
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...guard import GuardOwner
 from ...lifecycle import Lifecycle
+from ...semconv import SCHEMA_URL
 from ...version import __version__
 from ..wraps import Target, WrapTable
 from .ops import Chat, Embeddings, Responses, TextCompletion
@@ -49,8 +50,8 @@ class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         self.lifecycle = owned = Lifecycle(self.guard)
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__)
+        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
+        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
         self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo), self.guard)
         self_metrics.register_errors(meter, self.guard)  # its errors, on its own meter (the pipelines do the same)
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),

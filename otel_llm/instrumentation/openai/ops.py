@@ -50,6 +50,7 @@ def request_attributes(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _usage(rec: CallRecord, usage: Any, input_name: str, output_name: str | None) -> None:
     if usage is not None:
+        rec.usage = usage  # its token details (cached, reasoning) are read once, when the call ends
         rec.input_tokens = getattr(usage, input_name, None)
         if output_name is not None:
             rec.output_tokens = getattr(usage, output_name, None)
@@ -99,6 +100,7 @@ class Chat:
                 return
         usage = chunk.usage
         if usage is not None:
+            rec.usage = usage  # its token details (cached, reasoning) are read once, when the call ends
             rec.input_tokens = usage.prompt_tokens
             rec.output_tokens = usage.completion_tokens
         n = Chat._read(rec, choices)
@@ -112,6 +114,7 @@ class Chat:
     @staticmethod
     def _usage(rec: CallRecord, usage: Any) -> None:
         if usage is not None:
+            rec.usage = usage  # its token details (cached, reasoning) are read once, when the call ends
             rec.input_tokens = usage.prompt_tokens
             rec.output_tokens = usage.completion_tokens
 
@@ -223,6 +226,7 @@ class TextCompletion:
             rec.response_model = chunk.model
         usage = chunk.usage
         if usage is not None:
+            rec.usage = usage  # its token details (cached, reasoning) are read once, when the call ends
             rec.input_tokens = usage.prompt_tokens
             rec.output_tokens = usage.completion_tokens
         choices = chunk.choices

@@ -40,7 +40,7 @@ class CallRecord:
 
     __slots__ = ("owner", "span", "operation", "model", "stream", "server", "start", "start_wall_ns",
                  "stamps", "_sorted_gaps", "first_content", "chars", "kinds", "tpot_limit",
-                 "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens",
+                 "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens", "usage",
                  "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
                  "done", "__weakref__")
 
@@ -67,6 +67,7 @@ class CallRecord:
         self.finish_reasons: list[str] = []
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
+        self.usage: Any = None  # the response's usage object, for its token details
         self.output: Output | None = Output() if capture else None
         self.read_output = False  # a response body or stream was read (output facts are known)
         self.failure: str | None = None  # an in-band failure the client did not raise (Responses ``error``)
@@ -158,6 +159,8 @@ class CallRecord:
                           input_tokens=self.input_tokens, output_tokens=self.output_tokens,
                           output_characters=self.chars or None, e2e=end - self.start,
                           ttft_required=self.stream)
+        if self.usage is not None:
+            s.prefix_cache_hit_tokens, s.reasoning_tokens = token_details(self.usage)
         if self.finish_reasons:
             s.finish_reason = self.finish_reasons[0]
         if exc is not None:
@@ -195,6 +198,8 @@ class CallRecord:
             a[sc.CLIENT_SLO_BREACHED] = breached
         for key, value in ((sc.RESPONSE_ID, self.response_id), (sc.RESPONSE_MODEL, self.response_model),
                            (sc.USAGE_INPUT_TOKENS, self.input_tokens), (sc.USAGE_OUTPUT_TOKENS, self.output_tokens),
+                           (sc.USAGE_CACHE_READ_INPUT_TOKENS, s.prefix_cache_hit_tokens),
+                           (sc.USAGE_REASONING_OUTPUT_TOKENS, s.reasoning_tokens),
                            (sc.ERROR_TYPE, s.error_type), (sc.CLIENT_CHARS_PER_SECOND, s.output_characters_per_second),
                            (sc.EMBEDDINGS_DIMENSION_COUNT, self.dimensions)):
             if value is not None:
@@ -226,6 +231,26 @@ class CallRecord:
             if self.read_output and self.operation != sc.OPERATION_EMBEDDINGS:
                 a[sc.OUTPUT_MESSAGES] = dumps(self.output.render(self.finish_reasons))
         return a
+
+
+# where a usage object carries its token details: chat/completions (prompt_tokens_details.cached_tokens,
+# completion_tokens_details.reasoning_tokens) and Responses (input_tokens_details, output_tokens_details)
+_CACHED = (("prompt_tokens_details", "cached_tokens"), ("input_tokens_details", "cached_tokens"))
+_REASONING = (("completion_tokens_details", "reasoning_tokens"), ("output_tokens_details", "reasoning_tokens"))
+
+
+def _detail(usage: Any, paths: tuple[tuple[str, str], ...]) -> int | None:
+    for outer, inner in paths:
+        value = getattr(getattr(usage, outer, None), inner, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def token_details(usage: Any) -> tuple[int | None, int | None]:
+    """(cache-read input tokens, reasoning output tokens) of a response's usage, each ``None`` where the
+    server did not report it (vLLM reports cached tokens only with ``--enable-prompt-tokens-details``)."""
+    return _detail(usage, _CACHED), _detail(usage, _REASONING)
 
 
 def error_type(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from ...core.pipeline import Pipeline
 from ...core.providers import meter_provider_from, tracer_provider_from
 from ...lifecycle import TELEMETRY, Lifecycle
 from ...otlp.routes import Router
+from ...semconv import SCHEMA_URL
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
 from . import contract
@@ -94,8 +95,8 @@ class TensorRTLLMInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[mis
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         self.lifecycle = owned = Lifecycle(self.guard)
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.tensorrt_llm", __version__)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.tensorrt_llm", __version__)
+        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
+        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
         self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router,
                                                        guard=self.guard)
         owned.add("telemetry", lambda: telemetry.flush(2.0), TELEMETRY)  # the ledger's held requests too

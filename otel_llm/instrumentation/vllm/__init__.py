@@ -20,6 +20,7 @@ from ...core.pipeline import Pipeline
 from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, meter_provider_from, tracer_provider_from
 from ...lifecycle import DIRECTORIES, SOCKETS, TELEMETRY, Lifecycle
 from ...otlp.routes import Router
+from ...semconv import SCHEMA_URL
 from ...version import __version__
 from ..wraps import Target, WrapTable, first_installed
 from . import contract, kv_channel, kv_connector, step_hooks, step_transport
@@ -76,8 +77,8 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         owned = self._owned()
         tp, mp = tracer_provider_from(tracer_provider, owned), meter_provider_from(meter_provider, owned)
-        tracer = tp.get_tracer("otel_llm.vllm", __version__)
-        meter = mp.get_meter("otel_llm.vllm", __version__)
+        tracer = tp.get_tracer("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
+        meter = mp.get_meter("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
         # at exit: build what is queued and send it, before the providers it goes through shut down
         owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)

@@ -46,11 +46,14 @@ from .step_transport import StepReceiver
 logger = logging.getLogger("otel_llm")
 
 PROVIDER = "vllm"
+MAX_MODEL_NAME = 256  # characters of a requested model name kept (the name comes from the client)
 # Set by the OpenAI-server handlers (and LLM.chat) for the requests they start.
 _OPERATION: contextvars.ContextVar[tuple[str, SpanKind] | None] = contextvars.ContextVar(
     "otel_llm_vllm_operation", default=None)
 # Whether the OpenAI request being served asked for a stream (``gen_ai.request.stream``).
 _STREAM: contextvars.ContextVar[bool | None] = contextvars.ContextVar("otel_llm_vllm_stream", default=None)
+# The model the OpenAI request being served named (``gen_ai.request.model``: an alias, a LoRA adapter).
+_MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_llm_vllm_model", default=None)
 # W3C headers as the HTTP handler passed them, before vLLM drops them when its own tracing is off.
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 # The (host, port) the HTTP request being served came in on: the instance a request span names.
@@ -221,8 +224,11 @@ class VLLMWrappers:
             _OPERATION.set((operation, SpanKind.SERVER))
             try:
                 b = self.bind(wrapped)
-                stream = getattr(b.get(args, kwargs, "request"), "stream", None)
+                api_request = b.get(args, kwargs, "request")
+                stream = getattr(api_request, "stream", None)
                 _STREAM.set(stream if isinstance(stream, bool) else None)
+                model = getattr(api_request, "model", None)
+                _MODEL.set(model[:MAX_MODEL_NAME] if isinstance(model, str) and model else None)
                 server = getattr(b.get(args, kwargs, "raw_request"), "scope", {}).get("server")
                 _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
             except Exception as exc:
@@ -284,6 +290,9 @@ class VLLMWrappers:
         attrs: dict[str, Any] = {}
         if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
             attrs[sc.REQUEST_STREAM] = True
+        asked = _MODEL.get() if kind is SpanKind.SERVER else None
+        if asked is not None:  # what the client asked for (the served model or adapter: gen_ai.response.model)
+            attrs[sc.REQUEST_MODEL] = asked
         server = _SERVER.get() if kind is SpanKind.SERVER else None
         if server is not None:  # which instance served it (disaggregated serving: P or D)
             attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
