@@ -149,6 +149,18 @@ def test_records_written_then_garbled_are_read_alike_or_refused_alike(data, cap)
 
 
 @fast_read
+@pytest.mark.parametrize("tail", [1, 2, 3, 255, 253])
+def test_a_tail_off_the_4_byte_grid_is_refused_by_both_readers(tail):
+    """A reader starts from the ring's tail word (RingReader.__init__): one off the grid put the C reader's size
+    word up to 3 bytes past the ring (tail 255 of 256); now both refuse the positions."""
+    cap = 256
+    mem = _ring_memory(cap, bytes(range(256)))
+    _set_word(mem, shm_ring.TAIL_AT, tail)
+    _set_word(mem, shm_ring.HEAD_AT, (tail + 4) & ~3)
+    assert _both_read(mem, cap)[0] == "refused"
+
+
+@fast_read
 def test_a_size_changed_between_check_and_copy_is_never_used_unchecked():
     """The writer side is another process: a record's size may change while the reader reads. The C reader
     once read each size twice (checked in a first pass, used unchecked in the second), so a size changed in
