@@ -309,7 +309,7 @@ def test_unread_records_are_bounded_by_those_written_whatever_the_reader_says():
 
 def _both_decode(data: bytes, cache_c: list | None, cache_py: list | None) -> tuple:
     got, want = _decoded(step_wire.decode, data, cache_c), _decoded(step_wire.decode_py, data, cache_py)
-    assert got == want
+    assert repr(got) == repr(want)  # repr: a NaN from changed bytes compares unequal to itself
     assert cache_c == cache_py
     if want[0] != "ok":
         assert issubclass(want[0], COUNTED), want
