@@ -120,7 +120,10 @@ class RingWriter:
         head = self.head
         end = head + ((size + 7) & ~3)  # the size word, then the record padded to 4 bytes
         words = self._words
-        if end - words[_TAIL] > self.cap:
+        # The reader's tail is untrusted, read once: written only where end - cap <= tail <= head. That bounds
+        # the record by the free space (hence by the capacity) whatever tail says; a tail beyond head, which
+        # no reader publishes, refuses too.
+        if not end - self.cap <= words[_TAIL] <= head:
             return False  # the frontend has not read enough yet (or the record is larger than the ring)
         p = head % self.cap
         self._sizes[p >> 2] = size
@@ -136,8 +139,9 @@ class RingWriter:
         return True
 
     def unread(self) -> int:
-        """Records written that the frontend has not read (lost, once it is known to be gone)."""
-        return self.written - self._words[_CONSUMED]
+        """Records written that the frontend has not read (lost, once it is known to be gone): bounded by
+        those written, whatever the reader's (untrusted) count says."""
+        return min(max(self.written - self._words[_CONSUMED], 0), self.written)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -172,7 +176,10 @@ class RingReader:
 
     def read(self) -> list[bytes]:
         """The records written since the last read, oldest first. ``RingError`` when the positions or a
-        record's size make no sense: everything written up to now is skipped (the ring stays usable)."""
+        record's size make no sense: everything written up to now is skipped (the ring stays usable).
+
+        The shared memory is untrusted: the writer's head and each record's size are read once, into locals,
+        and bounded before use (the C reader, step_wire.ring_read, takes and refuses exactly the same)."""
         words = self._words
         head = words[_HEAD]
         tail = self.tail
@@ -181,13 +188,13 @@ class RingReader:
         cap, data, sizes = self.cap, self._data, self._sizes
         out = []
         error = None
-        if head < tail or head - tail > cap or head % 4:
+        if head < tail or head - tail > cap or head % 4 or tail % 4:  # (tail started as the ring's word)
             error = f"ring positions head {head}, tail {tail} for a capacity of {cap}"
         while error is None and tail < head:
             p = tail % cap
             size = sizes[p >> 2]
             step = 4 + ((size + 3) & ~3)
-            if step > head - tail:
+            if size > cap - 4 or step > head - tail:  # (the second bounds the first: head - tail <= cap)
                 error = f"ring record of {size} bytes with {head - tail - 4} written"
                 break
             q = p + 4

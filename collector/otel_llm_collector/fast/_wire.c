@@ -403,7 +403,7 @@ static void schema_free(PyObject *capsule) {
 
 /* compile(messages, roles, wanted, limit): messages = [[(number, kind, sub, role, name), ...], ...] with the
  * request first; wanted: attribute keys to keep (None: all). Returns the capsule read() takes. */
-static PyObject *wire_compile(PyObject *self, PyObject *args) {
+static PyObject *wire_compile(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *messages, *wanted, *capsule = NULL;
     int limit;
     if (!PyArg_ParseTuple(args, "O!Oi", &PyList_Type, &messages, &wanted, &limit)) return NULL;
@@ -488,7 +488,7 @@ fail:
 
 /* read(schema, raw): [(encoded Resource, schema_url, [(encoded scope, schema_url, [span, ...]), ...]), ...];
  * ValueError with the reason when raw is not a valid request. */
-static PyObject *wire_read(PyObject *self, PyObject *args) {
+static PyObject *wire_read(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *capsule, *out = NULL;
     Py_buffer raw;
     if (!PyArg_ParseTuple(args, "Oy*", &capsule, &raw)) return NULL;
@@ -536,7 +536,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wire", "One validating pass over OTLP trace requests.",
-                                    -1, methods};
+                                    -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__wire(void) {
     if (!EMPTY_STR && !(EMPTY_STR = PyUnicode_FromStringAndSize("", 0))) return NULL;

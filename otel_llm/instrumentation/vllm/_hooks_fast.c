@@ -432,7 +432,7 @@ static PyObject *len_list(Py_ssize_t n, PyObject *const *objs, int less_one, int
     return out;
 }
 
-static PyObject *spec_counts(PyObject *module, PyObject *args) {
+static PyObject *spec_counts(PyObject *Py_UNUSED(module), PyObject *args) {
     /* step_extras.spec_counts' common step, as its Python lines count it: every drafting request known to the
      * model runner and scheduled, with drafts and sampled tokens, none invalidated, one token sampled a step:
      * (ids, drafted, accepted), else None (the Python loop decides). The same exceptions where Python raises. */
@@ -540,7 +540,7 @@ static void hm_dealloc(HookMethod *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *hm_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+static PyObject *hm_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type)) {
     if (obj == NULL || obj == Py_None) {
         Py_INCREF(self);
         return self;
@@ -582,7 +582,7 @@ static PyTypeObject HookMethodType = {
     .tp_members = hm_members,
 };
 
-static PyObject *setup(PyObject *module, PyObject *args) {
+static PyObject *setup(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *a[6];
     if (!PyArg_ParseTuple(args, "OOOOUU:setup", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5])) return NULL;
     if (!PyCallable_Check(a[0]) || !PyCallable_Check(a[1]) || !PyTuple_CheckExact(a[3])) {
@@ -605,7 +605,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}
 };
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks_fast", NULL, -1, methods};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_hooks_fast", NULL, -1, methods,
+                                        NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__hooks_fast(void) {
 #define INTERN(n) if ((s_##n = PyUnicode_InternFromString(#n)) == NULL) return NULL;

@@ -347,7 +347,7 @@ static void emit(const record_t *r, unsigned char *out) {
         memcpy(out, PyBytes_AS_STRING(r->joined), (size_t)PyBytes_GET_SIZE(r->joined));
 }
 
-static PyObject *encode(PyObject *self, PyObject *args) {
+static PyObject *encode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *payload, *cache = Py_None;
     int same_ids = 0;
     if (!PyArg_ParseTuple(args, "O|Op:encode", &payload, &cache, &same_ids))
@@ -395,7 +395,10 @@ static int ring_put(PyObject *writer, const unsigned char *data, Py_ssize_t size
         goto done;
     Py_DECREF(o);
     o = NULL;
-    if (cap == 0 || cap % 4 || view.len < ring_data + (Py_ssize_t)cap || (unsigned long long)size > 0xFFFFFFFFull) {
+    /* cap and head are the writer's own (never read from the shared memory); checked anyway, so that no
+     * position below can fall outside the mapping */
+    if (cap == 0 || cap % 4 || head % 4 || view.len < ring_data + (Py_ssize_t)cap
+        || (unsigned long long)size > 0xFFFFFFFFull) {
         PyErr_SetString(PyExc_ValueError, "step ring of another size than its writer says");
         goto done;
     }
@@ -408,7 +411,10 @@ static int ring_put(PyObject *writer, const unsigned char *data, Py_ssize_t size
      * the compiler from reordering or tearing them (8-byte aligned words: offsets 16 and 24 of a page). */
     uint64_t tail = __atomic_load_n((uint64_t *)(base + ring_tail), __ATOMIC_ACQUIRE);
     unsigned long long end = head + (((unsigned long long)size + 7) & ~3ull);
-    if (tail <= end && end - tail > cap) { /* as Python's `end - tail > cap` (a tail beyond end: negative) */
+    /* The reader's tail is untrusted (read once, into `tail`): a record is written only where
+     * end - cap <= tail <= head, as RingWriter.write. That bounds the record by the free space, and so by the
+     * capacity, whatever tail says: a tail beyond head (which no reader publishes) refuses, never skips it. */
+    if (tail > head || end - tail > cap) {
         result = 0;
         goto done;
     }
@@ -444,7 +450,7 @@ done:
 
 /* encode_into_rings(payload, cache, writers): the record encoded (as encode) and copied into each
  * RingWriter's ring (as RingWriter.write); returns how many rings were full (the record dropped there). */
-static PyObject *encode_into_rings(PyObject *self, PyObject *args) {
+static PyObject *encode_into_rings(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *payload, *cache, *writers;
     if (!PyArg_ParseTuple(args, "OOO!:encode_into_rings", &payload, &cache, &PyTuple_Type, &writers))
         return NULL;
@@ -532,7 +538,7 @@ static PyObject *u32_list(const unsigned char *p, Py_ssize_t n) {
     return list;
 }
 
-static PyObject *decode(PyObject *self, PyObject *args) {
+static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *data, *cache = Py_None;
     if (!PyArg_ParseTuple(args, "O|O:decode", &data, &cache))
         return NULL;
@@ -679,7 +685,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
 }
 
 /* setup_decode(decode_py, StepRecord, empty prefill_at, empty links) */
-static PyObject *setup_decode(PyObject *self, PyObject *args) {
+static PyObject *setup_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *fn, *cls, *none, *links;
     if (!PyArg_ParseTuple(args, "OO!OO:setup_decode", &fn, &PyType_Type, &cls, &none, &links))
         return NULL;
@@ -700,7 +706,7 @@ static PyObject *setup_decode(PyObject *self, PyObject *args) {
 static PyObject *s_tail, *s_consumed;
 static Py_ssize_t ring_consumed = -1;
 
-static PyObject *ring_read(PyObject *self, PyObject *reader) {
+static PyObject *ring_read(PyObject *Py_UNUSED(self), PyObject *reader) {
     if (ring_consumed < 0)
         Py_RETURN_NONE;
     PyObject *mm = PyObject_GetAttr(reader, s_mm);
@@ -727,53 +733,48 @@ static PyObject *ring_read(PyObject *self, PyObject *reader) {
         PyErr_SetString(PyExc_ValueError, "step ring of another size than its reader says");
         goto done;
     }
-    unsigned char *base = view.buf;
-    const unsigned char *data_at = base + ring_data;
-    /* acquire: pairs with the writer's release store of head, so the records' bytes are there (shm_ring) */
-    uint64_t head = __atomic_load_n((uint64_t *)(base + ring_head), __ATOMIC_ACQUIRE);
-    if (head == tail) {
-        out = PyList_New(0);
-        goto done;
-    }
-    if (head < tail || head - tail > cap || head % 4) {
-        out = Py_NewRef(Py_None);
-        goto done;
-    }
-    Py_ssize_t count = 0;
-    for (unsigned long long t = tail; t < head; count++) {  /* every size checked before anything is taken */
-        uint32_t size;
-        memcpy(&size, data_at + t % cap, 4);
-        unsigned long long step = 4 + (((unsigned long long)size + 3) & ~3ull);
-        if (step > head - t) {
-            out = Py_NewRef(Py_None);
-            goto done;
-        }
-        t += step;
-    }
-    out = PyList_New(count);
+    /* The list first: from the head's load to the last copy nothing runs Python code (no allocation the
+     * cycle collector could run in, hence no finalizer that could write the ring in between). */
+    out = PyList_New(0);
     if (out == NULL)
         goto done;
-    unsigned long long t = tail;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        unsigned long long p = t % cap;
+    unsigned char *base = view.buf;
+    const unsigned char *data_at = base + ring_data;
+    /* The shared memory is untrusted: the writer's head and each record's size are read once, into locals,
+     * and bounded before use; the bytes are copied once. (A size read twice, checked the first time and
+     * used the second, would let a writer that changes it in between make the copy run past the ring.) */
+    /* acquire: pairs with the writer's release store of head, so the records' bytes are there (shm_ring) */
+    uint64_t head = __atomic_load_n((uint64_t *)(base + ring_head), __ATOMIC_ACQUIRE);
+    if (head == tail)
+        goto done;
+    /* tail is the reader's own, but it started from the ring's word (RingReader): checked alike */
+    if (head < tail || head - tail > cap || head % 4 || tail % 4)
+        goto refuse;
+    Py_ssize_t count = 0;
+    for (unsigned long long t = tail; t < head; count++) {
+        unsigned long long p = t % cap;  /* a multiple of 4, at most cap - 4: the size word is inside */
         uint32_t size;
         memcpy(&size, data_at + p, 4);
-        unsigned long long q = p + 4;
+        unsigned long long step = 4 + (((unsigned long long)size + 3) & ~3ull);
+        if (size > cap - 4 || step > head - t)  /* (the second bounds the first: head - tail <= cap) */
+            goto refuse;
         PyObject *rec = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-        if (rec == NULL) {
+        if (rec == NULL || PyList_Append(out, rec) < 0) {
+            Py_XDECREF(rec);
             Py_CLEAR(out);
             goto done;
         }
-        char *dst = PyBytes_AS_STRING(rec);
+        Py_DECREF(rec);
+        char *dst = PyBytes_AS_STRING(rec);  /* (the list holds it) */
+        unsigned long long q = p + 4;
         if (q + size <= cap) {
             memcpy(dst, data_at + q, size);
-        } else {  /* wraps around the end */
+        } else {  /* wraps around the end: q < cap, and size - (cap - q) < cap */
             size_t first = (size_t)(cap - q);
             memcpy(dst, data_at + q, first);
             memcpy(dst + first, data_at, size - first);
         }
-        PyList_SET_ITEM(out, i, rec);
-        t += 4 + (((unsigned long long)size + 3) & ~3ull);
+        t += step;
     }
     /* the reader's own positions, then published: consumed, and tail last with a release store (after the
      * copies: from then on the writer may reuse the space) */
@@ -788,6 +789,9 @@ static PyObject *ring_read(PyObject *self, PyObject *reader) {
                      __ATOMIC_RELAXED);
     __atomic_store_n((uint64_t *)(base + ring_tail), (uint64_t)head, __ATOMIC_RELEASE);
     goto done;
+refuse:  /* positions or a size that make no sense: nothing taken, nothing published (RingReader.read raises) */
+    Py_SETREF(out, Py_NewRef(Py_None));
+    goto done;
 fail:
     Py_CLEAR(out);
 done:
@@ -797,7 +801,7 @@ done:
 }
 
 /* setup_ring_read(consumed offset) */
-static PyObject *setup_ring_read(PyObject *self, PyObject *args) {
+static PyObject *setup_ring_read(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t at;
     if (!PyArg_ParseTuple(args, "n:setup_ring_read", &at))
         return NULL;
@@ -810,7 +814,7 @@ static PyObject *setup_ring_read(PyObject *self, PyObject *args) {
 }
 
 /* setup(encode_py, version, header_size, ring_data, ring_head, ring_tail): the Python side's constants */
-static PyObject *setup(PyObject *self, PyObject *args) {
+static PyObject *setup(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *fn;
     Py_ssize_t header_size;
     if (!PyArg_ParseTuple(args, "Oinnnn:setup", &fn, &wire_version, &header_size, &ring_data, &ring_head, &ring_tail))
@@ -835,7 +839,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_step_fast", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_step_fast", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__step_fast(void) {
     if ((s_mm = PyUnicode_InternFromString("mm")) == NULL || (s_cap = PyUnicode_InternFromString("cap")) == NULL
