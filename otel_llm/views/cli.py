@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"otel-llm alerts: {exc}", file=sys.stderr)
             return 1
+        except ImportError as exc:
+            print(f"otel-llm alerts: {exc}; install `pip install 'otel-llm[views]'`", file=sys.stderr)
+            return 1
         print(path)
         return 0
 
