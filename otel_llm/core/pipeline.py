@@ -150,6 +150,7 @@ class Pipeline:
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._last_end: dict[int, float] = {}  # engine -> its latest step's end: each step's busy time
+        self._busy: dict[int, float] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
         # the steps' adapters as metrics, labelled with the request metrics' bounded labels (one cap for all)
         self.adapter_steps = AdapterStepMetrics(meter, self.adapters, self.metrics.adapters)
@@ -238,7 +239,7 @@ class Pipeline:
         # its time past the engine's previous step (overlapping steps counted once: core/diagnosis/engine_time.py)
         engine, end = step.step_id >> 32, step.end
         previous = self._last_end.get(engine)
-        step.busy = busy(step.start, end, previous)
+        step_busy = busy(step.start, end, previous)
         if previous is None or end > previous:
             if previous is None and len(self._last_end) >= 64:  # engines come and go (restarts)
                 self._last_end.clear()
@@ -279,8 +280,10 @@ class Pipeline:
             if step.step_id in steps:  # a reused id: held in arrival order all the same
                 del steps[step.step_id]
             steps[step.step_id] = step
+            self._busy[step.step_id] = step_busy
             while len(steps) > self.config.max_steps:
                 old = steps.popitem(last=False)[1]
+                self._busy.pop(old.step_id, None)
                 lost = self._lose(old)
                 if lost or old.links:
                     evicted.append((old, lost))
@@ -454,6 +457,7 @@ class Pipeline:
             with self._steps_lock:
                 held = list(self.steps.values())
                 self.steps.clear()
+                self._busy.clear()
             for step in held:
                 self._emit_step(step)
         else:
@@ -566,7 +570,9 @@ class Pipeline:
             return
         try:
             d = self.diagnosis
-            s.engine_time = engine_time(t.request_id, own, d.shape, d.peaks)
+            with self._steps_lock:
+                seconds = [self._busy.get(step.step_id) for step in own]
+            s.engine_time = engine_time(t.request_id, own, seconds, d.shape, d.peaks)
             s.interference_caused = interference_caused(t.chunks, self.window) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
             self.guard.failed("engine time", exc)
@@ -639,6 +645,7 @@ class Pipeline:
                 if floor is not None and step.seq >= floor:
                     break
                 steps.popitem(last=False)
+                self._busy.pop(step.step_id, None)
                 done.append(step)
         for step in done:
             if step.links:  # only emitted steps cost enough to offer the GIL between them

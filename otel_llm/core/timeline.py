@@ -164,7 +164,7 @@ class StepRecord:
 
     __slots__ = ("step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
                  "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker", "busy")
+                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker")
 
     def __init__(self, step_id: int, start: float, end: float, requests: Iterable[tuple[str, int, bool]] = (),
                  running: int = 0, waiting: int = 0, preempted: int = 0, kv_cache_usage: float | None = None,
@@ -204,9 +204,6 @@ class StepRecord:
         # what the model runner's process saw (LoRA adapter loads and evictions, the drafter's time):
         # instrumentation/vllm/worker_facts.StepWorkerFacts, None where nothing happened
         self.worker: Any = None
-        # its time not overlapping the engine's previous step, set where steps are joined (core/pipeline.py;
-        # core/diagnosis/engine_time.py): what engine time per request splits. None: not seen there
-        self.busy: float | None = None
 
     @classmethod
     def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
@@ -220,7 +217,7 @@ class StepRecord:
         step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
         step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, _NO_LINKS
         step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
-        step.contexts = step.members = step.spec = step.loras = step.worker = step.busy = None
+        step.contexts = step.members = step.spec = step.loras = step.worker = None
         return step
 
     @property

@@ -4,7 +4,7 @@
 by their share of the step's work, and a request's engine time is the sum over the steps that served it:
 
 * a step's time is its *busy* time: from when it began, or when the engine's previous step ended if later,
-  to when its outputs were built (``busy``). Steps that overlap (asynchronous scheduling on a GPU schedules
+  to when its outputs were built (``busy``; the pipeline keeps it beside each step it holds). Steps that overlap (asynchronous scheduling on a GPU schedules
   step N+1 while N runs) are so counted once: the busy times of an engine sum to the time it had a step in
   flight, never more than the wall-clock time;
 * a request's share of a step is its predicted time over the step's (``work_shares``): with the model's shape
@@ -26,7 +26,7 @@ step by their prefill tokens; a request's interference caused is its part, summe
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
 from .verdict import CONTEXT_STEPS, StepWindow, _Baselines
@@ -61,18 +61,18 @@ def work_shares(tokens: Sequence[int] | None, n: int, contexts: Sequence[int] | 
     return [k / total_tokens for k in counts]
 
 
-def engine_time(request_id: str, steps: Iterable[Any], shape: ModelShape | None = None,
-                peaks: DevicePeaks | None = None) -> float:
-    """A request's engine seconds over ``steps`` (records that served it, each with ``busy`` set where the
-    pipeline saw its engine's previous step; else its whole duration)."""
+def engine_time(request_id: str, steps: Sequence[Any], busy_times: Sequence[float | None] | None = None,
+                shape: ModelShape | None = None, peaks: DevicePeaks | None = None) -> float:
+    """A request's engine seconds over ``steps`` (records that served it); ``busy_times``: each step's busy
+    time where the pipeline saw its engine's previous step (``busy``), else (``None``) its whole duration."""
     total = 0.0
-    for step in steps:
+    for k, step in enumerate(steps):
         ids = step.ids
         try:
             i = ids.index(request_id)
         except ValueError:
             continue
-        seconds = getattr(step, "busy", None)
+        seconds = busy_times[k] if busy_times is not None else None
         if seconds is None:
             seconds = max(0.0, step.end - step.start)
         if len(ids) == 1:
