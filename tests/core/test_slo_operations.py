@@ -272,3 +272,36 @@ def test_interference_caused_is_the_victims_loss_shared_by_prefill_tokens() -> N
     # a prefill-only step (no one decoding beside it) costs no one anything
     window.add(step(engine | 7, t + 0.05, t + 0.2, ["p3"], [500], prefill_at=(0,)), 500, 0)
     assert interference_caused([PrefillChunk(engine | 7, 0, 0, 500)], window) == 0.0
+
+
+@pytest.mark.parametrize("source, expected", [("header:X-Tenant", "team_a"), ("user", "bob"), ("lora", None)])
+def test_the_serving_layer_reads_the_tenant_from_its_source(source: str, expected: str | None) -> None:
+    """Under ``vllm serve`` the request handler (wrapped by ``VLLMWrappers.serving``) sees the raw HTTP request
+    and the OpenAI request: the configured source's value is read there, cleaned, for the request it starts."""
+    import contextvars
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_llm.core.pipeline import Pipeline
+    from otel_llm.instrumentation.vllm import wrappers
+
+    pipeline = Pipeline(Config.resolve({"tenant": source}, environ={}), TracerProvider().get_tracer("t"),
+                        MeterProvider().get_meter("t"), "test")
+    w = wrappers.VLLMWrappers(pipeline, lambda: None, lambda: None)
+
+    class Request:
+        user, stream = "bob", False
+
+    class RawRequest:
+        headers = {"x-tenant": "team a"}
+        scope: dict = {}
+
+    def create_chat_completion(request, raw_request=None):  # (vLLM's is async: what it returns is not read here)
+        return None
+
+    def handle() -> str | None:
+        w.serving("chat")(create_chat_completion, None, (Request(),), {"raw_request": RawRequest()})
+        return wrappers._TENANT.get()
+
+    assert contextvars.copy_context().run(handle) == expected
+    pipeline.close()
