@@ -278,6 +278,7 @@ def test_interference_caused_is_the_victims_loss_shared_by_prefill_tokens() -> N
 def test_the_serving_layer_reads_the_tenant_from_its_source(source: str, expected: str | None) -> None:
     """Under ``vllm serve`` the request handler (wrapped by ``VLLMWrappers.serving``) sees the raw HTTP request
     and the OpenAI request: the configured source's value is read there, cleaned, for the request it starts."""
+    import asyncio
     import contextvars
 
     from opentelemetry.sdk.trace import TracerProvider
@@ -296,11 +297,12 @@ def test_the_serving_layer_reads_the_tenant_from_its_source(source: str, expecte
         headers = {"x-tenant": "team a"}
         scope: dict = {}
 
-    def create_chat_completion(request, raw_request=None):  # (vLLM's is async: what it returns is not read here)
+    async def create_chat_completion(request, raw_request=None):
         return None
 
     def handle() -> str | None:
-        w.serving("chat")(create_chat_completion, None, (Request(),), {"raw_request": RawRequest()})
+        handler = w.serving("chat")(create_chat_completion, None, (Request(),), {"raw_request": RawRequest()})
+        asyncio.run(handler)  # (the tenant was read when the handler was called, in this context)
         return wrappers._TENANT.get()
 
     assert contextvars.copy_context().run(handle) == expected
