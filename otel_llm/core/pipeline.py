@@ -34,8 +34,8 @@ from .metrics import ServerMetrics
 from .sampling import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
 from .span_routes import RouterFactory
-from .spans import (Materialized, SpanBuilder, attribution_attributes, choice_attributes, group_attributes, request_attributes,
-                    yield_gil)
+from .spans import (Materialized, SpanBuilder, attribution_attributes, choice_attributes, group_attributes,
+                    request_attributes, yield_gil)
 from .spec_decode import add_to_requests
 from .step_tokens import token_times
 from .summary import RequestSummary
@@ -233,8 +233,8 @@ class Pipeline:
 
     def add_step(self, step: StepRecord) -> None:
         """An engine step, as the scheduler saw it. O(1) per step but for its prefilling shares: which
-        steps served a request is worked out when it finishes, and only for the requests whose verdict
-        or spans read them (``_own_steps``), not by touching each request in each step."""
+        steps served a request is worked out when it finishes (``_own_steps``: for its engine time, and for the
+        verdict and spans that read them), not by touching each request in each step."""
         self.counts.steps_recorded += 1
         # its time past the engine's previous step (overlapping steps counted once: core/diagnosis/engine_time.py)
         engine, end = step.step_id >> 32, step.end
