@@ -324,3 +324,12 @@ CACHE_READ_EXTERNAL = "llm.usage.cache_read.external_tokens"  # loaded through a
 # the KV cache's element type and block size (tokens), on llm.engine.step
 STEP_KV_CACHE_DTYPE = "llm.engine.step.kv_cache.dtype"
 STEP_KV_CACHE_BLOCK_SIZE = "llm.engine.step.kv_cache.block_size"
+
+# Ours: SLO operations (tenants, engine time per request, the delay a request's work caused others)
+REQUEST_TENANT = "llm.request.tenant"  # on the request span, and the tenant label of every per-request metric
+TENANT_OTHER = "other"  # the label value of tenants beyond the label cap (counted in stats())
+TENANT_INVALID = "invalid"  # the label value of a tenant value with characters outside the allowed set
+# seconds of engine-step time charged to the request: each step's duration split by its share of the step's work
+REQUEST_ENGINE_TIME = "llm.request.engine_time"
+# seconds of prefill interference other requests lost in steps where this request's prompt was computed
+REQUEST_INTERFERENCE_CAUSED = "llm.request.interference_caused"

@@ -7,10 +7,11 @@ instruments are the core's too; the gateway hands them a light aggregation backe
 (``aggregation.py``) instead of the OpenTelemetry SDK, which would cost ~80% of the receive path.
 
 Label values come from clients, so what they can cost is bounded (``LabelLimits``): every label
-value (service, model, operation, provider, error type, LoRA adapter) is cut to ``max_label_length`` characters
+value (service, model, operation, provider, error type, LoRA adapter, request tenant: cleaned as the SDK cleans
+it, core/tenant.py) is cut to ``max_label_length`` characters
 (counted in ``llm_metrics_labels_truncated``); the bound label sets of all services share one LRU
 cache with a byte budget (``label_cache_size``; a label set that fell out is bound again on its next
-request). Label sets (model, operation, provider, error type) are admitted per service up to
+request). Label sets (model, operation, provider, error type, adapter, tenant) are admitted per service up to
 ``max_series_per_service``, per tenant (``max_series_per_tenant``: the bearer token's) and per source address
 (``max_series_per_source``; trusted peers exempt) and ``max_series`` in all, so a flooder rotating service
 names still spends only its own budget; a request whose label set is not admitted is
@@ -41,7 +42,7 @@ from .telemetry import GatewayMetrics
 # what one bound label set costs besides its label values (measured with tracemalloc: a _Bound with its
 # 3 dicts, ~12 recorder closures and the cache entry; tests/collector/test_label_memory.py checks it)
 BOUND_LABEL_SET_BYTES = 6000
-_LABEL_FIELDS = ("model", "operation", "provider", "error_type", "lora", "disagg_role")
+_LABEL_FIELDS = ("model", "operation", "provider", "error_type", "lora", "disagg_role", "tenant")
 OTHER = "_OTHER"
 _SLOTS = RequestSummary.__slots__
 OVERFLOW_KEY = "otel.metric.overflow"
@@ -231,7 +232,7 @@ def _overflow(s: Any) -> Any:
     o = object.__new__(type(s))
     for name in _SLOTS:
         setattr(o, name, getattr(s, name))
-    o.model = o.provider = o.lora = None
+    o.model = o.provider = o.lora = o.tenant = None
     o.operation = OTHER
     if o.error_type is not None:
         o.error_type = OTHER  # still failed, as far as goodput is concerned

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import semconv as sc
 from .semconv_mode import genai_latest
 from .slo import SLOTable
+from .tenant import TenantSource
 
 logger = logging.getLogger("otel_llm")
 
@@ -163,7 +164,15 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("slo", "OTEL_LLM_SLO", SLOTable.coerce, SLOTable(),
-           'SLOs in seconds: `ttft=0.5,tpot=0.05,e2e=10`, per model `model-a: ttft=1; model-b: ttft=2`'),
+           'SLOs in seconds and a goodput target: `ttft=0.5,tpot=0.05,e2e=10,goodput=0.99`, per model `model-a: '
+           'ttft=1; model-b: ttft=2`, per tenant `@team-a: tpot=0.03` (or `model-a@team-a:`; the most specific '
+           'wins: model@tenant, tenant, model, default). `otel-llm alerts` turns it into burn-rate alerts'),
+    Option("tenant", "OTEL_LLM_TENANT", TenantSource.parse, TenantSource(),
+           "Where a request's tenant (`llm.request.tenant`: span attribute and metric label, cut to 64 characters "
+           "of `[A-Za-z0-9._:@/+-]`, 64 tenants then `other`) comes from: `header:<name>` or `user` (the OpenAI "
+           "`user` field; both Python `vllm serve` only), `lora` (the adapter's name) or `resource` (the resource "
+           "attribute `llm.request.tenant`: single-tenant processes); the Rust frontend allows `lora` and "
+           "`resource`"),
     Option("sample_rate", "OTEL_LLM_SAMPLE_RATE", _rate, 0.05,
            "Baseline share of unremarkable requests that get spans (by trace id, consistent across processes)"),
     Option("detail", "OTEL_LLM_DETAIL", Detail.parse, Detail.STEPS,
@@ -232,6 +241,7 @@ class Config:
     """The resolved options. A field's default is its ``OPTIONS`` row's: declared once, there."""
 
     slo: SLOTable = _DEFAULTS["slo"]
+    tenant: TenantSource = _DEFAULTS["tenant"]
     sample_rate: float = _DEFAULTS["sample_rate"]
     detail: Detail = _DEFAULTS["detail"]
     baseline_detail: Detail = _DEFAULTS["baseline_detail"]
@@ -293,7 +303,7 @@ def options_table() -> str:
     rows = ["| argument | variable | default | meaning |", "|---|---|---|---|"]
     for o in OPTIONS:
         default = o.default.name.lower() if isinstance(o.default, Detail) else o.default
-        if isinstance(default, SLOTable):
+        if isinstance(default, (SLOTable, TenantSource)):
             default = "none"
         rows.append(f"| `{o.name}` | `{o.env}` | `{default}` | {o.doc} |")
     return "\n".join(rows)

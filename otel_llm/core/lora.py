@@ -44,6 +44,9 @@ MAX_LABEL_LENGTH = 128  # characters of an adapter name kept as a label value
 
 
 class AdapterLabels:
+    reserved = _RESERVED  # label values of ours: a name so spelt is ``other``
+    other = sc.LORA_OTHER
+
     def __init__(self, cap: int = DEFAULT_CAP, max_length: int = MAX_LABEL_LENGTH) -> None:
         if cap < 0 or max_length < 1:
             raise ValueError(f"adapter label cap {cap} and length {max_length}: need cap >= 0, length >= 1")
@@ -62,11 +65,11 @@ class AdapterLabels:
         admitted = self._admitted
         if name in admitted:
             return name
-        if len(admitted) < self.cap and name not in _RESERVED:
+        if len(admitted) < self.cap and name not in self.reserved:
             admitted.add(name)
             return name
         self.collapsed += 1
-        return sc.LORA_OTHER
+        return self.other
 
 
 class AdapterNames:

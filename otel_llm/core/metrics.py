@@ -20,6 +20,7 @@ from .sdk_metrics import CountsRecorder, bind_counts, bind_value
 from .buckets import (ACCEPTANCE_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, DURATION_BUCKETS, INTER_TOKEN_BUCKETS,
                       PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS)
 from .lora import AdapterLabels
+from .tenant import TenantLabels
 from .slo import SLO, SLOTable
 from .summary import ATTRIBUTE_OF_FIELD, RequestSummary
 
@@ -108,6 +109,16 @@ SERVER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     _server("llm.server.spec_decode.acceptance_length", "{token}", ACCEPTANCE_LENGTH_BUCKETS,
             "Per request with speculative decoding, tokens per verify step (1 + accepted drafts / verify steps; "
             "the target model's own token included, as vLLM's mean acceptance length)", "spec_acceptance_length"),
+    # SLO operations (core/diagnosis/engine_time.py): a histogram per request, whose _sum is the counter of
+    # engine-seconds (and of seconds of delay caused) by model, adapter and tenant
+    _server("llm.server.request.engine_time", "s", PHASE_BUCKETS,
+            "Engine-step seconds charged to a request: each step's measured duration split across the requests it "
+            "served by their share of its work (roofline cost where known, tokens otherwise); the sum over "
+            "requests is the steps' time", "engine_time"),
+    _server("llm.server.request.interference_caused", "s", PHASE_BUCKETS,
+            "Seconds of prefill interference a request's prompt cost other requests: each victim's "
+            "prefill_interference seconds in a step shared among the step's prefilling requests by their prefill "
+            "tokens", "interference_caused"),
 )
 # One value per output token after the first, for every request: recorded as each request's bucket counts
 # (core/inter_token.py, core/sdk_metrics.py), not through ``HistogramSpec.value``.
@@ -242,15 +253,19 @@ class RequestMetrics:
                                        self._breaches, self._itl, self._spec_tokens, self._usage)
         self._attr_cache = FirstN(4096)  # a process's label sets are few; a flood of new ones is not remembered
         self.adapters = AdapterLabels()  # the LoRA adapter label: bounded (adapter names come from users)
+        self.tenants = TenantLabels()  # the tenant label: bounded the same way (tenants come from requests)
+        self.tenants.reserve(t for _, t, _ in slos.scopes() if t is not None)  # the SLO table's tenants first
 
     def breaches(self, s: RequestSummary) -> tuple[str, ...]:
-        return self._slos.for_model(s.model).breaches(s)
+        return self._slos.for_request(s.model, s.tenant).breaches(s)
 
     def record(self, s: RequestSummary, context: Context | None = None,
                extra: tuple[tuple[str, Any], ...] = ()) -> bool:
         """Record one request; returns whether it met every SLO (and did not fail)."""
         if s.lora is not None:
             extra = extra + ((sc.LORA_NAME, self.adapters.label(s.lora)),)
+        if s.tenant is not None:
+            extra = extra + ((sc.REQUEST_TENANT, self.tenants.label(s.tenant)),)
         b = self._bound(s, extra)
         for value_of, record in b.histograms:
             value = value_of(s)
@@ -296,6 +311,8 @@ class RequestMetrics:
             attrs[sc.ERROR_TYPE] = s.error_type
         if s.lora is not None:  # (the SDK's record passes its bounded label in ``extra``, which wins)
             attrs[sc.LORA_NAME] = s.lora
+        if s.tenant is not None:  # (the same: the SDK's bounded label wins; the collector's series budgets bound it)
+            attrs[sc.REQUEST_TENANT] = s.tenant
         role = DISAGG_ROLES.get(s.disagg_role) if s.disagg_role is not None else None
         if role is not None:  # disaggregated serving: which half (or the joined user request); others unlabelled
             attrs[sc.DISAGG_ROLE] = role
@@ -314,7 +331,7 @@ class RequestMetrics:
                   if self._tokens is not None else (None, None)),
                 _bind(self._chars, attrs) if self._chars is not None else None,
                 _bind(self._requests, attrs), _bind(self._good, attrs),
-                self._slos.for_model(s.model),
+                self._slos.for_request(s.model, dict(extra).get(sc.REQUEST_TENANT, s.tenant)),
                 _Breaches(self._breaches, attrs) if self._breaches is not None else None,
                 bind_counts(self._itl[1], attrs, self._itl[0].buckets) if self._itl is not None else None,
                 *((_bind(self._spec_tokens, {**attrs, sc.SPEC_TOKEN_KIND: "drafted"}),
@@ -359,7 +376,7 @@ class _Bound:
     chars: Recorder | None
     requests: Recorder
     good: Recorder
-    slo: SLO  # the model's objectives (the model is part of the label set)
+    slo: SLO  # the model's (and tenant's) objectives (both are part of the label set)
     breaches: "_Breaches | None"
     inter_token: CountsRecorder | None  # adds one request's inter-token bucket counts
     spec_drafted: Recorder | None  # speculative draft tokens (kind drafted / accepted)

@@ -23,6 +23,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
+from .diagnosis.engine_time import busy, engine_time, interference_caused
 from .finish_facts import FinishFacts, settle
 from ..guard import Guard
 from .inter_token import gap_summary
@@ -33,8 +34,8 @@ from .metrics import ServerMetrics
 from .sampling import (NOT_SAMPLED, Decision, ErrorPolicy, LatencyPercentilePolicy, Policy, ProbabilisticPolicy,
                        SLOPolicy, TraceView, Verdict, first_match)
 from .span_routes import RouterFactory
-from .spans import (Materialized, SpanBuilder, choice_attributes, group_attributes, request_attributes,
-                    yield_gil)
+from .spans import (Materialized, SpanBuilder, attribution_attributes, choice_attributes, group_attributes,
+                    request_attributes, yield_gil)
 from .spec_decode import add_to_requests
 from .step_tokens import token_times
 from .summary import RequestSummary
@@ -148,6 +149,8 @@ class Pipeline:
         # the order they started: the first one's ``steps_from`` is the oldest step that may still be theirs
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
+        self._last_end: dict[int, float] = {}  # engine -> its latest step's end: each step's busy time
+        self._busy: dict[int, float] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
         # the steps' adapters as metrics, labelled with the request metrics' bounded labels (one cap for all)
         self.adapter_steps = AdapterStepMetrics(meter, self.adapters, self.metrics.adapters)
@@ -195,6 +198,7 @@ class Pipeline:
             return remote.stats(self.counts)
         out = dict(vars(self.counts))
         out["lora_labels_collapsed"] = self.metrics.adapters.collapsed
+        out["tenant_labels_collapsed"] = self.metrics.tenants.collapsed
         wire = self.spans.direct
         if wire is not None:
             out["direct_spans_sent"] = wire.counts.spans_sent
@@ -229,9 +233,17 @@ class Pipeline:
 
     def add_step(self, step: StepRecord) -> None:
         """An engine step, as the scheduler saw it. O(1) per step but for its prefilling shares: which
-        steps served a request is worked out when it finishes, and only for the requests whose verdict
-        or spans read them (``_own_steps``), not by touching each request in each step."""
+        steps served a request is worked out when it finishes (``_own_steps``: for its engine time, and for the
+        verdict and spans that read them), not by touching each request in each step."""
         self.counts.steps_recorded += 1
+        # its time past the engine's previous step (overlapping steps counted once: core/diagnosis/engine_time.py)
+        engine, end = step.step_id >> 32, step.end
+        previous = self._last_end.get(engine)
+        step_busy = busy(step.start, end, previous)
+        if previous is None or end > previous:
+            if previous is None and len(self._last_end) >= 64:  # engines come and go (restarts)
+                self._last_end.clear()
+            self._last_end[engine] = end
         requests = self._tracked
         ids = step.ids
         prefill_at = step.prefill_at
@@ -268,8 +280,10 @@ class Pipeline:
             if step.step_id in steps:  # a reused id: held in arrival order all the same
                 del steps[step.step_id]
             steps[step.step_id] = step
+            self._busy[step.step_id] = step_busy
             while len(steps) > self.config.max_steps:
                 old = steps.popitem(last=False)[1]
+                self._busy.pop(old.step_id, None)
                 lost = self._lose(old)
                 if lost or old.links:
                     evicted.append((old, lost))
@@ -361,6 +375,8 @@ class Pipeline:
             s.lora = t.lora_name
         if s.disagg_role is None:  # which half of a disaggregated request (its metrics are labelled by it)
             s.disagg_role = t.request_attributes.get(sc.DISAGG_ROLE)
+        if s.tenant is None:  # its tenant (core/tenant.py: cleaned where the adapter read it)
+            s.tenant = t.request_attributes.get(sc.REQUEST_TENANT)
         group = t.group
         if group is not None:  # one of n sequences: the user request is decided, and traced, as one
             group.finished.append((t, s))
@@ -441,6 +457,7 @@ class Pipeline:
             with self._steps_lock:
                 held = list(self.steps.values())
                 self.steps.clear()
+                self._busy.clear()
             for step in held:
                 self._emit_step(step)
         else:
@@ -469,11 +486,13 @@ class Pipeline:
         kept: Materialized | None = None
         own = self._tokens_from_steps(t)
         self._add_gaps(t, s)
-        slo = self.config.slo.for_model(s.model)
+        slo = self.config.slo.for_request(s.model, s.tenant)
         breached = slo.breaches(s)
         for_cause = self._for_cause(decision)
         if own is None:
-            own = self._own_steps(t) if breached or for_cause or decision is not None else ()
+            own = self._own_steps(t) if self.config.engine_steps or breached or for_cause or decision is not None \
+                else ()
+        self._attribute(t, s, own)
         verdict = self._explain(t, s, breached, for_cause)
         if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
             self.window.handoffs.add(t.handoff)
@@ -482,6 +501,7 @@ class Pipeline:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
                                            self.config.capture_content)
                 attrs.update(slo.span_attributes)  # type: ignore[attr-defined]
+                attrs.update(attribution_attributes(s))
                 if verdict is not None and for_cause:
                     attrs.update(verdict.attributes())
                 held = own if detail >= Detail.PHASES and self.config.engine_steps else []
@@ -508,11 +528,13 @@ class Pipeline:
             derived.append(self._tokens_from_steps(t))
             self._add_gaps(t, s)
         decision, detail = job.decision, job.detail
-        slo = self.config.slo.for_model(members[0][1].model)
+        slo = self.config.slo.for_request(members[0][1].model, members[0][1].tenant)
         breaches = [slo.breaches(s) for _, s in members]
         for_cause = self._for_cause(decision)
-        owns = [o if o is not None else self._own_steps(t) if b or for_cause or decision is not None else ()
-                for (t, _), b, o in zip(members, breaches, derived)]
+        owns = [o if o is not None else self._own_steps(t) if self.config.engine_steps or b or for_cause
+                or decision is not None else () for (t, _), b, o in zip(members, breaches, derived)]
+        for (t, s), own in zip(members, owns):
+            self._attribute(t, s, own)
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
@@ -526,6 +548,7 @@ class Pipeline:
                 phases = detail >= Detail.PHASES and self.config.engine_steps
                 for (t, s), b, verdict, own in zip(members, breaches, verdicts, owns):
                     a = choice_attributes(t, s, not b and not s.failed, b)
+                    a.update(attribution_attributes(s))
                     if verdict is not None and for_cause:
                         a.update(verdict.attributes())
                     parts.append((t, s, a, own if phases else []))
@@ -539,6 +562,20 @@ class Pipeline:
         for (t, s), kept in zip(members, choices):
             self.metrics.record(s, exemplar)
             self._settle_steps(t, kept if detail >= Detail.STEPS else None)
+
+    def _attribute(self, t: RequestTimeline, s: RequestSummary, own: Any) -> None:
+        """Its engine time (its share of each step that served it) and the prefill interference its prompt
+        caused others (core/diagnosis/engine_time.py): from the steps joined at finish, none if one was lost."""
+        if not own or t.steps_lost:
+            return
+        try:
+            d = self.diagnosis
+            with self._steps_lock:
+                seconds = [self._busy.get(step.step_id) for step in own]
+            s.engine_time = engine_time(t.request_id, own, seconds, d.shape, d.peaks)
+            s.interference_caused = interference_caused(t.chunks, self.window) if t.chunks else 0.0
+        except Exception as exc:  # a bug of ours costs the attribution only
+            self.guard.failed("engine time", exc)
 
     def _tokens_from_steps(self, t: RequestTimeline) -> list[StepRecord] | None:
         """Stamp-free frontend: ``t``'s token times from the held steps that served it (core/step_tokens.py),
@@ -608,6 +645,7 @@ class Pipeline:
                 if floor is not None and step.seq >= floor:
                     break
                 steps.popitem(last=False)
+                self._busy.pop(step.step_id, None)
                 done.append(step)
         for step in done:
             if step.links:  # only emitted steps cost enough to offer the GIL between them

@@ -131,6 +131,16 @@ def feature_attributes(t: RequestTimeline, s: RequestSummary) -> dict[str, Any]:
     return a
 
 
+def attribution_attributes(s: RequestSummary) -> dict[str, Any]:
+    """Its engine time and the interference its prompt caused (core/diagnosis/engine_time.py), where computed."""
+    a: dict[str, Any] = {}
+    if s.engine_time is not None:
+        a[sc.REQUEST_ENGINE_TIME] = round(s.engine_time, 9)
+    if s.interference_caused is not None:
+        a[sc.REQUEST_INTERFERENCE_CAUSED] = round(s.interference_caused, 9)
+    return a
+
+
 def group_attributes(members: Sequence[tuple[RequestTimeline, RequestSummary]], reason: str, slo_met: bool,
                      breached: tuple[str, ...], capture_content: bool) -> dict[str, Any]:
     """The request span of a user request that asked for n > 1 choices: what the user asked and got,

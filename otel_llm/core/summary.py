@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from .. import semconv as sc
 from .inter_token import GapSummary, from_counts
 from .spec_decode import acceptance_length, acceptance_rate
+from .tenant import clean as _tenant
 
 
 @dataclass(slots=True)
@@ -51,6 +52,11 @@ class RequestSummary:
     # disaggregated serving: which half of a user request this is (llm.disagg.role: prefill, decode, both), or
     # ``user`` for the user's request the collector joined from its two halves (core/disagg.py)
     disagg_role: str | None = None
+    # SLO operations: the request's tenant (core/tenant.py, cleaned), its engine-step seconds and the prefill
+    # interference seconds its work cost other requests (core/diagnosis/engine_time.py)
+    tenant: str | None = None
+    engine_time: float | None = None
+    interference_caused: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -211,7 +217,7 @@ def _first(v: Any) -> str | None:
 
 # How ``_from_ours`` converts a value read for a field, by kind (the kinds of ``ATTRIBUTE_SLOTS``).
 CONVERTERS: dict[str, Callable[[Any], Any]] = {"str": _str, "float": _float, "int": _int, "first": _first,
-                                               "counts": _counts}
+                                               "counts": _counts, "tenant": _tenant}
 
 # Our attribute names -> (position in RequestSummary's fields, converter kind), for ``_from_ours``.
 _FIELDS = tuple(f.name for f in fields(RequestSummary))
@@ -249,6 +255,9 @@ _KINDS: dict[str, tuple[int, str]] = {
         (sc.CACHE_READ_LOCAL, "cache_read_local", "int"),
         (sc.CACHE_READ_EXTERNAL, "cache_read_external", "int"),
         (sc.DISAGG_ROLE, "disagg_role", "str"),
+        (sc.REQUEST_TENANT, "tenant", "tenant"),
+        (sc.REQUEST_ENGINE_TIME, "engine_time", "float"),
+        (sc.REQUEST_INTERFERENCE_CAUSED, "interference_caused", "float"),
     )
 }
 # RequestSummary field -> our span attribute that carries it (the metric tables' ``HistogramSpec.attribute``)

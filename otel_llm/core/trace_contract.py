@@ -83,6 +83,9 @@ _FEATURES = (*_lead("speculative decoding (vLLM; TensorRT-LLM: the drafted, acce
              *_lead("cache reads by source (vLLM, where it reports them): ", sc.CACHE_READ_LOCAL,
                     sc.CACHE_READ_EXTERNAL),
              *_lead("LoRA adapter (vLLM): ", sc.LORA_NAME, sc.LORA_ID),
+             *_lead("SLO operations (docs/verdict.md, \"Engine time\"): the tenant where the `tenant` option names "
+                    "a source, the request's engine seconds and the prefill interference its prompt caused others: ",
+                    sc.REQUEST_TENANT, sc.REQUEST_ENGINE_TIME, sc.REQUEST_INTERFERENCE_CAUSED),
              Item(sc.LORA_EVENT_LOADED, " per load of its adapter in a step that served it: the step span's "
                   f"event, same attributes (`{sc.LORA_NAME}`, `{sc.LORA_ID}`, `{sc.LORA_LOAD_TIME}`) and time",
                   event=True))

@@ -1,6 +1,7 @@
 """The ``otel-llm`` command: ``otel-llm report FILE [-o OUT] [--perfetto OUT] [--top N] [--cause C]
-[--breached OBJ] [--slo SLO]`` and ``otel-llm dashboard [--out DIR]`` (regenerates the committed Grafana
-dashboard and provisioning)."""
+[--breached OBJ] [--slo SLO]``, ``otel-llm dashboard [--out DIR]`` (regenerates the committed Grafana
+dashboard and provisioning) and ``otel-llm alerts --slo SLO [--out DIR|FILE] [--source S]`` (Prometheus rule
+files: burn-rate alerts from the SLO table)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,33 @@ def main(argv: list[str] | None = None) -> int:
                                                        "breached objective (e.g. ttft=0.5,tpot=0.05)")
     dash = sub.add_parser("dashboard", help="regenerate the Grafana dashboard JSON and provisioning files")
     dash.add_argument("--out", default="dashboards", help="directory to write into (default: dashboards)")
+    al = sub.add_parser("alerts", help="write Prometheus recording and burn-rate alert rules from the SLO table")
+    al.add_argument("--slo", default=None, help="the SLO table, with goodput targets (default: OTEL_LLM_SLO), e.g. "
+                                                "'ttft=0.5,tpot=0.05,goodput=0.99; @team-a: tpot=0.03,goodput=0.999'")
+    al.add_argument("--out", default="alerts", help="directory (or .yml file) to write (default: alerts)")
+    al.add_argument("--source", default="otel-llm", choices=("otel-llm", "upstream"),
+                    help="whose metrics: otel-llm (the SDK's or otel-llm-collector's; default) or upstream (the "
+                         "upstream Collector's signal_to_metrics pipeline: goodput only, no cause)")
+    al.add_argument("--grafana-url", default="http://grafana:3000", help="Grafana base URL for the dashboard link")
     args = ap.parse_args(argv)
+
+    if args.command == "alerts":
+        import os
+
+        from ..core.slo import SLOTable
+        from .alerts import write
+
+        text = args.slo if args.slo is not None else os.environ.get("OTEL_LLM_SLO", "")
+        try:
+            path = write(SLOTable.parse(text), args.out, args.source, args.grafana_url)
+        except (OSError, ValueError) as exc:
+            print(f"otel-llm alerts: {exc}", file=sys.stderr)
+            return 1
+        except ImportError as exc:
+            print(f"otel-llm alerts: {exc}; install `pip install 'otel-llm[views]'`", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
 
     if args.command == "report":
         from .report import write_report

@@ -208,6 +208,49 @@ def _lora_adapters() -> tuple[str, tuple[PanelSpec, ...]]:
     ))
 
 
+TENANT = label(sc.REQUEST_TENANT)
+GOODPUT_TARGET = "$goodput_target"  # the dashboard's variable: the SLO table's goodput target, for the burn rate
+
+
+def _slo_operations() -> tuple[str, tuple[PanelSpec, ...]]:
+    """Tenants, engine time and the error budget (docs/runbook.md): per-tenant goodput, engine-seconds and the
+    interference caused by tenant (the request histograms' sums: core/diagnosis/engine_time.py), the goodput
+    burn rate over the fast alert's two windows, and the burn-rate alerts firing (Prometheus' ``ALERTS``, where
+    the rules of ``otel-llm alerts`` are loaded; 0 otherwise). Requests without a tenant are the empty tenant."""
+    good, total = counter(m.SERVER_METRICS.good_requests_spec), counter(m.SERVER_METRICS.requests_spec)
+    by = f"{MODEL}, {TENANT}"
+    goodput = (f"({_rate_sum(good, by=TENANT)} or 0 * {_rate_sum(total, by=TENANT)}) / "
+               f"{_rate_sum(total, by=TENANT)}")
+    engine, caused = (histogram(m.SERVER_HISTOGRAM[f].name) + "_sum" for f in ("engine_time", "interference_caused"))
+
+    def burn(window: str) -> Query:
+        good_w = f"sum by ({by}) (rate({good}{{{SEL}}}[{window}]))"
+        total_w = f"sum by ({by}) (rate({total}{{{SEL}}}[{window}]))"
+        return Query(f"(1 - (({good_w} or 0 * {total_w}) / {total_w})) / (1 - {GOODPUT_TARGET})",
+                     f"{window} {{{{{MODEL}}}}} {{{{{TENANT}}}}}")
+
+    return ("SLO operations: tenants, engine time, error budget", (
+        PanelSpec("Goodput by tenant", f"Share of each tenant's requests that met every SLO of its own "
+                  f"({sc.REQUEST_TENANT}; a tenant's SLO wins over its model's; other: tenants beyond the label cap)",
+                  (Query(goodput, "{{" + TENANT + "}}"),), "percentunit"),
+        PanelSpec("Engine time by tenant", "Engine-seconds per second charged to each tenant's requests (each step's "
+                  "time split by the requests' share of its work): its share of the engines. Times a device-hour "
+                  "price / 3600: its cost",
+                  (Query(_rate_sum(engine, by=TENANT), "{{" + TENANT + "}}"),), "s", stacked=True),
+        PanelSpec("Interference caused by tenant", "Seconds per second of prefill interference each tenant's "
+                  "prompts cost other requests (the decode steps they slowed)",
+                  (Query(_rate_sum(caused, by=TENANT), "{{" + TENANT + "}}"),), "s", stacked=True),
+        PanelSpec("Goodput error-budget burn rate", "Share of requests not good over the window, in error budgets "
+                  "(1 - $goodput_target): the fast alert pages when both 1h and 5m exceed 14.4, the slow one "
+                  "when 6h and 30m exceed 6", (burn("1h"), burn("5m")), "short"),
+        PanelSpec("Active alerts", "The otel-llm burn-rate alerts firing now (loaded from `otel-llm alerts`), by "
+                  "alert, model and tenant; 0: none",
+                  (Query(f'sum by (alertname, {MODEL}, {TENANT}) (ALERTS{{alertstate="firing", '
+                         f'alertname=~"LLM.*Burn.*", {MODEL}=~"$model"}}) or vector(0)',
+                         "{{alertname}} {{" + MODEL + "}} {{" + TENANT + "}}"),), "short", zero_normal=True),
+    ))
+
+
 FEATURE_ROWS = (_speculative_decoding(), _lora_adapters())
 
 PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
@@ -264,6 +307,7 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
         PanelSpec("GPU power and SM clock", "hw.power (W) and the SM clock (MHz) per device",
                   (_gpu(m.GPU_POWER, "power W"), _gpu(m.GPU_SM_CLOCK, "SM clock MHz")), "short"),
     )),
+    _slo_operations(),
     # speculative decoding and LoRA adapters: a row each (_speculative_decoding, _lora_adapters)
     *FEATURE_ROWS,
     ("Health: collector and SDK", (
@@ -326,7 +370,11 @@ def build() -> dict:
          .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
                         .current(VariableOption(selected=True, text="Prometheus (otel-llm)", value=PROMETHEUS_UID)))
          .with_variable(_variable("service", SERVICE, requests))
-         .with_variable(_variable("model", MODEL, f'{requests}{{{SERVICE}=~"$service"}}')))
+         .with_variable(_variable("model", MODEL, f'{requests}{{{SERVICE}=~"$service"}}'))
+         .with_variable(gd.TextBoxVariable(GOODPUT_TARGET[1:]).label("goodput target")
+                        .description("The SLO table's goodput target (OTEL_LLM_SLO goodput=...), for the burn rate")
+                        .default_value("0.99")
+                        .current(VariableOption(selected=True, text="0.99", value="0.99"))))
     panel_id = 0
     for title, panels in PANELS:
         panel_id += 1

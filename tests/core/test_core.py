@@ -253,9 +253,12 @@ def test_steps_are_linked_to_requests_when_they_settle_and_released_when_none_le
     assert tele.flush(10)
     assert a.steps == [1, 2, 3, 4, 5]
     assert list(tele.steps) == [1, 2, 3, 4, 5, 6, 7]  # b, which started as early, may be in any of them
-    tele.finish("b", RequestSummary(model="m", ttft=0.01, e2e=0.02))  # met: nothing reads its steps
+    sb = RequestSummary(model="m", ttft=0.01, e2e=0.02)
+    tele.finish("b", sb)  # met: its steps are read for its engine time only (core/diagnosis/engine_time.py)
     assert tele.flush(10)
-    assert b.steps == [] and list(tele.steps) == [6, 7]  # c started after step 5
+    assert b.steps == [1, 2, 3, 4, 5, 6] and list(tele.steps) == [6, 7]  # c started after step 5
+    # step 1: 20 of 30 tokens of 10 ms; steps 2-5: half of 5 ms each; step 6: 1 of 9 tokens of 5 ms
+    assert sb.engine_time == pytest.approx(0.01 * 20 / 30 + 4 * 0.0025 + 0.005 / 9)
     tele.finish("c", RequestSummary(model="m", ttft=0.5, e2e=0.6))
     assert tele.flush(10)
     assert c.steps == [6, 7] and not tele.steps and tele.counts.steps_settled_early == 0

@@ -25,7 +25,7 @@ def test_regenerating_reproduces_the_committed_files_byte_for_byte(tmp_path: Pat
 def test_dashboard_model() -> None:
     d = json.loads((COMMITTED / "otel-llm.json").read_text())
     assert d["uid"] == dashboard.UID
-    assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "service", "model"]
+    assert [v["name"] for v in d["templating"]["list"]] == ["datasource", "service", "model", "goodput_target"]
     assert d["templating"]["list"][0]["current"]["value"] == dashboard.PROMETHEUS_UID
     panels = [p for p in d["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
@@ -37,14 +37,16 @@ def test_dashboard_model() -> None:
                    "GPU utilization", "GPU memory used", "GPU power and SM clock", "Draft acceptance rate",
                    "Drafted and accepted tokens/s", "Acceptance by draft position", "Requests by LoRA adapter",
                    "Output tokens/s by LoRA adapter", "Engine steps by LoRA adapter", "Step time by LoRA adapter",
-                   "Adapter loads and evictions"):
+                   "Adapter loads and evictions", "Goodput by tenant", "Engine time by tenant",
+                   "Interference caused by tenant", "Goodput error-budget burn rate", "Active alerts"):
         assert wanted in titles
     # breaches are counted as breaches (one per request and objective), not as requests
     (causes,) = [p for p in panels if p["title"] == "SLO breaches by cause"]
     assert causes["fieldConfig"]["defaults"]["unit"] == "suffix: breaches/s"
     # the SDK's own instruments (engine steps, GPU) carry no model or service label: not filtered by them
+    # (nor do Prometheus' own ALERTS: the burn-rate rules sum over services)
     sdk_only = ("otelcol", "otel_llm_", "llm_server_engine_", "hw_", "llm_gpu_", "llm_server_lora_",
-                "llm_server_spec_decode_position_")
+                "llm_server_spec_decode_position_", "ALERTS{")
     for p in panels:
         assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
         for t in p["targets"]:

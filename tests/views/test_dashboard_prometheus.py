@@ -38,11 +38,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry, start_http_server
 
 import otel_llm
+from otel_llm import semconv as sc
 from otel_llm.core import metrics as m
 from otel_llm.core import self_metrics as sm
 from otel_llm.core.diagnosis.gpu import GpuSampler
 from otel_llm.demo import scenario
-from otel_llm.views import dashboard
+from otel_llm.core.slo import SLOTable
+from otel_llm.views import alerts, dashboard
 from otel_llm.views.report import write_report
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
@@ -148,8 +150,11 @@ def stack(llm, tmp_path_factory) -> Iterator[dict]:
     sdk_port = sdk_server.server_address[1]
     port = free_port()
     cfg = tmp / "prometheus.yml"
+    # the burn-rate rules `otel-llm alerts` writes for this SLO with a goodput target (the "Active alerts" panel)
+    rules = alerts.write(SLOTable.parse(SLO + ",goodput=0.99"), tmp / "otel-llm.rules.yml")
     cfg.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ["{rules}"]
 scrape_configs:
   - job_name: otel-llm-collector
     static_configs: [{{targets: ["{gateway.prometheus_endpoint}"]}}]
@@ -237,7 +242,8 @@ def primed_names() -> set[str]:
 
 def concrete(expr: str) -> str:
     """The query as Grafana sends it with every variable at "All"."""
-    return expr.replace("$__rate_interval", RANGE).replace("$model", ".*").replace("$service", ".*")
+    return (expr.replace("$__rate_interval", RANGE).replace("$model", ".*").replace("$service", ".*")
+            .replace(dashboard.GOODPUT_TARGET, "0.99"))
 
 
 def finite(result: list) -> bool:
@@ -246,7 +252,7 @@ def finite(result: list) -> bool:
 
 LABELS = {dashboard.MODEL, dashboard.SERVICE, dashboard.TOKEN_TYPE, dashboard.label(dashboard.SLOW_CAUSE),
           dashboard.label(sm.STATE), dashboard.label(sm.SITE), dashboard.STEP_PHASE, dashboard.STEP_PART,
-          dashboard.HW_ID}
+          dashboard.HW_ID, dashboard.TENANT}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -288,6 +294,17 @@ def test_feature_panels_have_data_of_their_own(stack) -> None:
         if f"by ({adapter})" in expr:
             names = {x["metric"].get(adapter) for x in result if float(x["value"][1]) > 0}
             assert set(scenario.ADAPTERS) <= names, (title, names)
+
+
+def test_the_generated_burn_rate_alerts_fire_naming_a_cause(stack) -> None:
+    """Every request breaches TPOT here: the generated rules, loaded into the real Prometheus over the real
+    gateway's metrics, page (the fast goodput alert) and name the dominant cause from the breaches counter."""
+    api: PromAPI = stack["api"]
+    wait_for(lambda: api.query('ALERTS{alertname="LLMGoodputBurnFast", alertstate="firing"}'),
+             "the fast goodput burn alert to fire", timeout=180)
+    fired = [a for a in api.get("alerts")["alerts"] if a["labels"]["alertname"] == "LLMGoodputBurnFast"]
+    assert fired and all(a["annotations"]["dominant_cause"] in sc.SLOW_CAUSES for a in fired), fired
+    assert all(a["labels"]["severity"] == "page" for a in fired)
 
 
 def test_template_variables_have_values(stack) -> None:

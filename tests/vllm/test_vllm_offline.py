@@ -33,11 +33,15 @@ def full_run(request, llm, otel):
             assert stats["direct_spans_sent"] == len(spans) and stats["direct_spans_dropped"] == 0
         held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
         ttft_points = otel.histogram("gen_ai.server.time_to_first_token")
-    return outputs, spans, held, ttft_points
+        # every step's time (part total: end - start) and every request's engine time, same run
+        steps_total = sum(p.sum for p in otel.histogram("llm.server.engine.step.duration")
+                          if p.attributes.get(sc.STEP_PART) == "total")
+        engine = otel.histogram("llm.server.request.engine_time")
+    return outputs, spans, held, ttft_points, (steps_total, engine)
 
 
 def test_one_request_span_each_with_engine_timings(full_run):
-    outputs, spans, held, _ = full_run
+    outputs, spans, held, _, _ = full_run
     trees = request_trees(spans)
     assert len(trees) == len(PROMPTS) == len(outputs)
     for out in outputs:
@@ -62,7 +66,7 @@ def test_one_request_span_each_with_engine_timings(full_run):
 
 
 def test_phases_tile_the_request_span(full_run):
-    outputs, spans, _, _ = full_run
+    outputs, spans, _, _, _ = full_run
     for out in outputs:
         t = request_trees(spans)[out.request_id]
         q, p, d = t.one(sc.SPAN_QUEUE), t.one(sc.SPAN_PREFILL), t.one(sc.SPAN_DECODE)
@@ -82,7 +86,7 @@ def test_phases_tile_the_request_span(full_run):
 
 
 def test_chunked_prefill_is_visible(full_run):
-    outputs, spans, _, _ = full_run
+    outputs, spans, _, _, _ = full_run
     trees = request_trees(spans)
     long = [o for o in outputs if len(o.prompt_token_ids) > 64]
     assert long, "the workload has prompts longer than max_num_batched_tokens=64"
@@ -100,7 +104,7 @@ def test_chunked_prefill_is_visible(full_run):
 
 
 def test_engine_steps_match_the_scheduler_and_link_requests(full_run):
-    outputs, spans, _, _ = full_run
+    outputs, spans, _, _, _ = full_run
     trees = request_trees(spans)
     steps = engine_steps(spans)
     assert steps
@@ -143,10 +147,33 @@ def test_engine_steps_match_the_scheduler_and_link_requests(full_run):
 
 
 def test_ttft_histogram_counts_every_request_with_engine_sum(full_run):
-    outputs, _, _, points = full_run
+    outputs, _, _, points, _ = full_run
     assert sum(p.count for p in points) == len(outputs)
     assert sum(p.sum for p in points) == pytest.approx(sum(o.metrics.first_token_latency for o in outputs), abs=1e-6)
     assert list(points[0].explicit_bounds)[:3] == [0.001, 0.005, 0.01]  # GenAI semantic-convention buckets
+
+
+def test_engine_time_of_every_request_adds_up_to_the_steps_time(full_run):
+    """Each step's time split across its requests by their tokens: over the run, every request's engine time
+    adds up to the steps' durations (this engine does not overlap steps), on the spans and in the histogram."""
+    outputs, spans, _, _, (steps_total, engine) = full_run
+    trees = request_trees(spans)
+    times = {rid: t.attributes[sc.REQUEST_ENGINE_TIME] for rid, t in trees.items()}
+    assert len(times) == len(outputs) and all(v > 0 for v in times.values())
+    assert sum(p.count for p in engine) == len(outputs)
+    assert sum(p.sum for p in engine) == pytest.approx(steps_total, rel=1e-6, abs=1e-6)
+    assert sum(times.values()) == pytest.approx(steps_total, rel=1e-6, abs=1e-5)
+
+
+def test_two_requests_sharing_every_step_with_equal_work_get_equal_engine_time(llm, otel):
+    """Two 20-token prompts (both fit the first step's 64-token budget), the same output length: they are
+    scheduled in the same steps with the same tokens in each, and get the same engine time."""
+    prompts = [{"prompt_token_ids": [5 + j for j in range(20)]}, {"prompt_token_ids": [9 + j for j in range(20)]}]
+    with otel.instrumented(sample_rate=1.0, tail_quantile=0):
+        outputs = llm.generate(prompts, _params(), use_tqdm=False)
+        trees = request_trees(otel.finished())
+    a, b = (trees[o.request_id].attributes[sc.REQUEST_ENGINE_TIME] for o in outputs)
+    assert a > 0 and a == pytest.approx(b, rel=1e-9)
 
 
 def test_tail_decision_keeps_breaches_whole_and_baseline_for_the_rest(llm, otel, full_run):

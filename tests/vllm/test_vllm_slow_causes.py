@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +126,32 @@ def test_a_long_prompt_among_decodes_is_prefill_interference_for_the_decoders(lo
     assert_classified(judgements, affected, {sc.SLOW_PREFILL_INTERFERENCE})
     for rid in affected:
         assert judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] > 0
+
+
+def test_the_long_prompt_is_charged_the_interference_it_caused(long_prompt_run):
+    """Who caused it (core/diagnosis/engine_time.py): the decoders' loss in the long prompt's step, by the
+    verdict's own rule (the step's time minus the median decode-only step of its decode batch size, per
+    decoder), all goes to the one request whose prefill ran there; no other request caused any, and the
+    decoders' verdicts charged that step to prefill_interference. (Their totals differ by the baselines'
+    windows: the long prompt finishes before the decoders' later steps, which their verdicts also read.)"""
+    judgements, steps = judged(long_prompt_run)
+    trees = request_trees(long_prompt_run)
+    caused = {rid: t.attributes[sc.REQUEST_INTERFERENCE_CAUSED] for rid, t in trees.items()}
+    assert sum(v for rid, v in caused.items() if rid != "long") == 0
+    steps = sorted(steps, key=lambda x: x.start_time)
+    (at,) = [i for i, x in enumerate(steps) if x.attributes[sc.STEP_NUM_PREFILL_TOKENS] == LONG]
+    long_step = steps[at].attributes
+    victims = long_step[sc.STEP_NUM_DECODE_REQS]
+    assert victims == len(DECODERS)
+    seconds = [(x.end_time - x.start_time) / 1e9 for x in steps]
+    usual = median(d for x, d in zip(steps[:at], seconds) if x.attributes[sc.STEP_NUM_PREFILL_TOKENS] == 0
+                   and x.attributes[sc.STEP_NUM_DECODE_REQS] == victims)
+    assert caused["long"] == pytest.approx(victims * (seconds[at] - usual), rel=1e-3, abs=1e-5)
+    assert caused["long"] > 0 and all(judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] > 0 for rid in DECODERS)
+    # each request's engine time: the long prompt's share of its one step is most of the engine's time
+    engine = {rid: t.attributes[sc.REQUEST_ENGINE_TIME] for rid, t in trees.items()}
+    assert engine["long"] == pytest.approx(seconds[at] * LONG / (LONG + victims), rel=1e-3)
+    assert engine["long"] > max(v for rid, v in engine.items() if rid != "long")
 
 
 def _last_token(spans, rid: str) -> int:

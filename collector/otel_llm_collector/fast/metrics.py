@@ -27,10 +27,10 @@ _OUTPUT_TOKENS = attrgetter("output_tokens")
 
 
 # What a request's label set depends on (with the caller's ``extra``): (model, operation, provider, error_type,
-# LoRA adapter, disaggregated role).
+# LoRA adapter, disaggregated role, tenant).
 # An attrgetter builds the tuple in C: no Python frame per request (called once or twice per request span).
 label_key: Callable[[RequestSummary], tuple] = attrgetter("model", "operation", "provider", "error_type", "lora",
-                                                          "disagg_role")
+                                                          "disagg_role", "tenant")
 _ROLE = 5  # the key's disagg_role
 # halves of a disaggregated request: not user requests, so not in the goodput counters (the user request the
 # disagg_join processor joins from them is)
@@ -143,7 +143,8 @@ class BatchMetrics:
                            (_OUTPUT_TOKENS, ins.tokens.bind_many({**attrs, sc.TOKEN_TYPE: "output"}, held))]
             found = BoundSet(attrs, tuple(histograms),
                              ins.chars.bind(attrs, held) if ins.chars is not None else None,
-                             ins.requests.bind(attrs, held), ins.good.bind(attrs, held), self._slos.for_model(s.model),
+                             ins.requests.bind(attrs, held), ins.good.bind(attrs, held),
+                             self._slos.for_request(s.model, s.tenant),
                              _Breaches(ins.breaches, attrs) if ins.breaches is not None else None,
                              ins.inter_token[1].bind_counts(attrs, held) if ins.inter_token is not None else None,
                              (ins.spec_tokens.bind({**attrs, sc.SPEC_TOKEN_KIND: "drafted"}, held),

@@ -45,7 +45,7 @@ class SLOPolicy:
 
     def evaluate(self, trace: TraceView) -> Decision:
         for s in user_requests(trace.summaries):
-            missed = self.slos.for_model(s.model).breaches(s)
+            missed = self.slos.for_request(s.model, s.tenant).breaches(s)
             if missed:
                 return Decision(Verdict.SAMPLED, f"{self.name}:{'+'.join(missed)}")
         return NOT_SAMPLED

@@ -58,6 +58,8 @@ _MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_llm_vl
 _HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_llm_vllm_headers", default=None)
 # The (host, port) the HTTP request being served came in on: the instance a request span names.
 _SERVER: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("otel_llm_vllm_server", default=None)
+# the request's tenant as the serving layer read it (a header, the OpenAI ``user`` field: core/tenant.py)
+_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_llm_vllm_tenant", default=None)
 _PROPAGATOR = TraceContextTextMapPropagator()
 # an instance's part in disaggregated serving, from its KV connector's role
 _DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG_ROLE_DECODE,
@@ -229,8 +231,13 @@ class VLLMWrappers:
                 _STREAM.set(stream if isinstance(stream, bool) else None)
                 model = getattr(api_request, "model", None)
                 _MODEL.set(model[:MAX_MODEL_NAME] if isinstance(model, str) and model else None)
-                server = getattr(b.get(args, kwargs, "raw_request"), "scope", {}).get("server")
+                raw_request = b.get(args, kwargs, "raw_request")
+                server = getattr(raw_request, "scope", {}).get("server")
                 _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
+                tenants = self.telemetry.config.tenant
+                if tenants.reads_request:
+                    _TENANT.set(tenants.from_request(getattr(raw_request, "headers", None),
+                                                     getattr(api_request, "user", None)))
             except Exception as exc:
                 self.guard.failed(f"vllm serving {operation}", exc)
             return _streams_keep_operation(wrapped(*args, **kwargs), operation)
@@ -318,6 +325,10 @@ class VLLMWrappers:
         if lora is not None:  # vLLM's LoRARequest: the adapter's name and integer id
             t.lora_name = str(reads.lora_name(lora) or lora.lora_int_id)
             t.lora_id = int(lora.lora_int_id)
+        tenant = self.telemetry.config.tenant.resolve(_TENANT.get() if kind is SpanKind.SERVER else None,
+                                                      t.lora_name)
+        if tenant is not None:  # cleaned (core/tenant.py): on the request span, and its metrics' label
+            attrs[sc.REQUEST_TENANT] = tenant
         t.native = processor.request_states.get(request.request_id)
         t.steps_give_tokens = self._from_steps(processor)
         if self.telemetry.config.capture_content:
