@@ -20,10 +20,11 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
 from ...core import self_metrics
-from ...core.providers import meter_provider_from, tracer_provider_from
+from ...core.providers import providers_from
 from ...guard import GuardOwner
 from ...lifecycle import Lifecycle
 from ...version import __version__
+from ..gate import LibraryGate
 from ..wraps import Target, WrapTable
 from .ops import Chat, Embeddings, Responses, TextCompletion
 from .telemetry import ClientState
@@ -32,7 +33,7 @@ from .wrappers import OpenAIWrappers
 __all__ = ["OpenAIInstrumentor"]
 
 
-class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
+class OpenAIInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):  # type: ignore[misc]
     """``guard``: this process's errors of the openai instrumentation, kept across instrument cycles."""
     telemetry: ClientState | None = None
     lifecycle: Lifecycle | None = None  # the providers this instrumentation built: shut down at exit or uninstrument
@@ -49,8 +50,9 @@ class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         self.lifecycle = owned = Lifecycle(self.guard)
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__)
+        tp, mp = providers_from(tracer_provider, meter_provider, owned)
+        tracer = tp.get_tracer("otel_llm.openai", __version__)
+        meter = mp.get_meter("otel_llm.openai", __version__)
         self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo), self.guard)
         self_metrics.register_errors(meter, self.guard)  # its errors, on its own meter (the pipelines do the same)
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
