@@ -57,7 +57,7 @@ def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle,
         return current
     exporters: list[Any] = []
     provider = _sdk_tracer_provider(exporters)
-    owner.add(TRACER_PROVIDER, lambda: bounded_shutdown(provider.shutdown, exporters), PROVIDERS)
+    owner.add(TRACER_PROVIDER, BoundedShutdown(provider, exporters), PROVIDERS)
     if built is not None:
         built.append(f"traces {destination('TRACES', exporters)}")
     return provider
@@ -72,29 +72,36 @@ def meter_provider_from(given: MeterProvider | None, owner: Lifecycle,
         return current
     exporters: list[Any] = []
     provider = _sdk_meter_provider(exporters)
-    owner.add(METER_PROVIDER, lambda: bounded_shutdown(provider.shutdown, exporters), PROVIDERS)
+    owner.add(METER_PROVIDER, BoundedShutdown(provider, exporters), PROVIDERS)
     if built is not None:
         built.append(f"metrics {destination('METRICS', exporters)}")
     return provider
 
 
-def bounded_shutdown(shutdown: Any, exporters: list[Any], limit: float = SHUTDOWN_S) -> None:
-    """``shutdown()``, with ``exporters`` shut down after ``limit`` seconds if it has not returned (an OTLP
-    exporter's shutdown ends its retry back-off; its later second shutdown is a no-op)."""
-    def cut() -> None:
-        for exporter in exporters:
+class BoundedShutdown:
+    """The closer of a provider we built: its ``shutdown()``, with its ``exporters`` shut down after ``limit``
+    seconds if that has not returned (an OTLP exporter's shutdown ends its retry back-off)."""
+
+    def __init__(self, provider: Any, exporters: list[Any], limit: float = SHUTDOWN_S) -> None:
+        self.provider = provider
+        self.exporters = exporters
+        self.limit = limit
+
+    def __call__(self) -> None:
+        timer = threading.Timer(self.limit, self._cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            self.provider.shutdown()
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        for exporter in self.exporters:
             try:
                 exporter.shutdown()
             except Exception:  # already shut down, or failing: the provider's own shutdown goes on
                 pass
-
-    timer = threading.Timer(limit, cut)
-    timer.daemon = True
-    timer.start()
-    try:
-        shutdown()
-    finally:
-        timer.cancel()
 
 
 def destination(signal: str, exporters: list[Any]) -> str:
