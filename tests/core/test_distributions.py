@@ -203,7 +203,7 @@ def test_the_sdk_installs_alone_into_a_clean_venv_and_imports(wheels, wheelhouse
         [str(python), "-c", "from importlib.metadata import entry_points as e; "
          "print(sorted(p.name for p in e(group='opentelemetry_instrumentor') if p.load()))"],
         capture_output=True, text=True, env=clean_env(), timeout=120, cwd=tmp_path)
-    assert probe.stdout.strip() == "['openai', 'tensorrt_llm', 'vllm']", probe.stderr[-2000:]
+    assert probe.stdout.strip() == "['otel_llm_openai', 'tensorrt_llm', 'vllm']", probe.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ their ``close()`` is wrapped so that leaving their ``with`` block ends the strea
 whose W3C ``traceparent`` travels in the request's headers, so an instrumented server (our
 vLLM adapter) makes its request span a child. Streams are timed per chunk on a monotonic
 clock (time to the first content chunk, chunk gaps) and end their span exactly once.
-Registered under the ``opentelemetry_instrumentor`` entry point as ``openai``.
+Registered under the ``opentelemetry_instrumentor`` entry point as ``otel_llm_openai`` (``openai`` is the upstream
+instrumentations' name); beside one of those, each call keeps one span, theirs, with our extras (coexist.py).
 """
 
 from __future__ import annotations
@@ -63,14 +64,14 @@ class OpenAIInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):  # type: ig
         self._table = WrapTable([
             Target(chat, "Completions.create", w.sync(Chat)),
             Target(chat, "AsyncCompletions.create", w.asynchronous(Chat)),
-            Target(chat, "Completions.parse", w.sync(Chat)),
-            Target(chat, "AsyncCompletions.parse", w.asynchronous(Chat)),
+            Target(chat, "Completions.parse", w.sync(Chat, "parse")),
+            Target(chat, "AsyncCompletions.parse", w.asynchronous(Chat, "parse")),
             Target(completions, "Completions.create", w.sync(TextCompletion)),
             Target(completions, "AsyncCompletions.create", w.asynchronous(TextCompletion)),
             Target(responses, "Responses.create", w.sync(Responses)),
             Target(responses, "AsyncResponses.create", w.asynchronous(Responses)),
-            Target(responses, "Responses.parse", w.sync(Responses)),
-            Target(responses, "AsyncResponses.parse", w.asynchronous(Responses)),
+            Target(responses, "Responses.parse", w.sync(Responses, "parse")),
+            Target(responses, "AsyncResponses.parse", w.asynchronous(Responses, "parse")),
             Target(embeddings, "Embeddings.create", w.sync(Embeddings)),
             Target(embeddings, "AsyncEmbeddings.create", w.asynchronous(Embeddings)),
         ] + [Target(module, name, w.helper_close(asynchronous)) for module, name, asynchronous in HELPER_CLOSES],
