@@ -88,7 +88,7 @@ def build(out: Path, pythons: list[str]) -> tuple[list[Path], list[Path]]:
     return sdists, wheels
 
 
-def smoke(out: Path, dist: Path, vllm_env: Path | None) -> None:
+def smoke(out: Path, dist: Path, vllm_env: Path | None, pythons: list[str]) -> None:
     pip_ours = ["--find-links", dist, "--only-binary", "otel-llm,otel-llm-collector"]
     probe = ("import importlib.metadata as md, otel_llm, otel_llm.instrumentation.vllm.step_wire as w, "
              "otel_llm.instrumentation.openai; print(otel_llm.__version__, w.REASON or 'C extension loaded'); "
@@ -97,10 +97,13 @@ def smoke(out: Path, dist: Path, vllm_env: Path | None) -> None:
     config = out / "collector.yaml"
     config.write_text("receivers:\n  otlp:\n    protocols:\n      grpc: {endpoint: '127.0.0.1:0'}\n"
                       "exporters:\n  prometheus: {endpoint: '127.0.0.1:0'}\n")
-    cases = {"core alone": ["otel-llm"], "core + collector": ["otel-llm", "otel-llm-collector"],
-             "collector alone": ["otel-llm-collector"]}
-    for case, reqs in cases.items():
-        python = fresh_venv(out / f"venv-{case.replace(' ', '-').replace('+', 'and')}")
+    cases = [("core alone", ["otel-llm"], sys.executable),
+             ("core + collector", ["otel-llm", "otel-llm-collector"], sys.executable),
+             ("collector alone", ["otel-llm-collector"], sys.executable)]
+    # every interpreter built for: its wheels install and import (the C parts too)
+    cases += [(f"core + collector on {Path(p).name}", ["otel-llm", "otel-llm-collector"], p) for p in pythons]
+    for case, reqs, interpreter in cases:
+        python = fresh_venv(out / f"venv-{case.replace(' ', '-').replace('+', 'and')}", interpreter)
         run([python, "-m", "pip", "install", "-q", *pip_ours, *reqs])
         print(case, run([python, "-c", probe], cwd=out).stdout.strip(), flush=True)
         if "otel-llm-collector" in reqs:
@@ -135,7 +138,8 @@ def main() -> None:
     print("built:", *(p.name for p in sdists + wheels), sep="\n  ", flush=True)
     if not args.no_smoke:
         default = ROOT / ".venv" / "bin" / "python"
-        smoke(args.out.resolve(), args.out.resolve() / "dist", args.vllm_env or (default if default.exists() else None))
+        smoke(args.out.resolve(), args.out.resolve() / "dist", args.vllm_env or (default if default.exists() else None),
+              pythons)
 
 
 if __name__ == "__main__":
