@@ -37,13 +37,9 @@ class OpenAIWrappers:
 
     def sync(self, op: Any, method: str = "create") -> Callable[..., Any]:
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict, borrowed: bool = False) -> Any:
-            if not is_instrumentation_enabled():
-                return wrapped(*args, **kwargs)
-            if not borrowed:
-                deferred = self._defer(op, wrapped, instance, args, kwargs, method, wrapper)
-                if deferred is not _OWN:
-                    return deferred
-                borrowed = self._borrow(instance, method)
+            done, borrowed = self._route(op, wrapped, instance, args, kwargs, method, wrapper, borrowed)
+            if done is not _OWN:
+                return done
             rec, kwargs, token = self._begin(op, instance, kwargs, borrowed)
             if rec is None:
                 return wrapped(*args, **kwargs)
@@ -57,13 +53,9 @@ class OpenAIWrappers:
 
     def asynchronous(self, op: Any, method: str = "create") -> Callable[..., Any]:
         def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict, borrowed: bool = False) -> Any:
-            if not is_instrumentation_enabled():
-                return wrapped(*args, **kwargs)
-            if not borrowed:
-                deferred = self._defer(op, wrapped, instance, args, kwargs, method, wrapper)
-                if deferred is not _OWN:
-                    return deferred
-                borrowed = self._borrow(instance, method)
+            done, borrowed = self._route(op, wrapped, instance, args, kwargs, method, wrapper, borrowed)
+            if done is not _OWN:
+                return done
 
             async def call() -> Any:
                 rec, kw, token = self._begin(op, instance, kwargs, borrowed)
@@ -79,6 +71,18 @@ class OpenAIWrappers:
         return wrapper
 
     # -- beside an upstream openai instrumentation (coexist.py) ------------------------------------
+
+    def _route(self, op: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict, method: str,
+               wrapper: Callable[..., Any], borrowed: bool) -> tuple[Any, bool]:
+        """(the call's result, made here; or ``_OWN``: ours to measure, with whether the span is borrowed)."""
+        if not is_instrumentation_enabled():  # the suppress-instrumentation context: the caller's call alone
+            return wrapped(*args, **kwargs), False
+        if borrowed:
+            return _OWN, True
+        deferred = self._defer(op, wrapped, instance, args, kwargs, method, wrapper)
+        if deferred is not _OWN:
+            return deferred, False
+        return _OWN, self._borrow(instance, method)
 
     def _defer(self, op: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict, method: str,
                wrapper: Callable[..., Any]) -> Any:
