@@ -18,6 +18,7 @@ import importlib
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -31,7 +32,8 @@ logger = logging.getLogger("otel_llm")
 
 TRACER_PROVIDER = "tracer provider"  # the names of the providers we build, in their owner's Lifecycle
 METER_PROVIDER = "meter provider"
-# What exit waits for the last export of a provider we built before its exporters are shut down.
+# What exit waits for the last exports of the providers one instrumentor built (both signals together)
+# before their exporters are shut down.
 SHUTDOWN_S = 1.0
 
 
@@ -40,16 +42,17 @@ def providers_from(tracer_provider: TracerProvider | None, meter_provider: Meter
     """Both providers (``tracer_provider_from``, ``meter_provider_from``); where either is built here, one
     INFO line says where its telemetry goes."""
     built: list[str] = []
-    tp = tracer_provider_from(tracer_provider, owner, built)
-    mp = meter_provider_from(meter_provider, owner, built)
+    budget = ExitBudget(SHUTDOWN_S)  # one for both: their shutdowns run one after the other
+    tp = tracer_provider_from(tracer_provider, owner, built, budget)
+    mp = meter_provider_from(meter_provider, owner, built, budget)
     if built:
         logger.info("otel-llm: no global %s provider; exporting %s", " or ".join(n.split()[0] for n in built),
                     "; ".join(built))
     return tp, mp
 
 
-def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle,
-                         built: list[str] | None = None) -> TracerProvider:
+def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle, built: list[str] | None = None,
+                         budget: "ExitBudget | None" = None) -> TracerProvider:
     if given is not None:
         return given
     current = trace.get_tracer_provider()
@@ -57,14 +60,14 @@ def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle,
         return current
     exporters: list[Any] = []
     provider = _sdk_tracer_provider(exporters)
-    owner.add(TRACER_PROVIDER, BoundedShutdown(provider, exporters), PROVIDERS)
+    owner.add(TRACER_PROVIDER, BoundedShutdown(provider, exporters, budget or ExitBudget(SHUTDOWN_S)), PROVIDERS)
     if built is not None:
         built.append(f"traces {destination('TRACES', exporters)}")
     return provider
 
 
-def meter_provider_from(given: MeterProvider | None, owner: Lifecycle,
-                        built: list[str] | None = None) -> MeterProvider:
+def meter_provider_from(given: MeterProvider | None, owner: Lifecycle, built: list[str] | None = None,
+                        budget: "ExitBudget | None" = None) -> MeterProvider:
     if given is not None:
         return given
     current = metrics.get_meter_provider()
@@ -72,23 +75,37 @@ def meter_provider_from(given: MeterProvider | None, owner: Lifecycle,
         return current
     exporters: list[Any] = []
     provider = _sdk_meter_provider(exporters)
-    owner.add(METER_PROVIDER, BoundedShutdown(provider, exporters), PROVIDERS)
+    owner.add(METER_PROVIDER, BoundedShutdown(provider, exporters, budget or ExitBudget(SHUTDOWN_S)), PROVIDERS)
     if built is not None:
         built.append(f"metrics {destination('METRICS', exporters)}")
     return provider
 
 
-class BoundedShutdown:
-    """The closer of a provider we built: its ``shutdown()``, with its ``exporters`` shut down after ``limit``
-    seconds if that has not returned (an OTLP exporter's shutdown ends its retry back-off)."""
+class ExitBudget:
+    """Seconds that shutdowns sharing it may take together, counted from the first one's start."""
 
-    def __init__(self, provider: Any, exporters: list[Any], limit: float = SHUTDOWN_S) -> None:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._until: float | None = None
+
+    def left(self) -> float:
+        now = time.monotonic()
+        if self._until is None:
+            self._until = now + self.seconds
+        return max(self._until - now, 0.0)
+
+
+class BoundedShutdown:
+    """The closer of a provider we built: its ``shutdown()``, with its ``exporters`` shut down when the
+    ``budget`` is spent if that has not returned (an OTLP exporter's shutdown ends its retry back-off)."""
+
+    def __init__(self, provider: Any, exporters: list[Any], budget: ExitBudget) -> None:
         self.provider = provider
         self.exporters = exporters
-        self.limit = limit
+        self.budget = budget
 
     def __call__(self) -> None:
-        timer = threading.Timer(self.limit, self._cut)
+        timer = threading.Timer(self.budget.left(), self._cut)
         timer.daemon = True
         timer.start()
         try:

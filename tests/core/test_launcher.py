@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from otel_llm.core.providers import SHUTDOWN_S
 from support.distributions import SDK, build_wheel, clean_env, closure, make_venv, repack
 
 # what the launcher's sitecustomize does, with logging configured first so that our lines are seen
@@ -37,6 +38,11 @@ from otel_llm.instrumentation.openai import OpenAIInstrumentor
 from otel_llm.instrumentation.tensorrt_llm import TensorRTLLMInstrumentor
 from otel_llm.instrumentation.vllm import VLLMInstrumentor
 import openai
+try:  # one call, refused: an error span and its metrics wait for the exit's export
+    openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0).embeddings.create(
+        model="m", input="x")
+except openai.APIConnectionError:
+    pass
 state = {c.__name__: {"instrumented": c().is_instrumented_by_opentelemetry,
                       "lifecycle": c().lifecycle is not None, "telemetry": c().telemetry is not None}
          for c in (OpenAIInstrumentor, TensorRTLLMInstrumentor, VLLMInstrumentor)}
@@ -62,10 +68,11 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_venv(root / "venv", [wheel, house / next(p.name for p in house.glob("openai-*.whl"))], house)
 
 
-def run(python: Path, how: str, tmp_path: Path) -> tuple[dict, float, str]:
+def run(python: Path, how: str, tmp_path: Path, **otel: str) -> tuple[dict, float, str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in clean_env().items() if not k.startswith("OTEL_")}
+    env.update(otel)
     cmd = ([str(python.parent / "opentelemetry-instrument"), str(python), str(script), "plain"]
            if how == "launcher" else [str(python), str(script), "initialize"])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
@@ -89,8 +96,11 @@ def test_absent_engines_build_nothing_and_the_script_exits_promptly(venv_python:
     # one provider pair (openai's): one batch span processor and one metric reader, nothing else of ours
     workers = [t for t in out["threads"] if t != "MainThread"]
     assert sorted(workers) == ["OtelBatchSpanRecordProcessor", "OtelPeriodicExportingMetricReader"], workers
-    # the bounded shutdown (providers.SHUTDOWN_S per provider) with the export refused
-    assert after_last_line < 2.0, (after_last_line, stderr[-3000:])
+    # The bounded shutdown (providers.SHUTDOWN_S for both signals) with the exports refused: what exiting
+    # costs beyond the same script exporting nothing (interpreter teardown, which the machine's load decides).
+    # Unbounded, the SDK's retry back-off held the exit for its 10 s export timeout per signal.
+    _, baseline, _ = run(venv_python, "launcher", tmp_path, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    assert after_last_line - baseline < SHUTDOWN_S + 0.5, (after_last_line, baseline, stderr[-3000:])
 
 
 @pytest.mark.slow
