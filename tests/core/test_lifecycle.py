@@ -83,8 +83,8 @@ def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_th
     try:
         owned = inst.lifecycle
         assert TRACER_PROVIDER in owned and METER_PROVIDER in owned and "telemetry" in owned
-        tracer_provider = owned._closers[TRACER_PROVIDER][1].__self__
-        meter_provider = owned._closers[METER_PROVIDER][1].__self__
+        tracer_provider = owned._closers[TRACER_PROVIDER][1].provider
+        meter_provider = owned._closers[METER_PROVIDER][1].provider
         told = Told()
         tracer_provider.add_span_processor(told)
         assert tracer_provider._atexit_handler is None and meter_provider._atexit_handler is None

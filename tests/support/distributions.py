@@ -149,8 +149,9 @@ def build_wheel(dist: Dist, out: Path, scratch: Path) -> Path:
     """``pip wheel`` of a copy of the project (the build writes ``*.egg-info`` and ``build/`` beside it)."""
     src = scratch / dist.name
     src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(dist.project / name, src / name)
+    for name in ("pyproject.toml", "README.md", "setup.py", "long_description.py", "MANIFEST.in", "LICENSE"):
+        if (dist.project / name).exists():
+            shutil.copy(dist.project / name, src / name)
     shutil.copytree(dist.project / dist.package, src / dist.package,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     before = set(out.glob("*.whl"))

@@ -8,7 +8,8 @@ their ``close()`` is wrapped so that leaving their ``with`` block ends the strea
 whose W3C ``traceparent`` travels in the request's headers, so an instrumented server (our
 vLLM adapter) makes its request span a child. Streams are timed per chunk on a monotonic
 clock (time to the first content chunk, chunk gaps) and end their span exactly once.
-Registered under the ``opentelemetry_instrumentor`` entry point as ``openai``.
+Registered under the ``opentelemetry_instrumentor`` entry point as ``otel_llm_openai`` (``openai`` is the upstream
+instrumentations' name); beside one of those, each call keeps one span, theirs, with our extras (coexist.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from ...core.client_metrics import ClientMetrics
 from ...core.config import Config
 from ...core import self_metrics
-from ...core.providers import meter_provider_from, tracer_provider_from
+from ...core.providers import providers_from
 from ...guard import GuardOwner
 from ...lifecycle import Lifecycle
 from ...semconv import SCHEMA_URL
 from ...version import __version__
+from ..gate import LibraryGate
 from ..wraps import Target, WrapTable
 from .ops import Chat, Embeddings, Responses, TextCompletion
 from .telemetry import ClientState
@@ -33,7 +35,7 @@ from .wrappers import OpenAIWrappers
 __all__ = ["OpenAIInstrumentor"]
 
 
-class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
+class OpenAIInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):  # type: ignore[misc]
     """``guard``: this process's errors of the openai instrumentation, kept across instrument cycles."""
     telemetry: ClientState | None = None
     lifecycle: Lifecycle | None = None  # the providers this instrumentation built: shut down at exit or uninstrument
@@ -50,8 +52,9 @@ class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         self.lifecycle = owned = Lifecycle(self.guard)
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
+        tp, mp = providers_from(tracer_provider, meter_provider, owned)
+        tracer = tp.get_tracer("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
+        meter = mp.get_meter("otel_llm.openai", __version__, schema_url=SCHEMA_URL)
         self.telemetry = ClientState(config, tracer, ClientMetrics(meter, config.slo), self.guard)
         self_metrics.register_errors(meter, self.guard)  # its errors, on its own meter (the pipelines do the same)
         w = OpenAIWrappers(self.telemetry, (Stream, AsyncStream), legacy_api_response(),
@@ -62,14 +65,14 @@ class OpenAIInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
         self._table = WrapTable([
             Target(chat, "Completions.create", w.sync(Chat)),
             Target(chat, "AsyncCompletions.create", w.asynchronous(Chat)),
-            Target(chat, "Completions.parse", w.sync(Chat)),
-            Target(chat, "AsyncCompletions.parse", w.asynchronous(Chat)),
+            Target(chat, "Completions.parse", w.sync(Chat, "parse")),
+            Target(chat, "AsyncCompletions.parse", w.asynchronous(Chat, "parse")),
             Target(completions, "Completions.create", w.sync(TextCompletion)),
             Target(completions, "AsyncCompletions.create", w.asynchronous(TextCompletion)),
             Target(responses, "Responses.create", w.sync(Responses)),
             Target(responses, "AsyncResponses.create", w.asynchronous(Responses)),
-            Target(responses, "Responses.parse", w.sync(Responses)),
-            Target(responses, "AsyncResponses.parse", w.asynchronous(Responses)),
+            Target(responses, "Responses.parse", w.sync(Responses, "parse")),
+            Target(responses, "AsyncResponses.parse", w.asynchronous(Responses, "parse")),
             Target(embeddings, "Embeddings.create", w.sync(Embeddings)),
             Target(embeddings, "AsyncEmbeddings.create", w.asynchronous(Embeddings)),
         ] + [Target(module, name, w.helper_close(asynchronous)) for module, name, asynchronous in HELPER_CLOSES],

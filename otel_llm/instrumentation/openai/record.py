@@ -42,7 +42,7 @@ class CallRecord:
                  "stamps", "_sorted_gaps", "first_content", "chars", "kinds", "tpot_limit",
                  "response_id", "response_model", "finish_reasons", "input_tokens", "output_tokens", "usage",
                  "output", "read_output", "failure", "dimensions", "input_messages", "system_instructions",
-                 "done", "__weakref__")
+                 "done", "borrowed", "__weakref__")
 
     def __init__(self, owner: "ClientState", span: Span, operation: str, model: str | None, stream: bool,
                  server: tuple[str | None, int | None], start_wall_ns: int, capture: bool) -> None:
@@ -75,6 +75,7 @@ class CallRecord:
         self.input_messages: str | None = None
         self.system_instructions: str | None = None
         self.done = False
+        self.borrowed = False  # the span is an upstream instrumentation's (coexist.py): add to it, never end it
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -146,10 +147,11 @@ class CallRecord:
             self._finish(how, exc, end)
         except Exception as err:
             self.owner.guard.failed("openai finish", err)
-            try:
-                self.span.end(end_time=self.wall_ns(end))
-            except Exception:
-                pass
+            if not self.borrowed:
+                try:
+                    self.span.end(end_time=self.wall_ns(end))
+                except Exception:
+                    pass
         finally:
             self.owner = None  # type: ignore[assignment]  # drop the back-reference early
 
@@ -181,6 +183,9 @@ class CallRecord:
         span = self.span
         context = trace.set_span_in_context(span)
         breached = self.owner.metrics.breaches(s)
+        if self.borrowed:
+            self._add_extras(s, how, breached)
+            return
         good = self.owner.metrics.record(s, self.server, context=context)
         if span.is_recording():
             span.set_attributes(self._attributes(s, how, good, breached))
@@ -189,6 +194,13 @@ class CallRecord:
             elif self.failure is not None:
                 span.set_status(Status(StatusCode.ERROR, f"in-band error: {self.failure}"[:512]))
         span.end(end_time=self.wall_ns(end))
+
+    def _add_extras(self, s: ClientSummary, how: str, breached: tuple[str, ...]) -> None:
+        """Onto an upstream instrumentation's span: only what it lacks (its span, status and metrics are its own)."""
+        if self.span.is_recording():
+            good = not s.failed and not breached
+            self.span.set_attributes({k: v for k, v in self._attributes(s, how, good, breached).items()
+                                      if k.startswith("llm.") or k == sc.RESPONSE_TIME_TO_FIRST_CHUNK})
 
     def _attributes(self, s: ClientSummary, how: str, good: bool, breached: tuple[str, ...]) -> dict[str, Any]:
         a: dict[str, Any] = {sc.CLIENT_DURATION: s.e2e, sc.CLIENT_SLO_MET: good}

@@ -12,9 +12,11 @@ from typing import Any, Callable, Mapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import SpanKind
 
 from ... import semconv as sc
+from . import coexist
 from ._fence import helper_raw_stream
 from .raw import RawResponse
 from .record import CLOSED, COMPLETE, ERROR, CallRecord
@@ -33,9 +35,12 @@ class OpenAIWrappers:
         self.legacy_raw_type = legacy_raw_type  # ``with_raw_response``: the body is read, unless streamed
         self.raw_types = raw_types  # ``with_streaming_response``: nothing read yet
 
-    def sync(self, op: Any) -> Callable[..., Any]:
-        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-            rec, kwargs, token = self._begin(op, instance, kwargs)
+    def sync(self, op: Any, method: str = "create") -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict, borrowed: bool = False) -> Any:
+            done, borrowed = self._route(op, wrapped, instance, args, kwargs, method, wrapper, borrowed)
+            if done is not _OWN:
+                return done
+            rec, kwargs, token = self._begin(op, instance, kwargs, borrowed)
             if rec is None:
                 return wrapped(*args, **kwargs)
             try:
@@ -46,10 +51,14 @@ class OpenAIWrappers:
             return self._returned(op, rec, token, result)
         return wrapper
 
-    def asynchronous(self, op: Any) -> Callable[..., Any]:
-        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def asynchronous(self, op: Any, method: str = "create") -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict, borrowed: bool = False) -> Any:
+            done, borrowed = self._route(op, wrapped, instance, args, kwargs, method, wrapper, borrowed)
+            if done is not _OWN:
+                return done
+
             async def call() -> Any:
-                rec, kw, token = self._begin(op, instance, kwargs)
+                rec, kw, token = self._begin(op, instance, kwargs, borrowed)
                 if rec is None:
                     return await wrapped(*args, **kw)
                 try:
@@ -60,6 +69,41 @@ class OpenAIWrappers:
                 return self._returned(op, rec, token, result)
             return call()
         return wrapper
+
+    # -- beside an upstream openai instrumentation (coexist.py) ------------------------------------
+
+    def _route(self, op: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict, method: str,
+               wrapper: Callable[..., Any], borrowed: bool) -> tuple[Any, bool]:
+        """(the call's result, made here; or ``_OWN``: ours to measure, with whether the span is borrowed)."""
+        if not is_instrumentation_enabled():  # the suppress-instrumentation context: the caller's call alone
+            return wrapped(*args, **kwargs), False
+        if borrowed:
+            return _OWN, True
+        deferred = self._defer(op, wrapped, instance, args, kwargs, method, wrapper)
+        if deferred is not _OWN:
+            return deferred, False
+        return _OWN, self._borrow(instance, method)
+
+    def _defer(self, op: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict, method: str,
+               wrapper: Callable[..., Any]) -> Any:
+        """Ours above an upstream wrapper: the call goes through theirs, ours runs inside it (borrowed)."""
+        try:
+            upstream = coexist.is_upstream(wrapped)
+        except Exception as exc:
+            self.guard.failed(f"openai {op.operation} (upstream check)", exc)
+            return _OWN
+        if not upstream:
+            return _OWN
+        return coexist.call_through_upstream(
+            wrapped, instance, args, kwargs,
+            lambda original, inst, a, kw: wrapper(original, inst, a, kw, borrowed=True))
+
+    def _borrow(self, instance: Any, method: str) -> bool:
+        try:
+            return coexist.upstream_above(instance, method)
+        except Exception as exc:
+            self.guard.failed("openai upstream check", exc)
+            return False
 
     def helper_close(self, asynchronous: bool) -> Callable[..., Any]:
         """``close()`` of a ``.stream()`` helper: it closes the HTTP response behind our stream proxy's
@@ -83,8 +127,10 @@ class OpenAIWrappers:
 
     # -- shared by sync and async --------------------------------------------------------------
 
-    def _begin(self, op: Any, instance: Any, kwargs: dict) -> tuple[CallRecord | None, dict, object]:
-        """Start the span, make it current, and add its ``traceparent`` to ``extra_headers``. On any
+    def _begin(self, op: Any, instance: Any, kwargs: dict,
+               borrowed: bool = False) -> tuple[CallRecord | None, dict, object]:
+        """Start the span, make it current, and add its ``traceparent`` to ``extra_headers``; ``borrowed``:
+        the current span is an upstream instrumentation's, and ours is only what we add to it. On any
         failure of ours the call goes ahead exactly as the caller made it, unmeasured."""
         original, span = kwargs, None
         try:
@@ -105,14 +151,20 @@ class OpenAIWrappers:
             attrs.update(op.attributes(kwargs))
             start_ns = time.time_ns()
             anchor = time.perf_counter()  # read beside start_ns: the one pairing of the two clocks
-            span = t.tracer.start_span(f"{op.operation} {model}" if model else op.operation,
-                                       kind=SpanKind.CLIENT, attributes=attrs, start_time=start_ns)
-            ctx = trace.set_span_in_context(span)
+            if borrowed:
+                ctx = otel_context.get_current()
+                span = trace.get_current_span(ctx)
+            else:
+                span = t.tracer.start_span(f"{op.operation} {model}" if model else op.operation,
+                                           kind=SpanKind.CLIENT, attributes=attrs, start_time=start_ns)
+                ctx = trace.set_span_in_context(span)
             kwargs = with_trace_headers(kwargs, ctx, instance)
-            rec = CallRecord(t, span, op.operation, model, stream, server, start_ns, t.config.capture_content)
+            rec = CallRecord(t, span, op.operation, model, stream, server, start_ns,
+                             t.config.capture_content and not borrowed)
+            rec.borrowed = borrowed
             if rec.output is not None:
                 op.capture_input(rec, kwargs)
-            token = otel_context.attach(ctx)
+            token = None if borrowed else otel_context.attach(ctx)
             # The clock starts at the call, with the span: every later time is placed from this one
             # pairing of wall and monotonic clocks, so the span covers the call as the caller saw it
             # (a clock started after the set-up above made the span end early by the set-up's time,
@@ -121,7 +173,7 @@ class OpenAIWrappers:
             return rec, kwargs, token
         except Exception as exc:
             self.guard.failed(f"openai {op.operation} (before)", exc)
-            if span is not None:
+            if span is not None and not borrowed:
                 try:
                     span.end()
                 except Exception:
@@ -182,6 +234,8 @@ class OpenAIWrappers:
             self.guard.failed("openai stream helper close", exc)
 
     def _detach(self, token: object) -> None:
+        if token is None:  # a borrowed span: nothing of ours was attached
+            return
         try:
             otel_context.detach(token)  # type: ignore[arg-type]
         except Exception as exc:
@@ -191,6 +245,9 @@ class OpenAIWrappers:
         url = instance._client.base_url
         port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
         return (url.host or None, port)
+
+
+_OWN = object()  # _defer's answer: no upstream wrapper below ours
 
 
 # W3C Trace Context: a caller who sends its own ``traceparent`` owns the pair.

@@ -19,11 +19,12 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from ...core.config import Config
 from ...guard import GuardOwner
 from ...core.pipeline import Pipeline
-from ...core.providers import meter_provider_from, tracer_provider_from
+from ...core.providers import providers_from
 from ...lifecycle import TELEMETRY, Lifecycle
 from ...otlp.routes import Router
 from ...semconv import SCHEMA_URL
 from ...version import __version__
+from ..gate import LibraryGate
 from ..wraps import Target, WrapTable, first_installed
 from . import contract
 from .contract import LLM_MODULE, RESULT_MODULE, SERVER_MODULE
@@ -75,7 +76,7 @@ class TRTLLMPipeline(Pipeline):
         return out
 
 
-class TensorRTLLMInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[misc]
+class TensorRTLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):  # type: ignore[misc]
     """``guard``: this process's errors of the TensorRT-LLM instrumentation, kept across instrument cycles."""
     telemetry: TRTLLMPipeline | None = None
     # what this instrumentation closes at exit (the telemetry's flush, the providers it built), or at uninstrument
@@ -95,8 +96,9 @@ class TensorRTLLMInstrumentor(GuardOwner, BaseInstrumentor):  # type: ignore[mis
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         self.lifecycle = owned = Lifecycle(self.guard)
-        tracer = tracer_provider_from(tracer_provider, owned).get_tracer("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
-        meter = meter_provider_from(meter_provider, owned).get_meter("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
+        tp, mp = providers_from(tracer_provider, meter_provider, owned)
+        tracer = tp.get_tracer("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
+        meter = mp.get_meter("otel_llm.tensorrt_llm", __version__, schema_url=SCHEMA_URL)
         self.telemetry = telemetry = TRTLLMPipeline(config, tracer, meter, engine="tensorrt_llm", router=Router,
                                                        guard=self.guard)
         owned.add("telemetry", lambda: telemetry.flush(2.0), TELEMETRY)  # the ledger's held requests too

@@ -17,11 +17,12 @@ from ...core.config import Config
 from ...guard import GuardOwner
 from ...core.diagnosis.anatomy import EngineFacts
 from ...core.pipeline import Pipeline
-from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, meter_provider_from, tracer_provider_from
+from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, providers_from
 from ...lifecycle import DIRECTORIES, SOCKETS, TELEMETRY, Lifecycle
 from ...otlp.routes import Router
 from ...semconv import SCHEMA_URL
 from ...version import __version__
+from ..gate import LibraryGate
 from ..wraps import Target, WrapTable, first_installed
 from . import contract, kv_channel, kv_connector, step_hooks, step_transport
 from .process_roles import in_engine_process
@@ -38,7 +39,7 @@ def installed_distribution() -> str | None:
     return first_installed(_DISTRIBUTIONS)
 
 
-class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
+class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
     """One per process (BaseInstrumentor is a singleton), and it owns the step machinery there:
 
     * ``step_hooks``: the scheduler hooks of an engine running in this process, armed while
@@ -76,7 +77,7 @@ class VLLMInstrumentor(GuardOwner, BaseInstrumentor):
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
         owned = self._owned()
-        tp, mp = tracer_provider_from(tracer_provider, owned), meter_provider_from(meter_provider, owned)
+        tp, mp = providers_from(tracer_provider, meter_provider, owned)
         tracer = tp.get_tracer("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         meter = mp.get_meter("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
