@@ -101,9 +101,8 @@ class EngineRequests:
         events: list[tuple[int, float]] = [(QUEUED, r.queued)] if r.queued else []
         if s.scheduled:
             events.append((SCHEDULED, s.scheduled))
-        cached = r.cached_tokens if r.cached_tokens is not None else s.cached
         return FinishFacts(request_id=r.request_id, reason=r.reason, end=r.end_wall, events=events,
-                           cache_sources=None, cached_tokens=cached, output_characters=None, output_text=None,
+                           cache_sources=None, cached_tokens=s.cached, output_characters=None, output_text=None,
                            model=r.model, operation=OPERATION, provider=self.provider,
                            input_tokens=r.prompt_tokens, arrival=r.arrival, stats=stats)
 

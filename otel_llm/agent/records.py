@@ -76,7 +76,6 @@ class RequestFinish:
     end_wall: float  # wall clock at the same moment (the agent converts the monotonic stamps with the pair)
     prompt_tokens: int
     output_tokens: int
-    cached_tokens: int | None = None  # prompt tokens read from the prefix cache
     preemptions: int = 0
     external_id: str | None = None
     model: str | None = None
@@ -91,8 +90,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                    "external_id": _OPT_STR, "model": _OPT_STR, "trace_headers": _OPT_MAP, "sampling": _MAP,
                    "lora_name": _OPT_STR, "lora_id": _OPT_INT, "client_index": _INT},
     RequestFinish: {"request_id": _STR, "reason": _STR, "arrival": _NUM, "queued": _NUM, "end": _NUM,
-                    "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "cached_tokens": _OPT_INT,
-                    "preemptions": _INT, "external_id": _OPT_STR, "model": _OPT_STR},
+                    "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "preemptions": _INT, "external_id": _OPT_STR, "model": _OPT_STR},
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
 

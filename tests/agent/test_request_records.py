@@ -23,7 +23,7 @@ def _start(**kw) -> RequestStart:
 
 def _finish(**kw) -> RequestFinish:
     base = dict(request_id="cmpl-1-0-abcdefgh", reason="length", arrival=1700000000.5, queued=12.25, end=13.5,
-                end_wall=1700000001.75, prompt_tokens=7, output_tokens=8, cached_tokens=0, preemptions=1,
+                end_wall=1700000001.75, prompt_tokens=7, output_tokens=8, preemptions=1,
                 external_id="cmpl-1-0", model="tiny")
     base.update(kw)
     return RequestFinish(**base)

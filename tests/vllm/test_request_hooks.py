@@ -46,7 +46,7 @@ def test_start_and_finish_records_carry_the_engines_facts(monkeypatch):
                                  sampling={"gen_ai.request.max_tokens": 8, "gen_ai.request.temperature": 0.0})
     assert finish == RequestFinish(request_id="cmpl-x-0-abcdefgh", reason="length", arrival=1700000000.25,
                                    queued=10.0, end=11.5, end_wall=1700000002.0, prompt_tokens=12, output_tokens=8,
-                                   cached_tokens=None, preemptions=1, external_id="cmpl-x-0", model="tiny")
+                                   preemptions=1, external_id="cmpl-x-0", model="tiny")
     assert not hooks.live and not hooks.external
 
 

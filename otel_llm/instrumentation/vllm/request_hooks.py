@@ -120,12 +120,10 @@ class RequestHooks:
         end, end_wall = self.clock(), self.wall()
         queued, external = self.live.pop(rid, (0.0, None))
         reason = request.get_finished_reason()
-        cached = getattr(request, "num_cached_tokens", None)  # not kept on vLLM 0.32's Request: the agent reads steps
         record = records.RequestFinish(
             request_id=rid, reason=str(reason) if reason is not None else "abort",
             arrival=float(request.arrival_time), queued=queued, end=end, end_wall=end_wall,
             prompt_tokens=int(request.num_prompt_tokens), output_tokens=int(request.num_output_tokens),
-            cached_tokens=cached if isinstance(cached, int) and cached >= 0 else None,
-            preemptions=int(getattr(request, "num_preemptions", 0) or 0),
+            preemptions=int(request.num_preemptions or 0),
             external_id=external, model=self.model)
         self.send(records.encode(record))

@@ -204,9 +204,7 @@ class VLLMWrappers:
         name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
         if isinstance(name, (list, tuple)):
             name = name[0] if name else model_config.model
-        watch = getattr(self.agent, "watch", None)
-        if watch is not None:  # nothing is sent to it per request here: a thread notices its death
-            watch()
+        self.agent.watch()  # nothing is sent to it per request here: a thread notices its death
         os.environ[ENGINE_REQUESTS_ENV] = "1"  # inherited by the EngineCores spawned next
         os.environ[ENGINE_MODEL_ENV] = str(name)
         self.engine_source = True
