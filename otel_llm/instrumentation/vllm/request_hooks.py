@@ -2,7 +2,7 @@
 
 Armed by the plugin (plugin.py) in a spawned EngineCore only where no Python frontend holds the requests:
 the process that spawned it says so in ``ENGINE_REQUESTS_ENV`` (the Rust frontend's supervisor, a headless
-engine: ``VLLMInstrumentor._launching_engines``). Three vLLM methods, O(1) a request, nothing per step:
+engine: ``wrappers.VLLMWrappers.launching_engines``). Three vLLM methods, O(1) a request, nothing per step:
 
 * ``EngineCore.preprocess_add_request`` (the input thread): notes the ``EngineCoreRequest``'s external id,
   which vLLM's ``Request`` does not keep;
