@@ -82,3 +82,28 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
             assert sink._targets == []
         finally:
             sink.close()
+
+
+def _launch(building: int, local_client: bool, rust: str, monkeypatch) -> list:
+    """``VLLMWrappers.launching_engines`` on a stand-in: whether it made this launch's EngineCores the source."""
+    from otel_llm.guard import Guard
+    from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
+    from otel_llm.instrumentation.wraps import Binders
+
+    monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", rust)
+    became: list = []
+    w = SimpleNamespace(bind=Binders(), building=building, guard=Guard(), _become_source=became.append)
+
+    def __init__(local_engine_count, start_index, local_start_index, vllm_config, local_client,
+                 handshake_address, executor_class, log_stats):
+        return "launched"
+    assert VLLMWrappers.launching_engines(w, __init__, None, (1, 0, 0, "config", local_client, "addr", None, True),
+                                          {}) == "launched"
+    return became
+
+
+def test_only_engines_no_python_client_will_hold_become_their_requests_source(monkeypatch):
+    assert _launch(0, True, "1", monkeypatch) == ["config"]  # the Rust frontend's supervisor
+    assert _launch(0, False, "0", monkeypatch) == ["config"]  # --headless
+    assert _launch(0, True, "0", monkeypatch) == []  # several Python API servers: each its own source
+    assert _launch(1, True, "1", monkeypatch) == []  # an AsyncLLM / LLM being built here: its hooks are the source
