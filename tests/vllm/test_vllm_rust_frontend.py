@@ -65,6 +65,22 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
     return {"id": rid, "sent": sent, "first": first or last, "last": last}
 
 
+def _prometheus(url: str) -> dict[str, float]:
+    """A Prometheus text page's unlabelled sums per series name (labels dropped, values added)."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(url, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            name = name.split("{", 1)[0].strip()
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                pass
+    return out
+
+
 @pytest.mark.skipif(_binary() is None, reason="the vllm-rs binary of the tested release is not here "
                     "(scripts/setup.sh extracts it into .cache/vllm-rs)")
 def test_rust_frontend_requests_are_traced_from_the_engine_core():
@@ -79,6 +95,7 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core():
         def ready(spans):
             return sum(x.kind == "SERVER" for x in spans) == len(seen)
         spans = sink.wait_for(ready, timeout=60)
+        theirs = _prometheus(s.base_url.rsplit("/v1", 1)[0] + "/metrics")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # cumulative: the last export holds every request
             points = sink.metric_points(_metric("e2e"))
@@ -112,3 +129,10 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core():
     assert points and points[-1].count == len(seen)
     ttft_points = sink.metric_points(_metric("ttft"))
     assert ttft_points and ttft_points[-1].count == len(seen)
+    # vllm-rs's own histograms: the same requests; ours end where the engine let them go, before vllm-rs got
+    # the output (TTFT: the engine's step end against vllm-rs's receipt of the first token), so never longer
+    ours = {"e2e": sum(x.attributes[ATTRIBUTE_OF_FIELD["e2e"]] for x in servers),
+            "ttft": sum(x.attributes[ATTRIBUTE_OF_FIELD["ttft"]] for x in servers)}
+    for field, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("ttft", "vllm:time_to_first_token_seconds")):
+        assert theirs.get(name + "_count") == len(seen), (name, sorted(theirs))
+        assert ours[field] <= theirs[name + "_sum"] + 0.001 * len(seen), (field, ours[field], theirs[name + "_sum"])

@@ -186,7 +186,12 @@ class VLLMWrappers:
     def _become_source(self, vllm_config: Any) -> None:
         from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV
 
-        if not self.steps_armed or vllm_config is None:
+        if vllm_config is None:
+            return
+        if not self.steps_armed:
+            self.guard.warn_once("engine source", "otel-llm: vLLM's engines here have no Python frontend (Rust "
+                                 "frontend or --headless), and engine steps are off (engine_steps=False): their "
+                                 "requests are read from the EngineCore's steps, so there is no request telemetry")
             return
         if not self._steps_can_give_tokens(vllm_config):
             self.guard.warn_once("engine source", "otel-llm: vLLM's engines here have no Python frontend, and "
