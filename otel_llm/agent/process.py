@@ -10,10 +10,16 @@ providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 Order: a step that served a request was written after the request's ``START`` was sent (the frontend
 sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
 step was written. So each turn reads the frontend's messages (from its shared-memory ring, or the socket
-where it has none: starts go in at once, finishes wait), then hands the pipeline the steps read at the
-*previous* turn (every request they served had started by the end of that read, so its ``START`` is in),
-then settles the finishes of the previous turn (their steps were written before they were sent, so read
-by then), then reads the engine's step ring for the next turn.
+where it has none: starts go in at once, finishes wait), then reads the engine (its step socket, then its
+step ring), then hands the pipeline the steps read at the *previous* turn (every request they served had
+started by now, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
+written before they were sent, so read by then).
+
+Where the EngineCore is its requests' source (vLLM's Rust frontend, headless engines: agent/records.py,
+engine_requests.py), its request records come with the steps: a start is applied at once (before the
+previous turn's steps: it was sent before any step that served its request was written, but the socket is
+read before the ring), a finish two reads later (it may be sent just before its request's last step is
+written).
 
 It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), or when its
 parent is no longer the frontend (it died while a process it forked still holds its end), after sending

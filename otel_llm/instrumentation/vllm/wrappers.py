@@ -84,7 +84,6 @@ class VLLMWrappers:
         self.open_receiver = open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
         self.building = 0  # engine clients (LLMEngine, AsyncLLM) being built in this process now
-        self.engine_source = False  # whether this process launched EngineCores that are their requests' source
         # the agent process that does the telemetry's work (otel_llm/agent/link.AgentLink), once started: it
         # reads the step records itself, so then this process has no receiver and reads no step
         self.open_agent = open_agent
@@ -189,19 +188,19 @@ class VLLMWrappers:
         if vllm_config is None:
             return
         if not self.steps_armed:
-            self.guard.warn_once("engine source", "otel-llm: vLLM's engines here have no Python frontend (Rust "
+            self.guard.warn_once("engine source: steps", "otel-llm: vLLM's engines here have no Python frontend (Rust "
                                  "frontend or --headless), and engine steps are off (engine_steps=False): their "
                                  "requests are read from the EngineCore's steps, so there is no request telemetry")
             return
         if not self._steps_can_give_tokens(vllm_config):
-            self.guard.warn_once("engine source", "otel-llm: vLLM's engines here have no Python frontend, and "
+            self.guard.warn_once("engine source: token times", "otel-llm: vLLM's engines here have no Python frontend, and "
                                  "speculative decoding or a KV connector keeps their token times from the steps: "
                                  "no request telemetry for them")
             return
         if self.agent is None and self.open_agent is not None:
             self.agent = self.open_agent()
         if self.agent is None:
-            self.guard.warn_once("engine source", "otel-llm: vLLM's engines here have no Python frontend (Rust "
+            self.guard.warn_once("engine source: agent", "otel-llm: vLLM's engines here have no Python frontend (Rust "
                                  "frontend or --headless): their request telemetry needs the agent process, which "
                                  "needs OTLP providers as OTEL_* configures them (or it did not start): none")
             return
@@ -212,7 +211,6 @@ class VLLMWrappers:
         self.agent.watch()  # nothing is sent to it per request here: a thread notices its death
         os.environ[ENGINE_REQUESTS_ENV] = "1"  # inherited by the EngineCores spawned next
         os.environ[ENGINE_MODEL_ENV] = str(name)
-        self.engine_source = True
         try:
             self._setup_diagnosis(vllm_config)  # the roofline's inputs, to the agent
         except Exception as exc:
