@@ -1,8 +1,9 @@
 """``VLLM_USE_RUST_FRONTEND=1 vllm serve`` under ``opentelemetry-instrument``: no Python frontend exists, so the
 EngineCore is its requests' source (docs/design/enginecore-source.md). Streamed and non-streamed
 ``/v1/completions`` each get one SERVER request span with its phases and linked engine steps; its timings lie
-within what the client observed; the metrics count every request; and what ``vllm-rs`` forwards to the
-engine (``trace_headers``, ``external_req_id``) is what the docs say.
+within what the client observed; the metrics count every request, as ``vllm-rs``'s own do; and what
+``vllm-rs`` forwards to the engine (``trace_headers``, ``external_req_id``) is what the docs say. Once with one
+EngineCore, once with two (``--data-parallel-size 2``).
 
 Needs the ``vllm-rs`` binary of the tested release: ``VLLM_RUST_FRONTEND_PATH``, else ``.cache/vllm-rs/vllm-rs``
 (scripts/setup.sh extracts it from the ``vllm`` wheel)."""
@@ -83,10 +84,13 @@ def _prometheus(url: str) -> dict[str, float]:
 
 @pytest.mark.skipif(_binary() is None, reason="the vllm-rs binary of the tested release is not here "
                     "(scripts/setup.sh extracts it into .cache/vllm-rs)")
-def test_rust_frontend_requests_are_traced_from_the_engine_core():
+@pytest.mark.parametrize("dp", [1, 2])
+def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int):
     env = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": _binary(), "OTEL_LLM_BASELINE_DETAIL": "steps",
            "OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "500"}
-    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True) as s:
+    # data parallelism runs on the CPU build: two EngineCores, both their requests' source, one agent
+    extra = ("--data-parallel-size", str(dp)) if dp > 1 else ()
+    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True, extra_args=extra) as s:
         seen = []
         for i, stream in enumerate((True, False, True, False)):
             prompt = [3 + (i * 7 + j) % 400 for j in range(24 + 40 * (i % 2))]
