@@ -84,6 +84,29 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
             sink.close()
 
 
+def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
+    with tempfile.TemporaryDirectory() as directory:
+        receiver = StepReceiver(directory)
+        receiver.take_requests = True
+        sink = SocketSink(directory)
+        sink.RING = False
+        try:
+            hooks = RequestHooks(sink.send_request)
+            scheduler = SimpleNamespace(requests={})
+            sent = 0
+            while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
+                hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
+                sent += 1
+            assert sink.requests_dropped == 1 and sent > 1
+            assert sink._targets  # a full socket is a lagging reader, not a gone one
+            got: list = []
+            receiver.drain(got.append)
+            assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+        finally:
+            sink.close()
+            receiver.close()
+
+
 def _launch(building: int, local_client: bool, rust: str, monkeypatch) -> list:
     """``VLLMWrappers.launching_engines`` on a stand-in: whether it made this launch's EngineCores the source."""
     from otel_llm.guard import Guard
