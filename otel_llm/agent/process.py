@@ -10,10 +10,16 @@ providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 Order: a step that served a request was written after the request's ``START`` was sent (the frontend
 sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
 step was written. So each turn reads the frontend's messages (from its shared-memory ring, or the socket
-where it has none: starts go in at once, finishes wait), then hands the pipeline the steps read at the
-*previous* turn (every request they served had started by the end of that read, so its ``START`` is in),
-then settles the finishes of the previous turn (their steps were written before they were sent, so read
-by then), then reads the engine's step ring for the next turn.
+where it has none: starts go in at once, finishes wait), then reads the engine (its step socket, then its
+step ring), then hands the pipeline the steps read at the *previous* turn (every request they served had
+started by now, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
+written before they were sent, so read by then).
+
+Where the EngineCore is its requests' source (vLLM's Rust frontend, headless engines: agent/records.py,
+engine_requests.py), its request records come with the steps: a start is applied at once (before the
+previous turn's steps: it was sent before any step that served its request was written, but the socket is
+read before the ring), a finish two reads later (it may be sent just before its request's last step is
+written).
 
 It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), or when its
 parent is no longer the frontend (it died while a process it forked still holds its end), after sending
@@ -38,7 +44,10 @@ from ..core.pipeline import Pipeline
 from ..guard import Guard, total
 from ..semconv import SCHEMA_URL
 from ..version import __version__
-from . import destinations, protocol
+from . import destinations, protocol, records
+from .engine_requests import EngineRequests
+
+_REQUEST_RECORDS = (records.RequestStart, records.RequestFinish)
 
 IDLE_S = 0.1  # the tick with nothing going on: the ring is read at least this often (it holds seconds of steps)
 FIRST_S = 60.0  # the frontend's first message (RING) follows READY at once: a bound for a frontend that hung
@@ -68,6 +77,10 @@ class Agent:
         self._view = memoryview(bytearray(protocol.MAX_PACKET))
         self.orphans = 0  # finishes whose start never arrived (dropped by a full socket, or a restart)
         self.ring: shm_ring.RingReader | None = None  # the frontend's messages, where it sends them so (RING)
+        # the engine's own request records, where it is its requests' source (engine_requests.py)
+        self.engine_requests = EngineRequests()
+        self.engine_arrived: list[records.RequestFinish] = []  # finishes read at this turn's engine read
+        self.engine_due: list[records.RequestFinish] = []  # ... at the previous one: settled next turn
 
     def open_ring(self, m: tuple, fds: list[int]) -> None:
         """The frontend's first message (``RING``): the ring it writes every later message into, or None
@@ -105,6 +118,8 @@ class Agent:
         if self._open_steps is not None and self.receiver is None:
             try:
                 self.receiver = self._open_steps(self.guard)
+                if self.receiver is not None and hasattr(self.receiver, "take_requests"):
+                    self.receiver.take_requests = True  # its engines' request records, where they send them
             except Exception as exc:  # no steps: the requests' verdicts say unknown, their metrics still count
                 self.guard.failed("agent step receiver", exc)
 
@@ -145,7 +160,7 @@ class Agent:
             got = self.receive()
             if got is None or parent() != frontend:
                 break  # the frontend is gone (its end closed; or it died while a child it forked holds its end)
-            if got or self.pending_steps or self.due:
+            if got or self.pending_steps or self.due or self.engine_arrived or self.engine_due:
                 busy_until = clock() + 1.0
             self.turn()
         self.close_pipeline()
@@ -224,24 +239,46 @@ class Agent:
             raise ValueError(f"unknown agent message kind {kind}")
 
     def turn(self, final: bool = False) -> None:
-        """Last turn's steps, then last turn's finishes, then this turn's ring read (see the module's
-        docstring). ``final``: everything now (a flush; the frontend has sent all it will for now)."""
+        """This turn's read of the engine, then its starts, last turn's steps, last turn's finishes (see the
+        module's docstring). ``final``: everything now (a flush; the frontend has sent all it will for now)."""
         p = self.pipeline
         steps, self.pending_steps = self.pending_steps, []
         finishes, self.due, self.arrived = self.due, self.arrived, []
+        # the engine's own request records (agent/records.py: where the EngineCore is its requests' source),
+        # read with the steps: starts at once, finishes two reads later (a finish may be sent just before its
+        # request's last step is written, and the socket is read before the ring)
+        read = self.read_steps()
+        engine_starts, engine_finishes = self._split(read)
+        engine_due, self.engine_due = self.engine_due, self.engine_arrived
+        self.engine_arrived = engine_finishes
         if final:
-            steps += self.read_steps()
+            steps += read
             finishes += self.due
             self.due = []
+            engine_due += self.engine_due + self.engine_arrived
+            self.engine_due, self.engine_arrived = [], []
+        else:
+            self.pending_steps = read
         if p is not None:
+            for r in engine_starts:
+                p.start(self.engine_requests.timeline(r))
             add = p.add_step
             for step in steps:
                 add(step)
             for m in finishes:
                 self.finish(p, m)
+            for r in engine_due:
+                self.engine_finish(p, r)
             self.starts.forget_complete()
-        if not final:
-            self.pending_steps = self.read_steps()
+
+    def _split(self, read: list[Any]) -> tuple[list[records.RequestStart], list[records.RequestFinish]]:
+        """Takes the request records out of ``read`` (in place), keeping the steps."""
+        if not any(type(x) in _REQUEST_RECORDS for x in read):
+            return [], []
+        starts = [x for x in read if type(x) is records.RequestStart]
+        finishes = [x for x in read if type(x) is records.RequestFinish]
+        read[:] = [x for x in read if type(x) not in _REQUEST_RECORDS]
+        return starts, finishes
 
     def read_steps(self) -> list[Any]:
         out: list[Any] = []
@@ -251,6 +288,16 @@ class Agent:
             except Exception as exc:
                 self.guard.failed("agent step receiver", exc)
         return out
+
+    def engine_finish(self, p: Pipeline, r: records.RequestFinish) -> None:
+        try:
+            t = p.requests.get(r.request_id)
+            if t is None:
+                self.orphans += 1
+            steps = p.steps_of(t) if t is not None else []
+            p.finish(r.request_id, self.engine_requests.settle(t, r, steps))
+        except Exception as exc:
+            self.guard.failed("agent engine finish", exc)
 
     def finish(self, p: Pipeline, m: tuple) -> None:
         try:
@@ -269,6 +316,8 @@ class Agent:
         out: dict[str, Any] = dict(self.pipeline.stats()) if self.pipeline is not None else {}
         out["agent_malformed"] = self.malformed
         out["agent_orphans"] = self.orphans
+        out["agent_engine_starts"] = self.engine_requests.starts
+        out["agent_engine_finishes"] = self.engine_requests.finishes
         out["agent_rss_bytes"] = _rss_bytes()
         out["agent_errors"] = total([self.guard])
         return out

@@ -596,6 +596,11 @@ class Pipeline:
             t.token_ts = times
         return own
 
+    def steps_of(self, t: RequestTimeline) -> list[StepRecord]:
+        """The held engine steps that served ``t``, in order (an agent whose engine is its requests' source
+        reads its stamps off them before the summary: agent/engine_requests.py)."""
+        return self._own_steps(t)
+
     def _own_steps(self, t: RequestTimeline) -> list[StepRecord]:
         """The held engine steps that served ``t`` (all of them, unless it outlived ``max_steps`` steps),
         in order; also fills ``t.steps`` with their ids for the verdict (empty if one was lost: its verdict

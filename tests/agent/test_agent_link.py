@@ -317,6 +317,21 @@ def test_killed_agent_is_restarted(frontend: Frontend, sink: OTLPSink, monkeypat
     assert stats["agent_orphans"] == 1  # "lost"'s finish reached the new agent without its start
 
 
+def test_a_watched_agent_is_restarted_with_nothing_sent(frontend: Frontend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor of engines that are their requests' source sends its agent nothing per request: the
+    watch thread notices a killed agent and starts another (it then binds the step socket again)."""
+    monkeypatch.setattr(link, "RESTART_S", 0.0)
+    frontend.link.watch(0.05)
+    old = kill(frontend)
+    assert wait_until(lambda: frontend.link.alive() and frontend.link.pid not in (0, old))
+    counts = frontend.link.counts()
+    assert counts["agent_restarts"] == 1 and counts["agent_lost"] == 1
+    frontend.link.close()
+    assert wait_until(lambda: frontend.link._watching.is_set())
+    time.sleep(0.2)
+    assert frontend.link.counts()["agent_restarts"] == 1  # closed: not started again
+
+
 def test_stopped_agent_fills_the_socket_and_drops(frontend: Frontend, sink: OTLPSink) -> None:
     pid = frontend.link.pid
     os.kill(pid, signal.SIGSTOP)

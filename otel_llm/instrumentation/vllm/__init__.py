@@ -113,6 +113,9 @@ class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
             wrapt.register_post_import_hook(lambda _m: self._arm_steps(w), "vllm")
         self._table = WrapTable([
             Target("vllm.v1.engine.llm_engine", "LLMEngine.__init__", w.engine_init),
+            # the supervisor of the Rust frontend or of headless engines: their EngineCores become their
+            # requests' source (docs/design/enginecore-source.md)
+            Target("vllm.v1.engine.utils", "CoreEngineProcManager.__init__", w.launching_engines),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", w.engine_init),
             Target("vllm.v1.engine.async_llm", "AsyncLLM.add_request", w.async_add_request),
             # called per request or per output batch on vLLM's output thread: plain methods, not wrapt's

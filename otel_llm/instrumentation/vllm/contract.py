@@ -105,6 +105,7 @@ MODEL_NAME = "the model name on request spans"
 KV_HANDOFF = "KV hand-off spans (disaggregated prefill)"
 KV_TIMING = "KV load and save times on hand-off spans"
 KV_ASYNC = "asynchronous KV loads' end on hand-off spans"
+ENGINE_SOURCE = "request spans and metrics under the Rust frontend and headless engines"
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,18 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_REQUEST, "Request.num_prompt_tokens", PREFILL, side=ENGINE),
     _e(_REQUEST, "Request.num_tokens", QUEUE_CAUSE, side=ENGINE),
     _e(_REQUEST, "Request.num_computed_tokens", QUEUE_CAUSE, side=ENGINE),
+    # -- the EngineCore as its requests' source (the Rust frontend, headless: request_hooks.py) ----
+    _e("vllm.v1.engine.utils", "CoreEngineProcManager.__init__", ENGINE_SOURCE, params=("vllm_config", "local_client")),
+    _e("vllm.v1.engine.core", "EngineCore.preprocess_add_request", ENGINE_SOURCE, side=ENGINE, params=("request",)),
+    _e(_SCHED, "Scheduler.add_request", ENGINE_SOURCE, side=ENGINE, params=("request",)),
+    _e(_SCHED, "Scheduler._free_request", ENGINE_SOURCE, side=ENGINE, params=("request",)),
+    _e(_REQUEST, "Request.arrival_time", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.sampling_params", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.trace_headers", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.client_index", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.num_output_tokens", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.num_preemptions", ENGINE_SOURCE, side=ENGINE),
+    _e(_REQUEST, "Request.get_finished_reason", ENGINE_SOURCE, side=ENGINE),
     _e(_SCHED_OUT, "SchedulerOutput.scheduled_new_reqs", STEPS, side=ENGINE),
     _e(_SCHED_OUT, "SchedulerOutput.scheduled_cached_reqs", STEPS, side=ENGINE),
     _e(_SCHED_OUT, "SchedulerOutput.num_scheduled_tokens", STEPS, side=ENGINE),

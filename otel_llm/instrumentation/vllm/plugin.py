@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ...guard import Guard
-from . import kv_channel
+from . import kv_channel, request_hooks
 from .engine_errors import ErrorReporter, WorkerErrors, worker_errors
 from .kv_connector import ConnectorWrapper
 from .model_timing import ModelTimer
@@ -24,7 +24,8 @@ from .step_transport import STEP_DIR_ENV, SocketSink
 class EngineSide:
     """What a spawned EngineCore (or a multiprocess executor's worker) reports, and through what:
 
-    * in the EngineCore: the scheduler hooks (``hooks``), the sink that carries each step's record to
+    * in the EngineCore: the scheduler hooks (``hooks``); where no Python frontend holds the requests (the
+      Rust frontend, headless), the request hooks (``requests``: each request's start and finish); the sink that carries each step's record to
       the frontends of ``directory`` (``sink``, which carries the EngineCore's error counts too), and
       the KV connectors' scheduler side, whose hand-off records go to the same frontends;
     * in a worker, where the model runs: the model runner's timing (``timer``) and the connectors'
@@ -37,6 +38,7 @@ class EngineSide:
         self.directory = directory
         self.guard = Guard()
         self.hooks: StepHooks | None = None
+        self.requests: request_hooks.RequestHooks | None = None  # where it is its requests' source
         self.sink: SocketSink | None = None
         self.timer: ModelTimer | None = None
         self.connectors: ConnectorWrapper | None = None
@@ -52,6 +54,9 @@ class EngineSide:
             hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
             hooks.arm(sink.__call__)
+            if request_hooks.wanted():  # no Python frontend holds the requests: this EngineCore says them
+                self.requests = request_hooks.RequestHooks(sink.send_request, self.guard, clock=hooks.clock)
+                self.requests.arm()
         except Exception as exc:
             self.guard.failed("vllm plugin", exc)
         self._arm_connectors(kv_channel.HandoffSink(self.directory, time.monotonic))

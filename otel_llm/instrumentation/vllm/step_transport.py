@@ -26,11 +26,13 @@ import socket
 import struct
 import tempfile
 import threading
-from typing import Callable, NamedTuple
+import time
+from typing import Any, Callable, NamedTuple
 
 from ...guard import Guard
 from ...core.timeline import StepRecord
 from ... import shm_ring
+from ...agent import records
 from . import engine_errors, step_wire
 from .process_roles import in_api_server_process
 
@@ -55,6 +57,7 @@ class SocketSink:
         self.directory = directory
         self.guard = guard if guard is not None else Guard()  # the plugin's EngineSide's
         self.dropped = 0
+        self.requests_dropped = 0  # request records a frontend's socket refused (send_request)
         # the last step's request ids, their encoding, and the step id of the last record that every
         # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
         # None after anything that may have kept a record from a frontend
@@ -78,6 +81,21 @@ class SocketSink:
                 sock.send(data)
             except OSError:
                 self.dropped += 1
+
+    def send_request(self, data: bytes, now: float | None = None) -> None:
+        """A request's record (otel_llm/agent/records.py) to every frontend, on its socket (never a ring: the
+        ring is the step records'). Sent from the EngineCore's thread, as the steps are; a request may arrive
+        before any step has looked for the frontends, so this looks too when the last look is stale."""
+        now = time.monotonic() if now is None else now
+        if now - self._scanned > self.RESCAN_S:
+            self._rescan(now)
+        for path, sock, _ in self._targets:
+            try:
+                sock.send(data)
+            except OSError as exc:
+                self.requests_dropped += 1  # the agent lags (its buffer is full) or is gone
+                if exc.errno in _GONE:
+                    self._forget(path)
 
     def __call__(self, payload: step_wire.StepPayload) -> None:
         # the step's start is the hooks' clock, time.monotonic: no clock read of our own
@@ -259,6 +277,9 @@ class StepReceiver:
         self.sock.setblocking(False)
         self.malformed = 0  # datagrams refused: another wire version or size (step_wire.WireError), bad rings
         self.failed = 0  # records decoded but not taken (a bug of ours downstream)
+        # whether the EngineCores' request records (agent/records.py) are delivered with the steps: the agent's
+        # receiver only (a Python frontend's requests come from its own hooks)
+        self.take_requests = False
         self.rings: dict[int, shm_ring.RingReader] = {}  # EngineCore pid -> its ring (shm_ring)
         self._lock = threading.Lock()
         self.engine_errors = engine_errors.ErrorRelay(guard)  # the EngineCores' error counts (control records)
@@ -313,8 +334,27 @@ class StepReceiver:
             elif data:  # empty: the sink's probe
                 if data[0] == engine_errors.CONTROL:
                     self._control(data)
+                elif data[0] == records.TAG:
+                    self._request(data, deliver)
                 else:
                     take(data, deliver)
+
+    def _request(self, data: bytes, deliver: Callable[[Any], None]) -> None:
+        """An EngineCore's request record: delivered where this receiver takes them (the agent's, whose
+        EngineCores are their requests' source), else skipped."""
+        if not self.take_requests:
+            return
+        try:
+            record = records.decode(data)
+        except records.RecordError as exc:
+            self.malformed += 1
+            self.guard.failed("request record", exc)
+            return
+        try:
+            deliver(record)
+        except Exception as exc:
+            self.failed += 1
+            self.guard.failed("request record", exc)
 
     def _control(self, data: bytes) -> None:
         try:

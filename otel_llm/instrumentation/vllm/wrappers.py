@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import os
 import time
 import weakref
 from typing import Any, Callable, NamedTuple
@@ -87,6 +88,7 @@ class VLLMWrappers:
         # the process's step socket, from its owner (the instrumentor: it outlives this object)
         self.open_receiver = open_receiver
         self.steps_armed = False  # set once the EngineCore-side hooks are armed for this process
+        self.building = 0  # engine clients (LLMEngine, AsyncLLM) being built in this process now
         # the agent process that does the telemetry's work (otel_llm/agent/link.AgentLink), once started: it
         # reads the step records itself, so then this process has no receiver and reads no step
         self.open_agent = open_agent
@@ -144,7 +146,11 @@ class VLLMWrappers:
                     self.kv_receiver = self.open_kv_receiver()
             except Exception as exc:
                 self.guard.failed("vllm kv hand-off receiver", exc)
-        result = wrapped(*args, **kwargs)
+        self.building += 1
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            self.building -= 1
         try:
             fence = self._fence()
             model_config = instance.vllm_config.model_config
@@ -165,6 +171,55 @@ class VLLMWrappers:
         except Exception as exc:
             self.guard.failed("vllm token times from steps", exc)
         return result
+
+    def launching_engines(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """``CoreEngineProcManager.__init__``: this process is about to spawn EngineCores. Where no Python
+        engine client will hold their requests (the Rust frontend's supervisor, ``--headless``), the
+        EngineCores become their requests' source: this process's agent is opened before they spawn (it
+        binds the step socket their sink looks for), and they inherit the switch that arms their request
+        hooks (request_hooks.py). docs/design/enginecore-source.md."""
+        try:
+            b = self.bind(wrapped)
+            vllm_config = b.get(args, kwargs, "vllm_config")
+            if self.building == 0 and _no_python_frontend(b.get(args, kwargs, "local_client", True)):
+                self._become_source(vllm_config)
+        except Exception as exc:
+            self.guard.failed("vllm engine launch", exc)
+        return wrapped(*args, **kwargs)
+
+    def _become_source(self, vllm_config: Any) -> None:
+        from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV
+
+        if vllm_config is None:
+            return
+        if not self.steps_armed:
+            self.guard.warn_once("engine source: steps", "otel-llm: vLLM's engines here have no Python frontend (Rust "
+                                 "frontend or --headless), and engine steps are off (engine_steps=False): their "
+                                 "requests are read from the EngineCore's steps, so there is no request telemetry")
+            return
+        if not self._steps_can_give_tokens(vllm_config):
+            self.guard.warn_once("engine source: token times", "otel-llm: vLLM's engines here have no Python frontend, and "
+                                 "speculative decoding or a KV connector keeps their token times from the steps: "
+                                 "no request telemetry for them")
+            return
+        if self.agent is None and self.open_agent is not None:
+            self.agent = self.open_agent()
+        if self.agent is None:
+            self.guard.warn_once("engine source: agent", "otel-llm: vLLM's engines here have no Python frontend (Rust "
+                                 "frontend or --headless): their request telemetry needs the agent process, which "
+                                 "needs OTLP providers as OTEL_* configures them (or it did not start): none")
+            return
+        model_config = vllm_config.model_config
+        name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else model_config.model
+        self.agent.watch()  # nothing is sent to it per request here: a thread notices its death
+        os.environ[ENGINE_REQUESTS_ENV] = "1"  # inherited by the EngineCores spawned next
+        os.environ[ENGINE_MODEL_ENV] = str(name)
+        try:
+            self._setup_diagnosis(vllm_config)  # the roofline's inputs, to the agent
+        except Exception as exc:
+            self.guard.failed("vllm step diagnosis set-up", exc)
 
     def _steps_can_give_tokens(self, vllm_config: Any) -> bool:
         """Whether this engine's token times can come from its step records (core/step_tokens.py) instead
@@ -685,6 +740,19 @@ def _warn_no_stats(guard: Guard) -> None:
 
 def _count_preemptions(t: RequestTimeline) -> int:
     return sum(1 for k, _ in t.events if k == PREEMPTED)
+
+
+def _no_python_frontend(local_client: Any) -> bool:
+    """Whether the EngineCores being launched here serve no Python engine client: a headless engine
+    (``local_client=False``), or the Rust frontend's (``VLLM_USE_RUST_FRONTEND``, read as vLLM reads it)."""
+    if local_client is False:
+        return True
+    try:
+        import vllm.envs as envs
+
+        return bool(envs.VLLM_USE_RUST_FRONTEND)
+    except Exception:
+        return os.environ.get("VLLM_USE_RUST_FRONTEND", "0").lower() in ("1", "true")
 
 
 def _parent_context(request: Any) -> otel_context.Context | None:

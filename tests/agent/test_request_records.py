@@ -1,0 +1,82 @@
+"""The per-request records an engine sends its agent (otel_llm/agent/records.py): named fields, a version,
+untrusted bytes refused with a clear error, fields added by a newer writer ignored."""
+
+from __future__ import annotations
+
+import marshal
+import random
+
+import pytest
+
+from otel_llm.agent import records
+from otel_llm.agent.records import RecordError, RequestFinish, RequestStart
+
+
+def _start(**kw) -> RequestStart:
+    base = dict(request_id="cmpl-1-0-abcdefgh", arrival=1700000000.5, queued=12.25, prompt_tokens=7,
+                external_id="cmpl-1-0", model="tiny", trace_headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+                sampling={"gen_ai.request.max_tokens": 8, "gen_ai.request.temperature": 0.0},
+                lora_name="a", lora_id=1, client_index=0)
+    base.update(kw)
+    return RequestStart(**base)
+
+
+def _finish(**kw) -> RequestFinish:
+    base = dict(request_id="cmpl-1-0-abcdefgh", reason="length", arrival=1700000000.5, queued=12.25, end=13.5,
+                end_wall=1700000001.75, prompt_tokens=7, output_tokens=8, preemptions=1,
+                external_id="cmpl-1-0", model="tiny")
+    base.update(kw)
+    return RequestFinish(**base)
+
+
+def test_round_trip_by_name():
+    for record in (_start(), _finish(), _start(trace_headers=None, external_id=None, lora_name=None, lora_id=None)):
+        data = records.encode(record)
+        assert data[0] == records.TAG
+        assert records.decode(data) == record
+
+
+def test_a_field_a_newer_writer_added_is_ignored_and_a_missing_optional_one_defaults():
+    values = {"request_id": "r", "arrival": 1.0, "queued": 2.0, "prompt_tokens": 3, "tenant": "t1"}
+    data = bytes((records.TAG, records.START)) + marshal.dumps((1, values))
+    got = records.decode(data)
+    assert got == RequestStart(request_id="r", arrival=1.0, queued=2.0, prompt_tokens=3)
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"", "not a request record"),
+    (bytes((0xC0, 1, 0)), "not a request record"),
+    (bytes((records.TAG, 9)) + marshal.dumps((1, {})), "unknown kind"),
+    (bytes((records.TAG, records.START)) + marshal.dumps((2, {})), "version 2"),
+    (bytes((records.TAG, records.START)) + marshal.dumps([1, {}]), "another shape"),
+    (bytes((records.TAG, records.START)) + marshal.dumps((1, {"request_id": 5})), "request_id: int"),
+    (bytes((records.TAG, records.START)) + marshal.dumps((1, {"request_id": "r"})), "RequestStart"),
+    (bytes((records.TAG, records.FINISH)) + marshal.dumps((1, {"request_id": "r", "prompt_tokens": True})),
+     "prompt_tokens: bool"),
+    (bytes((records.TAG, records.START)) + b"\x00garbage", "unreadable"),
+])
+def test_bad_bytes_are_refused_with_a_clear_error(data, says):
+    with pytest.raises(RecordError, match=says):
+        records.decode(data)
+
+
+def test_headers_and_sampling_are_bounded_and_kept_plain():
+    headers = {f"H{i}": "v" * 10_000 for i in range(40)}
+    got = records.decode(records.encode(_start(trace_headers=headers, sampling={"a": 1, "b": {"nested": 1}})))
+    assert len(got.trace_headers) == records.MAX_HEADERS
+    assert all(k == k.lower() and len(v) == records.MAX_TEXT for k, v in got.trace_headers.items())
+    assert got.sampling == {"a": 1}
+
+
+def test_random_bytes_never_raise_anything_but_record_error():
+    rng = random.Random(43)
+    good = records.encode(_finish())
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        data = bytes(data[:rng.randint(0, len(data))]) if rng.random() < 0.3 else bytes(data)
+        try:
+            records.decode(data)
+        except RecordError:
+            pass
