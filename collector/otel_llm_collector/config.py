@@ -73,6 +73,8 @@ import yaml
 from otel_llm.core.sampling.registry import PolicyConfigError, PolicySpec, parse_policies
 from otel_llm.core.slo import SLOTable
 
+from .service_config import Pipelines, ServiceConfigError, TelemetryConfig, parse_pipelines, parse_telemetry
+
 DEFAULTS_YAML = """
 receivers:
   otlp:
@@ -117,7 +119,8 @@ exporters:
   prometheus: {endpoint: "127.0.0.1:8889"}
 """
 
-EXPORTER_TYPES = ("otlp", "otlphttp", "file", "prometheus")
+EXPORTER_TYPES = ("otlp", "otlp_grpc", "otlphttp", "file", "prometheus")  # otlp_grpc: upstream's newer name of otlp
+GRPC_EXPORTERS = ("otlp", "otlp_grpc")
 
 
 class ConfigError(ValueError):
@@ -310,6 +313,9 @@ class CollectorConfig:
     labels: LabelLimits = LabelLimits()
     prometheus_auth: BearerTokenConfig | None = None
     shutdown_timeout: float = 5.0  # how long shutdown waits for exporters to deliver what is queued
+    telemetry: TelemetryConfig = TelemetryConfig()  # service.telemetry (service_config.py)
+    pipelines: Pipelines = Pipelines()  # service.pipelines: where received metrics and logs go
+    signal_exporters: tuple[ExporterConfig, ...] = ()  # OTLP exporters the metrics or logs pipeline names
 
     @classmethod
     def from_yaml(cls, text: str) -> "CollectorConfig":
@@ -338,25 +344,55 @@ class CollectorConfig:
         _only(merged, ("receivers", "processors", "exporters", "extensions", "service"), "")
         auths = _extensions(merged.get("extensions"))
         service = merged.get("service") or {}
-        _only(service, ("shutdown_timeout",), "service")
+        _only(service, ("shutdown_timeout", "telemetry", "pipelines", "extensions"), "service")
         protocols = ((merged.get("receivers") or {}).get("otlp") or {}).get("protocols") or {}
         _only(protocols, ("grpc", "http"), "receivers.otlp.protocols")
         procs = merged.get("processors") or {}
         _only(procs, ("llm_metrics", "tail_sampling"), "processors")
         exps = merged.get("exporters") or {}
+        _service_extensions(service.get("extensions"), merged.get("extensions") or {})
+        try:
+            telemetry = parse_telemetry(service.get("telemetry"))
+            pipelines = parse_pipelines(service.get("pipelines"),
+                                        tuple(k for k, v in procs.items() if v is not None),
+                                        {k: k.split("/")[0] for k, v in exps.items() if v is not None})
+        except ServiceConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        built = {k: _exporter(k, v) for k, v in exps.items() if v is not None and k.split("/")[0] != "prometheus"}
+        span_exporters = tuple(built.values())
+        signal_exporters: tuple[ExporterConfig, ...] = ()
+        if pipelines.given:  # as upstream: a processor or exporter no pipeline names does not run
+            procs = {k: v for k, v in procs.items() if k in pipelines.processors}
+            span_exporters = tuple(built[k] for k in pipelines.span_exporters or ())
+            signal_exporters = tuple(built[k] for k in dict.fromkeys((*(pipelines.metrics or ()),
+                                                                      *(pipelines.logs or ()))) if k in built)
         return cls(
             grpc=_grpc(protocols.get("grpc"), auths),
             http=_http(protocols.get("http"), auths),
             llm_metrics=procs.get("llm_metrics") is not None,
             slo=_slo(procs.get("llm_metrics")),
             tail_sampling=_tail(procs.get("tail_sampling")),
-            exporters=tuple(_exporter(k, v) for k, v in exps.items()
-                            if v is not None and k.split("/")[0] != "prometheus"),
+            exporters=span_exporters,
+            telemetry=telemetry,
+            pipelines=pipelines,
+            signal_exporters=signal_exporters,
             prometheus=_prometheus(exps),
             labels=_labels(procs.get("llm_metrics")),
             prometheus_auth=_auth(exps.get("prometheus"), auths, "exporters.prometheus"),
             shutdown_timeout=duration(service.get("shutdown_timeout", 5), "service.shutdown_timeout"),
         )
+
+
+def _service_extensions(names: Any, configured: Mapping[str, Any]) -> None:
+    """``service.extensions``: upstream lists the extensions to start there; each must be configured."""
+    if names is None:
+        return
+    if not isinstance(names, list):
+        raise ConfigError(f"service.extensions: expected a list of extension names, got {names!r}")
+    for name in names:
+        if name not in configured:
+            raise ConfigError(f"service.extensions: {name!r} is not configured under extensions "
+                              f"(configured: {', '.join(configured) or 'none'})")
 
 
 def _merge(base: Any, over: Any) -> Any:
@@ -626,7 +662,7 @@ def _exporter(key: str, m: Any) -> ExporterConfig:
             raise ConfigError(f"{w}.path: the file exporter needs a path")
     elif not isinstance(m.get("endpoint"), str) or not m.get("endpoint"):
         raise ConfigError(f"{w}.endpoint: the {kind} exporter needs an endpoint")
-    if kind == "otlp":
+    if kind in GRPC_EXPORTERS:
         endpoint(m["endpoint"].removeprefix("http://").removeprefix("https://"), f"{w}.endpoint")
     if kind == "file" and "tls" in m:
         raise ConfigError(f"{w}.tls: the file exporter has no TLS")
@@ -758,7 +794,7 @@ def _client_tls(kind: str, m: Mapping, w: str) -> TLSClientConfig | None:
         return TLSClientConfig() if scheme == "https" else None  # https:// alone: TLS, system roots
     where = f"{w}.tls"
     extra = {"insecure_skip_verify": "Python gRPC cannot skip verification; set ca_file to the server's CA"} \
-        if kind == "otlp" else {}
+        if kind in GRPC_EXPORTERS else {}
     t = _tls_mapping(m["tls"], where, _TLS_CLIENT_KEYS, extra)
     flags = {k: t.get(k, False) for k in ("insecure", "insecure_skip_verify")}
     for k, v in flags.items():

@@ -13,12 +13,14 @@ import time
 from typing import Callable, Sequence
 
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from otel_llm import semconv as sc
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.core.sampling import Policy, attribute_keys
 from otel_llm.core.sampling.registry import build
+
+from otel_llm.core.prometheus_names import prom_name
 
 from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
@@ -26,15 +28,21 @@ from .disagg_join import DisaggJoin
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
+from .exporters.signals import SignalExporter
 from .fairness import Peer
 from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
+from .received_metrics import REFUSED_MESSAGE as METRICS_REFUSED, ReceivedMetrics
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
 from .fast import wire
 from .spans import REQUEST, TRACE_ID, Extracted, Received, RequestFacts, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
-from .telemetry import GatewayMetrics
+from .telemetry import RECEIVER, GatewayMetrics
+from otel_llm.otlp.messages import MalformedRequest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from google.protobuf.message import DecodeError
 
 Clock = Callable[[], float]
 INGEST_CHUNK = 1000  # spans processed per hold of the pipeline lock
@@ -47,10 +55,11 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.manual_ticks = manual_ticks
-        self.telemetry = GatewayMetrics()
+        self.telemetry = GatewayMetrics(level=config.telemetry.level)
         # ``registry``: everything (own telemetry + derived metrics) for programmatic reads; the endpoint
         # renders the derived metrics with the bridge's own fast text writer (``exposition``)
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Registry(self.telemetry.upstream_registry))
         self.registry.register(_Registry(self.telemetry.registry))
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
@@ -72,6 +81,18 @@ class Gateway:
         self.disagg_join = DisaggJoin(self._record_users, config.slo, self.telemetry, clock) \
             if config.llm_metrics else None
         self.exporters: list[QueuedExporter] = [make_exporter(e, self.telemetry) for e in config.exporters]
+        # metrics and logs received (service.pipelines.metrics / .logs): Prometheus and/or OTLP exporters
+        routes = config.pipelines
+        self.signal_exporters = {e.name: SignalExporter(e, self.telemetry) for e in config.signal_exporters}
+        self._routes = {signal: [self.signal_exporters[n] for n in names if n in self.signal_exporters]
+                        for signal, names in (("metrics", routes.metrics), ("logs", routes.logs)) if names is not None}
+        self.received_metrics: ReceivedMetrics | None = None
+        if routes.metrics is not None and "prometheus" in routes.metrics and config.prometheus is not None:
+            self.received_metrics = ReceivedMetrics(
+                lambda reason, n: self.telemetry.inc("received_refused", n, signal="metrics", reason=reason),
+                self._reserved_names, max_label_length=labels.max_label_length)
+        self._own_names: frozenset[str] | None = None
+        self._warned_unrouted: set[str] = set()
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
         self._keys: frozenset[str] = frozenset()  # attribute keys the policies read (collected per trace)
@@ -82,6 +103,7 @@ class Gateway:
         self.grpc: GrpcReceiver | None = None
         self.http: HttpReceiver | None = None
         self.prometheus: PrometheusEndpoint | None = None
+        self.own_telemetry: PrometheusEndpoint | None = None  # service.telemetry.metrics.address, when set
         # The pipeline runs on one thread at a time: receivers parse and ingest under this lock and the
         # ticker decides under it. Python threads cannot run it in parallel anyway (the GIL), and letting
         # 4 handler threads interleave parsing and processing of different requests cost ~18% of the
@@ -95,6 +117,11 @@ class Gateway:
     def start(self) -> "Gateway":
         cfg = self.config
         warn_unprotected(cfg)
+        if cfg.telemetry.log_level is not None:
+            log.setLevel(cfg.telemetry.log_level)
+        if self.sampler is not None and not self.exporters:
+            log.warning("tail_sampling keeps traces but no exporter sends them anywhere: kept traces are dropped "
+                        "(only the derived metrics remain); add an otlp_grpc, otlphttp or file exporter")
         if not wire.AVAILABLE and (cfg.grpc is not None or cfg.http is not None):
             log.warning("receivers validate and read each request in two passes (%s); the one-pass path needs the "
                         "C extension built by `pip install ./collector` with a C compiler", wire.REASON)
@@ -102,11 +129,15 @@ class Gateway:
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
                                                      BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
+            if cfg.telemetry.address is not None:  # own telemetry on its own port, as upstream's :8888
+                self.own_telemetry = PrometheusEndpoint(*cfg.telemetry.address, self.telemetry.exposition)
+            signals = {signal: (lambda raw, transport, peer=None, _s=signal: self.ingest_signal(_s, raw, transport))
+                       for signal in self._routes}
             if cfg.grpc is not None:
-                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request)
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request, signals)
                 self.grpc.start()
             if cfg.http is not None:
-                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request)
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request, signals)
                 self.http.start()
         except Exception:
             self.shutdown()
@@ -136,8 +167,12 @@ class Gateway:
         for e in self.exporters:
             e.flush(max(0.0, deadline - time.monotonic()))
         lost = {e.name: e.close(0) for e in self.exporters}
+        for s in self.signal_exporters.values():
+            s.close(max(0.0, deadline - time.monotonic()))
         if self.prometheus is not None:
             self.prometheus.close()
+        if self.own_telemetry is not None:
+            self.own_telemetry.close()
         self.meter_provider.shutdown()
         total = sum(lost.values())
         if total:
@@ -207,8 +242,60 @@ class Gateway:
             self.ttft_join.process(Extracted([], users))
 
     def exposition(self) -> bytes:
-        """What a scrape returns: own telemetry (prometheus_client) + derived metrics (the bridge's writer)."""
-        return generate_latest(self.telemetry.registry) + self.bridge.text().encode()
+        """What a scrape returns: own telemetry (prometheus_client; unless it has its own endpoint) + derived
+        metrics (the bridge's writer)."""
+        own = self.telemetry.exposition() if self.config.telemetry.address is None else b""
+        received = self.received_metrics.text().encode() if self.received_metrics is not None else b""
+        return own + self.bridge.text().encode() + received
+
+    # -- metrics and logs ---------------------------------------------------------------------------
+
+    def ingest_signal(self, signal: str, raw: bytes, transport: str) -> tuple[int, str]:
+        """One OTLP metrics or logs export request (protobuf) through its pipeline: received metrics onto
+        the Prometheus endpoint, the request as received to the pipeline's OTLP exporters. Returns (items
+        refused, why) for the response's ``partial_success``; ``MalformedRequest`` for bytes that are not one."""
+        unit = "metric_points" if signal == "metrics" else "log_records"
+        refused, message = 0, ""
+        try:
+            if signal == "metrics" and self.received_metrics is not None:
+                accepted, refused = self.received_metrics.ingest(raw)
+                total, message = accepted + refused, METRICS_REFUSED if refused else ""
+            else:
+                total = _count(signal, raw)
+        except MalformedRequest:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a processing bug is the request's refusal, never the receiver's end
+            raise MalformedRequest(f"cannot process the {signal} request: {type(exc).__name__}") from None
+        labels = {"receiver": RECEIVER, "transport": transport}
+        if total - refused:
+            self.telemetry.inc(f"otelcol_receiver_accepted_{unit}", total - refused, **labels)
+        if refused:
+            self.telemetry.inc(f"otelcol_receiver_refused_{unit}", refused, **labels)
+        exporters = self._routes.get(signal, [])
+        for e in exporters:
+            e.submit(signal, raw, total)
+        if not exporters and not (signal == "metrics" and self.received_metrics is not None) and total:
+            self.telemetry.inc("received_unrouted", total, signal=signal)
+            if signal not in self._warned_unrouted:
+                self._warned_unrouted.add(signal)
+                log.warning("%s received and accepted, but no exporter takes them: name an otlp_grpc or otlphttp "
+                            "exporter in service.pipelines.%s.exporters (counted in "
+                            "otelcol_llm_received_unrouted_total)", signal, signal)
+        return refused, message
+
+    def _reserved_names(self) -> frozenset[str]:
+        """Names the gateway exposes itself (own telemetry, derived metrics): received metrics may not take them."""
+        if self._own_names is None:
+            self._own_names = frozenset(n for r in (self.telemetry.registry, self.telemetry.upstream_registry)
+                                        for m in r.collect() for n in (m.name, m.name + "_total"))
+        derived = set()
+        with self.meter_provider.lock:
+            meters = list(self.meter_provider._meters.values())
+            for meter in meters:
+                for inst in meter.instruments.values():
+                    name = prom_name(inst.name, inst.unit)
+                    derived.update((name, name + "_total"))
+        return self._own_names | derived
 
     def tick(self) -> int:
         """Decide the traces that are due (the ticker calls this when no request arrives to do it)."""
@@ -250,6 +337,11 @@ class Gateway:
         return f"{scheme}://{self.config.http.host}:{self.http.port}"
 
     @property
+    def telemetry_endpoint(self) -> str:
+        assert self.own_telemetry is not None and self.config.telemetry.address is not None
+        return f"{self.config.telemetry.address[0]}:{self.own_telemetry.port}"
+
+    @property
     def prometheus_endpoint(self) -> str:
         assert self.prometheus is not None and self.config.prometheus is not None
         return f"{self.config.prometheus[0]}:{self.prometheus.port}"
@@ -263,6 +355,24 @@ class _Registry:
 
     def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
         return self._registry.collect()
+
+
+def _count(signal: str, raw: bytes) -> int:
+    """Data points or log records in an encoded metrics or logs export request (validating it)."""
+    try:
+        if signal == "metrics":
+            req = ExportMetricsServiceRequest.FromString(raw)
+            n = 0
+            for rm in req.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        which = m.WhichOneof("data")
+                        n += len(getattr(m, which).data_points) if which else 0
+            return n
+        req = ExportLogsServiceRequest.FromString(raw)
+        return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise MalformedRequest(f"malformed {signal} export request: {exc or 'cannot decode protobuf'}") from None
 
 
 def split(batch: Extracted, n: int):

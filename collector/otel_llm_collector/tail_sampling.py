@@ -36,6 +36,7 @@ Emit = Callable[[list[Item]], None]
 _SAMPLED = Verdict.SAMPLED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 _NO_ATTRIBUTES: dict[str, list] = {}
+NEW_TRACES = "otelcol_processor_tail_sampling_new_trace_id_received"  # upstream's series (no otelcol_llm_ twin)
 
 
 class PendingTrace(TraceView):
@@ -119,6 +120,7 @@ class TailSampler:
             decision_wait = now + self.cfg.decision_wait
             soon = min(now + self.cfg.decision_wait_after_root_received, decision_wait)
             added = 0
+            held_before = len(traces)  # nothing leaves the buffer in the loop: the growth is the new traces
             for tid, group, raw, start, end, error, root, request in batch.spans:
                 size = len(raw)
                 added += size
@@ -183,8 +185,11 @@ class TailSampler:
                         else:
                             merge_values(trace.attributes, ((k, v) for k, vs in values.items() for v in vs))
             self._bytes += added
+            new_traces = len(traces) - held_before
             self._enforce_limits(out, decided)
             self._gauges()
+        if new_traces:
+            self._t.inc(NEW_TRACES, new_traces)
         if late_sampled:
             self._t.inc("sampling_late_spans", late_sampled, decision="sampled")
         if late_dropped:

@@ -10,7 +10,7 @@ from .senders import FileSender, GrpcSender, HttpSender, Sender
 
 def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics) -> QueuedExporter:
     sender: Sender
-    if cfg.type == "otlp":
+    if cfg.type in ("otlp", "otlp_grpc"):  # upstream's new name for its OTLP/gRPC exporter, and the old one
         sender = GrpcSender(cfg)
     elif cfg.type == "otlphttp":
         sender = HttpSender(cfg)
@@ -18,6 +18,7 @@ def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics) -> QueuedExpor
         sender = FileSender(cfg)
     else:
         raise ValueError(f"unknown exporter type {cfg.type!r}")
+    telemetry.set("otelcol_exporter_queue_capacity", cfg.queue_size, exporter=cfg.name, data_type="traces")
     return QueuedExporter(cfg, sender, telemetry)
 
 

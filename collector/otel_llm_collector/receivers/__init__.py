@@ -22,5 +22,17 @@ class Ingest(Protocol):
                  peer: Any = None) -> int: ...
 
 
+class SignalIngest(Protocol):
+    """(an encoded ExportMetricsServiceRequest or ExportLogsServiceRequest, transport, the peer) ->
+    (points or records refused, why): the gateway's metrics and logs pipelines. ``MalformedRequest``: refused."""
+
+    def __call__(self, raw: bytes, transport: str, peer: Any = None) -> tuple[int, str]: ...
+
+
+# the standard OTLP/HTTP paths and OTLP/gRPC services of the other signals (traces: ``PATH``, ``SERVICE``)
+SIGNAL_PATHS = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
+SIGNAL_SERVICES = {"metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
+                   "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
+
 # a protobuf body -> what ``Ingest`` takes; ``messages.MalformedRequest`` (with the reason) when it is refused
 Parse = Callable[[bytes], Any]

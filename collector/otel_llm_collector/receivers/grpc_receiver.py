@@ -29,6 +29,7 @@ otherwise, counted as ``reason="unauthenticated"``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ from ..auth import BearerAuth
 from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..fairness import PEER_SHARE, Peer, PeerSlots, TrustedPeers
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest, Parse
+from . import REFUSED_MESSAGE, SIGNAL_SERVICES, Ingest, Parse, SignalIngest
 from .compression import InflateError, inflate_message
 
 SERVICE = messages.SERVICE
@@ -56,8 +57,9 @@ class _Refused(Exception):
 
 class GrpcReceiver:
     def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request) -> None:
+                 parse: Parse = messages.parse_request, signals: dict[str, SignalIngest] | None = None) -> None:
         self._cfg = cfg
+        self._signals = signals or {}  # MetricsService, LogsService: the pipelines the gateway runs for them
         self._ingest = ingest
         self._parse = parse  # validates the bytes (MalformedRequest: refused) into what ``ingest`` takes
         self._t = telemetry
@@ -93,6 +95,11 @@ class GrpcReceiver:
         handler = grpc.stream_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                        response_serializer=None)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        for signal in self._signals:  # the same admission, deadlines and limits; another pipeline
+            h = grpc.stream_unary_rpc_method_handler(functools.partial(self._export, signal=signal),
+                                                     request_deserializer=None, response_serializer=None)
+            self._server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(SIGNAL_SERVICES[signal], {"Export": h}),))
         address = f"{cfg.host}:{cfg.port}"
         try:
             port = (self._server.add_insecure_port(address) if cfg.tls is None
@@ -125,7 +132,7 @@ class GrpcReceiver:
         """Calls being served now (waiting for their message included)."""
         return self._in_flight
 
-    async def _export(self, requests, context: grpc.aio.ServicerContext) -> bytes:
+    async def _export(self, requests, context: grpc.aio.ServicerContext, signal: str = "traces") -> bytes:
         cfg = self._cfg
         self._in_flight += 1  # on the event loop's thread only: no lock needed
         peer: Peer | None = None
@@ -156,9 +163,10 @@ class GrpcReceiver:
                 raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                                f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
             if self._pool is None:  # workers: 0 - process on the event loop's thread (no hand-off)
-                rejected = self._process(raw, peer)
+                rejected, message = self._process(raw, peer, signal)
             else:
-                rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw, peer)
+                rejected, message = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw,
+                                                                                     peer, signal)
         except _Refused as r:
             self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
             await context.abort(r.code, r.message)
@@ -169,9 +177,9 @@ class GrpcReceiver:
             self._in_flight -= 1
             if peer is not None:
                 self.slots.release(peer)
-        return messages.response(rejected, REFUSED_MESSAGE)
+        return messages.response(rejected, message)
 
-    def _process(self, raw: bytes, peer: Peer | None = None) -> int:
+    def _process(self, raw: bytes, peer: Peer | None = None, signal: str = "traces") -> tuple[int, str]:
         """On a worker thread: inflate, parse (no lock held), then ingest (which takes the pipeline lock)."""
         try:
             raw = inflate_message(raw, self._cfg.max_message_bytes)
@@ -179,11 +187,13 @@ class GrpcReceiver:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "gzip_too_large"
                            else grpc.StatusCode.INVALID_ARGUMENT, exc.reason, exc.message) from None
         try:
+            if signal != "traces":
+                return self._signals[signal](raw, "grpc", peer)
             request = self._parse(raw)
         except messages.MalformedRequest as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:
-            return self._ingest(request, "grpc", raw, peer)
+            return self._ingest(request, "grpc", raw, peer), REFUSED_MESSAGE
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             raise _Refused(grpc.StatusCode.INTERNAL, "internal", f"processing failed: {type(exc).__name__}") from None
 

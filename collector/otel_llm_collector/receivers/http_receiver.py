@@ -46,7 +46,7 @@ from ..auth import BearerAuth
 from ..config import HttpReceiverConfig, TLSServerConfig
 from ..fairness import BUSY, PEER_SHARE, ByteBudgets, Peer, PeerSlots, TrustedPeers
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest, Parse
+from . import REFUSED_MESSAGE, SIGNAL_PATHS, Ingest, Parse, SignalIngest
 from . import compression
 from .json_workers import JsonParser, JsonWorkersBusy, ParsedJson
 from .watchdog import Deadline, Watchdog
@@ -244,12 +244,13 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 class HttpReceiver:
     def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request) -> None:
+                 parse: Parse = messages.parse_request, signals: dict[str, SignalIngest] | None = None) -> None:
         """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing;
         ``parse`` validates a protobuf body (``MalformedRequest``: refused) into what ``ingest`` takes."""
         self.cfg = cfg
         self.ingest = ingest
         self.parse = parse
+        self.signals = signals or {}  # /v1/metrics, /v1/logs: the pipelines the gateway runs for them
         self.telemetry = telemetry
         # processing slots, shared like the connections: one peer's bodies cannot take them all
         self.slots = PeerSlots(cfg.max_concurrent_requests, cfg.peer_share)
@@ -299,6 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server_version = "otel-llm-collector"
     _head: Deadline | None = None
+    _signal: str | None = "traces"
 
     def handle_one_request(self) -> None:
         """One request; its line and headers under ``read_header_timeout`` (which also ends idle keep-alives)."""
@@ -365,8 +367,14 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_GET
 
     def do_POST(self) -> None:  # noqa: N802
-        if self.path.split("?", 1)[0] != PATH:
-            return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}")
+        path = self.path.split("?", 1)[0]
+        self._signal = "traces" if path == PATH else SIGNAL_PATHS.get(path)
+        if self._signal is None:
+            return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}, metrics to "
+                                             "/v1/metrics, logs to /v1/logs")
+        if self._signal != "traces" and self._signal not in self.owner.signals:
+            return self._refuse(404, "no_pipeline", f"this gateway runs no {self._signal} pipeline "
+                                                    "(service.pipelines); traces go to {PATH}")
         auth = self.owner.auth
         server: _Server = self.server  # type: ignore[assignment]
         conn = server.connection(self.request)
@@ -389,6 +397,9 @@ class _Handler(BaseHTTPRequestHandler):
         if ctype not in (PROTOBUF, JSON):
             return self._refuse(415, "content_type",
                                 f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}")
+        if is_json and self._signal != "traces":
+            return self._refuse(415, "content_type", f"OTLP/JSON is taken for traces only; send {self._signal} as "
+                                                     f"{PROTOBUF} (the SDKs' default)")
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "gzip", "none"):
             return self._refuse(415, "content_encoding", f"unsupported Content-Encoding {encoding!r}; use gzip")
@@ -416,7 +427,13 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
             if encoding == "gzip":
                 body = inflate(body, limit)
-            if is_json:
+            message = REFUSED_MESSAGE
+            if self._signal != "traces":  # metrics, logs: protobuf only, handed to their pipeline whole
+                try:
+                    rejected, message = self.owner.signals[self._signal](body, "http", peer)
+                except messages.MalformedRequest as exc:
+                    raise BadRequest(400, "malformed_protobuf", str(exc)) from None
+            elif is_json:
                 wait = self.owner.json_budget.take(peer, len(body))
                 if wait > 0:
                     raise BadRequest(429, "json_budget", f"OTLP/JSON byte budget spent; retry in {wait:.1f} s",
@@ -432,14 +449,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raw = body
                 request = self._parse(body, False)  # outside the pipeline lock: a big body stalls nobody
-            rejected = self.owner.ingest(request, "http", raw, peer)
+            if self._signal == "traces":
+                rejected = self.owner.ingest(request, "http", raw, peer)
         except BadRequest as err:
             return self._error(err, is_json, extra=err.headers)
         except Exception as exc:  # noqa: BLE001 - a processing bug must not take the receiver down
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
             self.owner.slots.release(peer)
-        self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, REFUSED_MESSAGE, as_json=is_json))
+        self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, message, as_json=is_json))
 
     def _read_body(self, length: int) -> bytes | None:
         """The body, read under ``read_timeout`` (the whole body, not each read); None when the client was
