@@ -314,6 +314,8 @@ class CollectorConfig:
     prometheus_auth: BearerTokenConfig | None = None
     shutdown_timeout: float = 5.0  # how long shutdown waits for exporters to deliver what is queued
     telemetry: TelemetryConfig = TelemetryConfig()  # service.telemetry (service_config.py)
+    # exporters.prometheus.enable_open_metrics (upstream's key): OpenMetrics, with exemplars, to scrapers asking
+    prometheus_openmetrics: bool = False
     pipelines: Pipelines = Pipelines()  # service.pipelines: where received metrics and logs go
     signal_exporters: tuple[ExporterConfig, ...] = ()  # OTLP exporters the metrics or logs pipeline names
 
@@ -374,6 +376,7 @@ class CollectorConfig:
             tail_sampling=_tail(procs.get("tail_sampling")),
             exporters=span_exporters,
             telemetry=telemetry,
+            prometheus_openmetrics=bool((exps.get("prometheus") or {}).get("enable_open_metrics", False)),
             pipelines=pipelines,
             signal_exporters=signal_exporters,
             prometheus=_prometheus(exps),
@@ -695,7 +698,10 @@ def _prometheus(exps: Mapping[str, Any]) -> tuple[str, int] | None:
     m = exps.get("prometheus")
     if m is None:
         return None
-    _only(m, ("endpoint", "auth"), "exporters.prometheus")
+    _only(m, ("endpoint", "auth", "enable_open_metrics"), "exporters.prometheus")
+    if not isinstance(m.get("enable_open_metrics", False), bool):
+        raise ConfigError(f"exporters.prometheus.enable_open_metrics: expected true or false, "
+                          f"got {m['enable_open_metrics']!r}")
     return endpoint(m.get("endpoint"), "exporters.prometheus.endpoint")
 
 

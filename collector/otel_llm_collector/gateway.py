@@ -29,6 +29,8 @@ from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
 from .exporters.signals import SignalExporter
+from .exemplars import ExemplarStore
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from .fairness import Peer
 from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
@@ -71,7 +73,10 @@ class Gateway:
             limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),
             on_refused=lambda reason, n: self.telemetry.inc("llm_metrics_values_refused", n, reason=reason))
         self.metric_reader = self.meter_provider
-        self.bridge = OtelBridge(self.metric_reader)
+        # exemplars on the derived latency histograms, for traces the tail sampler keeps (exemplars.py)
+        self.exemplars = ExemplarStore(max_pending=max(config.tail_sampling.num_traces, 1024)
+                                       if config.tail_sampling else 1024)
+        self.bridge = OtelBridge(self.metric_reader, self.exemplars)
         self.registry.register(self.bridge)
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry, labels) \
             if config.llm_metrics else None
@@ -92,6 +97,15 @@ class Gateway:
                 lambda reason, n: self.telemetry.inc("received_refused", n, signal="metrics", reason=reason),
                 self._reserved_names, max_label_length=labels.max_label_length)
         self._own_names: frozenset[str] | None = None
+        # the OpenMetrics exposition (exemplars): the same families through prometheus_client's writer
+        self._openmetrics = CollectorRegistry(auto_describe=False)
+        if config.telemetry.address is None and config.telemetry.level != "none":
+            self._openmetrics.register(_Registry(self.telemetry.upstream_registry))
+            if config.telemetry.level != "basic":
+                self._openmetrics.register(_Registry(self.telemetry.registry))
+        self._openmetrics.register(self.bridge)
+        if self.received_metrics is not None:
+            self._openmetrics.register(self.received_metrics)
         self._warned_unrouted: set[str] = set()
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
@@ -99,7 +113,11 @@ class Gateway:
         if ts is not None:
             built = list(policies) if policies is not None else build(ts.policies, clock, config.slo)
             self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
+            self.sampler.on_decided = self.exemplars.decided
             self._keys = attribute_keys(built)
+        if self.metrics is not None:
+            self.metrics.exemplars = self.exemplars
+            self.metrics.exemplars_kept = self.sampler is None  # no tail sampling: every trace goes on
         self.grpc: GrpcReceiver | None = None
         self.http: HttpReceiver | None = None
         self.prometheus: PrometheusEndpoint | None = None
@@ -128,7 +146,9 @@ class Gateway:
         try:
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
-                                                     BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
+                                                     BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None,
+                                                     openmetrics=self.openmetrics if cfg.prometheus_openmetrics
+                                                     else None)
             if cfg.telemetry.address is not None:  # own telemetry on its own port, as upstream's :8888
                 self.own_telemetry = PrometheusEndpoint(*cfg.telemetry.address, self.telemetry.exposition)
             signals = {signal: (lambda raw, transport, peer=None, _s=signal: self.ingest_signal(_s, raw, transport))
@@ -247,6 +267,10 @@ class Gateway:
         own = self.telemetry.exposition() if self.config.telemetry.address is None else b""
         received = self.received_metrics.text().encode() if self.received_metrics is not None else b""
         return own + self.bridge.text().encode() + received
+
+    def openmetrics(self) -> bytes:
+        """What a scrape asking for OpenMetrics returns: the same series, with the histograms' exemplars."""
+        return openmetrics_latest(self._openmetrics)
 
     # -- metrics and logs ---------------------------------------------------------------------------
 

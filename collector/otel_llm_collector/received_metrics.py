@@ -26,6 +26,8 @@ from typing import Callable, Iterable
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+                                    SummaryMetricFamily)
 from prometheus_client.utils import floatToGoString
 
 from otel_llm.otlp.messages import MalformedRequest
@@ -241,6 +243,35 @@ class ReceivedMetrics:
             self._n -= len(stale)
             if not family.series:
                 del self._families[name]
+
+    def collect(self) -> Iterable[Metric]:
+        """The held series as prometheus_client families (the OpenMetrics exposition renders these)."""
+        out: list[Metric] = []
+        with self._lock:
+            self._expire(self._clock())
+            for name, family in sorted(self._families.items()):
+                kind = family.kind
+                cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily,
+                       "summary": SummaryMetricFamily}[kind]
+                by_labels: dict[tuple[str, ...], list[_Series]] = {}
+                for s in family.series.values():
+                    by_labels.setdefault(tuple(k for k, _ in s.labels), []).append(s)
+                for names, series in by_labels.items():  # a family per label-name set (one in practice)
+                    fam = cls(name, family.doc, labels=names)
+                    for s in series:
+                        values = [v for _, v in s.labels]
+                        if kind in ("counter", "gauge"):
+                            fam.add_metric(values, s.value)
+                        elif kind == "histogram":
+                            cumulative, buckets = 0, []
+                            for bound, n in zip(list(s.bounds) + [math.inf], s.counts):
+                                cumulative += n
+                                buckets.append(("+Inf" if bound == math.inf else floatToGoString(bound), cumulative))
+                            fam.add_metric(values, buckets, s.total)
+                        else:
+                            fam.add_metric(values, s.count, s.total)
+                    out.append(fam)
+        return out
 
     def text(self, skip: frozenset[str] = frozenset()) -> str:
         """Prometheus text format 0.0.4 of the held series (families named in ``skip`` left out)."""

@@ -78,6 +78,8 @@ class TailSampler:
                  telemetry: GatewayMetrics, emit: Emit) -> None:
         self.cfg = cfg
         self.policies = tuple(policies)
+        # (kept trace ids, every decided trace id), called under the lock after each batch of decisions
+        self.on_decided: Callable[[list[bytes], list[bytes]], None] | None = None
         self._clock = clock
         self._t = telemetry
         self._emit = emit
@@ -265,6 +267,7 @@ class TailSampler:
         policies, on_error = self.policies, self._policy_failed
         keep, forget = self._sampled.add, self._not_sampled.add
         not_sampled, released = 0, 0
+        kept: list[bytes] = []
         for trace in due:
             released += trace.nbytes
             chosen = first_match(policies, trace.view(), on_error)
@@ -277,10 +280,13 @@ class TailSampler:
             decided[key] = decided.get(key, 0) + 1
             if chosen.verdict is _SAMPLED:
                 keep(trace.key)
+                kept.append(trace.key)
                 out.extend(trace.items)
             else:
                 forget(trace.key)
         self._bytes -= released
+        if self.on_decided is not None:
+            self.on_decided(kept, [t.key for t in due])
         if not_sampled:
             decided[_NOT_SAMPLED_KEY] = decided.get(_NOT_SAMPLED_KEY, 0) + not_sampled
 

@@ -338,3 +338,41 @@ def test_received_series_are_bounded_and_expire() -> None:
     assert refused == {"series_limit": 1} and held.series == 2
     now[0] = 301
     assert held.text() == "" and held.series == 0
+
+
+# -- exemplars -------------------------------------------------------------------------------------------
+
+
+def _scrape_openmetrics(endpoint: str) -> tuple[str, str]:
+    req = urllib.request.Request(f"http://{endpoint}/metrics", headers={
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        "Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+        if r.headers.get("Content-Encoding") == "gzip":
+            import gzip
+            body = gzip.decompress(body)
+        return r.headers["Content-Type"], body.decode()
+
+
+def test_exemplars_name_only_kept_traces_and_only_in_openmetrics(clock) -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    cfg = loopback_config(processors={"tail_sampling": {"policies": [{"name": "errors", "type": "error"}]}},
+                          exporters={"prometheus": {"endpoint": "127.0.0.1:0", "enable_open_metrics": True}})
+    with Gateway(cfg, clock=clock, manual_ticks=True) as g:
+        g.ingest(export_request(span(1, 1, attrs=request_attrs(ttft=0.3)), span(1, 2, parent=1, error=True)))
+        g.ingest(export_request(span(2, 1, attrs=request_attrs(ttft=0.3))))  # same bucket, not kept
+        g.ingest(export_request(span(3, 1, attrs=request_attrs(ttft=2.0))))  # its own bucket, not kept
+        ctype, before = _scrape_openmetrics(g.prometheus_endpoint)
+        assert ctype.startswith("application/openmetrics-text") and " # {" not in before  # nothing decided yet
+        clock.advance(60)
+        g.tick()
+        assert g.exemplars.pending == 0  # every decided trace released its candidates
+        ctype, text = _scrape_openmetrics(g.prometheus_endpoint)
+    exemplars = [(s.labels["le"], s.exemplar) for f in text_string_to_metric_families(text)
+                 if f.name == "gen_ai_server_time_to_first_token_seconds" for s in f.samples if s.exemplar]
+    assert [(le, e.labels["trace_id"], e.value) for le, e in exemplars] == [("0.5", f"{1:032x}", 0.3)]
+    with Gateway(loopback_config(), manual_ticks=True) as plain:  # upstream's default: enable_open_metrics false
+        ctype, _ = _scrape_openmetrics(plain.prometheus_endpoint)
+        assert ctype.startswith("text/plain")
