@@ -12,8 +12,6 @@ from typing import Sequence
 
 from otel_llm.core.slo import SLOTable
 
-from otel_llm.version import __version__ as core_version
-
 from . import __version__
 from .config import DEFAULTS_YAML, CollectorConfig, ConfigError
 
@@ -21,10 +19,20 @@ from .config import DEFAULTS_YAML, CollectorConfig, ConfigError
 EXIT_LOST = 3  # the gateway stopped with spans it could not deliver (logged and counted)
 
 
+def _core_version() -> str:
+    """The installed otel-llm's version (the core the gateway runs on), as its distribution says."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("otel-llm")
+    except PackageNotFoundError:
+        return "not installed as a distribution"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-llm-collector",
                                 description="OTLP gateway deriving LLM latency metrics and tail-sampling traces")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (otel-llm {core_version})")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (otel-llm {_core_version()})")
     p.add_argument("--config", help="YAML config file (merged over the embedded defaults)")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
     p.add_argument("--print-defaults", action="store_true", help="print the embedded default config and exit")
