@@ -42,9 +42,7 @@ from .spans import REQUEST, TRACE_ID, Extracted, Received, RequestFacts, encode_
 from .tail_sampling import Item, TailSampler
 from .telemetry import RECEIVER, GatewayMetrics
 from otel_llm.otlp.messages import MalformedRequest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from google.protobuf.message import DecodeError
+from otel_llm.otlp.signals import log_record_count, metric_point_count, parse_logs_request, parse_metrics_request
 
 Clock = Callable[[], float]
 INGEST_CHUNK = 1000  # spans processed per hold of the pipeline lock
@@ -383,20 +381,9 @@ class _Registry:
 
 def _count(signal: str, raw: bytes) -> int:
     """Data points or log records in an encoded metrics or logs export request (validating it)."""
-    try:
-        if signal == "metrics":
-            req = ExportMetricsServiceRequest.FromString(raw)
-            n = 0
-            for rm in req.resource_metrics:
-                for sm in rm.scope_metrics:
-                    for m in sm.metrics:
-                        which = m.WhichOneof("data")
-                        n += len(getattr(m, which).data_points) if which else 0
-            return n
-        req = ExportLogsServiceRequest.FromString(raw)
-        return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
-    except (DecodeError, RecursionError, ValueError) as exc:
-        raise MalformedRequest(f"malformed {signal} export request: {exc or 'cannot decode protobuf'}") from None
+    if signal == "metrics":
+        return metric_point_count(parse_metrics_request(raw))
+    return log_record_count(parse_logs_request(raw))
 
 
 def split(batch: Extracted, n: int):

@@ -23,14 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
                                     SummaryMetricFamily)
 from prometheus_client.utils import floatToGoString
 
-from otel_llm.otlp.messages import MalformedRequest
+from otel_llm.otlp.signals import parse_metrics_request
 
 _BAD = re.compile(r"[^a-zA-Z0-9_:]")
 _UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds", "min": "minutes",
@@ -67,7 +64,7 @@ def metric_name(name: str, unit: str, kind: str) -> str:
     return base
 
 
-def _label_value(v: AnyValue) -> str:
+def _label_value(v) -> str:  # noqa: ANN001 - an OTLP AnyValue
     which = v.WhichOneof("value")
     if which is None:
         return ""
@@ -127,11 +124,7 @@ class ReceivedMetrics:
     def ingest(self, raw: bytes) -> tuple[int, int]:
         """An encoded ``ExportMetricsServiceRequest`` -> (points accepted, points refused);
         ``MalformedRequest`` when the bytes are not one."""
-        request = ExportMetricsServiceRequest()
-        try:
-            request.ParseFromString(raw)
-        except (DecodeError, RecursionError, ValueError) as exc:
-            raise MalformedRequest(f"malformed ExportMetricsServiceRequest: {exc or 'cannot decode protobuf'}") from None
+        request = parse_metrics_request(raw)
         reserved = set(self._reserved())
         refused: dict[str, int] = {}
         accepted = 0

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 import grpc
+from otel_llm.otlp.signals import LOGS_SERVICE, METRICS_SERVICE
 
 from ..config import ExporterConfig
 from ..telemetry import GatewayMetrics
@@ -24,8 +25,7 @@ from .senders import _RETRYABLE_GRPC, _RETRYABLE_HTTP, HttpSender, PermanentErro
 
 log = logging.getLogger("otel_llm_collector")
 
-_METHODS = {"metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-            "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export"}
+_METHODS = {"metrics": f"/{METRICS_SERVICE}/Export", "logs": f"/{LOGS_SERVICE}/Export"}
 _UNIT = {"metrics": "metric_points", "logs": "log_records"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from otel_llm.otlp.messages import ExportTraceServiceRequest
+from otel_llm.otlp.signals import LOGS_SERVICE, METRICS_SERVICE
 
 
 REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), span id (8 bytes, not all zero) "
@@ -31,8 +32,7 @@ class SignalIngest(Protocol):
 
 # the standard OTLP/HTTP paths and OTLP/gRPC services of the other signals (traces: ``PATH``, ``SERVICE``)
 SIGNAL_PATHS = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
-SIGNAL_SERVICES = {"metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
-                   "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
+SIGNAL_SERVICES = {"metrics": METRICS_SERVICE, "logs": LOGS_SERVICE}
 
 # a protobuf body -> what ``Ingest`` takes; ``messages.MalformedRequest`` (with the reason) when it is refused
 Parse = Callable[[bytes], Any]
