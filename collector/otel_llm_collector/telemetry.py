@@ -175,22 +175,19 @@ class GatewayMetrics:
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         """Count ``amount`` on our series ``name`` (short name) or on an upstream one (full name); an update
         of ours writes the upstream series that carries the same information too."""
-        if name in self._u:
-            (self._child(name, labels, self._u) if labels else self._u[name]).inc(amount)
-            return
-        (self._child(name, labels, self._m) if labels else self._m[name]).inc(amount)
-        for mirror in _MIRROR.get(name, ()):
-            up, up_labels = mirror(labels)
-            (self._child(up, up_labels, self._u) if up_labels else self._u[up]).inc(amount)
+        self._update(name, labels, "inc", amount)
 
     def set(self, name: str, value: float, **labels: str) -> None:
+        self._update(name, labels, "set", value)
+
+    def _update(self, name: str, labels: dict[str, str], op: str, value: float) -> None:
         if name in self._u:
-            (self._child(name, labels, self._u) if labels else self._u[name]).set(value)
+            getattr(self._child(name, labels, self._u) if labels else self._u[name], op)(value)
             return
-        (self._child(name, labels, self._m) if labels else self._m[name]).set(value)
+        getattr(self._child(name, labels, self._m) if labels else self._m[name], op)(value)
         for mirror in _MIRROR.get(name, ()):
             up, up_labels = mirror(labels)
-            (self._child(up, up_labels, self._u) if up_labels else self._u[up]).set(value)
+            getattr(self._child(up, up_labels, self._u) if up_labels else self._u[up], op)(value)
 
     def _registry_of(self, name: str) -> tuple[CollectorRegistry, str, type]:
         if name in self._u:

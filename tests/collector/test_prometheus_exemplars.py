@@ -4,7 +4,6 @@ gateway kept, and the metrics an SDK sends to the gateway's one endpoint reach P
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -14,7 +13,7 @@ import pytest
 
 from collector_testkit import FakeClock, export_request, loopback_config, prometheus_binary, request_attrs, span
 from otel_llm_collector.gateway import Gateway
-from test_prometheus import free_port, query, wait_for
+from test_prometheus import query, start_prometheus, stop, wait_for
 
 PROM = prometheus_binary()
 pytestmark = pytest.mark.skipif(PROM is None, reason="Prometheus not installed (Debian package `prometheus`, "
@@ -50,29 +49,6 @@ def kept_and_dropped(tmp_path: Path):
     assert g.flush(10)
     yield g, {f"{t:032x}" for t in range(1, 11)}, {f"{t:032x}" for t in range(11, 41)}
     g.shutdown()
-
-
-def start_prometheus(tmp_path: Path, target: str, *flags: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
-  - job_name: otel-llm-collector
-    static_configs: [{{targets: ["{target}"]}}]
-""")
-    proc = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return proc, port
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def test_ttft_exemplars_on_prometheus_resolve_to_kept_traces_only(tmp_path, kept_and_dropped) -> None:
