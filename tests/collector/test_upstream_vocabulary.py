@@ -376,3 +376,24 @@ def test_exemplars_name_only_kept_traces_and_only_in_openmetrics(clock) -> None:
     with Gateway(loopback_config(), manual_ticks=True) as plain:  # upstream's default: enable_open_metrics false
         ctype, _ = _scrape_openmetrics(plain.prometheus_endpoint)
         assert ctype.startswith("text/plain")
+
+
+def test_grpc_metrics_refused_clearly_and_absent_without_a_pipeline(sink) -> None:
+    method = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+    with Gateway(loopback_config(processors={"tail_sampling": None}), manual_ticks=True) as g:
+        with grpc.insecure_channel(g.grpc_endpoint) as channel:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as bad:
+                call(b"\xff\xff\xff", timeout=10)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed ExportMetricsServiceRequest" in bad.value.details()
+        assert g.telemetry.value("receiver_bad_requests", transport="grpc", reason="malformed") == 1
+    traces_only = loopback_config(
+        exporters={"otlp_grpc": {"endpoint": f"127.0.0.1:{sink.port}"}},
+        service={"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["otlp_grpc"]}}})
+    with Gateway(traces_only, manual_ticks=True) as g:
+        with grpc.insecure_channel(g.grpc_endpoint) as channel:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as absent:
+                call(ExportMetricsServiceRequest().SerializeToString(), timeout=10)
+        assert absent.value.code() == grpc.StatusCode.UNIMPLEMENTED  # as upstream's receiver without the pipeline
