@@ -50,22 +50,28 @@ class ExemplarStore:
     def pending(self) -> int:
         return len(self._pending)
 
-    def offer(self, trace_id: bytes, histogram: str, series: tuple, bounds: tuple[float, ...], value: float,
-              timestamp: float, kept: bool = False) -> None:
-        """A request's value in ``histogram``'s ``series`` (its attributes' key); ``kept``: its trace is kept
-        already (no tail sampling), so it is an exemplar now."""
-        candidate = (histogram, series, bisect.bisect_left(bounds, value), value, timestamp)
+    @staticmethod
+    def candidate(histogram: str, series: tuple, bounds: tuple[float, ...], value: float,
+                  timestamp: float) -> _Candidate:
+        """A request's value in ``histogram``'s ``series`` (its attributes' key), in the bucket it falls in."""
+        return (histogram, series, bisect.bisect_left(bounds, value), value, timestamp)
+
+    def offer(self, offers: list[tuple[bytes, list[_Candidate]]], kept: bool = False) -> None:
+        """Requests' candidates by trace id (one hold of the lock per batch); ``kept``: the traces are kept
+        already (no tail sampling), so the candidates are exemplars now."""
         with self._lock:
-            if kept:
-                self._keep(trace_id, (candidate,))
-                return
-            held = self._pending.get(trace_id)
-            if held is None:
-                self._pending[trace_id] = [candidate]
-                while len(self._pending) > self.max_pending:
-                    self._pending.popitem(last=False)
-            elif len(held) < 64:  # a trace with many request spans: its first 64 values are enough
-                held.append(candidate)
+            pending = self._pending
+            for trace_id, candidates in offers:
+                if kept:
+                    self._keep(trace_id, candidates)
+                    continue
+                held = pending.get(trace_id)
+                if held is None:
+                    pending[trace_id] = candidates
+                elif len(held) < 64:  # a trace with many request spans: its first values are enough
+                    held.extend(candidates)
+            while len(pending) > self.max_pending:
+                pending.popitem(last=False)
 
     def decided(self, kept: Iterable[bytes], decided: Iterable[bytes]) -> None:
         """Traces decided: ``kept`` ones' candidates become exemplars, every decided one's are released."""

@@ -113,7 +113,7 @@ class Gateway:
             self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
             self.sampler.on_decided = self.exemplars.decided
             self._keys = attribute_keys(built)
-        if self.metrics is not None:
+        if self.metrics is not None and config.prometheus_openmetrics:  # exemplars show in OpenMetrics only
             self.metrics.exemplars = self.exemplars
             self.metrics.exemplars_kept = self.sampler is None  # no tail sampling: every trace goes on
         self.grpc: GrpcReceiver | None = None

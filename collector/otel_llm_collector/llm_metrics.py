@@ -181,9 +181,11 @@ class LLMMetricsProcessor:
     def _offer(self, offers: list) -> None:
         """Each request's latencies as exemplar candidates of the series it was recorded in (the bound label
         set's attributes, as the Prometheus endpoint reads them)."""
-        store, now, kept = self.exemplars, time.time(), self.exemplars_kept
+        store, now = self.exemplars, time.time()
         assert store is not None
+        candidate = store.candidate
         series: dict[tuple, tuple | None] = {}
+        out = []
         for trace_id, s, service, key in offers:
             full = key + (self._service_labels(service),)
             skey = series.get(full, ())
@@ -192,10 +194,11 @@ class LLMMetricsProcessor:
                 skey = series[full] = attributes_key(bound.attributes) if bound is not None else None
             if skey is None:  # the label-set cache forgot it already: no exemplar for this one
                 continue
-            for spec in EXEMPLAR_HISTOGRAMS:
-                v = spec.value(s)
-                if v is not None:
-                    store.offer(trace_id, spec.name, skey, spec.buckets, v, now, kept)
+            values = [candidate(spec.name, skey, spec.buckets, v, now)
+                      for spec in EXEMPLAR_HISTOGRAMS if (v := spec.value(s)) is not None]
+            if values:
+                out.append((trace_id, values))
+        store.offer(out, self.exemplars_kept)
 
     def _admit(self, service: str, admitted: set[tuple] | None, key: tuple, budgets: tuple[str, ...]) -> str | None:
         """Admit a new label set; else the budget that refuses it (``total``, ``service``, ``tenant``, ``source``)."""
