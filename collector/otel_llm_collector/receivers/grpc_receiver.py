@@ -1,4 +1,5 @@
-"""OTLP/gRPC receiver: ``TraceService/Export`` on an asyncio gRPC server in its own thread.
+"""OTLP/gRPC receiver: ``TraceService/Export`` on an asyncio gRPC server in its own thread; ``MetricsService``
+and ``LogsService`` beside it, through the same handler, for the pipelines the gateway runs for them.
 
 Waiting for a client costs no thread: the server runs on an event loop, and a call's message is
 awaited under ``read_timeout`` (a server-side receive deadline: a client that opens a call and

@@ -1,4 +1,6 @@
 """OTLP/HTTP receiver: ``POST /v1/traces``, protobuf or JSON, optionally gzip, on a threading HTTP server.
+``/v1/metrics`` and ``/v1/logs`` (protobuf) go to the gateway's metrics and logs pipelines under the same
+limits, admission and deadlines (404 when the config runs no such pipeline).
 
 Bad input gets a 4xx with a ``google.rpc.Status`` body (in the request's content type)
 saying why, and is counted by reason. The body size is checked before reading it (OTLP/JSON
@@ -374,7 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
                                              "/v1/metrics, logs to /v1/logs")
         if self._signal != "traces" and self._signal not in self.owner.signals:
             return self._refuse(404, "no_pipeline", f"this gateway runs no {self._signal} pipeline "
-                                                    "(service.pipelines); traces go to {PATH}")
+                                                    f"(service.pipelines); traces go to {PATH}")
         auth = self.owner.auth
         server: _Server = self.server  # type: ignore[assignment]
         conn = server.connection(self.request)
