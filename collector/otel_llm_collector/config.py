@@ -17,8 +17,11 @@ Shape (keys follow the upstream Collector where the concept is the same)::
         decision_cache: {sampled_cache_size: 100000, non_sampled_cache_size: 100000}
         policies: [{name: errors, type: status_code, status_code: {status_codes: [ERROR]}}, ...]
     exporters:
-      otlp: {endpoint: 127.0.0.1:14317}            # gRPC; also otlphttp, file, prometheus
-      prometheus: {endpoint: 127.0.0.1:8889}
+      otlp_grpc: {endpoint: 127.0.0.1:14317}       # gRPC (``otlp``: the same, older name); also otlphttp, file
+      prometheus: {endpoint: 127.0.0.1:8889, enable_open_metrics: false}
+    service:                                       # service_config.py: upstream's telemetry and pipelines
+      telemetry: {metrics: {level: normal, address: 127.0.0.1:8888}}
+      pipelines: {traces: {receivers: [otlp], processors: [llm_metrics, tail_sampling], exporters: [otlp_grpc]}}
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
 
