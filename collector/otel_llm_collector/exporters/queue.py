@@ -27,7 +27,7 @@ import struct
 
 from ..config import ExporterConfig
 from ..storage import DurableLog, Position, StorageFull
-from ..telemetry import GatewayMetrics
+from ..telemetry import TRACES, GatewayMetrics
 from .senders import PermanentError, Sender
 
 log = logging.getLogger("otel_llm_collector")
@@ -65,6 +65,9 @@ class QueuedExporter:
                 spans = _SPANS.unpack_from(record)[0] if len(record) >= _SPANS.size else 0
                 self._q.put_nowait(Batch(record[_SPANS.size:], spans, position))
             self._t.set("storage_bytes", log.size, storage=self.storage)
+        # upstream's queue series, in memory or on disk alike (a durable queue starts with what it replays)
+        self._t.set("otelcol_exporter_queue_capacity", cfg.queue_size, exporter=self.name, data_type=TRACES)
+        self._t.set("exporter_queue_size", self._q.qsize(), exporter=self.name)
         self._current: Batch | None = None  # the batch being sent or retried
         self._lost = 0  # spans given up on at shutdown
         self._warned_rejected = False
