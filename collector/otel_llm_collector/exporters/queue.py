@@ -46,6 +46,23 @@ class Batch:
 _SPANS = struct.Struct("<I")  # a logged batch: its span count, then its payload
 
 
+def wait_drained(q: queue.Queue, timeout: float) -> bool:
+    """Wait until every item put on ``q`` was processed (``task_done``); False on timeout."""
+    with q.all_tasks_done:
+        return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
+
+
+def stop_worker(q: queue.Queue, stop: threading.Event, worker: threading.Thread, timeout: float) -> None:
+    """Stop a queue's worker thread: flag it, wake it with the ``None`` sentinel, and give a send in progress
+    a moment (at most a second) to end."""
+    stop.set()
+    try:
+        q.put_nowait(None)
+    except queue.Full:
+        pass
+    worker.join(min(timeout, 1.0) if timeout > 0 else 0.1)
+
+
 class QueuedExporter:
     def __init__(self, cfg: ExporterConfig, sender: Sender, telemetry: GatewayMetrics,
                  clock: Clock = time.monotonic, sleep: Sleep | None = None, log: DurableLog | None = None) -> None:
@@ -96,18 +113,12 @@ class QueuedExporter:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued batch was sent or dropped; False on timeout."""
-        with self._q.all_tasks_done:
-            return self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0, timeout)
+        return wait_drained(self._q, timeout)
 
     def close(self, timeout: float = 5.0) -> int:
         """Deliver what is queued within ``timeout``, then stop; returns the spans not delivered."""
         self.flush(timeout)
-        self._stop.set()
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
-        self._worker.join(min(timeout, 1.0) if timeout > 0 else 0.1)  # a send in progress gets a moment
+        stop_worker(self._q, self._stop, self._worker, timeout)
         lost = self._lost
         current = self._current
         if self._worker.is_alive() and current is not None:  # stuck in a send: its spans are not delivered

@@ -21,6 +21,7 @@ from otel_llm.otlp.signals import LOGS_SERVICE, METRICS_SERVICE
 
 from ..config import ExporterConfig
 from ..telemetry import GatewayMetrics
+from .queue import stop_worker, wait_drained
 from .senders import _RETRYABLE_GRPC, _RETRYABLE_HTTP, HttpSender, PermanentError, _secure_channel
 
 log = logging.getLogger("otel_llm_collector")
@@ -64,17 +65,11 @@ class SignalExporter:
             return False
 
     def flush(self, timeout: float = 30.0) -> bool:
-        with self._q.all_tasks_done:
-            return self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0, timeout)
+        return wait_drained(self._q, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         self.flush(timeout)
-        self._stop.set()
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
-        self._worker.join(min(timeout, 1.0) if timeout > 0 else 0.1)
+        stop_worker(self._q, self._stop, self._worker, timeout)
         if self._channel is not None:
             self._channel.close()
         else:
