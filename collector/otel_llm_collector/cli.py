@@ -12,15 +12,27 @@ from typing import Sequence
 
 from otel_llm.core.slo import SLOTable
 
+from . import __version__
 from .config import DEFAULTS_YAML, CollectorConfig, ConfigError
 
 
 EXIT_LOST = 3  # the gateway stopped with spans it could not deliver (logged and counted)
 
 
+def _core_version() -> str:
+    """The installed otel-llm's version (the core the gateway runs on), as its distribution says."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("otel-llm")
+    except PackageNotFoundError:
+        return "not installed as a distribution"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-llm-collector",
                                 description="OTLP gateway deriving LLM latency metrics and tail-sampling traces")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__} (otel-llm {_core_version()})")
     p.add_argument("--config", help="YAML config file (merged over the embedded defaults)")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
     p.add_argument("--print-defaults", action="store_true", help="print the embedded default config and exit")
@@ -97,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(f"OTLP/HTTP {gateway.http_endpoint}")
     if gateway.prometheus:
         parts.append(f"Prometheus http://{gateway.prometheus_endpoint}/metrics")
+    if gateway.own_telemetry:
+        parts.append(f"own telemetry http://{gateway.telemetry_endpoint}/metrics")
     print("otel-llm-collector listening: " + ", ".join(parts), flush=True)
     wait_for_signal(stop)
     lost = gateway.shutdown()

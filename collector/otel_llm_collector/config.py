@@ -17,8 +17,11 @@ Shape (keys follow the upstream Collector where the concept is the same)::
         decision_cache: {sampled_cache_size: 100000, non_sampled_cache_size: 100000}
         policies: [{name: errors, type: status_code, status_code: {status_codes: [ERROR]}}, ...]
     exporters:
-      otlp: {endpoint: 127.0.0.1:14317}            # gRPC; also otlphttp, file, prometheus
-      prometheus: {endpoint: 127.0.0.1:8889}
+      otlp_grpc: {endpoint: 127.0.0.1:14317}       # gRPC (``otlp``: the same, older name); also otlphttp, file
+      prometheus: {endpoint: 127.0.0.1:8889, enable_open_metrics: false}
+    service:                                       # service_config.py: upstream's telemetry and pipelines
+      telemetry: {metrics: {level: normal, address: 127.0.0.1:8888}}
+      pipelines: {traces: {receivers: [otlp], processors: [llm_metrics, tail_sampling], exporters: [otlp_grpc]}}
 
 A receiver or exporter is on when its section is present; ``null`` turns a default one off.
 
@@ -79,6 +82,8 @@ import yaml
 from otel_llm.core.sampling.registry import PolicyConfigError, PolicySpec, parse_policies
 from otel_llm.core.slo import SLOTable
 
+from .service_config import Pipelines, ServiceConfigError, TelemetryConfig, parse_pipelines, parse_telemetry
+
 DEFAULTS_YAML = """
 receivers:
   otlp:
@@ -123,7 +128,8 @@ exporters:
   prometheus: {endpoint: "127.0.0.1:8889"}
 """
 
-EXPORTER_TYPES = ("otlp", "otlphttp", "file", "prometheus")
+EXPORTER_TYPES = ("otlp", "otlp_grpc", "otlphttp", "file", "prometheus")  # otlp_grpc: upstream's newer name of otlp
+GRPC_EXPORTERS = ("otlp", "otlp_grpc")
 
 
 class ConfigError(ValueError):
@@ -320,6 +326,11 @@ class CollectorConfig:
     prometheus_auth: BearerTokenConfig | None = None
     shutdown_timeout: float = 5.0  # how long shutdown waits for exporters to deliver what is queued
     storage: "StorageConfig" = field(default_factory=lambda: StorageConfig())  # durable logs (off by default)
+    telemetry: TelemetryConfig = TelemetryConfig()  # service.telemetry (service_config.py)
+    # exporters.prometheus.enable_open_metrics (upstream's key): OpenMetrics, with exemplars, to scrapers asking
+    prometheus_openmetrics: bool = False
+    pipelines: Pipelines = Pipelines()  # service.pipelines: where received metrics and logs go
+    signal_exporters: tuple[ExporterConfig, ...] = ()  # OTLP exporters the metrics or logs pipeline names
 
     @classmethod
     def from_yaml(cls, text: str) -> "CollectorConfig":
@@ -348,26 +359,57 @@ class CollectorConfig:
         _only(merged, ("receivers", "processors", "exporters", "extensions", "service"), "")
         auths = _extensions(merged.get("extensions"))
         service = merged.get("service") or {}
-        _only(service, ("shutdown_timeout",), "service")
+        _only(service, ("shutdown_timeout", "telemetry", "pipelines", "extensions"), "service")
         protocols = ((merged.get("receivers") or {}).get("otlp") or {}).get("protocols") or {}
         _only(protocols, ("grpc", "http"), "receivers.otlp.protocols")
         procs = merged.get("processors") or {}
         _only(procs, ("llm_metrics", "tail_sampling"), "processors")
         exps = merged.get("exporters") or {}
+        _service_extensions(service.get("extensions"), merged.get("extensions") or {})
+        try:
+            telemetry = parse_telemetry(service.get("telemetry"))
+            pipelines = parse_pipelines(service.get("pipelines"),
+                                        tuple(k for k, v in procs.items() if v is not None),
+                                        {k: k.split("/")[0] for k, v in exps.items() if v is not None})
+        except ServiceConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        built = {k: _exporter(k, v) for k, v in exps.items() if v is not None and k.split("/")[0] != "prometheus"}
+        span_exporters = tuple(built.values())
+        signal_exporters: tuple[ExporterConfig, ...] = ()
+        if pipelines.given:  # as upstream: a processor or exporter no pipeline names does not run
+            procs = {k: v for k, v in procs.items() if k in pipelines.processors}
+            span_exporters = tuple(built[k] for k in pipelines.span_exporters or ())
+            signal_exporters = tuple(built[k] for k in dict.fromkeys((*(pipelines.metrics or ()),
+                                                                      *(pipelines.logs or ()))) if k in built)
         return cls(
             grpc=_grpc(protocols.get("grpc"), auths),
             http=_http(protocols.get("http"), auths),
             llm_metrics=procs.get("llm_metrics") is not None,
             slo=_slo(procs.get("llm_metrics")),
             tail_sampling=_tail(procs.get("tail_sampling")),
-            exporters=tuple(_exporter(k, v) for k, v in exps.items()
-                            if v is not None and k.split("/")[0] != "prometheus"),
+            exporters=span_exporters,
+            telemetry=telemetry,
+            prometheus_openmetrics=bool((exps.get("prometheus") or {}).get("enable_open_metrics", False)),
+            pipelines=pipelines,
+            signal_exporters=signal_exporters,
             prometheus=_prometheus(exps),
             labels=_labels(procs.get("llm_metrics")),
             prometheus_auth=_auth(exps.get("prometheus"), auths, "exporters.prometheus"),
             shutdown_timeout=duration(service.get("shutdown_timeout", 5), "service.shutdown_timeout"),
-            storage=_storage(merged),
+            storage=_storage(merged, procs, tuple(e.name for e in span_exporters)),
         )
+
+
+def _service_extensions(names: Any, configured: Mapping[str, Any]) -> None:
+    """``service.extensions``: upstream lists the extensions to start there; each must be configured."""
+    if names is None:
+        return
+    if not isinstance(names, list):
+        raise ConfigError(f"service.extensions: expected a list of extension names, got {names!r}")
+    for name in names:
+        if name not in configured:
+            raise ConfigError(f"service.extensions: {name!r} is not configured under extensions "
+                              f"(configured: {', '.join(configured) or 'none'})")
 
 
 def _merge(base: Any, over: Any) -> Any:
@@ -643,7 +685,7 @@ def _exporter(key: str, m: Any) -> ExporterConfig:
             raise ConfigError(f"{w}.path: the file exporter needs a path")
     elif not isinstance(m.get("endpoint"), str) or not m.get("endpoint"):
         raise ConfigError(f"{w}.endpoint: the {kind} exporter needs an endpoint")
-    if kind == "otlp":
+    if kind in GRPC_EXPORTERS:
         endpoint(m["endpoint"].removeprefix("http://").removeprefix("https://"), f"{w}.endpoint")
     if kind == "file" and "tls" in m:
         raise ConfigError(f"{w}.tls: the file exporter has no TLS")
@@ -676,7 +718,10 @@ def _prometheus(exps: Mapping[str, Any]) -> tuple[str, int] | None:
     m = exps.get("prometheus")
     if m is None:
         return None
-    _only(m, ("endpoint", "auth"), "exporters.prometheus")
+    _only(m, ("endpoint", "auth", "enable_open_metrics"), "exporters.prometheus")
+    if not isinstance(m.get("enable_open_metrics", False), bool):
+        raise ConfigError(f"exporters.prometheus.enable_open_metrics: expected true or false, "
+                          f"got {m['enable_open_metrics']!r}")
     return endpoint(m.get("endpoint"), "exporters.prometheus.endpoint")
 
 
@@ -775,7 +820,7 @@ def _client_tls(kind: str, m: Mapping, w: str) -> TLSClientConfig | None:
         return TLSClientConfig() if scheme == "https" else None  # https:// alone: TLS, system roots
     where = f"{w}.tls"
     extra = {"insecure_skip_verify": "Python gRPC cannot skip verification; set ca_file to the server's CA"} \
-        if kind == "otlp" else {}
+        if kind in GRPC_EXPORTERS else {}
     t = _tls_mapping(m["tls"], where, _TLS_CLIENT_KEYS, extra)
     flags = {k: t.get(k, False) for k in ("insecure", "insecure_skip_verify")}
     for k, v in flags.items():
@@ -836,8 +881,10 @@ class StorageConfig:
         return self.extensions[self.tail_sampling] if self.tail_sampling is not None else None
 
 
-def _storage(merged: Mapping[str, Any]) -> StorageConfig:
-    """The ``file_storage`` extensions, and the exporters' and the tail sampler's ``storage`` references."""
+def _storage(merged: Mapping[str, Any], procs: Mapping[str, Any], span_exporters: tuple[str, ...]) -> StorageConfig:
+    """The ``file_storage`` extensions, and the exporters' and the tail sampler's ``storage`` references.
+    ``procs``/``span_exporters``: the processors and trace exporters that run (``service.pipelines``); only
+    traces are durable, so only the trace exporters must keep their queue on disk."""
     extensions: dict[str, FileStorageConfig] = {}
     for name, spec in (merged.get("extensions") or {}).items():
         if name.split("/")[0] != "file_storage":
@@ -874,12 +921,11 @@ def _storage(merged: Mapping[str, Any]) -> StorageConfig:
         if isinstance(m, Mapping) and isinstance(m.get("sending_queue"), Mapping) \
                 and m["sending_queue"].get("storage") is not None:
             exporters[key] = ref(m["sending_queue"]["storage"], f"exporters.{key}.sending_queue.storage")
-    tail = (merged.get("processors") or {}).get("tail_sampling")
+    tail = procs.get("tail_sampling")
     received = None
     if isinstance(tail, Mapping) and tail.get("storage") is not None:
         received = ref(tail["storage"], "processors.tail_sampling.storage")
-        volatile = [k for k, m in (merged.get("exporters") or {}).items()
-                    if m is not None and k.split("/")[0] != "prometheus" and k not in exporters]
+        volatile = [k for k in span_exporters if k not in exporters]
         if volatile:  # a decided trace would leave the log for a queue a crash empties
             raise ConfigError(f"processors.tail_sampling.storage: exporters {volatile} keep their queue in memory; "
                               "give each `sending_queue: {storage: ...}` too, or nothing kept is durable")

@@ -17,12 +17,14 @@ import time
 from typing import Callable, Sequence
 
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from otel_llm import semconv as sc
 from otel_llm.otlp.messages import ExportTraceServiceRequest
 from otel_llm.core.sampling import Policy, attribute_keys
 from otel_llm.core.sampling.registry import build
+
+from otel_llm.core.prometheus_names import prom_name
 
 from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
@@ -30,9 +32,13 @@ from .disagg_join import DisaggJoin
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
+from .exporters.signals import SignalExporter
+from .exemplars import ExemplarStore
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from .fairness import Peer
 from .llm_metrics import LLMMetricsProcessor
 from .prometheus import OtelBridge, PrometheusEndpoint
+from .received_metrics import REFUSED_MESSAGE as METRICS_REFUSED, ReceivedMetrics
 from .receivers.grpc_receiver import GrpcReceiver
 from .receivers.http_receiver import HttpReceiver
 from .received_log import STORAGE, ReceivedLog
@@ -40,7 +46,9 @@ from .storage import DurableLog, log_directory
 from .fast import wire
 from .spans import REQUEST, TRACE_ID, Extracted, Received, RequestFacts, encode_request, extract, read_request
 from .tail_sampling import Item, TailSampler
-from .telemetry import GatewayMetrics
+from .telemetry import RECEIVER, GatewayMetrics
+from otel_llm.otlp.messages import MalformedRequest
+from otel_llm.otlp.signals import log_record_count, metric_point_count, parse_logs_request, parse_metrics_request
 
 Clock = Callable[[], float]
 INGEST_CHUNK = 1000  # spans processed per hold of the pipeline lock
@@ -53,10 +61,11 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.manual_ticks = manual_ticks
-        self.telemetry = GatewayMetrics()
+        self.telemetry = GatewayMetrics(level=config.telemetry.level)
         # ``registry``: everything (own telemetry + derived metrics) for programmatic reads; the endpoint
         # renders the derived metrics with the bridge's own fast text writer (``exposition``)
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Registry(self.telemetry.upstream_registry))
         self.registry.register(_Registry(self.telemetry.registry))
         # derived metrics: the core's instruments on a light cumulative backend (aggregation.py), read on
         # scrape; it is both the meter provider the core records into and the reader the bridge reads
@@ -68,7 +77,10 @@ class Gateway:
             limits=SeriesLimits(2 * labels.max_series + 4, 2 * labels.max_series_per_service + 2),
             on_refused=lambda reason, n: self.telemetry.inc("llm_metrics_values_refused", n, reason=reason))
         self.metric_reader = self.meter_provider
-        self.bridge = OtelBridge(self.metric_reader)
+        # exemplars on the derived latency histograms, for traces the tail sampler keeps (exemplars.py)
+        self.exemplars = ExemplarStore(max_pending=max(config.tail_sampling.num_traces, 1024)
+                                       if config.tail_sampling else 1024)
+        self.bridge = OtelBridge(self.metric_reader, self.exemplars)
         self.registry.register(self.bridge)
         self.metrics = LLMMetricsProcessor(self.meter_provider, config.slo, self.telemetry, labels) \
             if config.llm_metrics else None
@@ -79,6 +91,10 @@ class Gateway:
             if config.llm_metrics else None
         self.exporters: list[QueuedExporter] = []
         self.received_log: ReceivedLog | None = None
+        # metrics and logs received (service.pipelines.metrics / .logs): Prometheus and/or OTLP exporters; they
+        # skip the write-ahead log and their queues stay in memory (durability covers traces)
+        routes = config.pipelines
+        self.signal_exporters: dict[str, SignalExporter] = {}
         try:  # a durable queue replays what it held when it starts
             for e in config.exporters:
                 self.exporters.append(make_exporter(e, self.telemetry, config.storage.for_exporter(e.name)))
@@ -87,20 +103,49 @@ class Gateway:
                 self.received_log = ReceivedLog(DurableLog(
                     log_directory(received.directory, STORAGE), received.fsync, received.max_bytes,
                     lambda outcome, n: self.telemetry.inc("storage_records", n, storage=STORAGE, outcome=outcome)))
+            for e in config.signal_exporters:
+                self.signal_exporters[e.name] = SignalExporter(e, self.telemetry)
         except BaseException:
             for q in self.exporters:
                 q.close(0)
+            for s in self.signal_exporters.values():
+                s.close(0)
+            if self.received_log is not None:
+                self.received_log.close()
             raise
+        self._routes = {signal: [self.signal_exporters[n] for n in names if n in self.signal_exporters]
+                        for signal, names in (("metrics", routes.metrics), ("logs", routes.logs)) if names is not None}
+        self.received_metrics: ReceivedMetrics | None = None
+        if routes.metrics is not None and "prometheus" in routes.metrics and config.prometheus is not None:
+            self.received_metrics = ReceivedMetrics(
+                lambda reason, n: self.telemetry.inc("received_refused", n, signal="metrics", reason=reason),
+                self._reserved_names, max_label_length=labels.max_label_length)
+        self._own_names: frozenset[str] | None = None
+        # the OpenMetrics exposition (exemplars): the same families through prometheus_client's writer
+        self._openmetrics = CollectorRegistry(auto_describe=False)
+        if config.telemetry.address is None and config.telemetry.level != "none":
+            self._openmetrics.register(_Registry(self.telemetry.upstream_registry))
+            if config.telemetry.level != "basic":
+                self._openmetrics.register(_Registry(self.telemetry.registry))
+        self._openmetrics.register(self.bridge)
+        if self.received_metrics is not None:
+            self._openmetrics.register(self.received_metrics)
+        self._warned_unrouted: set[str] = set()
         ts = config.tail_sampling
         self.sampler: TailSampler | None = None
         self._keys: frozenset[str] = frozenset()  # attribute keys the policies read (collected per trace)
         if ts is not None:
             built = list(policies) if policies is not None else build(ts.policies, clock, config.slo)
             self.sampler = TailSampler(ts, built, clock, self.telemetry, self._emit)
+            self.sampler.on_decided = self.exemplars.decided
             self._keys = attribute_keys(built)
+        if self.metrics is not None and config.prometheus_openmetrics:  # exemplars show in OpenMetrics only
+            self.metrics.exemplars = self.exemplars
+            self.metrics.exemplars_kept = self.sampler is None  # no tail sampling: every trace goes on
         self.grpc: GrpcReceiver | None = None
         self.http: HttpReceiver | None = None
         self.prometheus: PrometheusEndpoint | None = None
+        self.own_telemetry: PrometheusEndpoint | None = None  # service.telemetry.metrics.address, when set
         # The pipeline runs on one thread at a time: receivers parse and ingest under this lock and the
         # ticker decides under it. Python threads cannot run it in parallel anyway (the GIL), and letting
         # 4 handler threads interleave parsing and processing of different requests cost ~18% of the
@@ -114,6 +159,11 @@ class Gateway:
     def start(self) -> "Gateway":
         cfg = self.config
         warn_unprotected(cfg)
+        if cfg.telemetry.log_level is not None:
+            log.setLevel(cfg.telemetry.log_level)
+        if self.sampler is not None and not self.exporters:
+            log.warning("tail_sampling keeps traces but no exporter sends them anywhere: kept traces are dropped "
+                        "(only the derived metrics remain); add an otlp_grpc, otlphttp or file exporter")
         if not wire.AVAILABLE and (cfg.grpc is not None or cfg.http is not None):
             log.warning("receivers validate and read each request in two passes (%s); the one-pass path needs the "
                         "C extension built by `pip install ./collector` with a C compiler", wire.REASON)
@@ -121,12 +171,20 @@ class Gateway:
             self._replay()  # before any receiver opens: what was acknowledged before a crash goes first
             if cfg.prometheus is not None:
                 self.prometheus = PrometheusEndpoint(cfg.prometheus[0], cfg.prometheus[1], self.exposition,
-                                                     BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None)
+                                                     BearerAuth(cfg.prometheus_auth) if cfg.prometheus_auth else None,
+                                                     openmetrics=self.openmetrics if cfg.prometheus_openmetrics
+                                                     else None)
+            if cfg.telemetry.address is not None:  # own telemetry on its own port, as upstream's :8888
+                self.own_telemetry = PrometheusEndpoint(*cfg.telemetry.address, self.telemetry.exposition)
+            signals = {signal: (lambda raw, transport, peer=None, _s=signal: self.ingest_signal(_s, raw, transport))
+                       for signal in self._routes}
             if cfg.grpc is not None:
-                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request, self.clock)
+                self.grpc = GrpcReceiver(cfg.grpc, self.ingest, self.telemetry, self.read_request, signals,
+                                         clock=self.clock)
                 self.grpc.start()
             if cfg.http is not None:
-                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request, self.clock)
+                self.http = HttpReceiver(cfg.http, self.ingest, self.telemetry, self.read_request, signals,
+                                         clock=self.clock)
                 self.http.start()
         except Exception:
             self.shutdown()
@@ -157,10 +215,14 @@ class Gateway:
         for e in self.exporters:
             e.flush(max(0.0, deadline - time.monotonic()))
         lost = {e.name: e.close(0) for e in self.exporters}
-        if self.received_log is not None:
+        for s in self.signal_exporters.values():
+            s.close(max(0.0, deadline - time.monotonic()))
+        if self.received_log is not None:  # after the exporters: what they did not deliver stays logged
             self.received_log.close()
         if self.prometheus is not None:
             self.prometheus.close()
+        if self.own_telemetry is not None:
+            self.own_telemetry.close()
         self.meter_provider.shutdown()
         total = sum(lost.values())
         if total:
@@ -262,8 +324,64 @@ class Gateway:
             self.ttft_join.process(Extracted([], users))
 
     def exposition(self) -> bytes:
-        """What a scrape returns: own telemetry (prometheus_client) + derived metrics (the bridge's writer)."""
-        return generate_latest(self.telemetry.registry) + self.bridge.text().encode()
+        """What a scrape returns: own telemetry (prometheus_client; unless it has its own endpoint) + derived
+        metrics (the bridge's writer)."""
+        own = self.telemetry.exposition() if self.config.telemetry.address is None else b""
+        received = self.received_metrics.text().encode() if self.received_metrics is not None else b""
+        return own + self.bridge.text().encode() + received
+
+    def openmetrics(self) -> bytes:
+        """What a scrape asking for OpenMetrics returns: the same series, with the histograms' exemplars."""
+        return openmetrics_latest(self._openmetrics)
+
+    # -- metrics and logs ---------------------------------------------------------------------------
+
+    def ingest_signal(self, signal: str, raw: bytes, transport: str) -> tuple[int, str]:
+        """One OTLP metrics or logs export request (protobuf) through its pipeline: received metrics onto
+        the Prometheus endpoint, the request as received to the pipeline's OTLP exporters. Returns (items
+        refused, why) for the response's ``partial_success``; ``MalformedRequest`` for bytes that are not one."""
+        unit = "metric_points" if signal == "metrics" else "log_records"
+        refused, message = 0, ""
+        try:
+            if signal == "metrics" and self.received_metrics is not None:
+                accepted, refused = self.received_metrics.ingest(raw)
+                total, message = accepted + refused, METRICS_REFUSED if refused else ""
+            else:
+                total = _count(signal, raw)
+        except MalformedRequest:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a processing bug is the request's refusal, never the receiver's end
+            raise MalformedRequest(f"cannot process the {signal} request: {type(exc).__name__}") from None
+        labels = {"receiver": RECEIVER, "transport": transport}
+        if total - refused:
+            self.telemetry.inc(f"otelcol_receiver_accepted_{unit}", total - refused, **labels)
+        if refused:
+            self.telemetry.inc(f"otelcol_receiver_refused_{unit}", refused, **labels)
+        exporters = self._routes.get(signal, [])
+        for e in exporters:
+            e.submit(signal, raw, total)
+        if not exporters and not (signal == "metrics" and self.received_metrics is not None) and total:
+            self.telemetry.inc("received_unrouted", total, signal=signal)
+            if signal not in self._warned_unrouted:
+                self._warned_unrouted.add(signal)
+                log.warning("%s received and accepted, but no exporter takes them: name an otlp_grpc or otlphttp "
+                            "exporter in service.pipelines.%s.exporters (counted in "
+                            "otelcol_llm_received_unrouted_total)", signal, signal)
+        return refused, message
+
+    def _reserved_names(self) -> frozenset[str]:
+        """Names the gateway exposes itself (own telemetry, derived metrics): received metrics may not take them."""
+        if self._own_names is None:
+            self._own_names = frozenset(n for r in (self.telemetry.registry, self.telemetry.upstream_registry)
+                                        for m in r.collect() for n in (m.name, m.name + "_total"))
+        derived = set()
+        with self.meter_provider.lock:
+            meters = list(self.meter_provider._meters.values())
+            for meter in meters:
+                for inst in meter.instruments.values():
+                    name = prom_name(inst.name, inst.unit)
+                    derived.update((name, name + "_total"))
+        return self._own_names | derived
 
     def tick(self) -> int:
         """Decide the traces that are due (the ticker calls this when no request arrives to do it)."""
@@ -307,6 +425,11 @@ class Gateway:
         return f"{scheme}://{self.config.http.host}:{self.http.port}"
 
     @property
+    def telemetry_endpoint(self) -> str:
+        assert self.own_telemetry is not None and self.config.telemetry.address is not None
+        return f"{self.config.telemetry.address[0]}:{self.own_telemetry.port}"
+
+    @property
     def prometheus_endpoint(self) -> str:
         assert self.prometheus is not None and self.config.prometheus is not None
         return f"{self.config.prometheus[0]}:{self.prometheus.port}"
@@ -320,6 +443,13 @@ class _Registry:
 
     def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
         return self._registry.collect()
+
+
+def _count(signal: str, raw: bytes) -> int:
+    """Data points or log records in an encoded metrics or logs export request (validating it)."""
+    if signal == "metrics":
+        return metric_point_count(parse_metrics_request(raw))
+    return log_record_count(parse_logs_request(raw))
 
 
 def split(batch: Extracted, n: int):

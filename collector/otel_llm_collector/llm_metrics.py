@@ -27,13 +27,16 @@ per instrument as well (a backstop, and for instruments with several series per 
 from __future__ import annotations
 
 import sys
+import time
 from collections import OrderedDict
 from typing import Any, Iterable
 
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.slo import SLOTable
 
+from .aggregation import attributes_key
 from .config import LabelLimits
+from .exemplars import EXEMPLAR_HISTOGRAMS, ExemplarStore
 from .fairness import Peer
 from .fast.metrics import BatchMetrics, label_key
 from .spans import SERVICE_NAME, RequestFacts
@@ -116,6 +119,9 @@ class LLMMetricsProcessor:
         self._per_tenant = limits.max_series_per_tenant
         self._per_source = limits.max_series_per_source
         self._budgets: dict[str, int] = {}
+        # set by the gateway: candidate exemplars per request (``exemplars_kept``: no tail sampler, all are kept)
+        self.exemplars: ExemplarStore | None = None
+        self.exemplars_kept = False
 
     def process(self, requests: Iterable[RequestFacts], peer: Peer | None = None) -> None:
         """Record ``requests`` (all from ``peer``: who sent them, for the tenant and source budgets)."""
@@ -125,6 +131,7 @@ class LLMMetricsProcessor:
         n = self._max_len
         overflowed: dict[str, int] = {}  # the budget that refused -> requests
         admitted_of = self._admitted.get
+        offers: list | None = [] if self.exemplars is not None else None
         for r in requests:
             s = r.summary
             service = r.service
@@ -159,14 +166,40 @@ class LLMMetricsProcessor:
                 else:
                     group.append(s)
             counts[r.source] = counts.get(r.source, 0) + 1
+            if offers is not None:
+                offers.append((r.trace_id, s, service, key))
         for service, groups in by_service.items():  # each under the backend's lock (BatchMetrics holds it)
             self._metrics.record_grouped(groups, self._service_labels(service))
+        if offers:
+            self._offer(offers)
         for source, n_requests in counts.items():
             self._telemetry.inc("llm_metrics_requests", n_requests, source=source)
         if overflowed:
             tenant = peer.tenant if peer is not None and peer.tenant is not None else ""
             for budget, n_refused in overflowed.items():
                 self._telemetry.inc("llm_metrics_overflow_requests", n_refused, budget=budget, tenant=tenant)
+
+    def _offer(self, offers: list) -> None:
+        """Each request's latencies as exemplar candidates of the series it was recorded in (the bound label
+        set's attributes, as the Prometheus endpoint reads them)."""
+        store, now = self.exemplars, time.time()
+        assert store is not None
+        candidate = store.candidate
+        series: dict[tuple, tuple | None] = {}
+        out = []
+        for trace_id, s, service, key in offers:
+            full = key + (self._service_labels(service),)
+            skey = series.get(full, ())
+            if skey == ():
+                bound = self._metrics._cache.get(full)
+                skey = series[full] = attributes_key(bound.attributes) if bound is not None else None
+            if skey is None:  # the label-set cache forgot it already: no exemplar for this one
+                continue
+            values = [candidate(spec.name, skey, spec.buckets, v, now)
+                      for spec in EXEMPLAR_HISTOGRAMS if (v := spec.value(s)) is not None]
+            if values:
+                out.append((trace_id, values))
+        store.offer(out, self.exemplars_kept)
 
     def _admit(self, service: str, admitted: set[tuple] | None, key: tuple, budgets: tuple[str, ...]) -> str | None:
         """Admit a new label set; else the budget that refuses it (``total``, ``service``, ``tenant``, ``source``)."""

@@ -16,11 +16,15 @@ from typing import Callable, Iterator
 
 from opentelemetry.sdk.metrics.export import (Gauge, Histogram, InMemoryMetricReader, MetricsData, Sum)
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from otel_llm.core.prometheus_names import prom_label, prom_name
 
+from .aggregation import attributes_key
 from .auth import BearerAuth
+from .exemplars import ExemplarStore
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 _label = prom_label
@@ -49,8 +53,9 @@ class OtelBridge:
     equal), in a tenth of the time: the endpoint serves it, so a scrape of the largest bounded
     label-set count stays fast (prometheus_client formats every bucket line through several calls)."""
 
-    def __init__(self, reader: InMemoryMetricReader) -> None:
+    def __init__(self, reader: InMemoryMetricReader, exemplars: ExemplarStore | None = None) -> None:
         self._reader = reader
+        self._exemplars = exemplars  # OpenMetrics only (``collect``): text format 0.0.4 has no exemplars
 
     def collect(self) -> Iterator[Metric]:
         data: MetricsData | None = self._reader.get_metrics_data()
@@ -127,11 +132,16 @@ class OtelBridge:
         labels = [_label(k) for k in keys]
         if isinstance(metric.data, Histogram):
             fam = HistogramMetricFamily(name, metric.description or metric.name, labels=labels)
+            store = self._exemplars
             for p in points:
                 cumulative, buckets = 0, []
-                for bound, count in zip(list(p.explicit_bounds) + [float("inf")], p.bucket_counts):
+                held = store.of(metric.name, attributes_key(p.attributes)) if store is not None else {}
+                for i, (bound, count) in enumerate(zip(list(p.explicit_bounds) + [float("inf")], p.bucket_counts)):
                     cumulative += count
-                    buckets.append(("+Inf" if bound == float("inf") else _le(bound), cumulative))
+                    le = "+Inf" if bound == float("inf") else _le(bound)
+                    e = held.get(i)
+                    buckets.append((le, cumulative, Exemplar({"trace_id": e.trace_id}, e.value, e.timestamp))
+                                   if e is not None and count else (le, cumulative))
                 fam.add_metric([str(p.attributes.get(k, "")) for k in keys], buckets, p.sum)
             yield fam
         elif isinstance(metric.data, (Sum, Gauge)):  # an OpenTelemetry Gauge is a Prometheus gauge
@@ -144,8 +154,10 @@ class OtelBridge:
 
 
 class PrometheusEndpoint:
-    def __init__(self, host: str, port: int, exposition: Callable[[], bytes], auth: BearerAuth | None = None) -> None:
-        """Serves ``exposition()`` (Prometheus text format 0.0.4) on ``GET /metrics`` (and ``/``).
+    def __init__(self, host: str, port: int, exposition: Callable[[], bytes], auth: BearerAuth | None = None,
+                 openmetrics: Callable[[], bytes] | None = None) -> None:
+        """Serves ``exposition()`` (Prometheus text format 0.0.4) on ``GET /metrics`` (and ``/``), or
+        ``openmetrics()`` (OpenMetrics 1.0, with exemplars) to a scraper that asks for it in ``Accept``.
         ``auth``: scrapes must present the bearer token (Prometheus: ``authorization: {credentials: ...}``)."""
 
         class Handler(BaseHTTPRequestHandler):
@@ -156,17 +168,19 @@ class PrometheusEndpoint:
                     return self._send(401, b"", {"WWW-Authenticate": "Bearer"})
                 if self.path.split("?", 1)[0] not in ("/", "/metrics"):
                     return self._send(404, b"metrics are at /metrics\n")
-                body = exposition()
-                extra = {}
+                om = openmetrics is not None and "application/openmetrics-text" in (self.headers.get("Accept") or "")
+                body = openmetrics() if om else exposition()
+                extra = {"Content-Type": OPENMETRICS} if om else {}
                 if "gzip" in (self.headers.get("Accept-Encoding") or ""):
-                    body, extra = gzip.compress(body, 1), {"Content-Encoding": "gzip"}
+                    body, extra = gzip.compress(body, 1), {**extra, "Content-Encoding": "gzip"}
                 self._send(200, body, extra)
 
             def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                extra = dict(extra or {})
+                self.send_header("Content-Type", extra.pop("Content-Type", CONTENT_TYPE_LATEST))
                 self.send_header("Content-Length", str(len(body)))
-                for k, v in (extra or {}).items():
+                for k, v in extra.items():
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(body)

@@ -36,6 +36,7 @@ Emit = Callable[[list[Item]], None]
 _SAMPLED = Verdict.SAMPLED
 _NOT_SAMPLED_KEY = ("none", Verdict.NOT_SAMPLED.value)  # (policy, decision) labels of NOT_SAMPLED
 _NO_ATTRIBUTES: dict[str, list] = {}
+NEW_TRACES = "otelcol_processor_tail_sampling_new_trace_id_received"  # upstream's series (no otelcol_llm_ twin)
 
 
 class PendingTrace(TraceView):
@@ -77,6 +78,8 @@ class TailSampler:
                  telemetry: GatewayMetrics, emit: Emit) -> None:
         self.cfg = cfg
         self.policies = tuple(policies)
+        # (kept trace ids, every decided trace id), called under the lock after each batch of decisions
+        self.on_decided: Callable[[list[bytes], list[bytes]], None] | None = None
         self._clock = clock
         self._t = telemetry
         self._emit = emit
@@ -123,6 +126,7 @@ class TailSampler:
             decision_wait = now + self.cfg.decision_wait
             soon = min(now + self.cfg.decision_wait_after_root_received, decision_wait)
             added = 0
+            held_before = len(traces)  # nothing leaves the buffer in the loop: the growth is the new traces
             for tid, group, raw, start, end, error, root, request in batch.spans:
                 size = len(raw)
                 added += size
@@ -187,8 +191,11 @@ class TailSampler:
                         else:
                             merge_values(trace.attributes, ((k, v) for k, vs in values.items() for v in vs))
             self._bytes += added
+            new_traces = len(traces) - held_before
             self._enforce_limits(out, decided)
             self._gauges()
+        if new_traces:
+            self._t.inc(NEW_TRACES, new_traces)
         if late_sampled:
             self._t.inc("sampling_late_spans", late_sampled, decision="sampled")
         if late_dropped:
@@ -264,6 +271,7 @@ class TailSampler:
         policies, on_error = self.policies, self._policy_failed
         keep, forget = self._sampled.add, self._not_sampled.add
         not_sampled, released = 0, 0
+        kept: list[bytes] = []
         for trace in due:
             released += trace.nbytes
             chosen = first_match(policies, trace.view(), on_error)
@@ -276,10 +284,13 @@ class TailSampler:
             decided[key] = decided.get(key, 0) + 1
             if chosen.verdict is _SAMPLED:
                 keep(trace.key)
+                kept.append(trace.key)
                 out.extend(trace.items)
             else:
                 forget(trace.key)
         self._bytes -= released
+        if self.on_decided is not None:
+            self.on_decided(kept, [t.key for t in due])
         if not_sampled:
             decided[_NOT_SAMPLED_KEY] = decided.get(_NOT_SAMPLED_KEY, 0) + not_sampled
 

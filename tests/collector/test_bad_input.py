@@ -67,7 +67,7 @@ def bomb() -> bytes:
      "bad_gzip"),
     ("truncated gzip", gzip.compress(GOOD)[:-12], {**PB, "Content-Encoding": "gzip"}, "/v1/traces", "POST", 400,
      "bad_gzip"),
-    ("wrong path", GOOD, PB, "/v1/metrics", "POST", 404, "path"),
+    ("wrong path", GOOD, PB, "/v1/profiles", "POST", 404, "path"),
     ("wrong method", b"", PB, "/v1/traces", "GET", 405, "method"),
 ])
 def test_http_bad_input(gw: Gateway, label, body, headers, path, method, status, reason) -> None:

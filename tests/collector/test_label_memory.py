@@ -163,6 +163,6 @@ def test_the_endpoint_writer_renders_what_prometheus_client_would() -> None:
         only = CollectorRegistry(auto_describe=True)
         only.register(g.bridge)
         assert g.bridge.text() == generate_latest(only).decode()
-        assert g.exposition().startswith(generate_latest(g.telemetry.registry))
+        assert g.exposition().startswith(g.telemetry.exposition())  # own telemetry first (both vocabularies)
     finally:
         g.shutdown()

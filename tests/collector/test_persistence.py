@@ -9,6 +9,7 @@ assertions are about trace ids and counters, never about how fast.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -20,6 +21,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span, wait_for
@@ -189,6 +192,70 @@ def test_the_gateway_replays_undecided_batches_and_refuses_when_its_disk_budget_
         assert full.sampler is not None and not full.sampler.holds((7).to_bytes(16, "big"))
     finally:
         full.shutdown()
+
+
+# -- with the upstream vocabulary: queue series, pipelines, metrics and logs -------------------------
+
+def test_a_durable_queue_writes_upstreams_queue_series(tmp_path) -> None:
+    cfg = loopback_config(exporters={"otlp_grpc": {"endpoint": "127.0.0.1:1", "sending_queue": {"queue_size": 7},
+                                                   "retry_on_failure": {"max_elapsed_time": "1h"}}}).exporters[0]
+    d = str(tmp_path / "queue")
+    log = DurableLog(d)
+    for i in range(3):  # what a crash left
+        log.append(struct.pack("<I", 2) + f"batch-{i}".encode())
+    log.close()
+    t = GatewayMetrics()
+    down = QueuedExporter(cfg, _Sender(False), t, log=DurableLog(d, max_bytes=4096))
+    try:
+        assert t.value("otelcol_exporter_queue_capacity", exporter="otlp_grpc", data_type="traces") == 7
+        assert t.value("otelcol_exporter_queue_size", exporter="otlp_grpc", data_type="traces") == 3  # replayed
+        assert not down.submit(b"x" * 8192, 5)  # past the disk budget: never enqueued
+        assert t.value("otelcol_exporter_enqueue_failed_spans", exporter="otlp_grpc") == 5
+        assert t.value("otelcol_exporter_send_failed_spans", exporter="otlp_grpc") == 0
+    finally:
+        down.close(0)
+
+
+def test_metrics_and_logs_skip_the_write_ahead_log(tmp_path) -> None:
+    g = _durable_gateway(tmp_path, FakeClock()).start()
+    try:
+        metrics = ExportMetricsServiceRequest()
+        m = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="orders")
+        m.gauge.data_points.add(as_double=1)
+        logs = ExportLogsServiceRequest()
+        logs.resource_logs.add().scope_logs.add().log_records.add().body.string_value = "hello"
+        for path, body in (("/v1/metrics", metrics), ("/v1/logs", logs)):
+            conn = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=10)
+            conn.request("POST", path, body=body.SerializeToString(),
+                         headers={"Content-Type": "application/x-protobuf"})
+            assert conn.getresponse().status == 200
+            conn.close()
+        t = g.telemetry
+        assert t.value("otelcol_receiver_accepted_metric_points", receiver="otlp", transport="http") == 1
+        assert t.value("otelcol_receiver_accepted_log_records", receiver="otlp", transport="http") == 1
+        assert t.value("storage_records", storage="tail_sampling", outcome="written") == 0  # traces only
+        body = export_request(span(7, 1, attrs=request_attrs(), error=True)).SerializeToString()
+        assert http_export(g.http.port, body) == 200
+        assert t.value("storage_records", storage="tail_sampling", outcome="written") == 1
+    finally:
+        g.shutdown()
+
+
+def test_only_the_traces_pipelines_exporters_need_a_durable_queue(tmp_path) -> None:
+    durable = {"endpoint": "127.0.0.1:1", "sending_queue": {"storage": "file_storage"}}
+    mimir = {"endpoint": "http://127.0.0.1:1"}
+    pipelines = {"traces": {"receivers": ["otlp"], "processors": ["tail_sampling"], "exporters": ["otlp_grpc"]},
+                 "metrics": {"receivers": ["otlp"], "exporters": ["otlphttp/mimir"]}}
+    common = {"extensions": {"file_storage": {"directory": str(tmp_path)}},
+              "processors": {"llm_metrics": None, "tail_sampling": {"storage": "file_storage"}}}
+    cfg = loopback_config(exporters={"otlp_grpc": durable, "otlphttp/mimir": mimir},
+                          service={"pipelines": pipelines}, **common)
+    assert [e.name for e in cfg.exporters] == ["otlp_grpc"] and cfg.storage.received is not None
+    assert [e.name for e in cfg.signal_exporters] == ["otlphttp/mimir"]
+    pipelines["traces"]["exporters"] = ["otlp_grpc", "otlphttp/mimir"]
+    with pytest.raises(ConfigError, match="keep their queue in memory"):
+        loopback_config(exporters={"otlp_grpc": durable, "otlphttp/mimir": mimir},
+                        service={"pipelines": pipelines}, **common)
 
 
 # -- a real gateway, killed --------------------------------------------------------------------------

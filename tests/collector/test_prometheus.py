@@ -62,28 +62,39 @@ def fed_gateway():
     g.shutdown()
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, fed_gateway):
-    g, _ = fed_gateway
+def start_prometheus(tmp_path: Path, target: str, *flags: str) -> tuple[subprocess.Popen, int]:
+    """Debian's Prometheus scraping ``target`` every second (``flags``: e.g. a feature to enable)."""
     port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: otel-llm-collector
-    static_configs: [{{targets: ["{g.prometheus_endpoint}"]}}]
+    static_configs: [{{targets: ["{target}"]}}]
 """)
+    assert PROM is not None
     proc = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
+                             f"--web.listen-address=127.0.0.1:{port}", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, fed_gateway):
+    g, _ = fed_gateway
+    proc, port = start_prometheus(tmp_path, g.prometheus_endpoint)
     try:
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def test_prometheus_scrapes_and_p99_is_within_bucket_resolution(fed_gateway, prometheus) -> None:

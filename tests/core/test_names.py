@@ -134,8 +134,12 @@ def gateway_metric_keys(source: str) -> list[tuple[int, str]]:
 
 def test_the_collector_counts_only_declared_self_metrics():
     """The collector's ~40 ``telemetry.inc("receiver_bad_requests", ...)`` sites key the core's table by
-    name; a name the table lacks would raise only when that path runs, so check them all here."""
-    declared = {g.name for g in self_metrics.GATEWAY_METRICS}
+    name (or the collector's own tables: the upstream Collector's names, the metrics and logs pipelines'
+    series); a name the tables lack would raise only when that path runs, so check them all here."""
+    from otel_llm_collector import telemetry
+
+    declared = {g.name for g in self_metrics.GATEWAY_METRICS} | {s.name for s in telemetry.SPECS} \
+        | set(telemetry.UPSTREAM_NAMES)
     found = {}
     for path in sorted(ROOT.glob("collector/**/*.py")):
         for line, name in gateway_metric_keys(path.read_text(encoding="utf-8")):

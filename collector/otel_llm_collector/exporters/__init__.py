@@ -13,7 +13,7 @@ def make_exporter(cfg: ExporterConfig, telemetry: GatewayMetrics,
                   storage: FileStorageConfig | None = None) -> QueuedExporter:
     """``storage``: the ``file_storage`` extension its ``sending_queue.storage`` names (None: in memory)."""
     sender: Sender
-    if cfg.type == "otlp":
+    if cfg.type in ("otlp", "otlp_grpc"):  # upstream's new name for its OTLP/gRPC exporter, and the old one
         sender = GrpcSender(cfg)
     elif cfg.type == "otlphttp":
         sender = HttpSender(cfg)

@@ -27,7 +27,7 @@ import struct
 
 from ..config import ExporterConfig
 from ..storage import DurableLog, Position, StorageFull
-from ..telemetry import GatewayMetrics
+from ..telemetry import TRACES, GatewayMetrics
 from .senders import PermanentError, Sender
 
 log = logging.getLogger("otel_llm_collector")
@@ -44,6 +44,23 @@ class Batch:
 
 
 _SPANS = struct.Struct("<I")  # a logged batch: its span count, then its payload
+
+
+def wait_drained(q: queue.Queue, timeout: float) -> bool:
+    """Wait until every item put on ``q`` was processed (``task_done``); False on timeout."""
+    with q.all_tasks_done:
+        return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
+
+
+def stop_worker(q: queue.Queue, stop: threading.Event, worker: threading.Thread, timeout: float) -> None:
+    """Stop a queue's worker thread: flag it, wake it with the ``None`` sentinel, and give a send in progress
+    a moment (at most a second) to end."""
+    stop.set()
+    try:
+        q.put_nowait(None)
+    except queue.Full:
+        pass
+    worker.join(min(timeout, 1.0) if timeout > 0 else 0.1)
 
 
 class QueuedExporter:
@@ -65,6 +82,9 @@ class QueuedExporter:
                 spans = _SPANS.unpack_from(record)[0] if len(record) >= _SPANS.size else 0
                 self._q.put_nowait(Batch(record[_SPANS.size:], spans, position))
             self._t.set("storage_bytes", log.size, storage=self.storage)
+        # upstream's queue series, in memory or on disk alike (a durable queue starts with what it replays)
+        self._t.set("otelcol_exporter_queue_capacity", cfg.queue_size, exporter=self.name, data_type=TRACES)
+        self._t.set("exporter_queue_size", self._q.qsize(), exporter=self.name)
         self._current: Batch | None = None  # the batch being sent or retried
         self._lost = 0  # spans given up on at shutdown
         self._warned_rejected = False
@@ -93,18 +113,12 @@ class QueuedExporter:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued batch was sent or dropped; False on timeout."""
-        with self._q.all_tasks_done:
-            return self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0, timeout)
+        return wait_drained(self._q, timeout)
 
     def close(self, timeout: float = 5.0) -> int:
         """Deliver what is queued within ``timeout``, then stop; returns the spans not delivered."""
         self.flush(timeout)
-        self._stop.set()
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
-        self._worker.join(min(timeout, 1.0) if timeout > 0 else 0.1)  # a send in progress gets a moment
+        stop_worker(self._q, self._stop, self._worker, timeout)
         lost = self._lost
         current = self._current
         if self._worker.is_alive() and current is not None:  # stuck in a send: its spans are not delivered

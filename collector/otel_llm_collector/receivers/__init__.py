@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from otel_llm.otlp.messages import ExportTraceServiceRequest
+from otel_llm.otlp.signals import LOGS_SERVICE, METRICS_SERVICE
 
 
 REFUSED_MESSAGE = ("spans with an invalid trace id (16 bytes, not all zero), span id (8 bytes, not all zero) "
@@ -21,6 +22,17 @@ class Ingest(Protocol):
     def __call__(self, request: ExportTraceServiceRequest | Any, transport: str, raw: bytes | None = None,
                  peer: Any = None) -> int: ...
 
+
+class SignalIngest(Protocol):
+    """(an encoded ExportMetricsServiceRequest or ExportLogsServiceRequest, transport, the peer) ->
+    (points or records refused, why): the gateway's metrics and logs pipelines. ``MalformedRequest``: refused."""
+
+    def __call__(self, raw: bytes, transport: str, peer: Any = None) -> tuple[int, str]: ...
+
+
+# the standard OTLP/HTTP paths and OTLP/gRPC services of the other signals (traces: ``PATH``, ``SERVICE``)
+SIGNAL_PATHS = {"/v1/metrics": "metrics", "/v1/logs": "logs"}
+SIGNAL_SERVICES = {"metrics": METRICS_SERVICE, "logs": LOGS_SERVICE}
 
 # a protobuf body -> what ``Ingest`` takes; ``messages.MalformedRequest`` (with the reason) when it is refused
 Parse = Callable[[bytes], Any]

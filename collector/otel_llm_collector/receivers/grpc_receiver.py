@@ -1,4 +1,5 @@
-"""OTLP/gRPC receiver: ``TraceService/Export`` on an asyncio gRPC server in its own thread.
+"""OTLP/gRPC receiver: ``TraceService/Export`` on an asyncio gRPC server in its own thread; ``MetricsService``
+and ``LogsService`` beside it, through the same handler, for the pipelines the gateway runs for them.
 
 Waiting for a client costs no thread: the server runs on an event loop, and a call's message is
 awaited under ``read_timeout`` (a server-side receive deadline: a client that opens a call and
@@ -31,6 +32,7 @@ otherwise, counted as ``reason="unauthenticated"``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import urllib.parse
@@ -45,7 +47,7 @@ from ..config import GrpcReceiverConfig, TLSServerConfig, read_pem
 from ..fairness import LIVE, PEER_SHARE, RECEIVING, Clock, Peer, PeerSlots, Slot, TrustedPeers
 from ..storage import StorageFull
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest, Parse
+from . import REFUSED_MESSAGE, SIGNAL_SERVICES, Ingest, Parse, SignalIngest
 from .compression import InflateError, inflate_message
 
 SERVICE = messages.SERVICE
@@ -62,8 +64,10 @@ class _Refused(Exception):
 
 class GrpcReceiver:
     def __init__(self, cfg: GrpcReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request, clock: Clock = time.monotonic) -> None:
+                 parse: Parse = messages.parse_request, signals: dict[str, SignalIngest] | None = None,
+                 clock: Clock = time.monotonic) -> None:
         self._cfg = cfg
+        self._signals = signals or {}  # MetricsService, LogsService: the pipelines the gateway runs for them
         self._ingest = ingest
         self._parse = parse  # validates the bytes (MalformedRequest: refused) into what ``ingest`` takes
         self._t = telemetry
@@ -99,6 +103,11 @@ class GrpcReceiver:
         handler = grpc.stream_unary_rpc_method_handler(self._export, request_deserializer=None,
                                                        response_serializer=None)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        for signal in self._signals:  # the same admission, deadlines and limits; another pipeline
+            h = grpc.stream_unary_rpc_method_handler(functools.partial(self._export, signal=signal),
+                                                     request_deserializer=None, response_serializer=None)
+            self._server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(SIGNAL_SERVICES[signal], {"Export": h}),))
         address = f"{cfg.host}:{cfg.port}"
         try:
             port = (self._server.add_insecure_port(address) if cfg.tls is None
@@ -131,7 +140,7 @@ class GrpcReceiver:
         """Calls being served now (waiting for their message included)."""
         return self._in_flight
 
-    async def _export(self, requests, context: grpc.aio.ServicerContext) -> bytes:
+    async def _export(self, requests, context: grpc.aio.ServicerContext, signal: str = "traces") -> bytes:
         cfg = self._cfg
         self._in_flight += 1  # on the event loop's thread only: no lock needed
         slot: Slot | None = None
@@ -182,9 +191,10 @@ class GrpcReceiver:
                 raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "too_large",
                                f"message of {len(raw)} bytes exceeds the limit of {cfg.max_message_bytes}")
             if self._pool is None:  # workers: 0 - process on the event loop's thread (no hand-off)
-                rejected = self._process(raw, peer)
+                rejected, why = self._process(raw, peer, signal)
             else:
-                rejected = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw, peer)
+                rejected, why = await asyncio.get_running_loop().run_in_executor(self._pool, self._process, raw,
+                                                                                 peer, signal)
         except _Refused as r:
             if r.reason is not None:
                 self._t.inc("receiver_bad_requests", transport="grpc", reason=r.reason)
@@ -197,9 +207,9 @@ class GrpcReceiver:
             if message is not None and not message.done():
                 message.cancel()
             self.slots.release(slot)
-        return messages.response(rejected, REFUSED_MESSAGE)
+        return messages.response(rejected, why)  # why: the refused items' message (traces or metrics)
 
-    def _process(self, raw: bytes, peer: Peer | None = None) -> int:
+    def _process(self, raw: bytes, peer: Peer | None = None, signal: str = "traces") -> tuple[int, str]:
         """On a worker thread: inflate, parse (no lock held), then ingest (which takes the pipeline lock)."""
         try:
             raw = inflate_message(raw, self._cfg.max_message_bytes)
@@ -207,11 +217,13 @@ class GrpcReceiver:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "gzip_too_large"
                            else grpc.StatusCode.INVALID_ARGUMENT, exc.reason, exc.message) from None
         try:
+            if signal != "traces":
+                return self._signals[signal](raw, "grpc", peer)
             request = self._parse(raw)
         except messages.MalformedRequest as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(exc)) from None
         try:
-            return self._ingest(request, "grpc", raw, peer)
+            return self._ingest(request, "grpc", raw, peer), REFUSED_MESSAGE
         except StorageFull:  # the write-ahead log's disk budget is spent: nothing was taken, the client retries
             raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage_full",
                            "the gateway's disk budget is spent; retry later") from None

@@ -1,4 +1,6 @@
 """OTLP/HTTP receiver: ``POST /v1/traces``, protobuf or JSON, optionally gzip, on a threading HTTP server.
+``/v1/metrics`` and ``/v1/logs`` (protobuf) go to the gateway's metrics and logs pipelines under the same
+limits, admission and deadlines (404 when the config runs no such pipeline).
 
 Bad input gets a 4xx with a ``google.rpc.Status`` body (in the request's content type)
 saying why, and is counted by reason. The body size is checked before reading it (OTLP/JSON
@@ -54,7 +56,7 @@ from ..fairness import BUSY, IDLE, LIVE, PEER_SHARE, RECEIVING, ByteBudgets, Clo
     TrustedPeers
 from ..storage import StorageFull
 from ..telemetry import GatewayMetrics
-from . import REFUSED_MESSAGE, Ingest, Parse
+from . import REFUSED_MESSAGE, SIGNAL_PATHS, Ingest, Parse, SignalIngest
 from . import compression
 from .json_workers import JsonParser, JsonWorkersBusy, ParsedJson
 from .watchdog import Deadline, Watchdog
@@ -294,12 +296,14 @@ def server_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 class HttpReceiver:
     def __init__(self, cfg: HttpReceiverConfig, ingest: Ingest, telemetry: GatewayMetrics,
-                 parse: Parse = messages.parse_request, clock: Clock = time.monotonic) -> None:
+                 parse: Parse = messages.parse_request, signals: dict[str, SignalIngest] | None = None,
+                 clock: Clock = time.monotonic) -> None:
         """``ingest`` parses nothing itself and takes the gateway's pipeline lock only around processing;
         ``parse`` validates a protobuf body (``MalformedRequest``: refused) into what ``ingest`` takes."""
         self.cfg = cfg
         self.ingest = ingest
         self.parse = parse
+        self.signals = signals or {}  # /v1/metrics, /v1/logs: the pipelines the gateway runs for them
         self.telemetry = telemetry
         # processing slots (bodies in, being parsed and ingested): every one is live, so none is ever taken;
         # any peer may use them while free (processing is short: holding them takes a stream of real requests)
@@ -351,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "otel-llm-collector"
     _head: Deadline | None = None
     _conn: _Conn | None = None
+    _signal: str | None = "traces"
 
     def _state(self, state: str) -> bool:
         """Tell the connection pools what this connection does now; False when its slot was taken."""
@@ -429,8 +434,14 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_GET
 
     def do_POST(self) -> None:  # noqa: N802
-        if self.path.split("?", 1)[0] != PATH:
-            return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}")
+        path = self.path.split("?", 1)[0]
+        self._signal = "traces" if path == PATH else SIGNAL_PATHS.get(path)
+        if self._signal is None:
+            return self._refuse(404, "path", f"unknown path {self.path[:100]!r}; traces go to {PATH}, metrics to "
+                                             "/v1/metrics, logs to /v1/logs")
+        if self._signal != "traces" and self._signal not in self.owner.signals:
+            return self._refuse(404, "no_pipeline", f"this gateway runs no {self._signal} pipeline "
+                                                    f"(service.pipelines); traces go to {PATH}")
         auth = self.owner.auth
         server: _Server = self.server  # type: ignore[assignment]
         conn = server.connection(self.request)
@@ -453,6 +464,9 @@ class _Handler(BaseHTTPRequestHandler):
         if ctype not in (PROTOBUF, JSON):
             return self._refuse(415, "content_type",
                                 f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}")
+        if is_json and self._signal != "traces":
+            return self._refuse(415, "content_type", f"OTLP/JSON is taken for traces only; send {self._signal} as "
+                                                     f"{PROTOBUF} (the SDKs' default)")
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "gzip", "none"):
             return self._refuse(415, "content_encoding", f"unsupported Content-Encoding {encoding!r}; use gzip")
@@ -481,7 +495,13 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(400, "truncated", f"body ended after {len(body)} of {length} bytes")
             if encoding == "gzip":
                 body = inflate(body, limit)
-            if is_json:
+            message = REFUSED_MESSAGE
+            if self._signal != "traces":  # metrics, logs: protobuf only, handed to their pipeline whole
+                try:
+                    rejected, message = self.owner.signals[self._signal](body, "http", peer)
+                except messages.MalformedRequest as exc:
+                    raise BadRequest(400, "malformed_protobuf", str(exc)) from None
+            elif is_json:
                 wait = self.owner.json_budget.take(peer, len(body))
                 if wait > 0:
                     raise BadRequest(429, "json_budget", f"OTLP/JSON byte budget spent; retry in {wait:.1f} s",
@@ -497,7 +517,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raw = body
                 request = self._parse(body, False)  # outside the pipeline lock: a big body stalls nobody
-            rejected = self.owner.ingest(request, "http", raw, peer)
+            if self._signal == "traces":
+                rejected = self.owner.ingest(request, "http", raw, peer)
         except BadRequest as err:
             return self._error(err, is_json, extra=err.headers)
         except StorageFull:  # the write-ahead log's disk budget is spent: nothing was taken, the client retries
@@ -507,7 +528,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(BadRequest(500, "internal", f"processing failed: {type(exc).__name__}"), is_json)
         finally:
             self.owner.slots.release(got.slot)
-        self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, REFUSED_MESSAGE, as_json=is_json))
+        self._reply(200, JSON if is_json else PROTOBUF, messages.response(rejected, message, as_json=is_json))
 
     def _read_body(self, length: int) -> bytes | None:
         """The body, read under ``read_timeout`` (the whole body, not each read); None when the client was
