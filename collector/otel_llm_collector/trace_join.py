@@ -15,7 +15,9 @@ and a completion's i-th prompt runs as ``cmpl-X-{i}``; a server id is tried as i
 Both halves wait in one bounded table (oldest forgotten first, counted), for at most ``wait`` seconds of the
 gateway's clock, in either arrival order: a server trace whose client never came then goes on alone (its own trace
 id), and so does a client span. Spans of a waiting server trace that arrive later wait with it; spans of other
-traces in the same batch that link into it (engine steps) wait with it too, so their links can be rewritten.
+traces that link into it (engine steps) wait with it too, so their links can be rewritten, and spans linking into a
+server trace already joined (remembered in a bounded table) are rewritten as they pass. A span that links into a
+server trace before that trace's request span arrived keeps its link as sent.
 """
 
 from __future__ import annotations
@@ -128,24 +130,28 @@ class TraceJoin:
             for tid, server in new_servers.items():
                 server.attributes = attrs.pop(tid, None)
                 self._held[tid] = server
-            # 2. route the spans: a waiting server trace's own spans and spans linking into it wait with it
-            links = _link_pattern(new_servers)
+            # 2. route the spans: a waiting server trace's own spans and spans linking into it wait with it;
+            # spans of (or linking into) a joined server trace are rewritten
             client_recs = {id(rec) for rec, _, _ in clients}
+            held, joined_map = self._held, self._joined
             for rec in batch.spans:
                 tid = rec[TRACE_ID]
-                server = self._held.get(tid)
+                server = held.get(tid)
                 if server is not None:
                     server.spans.append(rec)
                     continue
                 if id(rec) in client_recs:
                     continue
-                if links is not None and (m := links.search(rec[ENCODED])) is not None:
-                    self._held[m.group(0)].spans.append(rec)
-                    continue
-                if self._joined and tid in self._joined:  # a straggler of a joined server trace
+                if tid in joined_map:  # a straggler of a joined server trace
                     out.append(self._rewrite(rec))
                     continue
-                out.append(rec)
+                target = _linked(rec[ENCODED], tid, held, joined_map) if held or joined_map else None
+                if target is None:
+                    out.append(rec)
+                elif target in held:
+                    held[target].spans.append(rec)
+                else:
+                    out.append(self._rewrite(rec))
             for tid, server in new_servers.items():
                 forgotten += self._remember(("s", tid), server, out, attrs)
                 for key in server.keys:
@@ -295,11 +301,19 @@ def _response_id(view: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _link_pattern(held: dict[bytes, _Server]) -> "re.Pattern[bytes] | None":
-    """One pattern matching any of the batch's new server trace ids inside an encoded span (a link into it)."""
-    if not held:
-        return None
-    return re.compile(b"|".join(re.escape(t) for t in held))
+_TRACE_ID_FIELD = b"\n\x10"  # field 1 (trace_id), length 16: how a Span and a Span.Link begin
+
+
+def _linked(raw: bytes, own: bytes, held: dict, joined: dict) -> bytes | None:
+    """A waiting or joined server trace id that the encoded span links to (a scan for 16-byte field-1 values:
+    a link's trace id is one; a candidate only counts when it is a trace id waiting or joined here)."""
+    i = raw.find(_TRACE_ID_FIELD)
+    while i >= 0:
+        t = raw[i + 2:i + 18]
+        if t != own and (t in held or t in joined):
+            return t
+        i = raw.find(_TRACE_ID_FIELD, i + 2)
+    return None
 
 
 def _merge(attrs: dict, tid: bytes, values: dict[str, list[Any]]) -> None:

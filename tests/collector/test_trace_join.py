@@ -148,14 +148,17 @@ def test_later_spans_of_a_waiting_server_trace_wait_with_it() -> None:
     clock = FakeClock()
     g, sink = gateway(clock)
     root, phase, step = server_trace("cmpl-late", ttft=0.9)
-    g.ingest(export_request(root, step))
-    g.ingest(export_request(phase))  # same trace, a later batch
+    late_step = span(0xEE, 0x32, name="llm.engine.step")
+    late_step.links.add(trace_id=SERVER_TRACE.to_bytes(16, "big"), span_id=SERVER_ROOT.to_bytes(8, "big"))
+    g.ingest(export_request(root))
+    g.ingest(export_request(phase, step))  # the same trace and a step linking into it, in a later batch
     g.ingest(export_request(client_call("cmpl-late")))
+    g.ingest(export_request(late_step))  # a step linking into the joined trace, after the join
     clock.advance(2.0)
     g.tick()
     assert {s.trace_id for s in sink.spans} == {CLIENT_TRACE.to_bytes(16, "big")} and len(sink.spans) == 3
-    (step,) = [s for s in sink.handed if s.name == "llm.engine.step"]
-    assert step.links[0].trace_id == CLIENT_TRACE.to_bytes(16, "big")
+    steps = [s for s in sink.handed if s.name == "llm.engine.step"]
+    assert len(steps) == 2 and {s.links[0].trace_id for s in steps} == {CLIENT_TRACE.to_bytes(16, "big")}
 
 
 def test_the_table_is_bounded_oldest_forgotten_first() -> None:
