@@ -87,6 +87,7 @@ class TraceJoin:
         self._clients: dict[str, _Client] = {}  # response id -> client call (it stays until it expires)
         self._held: dict[bytes, _Server] = {}  # server trace id -> its waiting half
         self._waiting_clients: dict[bytes, int] = {}  # trace id -> client spans of it waiting here
+        self._waiting_linked: dict[bytes, int] = {}  # trace id -> its spans waiting with a server trace they link to
         self._joined: OrderedDict[bytes, tuple[bytes, bytes, bytes]] = OrderedDict()  # server tid -> (client tid, client span, server root)
         self._lock = threading.Lock()
 
@@ -96,7 +97,7 @@ class TraceJoin:
 
     def holds(self, trace_id: bytes) -> bool:
         """Spans of ``trace_id`` wait here (not yet handed to the tail sampler)."""
-        return trace_id in self._held or trace_id in self._waiting_clients
+        return trace_id in self._held or trace_id in self._waiting_clients or trace_id in self._waiting_linked
 
     # -- receive path --------------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class TraceJoin:
                     out.append(rec)
                 elif target in held:
                     held[target].spans.append(rec)
+                    self._waiting_linked[tid] = self._waiting_linked.get(tid, 0) + 1
                 else:
                     out.append(self._rewrite(rec))
             for tid, server in new_servers.items():
@@ -254,7 +256,14 @@ class TraceJoin:
             self._waiting_clients[client.trace_id] = n
 
     def _release_server(self, server: _Server, out: list, attrs: dict, into: bytes | None) -> None:
+        linked = self._waiting_linked
         for rec in server.spans:
+            tid = rec[TRACE_ID]
+            if tid != server.trace_id and tid in linked:
+                if linked[tid] > 1:
+                    linked[tid] -= 1
+                else:
+                    del linked[tid]
             out.append(self._rewrite(rec) if into is not None or self._joined else rec)
         if server.attributes:
             _merge(attrs, into or server.trace_id, server.attributes)

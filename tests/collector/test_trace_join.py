@@ -152,7 +152,10 @@ def test_later_spans_of_a_waiting_server_trace_wait_with_it() -> None:
     late_step.links.add(trace_id=SERVER_TRACE.to_bytes(16, "big"), span_id=SERVER_ROOT.to_bytes(8, "big"))
     g.ingest(export_request(root))
     g.ingest(export_request(phase, step))  # the same trace and a step linking into it, in a later batch
+    step_trace = step.trace_id
+    assert g.trace_join.holds(SERVER_TRACE.to_bytes(16, "big")) and g.trace_join.holds(step_trace)
     g.ingest(export_request(client_call("cmpl-late")))
+    assert not g.trace_join.holds(SERVER_TRACE.to_bytes(16, "big")) and not g.trace_join.holds(step_trace)
     g.ingest(export_request(late_step))  # a step linking into the joined trace, after the join
     clock.advance(2.0)
     g.tick()
