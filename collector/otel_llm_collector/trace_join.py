@@ -67,6 +67,7 @@ class _Server:
 
 @dataclasses.dataclass(slots=True)
 class _Client:
+    response_id: str
     trace_id: bytes
     span_id: bytes
     arrived: float
@@ -159,7 +160,7 @@ class TraceJoin:
                 for key in server.keys:
                     self._servers.setdefault(key, []).append(server)
             for rec, rid, span_id in clients:
-                client = _Client(rec[TRACE_ID], span_id, now, [rec], attrs.get(rec[TRACE_ID]))
+                client = _Client(rid, rec[TRACE_ID], span_id, now, [rec], attrs.get(rec[TRACE_ID]))
                 self._waiting_clients[client.trace_id] = self._waiting_clients.get(client.trace_id, 0) + 1
                 old = self._clients.get(rid)
                 if old is not None:  # the same response id again: the later call waits
@@ -219,17 +220,19 @@ class TraceJoin:
         if isinstance(half, _Server):
             if self._held.pop(half.trace_id, None) is not None:
                 self._release_server(half, out, attrs, None)
-            for key in half.keys:
-                waiting = self._servers.get(key)
-                if waiting is not None:
-                    waiting[:] = [s for s in waiting if s is not half]
-                    if not waiting:
-                        del self._servers[key]
+            self._unlist(half)
         else:
-            for rid, c in list(self._clients.items()):
-                if c is half:
-                    del self._clients[rid]
+            if self._clients.get(half.response_id) is half:
+                del self._clients[half.response_id]
             self._release_client(half, out, attrs)
+
+    def _unlist(self, server: _Server) -> None:
+        for key in server.keys:
+            waiting = self._servers.get(key)
+            if waiting is not None:
+                waiting[:] = [s for s in waiting if s is not server]
+                if not waiting:
+                    del self._servers[key]
 
     def _expire(self, now: float, out: list, attrs: dict) -> None:
         pending = self._pending
@@ -272,6 +275,7 @@ class TraceJoin:
     def _join(self, server: _Server, client: _Client, out: list, attrs: dict) -> None:
         del self._held[server.trace_id]
         self._pending.pop(("s", server.trace_id), None)
+        self._unlist(server)
         self._joined[server.trace_id] = (client.trace_id, client.span_id, server.root_span_id)
         while len(self._joined) > self._max:
             self._joined.popitem(last=False)

@@ -188,6 +188,10 @@ def test_one_client_call_joins_each_of_its_prompts() -> None:
     g.tick()
     assert {s.trace_id for s in sink.spans} == {CLIENT_TRACE.to_bytes(16, "big")} and len(sink.spans) == 5
     assert counter(g, "trace_join_joined") == 2
+    clock.advance(DEFAULT_WAIT)
+    g.tick()
+    join = g.trace_join
+    assert join.waiting == 0 and not join._servers and not join._clients and not join._held  # nothing left behind
 
 
 def test_shutdown_hands_on_what_waits() -> None:
