@@ -170,7 +170,9 @@ class TraceJoin:
                 forgotten += self._remember(("c", rid.encode()), client, out, attrs)
             # 3. join: the new halves with their waiting partners
             for rec, rid, _ in clients:
-                client = self._clients[rid]
+                client = self._clients.get(rid)
+                if client is None:  # forgotten already (a table of a few entries)
+                    continue
                 for server in list(self._servers.get(rid, ())):
                     if server.trace_id in self._held:
                         self._join(server, client, out, attrs)
