@@ -29,6 +29,7 @@ from otel_llm.core.prometheus_names import prom_name
 from .aggregation import AggregationBackend, SeriesLimits
 from .auth import BearerAuth, warn_unprotected
 from .disagg_join import DisaggJoin
+from .trace_join import TraceJoin
 from .ttft_join import TTFTJoin
 from .config import CollectorConfig
 from .exporters import QueuedExporter, make_exporter
@@ -142,6 +143,12 @@ class Gateway:
         if self.metrics is not None and config.prometheus_openmetrics:  # exemplars show in OpenMetrics only
             self.metrics.exemplars = self.exemplars
             self.metrics.exemplars_kept = self.sampler is None  # no tail sampling: every trace goes on
+        # a server request trace without a caller (vLLM's Rust frontend), into its client call's trace, before
+        # the tail decision; it waits on the sampler's ticks, so it runs with tail sampling
+        self.trace_join: TraceJoin | None = None
+        if self.sampler is not None:
+            self.trace_join = TraceJoin(self.telemetry, clock)
+            self._keys = self._keys | {sc.RESPONSE_ID}
         self.grpc: GrpcReceiver | None = None
         self.http: HttpReceiver | None = None
         self.prometheus: PrometheusEndpoint | None = None
@@ -208,6 +215,7 @@ class Gateway:
             self._ticker.join(timeout)
         if self.sampler is not None:
             with self.serial:  # after a request already in the pipeline: what it buffered is decided too
+                self._expire_joins(drain=True)
                 self.sampler.decide_all()
                 self._decided()
         # one grace for all exporters together: they drain in parallel (each has its own worker)
@@ -269,8 +277,9 @@ class Gateway:
             if not batch_done:
                 self._ingest(batch, transport, peer)
             if logged is not None and self.received_log is not None and self.sampler is not None:
-                self.received_log.hold(logged, (rec[TRACE_ID] for rec in batch.spans), self.sampler.holds)
+                self.received_log.hold(logged, (rec[TRACE_ID] for rec in batch.spans), self._holds)
             if self.sampler is not None:
+                self._expire_joins()
                 self.sampler.tick()
                 self._decided()
         return batch.rejected
@@ -278,7 +287,19 @@ class Gateway:
     def _decided(self) -> None:
         """After decisions (under the pipeline lock): the logged batches whose traces are all decided are done."""
         if self.received_log is not None and self.sampler is not None:
-            self.received_log.advance(self.sampler.holds)
+            self.received_log.advance(self._holds)
+
+    def _holds(self, trace_id: bytes) -> bool:
+        """Spans of the trace wait for a decision (in the tail sampler, or for their partner in ``trace_join``)."""
+        assert self.sampler is not None
+        return self.sampler.holds(trace_id) or (self.trace_join is not None and self.trace_join.holds(trace_id))
+
+    def _expire_joins(self, drain: bool = False) -> None:
+        """Hand the halves that waited long enough for their partner (all, when ``drain``) to the tail sampler."""
+        if self.trace_join is not None and self.sampler is not None and (drain or self.trace_join.waiting):
+            released = self.trace_join.drain() if drain else self.trace_join.expire()
+            if released.spans:
+                self.sampler.add(released)
 
     def _replay(self) -> None:
         """Read the batches a crash left in the write-ahead log back through the pipeline (policies run again on
@@ -297,6 +318,7 @@ class Gateway:
                 self.received_log.hold(position, (rec[TRACE_ID] for rec in batch.spans) if batch else (),
                                        self.sampler.holds)
         with self.serial:
+            self._expire_joins()
             self.sampler.tick()
             self._decided()
 
@@ -312,7 +334,7 @@ class Gateway:
         if self.disagg_join is not None and (batch.requests or self.disagg_join.waiting):
             self.disagg_join.process(batch, peer)
         if self.sampler is not None:
-            self.sampler.add(batch)
+            self.sampler.add(self.trace_join.process(batch) if self.trace_join is not None and batch.spans else batch)
         elif batch.spans:
             self._emit([(group, raw) for _, group, raw, *_ in batch.spans])
 
@@ -388,6 +410,7 @@ class Gateway:
         if self.sampler is None:
             return 0
         with self.serial:
+            self._expire_joins()
             n = self.sampler.tick()
             self._decided()
             return n

@@ -109,6 +109,12 @@ GATEWAY_METRICS: tuple[GatewayMetric, ...] = (
                   "Client calls joined with their server request (TTFT overhead recorded)"),
     GatewayMetric("ttft_join_forgotten", "counter", (),
                   "Unjoined halves forgotten to stay under the join table's bound"),
+    GatewayMetric("trace_join_joined", "counter", (),
+                  "Server request traces without a caller moved into their client call's trace (by response id)"),
+    GatewayMetric("trace_join_alone", "counter", ("side",),
+                  "Halves whose partner did not come in time, gone on alone (server: a request trace; client: a call)"),
+    GatewayMetric("trace_join_forgotten", "counter", (),
+                  "Halves that went on alone early to stay under the join table's bound"),
     GatewayMetric("disagg_join_joined", "counter", (),
                   "Disaggregated user requests joined from their prefill and decode halves (recorded once, "
                   "llm.disagg.role=user)"),

@@ -93,6 +93,7 @@ MODEL_TIME = "model time on engine steps"
 SERVE = "vllm serve request kinds and incoming trace context"
 CHAT = "the chat operation of LLM.chat requests"
 STREAM_FLAG = "gen_ai.request.stream on vllm serve request spans"
+USER_TENANT = "the request tenant from the OpenAI `user` field (tenant=user)"
 ROOFLINE = "the step roofline (model shape)"
 LORA_EVENTS = "LoRA adapter load and evict events, and load time"
 DRAFT_TIME = "the drafter's time on engine steps"
@@ -191,6 +192,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest.stream", STREAM_FLAG),
     _e("vllm.entrypoints.openai.completion.protocol", "CompletionRequest.stream", STREAM_FLAG),
     _e("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest.stream", STREAM_FLAG),
+    # the OpenAI `user` field, a tenant source (read with a default: a request may omit it)
+    _e("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest.user", USER_TENANT),
+    _e("vllm.entrypoints.openai.completion.protocol", "CompletionRequest.user", USER_TENANT),
     # -- EngineCore: the scheduler and what the step hooks read off it ---------------------------
     _e(_SCHED, "Scheduler.schedule", STEPS, side=ENGINE),
     _e(_SCHED, "Scheduler.update_from_output", STEPS, side=ENGINE, params=("scheduler_output",)),
