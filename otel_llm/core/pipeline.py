@@ -21,7 +21,7 @@ from opentelemetry.trace import NonRecordingSpan, Tracer
 from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
-from .diagnosis.verdict import StepWindow, decide as slow_verdict
+from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_handover
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
 from .finish_facts import FinishFacts, settle
 from ..guard import Guard
@@ -452,7 +452,7 @@ class Pipeline:
         if not (breached or for_cause):
             return None
         try:
-            verdict = slow_verdict(t, self.window, breached)
+            verdict = slow_verdict(t, self.window, breached, self.config.slo.for_model(s.model))
             s.slow_cause = verdict.cause
             return verdict
         except Exception as exc:  # a bug of ours costs the verdict only
@@ -477,6 +477,7 @@ class Pipeline:
         verdict = self._explain(t, s, breached, for_cause)
         if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
             self.window.handoffs.add(t.handoff)
+        note_handover(t, self.window)  # the same for the frontend's hand-over
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -514,6 +515,8 @@ class Pipeline:
         owns = [o if o is not None else self._own_steps(t) if b or for_cause or decision is not None else ()
                 for (t, _), b, o in zip(members, breaches, derived)]
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
+        for t, _ in members:
+            note_handover(t, self.window)
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
         if decision is not None:
