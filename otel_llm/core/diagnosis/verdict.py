@@ -244,6 +244,9 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
     for c in t.chunks:
         chunks[c.step_id] = chunks.get(c.step_id, 0) + c.tokens
     _running(steps, admit, last, set(own), chunks, covered, base, ledger)
+    h = t.handoff
+    if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
+        ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
     handover = _frontend(t, queued, window, ledger) if before else 0.0
 
     seconds = dict.fromkeys(NAMES, 0.0)
