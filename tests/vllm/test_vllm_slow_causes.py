@@ -97,7 +97,7 @@ def long_prompt_run(otel, tmp_path_factory):
     model = Path(ensure_tiny_model(tmp_path_factory.mktemp("long-context")))  # the tiny model, longer positions
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
-    with in_process(), otel.instrumented(slo=f"tpot={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+    with in_process(), otel.instrumented(slo=f"ttft={TINY_SLO},tpot={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
         # the long prompt is prefilled in one step, alongside the decodes
         llm = make_llm(model=str(model), max_num_seqs=16, max_num_batched_tokens=4096, max_model_len=4096)
         engine = llm.llm_engine
@@ -108,12 +108,18 @@ def long_prompt_run(otel, tmp_path_factory):
         engine.add_request("long", _prompt(99, LONG), _params(1))  # one token: it never joins the decodes
         _drain(engine)
         spans = otel.finished()
+        otel.spans.clear()
+        # then the same prompt length alone on the idle engine: its TTFT is its own prefill
+        engine.add_request("lone", _prompt(98, LONG), _params(4))
+        _drain(engine)
+        lone = otel.finished()
         del llm, engine
     gc.collect()
-    return spans
+    return spans, lone
 
 
 def test_a_long_prompt_among_decodes_is_prefill_interference_for_the_decoders(long_prompt_run):
+    long_prompt_run = long_prompt_run[0]
     judgements, steps = judged(long_prompt_run)
     affected = set()
     for rid, j in judgements.items():
@@ -125,6 +131,17 @@ def test_a_long_prompt_among_decodes_is_prefill_interference_for_the_decoders(lo
     assert_classified(judgements, affected, {sc.SLOW_PREFILL_INTERFERENCE})
     for rid in affected:
         assert judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] > 0
+
+
+def test_a_lone_long_prompt_breaching_ttft_is_its_own_prefill(long_prompt_run):
+    judgements, steps = judged(long_prompt_run[1])
+    j = judgements["lone"]
+    assert not waited_through(j, steps), "the scenario did not run as built: it queued behind something"
+    assert [s.attributes[sc.STEP_NUM_RUNNING] for s in steps if s.start_time >= j.queued] == [1] * 4
+    assert j.cause == sc.SLOW_OWN_PREFILL, j
+    assert j.seconds[sc.SLOW_OWN_PREFILL] > 0.5 * (j.first_token - j.queued) / 1e9, j
+    # the long prompt among the decoders: its own prefill too, not interference
+    assert judged(long_prompt_run[0])[0]["long"].cause == sc.SLOW_OWN_PREFILL
 
 
 def _last_token(spans, rid: str) -> int:
@@ -216,3 +233,64 @@ def test_the_verdict_across_processes(llm, otel):
     blocked = {s.attributes.get(sc.STEP_QUEUE_BLOCKED) for s in steps}
     assert "max_seqs" in blocked and "token_budget" not in blocked, blocked
     assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
+
+
+def test_a_long_generation_at_a_normal_tpot_breaching_e2e_is_its_own_length(llm, otel):
+    """The session's engine: one request alone, 200 tokens at whatever TPOT this machine gives (the TPOT SLO
+    of a minute is met), against an e2e SLO it cannot meet: the decode time beyond it is its own length."""
+    with otel.instrumented(slo=f"ttft=60,tpot=60,e2e={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        llm.generate([_prompt(1, 8)], _params(200), use_tqdm=False)
+        judgements, _ = judged(otel.finished())
+    (j,) = judgements.values()
+    assert j.cause == sc.SLOW_OWN_LENGTH, j
+    assert j.seconds[sc.SLOW_OWN_LENGTH] > 0
+
+
+def _schema(i: int) -> dict:
+    """A large JSON schema of its own (90 properties: integers, enums, nested objects): compiling its
+    grammar takes the structured-output backend tens to hundreds of milliseconds here, even on the tiny
+    model's vocabulary, and no other request's compiled grammar serves it."""
+    props: dict = {}
+    for k in range(90):
+        name = f"s{i}_f{k}"
+        if k % 3 == 0:
+            props[name] = {"type": "integer", "minimum": i, "maximum": 1000 + k}
+        elif k % 3 == 1:
+            props[name] = {"enum": [f"v{i}_{k}_{e}" for e in range(4)]}
+        else:
+            props[name] = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}},
+                           "required": ["a"]}
+    return {"type": "object", "properties": props, "required": list(props)[:30]}
+
+
+GRAMMAR_WAIT_NS = 20_000_000
+
+
+def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, otel):
+    """The session's engine: 4 plain requests decoding, 12 requests with distinct large JSON schemas sent
+    with them. The schema requests that waited >= 20 ms from QUEUED to their first scheduling (the plain
+    ones were scheduled at once: the batch and the token budget had room) waited for their grammar."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    plain = [SamplingParams(max_tokens=120, ignore_eos=True, temperature=0.0) for _ in range(4)]
+    shaped = [SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=StructuredOutputsParams(json=_schema(i)))
+              for i in range(12)]
+    with otel.instrumented(slo=f"ttft={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        outputs = llm.generate([_prompt(i, 4) for i in range(16)], plain + shaped, use_tqdm=False)
+        spans = otel.finished()
+    judgements, steps = judged(spans)
+    trees = request_trees(spans)
+    rid = {o.request_id: i for i, o in enumerate(outputs)}
+    by_index = {rid[r]: j for r, j in judgements.items() if r in rid}
+    assert sorted(by_index) == list(range(16)), sorted(judgements)
+    for r in rid:  # the grammar's backend is on the request span of each schema request, on no plain one
+        assert (sc.STRUCTURED_OUTPUT_BACKEND in trees[r].attributes) == (rid[r] >= 4)
+    affected = {i for i, j in by_index.items() if i >= 4 and j.scheduled - j.queued >= GRAMMAR_WAIT_NS}
+    assert len(affected) >= 8, f"the scenario did not run as built: {by_index}"
+    assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "structured_output" for s in steps)
+    right = [i for i in affected if by_index[i].cause == sc.SLOW_QUEUE_STRUCTURED_OUTPUT]
+    assert len(right) >= 0.9 * len(affected), by_index
+    for i in range(4):
+        assert by_index[i].seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0, by_index[i]
+        assert by_index[i].cause != sc.SLOW_QUEUE_STRUCTURED_OUTPUT
