@@ -16,38 +16,18 @@ usual hand-over it is judged against.
 
 from __future__ import annotations
 
-import collections
-import threading
+from .history import RecentBySize
 
 
-class FrontendHistory:
+class FrontendHistory(RecentBySize):
     def __init__(self, per_size: int = 64, min_samples: int = 3) -> None:
-        self.per_size = per_size
-        self.min_samples = min_samples
-        self._times: dict[int, collections.deque[float]] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def size_class(tokens: int | None) -> int:
-        return max(int(tokens or 0), 1).bit_length()
+        super().__init__(per_size, min_samples)
 
     def add(self, prompt_tokens: int | None, handover_s: float) -> None:
-        if handover_s < 0:  # clocks that disagree: nothing to learn from it
-            return
-        key = self.size_class(prompt_tokens)
-        with self._lock:
-            times = self._times.get(key)
-            if times is None:
-                if len(self._times) >= 64:
-                    self._times.pop(next(iter(self._times)))
-                times = self._times[key] = collections.deque(maxlen=self.per_size)
-            times.append(handover_s)
+        if handover_s >= 0:  # clocks that disagree: nothing to learn from it
+            self.note(prompt_tokens, handover_s)
 
     def usual(self, prompt_tokens: int | None) -> float | None:
         """The lower quartile of comparable requests' hand-over times, or None with fewer than ``min_samples``."""
-        with self._lock:
-            times = self._times.get(self.size_class(prompt_tokens))
-            if times is None or len(times) < self.min_samples:
-                return None
-            ordered = sorted(times)
-        return ordered[(len(ordered) - 1) // 4]
+        times = self.recent(prompt_tokens)
+        return times[(len(times) - 1) // 4] if times is not None else None
