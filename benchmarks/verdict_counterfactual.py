@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from otel_llm.core.diagnosis.causes import NAMES as CAUSE_NAMES
     from support.engine import in_process, make_llm
     from support.tiny_model import ensure_tiny_model
 
@@ -204,9 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 charged = sum(_charged(got["with"][v], s.causes) for v in s.victims)
                 saved = sum(_phase(got["with"][v], s.phase) - _phase(got["without"][v], s.phase) for v in s.victims)
                 quiet[s.name].append(statistics.median(_phase(got["without"][v], s.phase) for v in s.victims))
+                every = {c: round(sum(_charged(got["with"][v], (c,)) for v in s.victims), 4) for c in CAUSE_NAMES}
                 rows[s.name].append({"round": r, "charged_s": round(charged, 6), "saved_s": round(saved, 6),
-                                     "ratio": round(charged / saved, 4) if saved > 0 else None})
-                print(f"round {r} {s.name}: charged {charged:.4f} s, saved {saved:.4f} s", flush=True)
+                                     "ratio": round(charged / saved, 4) if saved > 0 else None,
+                                     # everything the verdict charged the victims, with the cause: what else it saw
+                                     "all_charged_s": {c: v for c, v in every.items() if v}})
+                print(f"round {r} {s.name}: charged {charged:.4f} s, saved {saved:.4f} s; all {rows[s.name][-1]['all_charged_s']}",
+                      flush=True)
         del runner, llm
         otel_llm.uninstrument()
     gc.collect()
