@@ -12,7 +12,7 @@ judged phase with the cause minus without it; the ratio of a round is Σ charged
 * ``queue_kv_cache``: 2 victims (200-token prompts) behind 2 requests of 1,100-token prompts whose KV cache
   fills the 80 blocks the engine has (the batch has room); without: the victims alone; phase: TTFT (charged:
   ``queue_kv_cache`` + ``preemption``).
-* ``queue_structured_output``: 6 requests with a 90-property JSON schema each, beside 2 plain decoders; with:
+* ``queue_structured_output``: 3 requests with a 90-property JSON schema each, beside a plain decoder; with:
   schemas never compiled before (new per round); without: the same schemas again (the backend's cache has
   them); phase: TTFT.
 * ``own_prefill``: a 1,500-token prompt alone, against a 16-token prompt alone (what "a short prompt takes");
@@ -128,7 +128,7 @@ def scenarios() -> list[Scenario]:
     decoders = [f"d{i}" for i in range(3)]
     blockers = [(0, f"b{i}", _prompt(10 + i, 16), _params(30)) for i in range(4)]
     hogs = [(0, f"h{i}", _prompt(20 + i, 1100), _params(60)) for i in range(2)]
-    so_victims = [f"j{i}" for i in range(6)]
+    so_victims = [f"j{i}" for i in range(3)]  # with one plain decoder: max_num_seqs (4) is never the limit
 
     def interference(with_cause: bool) -> Callable[[int], list]:
         def make(r: int) -> list:
@@ -139,7 +139,7 @@ def scenarios() -> list[Scenario]:
     def structured(with_cause: bool) -> Callable[[int], list]:
         def make(r: int) -> list:
             tag = f"r{r}new" if with_cause else "cached"
-            adds = [(0, f"p{i}", _prompt(30 + i, 4), _params(60)) for i in range(2)]
+            adds = [(0, "p0", _prompt(30, 4), _params(60))]
             return adds + [(1, v, _prompt(40 + i, 4),
                             _params(8, structured_outputs=StructuredOutputsParams(json=_schema(f"{tag}{i}"))))
                            for i, v in enumerate(so_victims)]
