@@ -247,12 +247,12 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
     h = t.handoff
     if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
         ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
-    handover = _frontend(t, queued, window, ledger) if before else 0.0
+    handed = _frontend(t, queued, window, ledger) if before else 0.0
 
     seconds = dict.fromkeys(NAMES, 0.0)
     judged = 0.0
     if before:
-        judged += max(0.0, min(end, ledger.first_token) - start) + handover
+        judged += max(0.0, min(end, ledger.first_token) - start) + handed
         for k, v in ledger.before.items():
             seconds[k] += v
     if after and first_token is not None:
@@ -262,7 +262,7 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
         if "e2e" in breached and "tpot" not in breached and slo is not None and slo.e2e is not None:
             # its own length: the decode time beyond what the e2e SLO left it after its first token, less
             # what the other causes already explain of that time
-            left = max(0.0, slo.e2e - (first_token - (start - handover)))
+            left = max(0.0, slo.e2e - (first_token - (start - handed)))
             others = sum(v for k, v in ledger.after.items() if k != sc.SLOW_UNKNOWN)
             seconds[sc.SLOW_OWN_LENGTH] += max(0.0, (end - first_token) - left - others)
     return SlowVerdict(_dominant(seconds, judged), seconds)
