@@ -267,30 +267,73 @@ GRAMMAR_WAIT_NS = 20_000_000
 
 
 def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, otel):
-    """The session's engine: 4 plain requests decoding, 12 requests with distinct large JSON schemas sent
-    with them. The schema requests that waited >= 20 ms from QUEUED to their first scheduling (the plain
-    ones were scheduled at once: the batch and the token budget had room) waited for their grammar."""
+    """The session's engine: 4 plain requests decoding (short steps: the EngineCore takes new requests in
+    between), then 12 requests with distinct large JSON schemas added one by one. The schema requests that
+    waited >= 20 ms from QUEUED to their first scheduling (the batch and the token budget had room: the
+    plain ones are scheduled at once) waited for their grammar."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    plain = [SamplingParams(max_tokens=120, ignore_eos=True, temperature=0.0) for _ in range(4)]
-    shaped = [SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=StructuredOutputsParams(json=_schema(i)))
-              for i in range(12)]
+    engine = llm.llm_engine
+    plain, shaped = [f"so-plain{i}" for i in range(4)], [f"so-json{i}" for i in range(12)]
     with otel.instrumented(slo=f"ttft={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
-        outputs = llm.generate([_prompt(i, 4) for i in range(16)], plain + shaped, use_tqdm=False)
+        for i, rid in enumerate(plain):
+            engine.add_request(rid, _prompt(i, 4), _params(160))
+        for _ in range(3):  # decoding
+            engine.step()
+        for i, rid in enumerate(shaped):
+            engine.add_request(rid, _prompt(10 + i, 4), SamplingParams(  # 8 tokens: its JSON never completes
+                max_tokens=8, temperature=0.0, structured_outputs=StructuredOutputsParams(json=_schema(i))))
+        _drain(engine)
         spans = otel.finished()
     judgements, steps = judged(spans)
     trees = request_trees(spans)
-    rid = {o.request_id: i for i, o in enumerate(outputs)}
-    by_index = {rid[r]: j for r, j in judgements.items() if r in rid}
-    assert sorted(by_index) == list(range(16)), sorted(judgements)
-    for r in rid:  # the grammar's backend is on the request span of each schema request, on no plain one
-        assert (sc.STRUCTURED_OUTPUT_BACKEND in trees[r].attributes) == (rid[r] >= 4)
-    affected = {i for i, j in by_index.items() if i >= 4 and j.scheduled - j.queued >= GRAMMAR_WAIT_NS}
-    assert len(affected) >= 8, f"the scenario did not run as built: {by_index}"
+    assert set(judgements) == set(plain + shaped), sorted(judgements)
+    for rid in plain + shaped:  # the grammar's backend is on the request span of each schema request only
+        assert (sc.STRUCTURED_OUTPUT_BACKEND in trees[rid].attributes) == (rid in shaped)
+    affected = {rid for rid in shaped if judgements[rid].scheduled - judgements[rid].queued >= GRAMMAR_WAIT_NS}
+    assert len(affected) >= 8, f"the scenario did not run as built: {judgements}"
     assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "structured_output" for s in steps)
-    right = [i for i in affected if by_index[i].cause == sc.SLOW_QUEUE_STRUCTURED_OUTPUT]
-    assert len(right) >= 0.9 * len(affected), by_index
-    for i in range(4):
-        assert by_index[i].seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0, by_index[i]
-        assert by_index[i].cause != sc.SLOW_QUEUE_STRUCTURED_OUTPUT
+    right = [rid for rid in affected if judgements[rid].cause == sc.SLOW_QUEUE_STRUCTURED_OUTPUT]
+    assert len(right) >= 0.9 * len(affected), {r: judgements[r] for r in affected}
+    for rid in plain:
+        assert judgements[rid].seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0, judgements[rid]
+        assert judgements[rid].cause != sc.SLOW_QUEUE_STRUCTURED_OUTPUT
+
+
+FRONTEND_DELAY = 1.0  # s
+
+
+def test_a_frontend_slow_to_hand_requests_over_is_the_frontend(llm, otel, monkeypatch):
+    """The session's engine, one request at a time: 8 controls while the frontend is idle, then 8 whose input
+    processing takes 1 s longer (what a huge prompt's tokenization on a busy API server costs: the delay
+    is injected into vLLM's renderer, after the arrival stamp and before the engine has the request). The
+    affected ones are read from their spans: arrival -> QUEUED is most of their TTFT."""
+    import time
+
+    renderer = llm.renderer
+    original = renderer.tokenize_prompts
+
+    def busy(*args, **kwargs):
+        time.sleep(FRONTEND_DELAY)
+        return original(*args, **kwargs)
+
+    with otel.instrumented(slo=f"ttft={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        controls = [llm.generate([_prompt(i, 40)], _params(2), use_tqdm=False)[0].request_id for i in range(8)]
+        monkeypatch.setattr(renderer, "tokenize_prompts", busy)
+        slow = [llm.generate([_prompt(20 + i, 40)], _params(2), use_tqdm=False)[0].request_id for i in range(8)]
+        monkeypatch.undo()
+        spans = otel.finished()
+    judgements, _ = judged(spans)
+    trees = request_trees(spans)
+    assert set(controls + slow) <= set(judgements), sorted(judgements)
+    affected = set()
+    for rid in slow:
+        j, start = judgements[rid], trees[rid].span.start_time  # the request span starts at its arrival
+        if j.queued - start >= 0.5 * (j.first_token - start):
+            affected.add(rid)
+    assert len(affected) >= 8, "the scenario did not run as built"
+    right = [rid for rid in affected if judgements[rid].cause == sc.SLOW_FRONTEND]
+    assert len(right) >= 0.9 * len(affected), {r: judgements[r] for r in affected}
+    for rid in controls:
+        assert judgements[rid].cause != sc.SLOW_FRONTEND, judgements[rid]
