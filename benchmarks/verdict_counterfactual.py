@@ -57,20 +57,6 @@ def _params(max_tokens: int, **kw: Any) -> Any:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, **kw)
 
 
-def _schema(tag: str) -> dict:
-    props: dict = {}
-    for k in range(90):
-        name = f"{tag}_f{k}"
-        if k % 3 == 0:
-            props[name] = {"type": "integer", "minimum": 0, "maximum": 1000 + k}
-        elif k % 3 == 1:
-            props[name] = {"enum": [f"{tag}_{k}_{e}" for e in range(4)]}
-        else:
-            props[name] = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}},
-                           "required": ["a"]}
-    return {"type": "object", "properties": props, "required": list(props)[:30]}
-
-
 class Runner:
     """The engine (in this process, stepped here) and what its instrumentation kept."""
 
@@ -125,6 +111,8 @@ class Scenario:
 def scenarios() -> list[Scenario]:
     from vllm.sampling_params import StructuredOutputsParams
 
+    from support.schemas import large_json_schema
+
     decoders = [f"d{i}" for i in range(3)]
     blockers = [(0, f"b{i}", _prompt(10 + i, 16), _params(30)) for i in range(4)]
     hogs = [(0, f"h{i}", _prompt(20 + i, 1100), _params(60)) for i in range(2)]
@@ -140,9 +128,9 @@ def scenarios() -> list[Scenario]:
         def make(r: int) -> list:
             tag = f"r{r}new" if with_cause else "cached"
             adds = [(0, "p0", _prompt(30, 4), _params(60))]
-            return adds + [(1, v, _prompt(40 + i, 4),
-                            _params(8, structured_outputs=StructuredOutputsParams(json=_schema(f"{tag}{i}"))))
-                           for i, v in enumerate(so_victims)]
+            schemas = [StructuredOutputsParams(json=large_json_schema(f"{tag}{i}")) for i in range(len(so_victims))]
+            return adds + [(1, v, _prompt(40 + i, 4), _params(8, structured_outputs=schema))
+                           for i, (v, schema) in enumerate(zip(so_victims, schemas))]
         return make
 
     return [
@@ -210,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "ratio": round(charged / saved, 4) if saved > 0 else None,
                                      # everything the verdict charged the victims, with the cause: what else it saw
                                      "all_charged_s": {c: v for c, v in every.items() if v}})
-                print(f"round {r} {s.name}: charged {charged:.4f} s, saved {saved:.4f} s; all {rows[s.name][-1]['all_charged_s']}",
-                      flush=True)
+                print(f"round {r} {s.name}: charged {charged:.4f} s, saved {saved:.4f} s; "
+                      f"all {rows[s.name][-1]['all_charged_s']}", flush=True)
         del runner, llm
         otel_llm.uninstrument()
     gc.collect()

@@ -19,6 +19,7 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.core.diagnosis.verdict import MIN_SHARE
+from support.schemas import large_json_schema
 from support.traces import engine_steps, request_trees
 
 pytestmark = pytest.mark.engine
@@ -246,23 +247,6 @@ def test_a_long_generation_at_a_normal_tpot_breaching_e2e_is_its_own_length(llm,
     assert j.seconds[sc.SLOW_OWN_LENGTH] > 0
 
 
-def _schema(i: int) -> dict:
-    """A large JSON schema of its own (90 properties: integers, enums, nested objects): compiling its
-    grammar takes the structured-output backend tens to hundreds of milliseconds here, even on the tiny
-    model's vocabulary, and no other request's compiled grammar serves it."""
-    props: dict = {}
-    for k in range(90):
-        name = f"s{i}_f{k}"
-        if k % 3 == 0:
-            props[name] = {"type": "integer", "minimum": i, "maximum": 1000 + k}
-        elif k % 3 == 1:
-            props[name] = {"enum": [f"v{i}_{k}_{e}" for e in range(4)]}
-        else:
-            props[name] = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "boolean"}},
-                           "required": ["a"]}
-    return {"type": "object", "properties": props, "required": list(props)[:30]}
-
-
 GRAMMAR_WAIT_NS = 20_000_000
 
 
@@ -282,8 +266,10 @@ def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, 
         for _ in range(3):  # decoding
             engine.step()
         for i, rid in enumerate(shaped):
-            engine.add_request(rid, _prompt(10 + i, 4), SamplingParams(  # 8 tokens: its JSON never completes
-                max_tokens=8, temperature=0.0, structured_outputs=StructuredOutputsParams(json=_schema(i))))
+            schema = StructuredOutputsParams(json=large_json_schema(f"s{i}"))
+            # 8 tokens: its JSON never completes
+            engine.add_request(rid, _prompt(10 + i, 4), SamplingParams(max_tokens=8, temperature=0.0,
+                                                                       structured_outputs=schema))
         _drain(engine)
         spans = otel.finished()
     judgements, steps = judged(spans)
