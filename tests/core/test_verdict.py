@@ -500,3 +500,22 @@ def test_the_scheduler_hook_names_grammar_waits_where_no_limit_held_the_queue():
     scheduler, out, running = _scheduler(4, 100, 70, 3)
     scheduler.deferred_waiting = [NS(status=grammar)]
     assert _queue_blocked(scheduler, out, running, 1, 0) == BLOCKED_MAX_SEQS
+
+
+def test_a_request_with_a_grammar_is_compared_with_requests_that_had_one():
+    from otel_llm.core.diagnosis.verdict import note_handover
+
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0
+    start_decoding(sim, ["r0"])
+    for i in range(8):  # plain requests handed over in 5 ms; requests with a schema to validate in 50 ms
+        for rid, took, schema in ((f"c{i}", 0.005, False), (f"j{i}", 0.050, True)):
+            _handed_over(sim, rid, took)
+            if schema:
+                sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+            sim.step([("r0", 1, "d"), (rid, 16, "P")])
+            note_handover(sim.timelines[rid], sim.window)
+    _handed_over(sim, "json", 0.060)
+    sim.timelines["json"].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+    sim.step([("r0", 1, "d"), ("json", 16, "P")])
+    assert sim.verdict("json", "ttft").seconds[sc.SLOW_FRONTEND] == pytest.approx(0.010, abs=1e-6)

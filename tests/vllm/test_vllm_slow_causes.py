@@ -237,10 +237,10 @@ def test_the_verdict_across_processes(llm, otel):
 
 
 def test_a_long_generation_at_a_normal_tpot_breaching_e2e_is_its_own_length(llm, otel):
-    """The session's engine: one request alone, 200 tokens at whatever TPOT this machine gives (the TPOT SLO
+    """The session's engine: one request alone, 100 tokens at whatever TPOT this machine gives (the TPOT SLO
     of a minute is met), against an e2e SLO it cannot meet: the decode time beyond it is its own length."""
     with otel.instrumented(slo=f"ttft=60,tpot=60,e2e={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
-        llm.generate([_prompt(1, 8)], _params(200), use_tqdm=False)
+        llm.generate([_prompt(1, 8)], _params(100), use_tqdm=False)
         judgements, _ = judged(otel.finished())
     (j,) = judgements.values()
     assert j.cause == sc.SLOW_OWN_LENGTH, j

@@ -54,9 +54,9 @@ CAUSES: tuple[Cause, ...] = (
           "its grammar-ready stamp, whatever the step-wide reason)"),
     Cause(sc.SLOW_FRONTEND, _BEFORE,
           "the frontend took longer than usual to hand it to the engine",
-          "(the engine's QUEUED stamp − its arrival) − the median of the same for the recent requests of a "
-          "comparable prompt length (to a power of two) on this frontend, when positive; arrival is wall clock, "
-          "converted to the engine's monotonic clock at the frontend"),
+          "(the engine's QUEUED stamp − its arrival) − the lower quartile of the same for the last 64 requests "
+          "of a comparable prompt length (to a power of two; with a grammar: those with one) on this frontend, "
+          "when positive; arrival is wall clock, converted to the engine's monotonic clock where the verdict runs"),
     Cause(sc.SLOW_OWN_PREFILL, _BEFORE,
           "its own long prompt: its prefill took longer than a short prompt's",
           "Σ over the steps that computed its prompt (every chunk, also those shared with other requests) of "

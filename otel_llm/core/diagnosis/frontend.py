@@ -9,7 +9,8 @@ step between the arrival and the verdict moves it by that step).
 
 What a request's own prompt costs to render and tokenize is its own work: it is compared with requests
 of a comparable prompt length (the same power of two of prompt tokens) on this frontend, over the last
-``per_size`` of them. The baseline is their lower quartile rather than their median: the frontend's
+``per_size`` of them, and a request with a structured-output grammar only with others that had one
+(the frontend validates a schema; the EngineCore starts its compilation as it takes the request in). The baseline is their lower quartile rather than their median: the frontend's
 backlog comes in bursts, and a burst that filled most of the recent window would otherwise become the
 usual hand-over it is judged against.
 """
@@ -23,11 +24,11 @@ class FrontendHistory(RecentBySize):
     def __init__(self, per_size: int = 64, min_samples: int = 3) -> None:
         super().__init__(per_size, min_samples)
 
-    def add(self, prompt_tokens: int | None, handover_s: float) -> None:
+    def add(self, prompt_tokens: int | None, handover_s: float, grammar: bool = False) -> None:
         if handover_s >= 0:  # clocks that disagree: nothing to learn from it
-            self.note(prompt_tokens, handover_s)
+            self.note(prompt_tokens, handover_s, int(grammar))
 
-    def usual(self, prompt_tokens: int | None) -> float | None:
+    def usual(self, prompt_tokens: int | None, grammar: bool = False) -> float | None:
         """The lower quartile of comparable requests' hand-over times, or None with fewer than ``min_samples``."""
-        times = self.recent(prompt_tokens)
+        times = self.recent(prompt_tokens, int(grammar))
         return times[(len(times) - 1) // 4] if times is not None else None

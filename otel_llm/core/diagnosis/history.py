@@ -9,21 +9,22 @@ import threading
 
 
 class RecentBySize:
-    """The last ``per_size`` values of each size class (a 40-token request is compared with 32..63), for
-    at most 64 classes (the oldest forgotten first)."""
+    """The last ``per_size`` values of each size class (a 40-token request is compared with 32..63) and
+    kind (requests unlike in another respect, e.g. with or without a grammar), for at most 64 classes
+    (the oldest forgotten first)."""
 
     def __init__(self, per_size: int, min_samples: int = 3) -> None:
         self.per_size = per_size
         self.min_samples = min_samples
-        self._values: dict[int, collections.deque[float]] = {}
+        self._values: dict[tuple[int, int], collections.deque[float]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
     def size_class(tokens: int | None) -> int:
         return max(int(tokens or 0), 1).bit_length()
 
-    def note(self, tokens: int | None, value: float) -> None:
-        key = self.size_class(tokens)
+    def note(self, tokens: int | None, value: float, kind: int = 0) -> None:
+        key = (kind, self.size_class(tokens))
         with self._lock:
             values = self._values.get(key)
             if values is None:
@@ -32,8 +33,8 @@ class RecentBySize:
                 values = self._values[key] = collections.deque(maxlen=self.per_size)
             values.append(value)
 
-    def recent(self, tokens: int | None) -> list[float] | None:
+    def recent(self, tokens: int | None, kind: int = 0) -> list[float] | None:
         """The class's values, sorted; None with fewer than ``min_samples``."""
         with self._lock:
-            values = sorted(self._values.get(self.size_class(tokens), ()))
+            values = sorted(self._values.get((kind, self.size_class(tokens)), ()))
         return values if len(values) >= self.min_samples else None

@@ -282,7 +282,7 @@ def note_handover(t: RequestTimeline, window: StepWindow) -> None:
     """Every finished request's hand-over, the ``frontend`` cause's baseline (after its own verdict)."""
     found = handover(t, window)
     if found is not None:
-        window.frontend.add(t.input_tokens, found)
+        window.frontend.add(t.input_tokens, found, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
 
 
 def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledger: _Ledger) -> float:
@@ -292,7 +292,7 @@ def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledg
     took = handover(t, window, queued)
     if took is None or took <= 0:
         return 0.0
-    usual = window.frontend.usual(t.input_tokens)
+    usual = window.frontend.usual(t.input_tokens, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
     if usual is not None:
         ledger.add(sc.SLOW_FRONTEND, took - usual, queued)
     return took
