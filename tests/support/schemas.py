@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 
-def large_json_schema(tag: str) -> dict:
-    """A JSON schema of its own (90 properties: integers, enums, nested objects, named after ``tag``):
+def large_json_schema(tag: str, properties: int = 90) -> dict:
+    """A JSON schema of its own (``properties``: integers, enums, nested objects, named after ``tag``):
     compiling its grammar takes the structured-output backend tens to hundreds of milliseconds here, even
     on the tiny model's vocabulary, and no schema of another tag shares its compiled grammar."""
     props: dict = {}
-    for k in range(90):
+    for k in range(properties):
         name = f"{tag}_f{k}"
         if k % 3 == 0:
             props[name] = {"type": "integer", "minimum": 0, "maximum": 1000 + k}

@@ -266,7 +266,8 @@ def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, 
         for _ in range(3):  # decoding
             engine.step()
         for i, rid in enumerate(shaped):
-            schema = StructuredOutputsParams(json=large_json_schema(f"s{i}"))
+            # 240 properties: each compiles for long enough that even an idle machine's burst queues for grammars
+            schema = StructuredOutputsParams(json=large_json_schema(f"s{i}", 240))
             # 8 tokens: its JSON never completes
             engine.add_request(rid, _prompt(10 + i, 4), SamplingParams(max_tokens=8, temperature=0.0,
                                                                        structured_outputs=schema))

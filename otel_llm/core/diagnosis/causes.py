@@ -56,7 +56,8 @@ CAUSES: tuple[Cause, ...] = (
           "the frontend took longer than usual to hand it to the engine",
           "(the engine's QUEUED stamp − its arrival) − the lower quartile of the same for the last 64 requests "
           "of a comparable prompt length (to a power of two; with a grammar: those with one) on this frontend, "
-          "when positive; arrival is wall clock, converted to the engine's monotonic clock where the verdict runs"),
+          "when it is over twice their median; arrival is wall clock, converted to the engine's monotonic clock "
+          "where the verdict runs"),
     Cause(sc.SLOW_OWN_PREFILL, _BEFORE,
           "its own long prompt: its prefill took longer than a short prompt's",
           "Σ over the steps that computed its prompt (every chunk, also those shared with other requests) of "

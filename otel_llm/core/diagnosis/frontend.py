@@ -12,7 +12,8 @@ of a comparable prompt length (the same power of two of prompt tokens) on this f
 ``per_size`` of them, and a request with a structured-output grammar only with others that had one
 (the frontend validates a schema; the EngineCore starts its compilation as it takes the request in). The baseline is their lower quartile rather than their median: the frontend's
 backlog comes in bursts, and a burst that filled most of the recent window would otherwise become the
-usual hand-over it is judged against.
+usual hand-over it is judged against. A hand-over within twice their median is the frontend's usual
+jitter (a collection pause, a busy moment of a millisecond or two) and charges nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class FrontendHistory(RecentBySize):
         if handover_s >= 0:  # clocks that disagree: nothing to learn from it
             self.note(prompt_tokens, handover_s, int(grammar))
 
-    def usual(self, prompt_tokens: int | None, grammar: bool = False) -> float | None:
-        """The lower quartile of comparable requests' hand-over times, or None with fewer than ``min_samples``."""
+    def usual(self, prompt_tokens: int | None, grammar: bool = False) -> tuple[float, float] | None:
+        """The lower quartile and the median of comparable requests' hand-over times, or None with fewer
+        than ``min_samples``."""
         times = self.recent(prompt_tokens, int(grammar))
-        return times[(len(times) - 1) // 4] if times is not None else None
+        return (times[(len(times) - 1) // 4], times[len(times) // 2]) if times is not None else None

@@ -293,8 +293,8 @@ def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledg
     if took is None or took <= 0:
         return 0.0
     usual = window.frontend.usual(t.input_tokens, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
-    if usual is not None:
-        ledger.add(sc.SLOW_FRONTEND, took - usual, queued)
+    if usual is not None and took > 2 * usual[1]:  # beyond the usual jitter: the excess over the lower quartile
+        ledger.add(sc.SLOW_FRONTEND, took - usual[0], queued)
     return took
 
 
