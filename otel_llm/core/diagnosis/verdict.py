@@ -247,12 +247,13 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
     h = t.handoff
     if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
         ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
-    handed = _frontend(t, queued, window, ledger) if before else 0.0
+    handed, frontend = _frontend(t, queued, window, ledger) if before else (0.0, 0.0)
 
     seconds = dict.fromkeys(NAMES, 0.0)
     judged = 0.0
     if before:
-        judged += max(0.0, min(end, ledger.first_token) - start) + handed
+        # the hand-over counts as far as it was charged: what no comparable request says is usual is not judged
+        judged += max(0.0, min(end, ledger.first_token) - start) + frontend
         for k, v in ledger.before.items():
             seconds[k] += v
     if after and first_token is not None:
@@ -285,17 +286,17 @@ def note_handover(t: RequestTimeline, window: StepWindow) -> None:
         window.frontend.add(t.input_tokens, found, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
 
 
-def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledger: _Ledger) -> float:
+def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledger: _Ledger) -> tuple[float, float]:
     """Its hand-over, arrival (wall) to QUEUED (engine monotonic), beyond comparable requests' usual one:
-    charged to ``frontend``. Returns the hand-over's seconds (then judged as part of its TTFT), 0 where
-    there is none to judge (no arrival or no QUEUED stamp)."""
+    charged to ``frontend``. Returns the hand-over's seconds (0 without both stamps) and those charged."""
     took = handover(t, window, queued)
     if took is None or took <= 0:
-        return 0.0
+        return 0.0, 0.0
     usual = window.frontend.usual(t.input_tokens, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
-    if usual is not None and took > 2 * usual[1]:  # beyond the usual jitter: the excess over the lower quartile
-        ledger.add(sc.SLOW_FRONTEND, took - usual[0], queued)
-    return took
+    if usual is None or took <= 2 * usual[1]:  # no comparable requests, or within the usual jitter
+        return took, 0.0
+    ledger.add(sc.SLOW_FRONTEND, took - usual[0], queued)  # the excess over the lower quartile
+    return took, took - usual[0]
 
 
 def _dominant(seconds: dict[str, float], judged: float) -> str:
