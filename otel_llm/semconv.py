@@ -132,9 +132,18 @@ SLOW_ENGINE_STARVATION = "engine_starvation"  # the engine sat idle between step
 SLOW_QUEUE_LORA_SLOT = "queue_lora_slot"
 SLOW_KV_TRANSFER = "kv_transfer"  # loading (or waiting for) its KV cache took longer than comparable loads
 SLOW_UNKNOWN = "unknown"  # the data cannot decide
+# the causes outside the batch (issue: grammars, the frontend, a request's own size)
+SLOW_QUEUE_STRUCTURED_OUTPUT = "queue_structured_output"  # waited: its structured-output grammar was compiling
+SLOW_FRONTEND = "frontend"  # the frontend handed it to the engine later than comparable requests
+SLOW_OWN_PREFILL = "own_prefill"  # its own prompt's prefill, beyond a short prompt's
+SLOW_OWN_LENGTH = "own_length"  # its own generation's length, beyond what the e2e SLO left it
+# the structured-output backend that compiles a request's grammar (request span; the verdict: it has a grammar)
+STRUCTURED_OUTPUT_BACKEND = "llm.structured_output.backend"  # xgrammar, guidance, outlines, lm-format-enforcer
+# every cause, in the order of their declaration (core/diagnosis/causes.py declares them: a test keeps these equal)
 SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_QUEUE_LORA_SLOT,
-               SLOW_PREFILL_INTERFERENCE, SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_ENGINE_STARVATION,
-               SLOW_KV_TRANSFER, SLOW_UNKNOWN)
+               SLOW_QUEUE_STRUCTURED_OUTPUT, SLOW_FRONTEND, SLOW_OWN_PREFILL, SLOW_PREFILL_INTERFERENCE,
+               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_OWN_LENGTH, SLOW_ENGINE_STARVATION, SLOW_KV_TRANSFER,
+               SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
 SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause

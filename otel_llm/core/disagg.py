@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from .. import semconv as sc
+from .diagnosis.causes import NAMES as CAUSE_NAMES
 from .summary import RequestSummary
 
 USER = "user"  # disagg_role of the request joined from its halves
 HALVES = frozenset((sc.DISAGG_ROLE_PREFILL, sc.DISAGG_ROLE_DECODE))
-_QUEUE_CAUSES = frozenset((sc.SLOW_QUEUE_MAX_SEQS, sc.SLOW_QUEUE_KV_CACHE, sc.SLOW_QUEUE_TOKEN_BUDGET,
-                           sc.SLOW_QUEUE_LORA_SLOT))
+_QUEUE_CAUSES = frozenset(c for c in CAUSE_NAMES if c.startswith("queue_"))  # waiting in the engine's queue
 _BEFORE_FIRST_TOKEN = frozenset(("ttft", "e2e"))  # objectives that measure time before the user's first token
 
 

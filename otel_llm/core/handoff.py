@@ -8,11 +8,11 @@ Stamps are on the engine host's monotonic clock, like every other engine stamp o
 
 from __future__ import annotations
 
-import collections
 import statistics
-import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from .diagnosis.history import RecentBySize
 
 LOAD, SAVE = "load", "save"  # the hand-off's direction, as a span's llm.kv_transfer.direction
 
@@ -154,7 +154,7 @@ def handoff_attributes(h: KVHandoff) -> dict[str, Any]:
     return a
 
 
-class HandoffHistory:
+class HandoffHistory(RecentBySize):
     """Recent decode-side hand-off times of one frontend's requests, by size: what a load of so many
     external tokens usually costs on this instance (the ``kv_transfer`` verdict's baseline).
 
@@ -162,29 +162,13 @@ class HandoffHistory:
     each group keeps its last ``per_size`` times."""
 
     def __init__(self, per_size: int = 256, min_samples: int = 3) -> None:
-        self.per_size = per_size
-        self.min_samples = min_samples
-        self._times: dict[int, "collections.deque[float]"] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def size_class(tokens: int) -> int:
-        return max(int(tokens), 1).bit_length()
+        super().__init__(per_size, min_samples)
 
     def add(self, h: KVHandoff) -> None:
-        if not h.loaded or h.load_end is None:
-            return
-        key = self.size_class(h.external_tokens)
-        with self._lock:
-            times = self._times.get(key)
-            if times is None:
-                if len(self._times) >= 64:
-                    self._times.pop(next(iter(self._times)))
-                times = self._times[key] = collections.deque(maxlen=self.per_size)
-            times.append(h.load_s)
+        if h.loaded and h.load_end is not None:
+            self.note(h.external_tokens, h.load_s)
 
     def median(self, tokens: int) -> float | None:
         """The median load time of comparable requests, or None with fewer than ``min_samples``."""
-        with self._lock:
-            times = list(self._times.get(self.size_class(tokens), ()))
-        return statistics.median(times) if len(times) >= self.min_samples else None
+        times = self.recent(tokens)
+        return statistics.median(times) if times is not None else None

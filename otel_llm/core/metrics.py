@@ -16,6 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Meter
 
 from .. import semconv as sc
+from .diagnosis.causes import NAMES as CAUSE_NAMES
 from .sdk_metrics import CountsRecorder, bind_counts, bind_value
 from .buckets import (ACCEPTANCE_LENGTH_BUCKETS, ACCEPTANCE_RATE_BUCKETS, DURATION_BUCKETS, INTER_TOKEN_BUCKETS,
                       PHASE_BUCKETS, RATE_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS)
@@ -403,7 +404,7 @@ class _Breaches:
         return found
 
 
-_CAUSES = frozenset(sc.SLOW_CAUSES)
+_CAUSES = frozenset(CAUSE_NAMES)  # the declared causes (diagnosis/causes.py)
 
 
 def breach_attributes(attributes: dict, objective: str, cause: str | None) -> dict:

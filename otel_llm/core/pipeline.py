@@ -21,7 +21,7 @@ from opentelemetry.trace import NonRecordingSpan, Tracer
 from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
-from .diagnosis.verdict import StepWindow, decide as slow_verdict
+from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_handover
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
 from .diagnosis.engine_time import busy, engine_time, interference_caused
 from .finish_facts import FinishFacts, settle
@@ -469,7 +469,7 @@ class Pipeline:
         if not (breached or for_cause):
             return None
         try:
-            verdict = slow_verdict(t, self.window, breached)
+            verdict = slow_verdict(t, self.window, breached, self.config.slo.for_model(s.model))
             s.slow_cause = verdict.cause
             return verdict
         except Exception as exc:  # a bug of ours costs the verdict only
@@ -496,6 +496,7 @@ class Pipeline:
         verdict = self._explain(t, s, breached, for_cause)
         if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
             self.window.handoffs.add(t.handoff)
+        note_handover(t, self.window)  # the same for the frontend's hand-over
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -536,6 +537,8 @@ class Pipeline:
         for (t, s), own in zip(members, owns):
             self._attribute(t, s, own)
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
+        for t, _ in members:
+            note_handover(t, self.window)
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
         if decision is not None:

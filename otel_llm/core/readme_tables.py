@@ -14,7 +14,8 @@ the same). Tables:
   (``client_metrics.CLIENT_METRICS_LATEST``);
 * ``step-metrics``: the engine-step and GPU instruments (``metrics.STEP_METRICS``, ``metrics.GPU_METRICS``);
 * ``self-metrics``: otel-llm's own health counters (``self_metrics.SELF_METRICS``);
-* ``gateway-metrics`` (docs/collector.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``).
+* ``gateway-metrics`` (docs/collector.md): the collector's own telemetry (``self_metrics.GATEWAY_METRICS``);
+* ``slow-causes`` (docs/verdict.md): the slow-cause verdict's causes (``diagnosis.causes.CAUSES``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import metrics as m
 from . import self_metrics as sm
 from .client_metrics import CLIENT_METRICS, CLIENT_METRICS_LATEST
 from .config import options_table
+from .diagnosis.causes import causes_table
 from .trace_contract import spans_table
 
 
@@ -95,10 +97,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "step-metrics": step_metrics_table,
     "self-metrics": self_metrics_table,
     "gateway-metrics": gateway_metrics_table,
+    "slow-causes": causes_table,
 }
 # relative to the repository root; each table lives with the section that explains it
 FILES = ("README.md", "docs/trace-contract.md", "docs/metrics.md", "docs/engine-steps.md", "docs/client.md",
-         "docs/export.md", "docs/collector.md")
+         "docs/export.md", "docs/collector.md", "docs/verdict.md")
 COMMAND = "python -m otel_llm.core.readme_tables --write"
 
 

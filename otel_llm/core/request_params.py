@@ -33,4 +33,9 @@ def sampling_attributes(params: Any) -> dict[str, Any]:
     n = getattr(params, "n", 1)
     if isinstance(n, int) and n > 1:
         attrs[sc.REQUEST_CHOICE_COUNT] = n
+    structured = getattr(params, "structured_outputs", None)
+    if structured is not None:  # a grammar to compile: the verdict's queue_structured_output applies to it
+        # vLLM's input processor resolved the backend into a private field ("auto" until it has)
+        backend = getattr(structured, "_backend", None)
+        attrs[sc.STRUCTURED_OUTPUT_BACKEND] = str(backend) if backend else "auto"
     return attrs

@@ -19,7 +19,10 @@ QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3  # vLLM's EngineCoreEventType values (fen
 # Why the head of the engine's waiting queue was not admitted in a step (StepRecord.queue_blocked),
 # decided by the adapter where the scheduler's state is exact (see diagnosis/verdict.py).
 BLOCKED_NONE, BLOCKED_MAX_SEQS, BLOCKED_KV_CACHE, BLOCKED_TOKEN_BUDGET, BLOCKED_OTHER = 0, 1, 2, 3, 4
-BLOCKED_NAMES = ("none", "max_seqs", "kv_cache", "token_budget", "other")  # llm.engine.step.queue_blocked
+# STRUCTURED_OUTPUT: no limit stopped admission, and requests stayed waiting for their structured-output grammar
+BLOCKED_STRUCTURED_OUTPUT = 5
+BLOCKED_NAMES = ("none", "max_seqs", "kv_cache", "token_budget", "other",
+                 "structured_output")  # llm.engine.step.queue_blocked
 
 
 @dataclass(slots=True)

@@ -101,6 +101,8 @@ REQUEST_SPAN = SpanDoc(
      *_when_set(sc.REQUEST_TOP_K, sc.REQUEST_SEED, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
                 sc.REQUEST_STOP_SEQUENCES, sc.REQUEST_CHOICE_COUNT),
      Item(sc.REQUEST_STREAM, " (under serve when streaming; TensorRT-LLM: whenever streamed)"),
+     Item(sc.STRUCTURED_OUTPUT_BACKEND, " (vLLM, a request with a structured-output grammar: the backend "
+          "compiling it)"),
      Item(sc.RESPONSE_MODEL, " (what served it: the LoRA adapter's name for an adapter's request, else the "
           "served model name)"), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
      Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),

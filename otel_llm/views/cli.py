@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from .. import semconv as sc
+from ..core.diagnosis.causes import NAMES as CAUSES
 
 
 def positive_int(text: str) -> int:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("-o", "--out", help="HTML page to write (default: FILE with .html)")
     rep.add_argument("--perfetto", metavar="OUT", help="also write the lanes as Chrome trace JSON (opens in Perfetto)")
     rep.add_argument("--top", type=positive_int, default=8, help="how many of the slowest requests to draw (default 8)")
-    rep.add_argument("--cause", choices=sc.SLOW_CAUSES, help="only requests with this verdict (llm.slow.cause)")
+    rep.add_argument("--cause", choices=CAUSES, help="only requests with this verdict (llm.slow.cause)")
     rep.add_argument("--breached", choices=("ttft", "tpot", "e2e"), help="only requests that breached this objective")
     rep.add_argument("--slo", type=slo_seconds, help="the SLOs the trace was judged against, shown beside each "
                                                        "breached objective (e.g. ttft=0.5,tpot=0.05)")

@@ -33,6 +33,7 @@ from grafana_foundation_sdk.models.dashboard import (DashboardCursorSync, DataSo
 from ..core import metrics as m
 from ..core import self_metrics as sm
 from .. import semconv as sc
+from ..core.diagnosis.causes import CAUSES
 from ..core.prometheus_names import prom_label, prom_name
 
 UID = "otel-llm"
@@ -276,7 +277,8 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     )),
     ("Why slow, and what was kept", (
         PanelSpec("SLO breaches by cause", "SLO breaches per second by the verdict's cause (llm.slow.cause): "
-                  "one per request and objective missed, so a request that missed TTFT and TPOT counts twice",
+                  "one per request and objective missed, so a request that missed TTFT and TPOT counts twice. "
+                  + " ".join(f"{c.name}: {c.summary}." for c in CAUSES),
                   (Query(_rate_sum(counter(SLO_BREACHES), by=label(SLOW_CAUSE)),
                          "{{" + label(SLOW_CAUSE) + "}}"),), "suffix: breaches/s", stacked=True),
         PanelSpec("Tail sampling: traces decided", "The collector's decisions by deciding policy and verdict",

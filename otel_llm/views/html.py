@@ -11,6 +11,7 @@ import json
 import math
 
 from . import curves as latency_curves
+from ..core.diagnosis.causes import BY_NAME
 from .timeline import Lane, Segment, Timeline
 
 LABEL_W, PLOT_W, LANE_H, ENGINE_H, AXIS_H, GAP = 380, 980, 44, 44, 26, 8  # fits 1440 px wide
@@ -93,6 +94,7 @@ def render(t: Timeline, source: str, curves: list[latency_curves.Curve] | None =
 {empty}{svg}
 <table><thead><tr><th>request</th><th>summary</th><th>verdict</th><th>stalls</th><th>engine steps</th></tr></thead>
 <tbody>{rows}</tbody></table>
+{_causes(t)}
 {latency_curves.section(curves) if curves else ""}
 <script>{JS}</script>
 </body></html>
@@ -181,3 +183,12 @@ def _nice(raw: float) -> float:
 
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _causes(t: Timeline) -> str:
+    """The legend of the verdicts shown: each cause among the drawn requests, with what it means."""
+    shown = sorted({lane.cause for lane in t.requests if lane.cause in BY_NAME})
+    if not shown:
+        return ""
+    items = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(BY_NAME[c].summary)}</dd>" for c in shown)
+    return f'<dl class="causes">{items}</dl>'

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .. import semconv as sc
+from ..core.diagnosis.causes import BY_NAME, NAMES as CAUSES
 from .traces import Span, index
 
 # A decode step is a stall when its gap is this many times the request's median gap (and at least STALL_MIN_S):
@@ -84,8 +85,8 @@ class Selection:
     def __post_init__(self) -> None:
         if not isinstance(self.top, int) or self.top < 1:
             raise ValueError(f"top must be a positive number of requests, not {self.top!r}")
-        if self.cause is not None and self.cause not in sc.SLOW_CAUSES:
-            raise ValueError(f"unknown cause {self.cause!r}; one of {', '.join(sc.SLOW_CAUSES)}")
+        if self.cause is not None and self.cause not in BY_NAME:
+            raise ValueError(f"unknown cause {self.cause!r}; one of {', '.join(CAUSES)}")
         if self.breached is not None and self.breached not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.breached!r}; one of {', '.join(OBJECTIVES)}")
 
@@ -197,8 +198,8 @@ def verdict(a: Mapping[str, Any], slo: Mapping[str, float]) -> str:
     parts = []
     cause = a.get(sc.SLOW_CAUSE)
     if cause:
-        costs = sorted(((float(a[sc.SLOW_SECONDS[c]]), c) for c in sc.SLOW_CAUSES
-                        if isinstance(a.get(sc.SLOW_SECONDS[c]), (int, float)) and a[sc.SLOW_SECONDS[c]] > 0),
+        costs = sorted(((float(a[BY_NAME[c].attribute]), c) for c in CAUSES
+                        if isinstance(a.get(BY_NAME[c].attribute), (int, float)) and a[BY_NAME[c].attribute] > 0),
                        reverse=True)
         parts.append(f"why: {cause}" + (" (" + ", ".join(f"{c} {seconds(v)}" for v, c in costs) + ")" if costs else ""))
     breached = []

@@ -134,8 +134,12 @@ def test_decode_steps_that_carry_another_prompt_are_prefill_interference():
         v = sim.verdict(d, "tpot")
         assert v.cause == sc.SLOW_PREFILL_INTERFERENCE
         assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == pytest.approx(10 * 0.030, abs=1e-6)
-    # the long prompt's own time to first token is its own work: not interference
-    assert sim.verdict("long", "ttft").cause == sc.SLOW_UNKNOWN
+    # the long prompt's own time to first token is its own work, not interference: its chunks, spread over
+    # ten steps it shared with the decodes, each cost 30 ms beyond a decode step of that batch
+    v = sim.verdict("long", "ttft")
+    assert v.cause == sc.SLOW_OWN_PREFILL
+    assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(10 * 0.030, abs=1e-6)
+    assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == 0
 
 
 def test_steps_that_skip_a_running_request_for_others_prefill_count_whole():
@@ -353,3 +357,167 @@ def test_the_scheduler_hook_names_the_first_limit_admission_hit(state, preempted
     running, tokens, head, free = state
     scheduler, out, running = _scheduler(running, tokens, head, free)
     assert _queue_blocked(scheduler, out, running, 1, preempted) == blocked
+
+
+# -- what production hits outside the batch: grammars, the frontend, a request's own size ---------
+
+
+def test_a_long_prompt_alone_is_its_own_prefill_beyond_a_short_prompts():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)  # decode-only steps of one request: what a step of a few tokens costs
+    sim.arrive("long")
+    sim.step([("long", 2000, "P")], dur=STEP + 0.200)
+    sim.decode(["long"], 3)
+    v = sim.verdict("long", "ttft")
+    assert v.cause == sc.SLOW_OWN_PREFILL
+    assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(0.200, abs=1e-6)
+
+
+def test_a_prompt_sharing_its_prefill_step_is_charged_its_own_share_only():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)
+    sim.arrive("a", "b")
+    sim.step([("a", 1500, "P"), ("b", 500, "P")], dur=STEP + 0.200)
+    sim.decode(["a", "b"], 3)
+    assert sim.verdict("a", "ttft").seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(0.150, abs=1e-6)
+    assert sim.verdict("b", "ttft").seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(0.050, abs=1e-6)
+
+
+def test_a_long_generation_at_a_normal_tpot_is_its_own_length():
+    from otel_llm.core.slo import SLO
+
+    sim = Sim()
+    start_decoding(sim, ["g"])
+    sim.decode(["g"], 100)  # 100 decode steps of 11 ms each: 1.1 s after the first token
+    slo = SLO(tpot=0.05, e2e=0.5)
+    t = sim.timelines["g"]
+    v = decide(t, sim.window, ("e2e",), slo)
+    ttft = t.token_ts[0] - t.first(QUEUED)
+    decode = t.token_ts[-1] - t.token_ts[0]
+    assert v.cause == sc.SLOW_OWN_LENGTH
+    assert v.seconds[sc.SLOW_OWN_LENGTH] == pytest.approx(decode - (0.5 - ttft), abs=1e-6)
+    # a TPOT breach is the steps' fault, not its length: own_length is not charged then
+    assert decide(t, sim.window, ("e2e", "tpot"), slo).seconds[sc.SLOW_OWN_LENGTH] == 0
+
+
+def test_own_length_leaves_out_what_other_causes_explain_after_the_first_token():
+    from otel_llm.core.slo import SLO
+
+    sim = Sim()
+    decoders = ["d0", "d1"]
+    start_decoding(sim, decoders)
+    sim.decode(decoders, 30)
+    sim.arrive("long")
+    sim.step([(d, 1, "d") for d in decoders] + [("long", 500, "P")], dur=STEP + 0.300)
+    sim.decode(decoders, 30)
+    t = sim.timelines["d0"]
+    v = decide(t, sim.window, ("e2e",), SLO(tpot=1.0, e2e=0.2))
+    assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == pytest.approx(0.300, abs=1e-6)
+    decode = t.token_ts[-1] - t.token_ts[0]
+    ttft = t.token_ts[0] - t.first(QUEUED)
+    assert v.seconds[sc.SLOW_OWN_LENGTH] == pytest.approx(decode - (0.2 - ttft) - 0.300, abs=1e-6)
+
+
+def test_waiting_for_a_grammar_is_charged_per_request_to_the_requests_with_one():
+    from otel_llm.core.timeline import BLOCKED_STRUCTURED_OUTPUT
+
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)
+    sim.arrive("json", "plain")
+    sim.timelines["json"].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+    sim.step([("r0", 1, "d"), ("plain", 16, "P")], waiting=1, blocked=BLOCKED_STRUCTURED_OUTPUT)
+    sim.decode(["r0", "plain"], 12, waiting=1, blocked=BLOCKED_STRUCTURED_OUTPUT)
+    sim.step([("json", 16, "P")])
+    sim.decode(["json"], 3)
+    v = sim.verdict("json", "ttft")
+    assert v.cause == sc.SLOW_QUEUE_STRUCTURED_OUTPUT
+    assert v.seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == pytest.approx(13 * (STEP + GAP), abs=1e-6)
+    assert sim.verdict("plain", "ttft").seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0
+
+
+def test_a_request_with_no_grammar_waiting_in_a_grammar_step_is_unknown():
+    from otel_llm.core.timeline import BLOCKED_STRUCTURED_OUTPUT
+
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)
+    sim.arrive("w")
+    sim.decode(["r0"], 10, waiting=2, blocked=BLOCKED_STRUCTURED_OUTPUT)
+    sim.step([("w", 16, "P")])
+    v = sim.verdict("w", "ttft")
+    assert v.cause == sc.SLOW_UNKNOWN and v.seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0
+
+
+def _handed_over(sim: Sim, rid: str, handover: float, tokens: int = 100) -> None:
+    """Arrived ``handover`` seconds before the engine queued it (wall clock = engine clock + 1000 here)."""
+    sim.arrive(rid)
+    t = sim.timelines[rid]
+    t.arrival = sim.now + 1000.0 - handover
+    t.input_tokens = tokens
+
+
+def test_a_frontend_slower_than_for_comparable_requests_is_the_frontend():
+    from otel_llm.core.diagnosis.verdict import note_handover
+
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0  # injected: the wall clock reads the engine clock + 1000 s
+    start_decoding(sim, ["r0"])
+    for i in range(8):  # comparable requests, handed over in 5 ms
+        _handed_over(sim, f"c{i}", 0.005)
+        sim.step([("r0", 1, "d"), (f"c{i}", 16, "P")])
+        note_handover(sim.timelines[f"c{i}"], sim.window)
+    _handed_over(sim, "late", 0.405)
+    sim.step([("r0", 1, "d"), ("late", 16, "P")])
+    sim.decode(["r0", "late"], 3)
+    v = sim.verdict("late", "ttft")
+    assert v.cause == sc.SLOW_FRONTEND
+    assert v.seconds[sc.SLOW_FRONTEND] == pytest.approx(0.400, abs=1e-6)
+    # a long prompt is compared with long prompts: its own tokenization is its own work
+    _handed_over(sim, "big", 0.405, tokens=30000)
+    sim.step([("r0", 1, "d"), ("big", 16, "P")])
+    sim.decode(["r0", "big"], 3)
+    assert sim.verdict("big", "ttft").seconds[sc.SLOW_FRONTEND] == 0
+    # the frontend is judged for TTFT only
+    assert sim.verdict("late", "tpot").seconds[sc.SLOW_FRONTEND] == 0
+
+
+def test_the_scheduler_hook_names_grammar_waits_where_no_limit_held_the_queue():
+    from types import SimpleNamespace as NS
+
+    from otel_llm.core.timeline import BLOCKED_STRUCTURED_OUTPUT
+    from otel_llm.instrumentation.vllm.step_hooks import _queue_blocked
+
+    scheduler, out, running = _scheduler(2, 100, 70, 3)
+    grammar, remote = NS(name="WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"), NS(name="WAITING_FOR_REMOTE_KVS")
+    scheduler.deferred_waiting = [NS(status=remote)]
+    assert _queue_blocked(scheduler, out, running, 1, 0) == BLOCKED_OTHER
+    scheduler.deferred_waiting = [NS(status=remote), NS(status=grammar)]
+    assert _queue_blocked(scheduler, out, running, 2, 0) == BLOCKED_STRUCTURED_OUTPUT
+    # a limit that stopped admission comes first: the grammar request was never looked at
+    scheduler, out, running = _scheduler(4, 100, 70, 3)
+    scheduler.deferred_waiting = [NS(status=grammar)]
+    assert _queue_blocked(scheduler, out, running, 1, 0) == BLOCKED_MAX_SEQS
+
+
+def test_a_request_with_a_grammar_is_compared_with_requests_that_had_one():
+    from otel_llm.core.diagnosis.verdict import note_handover
+
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0
+    start_decoding(sim, ["r0"])
+    for i in range(8):  # plain requests handed over in 5 ms; requests with a schema to validate in 50 ms
+        for rid, took, schema in ((f"c{i}", 0.005, False), (f"j{i}", 0.050, True)):
+            _handed_over(sim, rid, took)
+            if schema:
+                sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+            sim.step([("r0", 1, "d"), (rid, 16, "P")])
+            note_handover(sim.timelines[rid], sim.window)
+    for rid, took in (("json", 0.150), ("usual", 0.090)):  # 3x the usual schema hand-over; under 2x: jitter
+        _handed_over(sim, rid, took)
+        sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+        sim.step([("r0", 1, "d"), (rid, 16, "P")])
+    assert sim.verdict("json", "ttft").seconds[sc.SLOW_FRONTEND] == pytest.approx(0.100, abs=1e-6)
+    assert sim.verdict("usual", "ttft").seconds[sc.SLOW_FRONTEND] == 0

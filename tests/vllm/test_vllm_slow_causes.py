@@ -20,6 +20,7 @@ import pytest
 
 from otel_llm import semconv as sc
 from otel_llm.core.diagnosis.verdict import MIN_SHARE
+from support.schemas import large_json_schema
 from support.traces import engine_steps, request_trees
 
 pytestmark = pytest.mark.engine
@@ -188,9 +189,14 @@ def small_engine_runs(otel):
             engine.add_request(rid, _prompt(i, 8), _params(20))
         _drain(engine)
         burst_spans = otel.finished()
+        otel.spans.clear()
+        # (d) a 180-token prompt alone on the idle engine, prefilled in one step: its TTFT is its own prefill
+        engine.add_request("lone", _prompt(98, 180), _params(4))
+        _drain(engine)
+        lone_spans = otel.finished()
         del llm, engine
     gc.collect()
-    return kv_spans, burst_spans
+    return kv_spans, burst_spans, lone_spans
 
 
 def test_a_kv_cache_too_small_is_kv_queueing_or_preemption(small_engine_runs):
@@ -243,3 +249,64 @@ def test_the_verdict_across_processes(llm, otel):
     blocked = {s.attributes.get(sc.STEP_QUEUE_BLOCKED) for s in steps}
     assert "max_seqs" in blocked and "token_budget" not in blocked, blocked
     assert_classified(judgements, affected, {sc.SLOW_QUEUE_MAX_SEQS})
+
+
+def test_a_long_generation_at_a_normal_tpot_breaching_e2e_is_its_own_length(llm, otel):
+    """The session's engine: one request alone, 100 tokens at whatever TPOT this machine gives (the TPOT SLO
+    of a minute is met), against an e2e SLO it cannot meet: the decode time beyond it is its own length."""
+    with otel.instrumented(slo=f"ttft=60,tpot=60,e2e={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        llm.generate([_prompt(1, 8)], _params(100), use_tqdm=False)
+        judgements, _ = judged(otel.finished())
+    (j,) = judgements.values()
+    assert j.cause == sc.SLOW_OWN_LENGTH, j
+    assert j.seconds[sc.SLOW_OWN_LENGTH] > 0
+
+
+GRAMMAR_WAIT_NS = 20_000_000
+
+
+def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, otel):
+    """The session's engine: 4 plain requests decoding (short steps: the EngineCore takes new requests in
+    between), then 12 requests with distinct large JSON schemas added one by one. The schema requests that
+    waited >= 20 ms from QUEUED to their first scheduling (the batch and the token budget had room: the
+    plain ones are scheduled at once) waited for their grammar."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    engine = llm.llm_engine
+    plain, shaped = [f"so-plain{i}" for i in range(4)], [f"so-json{i}" for i in range(12)]
+    with otel.instrumented(slo=f"ttft={TINY_SLO}", sample_rate=1.0, tail_quantile=0):
+        for i, rid in enumerate(plain):
+            engine.add_request(rid, _prompt(i, 4), _params(160))
+        for _ in range(3):  # decoding
+            engine.step()
+        for i, rid in enumerate(shaped):
+            # 240 properties: each compiles for long enough that even an idle machine's burst queues for grammars
+            schema = StructuredOutputsParams(json=large_json_schema(f"s{i}", 240))
+            # 8 tokens: its JSON never completes
+            engine.add_request(rid, _prompt(10 + i, 4), SamplingParams(max_tokens=8, temperature=0.0,
+                                                                       structured_outputs=schema))
+        _drain(engine)
+        spans = otel.finished()
+    judgements, steps = judged(spans)
+    trees = request_trees(spans)
+    assert set(judgements) == set(plain + shaped), sorted(judgements)
+    for rid in plain + shaped:  # the grammar's backend is on the request span of each schema request only
+        assert (sc.STRUCTURED_OUTPUT_BACKEND in trees[rid].attributes) == (rid in shaped)
+    affected = {rid for rid in shaped if judgements[rid].scheduled - judgements[rid].queued >= GRAMMAR_WAIT_NS}
+    assert len(affected) >= 8, f"the scenario did not run as built: {judgements}"
+    assert any(s.attributes.get(sc.STEP_QUEUE_BLOCKED) == "structured_output" for s in steps)
+    right = [rid for rid in affected if judgements[rid].cause == sc.SLOW_QUEUE_STRUCTURED_OUTPUT]
+    assert len(right) >= 0.9 * len(affected), {r: judgements[r] for r in affected}
+    for rid in plain:
+        assert judgements[rid].seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0, judgements[rid]
+        assert judgements[rid].cause != sc.SLOW_QUEUE_STRUCTURED_OUTPUT
+
+
+def test_a_lone_long_prompt_breaching_ttft_is_its_own_prefill(small_engine_runs):
+    judgements, steps = judged(small_engine_runs[2])
+    j = judgements["lone"]
+    assert not waited_through(j, steps), "the scenario did not run as built: it queued behind something"
+    assert [s.attributes[sc.STEP_NUM_RUNNING] for s in steps if s.start_time >= j.queued] == [1] * 4
+    assert j.cause == sc.SLOW_OWN_PREFILL, j
+    assert j.seconds[sc.SLOW_OWN_PREFILL] > 0

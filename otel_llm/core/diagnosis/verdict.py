@@ -19,7 +19,14 @@ the request above what a comparable step costs, summed over the breached measure
 * batch growth: in its decode steps with more decoding requests than its first one had, the median
   decode-only step at that batch size minus the median at the batch size it started with;
 * engine starvation: idle gaps between consecutive engine steps while it was pending, beyond the
-  median gap.
+  median gap;
+* its grammar: the steps it waited through, for a request with a structured-output grammar, that
+  admitted everyone else and left requests waiting for their grammar (``BLOCKED_STRUCTURED_OUTPUT``);
+* the frontend: its hand-over (arrival to QUEUED) beyond comparable requests' (``frontend.py``);
+* its own work: its prompt's prefill beyond a short prompt's (``own_prefill``), and for an e2e breach
+  whose TPOT met its SLO the decode time beyond what the e2e SLO left it (``own_length``).
+
+The causes, their objectives and formulas are declared in ``causes.py``.
 
 The dominant cause is the largest, when it is at least ``MIN_SHARE`` of the phases' time and larger
 than the time the data could not attribute; otherwise ``unknown``.
@@ -29,15 +36,18 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from ... import semconv as sc
 from ..handoff import HandoffHistory
-from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_TOKEN_BUDGET, QUEUED, RequestTimeline,
-                        StepRecord)
+from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_STRUCTURED_OUTPUT, BLOCKED_TOKEN_BUDGET, QUEUED,
+                        RequestTimeline, StepRecord)
+from .causes import BY_NAME, NAMES
+from .frontend import FrontendHistory
 
 MIN_SHARE = 0.1  # a cause explains a request when it cost at least this share of the breached phases' time
 CONTEXT_STEPS = 64  # steps before the request's own, read for the baselines (median decode step, median gap)
@@ -81,6 +91,9 @@ class StepWindow:
         self.size = size
         self.max_loras: int | None = None  # the engine's LoRA slots, where it serves adapters (set by the adapter)
         self.handoffs = HandoffHistory()  # the decode side's KV load times, for the kv_transfer cause
+        self.frontend = FrontendHistory()  # arrival -> QUEUED of recent requests, for the frontend cause
+        # wall clock - engine monotonic clock, where the verdict runs (frontend.py: one host, one CLOCK_MONOTONIC)
+        self.wall_offset: Callable[[], float] = lambda: time.time() - time.monotonic()
         self._engines: dict[int, deque[tuple]] = {}  # engine -> StepFacts-shaped tuples, in step order
         self._lock = threading.Lock()
 
@@ -138,8 +151,8 @@ class SlowVerdict:
 
     def attributes(self) -> dict[str, object]:
         out: dict[str, object] = {sc.SLOW_CAUSE: self.cause}
-        for cause in sc.SLOW_CAUSES:
-            out[sc.SLOW_SECONDS[cause]] = round(self.seconds.get(cause, 0.0), 6)
+        for cause in NAMES:
+            out[BY_NAME[cause].attribute] = round(self.seconds.get(cause, 0.0), 6)
         return out
 
 
@@ -148,8 +161,8 @@ class _Ledger:
 
     def __init__(self, first_token: float | None) -> None:
         self.first_token = first_token if first_token is not None else float("inf")
-        self.before: dict[str, float] = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
-        self.after: dict[str, float] = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
+        self.before: dict[str, float] = dict.fromkeys(NAMES, 0.0)
+        self.after: dict[str, float] = dict.fromkeys(NAMES, 0.0)
 
     def add(self, cause: str, seconds: float, at: float) -> None:
         if seconds > 0:
@@ -184,6 +197,8 @@ class _Baselines:
             prev = s
         self._decode = {b: median(d) for b, d in by_batch.items() if len(d) >= MIN_SAMPLES}
         self.gap = median(gaps) if len(gaps) >= MIN_SAMPLES else None
+        # what a short prompt costs: a step that computes a few tokens, i.e. the cheapest decode-only step
+        self.shortest = min(self._decode.values()) if self._decode else None
 
     def decode(self, batch: int) -> float | None:
         """Median duration of decode-only steps of this decode batch size, else of the nearest size
@@ -198,9 +213,11 @@ class _Baselines:
         return self._decode[min(near, key=lambda b: (abs(b - batch), b))]
 
 
-def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = ()) -> SlowVerdict:
+def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (), slo: Any = None) -> SlowVerdict:
     """The verdict on one finished request. ``breached``: the SLO objectives it missed (ttft, tpot,
-    e2e); they choose the phases judged (none: the whole request, as for a slow or failed one)."""
+    e2e); they choose the phases judged (none: the whole request, as for a slow or failed one).
+    ``slo``: its objectives (``core.slo.SLO``: ``e2e``, ``tpot`` in seconds or None), for ``own_length``."""
+    breached = tuple(breached)
     phases = [_PHASES[o] for o in breached if o in _PHASES]
     before = any(p[0] for p in phases) if phases else True
     after = any(p[1] for p in phases) if phases else True
@@ -221,20 +238,65 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = ())
     base = _Baselines(steps)
     covered = _preemptions(t, ledger, end)
     _kv_transfer(t, window.handoffs, ledger)
-    _queue(steps, admit, start, base, ledger, t.lora_id, window.max_loras)
-    _running(steps, admit, last, set(own), {c.step_id for c in t.chunks}, covered, base, ledger)
+    grammar = sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes
+    _queue(steps, admit, start, base, ledger, t.lora_id, window.max_loras, grammar)
+    chunks: dict[int, int] = {}
+    for c in t.chunks:
+        chunks[c.step_id] = chunks.get(c.step_id, 0) + c.tokens
+    _running(steps, admit, last, set(own), chunks, covered, base, ledger)
+    h = t.handoff
+    if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
+        ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
+    handed, frontend = _frontend(t, queued, window, ledger) if before else (0.0, 0.0)
 
-    seconds = dict.fromkeys(sc.SLOW_CAUSES, 0.0)
+    seconds = dict.fromkeys(NAMES, 0.0)
     judged = 0.0
     if before:
-        judged += max(0.0, min(end, ledger.first_token) - start)
+        # the hand-over counts as far as it was charged: what no comparable request says is usual is not judged
+        judged += max(0.0, min(end, ledger.first_token) - start) + frontend
         for k, v in ledger.before.items():
             seconds[k] += v
     if after and first_token is not None:
         judged += max(0.0, end - first_token)
         for k, v in ledger.after.items():
             seconds[k] += v
+        if "e2e" in breached and "tpot" not in breached and slo is not None and slo.e2e is not None:
+            # its own length: the decode time beyond what the e2e SLO left it after its first token, less
+            # what the other causes already explain of that time
+            left = max(0.0, slo.e2e - (first_token - (start - handed)))
+            others = sum(v for k, v in ledger.after.items() if k != sc.SLOW_UNKNOWN)
+            seconds[sc.SLOW_OWN_LENGTH] += max(0.0, (end - first_token) - left - others)
     return SlowVerdict(_dominant(seconds, judged), seconds)
+
+
+def handover(t: RequestTimeline, window: StepWindow, queued: float | None = None) -> float | None:
+    """Its frontend's hand-over: arrival (wall clock) to the engine's QUEUED stamp (monotonic), converted
+    with ``window.wall_offset``; None without both stamps."""
+    if queued is None:
+        queued = t.first(QUEUED)
+    if queued is None or not t.arrival:
+        return None
+    return queued - (t.arrival - window.wall_offset())
+
+
+def note_handover(t: RequestTimeline, window: StepWindow) -> None:
+    """Every finished request's hand-over, the ``frontend`` cause's baseline (after its own verdict)."""
+    found = handover(t, window)
+    if found is not None:
+        window.frontend.add(t.input_tokens, found, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
+
+
+def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledger: _Ledger) -> tuple[float, float]:
+    """Its hand-over, arrival (wall) to QUEUED (engine monotonic), beyond comparable requests' usual one:
+    charged to ``frontend``. Returns the hand-over's seconds (0 without both stamps) and those charged."""
+    took = handover(t, window, queued)
+    if took is None or took <= 0:
+        return 0.0, 0.0
+    usual = window.frontend.usual(t.input_tokens, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
+    if usual is None or took <= 2 * usual[1]:  # no comparable requests, or within the usual jitter
+        return took, 0.0
+    ledger.add(sc.SLOW_FRONTEND, took - usual[0], queued)  # the excess over the lower quartile
+    return took, took - usual[0]
 
 
 def _dominant(seconds: dict[str, float], judged: float) -> str:
@@ -272,10 +334,11 @@ def _kv_transfer(t: RequestTimeline, history: HandoffHistory, ledger: _Ledger) -
 
 
 def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Baselines, ledger: _Ledger,
-           lora_id: int | None = None, max_loras: int | None = None) -> None:
+           lora_id: int | None = None, max_loras: int | None = None, grammar: bool = False) -> None:
     """The time from QUEUED to the step that first scheduled it: each step it waited through is
     charged to the reason that step's admission stopped (or to the LoRA slot, where its adapter could
-    not be loaded in that step), with the gap after it up to the median gap; idle time beyond that is
+    not be loaded in that step; or to its grammar, where it has one and the step left only requests
+    waiting for their grammar), with the gap after it up to the median gap; idle time beyond that is
     starvation."""
     waited = [s for s in steps if s.step_id < admit.step_id and s.start >= queued]
     chain = waited + [admit]
@@ -287,6 +350,8 @@ def _queue(steps: list[StepFacts], admit: StepFacts, queued: float, base: _Basel
     for s, nxt in zip(waited, chain[1:]):
         if lora_waits(s, lora_id, max_loras):
             cause = sc.SLOW_QUEUE_LORA_SLOT
+        elif s.blocked == BLOCKED_STRUCTURED_OUTPUT:  # no limit stopped admission: only grammars kept requests out
+            cause = sc.SLOW_QUEUE_STRUCTURED_OUTPUT if grammar else sc.SLOW_UNKNOWN
         else:
             cause = _QUEUE_CAUSE.get(s.blocked, sc.SLOW_UNKNOWN)
         ledger.add_span(cause, s.start, s.end)
@@ -303,10 +368,12 @@ def lora_waits(step: StepFacts, lora_id: int | None, max_loras: int | None) -> b
     return bool(lora_id and max_loras and loras and len(loras) >= max_loras and lora_id not in loras)
 
 
-def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set[int], own_prefill: set[int],
+def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set[int], own_prefill: dict[int, int],
              covered: list[tuple[float, float]], base: _Baselines, ledger: _Ledger) -> None:
-    """From the step that first scheduled it to its last: its decode steps against decode-only
-    steps of the same batch size, steps that skipped it, and the gaps between steps."""
+    """From the step that first scheduled it to its last: its prompt's steps against a short prompt's
+    (a decode-only step), its decode steps against decode-only steps of the same batch size, steps that
+    skipped it, and the gaps between steps. ``own_prefill``: the steps that computed its prompt, with
+    how many of its prompt tokens each computed."""
     span = [s for s in steps if admit.step_id <= s.step_id <= last.step_id]
     first_decode = next((s for s in span if s.step_id in own and s.step_id not in own_prefill), None)
     start_batch = base.decode(first_decode.decode_requests) if first_decode is not None else None
@@ -324,7 +391,13 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
         if s.step_id not in own:  # running, but the step left it out
             ledger.add_span(sc.SLOW_PREFILL_INTERFERENCE if s.prefill_tokens else sc.SLOW_UNKNOWN, s.start, s.end)
             continue
-        if s.step_id in own_prefill:  # computing its own prompt: its own work
+        if s.step_id in own_prefill:  # computing its own prompt: its own work, beyond what a short prompt costs
+            usual = base.decode(s.decode_requests) if s.decode_requests else None
+            if usual is None:
+                usual = base.shortest
+            if usual is not None and s.prefill_tokens:
+                share = min(1.0, own_prefill[s.step_id] / s.prefill_tokens)
+                ledger.add(sc.SLOW_OWN_PREFILL, (s.duration - usual) * share, s.end)
             continue
         usual = base.decode(s.decode_requests)
         if usual is None:

@@ -18,7 +18,7 @@ from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
 from ...guard import Guard
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
-                               BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
+                               BLOCKED_STRUCTURED_OUTPUT, BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
 from .step_extras import SpecReaders, active_loras, common_counts, share_positions, spec_counts, worker_facts
@@ -349,7 +349,29 @@ def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempt
             return BLOCKED_KV_CACHE
     except (AttributeError, IndexError):  # another vLLM's internals: the step record is worth more than this
         pass
-    return BLOCKED_OTHER  # a limit we do not model (LoRA slots, remote KV, grammar, encoder budget)
+    if _grammar_waits(scheduler):
+        return BLOCKED_STRUCTURED_OUTPUT
+    return BLOCKED_OTHER  # a limit we do not model (LoRA slots, remote KV, encoder budget)
+
+
+_GRAMMAR_WAIT = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"  # vLLM's RequestStatus member, by name
+
+
+def _grammar_waits(scheduler: Any) -> bool:
+    """Whether requests stayed waiting for their structured-output grammar in a step no limit stopped: the
+    admission loop then checked every waiting request, and one still in the grammar status had no grammar
+    yet. vLLM keeps the requests held back for such reasons (grammar, remote KV, streaming input) in
+    ``Scheduler.deferred_waiting``, usually a handful: reading them costs nothing on a step without."""
+    try:
+        deferred = scheduler.deferred_waiting
+        if not deferred:
+            return False
+        for request in tuple(deferred):
+            if request.status.name == _GRAMMAR_WAIT:
+                return True
+    except (AttributeError, TypeError):  # another vLLM's internals: the step record is worth more than this
+        pass
+    return False
 
 
 
