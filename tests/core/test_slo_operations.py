@@ -307,3 +307,37 @@ def test_the_serving_layer_reads_the_tenant_from_its_source(source: str, expecte
 
     assert contextvars.copy_context().run(handle) == expected
     pipeline.close()
+
+
+def test_a_streamed_response_carries_the_handlers_tenant_to_the_streaming_task() -> None:
+    """vLLM adds a streamed request to the engine on the body's first iteration, in Starlette's streaming task,
+    whose context lacks what the serving handler set: the stream carries the tenant (and the stream flag, the
+    model asked for, the server) there. Without it a streamed request had no tenant."""
+    import asyncio
+    import contextvars
+
+    from otel_llm.instrumentation.vllm import wrappers as w
+
+    seen: list = []
+
+    async def body():
+        seen.append((w._TENANT.get(), w._MODEL.get(), w._STREAM.get(), w._SERVER.get(), w._OPERATION.get()[0]))
+        yield "chunk"
+
+    async def handler():
+        w._TENANT.set("team-a")
+        w._MODEL.set("m")
+        w._STREAM.set(True)
+        w._SERVER.set(("127.0.0.1", 8000))
+        return body()
+
+    async def main():
+        stream = await w._streams_keep_operation(handler(), "text_completion")
+        # the body is iterated in another context, as Starlette's streaming task does
+        return await asyncio.create_task(_drain(stream), context=contextvars.Context())
+
+    async def _drain(stream):
+        return [c async for c in stream]
+
+    assert asyncio.run(main()) == ["chunk"]
+    assert seen == [("team-a", "m", True, ("127.0.0.1", 8000), "text_completion")]

@@ -607,20 +607,25 @@ _GROUP_ATTR = "_otel_llm_group"
 async def _streams_keep_operation(call: Any, operation: str) -> Any:
     result = await call
     if inspect.isasyncgen(result):
-        return OperationStream(result, operation, _SERVER.get())
+        return OperationStream(result, operation, tuple((var, var.get()) for var in _HANDLER_SET))
     return result
+
+
+# what the serving handler set (``VLLMWrappers.serving``) that the request's start reads: a stream carries it
+# to the task that streams the body
+_HANDLER_SET = (_STREAM, _MODEL, _SERVER, _TENANT)
 
 
 class OperationStream:
     """A streamed response, which adds its request to the engine on its first iteration, in the task that
     streams the body (Starlette's), whose context lacks what the handler set: set there, at the first
-    ``__anext__``. Every later chunk is the response's own ``__anext__``, handed back as is: no frame of
+    ``__anext__`` (the stream flag, the model asked for, the server, the tenant). Every later chunk is the response's own ``__anext__``, handed back as is: no frame of
     ours per streamed token (an async generator re-yielding each chunk cost ~1 µs a token)."""
 
-    __slots__ = ("_gen", "_operation", "_server", "_first")
+    __slots__ = ("_gen", "_operation", "_carried", "_first")
 
-    def __init__(self, gen: Any, operation: str, server: tuple[str, int] | None) -> None:
-        self._gen, self._operation, self._server, self._first = gen, operation, server, True
+    def __init__(self, gen: Any, operation: str, carried: tuple[tuple[contextvars.ContextVar, Any], ...]) -> None:
+        self._gen, self._operation, self._carried, self._first = gen, operation, carried, True
 
     def __aiter__(self) -> "OperationStream":
         return self
@@ -629,7 +634,8 @@ class OperationStream:
         if self._first:
             self._first = False
             _OPERATION.set((self._operation, SpanKind.SERVER))
-            _SERVER.set(self._server)
+            for var, value in self._carried:
+                var.set(value)
         return self._gen.__anext__()
 
     def asend(self, value: Any) -> Any:
