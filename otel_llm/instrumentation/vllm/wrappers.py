@@ -619,8 +619,9 @@ _HANDLER_SET = (_STREAM, _MODEL, _SERVER, _TENANT)
 class OperationStream:
     """A streamed response, which adds its request to the engine on its first iteration, in the task that
     streams the body (Starlette's), whose context lacks what the handler set: set there, at the first
-    ``__anext__`` (the stream flag, the model asked for, the server, the tenant). Every later chunk is the response's own ``__anext__``, handed back as is: no frame of
-    ours per streamed token (an async generator re-yielding each chunk cost ~1 µs a token)."""
+    ``__anext__`` (the stream flag, the model asked for, the server, the tenant). Every later chunk is the
+    response's own ``__anext__``, handed back as is: no frame of ours per streamed token (an async generator
+    re-yielding each chunk would add work per token)."""
 
     __slots__ = ("_gen", "_operation", "_carried", "_first")
 
