@@ -4,7 +4,8 @@ Under disaggregated serving the prefill instance (P) and the decode instance (D)
 user request (``llm.disagg.role``: ``prefill``, ``decode``); neither is the user's request. The gateway sees
 both request spans of the trace: it joins them (``otel_llm.core.disagg``) into the user's request, recorded
 once in the derived metrics with ``llm.disagg.role=user`` (the halves' own series keep their roles and stay
-out of the goodput counters), its breaches judged on the user's figures and charged to the half whose cause
+out of the goodput counters), its breaches judged on the user's figures against its SLO scope (model and tenant: the prefill half's tenant,
+else the decode half's) and charged to the half whose cause
 weighs more (``otelcol_llm_disagg_user_breaches_total{objective, side, cause}``).
 
 Halves wait for their partner in a bounded table, for at most ``wait`` seconds of the gateway's clock: a
@@ -83,7 +84,7 @@ class DisaggJoin:
     def _joined(self, a: RequestFacts, b: RequestFacts) -> RequestFacts:
         prefill, decode = (a, b) if a.summary.disagg_role == sc.DISAGG_ROLE_PREFILL else (b, a)
         user = join(prefill.summary, decode.summary)
-        breached = self._slos.for_model(user.model).breaches(user)
+        breached = self._slos.for_request(user.model, user.tenant).breaches(user)
         if breached:
             v = verdict(prefill.summary, decode.summary, breached)
             user.slow_cause = v.cause

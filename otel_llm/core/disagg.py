@@ -53,7 +53,9 @@ def join(prefill: RequestSummary, decode: RequestSummary) -> RequestSummary:
 
     TTFT: P's e2e plus D's TTFT (P's one token is thrown away); e2e: both e2e; TPOT and the decode phase are
     D's (decoding happens only there); queue: both queues; prefill: P's. Tokens and the model are D's (D
-    served the whole request: same prompt, every output token). Failed when either half failed."""
+    served the whole request: same prompt, every output token). Failed when either half failed. The tenant is
+    P's (the router's first hop, which saw the user's request first), else D's: the user's SLO scope
+    (``SLOTable.for_request``) and tenant label follow it."""
     def add(a: float | None, b: float | None) -> float | None:
         return a + b if a is not None and b is not None else None
 
@@ -65,7 +67,7 @@ def join(prefill: RequestSummary, decode: RequestSummary) -> RequestSummary:
         output_characters=decode.output_characters, num_preemptions=prefill.num_preemptions + decode.num_preemptions,
         prefix_cache_hit_tokens=prefill.prefix_cache_hit_tokens, finish_reason=decode.finish_reason,
         error_type=prefill.error_type or decode.error_type, max_gap=decode.max_gap, gaps=decode.gaps,
-        lora=decode.lora, disagg_role=USER)
+        lora=decode.lora, disagg_role=USER, tenant=prefill.tenant or decode.tenant)
     return user
 
 

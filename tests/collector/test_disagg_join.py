@@ -140,3 +140,41 @@ def test_extract_reads_the_role():
     p, _ = _halves(0xD5, p_queue=0.01, p_e2e=0.3, d_ttft=0.1)
     (r,) = extract(export_request(p)).requests
     assert r.summary.disagg_role == sc.DISAGG_ROLE_PREFILL
+
+
+def test_the_user_request_carries_a_halfs_tenant_and_is_judged_by_its_scope():
+    clock = FakeClock()
+    kept: list = []
+    g = Gateway(loopback_config(processors={"llm_metrics": {"slo": "tpot=0.05; @team-a: tpot=0.005"}}),
+                clock=clock, manual_ticks=True)
+    g._emit = lambda items: kept.extend(items)
+    spans = []
+    for trace, p_tenant, d_tenant in ((0xE1, "team-a", None), (0xE2, None, "team-a"), (0xE3, "team-a", "team-b"),
+                                      (0xE4, None, None)):
+        p, d = _halves(trace, p_queue=0.01, p_e2e=0.3, d_ttft=0.1)  # D's tpot 0.01: team-a's scope breaches
+        for s, tenant in ((p, p_tenant), (d, d_tenant)):
+            if tenant is not None:
+                s.attributes.add(key=sc.REQUEST_TENANT).value.string_value = tenant
+        spans += [p, d]
+    g.ingest(export_request(*spans, service="vllm"))
+    users = {}
+    for pt in points_by_name(g.metric_reader.get_metrics_data())[REQUESTS]:
+        a = dict(pt.attributes)
+        if a.get(sc.DISAGG_ROLE) == USER:
+            users[a.get(sc.REQUEST_TENANT)] = users.get(a.get(sc.REQUEST_TENANT), 0) + pt.value
+    assert users == {"team-a": 3, None: 1}  # P's tenant first, else D's
+    # team-a's scope (tpot=0.005) judged its three; the default (tpot=0.05) passed the tenantless one
+    assert g.telemetry.value("disagg_user_breaches", objective="tpot", side=sc.SLOW_UNKNOWN,
+                             cause=sc.SLOW_UNKNOWN) == 3
+    assert sum(v for (role, objective, _), v in _counter(g, SLO_BREACHES).items()
+               if role == USER and objective == "tpot") == 3
+
+
+def test_join_takes_the_prefill_halfs_tenant_else_the_decode_halfs():
+    p = _summary(sc.DISAGG_ROLE_PREFILL, ttft=0.3, e2e=0.3, output_tokens=1, tenant="team-a")
+    d = _summary(sc.DISAGG_ROLE_DECODE, ttft=0.1, tpot=0.01, e2e=0.3, output_tokens=9, tenant="team-b")
+    assert join(p, d).tenant == "team-a"
+    p.tenant = None
+    assert join(p, d).tenant == "team-b"
+    d.tenant = None
+    assert join(p, d).tenant is None
