@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated host:port of the gateways (static resolver)")
     s.add_argument("--dns", help="host[:port] for the dns resolver instead of a static list")
     s.add_argument("--backend", default="tempo:4317", help="OTLP/gRPC endpoint for kept traces")
-    s.add_argument("--slo", default="", help='SLOs, e.g. "ttft=0.5,tpot=0.05; big-model: ttft=2"')
+    s.add_argument("--slo", default="",
+                   help='SLOs, e.g. "ttft=0.5,tpot=0.05; big-model: ttft=2; @team-a: tpot=0.03,goodput=0.999"')
     s.add_argument("--baseline-percent", type=float, default=5.0)
     s.add_argument("--slow-threshold-ms", type=int, default=10_000)
     s.add_argument("--target", default="v0.159", choices=("v0.159", "legacy"),

@@ -4,9 +4,9 @@ Under disaggregated serving the prefill instance (P) and the decode instance (D)
 user request (``llm.disagg.role``: ``prefill``, ``decode``); neither is the user's request. The gateway sees
 both request spans of the trace: it joins them (``otel_llm.core.disagg``) into the user's request, recorded
 once in the derived metrics with ``llm.disagg.role=user`` (the halves' own series keep their roles and stay
-out of the goodput counters), its breaches judged on the user's figures against its SLO scope (model and tenant: the prefill half's tenant,
-else the decode half's) and charged to the half whose cause
-weighs more (``otelcol_llm_disagg_user_breaches_total{objective, side, cause}``).
+out of the goodput counters), its breaches judged on the user's figures against its SLO scope (its model and
+tenant: the prefill half's tenant, else the decode half's) and charged to the half whose cause weighs more
+(``otelcol_llm_disagg_user_breaches_total{objective, side, cause}``).
 
 Halves wait for their partner in a bounded table, for at most ``wait`` seconds of the gateway's clock: a
 decode half whose prefill half never came (P not instrumented, its span lost) is then recorded as the user's

@@ -6,9 +6,10 @@ Two layouts (see docs/collector.md, "Scale-out"):
   to N of our gateways (each holds whole traces, so tail sampling and the per-request metrics stay
   correct); each gateway exports kept traces to the backend.
 * ``upstream``: no Python in the pipeline. The upstream ``tail_sampling`` processor with our attribute
-  names (``ottl_condition`` for SLO breaches, because ``numeric_attribute`` is int-only) and the
-  signal-to-metrics connector building our histograms from the request span's ``llm.latency.*``
-  attributes. The rolling-percentile policy has no upstream equivalent; a static ``latency`` threshold
+  names (``ottl_condition`` for SLO breaches, one per SLO scope, model and tenant, because
+  ``numeric_attribute`` is int-only) and the signal-to-metrics connector building our histograms from the
+  request span's ``llm.latency.*`` attributes, by model, tenant and the other request dimensions. The
+  rolling-percentile policy has no upstream equivalent; a static ``latency`` threshold
   stands in for it.
 
 The upstream files are written for one otelcol-contrib release line (``UpstreamTarget``): its
@@ -29,7 +30,7 @@ import yaml
 
 from otel_llm import semconv as sc
 from otel_llm.core.metrics import SERVER_HISTOGRAMS, SERVER_METRICS
-from otel_llm.core.slo import SLO, SLOTable
+from otel_llm.core.slo import SLO, TENANT_MARK, SLOTable
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ DEFAULT_TARGET = "v0.159"
 _DIMENSIONS = [{"key": sc.OPERATION_NAME}, {"key": sc.REQUEST_MODEL, "optional": True},
                {"key": sc.PROVIDER_NAME, "optional": True}, {"key": sc.ERROR_TYPE, "optional": True},
                # disaggregated serving: which half (prefill, decode) a request span is, as our gateways label it
-               {"key": sc.DISAGG_ROLE, "optional": True}]
+               {"key": sc.DISAGG_ROLE, "optional": True},
+               # the request's tenant as the SDK wrote it (cleaned, capped to the ``tenant_limit``, then ``other``):
+               # the connector cannot clean or cap, so its cardinality is the SDK's (docs/collector.md)
+               {"key": sc.REQUEST_TENANT, "optional": True}]
 
 
 PRIVATE_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
@@ -136,23 +140,48 @@ def _is_number(key: str) -> str:
 
 
 def _slo_conditions(t: SLOTable) -> list[str]:
-    """OTTL span conditions true when a request span breaches its model's SLO."""
+    """OTTL span conditions true when a request span breaches the SLO of its scope.
+
+    One condition per (scope, objective): the scope's membership test, then the threshold. The scopes are
+    disjoint and follow ``SLOTable.for_request``'s order (``model@tenant``, ``@tenant``, model, default): each
+    excludes the more specific scopes that would win over it. A span without a tenant (or a model) compares
+    ``!=`` true and ``==`` false with every string, so it falls to the scopes that do not name one, as
+    ``for_request`` does. The goodput target is an alerting objective, not a per-request threshold: no term."""
     attr = {"ttft": sc.LATENCY_TTFT, "tpot": sc.LATENCY_TPOT, "e2e": sc.LATENCY_E2E}
-    model = ottl_attr(sc.REQUEST_MODEL)
+    model, tenant = ottl_attr(sc.REQUEST_MODEL), ottl_attr(sc.REQUEST_TENANT)
 
     def terms(s: SLO) -> list[str]:
         # a comparison of a non-number with a number is false in OTTL, not an error
         return [f"{ottl_attr(attr[k])} > {ottl_number(getattr(s, k))}" for k in ("ttft", "tpot", "e2e")
                 if getattr(s, k) is not None]
 
-    out = []
-    others = [f"{model} != {ottl_string(m)}" for m in t.per_model]
-    for term in terms(t.default):
-        out.append(" and ".join([term, *others]))
-    for name, s in t.per_model.items():
-        for term in terms(s):
-            out.append(f"{model} == {ottl_string(name)} and {term}")
-    return out
+    def is_model(m: str) -> str:
+        return f"{model} == {ottl_string(m)}"
+
+    def not_model(m: str) -> str:
+        return f"{model} != {ottl_string(m)}"
+
+    def is_tenant(x: str) -> str:
+        return f"{tenant} == {ottl_string(x)}"
+
+    def not_tenant(x: str) -> str:
+        return f"{tenant} != {ottl_string(x)}"
+
+    pairs = list(t.per_model_tenant)
+    scopes: list[tuple[list[str], SLO]] = []
+    # the default: no model, tenant or (model, tenant) scope of its own
+    scopes.append(([*(not_model(m) for m in t.per_model), *(not_tenant(x) for x in t.per_tenant),
+                    *(f"({not_model(m)} or {not_tenant(x)})" for m, x in pairs if m not in t.per_model
+                      and x not in t.per_tenant)], t.default))
+    for m, s in t.per_model.items():  # a model's, unless its tenant (alone or on this model) has one
+        scopes.append(([is_model(m), *(not_tenant(x) for x in t.per_tenant),
+                        *(not_tenant(x) for pm, x in pairs if pm == m and x not in t.per_tenant)], s))
+    for x, s in t.per_tenant.items():  # a tenant's, unless it has one on this model
+        scopes.append(([is_tenant(x), *(not_model(m) for m, px in pairs if px == x)], s))
+    for (m, x), s in t.per_model_tenant.items():
+        scopes.append(([is_model(m), is_tenant(x)], s))
+    out = [" and ".join([term, *scopes[0][0]]) for term in terms(scopes[0][1])]  # the default: the term first
+    return out + [" and ".join([*scope, term]) for scope, s in scopes[1:] for term in terms(s)]
 
 
 # -- the files ----------------------------------------------------------------------------------
@@ -220,10 +249,13 @@ def gateway_tier(o: ScaleOptions) -> dict[str, Any]:
 
 def _slo_text(t: SLOTable) -> str:
     def one(s: SLO) -> str:
-        return ",".join(f"{k}={getattr(s, k):g}" for k in ("ttft", "tpot", "e2e") if getattr(s, k) is not None)
+        return ",".join(f"{k}={getattr(s, k)!r}" for k in ("ttft", "tpot", "e2e", "goodput")
+                        if getattr(s, k) is not None)
 
     parts = [one(t.default)] if t.default != SLO() else []
     parts += [f"{m}: {one(s)}" for m, s in t.per_model.items()]
+    parts += [f"{TENANT_MARK}{x}: {one(s)}" for x, s in t.per_tenant.items()]
+    parts += [f"{m}{TENANT_MARK}{x}: {one(s)}" for (m, x), s in t.per_model_tenant.items()]
     return "; ".join(parts)
 
 

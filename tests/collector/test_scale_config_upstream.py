@@ -13,6 +13,7 @@ import yaml
 from otel_llm import semconv as sc
 from otel_llm.core.metrics import GOOD_REQUESTS, REQUESTS, SERVER_HISTOGRAMS, SERVER_METRICS, TTFT_BUCKETS
 from otel_llm.core.slo import SLO, SLOTable
+from otel_llm.core.summary import RequestSummary
 from otel_llm_collector.cli import main
 from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.scale_config import TARGETS, ScaleOptions, generate, ottl_number, ottl_string
@@ -279,3 +280,76 @@ def test_ottl_checker_accepts_upstream_value_expressions(text: str) -> None:
 ])
 def test_ottl_checker_accepts_upstream_conditions(text: str) -> None:
     parse_condition(text)
+
+
+# -- tenants: the dimension and the tenant-scoped SLOs ------------------------------------------------------
+
+TENANT_SLO = ("ttft=0.5,tpot=0.05; big: ttft=2; @team-a: tpot=0.03,goodput=0.999; big@team-b: e2e=3; "
+              "small@team-a: ttft=0.25; @team-c: ttft=9")
+
+
+class _Attributes(dict):
+    def __missing__(self, key: str) -> None:
+        return None  # an absent attribute is nil
+
+
+def _evaluate(condition: str, attributes: dict[str, Any]) -> bool:
+    """A span condition of the subset the generator writes (paths, strings, numbers, and/or/not, parens),
+    evaluated as OTTL would: the tokens from upstream's lexer, strings unquoted as Go does."""
+    from ottl_check import go_unquote
+
+    parse_condition(condition)
+    python = []
+    for tok in tokenize(condition):
+        if tok.kind == "String":
+            python.append(repr(go_unquote(tok.text)))
+        elif tok.kind == "Nil":
+            python.append("None")
+        elif tok.kind == "Lowercase" and tok.text == "attributes":
+            python.append("A")
+        elif tok.kind in ("OpAnd", "OpOr", "OpNot", "OpComparison", "Int", "Float", "LParen", "RParen", "Punct"):
+            python.append(tok.text)
+        else:
+            raise AssertionError(f"{tok} is outside the subset the generator writes")
+    return bool(eval(" ".join(python), {"A": _Attributes(attributes)}))  # noqa: S307 - our own tokens only
+
+
+def test_the_breach_conditions_pick_the_scope_for_request_picks() -> None:
+    table = SLOTable.parse(TENANT_SLO)
+    conds = next(p for p in generate(ScaleOptions(slo=table), "upstream")["upstream-only.yaml"]["processors"]
+                 ["tail_sampling"]["policies"] if p["name"] == "slo_breach")["ottl_condition"]["span"]
+    checked = 0
+    for model in ("big", "small", "other-model", None):
+        for tenant in ("team-a", "team-b", "team-c", "team-z", None):
+            for ttft, tpot, e2e in ((0.1, 0.01, 1.0), (0.3, 0.01, 1.0), (1.0, 0.04, 1.0), (3.0, 0.01, 1.0),
+                                    (0.1, 0.01, 4.0), (10.0, 0.1, 10.0)):
+                attrs = {sc.LATENCY_TTFT: ttft, sc.LATENCY_TPOT: tpot, sc.LATENCY_E2E: e2e}
+                if model is not None:
+                    attrs[sc.REQUEST_MODEL] = model
+                if tenant is not None:
+                    attrs[sc.REQUEST_TENANT] = tenant
+                summary = RequestSummary(model=model, tenant=tenant, ttft=ttft, tpot=tpot, e2e=e2e)
+                expected = bool(table.for_request(model, tenant).breaches(summary))
+                matched = [c for c in conds if _evaluate(c, attrs)]
+                assert bool(matched) == expected, (model, tenant, ttft, tpot, e2e, matched)
+                checked += expected
+    assert checked > 20  # the grid breaches in every scope, not only in none
+
+
+def test_the_tenant_is_a_dimension_of_every_derived_request_metric(tmp_path: Path) -> None:
+    for target in TARGETS:
+        doc = _cli(tmp_path / target, target, "static", slo=TENANT_SLO)["upstream-only.yaml"]
+        assert check_config(doc, RELEASES[target]) == []
+        for m in _connector(doc, target)["spans"]:
+            assert {"key": sc.REQUEST_TENANT, "optional": True} in m["attributes"], m["name"]
+        conds, _ = _ottl(doc, target)
+        for c in conds:
+            parse_condition(c)
+        assert any('attributes["llm.request.tenant"] == "team-a"' in c for c in conds)
+
+
+def test_the_gateway_tier_keeps_every_tenant_scope_and_goodput_target(tmp_path: Path) -> None:
+    files = _cli(tmp_path, "v0.159", "static", slo=TENANT_SLO + "; e2e-only: e2e=0.00001")
+    c = CollectorConfig.from_mapping(files["tier2-gateway.yaml"])
+    assert c.slo == SLOTable.parse(TENANT_SLO + "; e2e-only: e2e=0.00001")
+    assert c.slo.for_request("big", "team-a").goodput == 0.999
