@@ -155,17 +155,17 @@ def _slo_conditions(t: SLOTable) -> list[str]:
         return [f"{ottl_attr(attr[k])} > {ottl_number(getattr(s, k))}" for k in ("ttft", "tpot", "e2e")
                 if getattr(s, k) is not None]
 
-    def is_model(m: str) -> str:
-        return f"{model} == {ottl_string(m)}"
+    def is_model(m: str, op: str = "==") -> str:
+        return f"{model} {op} {ottl_string(m)}"
+
+    def is_tenant(x: str, op: str = "==") -> str:
+        return f"{tenant} {op} {ottl_string(x)}"
 
     def not_model(m: str) -> str:
-        return f"{model} != {ottl_string(m)}"
-
-    def is_tenant(x: str) -> str:
-        return f"{tenant} == {ottl_string(x)}"
+        return is_model(m, "!=")
 
     def not_tenant(x: str) -> str:
-        return f"{tenant} != {ottl_string(x)}"
+        return is_tenant(x, "!=")
 
     pairs = list(t.per_model_tenant)
     scopes: list[tuple[list[str], SLO]] = []
