@@ -28,10 +28,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
-
 from otel_llm import semconv as sc
-from otel_llm.otlp.view import SPAN_KIND_CLIENT, SpanView, value_of
+from otel_llm.otlp.view import SPAN_KIND_CLIENT, SpanView, rejoin_span, value_of
 
 from .spans import ENCODED, REQUEST, ROOT, TRACE_ID, Extracted, SpanRecord
 from .telemetry import GatewayMetrics
@@ -286,28 +284,14 @@ class TraceJoin:
 
     def _rewrite(self, rec: SpanRecord) -> SpanRecord:
         """``rec`` with its trace id, root parent and links moved into the client traces they were joined to."""
-        joined = self._joined
-        span = Span.FromString(rec[ENCODED])
-        changed = False
-        to = joined.get(span.trace_id)
-        if to is not None:
-            client_tid, client_span, root = to
-            span.trace_id = client_tid
-            if span.span_id == root and not span.parent_span_id:
-                span.parent_span_id = client_span
-            changed = True
-        for link in span.links:
-            target = joined.get(link.trace_id)
-            if target is not None:
-                link.trace_id = target[0]
-                changed = True
-        if not changed:
+        moved = rejoin_span(rec[ENCODED], self._joined)
+        if moved is None:
             return rec
-        tid = span.trace_id
+        encoded, tid, parented = moved
         facts = rec[REQUEST]
         if facts is not None:
-            facts = dataclasses.replace(facts, trace_id=tid, parented=bool(span.parent_span_id))
-        return (tid, rec[1], span.SerializeToString(), rec[3], rec[4], rec[5], not span.parent_span_id, facts)
+            facts = dataclasses.replace(facts, trace_id=tid, parented=parented)
+        return (tid, rec[1], encoded, rec[3], rec[4], rec[5], not parented, facts)
 
 
 def _response_id(view: Any) -> str | None:

@@ -157,6 +157,29 @@ def scope_name(encoded: bytes) -> str:
         return ""
 
 
+def rejoin_span(encoded: bytes, joined: Mapping[bytes, tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bool] | None:
+    """``encoded`` moved into the traces ``joined`` maps trace ids to (new trace id, new parent of the root, the
+    root's span id): its trace id, its parent when it is that root, and its links' trace ids. None when nothing
+    moved; else the re-encoded span, its trace id and whether it now has a parent (the gateway's trace join)."""
+    span = Span.FromString(encoded)
+    changed = False
+    to = joined.get(span.trace_id)
+    if to is not None:
+        trace_id, parent, root = to
+        span.trace_id = trace_id
+        if span.span_id == root and not span.parent_span_id:
+            span.parent_span_id = parent
+        changed = True
+    for link in span.links:
+        target = joined.get(link.trace_id)
+        if target is not None:
+            link.trace_id = target[0]
+            changed = True
+    if not changed:
+        return None
+    return span.SerializeToString(), span.trace_id, bool(span.parent_span_id)
+
+
 def decode_spans(encoded: Iterable[bytes]) -> list[Span]:
     """Encoded spans as full ``Span`` messages (tests and debugging, not the hot path)."""
     return [Span.FromString(raw) for raw in encoded]
