@@ -7,10 +7,10 @@ import os
 import tempfile
 from types import SimpleNamespace
 
-from otel_llm.agent.records import RequestFinish, RequestStart
+from otel_llm.agent.records import RequestFinish, RequestStart, SinkCounts
 from otel_llm.instrumentation.vllm import request_hooks
 from otel_llm.instrumentation.vllm.request_hooks import RequestHooks
-from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
+from otel_llm.instrumentation.vllm.step_transport import DROP_STARTS_AFTER_ENV, SocketSink, StepReceiver
 
 
 class Params:
@@ -105,6 +105,52 @@ def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
         finally:
             sink.close()
             receiver.close()
+
+
+def test_the_sinks_drop_counts_follow_the_next_record_that_gets_through(monkeypatch):
+    """The test-only fault (``DROP_STARTS_AFTER_ENV``, read when the sink is made) drops the starts after the
+    first, counted; the next record that got through is followed by the sink's counts (``SinkCounts``), and a
+    rescan sends them when the step drops changed, never when nothing did."""
+    monkeypatch.setenv(DROP_STARTS_AFTER_ENV, "1")
+    with tempfile.TemporaryDirectory() as directory:
+        receiver = StepReceiver(directory)
+        receiver.take_requests = True
+        sink = SocketSink(directory)
+        sink.RING = False
+        try:
+            hooks = RequestHooks(sink.send_request)
+            scheduler = SimpleNamespace(requests={})
+            for rid in ("a", "b", "c"):
+                hooks.add_request(lambda request: None, scheduler, (_request(rid),), {})
+            hooks.free_request(lambda request: None, scheduler, (_request("b", 3, "stop"),), {})
+            got: list = []
+            receiver.drain(got.append)
+            assert [type(x) for x in got] == [RequestStart, RequestFinish, SinkCounts]
+            assert got[0].request_id == "a" and got[1].request_id == "b"
+            assert got[2] == SinkCounts(pid=os.getpid(), steps_dropped=0, requests_dropped=2)
+            hooks.free_request(lambda request: None, scheduler, (_request("c", 3, "stop"),), {})
+            sink._rescan(1e9)  # nothing changed: no counts
+            got.clear()
+            receiver.drain(got.append)
+            assert [type(x) for x in got] == [RequestFinish]
+            sink.dropped += 5  # steps a full ring refused
+            sink._rescan(2e9)
+            got.clear()
+            receiver.drain(got.append)
+            assert got == [SinkCounts(pid=os.getpid(), steps_dropped=5, requests_dropped=2)]
+        finally:
+            sink.close()
+            receiver.close()
+
+
+def test_without_the_fault_the_sink_sends_every_start(monkeypatch):
+    monkeypatch.delenv(DROP_STARTS_AFTER_ENV, raising=False)
+    with tempfile.TemporaryDirectory() as directory:
+        sink = SocketSink(directory)
+        try:
+            assert "send_request" not in vars(sink)  # the class's method: nothing checked per record
+        finally:
+            sink.close()
 
 
 def _launch(building: int, local_client: bool, rust: str, monkeypatch) -> list:
