@@ -40,6 +40,7 @@ from typing import Any, Callable
 from .. import shm_ring
 from ..core.diagnosis.anatomy import EngineFacts
 from ..core.finish_facts import settle
+from ..core import self_metrics
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
 from ..semconv import SCHEMA_URL
@@ -47,7 +48,8 @@ from ..version import __version__
 from . import destinations, protocol, records
 from .engine_requests import EngineRequests
 
-_REQUEST_RECORDS = (records.RequestStart, records.RequestFinish)
+_REQUEST_RECORDS = (records.RequestStart, records.RequestFinish, records.SinkCounts)
+MAX_SINKS = 16  # engine processes whose sink counts are kept (EngineCores that came and went: the oldest goes)
 
 IDLE_S = 0.1  # the tick with nothing going on: the ring is read at least this often (it holds seconds of steps)
 FIRST_S = 60.0  # the frontend's first message (RING) follows READY at once: a bound for a frontend that hung
@@ -81,6 +83,7 @@ class Agent:
         self.engine_requests = EngineRequests()
         self.engine_arrived: list[records.RequestFinish] = []  # finishes read at this turn's engine read
         self.engine_due: list[records.RequestFinish] = []  # ... at the previous one: settled next turn
+        self.sinks: dict[int, records.SinkCounts] = {}  # engine pid -> what its sink last said it dropped
 
     def open_ring(self, m: tuple, fds: list[int]) -> None:
         """The frontend's first message (``RING``): the ring it writes every later message into, or None
@@ -111,6 +114,7 @@ class Agent:
         tracer = tp.get_tracer("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         meter = mp.get_meter("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         self.pipeline = Pipeline(setup.config, tracer, meter, engine="vllm", router=Router, guard=self.guard)
+        self_metrics.register_agent(meter, "vllm", self.lost)
         for facts in self.engines:
             self.apply_engine(facts)
 
@@ -277,8 +281,18 @@ class Agent:
             return [], []
         starts = [x for x in read if type(x) is records.RequestStart]
         finishes = [x for x in read if type(x) is records.RequestFinish]
+        for x in read:
+            if type(x) is records.SinkCounts:
+                self.sink_counts(x)
         read[:] = [x for x in read if type(x) not in _REQUEST_RECORDS]
         return starts, finishes
+
+    def sink_counts(self, counts: records.SinkCounts) -> None:
+        sinks = self.sinks
+        if counts.pid not in sinks:
+            while len(sinks) >= MAX_SINKS:
+                sinks.pop(next(iter(sinks)))
+        sinks[counts.pid] = counts
 
     def read_steps(self) -> list[Any]:
         out: list[Any] = []
@@ -318,9 +332,20 @@ class Agent:
         out["agent_orphans"] = self.orphans
         out["agent_engine_starts"] = self.engine_requests.starts
         out["agent_engine_finishes"] = self.engine_requests.finishes
+        lost = self.lost()
+        out["engine_steps_dropped"] = lost["engine_steps_dropped"]
+        out["engine_requests_dropped"] = lost["engine_requests_dropped"]
         out["agent_rss_bytes"] = _rss_bytes()
         out["agent_errors"] = total([self.guard])
         return out
+
+    def lost(self) -> dict[str, int]:
+        """What did not reach the pipeline whole: the engines' sinks' drops (their SinkCounts records), and the
+        finishes whose start never arrived (the ``otel_llm.agent.lost`` counter's states)."""
+        sinks = list(self.sinks.values())
+        return {"engine_steps_dropped": sum(max(0, c.steps_dropped) for c in sinks),
+                "engine_requests_dropped": sum(max(0, c.requests_dropped) for c in sinks),
+                "orphans": self.orphans}
 
     def reply(self, token: int, payload: Any) -> None:
         try:

@@ -4,7 +4,9 @@ Where no Python frontend holds the requests (vLLM's Rust frontend, ``vllm serve 
 process itself says when each request started and how it finished: ``RequestStart`` when the engine took
 the request, ``RequestFinish`` when it let it go. They travel on the engine's step socket beside the step
 records (one datagram each, never the step ring: they are per request, not per step), and the agent joins
-them with the step records into request timelines (docs/design/enginecore-source.md).
+them with the step records into request timelines (docs/design/enginecore-source.md). ``SinkCounts``
+travels the same way, wherever an agent reads the engine's steps: what the engine's sink could not deliver
+(the agent's ``stats()``: ``engine_steps_dropped``, ``engine_requests_dropped``).
 
 The wire form: one tag byte (``TAG``), one kind byte, then ``marshal`` of ``(version, {field: value})``.
 Built-in values only (no pickle), read back by name (no positional unpacking); every value is checked
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
-START, FINISH = 1, 2  # the second byte: which record
+START, FINISH, SINK_COUNTS = 1, 2, 3  # the second byte: which record
 MAX_RECORD = 128 << 10  # a longer one is refused by the reader (a start's headers are bounded below it)
 MAX_HEADERS = 16  # trace headers kept per request (traceparent, tracestate, baggage ...)
 MAX_TEXT = 4096  # characters kept of a header value or an id
@@ -81,7 +83,20 @@ class RequestFinish:
     model: str | None = None
 
 
-_KINDS: dict[int, type] = {START: RequestStart, FINISH: RequestFinish}
+@dataclass(slots=True)
+class SinkCounts:
+    """What an engine process's sink could not deliver to this agent so far (cumulative, so a lost one costs
+    nothing: the next says it all). Sent when a count changed: at the sink's rescan (about once a second
+    while steps flow) and after the next request record that got through. Not per request: a control record."""
+
+    VERSION: ClassVar[int] = 1
+
+    pid: int  # the engine process (its counts replace the ones it sent before)
+    steps_dropped: int = 0  # step (and control) records a full ring or socket refused, or left unread
+    requests_dropped: int = 0  # request records (starts, finishes) a full or closed socket refused
+
+
+_KINDS: dict[int, type] = {START: RequestStart, FINISH: RequestFinish, SINK_COUNTS: SinkCounts}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 
 # each field's accepted types on the wire (checked before a record is made)
@@ -90,13 +105,18 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                    "external_id": _OPT_STR, "model": _OPT_STR, "trace_headers": _OPT_MAP, "sampling": _MAP,
                    "lora_name": _OPT_STR, "lora_id": _OPT_INT, "client_index": _INT},
     RequestFinish: {"request_id": _STR, "reason": _STR, "arrival": _NUM, "queued": _NUM, "end": _NUM,
-                    "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "preemptions": _INT, "external_id": _OPT_STR, "model": _OPT_STR},
+                    "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "preemptions": _INT,
+                    "external_id": _OPT_STR, "model": _OPT_STR},
+    SinkCounts: {"pid": _INT, "steps_dropped": _INT, "requests_dropped": _INT},
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
 
 
-def encode(record: RequestStart | RequestFinish) -> bytes:
+Record = RequestStart | RequestFinish | SinkCounts
+
+
+def encode(record: Record) -> bytes:
     cls = type(record)
     kind = _KIND_OF[cls]
     values = {name: getattr(record, name) for name in _NAMES[cls]}
@@ -105,7 +125,7 @@ def encode(record: RequestStart | RequestFinish) -> bytes:
     return bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
 
 
-def decode(data: bytes) -> RequestStart | RequestFinish:
+def decode(data: bytes) -> Record:
     """The record in ``data``; RecordError for anything else (another tag, kind, version, a field of the
     wrong type, a missing required field). Fields this reader does not know are ignored."""
     if len(data) < 3 or data[0] != TAG:

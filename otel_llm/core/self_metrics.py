@@ -31,7 +31,12 @@ SPANS_DROPPED = InstrumentSpec("otel_llm.spans.dropped_direct", "{span}",
                                kind="counter", attributes=(ENGINE,))
 ERRORS = InstrumentSpec("otel_llm.errors", "{error}", "Instrumentation errors caught (the host's work went on)",
                         kind="counter", attributes=(SITE,))
-SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, SPANS_DROPPED, ERRORS)
+AGENT_LOST = InstrumentSpec("otel_llm.agent.lost", "{record}",
+                            "Records an agent process did not get or could not join, by state: engine_steps_dropped, "
+                            "engine_requests_dropped (the engine's sink could not deliver them), orphans (finishes "
+                            "whose start never arrived: in the request metrics, without their steps)",
+                            kind="counter", attributes=(ENGINE, STATE))
+SELF_METRICS: tuple[InstrumentSpec, ...] = (REQUESTS, ENGINE_STEPS, SPANS_SENT, SPANS_DROPPED, ERRORS, AGENT_LOST)
 
 
 def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]], guard: Guard) -> None:
@@ -56,6 +61,17 @@ def register(meter: Meter, engine: str, stats: Callable[[], dict[str, Any]], gua
                            (SPANS_SENT, one("direct_spans_sent")), (SPANS_DROPPED, one("direct_spans_dropped"))):
         meter.create_observable_counter(spec.name, [callback], unit=spec.unit, description=spec.description)
     register_errors(meter, guard)
+
+
+def register_agent(meter: Meter, engine: str, lost: Callable[[], dict[str, int]]) -> None:
+    """The ``otel_llm.agent.lost`` counter over an agent's ``lost()`` (state -> count), in the agent process."""
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        for state, value in lost().items():
+            yield Observation(value, {ENGINE: engine, STATE: state})
+
+    meter.create_observable_counter(AGENT_LOST.name, [observe], unit=AGENT_LOST.unit,
+                                    description=AGENT_LOST.description)
 
 
 def register_errors(meter: Meter, guard: Guard) -> None:

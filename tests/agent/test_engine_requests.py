@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 from otel_llm import semconv as sc
 from otel_llm.agent.engine_requests import stamps_from_steps
 from otel_llm.agent.process import Agent
-from otel_llm.agent.records import RequestFinish, RequestStart, decode, encode
+from otel_llm.agent.records import RequestFinish, RequestStart, SinkCounts, decode, encode
 from otel_llm.core.config import Config
 from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_USAGE
 from otel_llm.core.pipeline import Pipeline
@@ -44,7 +44,7 @@ class ScriptedSteps:
     def drain(self, deliver) -> None:
         if self.script:
             for x in self.script.pop(0):
-                deliver(decode(encode(x)) if isinstance(x, (RequestStart, RequestFinish)) else x)
+                deliver(decode(encode(x)) if isinstance(x, (RequestStart, RequestFinish, SinkCounts)) else x)
 
     def close(self) -> None:
         pass
@@ -150,6 +150,29 @@ def test_a_lost_start_still_counts_the_request():
     assert tokens >= 2
     assert agent.stats()["agent_orphans"] == 2
     assert not [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]  # metrics only
+
+
+def test_the_engines_sink_counts_reach_stats_and_the_lost_counter():
+    """Each engine process's latest (cumulative) counts, summed over the engines: a later record replaces its
+    engine's earlier one, never adds to it; the orphans beside them, as the ``otel_llm.agent.lost`` counter."""
+    from otel_llm.core.self_metrics import AGENT_LOST, register_agent
+
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    script = _script(base, wall, drop_starts=True)
+    script[1] += [SinkCounts(pid=11, steps_dropped=1, requests_dropped=1)]
+    script[2] += [SinkCounts(pid=11, steps_dropped=3, requests_dropped=2), SinkCounts(pid=12, steps_dropped=4)]
+    agent, _exporter, _reader, _peer = _agent(script)
+    reader = InMemoryMetricReader()
+    register_agent(MeterProvider(metric_readers=[reader]).get_meter("agent"), "vllm", agent.lost)
+    for _ in range(5):
+        agent.turn()
+    assert agent.pipeline.flush(10)
+    stats = agent.stats()
+    assert (stats["engine_steps_dropped"], stats["engine_requests_dropped"], stats["agent_orphans"]) == (7, 2, 2)
+    data = reader.get_metrics_data()
+    lost = {p.attributes["otel_llm.state"]: p.value for rm in data.resource_metrics for sm in rm.scope_metrics
+            for m in sm.metrics if m.name == AGENT_LOST.name for p in m.data.data_points}
+    assert lost == {"engine_steps_dropped": 7, "engine_requests_dropped": 2, "orphans": 2}
 
 
 def test_stamps_place_outputs_as_the_step_tokens_rule_does():

@@ -3,14 +3,16 @@ socket to a receiver that takes them (the agent's), and not to one that does not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from types import SimpleNamespace
+from typing import Iterator
 
-from otel_llm.agent.records import RequestFinish, RequestStart
+from otel_llm.agent.records import RequestFinish, RequestStart, SinkCounts
 from otel_llm.instrumentation.vllm import request_hooks
 from otel_llm.instrumentation.vllm.request_hooks import RequestHooks
-from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver
+from otel_llm.instrumentation.vllm.step_transport import DROP_STARTS_AFTER_ENV, SocketSink, StepReceiver
 
 
 class Params:
@@ -84,27 +86,68 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
             sink.close()
 
 
-def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
+@contextlib.contextmanager
+def _agents_channel() -> Iterator[tuple[StepReceiver, SocketSink, RequestHooks, SimpleNamespace]]:
+    """A receiver that takes request records (the agent's), a sink on sockets, hooks sending through it."""
     with tempfile.TemporaryDirectory() as directory:
         receiver = StepReceiver(directory)
         receiver.take_requests = True
         sink = SocketSink(directory)
         sink.RING = False
         try:
-            hooks = RequestHooks(sink.send_request)
-            scheduler = SimpleNamespace(requests={})
-            sent = 0
-            while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
-                hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
-                sent += 1
-            assert sink.requests_dropped == 1 and sent > 1
-            assert sink._targets  # a full socket is a lagging reader, not a gone one
-            got: list = []
-            receiver.drain(got.append)
-            assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+            yield receiver, sink, RequestHooks(sink.send_request), SimpleNamespace(requests={})
         finally:
             sink.close()
             receiver.close()
+
+
+def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
+    with _agents_channel() as (receiver, sink, hooks, scheduler):
+        sent = 0
+        while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
+            hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
+            sent += 1
+        assert sink.requests_dropped == 1 and sent > 1
+        assert sink._targets  # a full socket is a lagging reader, not a gone one
+        got: list = []
+        receiver.drain(got.append)
+        assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+
+
+def test_the_sinks_drop_counts_follow_the_next_record_that_gets_through(monkeypatch):
+    """The test-only fault (``DROP_STARTS_AFTER_ENV``, read when the sink is made) drops the starts after the
+    first, counted; the next record that got through is followed by the sink's counts (``SinkCounts``), and a
+    rescan sends them when the step drops changed, never when nothing did."""
+    monkeypatch.setenv(DROP_STARTS_AFTER_ENV, "1")
+    with _agents_channel() as (receiver, sink, hooks, scheduler):
+        for rid in ("a", "b", "c"):
+            hooks.add_request(lambda request: None, scheduler, (_request(rid),), {})
+        hooks.free_request(lambda request: None, scheduler, (_request("b", 3, "stop"),), {})
+        got: list = []
+        receiver.drain(got.append)
+        assert [type(x) for x in got] == [RequestStart, RequestFinish, SinkCounts]
+        assert got[0].request_id == "a" and got[1].request_id == "b"
+        assert got[2] == SinkCounts(pid=os.getpid(), steps_dropped=0, requests_dropped=2)
+        hooks.free_request(lambda request: None, scheduler, (_request("c", 3, "stop"),), {})
+        sink._rescan(1e9)  # nothing changed: no counts
+        got.clear()
+        receiver.drain(got.append)
+        assert [type(x) for x in got] == [RequestFinish]
+        sink.dropped += 5  # steps a full ring refused
+        sink._rescan(2e9)
+        got.clear()
+        receiver.drain(got.append)
+        assert got == [SinkCounts(pid=os.getpid(), steps_dropped=5, requests_dropped=2)]
+
+
+def test_without_the_fault_the_sink_sends_every_start(monkeypatch):
+    monkeypatch.delenv(DROP_STARTS_AFTER_ENV, raising=False)
+    with tempfile.TemporaryDirectory() as directory:
+        sink = SocketSink(directory)
+        try:
+            assert "send_request" not in vars(sink)  # the class's method: nothing checked per record
+        finally:
+            sink.close()
 
 
 def _launch(building: int, local_client: bool, rust: str, monkeypatch) -> list:

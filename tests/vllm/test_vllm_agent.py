@@ -5,12 +5,19 @@ SDK's batch processor and periodic metric reader around OTLP/HTTP exporters whos
 variables), so ``agent=auto`` starts an agent process: the frontend hands each request's start and finish
 to it, the agent reads the EngineCore's step records, builds the spans and metrics and exports them to a
 real OTLP receiver. The assertions of ``test_vllm_offline.py`` then run, unchanged, on what it exported.
+
+It runs on the paths of a machine that is not x86-64 Linux (e.g. ARM GH200), which every other engine test
+here does not take: no shared-memory rings (the EngineCore's step records as datagrams, the frontend's messages
+to the agent as packets) and no C extension, in the frontend (``link.USE_RING``), the spawned EngineCore and the
+agent (support/portable_site/sitecustomize.py on their PYTHONPATH).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,8 @@ import otel_llm
 from support.otlp_sink import OTLPSink
 
 pytestmark = pytest.mark.engine
+
+PORTABLE_SITE = Path(__file__).resolve().parents[1] / "support" / "portable_site"
 
 _spec = importlib.util.spec_from_file_location("offline_contract", Path(__file__).with_name("test_vllm_offline.py"))
 offline = importlib.util.module_from_spec(_spec)
@@ -53,9 +62,16 @@ def agent_run():
     from otel_llm.instrumentation.vllm import VLLMInstrumentor
     from support.engine import make_llm
 
+    from otel_llm.agent import link
+
     sink = OTLPSink().start()
+    marks = tempfile.mkdtemp(prefix="otel-llm-portable-")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)  # the agent inherits the variables
+        # the portable paths: packets to the agent from here; datagrams and pure Python in what is spawned
+        mp.setattr(link, "USE_RING", False)
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(PORTABLE_SITE), os.environ.get("PYTHONPATH", "")]))
+        mp.setenv("OTEL_LLM_TEST_MARKS", marks)
         resource = Resource.create({"service.name": "agent-contract", "process.pid": os.getpid()})
         tp = TracerProvider(resource=resource)
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -74,6 +90,8 @@ def agent_run():
             run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.step_receiver,
                            inst.agent.pid if inst.agent is not None else 0, stats["errors"])
             run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+            run.portable = sorted(os.listdir(marks))
+            run.agent_ring = inst.agent.ring if inst.agent is not None else "no agent"
             processor = llm.llm_engine.output_processor
             run.passed = "process_outputs" in vars(processor)  # its output batches went straight to vLLM's
             otel_llm.uninstrument()
@@ -85,6 +103,7 @@ def agent_run():
             mp_.shutdown()
     yield run
     sink.stop()
+    shutil.rmtree(marks, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +125,14 @@ def test_an_agent_did_the_work_and_the_frontend_read_no_step(agent_run):
     assert s["direct_spans_sent"] == len(agent_run.spans)
     assert agent_run.errors == {}
     assert agent_run.passed and agent_run.restored, "output batches straight to vLLM's, hooked again at uninstrument"
+
+
+def test_the_engine_and_the_agent_ran_the_portable_channels(agent_run):
+    """No ring anywhere, no C: the EngineCore's steps came as datagrams, the frontend's messages as packets,
+    and the contract above held on them."""
+    assert any(m.startswith("EngineCore") for m in agent_run.portable), agent_run.portable
+    assert f"MainProcess-{agent_run.agent_pid}" in agent_run.portable, agent_run.portable
+    assert agent_run.agent_ring is None  # the frontend's link sent packets
 
 
 def test_the_agent_exports_under_the_frontends_resource(agent_run):

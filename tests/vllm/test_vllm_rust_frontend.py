@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -26,6 +29,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_llm import semconv as sc
 from otel_llm.core.metrics import SERVER_HISTOGRAMS
+from otel_llm.core.self_metrics import AGENT_LOST
+from otel_llm.instrumentation.vllm.step_transport import DROP_STARTS_AFTER_ENV
 from otel_llm.core.summary import ATTRIBUTE_OF_FIELD
 from support.gateway_process import GatewayProcess
 from support.otlp_sink import OTLPSink
@@ -47,17 +52,21 @@ def _metric(field: str) -> str:
     return next(h.name for h in SERVER_HISTOGRAMS if h.field == field)
 
 
-def _complete(base_url: str, model: str, prompt: list[int], stream: bool, traceparent: str) -> dict:
+def _complete(base_url: str, model: str, prompt: list[int], stream: bool, traceparent: str | None = None,
+              max_tokens: int = MAX_TOKENS, headers: dict[str, str] | None = None,
+              on_chunk: Callable[[], None] | None = None) -> dict:
     """One ``/v1/completions`` over plain HTTP (the headers exactly as given), with what the client saw:
-    when it sent, its first and last chunk (wall clock)."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True,
+    when it sent, its first and last chunk (wall clock). ``on_chunk``: called at each streamed chunk."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                        "stream": stream}).encode()
-    req = urllib.request.Request(f"{base_url}/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "traceparent": traceparent})
+    sent_headers = {"Content-Type": "application/json", **(headers or {})}
+    if traceparent is not None:
+        sent_headers["traceparent"] = traceparent
+    req = urllib.request.Request(f"{base_url}/completions", data=body, method="POST", headers=sent_headers)
     sent = time.time()
     first = None
     ids = set()
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=300) as r:
         if stream:
             for line in r:
                 line = line.strip()
@@ -66,11 +75,78 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
                 if first is None:
                     first = time.time()
                 ids.add(json.loads(line[5:])["id"])
+                if on_chunk is not None:
+                    on_chunk()
         else:
             ids.add(json.loads(r.read())["id"])
     last = time.time()
     (rid,) = ids
     return {"id": rid, "sent": sent, "first": first or last, "last": last}
+
+
+# -- the scripted prefill-interference scenario ----------------------------------------------------------
+# Decoders stream side by side; once every one of them has streamed GATE_CHUNKS tokens after the last one's
+# first (so the engine has run decode-only steps at their batch size: the verdict's baseline), long prompts
+# arrive, each prefilled in one or two steps beside the decodes (max_num_batched_tokens holds a whole one);
+# the decoders go on decoding alone afterwards. Driven by the chunks the client sees, not by sleeps.
+VICTIMS = 6
+VICTIM_TOKENS = 48
+GATE_CHUNKS = 4
+LONGS = 4
+LONG_TOKENS = 3000
+SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
+TINY_SLO = 1e-6  # every decoder breaches TPOT and is judged; a long prompt (one token) has no TPOT
+DROPPED = 3  # requests after the scenario whose starts the EngineCore's sink drops (the test-only fault)
+
+
+def _interference(base_url: str, model: str) -> tuple[list[dict], list[dict]]:
+    """The scenario: (the decoders' calls, the long prompts' calls)."""
+    chunks = [0] * VICTIMS
+    cond = threading.Condition()
+
+    def counted(i: int) -> Callable[[], None]:
+        def on_chunk() -> None:
+            with cond:
+                chunks[i] += 1
+                cond.notify_all()
+        return on_chunk
+
+    with ThreadPoolExecutor(VICTIMS + LONGS) as pool:
+        victims = [pool.submit(_complete, base_url, model, [5 + (i * 11 + j) % 400 for j in range(16)], True,
+                               max_tokens=VICTIM_TOKENS, on_chunk=counted(i)) for i in range(VICTIMS)]
+        with cond:  # every decoder decoding ...
+            assert cond.wait_for(lambda: all(chunks), timeout=300), chunks
+            floor = list(chunks)  # ... then GATE_CHUNKS more tokens each: steps with all of them in the batch
+            assert cond.wait_for(lambda: all(n >= f + GATE_CHUNKS for n, f in zip(chunks, floor)), timeout=300), chunks
+        longs = [pool.submit(_complete, base_url, model, [7 + (k * 13 + j) % 400 for j in range(LONG_TOKENS)], False,
+                             max_tokens=1) for k in range(LONGS)]
+        return [f.result() for f in victims], [f.result() for f in longs]
+
+
+def _judge_interference(spans: list, victims: list[dict], longs: list[dict]) -> None:
+    """>= 90 % of the decoders the long prompts hit are judged ``prefill_interference``; no judged request
+    whose decode steps carried no prefill at all is."""
+    long_ids = {c["id"] for c in longs}
+    servers = {x.attributes[sc.RESPONSE_ID]: x for x in spans if x.kind == "SERVER"
+               and x.attributes[sc.RESPONSE_ID] not in long_ids}
+    steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
+    decode_start = {x.parent_span_id: x.start_ns for x in spans if x.name == sc.SPAN_DECODE}
+
+    def prefills(x) -> list[int]:  # the prefill tokens of the steps that served it after its first token
+        first = decode_start.get(x.span_id)
+        if first is None:
+            return []
+        return [y.attributes.get(sc.STEP_NUM_PREFILL_TOKENS, 0) for y in steps
+                if (x.trace_id, x.span_id) in y.links and y.start_ns >= first]
+
+    hit = {rid for rid, x in servers.items() if any(n >= LONG_TOKENS // 2 for n in prefills(x))}
+    assert hit == {c["id"] for c in victims}, "the scenario did not run as built"
+    judged = {rid: x.attributes[sc.SLOW_CAUSE] for rid, x in servers.items() if sc.SLOW_CAUSE in x.attributes}
+    right = [rid for rid in hit if judged.get(rid) == sc.SLOW_PREFILL_INTERFERENCE]
+    assert len(right) >= 0.9 * len(hit), judged
+    for rid, x in servers.items():
+        if rid in judged and not any(prefills(x)):
+            assert judged[rid] != sc.SLOW_PREFILL_INTERFERENCE, f"{rid} was not hit, yet blamed"
 
 
 def _client_spans(calls: list[tuple[int, dict]]) -> bytes:
@@ -104,47 +180,105 @@ def _prometheus(url: str) -> dict[str, float]:
     return out
 
 
-@pytest.mark.skipif(_binary() is None, reason="the vllm-rs binary of the tested release is not here "
-                    "(scripts/setup.sh extracts it into .cache/vllm-rs)")
+needs_binary = pytest.mark.skipif(_binary() is None, reason="the vllm-rs binary of the tested release is not here "
+                                  "(scripts/setup.sh extracts it into .cache/vllm-rs)")
+
+
+def _rust_env(binary: str | None) -> dict[str, str]:
+    return {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": binary or "",
+            "OTEL_LLM_BASELINE_DETAIL": "steps", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "500"}
+
+
+def _last_count(sink: OTLPSink, name: str, want: int, service: str | None = None, timeout: float = 30.0):
+    """The last exported point of histogram ``name`` (of ``service``), once it counts ``want`` (cumulative:
+    the last export holds every request), or the last one there is after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        points = [p for p in sink.metric_points(name) if service is None or p.resource.get(sc.SERVICE_NAME) == service]
+        if points and points[-1].count == want or time.monotonic() > deadline:
+            return points[-1] if points else None
+        time.sleep(0.2)
+
+
+def _settled(sink: OTLPSink, quiet: float = 2.0, timeout: float = 60.0) -> list:
+    """The sink's spans once no more came for ``quiet`` seconds (exporters batch)."""
+    deadline = time.monotonic() + timeout
+    spans = sink.spans()
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = sink.spans()
+        if len(now) != len(spans):
+            spans, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return spans
+
+
+def _lost(sink: OTLPSink) -> dict[str, float]:
+    """The agent's ``otel_llm.agent.lost`` counter's last value per state."""
+    out: dict[str, float] = {}
+    for p in sink.metric_points(AGENT_LOST.name):
+        out[p.attributes.get("otel_llm.state")] = p.value
+    return out
+
+
+@needs_binary
 @pytest.mark.parametrize("dp", [1, 2])
 def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_path):
-    env = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": _binary(), "OTEL_LLM_BASELINE_DETAIL": "steps",
-           "OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "500"}
+    env = _rust_env(_binary())
     # data parallelism runs on the CPU build: two EngineCores, both their requests' source, one agent
     extra = ("--data-parallel-size", str(dp)) if dp > 1 else ()
+    scenario = dp == 1  # with one EngineCore: the interference scenario, then starts dropped by the sink
+    engine = SCENARIO_ENGINE if scenario else {}
+    if scenario:
+        env["OTEL_LLM_SLO"] = f"tpot={TINY_SLO}"
+        env[DROP_STARTS_AFTER_ENV] = str(4 + VICTIMS + LONGS)  # the later starts are dropped
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(OTLPSink())
         gateway = stack.enter_context(GatewayProcess(tmp_path, sink.endpoint)) if dp == 1 else None
         if gateway is not None:  # the traces through the real gateway; the metrics straight to the sink
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = gateway.traces_endpoint
-        s = stack.enter_context(VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True, extra_args=extra))
+        s = stack.enter_context(VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True, extra_args=extra,
+                                           **engine))
         seen = []
         for i, stream in enumerate((True, False, True, False)):
             prompt = [3 + (i * 7 + j) % 400 for j in range(24 + 40 * (i % 2))]
             seen.append(_complete(s.base_url, s.model, prompt, stream, f"00-{TRACE}-{i + 1:016x}-01"))
         # the callers of the first two (one streamed, one not) traced their calls; the other two callers did not
+        # (sent now: the gateway holds a server trace for its caller a bounded while)
         callers = {c["id"]: f"{i + 1:016x}" for i, c in enumerate(seen[:2])} if gateway is not None else {}
         if gateway is not None:
             assert gateway.export(_client_spans(list(enumerate(seen[:2])))) == 200
+        victims, longs, dropped = [], [], []
+        if scenario:
+            victims, longs = _interference(s.base_url, s.model)
+            # the sink drops these requests' starts: their finishes alone reach the agent
+            dropped = [_complete(s.base_url, s.model, [9 + j for j in range(20)], False) for _ in range(DROPPED)]
+        traced = len(seen) + len(victims) + len(longs)
+        everyone = traced + len(dropped)
 
         def ready(spans):
-            return sum(x.kind == "SERVER" for x in spans) == len(seen)
-        spans = sink.wait_for(ready, timeout=60)
+            return sum(x.kind == "SERVER" for x in spans) >= traced
+        sink.wait_for(ready, timeout=90)
+        spans = _settled(sink)  # the engine steps' spans too
         joined = gateway.counter("trace_join_joined") if gateway is not None else 0
         theirs = _prometheus(s.base_url.rsplit("/v1", 1)[0] + "/metrics")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # cumulative: the last export holds every request
-            points = sink.metric_points(_metric("e2e"))
-            if points and points[-1].count == len(seen):
-                break
-            time.sleep(0.2)
+        e2e = _last_count(sink, _metric("e2e"), everyone)
+        ttft = _last_count(sink, _metric("ttft"), traced)
+        lost = _lost(sink)
+        if dropped:
+            deadline = time.monotonic() + 30
+            while lost.get("orphans") != len(dropped) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                lost = _lost(sink)
     servers = [x for x in spans if x.kind == "SERVER"]
-    assert len(servers) == len(seen), s.log_tail()
+    assert len(servers) == traced, s.log_tail()
     by_id = {}
     for x in servers:
         response_id = x.attributes[sc.RESPONSE_ID]
         # external_req_id under vllm-rs 0.32.0: exactly the id the client got (no prompt index appended)
-        match = [c for c in seen if response_id == c["id"]]
+        match = [c for c in seen + victims + longs if response_id == c["id"]]
         assert len(match) == 1, (response_id, [c["id"] for c in seen])
         by_id[match[0]["id"]] = x
     steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
@@ -160,19 +294,72 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_pat
         assert any((x.trace_id, x.span_id) in y.links for y in steps)
         # a request cannot start before the client sent it nor finish after its last chunk
         assert c["sent"] - 0.002 <= x.start_ns / 1e9 and x.end_ns / 1e9 <= c["last"] + 0.002
-        ttft, e2e = x.attributes[ATTRIBUTE_OF_FIELD["ttft"]], x.attributes[ATTRIBUTE_OF_FIELD["e2e"]]
-        assert 0 < ttft <= e2e <= c["last"] - c["sent"] + 0.002
-        assert ttft <= c["first"] - c["sent"] + 0.002
+        ttft_s, e2e_s = x.attributes[ATTRIBUTE_OF_FIELD["ttft"]], x.attributes[ATTRIBUTE_OF_FIELD["e2e"]]
+        assert 0 < ttft_s <= e2e_s <= c["last"] - c["sent"] + 0.002
+        assert ttft_s <= c["first"] - c["sent"] + 0.002
         assert x.attributes[sc.USAGE_OUTPUT_TOKENS] == MAX_TOKENS
     assert joined == len(callers)
-    # 100 % of requests in the metrics (cumulative histograms: the last export holds them all)
-    assert points and points[-1].count == len(seen)
-    ttft_points = sink.metric_points(_metric("ttft"))
-    assert ttft_points and ttft_points[-1].count == len(seen)
+    # 100 % of requests in the metrics, those whose start the sink dropped included (their steps were not held:
+    # no step-derived TTFT, so they are in the end-to-end histogram, not the TTFT one)
+    assert e2e is not None and e2e.count == everyone
+    assert ttft is not None and ttft.count == traced
     # vllm-rs's own histograms: the same requests; ours end where the engine let them go, before vllm-rs got
     # the output (TTFT: the engine's step end against vllm-rs's receipt of the first token), so never longer
-    ours = {"e2e": sum(x.attributes[ATTRIBUTE_OF_FIELD["e2e"]] for x in servers),
-            "ttft": sum(x.attributes[ATTRIBUTE_OF_FIELD["ttft"]] for x in servers)}
-    for field, name in (("e2e", "vllm:e2e_request_latency_seconds"), ("ttft", "vllm:time_to_first_token_seconds")):
-        assert theirs.get(name + "_count") == len(seen), (name, sorted(theirs))
-        assert ours[field] <= theirs[name + "_sum"] + 0.001 * len(seen), (field, ours[field], theirs[name + "_sum"])
+    for ours, name in ((e2e, "vllm:e2e_request_latency_seconds"), (ttft, "vllm:time_to_first_token_seconds")):
+        assert theirs.get(name + "_count") == everyone, (name, sorted(theirs))
+        assert ours.sum <= theirs[name + "_sum"] + 0.001 * everyone, (name, ours.sum, theirs[name + "_sum"])
+    if scenario:
+        _judge_interference(spans, victims, longs)
+        # the dropped starts: counted by the engine's sink, relayed to the agent; their finishes were orphans
+        assert lost.get("orphans") == len(dropped) and lost.get("engine_requests_dropped") == len(dropped), lost
+
+
+@needs_binary
+def test_a_headless_engine_traces_its_own_requests(tmp_path):
+    """``vllm serve --headless``: a data-parallel deployment of two ranks on one machine, the head (the Rust
+    frontend, rank 0's EngineCore, the DP coordinator) and a headless engine (rank 1), each under its own
+    ``opentelemetry-instrument``. Each supervisor opens its own agent; each EngineCore is its requests' source.
+    The requests the head routes to rank 1 (vllm-rs's ``X-data-parallel-rank`` header: deterministic) give
+    SERVER spans and metrics through the headless supervisor's agent, those of rank 0 through the head's:
+    every request once, none counted twice."""
+    from support.server import free_port
+
+    rpc = free_port()
+    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+          "--data-parallel-rpc-port", str(rpc))
+    env = _rust_env(_binary())
+    per_rank = {0: [], 1: []}
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(OTLPSink())
+        # the headless engine first: the head waits for it to register
+        stack.enter_context(VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True, service_name="vllm-headless",
+                                       extra_args=(*dp, "--headless", "--data-parallel-start-rank", "1")))
+        s = stack.enter_context(VLLMServer(otlp_endpoint=sink.endpoint, env=env, cli=True, service_name="vllm-head",
+                                           extra_args=dp))
+        for i in range(4):
+            rank = i % 2
+            prompt = [3 + (i * 5 + j) % 400 for j in range(20)]
+            per_rank[rank].append(_complete(s.base_url, s.model, prompt, stream=i < 2,
+                                            headers={"X-data-parallel-rank": str(rank)}))
+        everyone = sum(len(v) for v in per_rank.values())
+        sink.wait_for(lambda spans: sum(x.kind == "SERVER" for x in spans) >= everyone, timeout=90)
+        spans = _settled(sink)
+        counts = {service: _last_count(sink, _metric("e2e"), len(per_rank[rank]), service)
+                  for rank, service in ((0, "vllm-head"), (1, "vllm-headless"))}
+        theirs = _prometheus(s.base_url.rsplit("/v1", 1)[0] + "/metrics")
+    servers = [x for x in spans if x.kind == "SERVER"]
+    assert len(servers) == everyone, [x.attributes.get(sc.RESPONSE_ID) for x in servers]
+    steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
+    for rank, service in ((0, "vllm-head"), (1, "vllm-headless")):
+        for c in per_rank[rank]:
+            (x,) = [x for x in servers if x.attributes[sc.RESPONSE_ID] == c["id"]]  # once, by one process
+            assert x.service == service, (c["id"], x.service)
+            children = {y.name for y in spans if y.parent_span_id == x.span_id}
+            assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE} <= children
+            linked = [y for y in steps if (x.trace_id, x.span_id) in y.links]
+            assert linked and {y.service for y in linked} == {service + "-engine-steps"}  # its own engine's steps
+            assert c["sent"] - 0.002 <= x.start_ns / 1e9 and x.end_ns / 1e9 <= c["last"] + 0.002
+            assert x.attributes[sc.USAGE_OUTPUT_TOKENS] == MAX_TOKENS
+        point = counts[service]
+        assert point is not None and point.count == len(per_rank[rank]), (service, point)
+    assert theirs.get("vllm:e2e_request_latency_seconds_count") == everyone

@@ -37,6 +37,10 @@ from . import engine_errors, step_wire
 from .process_roles import in_api_server_process
 
 STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
+# Test only (a fault injected on the real engine, read once when the sink is made; unset: nothing changes and
+# nothing is checked per record): "K" sends the first K request starts and drops every later one, as a full
+# socket would, counted in ``requests_dropped`` (tests/vllm/test_vllm_rust_frontend.py).
+DROP_STARTS_AFTER_ENV = "OTEL_LLM_TEST_DROP_STARTS_AFTER"
 _START = step_wire.START
 
 
@@ -73,6 +77,11 @@ class SocketSink:
         self._scanned = float("-inf")
         # engine_errors.ErrorReporter.changed, where this sink carries the EngineCore's error counts too
         self.on_rescan: Callable[[], None] | None = None
+        self._reported = (0, 0)  # (dropped, requests_dropped) as the last SinkCounts record said them
+        self._pid = os.getpid()
+        drop_after = os.environ.get(DROP_STARTS_AFTER_ENV)
+        if drop_after is not None:
+            self.send_request = _dropping_starts(self.send_request, int(drop_after), self)  # type: ignore[method-assign]
 
     def send_control(self, data: bytes) -> None:
         """A control record (engine_errors.py) to every frontend, on its socket (never a ring)."""
@@ -89,6 +98,7 @@ class SocketSink:
         now = time.monotonic() if now is None else now
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
+        dropped = self.requests_dropped
         for path, sock, _ in self._targets:
             try:
                 sock.send(data)
@@ -96,6 +106,25 @@ class SocketSink:
                 self.requests_dropped += 1  # the agent lags (its buffer is full) or is gone
                 if exc.errno in _GONE:
                     self._forget(path)
+        if self.requests_dropped == dropped and self._reported[1] != dropped:
+            self.report_counts()  # this one got through: so may the count of those that did not
+
+    def report_counts(self) -> None:
+        """What this sink could not deliver (a ``SinkCounts`` record, cumulative) to every frontend, on its
+        socket, when it changed since the last one sent."""
+        counts = (self.dropped, self.requests_dropped)
+        if counts == self._reported or not self._targets:
+            return
+        data = records.encode(records.SinkCounts(pid=self._pid, steps_dropped=counts[0], requests_dropped=counts[1]))
+        sent = False
+        for _, sock, _ in self._targets:
+            try:
+                sock.send(data)
+                sent = True
+            except OSError:
+                pass  # cumulative: the next one says it
+        if sent:
+            self._reported = counts
 
     def __call__(self, payload: step_wire.StepPayload) -> None:
         # the step's start is the hooks' clock, time.monotonic: no clock read of our own
@@ -170,6 +199,7 @@ class SocketSink:
             self._close(sock, ring)
         self._targets = targets
         self._resync()  # a new frontend has read nothing yet (once a second: one record with its ids)
+        self.report_counts()
 
     def _connect(self, path: str, forget_stale: bool = True) -> tuple | None:
         """A socket connected to the frontend at ``path``, and the ring handed to it (None: datagrams)."""
@@ -240,6 +270,22 @@ class SocketSink:
         self._targets = []
         self._writes = ()
         self._rings = ()
+
+
+def _dropping_starts(send: Callable[..., None], keep: int, sink: SocketSink) -> Callable[..., None]:
+    """``send_request`` that sends the first ``keep`` request starts and drops the later ones (counted), as a
+    full socket would: the test-only fault of ``DROP_STARTS_AFTER_ENV``."""
+    left = [keep]
+
+    def send_request(data: bytes, now: float | None = None) -> None:
+        if len(data) > 1 and data[0] == records.TAG and data[1] == records.START:
+            if left[0] <= 0:
+                sink.requests_dropped += 1
+                return
+            left[0] -= 1
+        send(data, now)
+
+    return send_request
 
 
 # a connected peer that closed: ECONNREFUSED once, ENOTCONN after (Linux); its file removed: ENOENT
