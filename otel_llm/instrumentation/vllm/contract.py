@@ -374,7 +374,9 @@ _FALLBACKS: dict[str, Callable[[bool], Callable[[Any], Any]]] = {
     "KVConnectorOutput.failed_recving": _attr_or("failed_recving", lambda o: None),
     # vLLM 0.28 kept the requests held back (grammar, remote KV) in a queue of their own
     "Scheduler.deferred_waiting": _attr_or("deferred_waiting", lambda s: getattr(s, "skipped_waiting", ())),
-    "SamplingParams.structured_outputs": _attr_or("structured_outputs", lambda p: None),
+    # read with a default: a request's parameters of another kind (a stand-in, an older client's) have none
+    "SamplingParams.structured_outputs": lambda missing: (
+        (lambda p: None) if missing else (lambda p: getattr(p, "structured_outputs", None))),
     # a private field vLLM's input processor resolves ("auto" where a release lacks it)
     "StructuredOutputsParams._backend": lambda missing: (
         (lambda p: None) if missing else (lambda p: getattr(p, "_backend", None))),
