@@ -137,13 +137,19 @@ SLOW_QUEUE_STRUCTURED_OUTPUT = "queue_structured_output"  # waited: its structur
 SLOW_FRONTEND = "frontend"  # the frontend handed it to the engine later than comparable requests
 SLOW_OWN_PREFILL = "own_prefill"  # its own prompt's prefill, beyond a short prompt's
 SLOW_OWN_LENGTH = "own_length"  # its own generation's length, beyond what the e2e SLO left it
+SLOW_GRAMMAR_INTERFERENCE = "grammar_interference"  # its decode steps waited for others' grammar bitmasks
 # the structured-output backend that compiles a request's grammar (request span; the verdict: it has a grammar)
 STRUCTURED_OUTPUT_BACKEND = "llm.structured_output.backend"  # xgrammar, guidance, outlines, lm-format-enforcer
+# whether its grammar was reused from the backend's cache (request span; instrumentation/vllm/grammar.py's rule)
+STRUCTURED_OUTPUT_CACHE_HIT = "llm.structured_output.cache_hit"
+# on llm.engine.step: seconds the engine spent computing the step's grammar bitmask, and the requests it covered
+STEP_GRAMMAR_TIME = "llm.engine.step.structured_output.bitmask_time"
+STEP_GRAMMAR_REQUESTS = "llm.engine.step.structured_output.requests"
 # every cause, in the order of their declaration (core/diagnosis/causes.py declares them: a test keeps these equal)
 SLOW_CAUSES = (SLOW_QUEUE_MAX_SEQS, SLOW_QUEUE_KV_CACHE, SLOW_QUEUE_TOKEN_BUDGET, SLOW_QUEUE_LORA_SLOT,
                SLOW_QUEUE_STRUCTURED_OUTPUT, SLOW_FRONTEND, SLOW_OWN_PREFILL, SLOW_PREFILL_INTERFERENCE,
-               SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_OWN_LENGTH, SLOW_ENGINE_STARVATION, SLOW_KV_TRANSFER,
-               SLOW_UNKNOWN)
+               SLOW_GRAMMAR_INTERFERENCE, SLOW_PREEMPTION, SLOW_BATCH_GROWTH, SLOW_OWN_LENGTH,
+               SLOW_ENGINE_STARVATION, SLOW_KV_TRANSFER, SLOW_UNKNOWN)
 SLOW_CAUSE = "llm.slow.cause"
 SLOW_SECONDS_TEMPLATE = "llm.slow.{cause}"
 SLOW_SECONDS = {cause: SLOW_SECONDS_TEMPLATE.format(cause=cause) for cause in SLOW_CAUSES}  # seconds per cause

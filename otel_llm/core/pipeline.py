@@ -258,6 +258,13 @@ class Pipeline:
                     t.chunks.append(PrefillChunk(step_id, start, end, n))
         if step.spec is not None:  # speculative decoding: each request's drafts and acceptances, as counted
             add_to_requests(step.spec, ids, requests)
+        grammar = step.grammar
+        if grammar is not None and (grammar.hit_at or grammar.miss_at):  # first scheduled: its grammar reused?
+            for at, hit in ((grammar.hit_at, True), (grammar.miss_at, False)):
+                for i in at:
+                    t = requests.get(ids[i])
+                    if t is not None:
+                        t.request_attributes[sc.STRUCTURED_OUTPUT_CACHE_HIT] = hit
         self.window.add(step, prefill_tokens, len(ids) - len(prefill_at))
         if not ids:
             return

@@ -1,5 +1,6 @@
 """The GenAI request attributes of an engine's sampling parameters (vLLM's and TensorRT-LLM's
-``SamplingParams`` share the field names read here)."""
+``SamplingParams`` share the field names read here; an engine's own, such as vLLM's structured-output
+backend, are its adapter's: instrumentation/vllm/grammar.py)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,4 @@ def sampling_attributes(params: Any) -> dict[str, Any]:
     n = getattr(params, "n", 1)
     if isinstance(n, int) and n > 1:
         attrs[sc.REQUEST_CHOICE_COUNT] = n
-    structured = getattr(params, "structured_outputs", None)
-    if structured is not None:  # a grammar to compile: the verdict's queue_structured_output applies to it
-        # vLLM's input processor resolved the backend into a private field ("auto" until it has)
-        backend = getattr(structured, "_backend", None)
-        attrs[sc.STRUCTURED_OUTPUT_BACKEND] = str(backend) if backend else "auto"
     return attrs

@@ -168,6 +168,18 @@ class StepWorkerFacts(NamedTuple):
     draft_s: float | None = None
 
 
+class StepGrammar(NamedTuple):
+    """A step's structured-output facts (instrumentation/vllm/grammar.py): the seconds the engine spent computing
+    the grammar bitmask of its structured requests (None: it computed none), how many requests that mask
+    covered, and the shares first scheduled in this step whose grammar was reused from the backend's cache
+    (``hit_at``) or compiled anew (``miss_at``), as indices into the step's shares."""
+
+    seconds: float | None = None
+    requests: int = 0
+    hit_at: Sequence[int] = ()
+    miss_at: Sequence[int] = ()
+
+
 class StepRecord:
     """One engine step. The shares are kept as parallel lists, not a tuple per scheduled request: a step
     of a batch of 64 is a few objects for the collector to track instead of 64 more (the frontend holds
@@ -181,7 +193,7 @@ class StepRecord:
 
     __slots__ = ("step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
                  "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker")
+                 "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker", "grammar")
 
     def __init__(self, step_id: int, start: float, end: float, requests: Iterable[tuple[str, int, bool]] = (),
                  running: int = 0, waiting: int = 0, preempted: int = 0, kv_cache_usage: float | None = None,
@@ -221,6 +233,8 @@ class StepRecord:
         # what the model runner's process saw (LoRA adapter loads and evictions, the drafter's time):
         # instrumentation/vllm/worker_facts.StepWorkerFacts, None where nothing happened
         self.worker: Any = None
+        # structured outputs: the grammar bitmask's time, grammars compiled or reused (StepGrammar); None: none
+        self.grammar: StepGrammar | None = None
 
     @classmethod
     def of_lists(cls, step_id: int, start: float, end: float, ids: list[str], tokens: Sequence[int] | None,
@@ -234,7 +248,7 @@ class StepRecord:
         step.running, step.waiting, step.preempted, step.kv_cache_usage = running, waiting, preempted, kv_cache_usage
         step.attributes, step.queue_blocked, step.seq, step.links = None, queue_blocked, 0, _NO_LINKS
         step.schedule_s = step.execute_s = step.output_s = step.idle_s = step.model_s = None
-        step.contexts = step.members = step.spec = step.loras = step.worker = None
+        step.contexts = step.members = step.spec = step.loras = step.worker = step.grammar = None
         return step
 
     @property

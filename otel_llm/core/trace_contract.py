@@ -103,6 +103,8 @@ REQUEST_SPAN = SpanDoc(
      Item(sc.REQUEST_STREAM, " (under serve when streaming; TensorRT-LLM: whenever streamed)"),
      Item(sc.STRUCTURED_OUTPUT_BACKEND, " (vLLM, a request with a structured-output grammar: the backend "
           "compiling it)"),
+     Item(sc.STRUCTURED_OUTPUT_CACHE_HIT, " (vLLM, a request with a grammar: reused from the backend's cache, or "
+          "compiled anew; docs/verdict.md)"),
      Item(sc.RESPONSE_MODEL, " (what served it: the LoRA adapter's name for an adapter's request, else the "
           "served model name)"), Item(sc.RESPONSE_ID), Item(sc.RESPONSE_FINISH_REASONS),
      Item(sc.USAGE_INPUT_TOKENS), Item(sc.USAGE_OUTPUT_TOKENS),
@@ -192,6 +194,8 @@ SERVER_SPANS: tuple[SpanDoc, ...] = (
              *_lead("its anatomy (seconds, where the engine measured it): ",
                     sc.STEP_SCHEDULE_TIME, sc.STEP_EXECUTE_TIME, sc.STEP_MODEL_TIME, sc.STEP_OUTPUT_TIME,
                     sc.STEP_IDLE_BEFORE),
+             *_lead("structured outputs (vLLM, a step with a grammar bitmask): ", sc.STEP_GRAMMAR_TIME,
+                    sc.STEP_GRAMMAR_REQUESTS),
              *_lead("its roofline (with a model shape and device peaks): ",
                     sc.STEP_FLOPS, sc.STEP_BYTES, sc.STEP_INTENSITY, sc.STEP_BOUND, sc.STEP_PREDICTED_TIME,
                     sc.STEP_MFU, sc.STEP_MBU, sc.STEP_DEVICE),

@@ -20,7 +20,7 @@ from otel_llm.core.slo import SLOTable
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
                                     BLOCKED_TOKEN_BUDGET, PREEMPTED, QUEUED, SCHEDULED, PrefillChunk,
-                                    RequestTimeline, StepRecord)
+                                    RequestTimeline, StepGrammar, StepRecord)
 from support.metrics import points_by_name
 
 STEP, GAP = 0.010, 0.001
@@ -47,13 +47,15 @@ class Sim:
                 assert self.telemetry.start(t)
 
     def step(self, shares: list[tuple[str, int, str]], dur: float = STEP, gap: float = GAP, running: int | None = None,
-             waiting: int = 0, blocked: int = BLOCKED_NONE, preempted: int = 0, skip_ids: int = 0) -> None:
+             waiting: int = 0, blocked: int = BLOCKED_NONE, preempted: int = 0, skip_ids: int = 0,
+             grammar: StepGrammar | None = None) -> None:
         self.next_id += skip_ids  # records that never arrived
         start = self.now + gap
         end = start + dur
         rec = StepRecord(self.next_id, start, end, [(r, n, k in "pP") for r, n, k in shares],
                          len(shares) if running is None else running, waiting, preempted, None,
                          queue_blocked=blocked)
+        rec.grammar = grammar
         for rid, n, kind in shares:
             t = self.timelines[rid]
             if not t.steps or t.events[-1][0] == PREEMPTED:
@@ -521,3 +523,68 @@ def test_a_request_with_a_grammar_is_compared_with_requests_that_had_one():
         sim.step([("r0", 1, "d"), (rid, 16, "P")])
     assert sim.verdict("json", "ttft").seconds[sc.SLOW_FRONTEND] == pytest.approx(0.100, abs=1e-6)
     assert sim.verdict("usual", "ttft").seconds[sc.SLOW_FRONTEND] == 0
+
+
+# -- the grammar bitmask: charged to the others of its steps, beyond a comparable step without one ------
+
+def _structured(sim: Sim, rids: list[str], grammar: set[str]) -> None:
+    sim.arrive(*rids)
+    for rid in grammar:
+        sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
+    sim.step([(r, 16, "P") for r in rids])
+
+
+def test_a_grammar_bitmask_is_charged_to_the_other_requests_of_its_decode_steps():
+    """4 decoders, 2 with a grammar: 10 steps without a bitmask (the baseline), 10 whose 4 ms bitmask made the
+    step 3 ms longer, 5 that took 8 ms longer (the bitmask's 4 ms at most is its)."""
+    rids, shaped = ["p0", "p1", "j0", "j1"], {"j0", "j1"}
+    sim = Sim()
+    _structured(sim, rids, shaped)
+    sim.decode(rids, 10)
+    sim.decode(rids, 10, dur=STEP + 0.003, grammar=StepGrammar(0.004, 2))
+    sim.decode(rids, 5, dur=STEP + 0.008, grammar=StepGrammar(0.004, 2))
+    expected = 10 * 0.003 + 5 * 0.004
+    plain = sim.verdict("p0", "tpot")
+    assert plain.seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == pytest.approx(expected, abs=1e-6)
+    assert plain.cause == sc.SLOW_GRAMMAR_INTERFERENCE
+    # a request with a grammar: only the other structured request's half of the mask
+    assert sim.verdict("j0", "tpot").seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == pytest.approx(expected / 2, abs=1e-6)
+    assert sim.verdict("p0", "ttft").seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == 0  # after its first token only
+
+
+def test_a_lone_structured_request_is_not_charged_its_own_mask():
+    sim = Sim()
+    _structured(sim, ["p0", "j0"], {"j0"})
+    sim.decode(["p0", "j0"], 10)
+    sim.decode(["p0", "j0"], 10, dur=STEP + 0.003, grammar=StepGrammar(0.004, 1))
+    assert sim.verdict("j0", "tpot").seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == 0
+    assert sim.verdict("p0", "tpot").seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == pytest.approx(0.03, abs=1e-6)
+
+
+def test_a_bitmask_with_no_comparable_step_or_beside_a_prefill_charges_no_grammar():
+    """Every decode step had a bitmask: nothing to compare with. A step that also prefilled: the mask was computed
+    while the longer forward ran, the excess is the prefill's."""
+    sim = Sim()
+    _structured(sim, ["p0", "j0"], {"j0"})
+    sim.decode(["p0", "j0"], 10, dur=STEP + 0.003, grammar=StepGrammar(0.004, 1))
+    assert sim.verdict("p0", "tpot").seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == 0
+    sim = Sim()
+    _structured(sim, ["p0", "j0"], {"j0"})
+    sim.decode(["p0", "j0"], 10)
+    sim.arrive("late")
+    sim.step([("p0", 1, "d"), ("j0", 1, "d"), ("late", 64, "P")], dur=STEP + 0.02, grammar=StepGrammar(0.004, 1))
+    v = sim.verdict("p0", "tpot")
+    assert v.seconds[sc.SLOW_GRAMMAR_INTERFERENCE] == 0
+    assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == pytest.approx(0.02, abs=1e-6)
+
+
+def test_the_pipeline_puts_each_requests_cache_hit_on_it_from_its_first_step():
+    tele = Pipeline(Config.resolve({"sample_rate": 0.0, "tail_quantile": 0}, environ={}),
+                    TracerProvider().get_tracer("t"), MeterProvider().get_meter("t"), "test")
+    sim = Sim(tele)
+    sim.arrive("hit", "miss", "plain")
+    sim.step([("hit", 8, "P"), ("miss", 8, "P"), ("plain", 8, "P")], grammar=StepGrammar(None, 0, (0,), (1,)))
+    a = {rid: t.request_attributes for rid, t in sim.timelines.items()}
+    assert a["hit"][sc.STRUCTURED_OUTPUT_CACHE_HIT] is True and a["miss"][sc.STRUCTURED_OUTPUT_CACHE_HIT] is False
+    assert sc.STRUCTURED_OUTPUT_CACHE_HIT not in a["plain"]
+    tele.close()

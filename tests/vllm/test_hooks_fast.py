@@ -328,3 +328,32 @@ def test_keyword_calls_go_to_python():
 
     c, _ = both(steps)
     assert c.hooks.handed == ["scheduled", "update_from_output", "updated"] and len(c.records) == 2
+
+
+@fast
+def test_a_step_with_a_grammar_bitmask_or_new_grammars_goes_to_python(monkeypatch):
+    """A step whose bitmask was timed (grammar.py) or whose new requests' grammars were noted: the pending entry
+    carries the facts, so the C method hands its record to the Python one, which sends them as the 16th item;
+    a step whose scheduler returned no mask stays the C path's steady step."""
+    ticks = itertools.count()
+    monkeypatch.setattr(step_hooks, "perf_counter", lambda: next(ticks) * 0.5)  # the same times on both sides
+    mask = types.SimpleNamespace(structured_output_request_ids=IDS[:2])
+
+    def steps(e: Engine) -> None:
+        ids = IDS[:4]
+        e.step(e.output(ids, [5] * 4, [1] * 4))  # the readers
+        for made in (mask, None):
+            out = e.output(ids, [6] * 4, [2] * 4)
+            e.step(out, schedule_only=True)
+            assert e.hooks.grammar_bitmask(lambda o: made, e.scheduler, (out,), {}) is made
+            e.scheduler.update_from_output(out, types.SimpleNamespace())
+        e.hooks.grammars.pending["new"] = False  # its grammar was compiled anew
+        new = types.SimpleNamespace(req_id="new", num_computed_tokens=0, prompt_len=20, prefill_token_ids=None)
+        e.step(e.output(ids, [7] * 4, [3] * 4, new=(new,), scheduled={**dict.fromkeys(ids, 1), "new": 20}))
+
+    c, _ = both(steps)
+    assert c.hooks.handed == ["scheduled", "updated", "scheduled", "updated"]
+    assert c.records[1][15] == step_hooks.StepGrammar(0.5, 2, (), ()) and c.records[1][14] is None
+    assert len(c.records[2]) == 14  # no mask: a plain step, sent in C
+    assert c.records[3][15] == step_hooks.StepGrammar(None, 0, (), (4,))
+    assert c.hooks.guard.errors == {}

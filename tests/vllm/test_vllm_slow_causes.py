@@ -269,7 +269,9 @@ def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, 
     """The session's engine: 4 plain requests decoding (short steps: the EngineCore takes new requests in
     between), then 12 requests with distinct large JSON schemas added one by one. The schema requests that
     waited >= 20 ms from QUEUED to their first scheduling (the batch and the token budget had room: the
-    plain ones are scheduled at once) waited for their grammar."""
+    plain ones are scheduled at once) waited for their grammar. The engine steps carry the grammar bitmask's time
+    while schema requests decode and none before; each first compile is a cache miss, the same schema sent
+    again a hit."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -301,6 +303,30 @@ def test_requests_waiting_for_their_grammar_are_structured_output_queueing(llm, 
     for rid in plain:
         assert judgements[rid].seconds[sc.SLOW_QUEUE_STRUCTURED_OUTPUT] == 0, judgements[rid]
         assert judgements[rid].cause != sc.SLOW_QUEUE_STRUCTURED_OUTPUT
+    # the grammar bitmask on the engine steps: none before any schema request was scheduled; on every step while
+    # one decoded (the EngineCore computes the mask for each step that samples for a structured request)
+    first_shaped = min(judgements[rid].scheduled for rid in shaped)
+    before = [x for x in steps if x.end_time < first_shaped]
+    assert before and all(sc.STEP_GRAMMAR_TIME not in x.attributes for x in before)
+    for rid in shaped:
+        decode = trees[rid].one(sc.SPAN_DECODE)
+        during = [x for x in steps if x.start_time > decode.start_time and x.end_time <= decode.end_time]
+        assert during, rid
+        for x in during:
+            assert x.attributes[sc.STEP_GRAMMAR_TIME] > 0 and x.attributes[sc.STEP_GRAMMAR_REQUESTS] >= 1, x.attributes
+    # each schema compiled for the first time: a miss; the plain requests have no grammar to hit or miss
+    for rid in plain + shaped:
+        assert trees[rid].attributes.get(sc.STRUCTURED_OUTPUT_CACHE_HIT) is (False if rid in shaped else None), rid
+    # the same schema again (a hit) beside a new one (a miss), one after the other so the first has compiled
+    with otel.instrumented(sample_rate=1.0, tail_quantile=0):
+        for rid, tag in (("so-again", "s0"), ("so-new", "s-new")):
+            schema = StructuredOutputsParams(json=large_json_schema(tag, 240))
+            engine.add_request(rid, _prompt(40, 4), SamplingParams(max_tokens=2, temperature=0.0,
+                                                                   structured_outputs=schema))
+            _drain(engine)
+        again = request_trees(otel.finished())
+    assert again["so-again"].attributes[sc.STRUCTURED_OUTPUT_CACHE_HIT] is True
+    assert again["so-new"].attributes[sc.STRUCTURED_OUTPUT_CACHE_HIT] is False
 
 
 def test_a_lone_long_prompt_breaching_ttft_is_its_own_prefill(small_engine_runs):

@@ -9,7 +9,9 @@ for steps in batches. What each part means:
 * model: forward + sampling timed around the model runner, where it runs in the EngineCore process
   (CUDA events on a GPU, wall time on CPU); absent with the multiprocess executor;
 * output: ``update_from_output`` up to the outputs' timestamp (the step's end);
-* idle (before the step): since the previous step's end, while no step was in flight.
+* idle (before the step): since the previous step's end, while no step was in flight;
+* grammar bitmask (structured outputs): the EngineCore's ``Scheduler.get_grammar_bitmask``, inside execute
+  (vLLM computes it while the model runs; the workers apply it when sampling), where the step had one.
 
 schedule + execute + output is the step's duration by construction (four stamps, one clock).
 The roofline takes model time as the measured time where present, else execute time.
@@ -156,6 +158,10 @@ class StepDiagnosis:
                            (sc.STEP_IDLE_BEFORE, step.idle_s)):
             if value is not None:
                 out[key] = value
+        grammar = step.grammar
+        if grammar is not None and grammar.seconds is not None:  # structured outputs: the grammar bitmask
+            out[sc.STEP_GRAMMAR_TIME] = grammar.seconds
+            out[sc.STEP_GRAMMAR_REQUESTS] = grammar.requests
         shape = self.shape
         c = cost(shape, step) if shape is not None else None
         if c is not None:

@@ -50,8 +50,9 @@ CAUSES: tuple[Cause, ...] = (
           "request, whatever the step-wide reason)"),
     Cause(sc.SLOW_QUEUE_STRUCTURED_OUTPUT, _BEFORE,
           "waited in the engine's queue for its structured-output grammar to compile",
-          "as `queue_max_seqs`, for the steps that ended before its grammar was ready (decided per request from "
-          "its grammar-ready stamp, whatever the step-wide reason)"),
+          "as `queue_max_seqs`, for a request with a grammar, the steps it waited through whose admission no limit "
+          "stopped while requests stayed waiting for their grammar (`structured_output`); a request without one "
+          "waiting in such a step is `unknown`"),
     Cause(sc.SLOW_FRONTEND, _BEFORE,
           "the frontend took longer than usual to hand it to the engine",
           "(the engine's QUEUED stamp − its arrival) − the lower quartile of the same for the last 64 requests "
@@ -66,6 +67,13 @@ CAUSES: tuple[Cause, ...] = (
     Cause(sc.SLOW_PREFILL_INTERFERENCE, _AFTER, "its decode steps also computed other requests' prompts",
           "Σ over those steps (step duration − median duration of decode-only steps with the same number of "
           "decoding requests); a step that left it out while it was running and carried prefill counts whole"),
+    Cause(sc.SLOW_GRAMMAR_INTERFERENCE, _AFTER,
+          "its decode steps waited for the grammar bitmask of other requests' structured outputs",
+          "Σ over its decode steps without prefill in which the engine computed a grammar bitmask (g seconds, "
+          "k structured requests) of min(g, step duration − the median decode-only step of that decode batch "
+          "size without a bitmask), when positive, × its share of others' masks: 1 without a grammar, "
+          "(k − 1) / k with one (its own mask is its own work); steps with prefill go to `prefill_interference` "
+          "whole (the mask is computed while the model runs, hidden behind a longer forward)"),
     Cause(sc.SLOW_PREEMPTION, _ANY, "preempted (KV cache full) until it caught up",
           "Σ (its next token after being scheduled again − the preemption stamp); the time inside is charged "
           "to nothing else"),

@@ -15,6 +15,9 @@ the request above what a comparable step costs, summed over the breached measure
 * prefill interference: its decode steps that carried other requests' prefill tokens, minus the
   median of decode-only steps of the same decode batch size; steps that skipped it while it ran and
   carried prefill count whole;
+* grammar interference: its decode steps (without prefill) in which the engine computed a grammar bitmask,
+  beyond a comparable step without one, at most the bitmask's time, for the part of the mask that was
+  other requests' (``grammar_wait``);
 * preemption: from being preempted until its next token;
 * batch growth: in its decode steps with more decoding requests than its first one had, the median
   decode-only step at that batch size minus the median at the batch size it started with;
@@ -72,6 +75,8 @@ class StepFacts(NamedTuple):
     prefill_tokens: int
     decode_requests: int
     loras: tuple[int, ...] | None = None  # the LoRA adapters (ids) the step ran
+    grammar_s: float = 0.0  # seconds the engine spent on the step's grammar bitmask (0: none computed)
+    grammar_requests: int = 0  # the structured requests that mask covered
 
     @property
     def duration(self) -> float:
@@ -99,8 +104,10 @@ class StepWindow:
 
     def add(self, step: StepRecord, prefill_tokens: int, decode_requests: int) -> None:
         # a plain tuple (StepFacts' fields): this runs once per engine step, a NamedTuple costs 4x
+        grammar = step.grammar
         facts = (step.step_id, step.start, step.end, step.running, step.waiting, step.preempted,
-                 step.queue_blocked, prefill_tokens, decode_requests, step.loras)
+                 step.queue_blocked, prefill_tokens, decode_requests, step.loras,
+                 *(_NO_GRAMMAR if grammar is None or not grammar.seconds else (grammar.seconds, grammar.requests)))
         with self._lock:
             steps = self._engines.get(step.step_id >> 32)
             if steps is None:
@@ -127,6 +134,9 @@ class StepWindow:
                 lo -= 1
             lo = max(0, lo - context)
             return [StepFacts._make(steps[i]) for i in range(lo, hi)]
+
+
+_NO_GRAMMAR = (0.0, 0)
 
 
 class _Ids:
@@ -184,6 +194,7 @@ class _Baselines:
 
     def __init__(self, steps: list[StepFacts]) -> None:
         by_batch: dict[int, list[float]] = {}
+        plain: dict[int, list[float]] = {}  # the same without a grammar bitmask
         gaps: list[float] = []
         prev: StepFacts | None = None
         for s in steps:
@@ -192,10 +203,13 @@ class _Baselines:
                 if found is None:
                     by_batch[s.decode_requests] = found = []
                 found.append(s.end - s.start)
+                if not s.grammar_s:
+                    plain.setdefault(s.decode_requests, []).append(s.end - s.start)
             if prev is not None and s.step_id == prev.step_id + 1:
                 gaps.append(max(0.0, s.start - prev.end))
             prev = s
         self._decode = {b: median(d) for b, d in by_batch.items() if len(d) >= MIN_SAMPLES}
+        self._plain = {b: median(d) for b, d in plain.items() if len(d) >= MIN_SAMPLES}
         self.gap = median(gaps) if len(gaps) >= MIN_SAMPLES else None
         # what a short prompt costs: a step that computes a few tokens, i.e. the cheapest decode-only step
         self.shortest = min(self._decode.values()) if self._decode else None
@@ -203,14 +217,22 @@ class _Baselines:
     def decode(self, batch: int) -> float | None:
         """Median duration of decode-only steps of this decode batch size, else of the nearest size
         within a quarter of it; ``None`` when there is none to compare with."""
-        found = self._decode.get(batch)
-        if found is not None:
-            return found
-        reach = max(1, batch // 4)
-        near = [b for b in self._decode if abs(b - batch) <= reach]
-        if not near:
-            return None
-        return self._decode[min(near, key=lambda b: (abs(b - batch), b))]
+        return _nearest(self._decode, batch)
+
+    def plain(self, batch: int) -> float | None:
+        """As ``decode``, over the decode-only steps that computed no grammar bitmask."""
+        return _nearest(self._plain, batch)
+
+
+def _nearest(medians: dict[int, float], batch: int) -> float | None:
+    found = medians.get(batch)
+    if found is not None:
+        return found
+    reach = max(1, batch // 4)
+    near = [b for b in medians if abs(b - batch) <= reach]
+    if not near:
+        return None
+    return medians[min(near, key=lambda b: (abs(b - batch), b))]
 
 
 def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (), slo: Any = None) -> SlowVerdict:
@@ -243,7 +265,7 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
     chunks: dict[int, int] = {}
     for c in t.chunks:
         chunks[c.step_id] = chunks.get(c.step_id, 0) + c.tokens
-    _running(steps, admit, last, set(own), chunks, covered, base, ledger)
+    _running(steps, admit, last, set(own), chunks, covered, base, ledger, grammar)
     h = t.handoff
     if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
         ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
@@ -369,7 +391,7 @@ def lora_waits(step: StepFacts, lora_id: int | None, max_loras: int | None) -> b
 
 
 def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set[int], own_prefill: dict[int, int],
-             covered: list[tuple[float, float]], base: _Baselines, ledger: _Ledger) -> None:
+             covered: list[tuple[float, float]], base: _Baselines, ledger: _Ledger, grammar: bool = False) -> None:
     """From the step that first scheduled it to its last: its prompt's steps against a short prompt's
     (a decode-only step), its decode steps against decode-only steps of the same batch size, steps that
     skipped it, and the gaps between steps. ``own_prefill``: the steps that computed its prompt, with
@@ -406,8 +428,23 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
             continue
         if s.prefill_tokens:
             ledger.add(sc.SLOW_PREFILL_INTERFERENCE, s.duration - usual, s.end)
+        elif s.grammar_s:
+            ledger.add(sc.SLOW_GRAMMAR_INTERFERENCE, grammar_wait(s, base.plain(s.decode_requests), grammar), s.end)
         if start_batch is not None and s.decode_requests > first_decode.decode_requests:  # the batch grew
             ledger.add(sc.SLOW_BATCH_GROWTH, usual - start_batch, s.end)
+
+
+def grammar_wait(s: StepFacts, usual: float | None, grammar: bool) -> float:
+    """What a decode step's grammar bitmask cost one of its requests (``grammar``: it has a grammar itself):
+    the step's time beyond a comparable step without a bitmask (``usual``), at most the bitmask's own time (vLLM
+    computes it while the model runs, so only the part the forward did not hide delays the step), times the
+    share of the mask that was other requests' (its own request's mask is its own work); 0 with nothing to
+    compare with."""
+    if usual is None or s.grammar_s <= 0:
+        return 0.0
+    k = s.grammar_requests
+    share = 1.0 if not grammar else ((k - 1) / k if k > 1 else 0.0)
+    return min(s.grammar_s, max(0.0, s.duration - usual)) * share
 
 
 def _gap(start: float, end: float, base: _Baselines, ledger: _Ledger, usual_cause: str | None) -> None:

@@ -23,6 +23,8 @@
 #define F_ONE_EACH 4
 #define F_SAME_IDS 8
 #define F_EXTRAS 16 /* step_wire._EXTRAS: speculative drafts, LoRA adapters; encoded here, decoded in Python */
+/* step_wire._GRAMMAR (32): a structured-output step's grammar block, encoded and decoded in Python (a payload of
+ * 16 fields is not taken here; an unknown flag is handed to the Python decoder) */
 /* any other flag (the extras): the Python decoder */
 #define F_KNOWN (F_IDLE | F_MODEL | F_ONE_EACH | F_SAME_IDS)
 #define EXTRA_COUNTS_SIZE 20 /* step_wire._EXTRA_COUNTS "<IIId" */
@@ -510,12 +512,12 @@ static PyObject *py_decode;    /* step_wire.decode_py */
 static PyObject *record_type;  /* core.timeline.StepRecord */
 static PyObject *no_prefill;   /* step_wire._NONE: the shared empty prefill_at */
 static PyObject *no_links;     /* timeline._NO_LINKS */
-#define N_SLOTS 24
+#define N_SLOTS 25
 static PyObject *slot_names[N_SLOTS];
 static const char *slot_strs[N_SLOTS] = {
     "step_id", "start", "end", "ids", "tokens", "prefill_at", "running", "waiting", "preempted",
     "kv_cache_usage", "attributes", "queue_blocked", "seq", "links", "schedule_s", "execute_s",
-    "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker"};
+    "output_s", "idle_s", "model_s", "contexts", "members", "spec", "loras", "worker", "grammar"};
 
 static PyObject *fallback(PyObject *data, PyObject *cache) {
     return PyObject_CallFunctionObjArgs(py_decode, data, cache, NULL);
@@ -651,7 +653,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
             PyFloat_FromDouble(schedule_s), PyFloat_FromDouble(execute_s), PyFloat_FromDouble(output_s),
             (flags & F_IDLE) ? PyFloat_FromDouble(idle) : Py_NewRef(Py_None),
             (flags & F_MODEL) ? PyFloat_FromDouble(model) : Py_NewRef(Py_None), Py_NewRef(contexts),
-            Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None)};
+            Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None), Py_NewRef(Py_None)};
         for (int i = 0; i < N_SLOTS; i++) {
             values[i] = v[i];
             if (ok && (v[i] == NULL || PyObject_SetAttr(step, slot_names[i], v[i]) < 0))

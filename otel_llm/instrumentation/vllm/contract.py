@@ -82,6 +82,9 @@ _KV_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 _KV_MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"
 _KV_UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
 _KV_METRICS = "vllm.distributed.kv_transfer.kv_connector.v1.metrics"
+_SAMPLING = "vllm.sampling_params"
+_STRUCTURED = "vllm.v1.structured_output"
+_STRUCTURED_REQUEST = "vllm.v1.structured_output.request"
 
 # features, as a user would name what is missing
 REQUESTS = "request spans and metrics"
@@ -107,6 +110,10 @@ KV_HANDOFF = "KV hand-off spans (disaggregated prefill)"
 KV_TIMING = "KV load and save times on hand-off spans"
 KV_ASYNC = "asynchronous KV loads' end on hand-off spans"
 ENGINE_SOURCE = "request spans and metrics under the Rust frontend and headless engines"
+GRAMMAR_WAIT = "grammar waits on engine steps (queue_blocked = structured_output)"
+GRAMMAR_BACKEND = "the structured-output backend on request spans"
+GRAMMAR_TIME = "the grammar bitmask's time on engine steps"
+GRAMMAR_CACHE = "whether a request's grammar was a cache hit, on request spans"
 
 
 @dataclass(frozen=True)
@@ -315,6 +322,19 @@ ENTRIES: tuple[Entry, ...] = (
     _e(_RUNNER_OUT, "KVConnectorOutput.finished_recving", KV_ASYNC, side=ENGINE),
     _e(_RUNNER_OUT, "KVConnectorOutput.failed_recving", KV_HANDOFF, side=ENGINE,
        fallback="no failed receive recorded", absent=("0.28.0",)),
+    # -- structured outputs (grammar.py): the requests waiting for their grammar (EngineCore), the backend
+    # (frontend), the bitmask's time per step and whether a grammar was compiled anew (EngineCore) ---------
+    _e(_SCHED, "Scheduler.deferred_waiting", GRAMMAR_WAIT, side=ENGINE,
+       fallback="Scheduler.skipped_waiting (vLLM 0.28's queue of requests held back)", absent=("0.28.0",)),
+    _e(_REQUEST, "Request.status", GRAMMAR_WAIT, side=ENGINE),
+    _e(_REQUEST, "RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", GRAMMAR_WAIT, side=ENGINE),
+    _e(_SAMPLING, "SamplingParams.structured_outputs", GRAMMAR_BACKEND, fallback="no request has a grammar"),
+    _e(_SAMPLING, "StructuredOutputsParams._backend", GRAMMAR_BACKEND, fallback="the backend said as `auto`"),
+    _e(_SCHED, "Scheduler.get_grammar_bitmask", GRAMMAR_TIME, side=ENGINE, params=("scheduler_output",)),
+    _e(_SCHED_OUT, "GrammarOutput.structured_output_request_ids", GRAMMAR_TIME, side=ENGINE),
+    _e(_STRUCTURED, "StructuredOutputManager._create_grammar", GRAMMAR_CACHE, side=ENGINE, params=("request",)),
+    _e(_REQUEST, "Request.structured_output_request", GRAMMAR_CACHE, side=ENGINE),
+    _e(_STRUCTURED_REQUEST, "StructuredOutputRequest.structured_output_key", GRAMMAR_CACHE, side=ENGINE),
 )
 
 
@@ -352,6 +372,14 @@ _FALLBACKS: dict[str, Callable[[bool], Callable[[Any], Any]]] = {
     "KVConnectorBase_V1._kv_transfer_config": lambda missing: (
         (lambda c: None) if missing else (lambda c: getattr(c, "_kv_transfer_config", None))),
     "KVConnectorOutput.failed_recving": _attr_or("failed_recving", lambda o: None),
+    # vLLM 0.28 kept the requests held back (grammar, remote KV) in a queue of their own
+    "Scheduler.deferred_waiting": _attr_or("deferred_waiting", lambda s: getattr(s, "skipped_waiting", ())),
+    # read with a default: a request's parameters of another kind (a stand-in, an older client's) have none
+    "SamplingParams.structured_outputs": lambda missing: (
+        (lambda p: None) if missing else (lambda p: getattr(p, "structured_outputs", None))),
+    # a private field vLLM's input processor resolves ("auto" where a release lacks it)
+    "StructuredOutputsParams._backend": lambda missing: (
+        (lambda p: None) if missing else (lambda p: getattr(p, "_backend", None))),
 }
 
 _BY_KEY = {e.key: e for e in ENTRIES}

@@ -22,7 +22,10 @@ from typing import Any, Callable
 from ...agent import records
 from ...core.request_params import sampling_attributes
 from ...guard import Guard
+from ... import semconv as sc
 from ..wraps import Target, WrapTable
+from . import contract
+from .grammar import backend_attribute
 
 ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1": this EngineCore is its requests' source
 ENGINE_MODEL_ENV = "OTEL_LLM_ENGINE_MODEL"  # the served model name, from the process that spawned it
@@ -45,6 +48,7 @@ class RequestHooks:
         self.external: dict[str, str | None] = {}  # request id -> external id, preprocess to add_request
         # request id -> (when the scheduler took it, its external id), until it is freed
         self.live: dict[str, tuple[float, str | None]] = {}
+        self.fence: contract.Contract | None = None  # vLLM's symbols (contract.py), at the first request
         self._table = WrapTable([
             Target("vllm.v1.engine.core", "EngineCore.preprocess_add_request", self.preprocess, plain=True),
             Target("vllm.v1.core.sched.scheduler", "Scheduler.add_request", self.add_request, plain=True),
@@ -95,6 +99,18 @@ class RequestHooks:
 
     # -- the records --------------------------------------------------------------------------------------
 
+    def sampling(self, params: Any) -> dict[str, Any]:
+        """The request's GenAI sampling attributes, with its structured-output backend where it has a grammar."""
+        if params is None:
+            return {}
+        attrs = sampling_attributes(params)
+        if self.fence is None:
+            self.fence = contract.Contract(guard=self.guard)
+        backend = backend_attribute(params, self.fence)
+        if backend is not None:
+            attrs[sc.STRUCTURED_OUTPUT_BACKEND] = backend
+        return attrs
+
     def started(self, request: Any, queued: float) -> None:
         rid = request.request_id
         live = self.live
@@ -109,7 +125,7 @@ class RequestHooks:
             request_id=rid, arrival=float(request.arrival_time), queued=queued,
             prompt_tokens=int(request.num_prompt_tokens), external_id=external,
             model=self.model, trace_headers=dict(headers) if headers else None,
-            sampling=sampling_attributes(params) if params is not None else {},
+            sampling=self.sampling(params),
             lora_name=getattr(lora, "lora_name", None) if lora is not None else None,
             lora_id=getattr(lora, "lora_int_id", None) if lora is not None else None,
             client_index=int(request.client_index or 0))

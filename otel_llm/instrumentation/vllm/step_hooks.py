@@ -12,15 +12,18 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from time import perf_counter
 from typing import Any, Callable
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
 from ...guard import Guard
 from ...core.timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_NONE, BLOCKED_OTHER,
-                               BLOCKED_STRUCTURED_OUTPUT, BLOCKED_TOKEN_BUDGET, StepRecord, StepWorkerFacts)
+                               BLOCKED_STRUCTURED_OUTPUT, BLOCKED_TOKEN_BUDGET, StepGrammar, StepRecord,
+                               StepWorkerFacts)
 from ..wraps import Target, WrapTable
 from . import contract, step_wire
+from .grammar import GrammarCache
 from .step_extras import SpecReaders, active_loras, common_counts, share_positions, spec_counts, worker_facts
 from .step_wire import Extras, Shares, StepPayload
 from .model_timing import MODEL_TIME_ATTR, ModelTimer
@@ -35,7 +38,11 @@ from .worker_facts import WORKER_FACTS_ATTR
 # model_s: forward + sampling timed around the model runner where it runs (model_timing.py).
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_STRUCTURED_MODULE = "vllm.v1.structured_output"
 _SHARES = 7  # in what schedule() keeps of a step (StepHooks.pending)
+# a pending entry's items: 10, or 11 with the step's grammar facts [seconds, requests, hit_at, miss_at] (a step
+# of 11 is the Python path's: the C method takes entries of 10 only)
+_ENTRY, _GRAMMAR = 10, 10
 _SCHEDULE, _UPDATE = 0, 1  # the two kinds of _hooks_fast.HookMethod
 _IDS = Shares._fields.index("ids")
 _NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
@@ -54,7 +61,7 @@ class StepHooks:
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
                  "_table", "contract", "prompt_len", "prefill_token_ids", "preempted_ids", "max_active", "spec_on",
-                 "spec_readers", "lora_on", "on_error", "guard")
+                 "spec_readers", "lora_on", "on_error", "guard", "grammars")
 
     def __init__(self, fence: contract.Contract | None = None, guard: Guard | None = None) -> None:
         # the owner's (the instrumentor's, or the plugin's EngineSide): the hooks' errors are counted there
@@ -83,7 +90,11 @@ class StepHooks:
         self.last_end: float | None = None  # u1 of the last step that carried work
         self.clock: Callable[[], float] = time.monotonic
         self.recompute: dict[str, int] = {}  # request id -> prompt length, while it recomputes after a preemption
-        self._table = WrapTable(self.targets(_SCHEDULER_MODULE), guard)
+        self.grammars = GrammarCache()  # each request's grammar compiled anew or reused (grammar.py)
+        self._table = WrapTable(self.targets(_SCHEDULER_MODULE) + [
+            Target(_SCHEDULER_MODULE, "Scheduler.get_grammar_bitmask", self.grammar_bitmask, plain=True),
+            Target(_STRUCTURED_MODULE, "StructuredOutputManager._create_grammar", self.compile_grammar, plain=True)],
+            guard)
 
     def targets(self, module: str) -> list[Target]:
         """The two scheduler methods of ``module``'s ``Scheduler`` (vLLM's, or a benchmark's stand-in): plain,
@@ -113,6 +124,7 @@ class StepHooks:
         self.timer.disable()
         self.pending.clear()
         self.recompute.clear()
+        self.grammars.clear()
 
     def schedule(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         if self.sink is None:
@@ -140,13 +152,56 @@ class StepHooks:
             last_end = self.last_end
             # idle only when nothing was in flight: under the batch queue a batch runs meanwhile
             idle = None if last_end is None else (start - last_end if not pending else 0.0)
-            pending[id(out)] = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
-                                _queue_blocked(instance, out, running, waiting, n_preempted, self.max_active)
-                                if waiting else BLOCKED_NONE,
-                                active_loras(instance, shares[_IDS])
-                                if self.lora_on and instance.lora_config is not None else None)
+            entry = (start, left, idle, running, waiting, n_preempted, float(kv), shares,
+                     _queue_blocked(instance, out, running, waiting, n_preempted, self.max_active)
+                     if waiting else BLOCKED_NONE,
+                     active_loras(instance, shares[_IDS]) if self.lora_on and instance.lora_config is not None else None)
+            if self.grammars.pending and out.scheduled_new_reqs:  # grammars compiled since: hit or miss, per request
+                entry = self._grammar_facts(entry, out.scheduled_new_reqs, len(shares[_IDS]))
+            pending[id(out)] = entry
         except Exception as exc:
             self.failed("scheduler.schedule hook", exc)
+
+    def _grammar_facts(self, entry: tuple, new: list, n: int) -> tuple:
+        """The entry with the grammar facts of the step's new requests (the last ``len(new)`` shares)."""
+        hits: list[int] = []
+        misses: list[int] = []
+        take = self.grammars.take
+        for i, r in enumerate(new, n - len(new)):
+            hit = take(r.req_id)
+            if hit is not None:
+                (hits if hit else misses).append(i)
+        return entry + ([None, 0, hits, misses],) if hits or misses else entry
+
+    def grammar_bitmask(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """``Scheduler.get_grammar_bitmask(scheduler_output)``, which vLLM's EngineCore calls once a step
+        (while the model runs, with the multiprocess executor): timed where it returns a mask, i.e. where
+        the step has structured requests to sample, and kept with the step's pending entry."""
+        if self.sink is None:
+            return wrapped(*args, **kwargs)
+        start = perf_counter()
+        result = wrapped(*args, **kwargs)
+        if result is None:  # no structured request to mask: the step stays a plain one
+            return result
+        took = perf_counter() - start
+        try:
+            key = id(args[0] if args else kwargs["scheduler_output"])
+            entry = self.pending.get(key)
+            if entry is not None:
+                requests = len(result.structured_output_request_ids)
+                if len(entry) > _GRAMMAR:
+                    entry[_GRAMMAR][0], entry[_GRAMMAR][1] = took, requests
+                else:
+                    self.pending[key] = entry + ([took, requests, (), ()],)
+        except Exception as exc:
+            self.failed("scheduler.get_grammar_bitmask hook", exc)
+        return result
+
+    def compile_grammar(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """``StructuredOutputManager._create_grammar(request)``: whether the request's grammar was a cache hit."""
+        if self.sink is None:
+            return wrapped(*args, **kwargs)
+        return self.grammars.compile(wrapped, instance, args, kwargs)
 
     def failed(self, where: str, exc: BaseException) -> None:
         """A hook's error, counted where the user looks (even though this step sends no record)."""
@@ -275,7 +330,8 @@ class StepHooks:
             if model is None and self.model:
                 model = self.model.pop(key, None)
             if pending is not None and pending[_SHARES][_IDS]:
-                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending
+                grammar = pending[_GRAMMAR] if len(pending) > _ENTRY else None
+                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending[:_ENTRY]
                 end = None
                 for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
                     end = o.timestamp
@@ -296,6 +352,10 @@ class StepHooks:
                 worker = worker_facts(model_output, self.timer.facts)  # LoRA loads, drafter time
                 if spec is not None or loras is not None or worker is not None:
                     payload += (Extras(*(spec or _NO_SPEC), loras or (), *(worker or _NO_WORKER)),)
+                if grammar is not None:  # the 16th item (after the extras, or None): step_wire.StepPayload
+                    if len(payload) == 14:
+                        payload += (None,)
+                    payload += (StepGrammar(grammar[0], grammar[1], tuple(grammar[2]), tuple(grammar[3])),)
                 sink(payload)
         except Exception as exc:
             self.failed("scheduler.update_from_output hook", exc)
@@ -357,13 +417,20 @@ def _queue_blocked(scheduler: Any, out: Any, running: int, waiting: int, preempt
 _GRAMMAR_WAIT = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"  # vLLM's RequestStatus member, by name
 
 
+_HELD_BACK = contract._FALLBACKS["Scheduler.deferred_waiting"](True)  # vLLM 0.28: Scheduler.skipped_waiting
+
+
 def _grammar_waits(scheduler: Any) -> bool:
     """Whether requests stayed waiting for their structured-output grammar in a step no limit stopped: the
     admission loop then checked every waiting request, and one still in the grammar status had no grammar
     yet. vLLM keeps the requests held back for such reasons (grammar, remote KV, streaming input) in
-    ``Scheduler.deferred_waiting``, usually a handful: reading them costs nothing on a step without."""
+    ``Scheduler.deferred_waiting`` (0.28: ``skipped_waiting``; contract.py), usually a handful: reading
+    them costs nothing on a step without."""
     try:
-        deferred = scheduler.deferred_waiting
+        try:
+            deferred = scheduler.deferred_waiting
+        except AttributeError:
+            deferred = _HELD_BACK(scheduler)
         if not deferred:
             return False
         for request in tuple(deferred):
@@ -380,6 +447,7 @@ def decode(payload: StepPayload) -> StepRecord:
     as vLLM's lists (``StepRecord.of_lists``: no tuple per share), prefill flags and contexts derived as the
     wire's decoder derives them. (A ``StepPayload``, or the plain tuple of its fields the hooks hand over.)"""
     extras = payload[14] if len(payload) > 14 else None
+    grammar = payload[15] if len(payload) > 15 else None
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload[:14]
     ids, tokens, computed, no_output_at, prompt_at, prompt_len, prompt_outputs = shares
@@ -398,4 +466,6 @@ def decode(payload: StepPayload) -> StepRecord:
         step.loras = tuple(loras) if loras else None
         if events or draft is not None:
             step.worker = StepWorkerFacts(tuple(map(LoRAEvent._make, events)), draft)
+    if grammar is not None:
+        step.grammar = StepGrammar(*grammar)
     return step

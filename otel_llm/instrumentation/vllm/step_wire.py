@@ -11,6 +11,8 @@ and a record of another layout is refused (and counted), never misread. Layout, 
     extras   (flag EXTRAS only) spec:u32 loras:u32 events:u32 draft_s:f64 (NaN: none)
              spec_at:u32[s] drafted:u32[s] accepted:u32[s] loras:u32[l]
              event_kind:u32[e] event_lora:u32[e] event_at:f64[e] event_s:f64[e]
+    grammar  (flag GRAMMAR only) seconds:f64 (NaN: no bitmask computed) requests:u32 hits:u32 misses:u32
+             hit_at:u32[h] miss_at:u32[x]
              ids:utf-8, joined by NUL (an id with a NUL in it is refused at the sender: the step is
              dropped and counted, never mis-split)
 
@@ -30,6 +32,11 @@ saw (worker_facts.py): the adapters it loaded or evicted (kind, id, start, secon
 A plain step carries none and is
 encoded byte for byte as before (the C accelerator takes it; a step with extras is the Python encoder's).
 
+``grammar`` is a structured-output step's (flag ``GRAMMAR``; grammar.py): the seconds the EngineCore spent computing
+the grammar bitmask, how many requests it covered, and the shares first scheduled in this step whose grammar was
+a cache hit or was compiled anew (``core.timeline.StepGrammar``). The payload carries it as a 16th item (the
+15th, the extras, then None where the step has none); such a step is the Python encoder's and decoder's.
+
 ``flags`` says which optional seconds are present (idle, model), whether every share is one token, and
 whether the ids are left out (``SAME_IDS``): a steady batch lists the same requests step after step, and
 their ids are ~2.6 KB of a 3 KB record at batch 64. A record with SAME_IDS carries no id bytes; its ids are
@@ -41,7 +48,7 @@ gap costs at most the records up to the next full one, and only where a record w
 
 A change of layout is a new ``VERSION``; both sides are always the same otel-llm (the EngineCore imports
 the frontend's package). Versions 1 (tokens, context, prefill flag per share, derived in the EngineCore)
-2 (no SAME_IDS) and 3 (extras without the worker's facts) are refused.
+2 (no SAME_IDS) 3 (extras without the worker's facts) and 4 (no grammar block) are refused.
 """
 
 from __future__ import annotations
@@ -55,12 +62,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
-from ...core.timeline import StepRecord, StepWorkerFacts
+from ...core.timeline import StepGrammar, StepRecord, StepWorkerFacts
 
-VERSION = 4
-_HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS = 1, 2, 4, 8, 16
+VERSION = 5
+_HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS, _GRAMMAR = 1, 2, 4, 8, 16, 32
 HEADER = struct.Struct("<BBqddIIIdBdddddIII")
 _EXTRA_COUNTS = struct.Struct("<IIId")
+_GRAMMAR_COUNTS = struct.Struct("<dIII")
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
 # list of counts converts in one C call, cheaper than struct's argument unpacking (benchmarks/engine_step_hooks.py)
 _NATIVE_U32 = _array("I").itemsize == 4 and sys.byteorder == "little"
@@ -107,7 +115,8 @@ class StepPayload(NamedTuple):
     model_s: float | None  # None: the model runner was not timed
     # A step with speculative drafts or LoRA adapters has one more item after these, its ``Extras`` (the C
     # encoder takes the 14 fields of a plain step; ``encode_py`` a step with extras). Not a field with a
-    # default: every plain step stays the 14-item tuple.
+    # default: every plain step stays the 14-item tuple. A structured-output step has a 16th, its
+    # ``StepGrammar`` (the 15th then None where it has no extras): the Python encoder's.
 
 
 START = StepPayload._fields.index("start")  # for a reader of one field (step_transport.SocketSink)
@@ -180,9 +189,11 @@ def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = 
     record encoded had these ids) leaves them out (flag SAME_IDS): the sender sets the cache's last step id to
     None when a record may not have reached every reader, and the next record lists them again. Without
     ``same_ids`` the ids are always listed and the last step id is left alone."""
-    extras = None
-    if len(payload) == 15:  # a step with extras (speculative drafts, LoRA adapters): StepPayload.extras
+    extras = grammar = None
+    if len(payload) > 14:  # a step with extras (speculative drafts, LoRA adapters), a grammar block (16th)
         extras = payload[14]
+        if len(payload) > 15:
+            grammar = payload[15]
         payload = payload[:14]
     (step_id, start, end, running, waiting, preempted, kv, shares, blocked,
      schedule_s, execute_s, output_s, idle, model) = payload
@@ -192,6 +203,9 @@ def encode_py(payload: StepPayload, cache: list | None = None, same_ids: bool = 
     if extras is not None:
         flags |= _EXTRAS
         tail = _extras_bytes(extras, len(ids))
+    if grammar is not None and ids:
+        flags |= _GRAMMAR
+        tail += _grammar_bytes(grammar, len(ids))
     if tokens is None:
         flags |= _ONE_EACH
     _check_cache(cache)
@@ -246,6 +260,30 @@ def _extras_bytes(extras: Extras, n: int) -> bytes:
 _NAN = float("nan")
 
 
+def _grammar_bytes(grammar: StepGrammar, n: int) -> bytes:
+    seconds, requests, hit_at, miss_at = grammar
+    h, x = len(hit_at), len(miss_at)
+    if any(i >= n for i in hit_at) or any(i >= n for i in miss_at):
+        raise WireError("grammar facts that do not line up with the step's shares: this step cannot be sent")
+    return _GRAMMAR_COUNTS.pack(_NAN if seconds is None else seconds, requests, h, x) + struct.pack(
+        f"<{h + x}I", *hit_at, *miss_at)
+
+
+def _read_grammar(data: bytes, at: int, n: int) -> tuple[int, StepGrammar]:
+    """The grammar block at ``at``: (the offset after it, the step's StepGrammar)."""
+    if len(data) < at + _GRAMMAR_COUNTS.size:
+        raise WireError("step record too short for its grammar block")
+    seconds, requests, h, x = _GRAMMAR_COUNTS.unpack_from(data, at)
+    at += _GRAMMAR_COUNTS.size
+    end = at + 4 * (h + x)
+    if h + x > n or len(data) < end:
+        raise WireError(f"step record with {h + x} grammar shares for its {n} shares, or too short for them")
+    fields = struct.unpack_from(f"<{h + x}I", data, at)
+    if any(i >= n for i in fields):
+        raise WireError(f"step record with a grammar share index beyond its {n} shares")
+    return end, StepGrammar(seconds if seconds == seconds else None, requests, fields[:h], fields[h:])
+
+
 def _read_extras(data: bytes, at: int, n: int) -> tuple[int, SpecStep | None, tuple[int, ...] | None,
                                                      StepWorkerFacts | None]:
     """The extras block at ``at``: (the offset after it, the step's SpecStep or None, its LoRA ids or None,
@@ -297,7 +335,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     tokens = None
     prefill_at: Sequence[int] = _NONE
     contexts: list[int] = []
-    spec = loras = worker = None
+    spec = loras = worker = grammar = None
     if n:
         if z > n or m > n:
             raise WireError(f"step record with {z} shares without output, {m} prompt lengths for its {n} shares")
@@ -306,6 +344,8 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
         at = HEADER.size + arrays.size
         if flags & _EXTRAS:
             at, spec, loras, worker = _read_extras(data, at, n)
+        if flags & _GRAMMAR:
+            at, grammar = _read_grammar(data, at, n)
         raw = None
         if flags & _SAME_IDS:  # the ids of the record before, which must be the last one this cache saw
             last = cache[CACHE_LAST_STEP] if cache is not None else None
@@ -341,6 +381,8 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
             if raw is not None:
                 cache[CACHE_KEY], cache[CACHE_VALUE] = raw, ids
             cache[CACHE_LAST_STEP] = step_id
+    elif flags & _GRAMMAR:
+        raise WireError("step record with a grammar block and no shares")
     elif flags & _EXTRAS and not (z or m):
         at, spec, loras, worker = _read_extras(data, HEADER.size, 0)
         if len(data) != at:
@@ -353,7 +395,7 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
     step.schedule_s, step.execute_s, step.output_s = schedule_s, execute_s, output_s
     step.idle_s = idle if flags & _HAS_IDLE else None
     step.model_s = model if flags & _HAS_MODEL else None
-    step.spec, step.loras, step.worker = spec, loras, worker
+    step.spec, step.loras, step.worker, step.grammar = spec, loras, worker, grammar
     return step
 
 

@@ -42,6 +42,7 @@ from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ..wraps import Binders, is_ours
 from . import contract, kv_channel
+from .grammar import backend_attribute
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -363,6 +364,9 @@ class VLLMWrappers:
             attrs[sc.DISAGG_ROLE] = role
         if params is not None:
             attrs.update(sampling_attributes(params))
+            backend = backend_attribute(params, self._fence())  # a grammar to compile: queue_structured_output
+            if backend is not None:
+                attrs[sc.STRUCTURED_OUTPUT_BACKEND] = backend
         ids = request.prompt_token_ids
         t = RequestTimeline(
             request_id=request.request_id,
