@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                   "and without it again (the null: what 'saved' reads when nothing was removed); ratio = the "
                   "victims' charge with the cause / (their judged phase with it - without it); a round is quiet "
                   f"when no run's wall-clock exceeded its CPU time by more than {QUIET_STRETCH}x; the garbage "
-                  "collector is held during each run; the engine runs one intra-op thread (two OpenMP threads "
-                  "on a shared 2-core machine spin at each barrier while the other core is taken)",
+                  f"collector is held during each run; the engine runs {args.threads} intra-op thread(s) (two "
+                  "OpenMP threads on a shared 2-core machine spin at each barrier while the other core is taken)",
         "rounds": args.rounds,
         "threads": args.threads,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other work while it ran",
