@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(f"{name}: median ratio {r['ratio_median']} (quartiles {r['ratio_quartiles']}, "
               f"[{r['ratio_min']}, {r['ratio_max']}]), quiet {r['ratio_median_quiet']} over {r['quiet_rounds']}, "
-              f"cpu {r['ratio_median_cpu']}, pooled {r['ratio_pooled']}, resolution {r['resolution']}, quiet spread {r['noise_quiet_spread']}")
+              f"cpu {r['ratio_median_cpu']}, pooled {r['ratio_pooled']}, resolution {r['resolution']}, "
+              f"quiet spread {r['noise_quiet_spread']}")
     return 0
 
 
