@@ -137,10 +137,11 @@ def test_decode_steps_that_carry_another_prompt_are_prefill_interference():
         assert v.cause == sc.SLOW_PREFILL_INTERFERENCE
         assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == pytest.approx(10 * 0.030, abs=1e-6)
     # the long prompt's own time to first token is its own work, not interference: its chunks, spread over
-    # ten steps it shared with the decodes, each cost 30 ms beyond a decode step of that batch
+    # ten steps it shared with the decodes, each cost 30 ms beyond a decode step of that batch, and a short
+    # prompt would have been done after the first of them
     v = sim.verdict("long", "ttft")
     assert v.cause == sc.SLOW_OWN_PREFILL
-    assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(10 * 0.030, abs=1e-6)
+    assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(10 * 0.030 + 9 * STEP, abs=1e-6)
     assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == 0
 
 
@@ -374,6 +375,21 @@ def test_a_long_prompt_alone_is_its_own_prefill_beyond_a_short_prompts():
     v = sim.verdict("long", "ttft")
     assert v.cause == sc.SLOW_OWN_PREFILL
     assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(0.200, abs=1e-6)
+
+
+def test_a_chunked_prompt_alone_is_charged_every_step_but_what_one_short_prompt_step_costs():
+    sim = Sim()
+    start_decoding(sim, ["r0"])
+    sim.decode(["r0"], 5)  # decode-only steps of one request: what a short prompt's step costs (STEP)
+    sim.arrive("long")
+    for _ in range(2):
+        sim.step([("long", 512, "p")], dur=STEP + 0.020)
+    sim.step([("long", 476, "P")], dur=STEP + 0.018)
+    sim.decode(["long"], 3)
+    v = sim.verdict("long", "ttft")
+    assert v.cause == sc.SLOW_OWN_PREFILL
+    # without its length it would have taken one step of STEP: the rest of its three steps is its own
+    assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(3 * STEP + 0.058 - STEP, abs=1e-6)
 
 
 def test_a_prompt_sharing_its_prefill_step_is_charged_its_own_share_only():

@@ -62,8 +62,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause(sc.SLOW_OWN_PREFILL, _BEFORE,
           "its own long prompt: its prefill took longer than a short prompt's",
           "Σ over the steps that computed its prompt (every chunk, also those shared with other requests) of "
-          "(step duration − the median decode-only step of that decode batch size, else the shortest such "
-          "median) × its share of the step's prefill tokens"),
+          "its share of the step's prefill tokens × the step's duration, less, in the first of them, the median "
+          "decode-only step of that decode batch size (else the shortest such median): a short prompt takes one "
+          "step, the further chunks of a long one are its own"),
     Cause(sc.SLOW_PREFILL_INTERFERENCE, _AFTER, "its decode steps also computed other requests' prompts",
           "Σ over those steps (step duration − median duration of decode-only steps with the same number of "
           "decoding requests); a step that left it out while it was running and carried prefill counts whole"),

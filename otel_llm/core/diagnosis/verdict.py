@@ -397,6 +397,7 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
     skipped it, and the gaps between steps. ``own_prefill``: the steps that computed its prompt, with
     how many of its prompt tokens each computed."""
     span = [s for s in steps if admit.step_id <= s.step_id <= last.step_id]
+    first_chunk = min(own_prefill, default=None)
     first_decode = next((s for s in span if s.step_id in own and s.step_id not in own_prefill), None)
     start_batch = base.decode(first_decode.decode_requests) if first_decode is not None else None
     prev: StepFacts | None = None
@@ -419,7 +420,9 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
                 usual = base.shortest
             if usual is not None and s.prefill_tokens:
                 share = min(1.0, own_prefill[s.step_id] / s.prefill_tokens)
-                ledger.add(sc.SLOW_OWN_PREFILL, (s.duration - usual) * share, s.end)
+                # a short prompt takes one step: a chunked one's further steps are its own length's, whole
+                beyond = s.duration - usual if s.step_id == first_chunk else s.duration
+                ledger.add(sc.SLOW_OWN_PREFILL, beyond * share, s.end)
             continue
         usual = base.decode(s.decode_requests)
         if usual is None:
