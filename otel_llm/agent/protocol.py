@@ -128,11 +128,11 @@ def facts_message(f: FinishFacts, content: bool = True) -> bytes:
     ``content``: False leaves the captured completion out (too long for a packet)."""
     return marshal.dumps((FACTS, f.request_id, f.reason, f.end, f.events, f.cache_sources, f.cached_tokens,
                           f.output_characters, f.output_text if content else None, f.model, f.operation,
-                          f.provider, f.input_tokens, f.arrival, tuple(f.stats)))
+                          f.provider, f.input_tokens, f.arrival, tuple(f.stats), f.first_output, f.last_output))
 
 
 def facts_of(m: tuple) -> FinishFacts:
-    return FinishFacts(*m[1:14], EngineStats(*m[14]))
+    return FinishFacts(*m[1:14], EngineStats(*m[14]), *m[15:17])
 
 
 def finish_into(t: RequestTimeline | None, m: tuple) -> tuple[str, RequestSummary]:
