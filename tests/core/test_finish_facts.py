@@ -93,3 +93,14 @@ def test_the_message_carries_every_fact() -> None:
     got = protocol.facts_of(m)
     assert got == f._replace(events=[tuple(e) for e in f.events])
     assert protocol.facts_of(protocol.unpack(protocol.facts_message(f, content=False))).output_text is None
+
+
+def test_a_finish_with_its_summary_carries_the_receipts_too() -> None:
+    """(A frontend with its own token stamps sends a summary, not the engine's numbers.)"""
+    t = started()
+    s = settle(t, facts(first_output=999.875, last_output=1003.5))
+    got = started()
+    protocol.finish_into(got, protocol.unpack(protocol.finish_message("r1", t, s)))
+    assert (got.first_output, got.last_output) == (999.875, 1003.5)
+    rid, untracked = protocol.finish_into(None, protocol.unpack(protocol.finish_message("r1", None, s)))
+    assert rid == "r1" and untracked.ttft == s.ttft
