@@ -87,12 +87,13 @@ def finish_message(request_id: str, t: RequestTimeline | None, s: RequestSummary
     values = [getattr(s, name) for name in _SUMMARY_FIELDS]
     values[_GAPS] = None  # derived in the agent, from the token times
     if t is None:
-        return marshal.dumps((FINISH, request_id, None, None, (), (), None, None, None, None, None, tuple(values)))
+        return marshal.dumps((FINISH, request_id, None, None, (), (), None, None, None, None, None, tuple(values),
+                              None, None))
     window = t.token_window
     return marshal.dumps((
         FINISH, request_id, t.finish_reason, t.error_type, t.events, t.token_ts, t.multi_token_steps,
         tuple(window) if window is not None else None, t.cache_sources, t.output_text if content else None,
-        t.spec, tuple(values),
+        t.spec, tuple(values), t.first_output, t.last_output,
     ))
 
 
@@ -128,17 +129,19 @@ def facts_message(f: FinishFacts, content: bool = True) -> bytes:
     ``content``: False leaves the captured completion out (too long for a packet)."""
     return marshal.dumps((FACTS, f.request_id, f.reason, f.end, f.events, f.cache_sources, f.cached_tokens,
                           f.output_characters, f.output_text if content else None, f.model, f.operation,
-                          f.provider, f.input_tokens, f.arrival, tuple(f.stats)))
+                          f.provider, f.input_tokens, f.arrival, tuple(f.stats), f.first_output, f.last_output))
 
 
 def facts_of(m: tuple) -> FinishFacts:
-    return FinishFacts(*m[1:14], EngineStats(*m[14]))
+    return FinishFacts(*m[1:14], EngineStats(*m[14]), *m[15:17])
 
 
 def finish_into(t: RequestTimeline | None, m: tuple) -> tuple[str, RequestSummary]:
     """The request id and summary of a ``FINISH``; fills ``t`` (the started timeline, if known)."""
-    (_, rid, reason, error_type, events, token_ts, multi, window, cache_sources, output_text, spec, values) = m
+    (_, rid, reason, error_type, events, token_ts, multi, window, cache_sources, output_text, spec, values,
+     first_output, last_output) = m
     if t is not None:
+        t.first_output, t.last_output = first_output, last_output
         t.finish_reason, t.error_type, t.output_text = reason, error_type, output_text
         t.events = [tuple(e) for e in events]
         t.token_ts = list(token_ts)

@@ -49,6 +49,10 @@ class FinishFacts(NamedTuple):
     input_tokens: int | None
     arrival: float  # the frontend's arrival (wall), where the engine has none
     stats: EngineStats
+    # when the Python frontend received its first and its last output (wall clock, vLLM's iteration_timestamp of
+    # those output batches); 0.0 where no Python frontend did (an engine's own records: the Rust frontend)
+    first_output: float = 0.0
+    last_output: float = 0.0
 
 
 def base_summary(t: RequestTimeline, e2e: float, cached_tokens: int | None) -> RequestSummary:
@@ -104,6 +108,7 @@ def settle(t: RequestTimeline | None, facts: FinishFacts) -> RequestSummary:
     t.events = [tuple(e) for e in facts.events]  # type: ignore[misc]
     t.cache_sources = tuple(facts.cache_sources) if facts.cache_sources is not None else None  # type: ignore[assignment]
     t.output_text = facts.output_text
+    t.first_output, t.last_output = facts.first_output or None, facts.last_output or None
     token_window(t, facts.stats, facts.cached_tokens)
     s = summary_of(t, facts.stats, facts.end, facts.cached_tokens)
     s.error_type = t.error_type

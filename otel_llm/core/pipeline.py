@@ -21,7 +21,7 @@ from opentelemetry.trace import NonRecordingSpan, Tracer
 from .. import semconv as sc
 from .clock import WallClock
 from .config import Config, Detail
-from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_handover
+from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_frontend
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
 from .diagnosis.engine_time import busy, engine_time, interference_caused
 from .finish_facts import FinishFacts, settle
@@ -503,7 +503,7 @@ class Pipeline:
         verdict = self._explain(t, s, breached, for_cause)
         if t.handoff is not None:  # after its own verdict: the baseline is the other requests' loads
             self.window.handoffs.add(t.handoff)
-        note_handover(t, self.window)  # the same for the frontend's hand-over
+        note_frontend(t, self.window)  # the same for the frontend's hand-over and output delays
         if decision is not None:
             try:
                 attrs = request_attributes(t, s, decision.reason, not breached and not s.failed, breached,
@@ -545,7 +545,7 @@ class Pipeline:
             self._attribute(t, s, own)
         verdicts = [self._explain(t, s, b, for_cause) for (t, s), b in zip(members, breaches)]
         for t, _ in members:
-            note_handover(t, self.window)
+            note_frontend(t, self.window)
         root: Materialized | None = None
         choices: list[Materialized | None] = [None] * len(members)
         if decision is not None:

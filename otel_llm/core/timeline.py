@@ -68,6 +68,11 @@ class RequestTimeline:
     chunks: list[PrefillChunk] = field(default_factory=list)
     # filled at finish
     handoff: Any = None  # its KV hand-off (core/handoff.KVHandoff), where a KV connector moved its cache
+    # when a Python frontend received its first and its last output (wall clock: vLLM's iteration_timestamp of
+    # those output batches, where its TTFT and e2e end); None where no Python frontend saw the outputs (the
+    # Rust frontend, headless engines): the verdict then leaves the output side alone
+    first_output: float | None = None
+    last_output: float | None = None
     finish_reason: str | None = None
     error_type: str | None = None
     output_text: str | None = None

@@ -50,6 +50,14 @@ def test_the_docs_table_the_report_legend_and_the_dashboard_are_generated_from_i
         assert f"<dt>{c.name}</dt>" in text
 
 
+def test_a_cause_with_a_floor_states_it_and_its_reason_in_the_docs_table():
+    table = causes.causes_table()
+    for c in causes.CAUSES:
+        assert c.floor >= 0 and bool(c.floor) == bool(c.floor_reason), c.name
+        if c.floor:
+            assert f"excess over {c.floor * 1000:g} ms ({c.floor_reason})" in table
+
+
 def test_no_other_module_lists_the_causes_by_hand():
     """A cause's name is typed in semconv.py only (a list of them in causes.py only). (The one-word names,
     ``frontend`` and ``unknown``, are ordinary words elsewhere: the compound ones are searched.)"""

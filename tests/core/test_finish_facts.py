@@ -65,10 +65,42 @@ def test_a_finish_whose_start_is_unknown_keeps_its_metric_labels() -> None:
     assert s.decode == 2.0
 
 
+def test_the_frontends_output_receipts_reach_the_timeline_where_a_python_frontend_took_them() -> None:
+    t = started()
+    settle(t, facts(first_output=999.875, last_output=1003.5))
+    assert (t.first_output, t.last_output) == (999.875, 1003.5)
+    t = started()  # an engine's own records (the Rust frontend): no receipt, nothing for the verdict to judge
+    settle(t, facts())
+    assert (t.first_output, t.last_output) == (None, None)
+
+
+def test_the_python_frontend_reads_its_receipts_off_vllms_own_stamps() -> None:
+    from types import SimpleNamespace as NS
+
+    from otel_llm.instrumentation.vllm.wrappers import output_receipts
+
+    st = NS(arrival_time=1000.0, first_token_latency=0.25)
+    assert output_receipts(st, "length", 1003.5) == (1000.25, 1003.5)
+    assert output_receipts(st, "abort", 1003.5) == (1000.25, 0.0)  # an abort is no output
+    assert output_receipts(NS(arrival_time=1000.0, first_token_latency=0.0), "abort", 1003.5) == (0.0, 0.0)
+    assert output_receipts(None, "stop", 1003.5) == (0.0, 0.0)  # an engine without statistics
+
+
 def test_the_message_carries_every_fact() -> None:
-    f = facts()
+    f = facts(first_output=999.875, last_output=1003.5)
     m = protocol.unpack(protocol.facts_message(f))
     assert m[0] == protocol.FACTS
     got = protocol.facts_of(m)
     assert got == f._replace(events=[tuple(e) for e in f.events])
     assert protocol.facts_of(protocol.unpack(protocol.facts_message(f, content=False))).output_text is None
+
+
+def test_a_finish_with_its_summary_carries_the_receipts_too() -> None:
+    """(A frontend with its own token stamps sends a summary, not the engine's numbers.)"""
+    t = started()
+    s = settle(t, facts(first_output=999.875, last_output=1003.5))
+    got = started()
+    protocol.finish_into(got, protocol.unpack(protocol.finish_message("r1", t, s)))
+    assert (got.first_output, got.last_output) == (999.875, 1003.5)
+    rid, untracked = protocol.finish_into(None, protocol.unpack(protocol.finish_message("r1", None, s)))
+    assert rid == "r1" and untracked.ttft == s.ttft

@@ -478,7 +478,7 @@ def _handed_over(sim: Sim, rid: str, handover: float, tokens: int = 100) -> None
 
 
 def test_a_frontend_slower_than_for_comparable_requests_is_the_frontend():
-    from otel_llm.core.diagnosis.verdict import note_handover
+    from otel_llm.core.diagnosis.verdict import note_frontend
 
     sim = Sim()
     sim.window.wall_offset = lambda: 1000.0  # injected: the wall clock reads the engine clock + 1000 s
@@ -486,7 +486,7 @@ def test_a_frontend_slower_than_for_comparable_requests_is_the_frontend():
     for i in range(8):  # comparable requests, handed over in 5 ms
         _handed_over(sim, f"c{i}", 0.005)
         sim.step([("r0", 1, "d"), (f"c{i}", 16, "P")])
-        note_handover(sim.timelines[f"c{i}"], sim.window)
+        note_frontend(sim.timelines[f"c{i}"], sim.window)
     _handed_over(sim, "late", 0.405)
     sim.step([("r0", 1, "d"), ("late", 16, "P")])
     sim.decode(["r0", "late"], 3)
@@ -521,7 +521,7 @@ def test_the_scheduler_hook_names_grammar_waits_where_no_limit_held_the_queue():
 
 
 def test_a_request_with_a_grammar_is_compared_with_requests_that_had_one():
-    from otel_llm.core.diagnosis.verdict import note_handover
+    from otel_llm.core.diagnosis.verdict import note_frontend
 
     sim = Sim()
     sim.window.wall_offset = lambda: 1000.0
@@ -532,7 +532,7 @@ def test_a_request_with_a_grammar_is_compared_with_requests_that_had_one():
             if schema:
                 sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
             sim.step([("r0", 1, "d"), (rid, 16, "P")])
-            note_handover(sim.timelines[rid], sim.window)
+            note_frontend(sim.timelines[rid], sim.window)
     for rid, took in (("json", 0.150), ("usual", 0.090)):  # 3x the usual schema hand-over; under 2x: jitter
         _handed_over(sim, rid, took)
         sim.timelines[rid].request_attributes[sc.STRUCTURED_OUTPUT_BACKEND] = "xgrammar"
@@ -604,3 +604,90 @@ def test_the_pipeline_puts_each_requests_cache_hit_on_it_from_its_first_step():
     assert a["hit"][sc.STRUCTURED_OUTPUT_CACHE_HIT] is True and a["miss"][sc.STRUCTURED_OUTPUT_CACHE_HIT] is False
     assert sc.STRUCTURED_OUTPUT_CACHE_HIT not in a["plain"]
     tele.close()
+
+
+def test_a_hand_over_excess_below_the_declared_floor_is_not_charged():
+    """Below the floor (causes.py) an excess cannot be told from the host's scheduling: a control whose TTFT is
+    a few steps is never judged ``frontend`` for a hand-over a little longer than its neighbours'."""
+    from otel_llm.core.diagnosis.causes import BY_NAME
+    from otel_llm.core.diagnosis.verdict import note_frontend
+
+    floor = BY_NAME[sc.SLOW_FRONTEND].floor
+    assert floor > 0 and BY_NAME[sc.SLOW_FRONTEND].floor_reason
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0
+    start_decoding(sim, ["r0"])
+    for i in range(8):  # comparable requests, handed over in 2 ms
+        _handed_over(sim, f"c{i}", 0.002)
+        sim.step([("r0", 1, "d"), (f"c{i}", 16, "P")])
+        note_frontend(sim.timelines[f"c{i}"], sim.window)
+    for rid, took in (("jitter", 0.002 + floor * 0.9), ("busy", 0.002 + floor * 1.5)):
+        _handed_over(sim, rid, took)
+        sim.step([("r0", 1, "d"), (rid, 16, "P")])
+    jitter = sim.verdict("jitter", "ttft")  # 25x the usual hand-over, yet under the floor
+    assert jitter.seconds[sc.SLOW_FRONTEND] == 0 and jitter.cause != sc.SLOW_FRONTEND
+    busy = sim.verdict("busy", "ttft")
+    assert busy.cause == sc.SLOW_FRONTEND and busy.seconds[sc.SLOW_FRONTEND] == pytest.approx(floor * 1.5, abs=1e-6)
+
+
+def _outputs(sim: Sim, rid: str, first_delay: float | None, last_delay: float | None) -> None:
+    """Its frontend received its first and last output this long after the engine's stamps (wall = engine + 1000)."""
+    t = sim.timelines[rid]
+    t.first_output = t.token_ts[0] + 1000.0 + first_delay if first_delay is not None else None
+    t.last_output = t.token_ts[-1] + 1000.0 + last_delay if last_delay is not None else None
+
+
+def test_a_frontend_slow_to_take_the_output_is_the_frontend_for_ttft_and_e2e():
+    from otel_llm.core.diagnosis.verdict import note_frontend, output_delays
+
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0
+    start_decoding(sim, ["r0"])
+    for i in range(8):  # comparable requests: their outputs reached the frontend 3 ms after the engine's stamps
+        _handed_over(sim, f"c{i}", 0.002)
+        sim.step([("r0", 1, "d"), (f"c{i}", 16, "P")])
+        sim.decode(["r0", f"c{i}"], 2)
+        _outputs(sim, f"c{i}", 0.003, 0.003)
+        note_frontend(sim.timelines[f"c{i}"], sim.window)
+    for rid, first, last in (("late_first", 0.503, 0.003), ("late_last", 0.003, 0.803), ("rust", None, None)):
+        _handed_over(sim, rid, 0.002)
+        sim.step([("r0", 1, "d"), (rid, 16, "P")])
+        sim.decode(["r0", rid], 2)
+        _outputs(sim, rid, first, last)
+    assert output_delays(sim.timelines["late_first"], sim.window) == pytest.approx((0.503, 0.003))
+    v = sim.verdict("late_first", "ttft")  # its TTFT ends at the frontend's receipt of the first output
+    assert v.cause == sc.SLOW_FRONTEND and v.seconds[sc.SLOW_FRONTEND] == pytest.approx(0.500, abs=1e-6)
+    assert sim.verdict("late_first", "e2e").seconds[sc.SLOW_FRONTEND] == 0  # its e2e ends at the last output
+    assert sim.verdict("late_first", "tpot").seconds[sc.SLOW_FRONTEND] == 0  # TPOT: engine stamps only
+    v = sim.verdict("late_last", "e2e")
+    assert v.cause == sc.SLOW_FRONTEND and v.seconds[sc.SLOW_FRONTEND] == pytest.approx(0.800, abs=1e-6)
+    assert sim.verdict("late_last", "ttft").seconds[sc.SLOW_FRONTEND] == 0
+    assert sim.verdict("late_last").seconds[sc.SLOW_FRONTEND] == pytest.approx(0.800, abs=1e-6)  # kept as slow
+    # no Python frontend received its outputs (the Rust frontend): the output side stays silent, nothing guessed
+    assert output_delays(sim.timelines["rust"], sim.window) == (None, None)
+    for objective in ("ttft", "e2e"):
+        assert sim.verdict("rust", objective).seconds[sc.SLOW_FRONTEND] == 0
+
+
+def test_an_output_delay_within_the_floor_or_without_a_baseline_is_not_charged():
+    from otel_llm.core.diagnosis.causes import BY_NAME
+    from otel_llm.core.diagnosis.verdict import note_frontend
+
+    floor = BY_NAME[sc.SLOW_FRONTEND].floor
+    sim = Sim()
+    sim.window.wall_offset = lambda: 1000.0
+    start_decoding(sim, ["r0"])
+    _handed_over(sim, "first", 0.002)
+    sim.step([("r0", 1, "d"), ("first", 16, "P")])
+    _outputs(sim, "first", 0.5, 0.5)
+    assert sim.verdict("first", "ttft", "e2e").seconds[sc.SLOW_FRONTEND] == 0  # nothing to compare with yet
+    for i in range(8):
+        _handed_over(sim, f"c{i}", 0.002)
+        sim.step([("r0", 1, "d"), (f"c{i}", 16, "P")])
+        _outputs(sim, f"c{i}", 0.001, 0.001)
+        note_frontend(sim.timelines[f"c{i}"], sim.window)
+    _handed_over(sim, "jitter", 0.002)
+    sim.step([("r0", 1, "d"), ("jitter", 16, "P")])
+    _outputs(sim, "jitter", floor * 0.9, floor * 0.9)
+    v = sim.verdict("jitter", "ttft", "e2e")
+    assert v.seconds[sc.SLOW_FRONTEND] == 0 and v.cause != sc.SLOW_FRONTEND

@@ -1,5 +1,6 @@
 """``vllm serve`` under ``opentelemetry-instrument`` (zero code): engine steps and prefill chunks reach the
-API server from its EngineCore process, even though that process is auto-instrumented too."""
+API server from its EngineCore process, even though that process is auto-instrumented too; and the verdict
+names an API server too busy to hand requests over (the ``frontend`` cause)."""
 
 from __future__ import annotations
 
@@ -16,34 +17,47 @@ from support.server import VLLMServer
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 
-def test_serve_reports_engine_steps_and_chunks():
+# a third name for the model, with an SLO of its own that every request breaches: the requests the verdict judges
+JUDGED, TINY_SLO = "tiny-judged", 1e-6
+
+
+@pytest.fixture(scope="module")
+def served():
+    """One ``vllm serve`` for the module's first tests (one engine start), and its spans' sink."""
+    env = {"OTEL_LLM_BASELINE_DETAIL": "steps", "OTEL_LLM_SLO": f"{JUDGED}: ttft={TINY_SLO}"}
+    # names for the model (served-model-name): a request names any, the engine serves the first
+    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env=env,
+                                        extra_args=("--served-model-name", "tiny", "tiny-alias", JUDGED)) as s:
+        yield sink, s
+
+
+def test_serve_reports_engine_steps_and_chunks(served):
     import openai
 
-    # two names for the model (served-model-name): a request names either, the engine serves the first
     names = ("tiny", "tiny-alias")
-    with OTLPSink() as sink, VLLMServer(otlp_endpoint=sink.endpoint, env={"OTEL_LLM_BASELINE_DETAIL": "steps"},
-                                        extra_args=("--served-model-name", *names)) as s:
-        client = openai.OpenAI(base_url=s.base_url, api_key="unused")
-        prompt = [3 + j % 400 for j in range(150)]  # > max_num_batched_tokens (64): prefilled in chunks
-        client.completions.create(model=names[0], prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
-        # parallel sampling: two choices of one request (vLLM fans them out to two engine requests)
-        two = client.completions.create(model=names[1], prompt=prompt[:20], max_tokens=5, n=2, temperature=0.8,
-                                        extra_body={"ignore_eos": True})
-        # the client walks away from a stream after its first chunk: vLLM aborts the request (last, so that its
-        # engine steps are its own)
-        stream = client.completions.create(model=names[0], prompt=prompt[:10], max_tokens=400, stream=True,
-                                           extra_body={"ignore_eos": True})
-        next(iter(stream))
-        stream.close()
+    sink, s = served
+    sink.clear()
+    client = openai.OpenAI(base_url=s.base_url, api_key="unused")
+    prompt = [3 + j % 400 for j in range(150)]  # > max_num_batched_tokens (64): prefilled in chunks
+    client.completions.create(model=names[0], prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True})
+    # parallel sampling: two choices of one request (vLLM fans them out to two engine requests)
+    two = client.completions.create(model=names[1], prompt=prompt[:20], max_tokens=5, n=2, temperature=0.8,
+                                    extra_body={"ignore_eos": True})
+    # the client walks away from a stream after its first chunk: vLLM aborts the request (last, so that its
+    # engine steps are its own)
+    stream = client.completions.create(model=names[0], prompt=prompt[:10], max_tokens=400, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
 
-        def ready(spans):  # exporters batch: wait until the requests and all their steps are in
-            chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
-            named = {x.attributes[sc.ENGINE_STEP_ID] for x in spans
-                     if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
-            steps = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name == sc.SPAN_ENGINE_STEP}
-            decoded = any(x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW) for x in spans)
-            return sum(x.kind == "SERVER" for x in spans) == 3 and chunks >= 3 and decoded and named <= steps
-        spans = sink.wait_for(ready, timeout=30)
+    def ready(spans):  # exporters batch: wait until the requests and all their steps are in
+        chunks = sum(1 for x in spans if x.name == sc.SPAN_PREFILL_CHUNK)
+        named = {x.attributes[sc.ENGINE_STEP_ID] for x in spans
+                 if x.name in (sc.SPAN_PREFILL_CHUNK, sc.SPAN_DECODE_STEP)}
+        steps = {x.attributes[sc.ENGINE_STEP_ID] for x in spans if x.name == sc.SPAN_ENGINE_STEP}
+        decoded = any(x.name in (sc.SPAN_DECODE_STEP, sc.SPAN_DECODE_WINDOW) for x in spans)
+        return sum(x.kind == "SERVER" for x in spans) == 3 and chunks >= 3 and decoded and named <= steps
+    spans = sink.wait_for(ready, timeout=30)
     (aborted,) = [x for x in spans if x.kind == "SERVER" and x.attributes.get(sc.ERROR_TYPE) == "aborted"]
     # the client's cancellation is no server error; the span says it was aborted
     assert aborted.status == "UNSET" and aborted.attributes[sc.RESPONSE_FINISH_REASONS] == ("abort",)
@@ -85,6 +99,75 @@ def test_serve_reports_engine_steps_and_chunks():
     assert sum(x.attributes.get(sc.STEP_TOKENS) or x.attributes[sc.WINDOW_TOKENS] for x in rows) == 7
     # engine steps under their own service: the request's trace list is requests only
     assert {x.service for x in steps} == {f"{request.service}-engine-steps"}
+
+
+SHORT = " ".join(f"w{j % 50}" for j in range(8))  # 23 tokens: tokenized in a moment
+HEAVY = "lorem ipsum dolor sit amet " * 20000  # 540,000 characters: its tokenization keeps the frontend busy
+
+
+def test_a_frontend_busy_tokenizing_is_judged_the_frontend(served):
+    """A burst of short requests arrives while the API server tokenizes four long texts (cut to 100 tokens
+    by ``truncate_prompt_tokens``, after the whole text was tokenized): vLLM's tokenizer pool has one thread,
+    so the short ones wait for it between their arrival and the hand-over to the idle engine. 12 controls, the
+    same short text sent one at a time while the frontend was idle, come first: the baseline they are
+    compared with (their own prompt's size class; the long texts' is another). Which short requests the
+    burst affected is read from their spans (arrival → QUEUED is at least half their TTFT), not from the
+    verdict; ≥ 90 % of them get ``frontend``, no control does. Every request of the judged model breaches
+    its TTFT objective, so each is judged."""
+    import concurrent.futures
+
+    import openai
+
+    sink, s = served
+    sink.clear()
+    client = openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0)
+
+    def ask(text: str, truncate: int | None = None) -> str:
+        body: dict = {"ignore_eos": True}
+        if truncate is not None:
+            body["truncate_prompt_tokens"] = truncate
+        return client.completions.create(model=JUDGED, prompt=text, max_tokens=2, extra_body=body).id
+
+    controls = [ask(SHORT) for _ in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        heavy = [pool.submit(ask, HEAVY, 100) for _ in range(4)]
+        # the long texts reach the tokenizer's queue first (parsing their bodies takes milliseconds), and
+        # tokenizing them takes seconds (whatever the machine's speed, far longer than this pause): the
+        # short ones arrive while the frontend is busy with them
+        time.sleep(0.3)
+        burst = [pool.submit(ask, SHORT) for _ in range(10)]
+        burst_ids = [f.result() for f in burst]
+        for f in heavy:
+            f.result()
+
+    def judged(x) -> bool:
+        return x.kind == "SERVER" and x.attributes.get(sc.REQUEST_MODEL) == JUDGED
+
+    spans = sink.wait_for(lambda got: sum(map(judged, got)) == 26, timeout=60)
+    requests = {x.attributes[sc.RESPONSE_ID]: x for x in spans if judged(x)}
+
+    def request(rid: str):
+        (found,) = [x for got, x in requests.items() if got.startswith(rid)]
+        return found
+
+    def handover(r) -> float:
+        (queue,) = [x for x in spans if x.name == sc.SPAN_QUEUE and x.parent_span_id == r.span_id]
+        queued = next(ts for name, ts, _ in queue.events if name == sc.EVENT_ENGINE_QUEUED)
+        return (queued - r.start_ns) / 1e9  # the request span starts at its arrival
+
+    assert len({request(rid).attributes[sc.USAGE_INPUT_TOKENS] for rid in controls + burst_ids}) == 1
+    affected = [rid for rid in burst_ids
+                if handover(request(rid)) >= 0.5 * request(rid).attributes[sc.LATENCY_TTFT]]
+    assert len(affected) >= 8, "the scenario did not run as built: " + str(
+        [(round(handover(request(rid)), 3), request(rid).attributes[sc.LATENCY_TTFT]) for rid in burst_ids])
+    causes = {rid: request(rid).attributes[sc.SLOW_CAUSE] for rid in controls + burst_ids}
+    right = [rid for rid in affected if causes[rid] == sc.SLOW_FRONTEND]
+    assert len(right) >= 0.9 * len(affected), {rid: (causes[rid], round(handover(request(rid)), 3)) for rid in affected}
+    for rid in right:  # charged what it waited beyond the controls' usual hand-over
+        a = request(rid).attributes
+        assert a[sc.SLOW_SECONDS[sc.SLOW_FRONTEND]] > 0.5 * handover(request(rid)), a
+    for rid in controls:
+        assert causes[rid] != sc.SLOW_FRONTEND, (rid, request(rid).attributes)
 
 
 def _frontend_of(pid: int) -> int:

@@ -22,6 +22,10 @@ class Cause(NamedTuple):
     objectives: tuple[str, ...]  # the SLO objectives whose breach it can explain (the phases it is counted in)
     summary: str  # one line: the report's legend, alert annotations
     formula: str  # how its seconds are computed (docs/verdict.md)
+    # the least excess the cause is charged for, in seconds: below it the measurement cannot tell the cause
+    # from noise (``floor_reason`` says why); 0: whatever its formula gives
+    floor: float = 0.0
+    floor_reason: str = ""
 
     @property
     def attribute(self) -> str:
@@ -53,12 +57,24 @@ CAUSES: tuple[Cause, ...] = (
           "as `queue_max_seqs`, for a request with a grammar, the steps it waited through whose admission no limit "
           "stopped while requests stayed waiting for their grammar (`structured_output`); a request without one "
           "waiting in such a step is `unknown`"),
+    # One cause for both sides of the frontend: the hand-over and the output delay are two moments of one busy
+    # process (the API server's event loop, its GIL, its tokenizer thread), and the remedy is the same
+    # (more API servers, less work in them); the formula says which side its seconds came from.
     Cause(sc.SLOW_FRONTEND, _BEFORE,
-          "the frontend took longer than usual to hand it to the engine",
-          "(the engine's QUEUED stamp − its arrival) − the lower quartile of the same for the last 64 requests "
-          "of a comparable prompt length (to a power of two; with a grammar: those with one) on this frontend, "
-          "when it is over twice their median; arrival is wall clock, converted to the engine's monotonic clock "
-          "where the verdict runs"),
+          "the frontend took longer than usual to hand it to the engine, or to take its output",
+          "input: (the engine's QUEUED stamp − its arrival) − the lower quartile of the same for the last 64 "
+          "requests of a comparable prompt length (to a power of two; with a grammar: those with one) on this "
+          "frontend, when it is over twice their median; output (a Python frontend only): (the frontend received "
+          "its first output − the engine's first-token stamp) for a TTFT breach, (the frontend received its last "
+          "output − the engine's last-token stamp) for an e2e breach, each − the lower quartile of the same for "
+          "the last 64 requests, when over twice their median; arrival and the frontend's receipts are wall "
+          "clock, converted to the engine's monotonic clock where the verdict runs",
+          floor=0.100,
+          floor_reason="each side is a hop between processes, and on a host with more runnable threads than CPUs "
+          "every wake-up on the way (the frontend's event loop and tokenizer thread, the EngineCore's input or "
+          "output thread) can wait a scheduler period, and a Python thread a GIL switch interval per busy "
+          "thread beside it: tens of milliseconds a hand-over that no busy frontend caused; a delay that "
+          "matters to a TTFT objective is larger"),
     Cause(sc.SLOW_OWN_PREFILL, _BEFORE,
           "its own long prompt: its prefill took longer than a short prompt's",
           "Σ over the steps that computed its prompt (every chunk, also those shared with other requests) of "
@@ -105,7 +121,10 @@ def causes_table() -> str:
     """The causes as docs/verdict.md shows them (a generated region)."""
     rows = ["| cause | objectives it can explain | what it measures | formula |", "|---|---|---|---|"]
     for c in CAUSES:
-        rows.append(f"| `{c.name}` | {', '.join(c.objectives)} | {c.summary} | {c.formula} |")
+        formula = c.formula
+        if c.floor:
+            formula += f"; charged only for an excess over {c.floor * 1000:g} ms ({c.floor_reason})"
+        rows.append(f"| `{c.name}` | {', '.join(c.objectives)} | {c.summary} | {formula} |")
     return "\n".join(rows)
 
 

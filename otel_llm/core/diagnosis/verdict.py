@@ -25,7 +25,9 @@ the request above what a comparable step costs, summed over the breached measure
   median gap;
 * its grammar: the steps it waited through, for a request with a structured-output grammar, that
   admitted everyone else and left requests waiting for their grammar (``BLOCKED_STRUCTURED_OUTPUT``);
-* the frontend: its hand-over (arrival to QUEUED) beyond comparable requests' (``frontend.py``);
+* the frontend: its hand-over (arrival to QUEUED) beyond comparable requests', and where a Python
+  frontend received its outputs, the delay from the engine's first (last) token stamp to that receipt
+  beyond recent requests' (``frontend.py``), above the cause's declared floor;
 * its own work: its prompt's prefill beyond a short prompt's (``own_prefill``), and for an e2e breach
   whose TPOT met its SLO the decode time beyond what the e2e SLO left it (``own_length``).
 
@@ -50,7 +52,7 @@ from ..handoff import HandoffHistory
 from ..timeline import (BLOCKED_KV_CACHE, BLOCKED_MAX_SEQS, BLOCKED_STRUCTURED_OUTPUT, BLOCKED_TOKEN_BUDGET, QUEUED,
                         RequestTimeline, StepRecord)
 from .causes import BY_NAME, NAMES
-from .frontend import FrontendHistory
+from .frontend import FIRST, LAST, FrontendHistory, OutputDelays, excess
 
 MIN_SHARE = 0.1  # a cause explains a request when it cost at least this share of the breached phases' time
 CONTEXT_STEPS = 64  # steps before the request's own, read for the baselines (median decode step, median gap)
@@ -97,6 +99,7 @@ class StepWindow:
         self.max_loras: int | None = None  # the engine's LoRA slots, where it serves adapters (set by the adapter)
         self.handoffs = HandoffHistory()  # the decode side's KV load times, for the kv_transfer cause
         self.frontend = FrontendHistory()  # arrival -> QUEUED of recent requests, for the frontend cause
+        self.outputs = OutputDelays()  # engine token stamp -> the frontend's receipt, the same cause's output side
         # wall clock - engine monotonic clock, where the verdict runs (frontend.py: one host, one CLOCK_MONOTONIC)
         self.wall_offset: Callable[[], float] = lambda: time.time() - time.monotonic()
         self._engines: dict[int, deque[tuple]] = {}  # engine -> StepFacts-shaped tuples, in step order
@@ -270,6 +273,13 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
     if h is not None and h.loaded and h.load_s:  # its KV load ran inside its prefill step: not prompt compute
         ledger.before[sc.SLOW_OWN_PREFILL] = max(0.0, ledger.before[sc.SLOW_OWN_PREFILL] - h.load_s)
     handed, frontend = _frontend(t, queued, window, ledger) if before else (0.0, 0.0)
+    # the output side: the first output's delay ends TTFT, the last one's e2e (judged as far as it was charged)
+    first_out, last_out = output_delays(t, window)
+    late = 0.0
+    if "ttft" in breached and first_out is not None:
+        late += excess(first_out, window.outputs.usual(FIRST), _FRONTEND_FLOOR)
+    if ("e2e" in breached or not phases) and last_out is not None:
+        late += excess(last_out, window.outputs.usual(LAST), _FRONTEND_FLOOR)
 
     seconds = dict.fromkeys(NAMES, 0.0)
     judged = 0.0
@@ -288,6 +298,8 @@ def decide(t: RequestTimeline, window: StepWindow, breached: Iterable[str] = (),
             left = max(0.0, slo.e2e - (first_token - (start - handed)))
             others = sum(v for k, v in ledger.after.items() if k != sc.SLOW_UNKNOWN)
             seconds[sc.SLOW_OWN_LENGTH] += max(0.0, (end - first_token) - left - others)
+    seconds[sc.SLOW_FRONTEND] += late
+    judged += late
     return SlowVerdict(_dominant(seconds, judged), seconds)
 
 
@@ -301,11 +313,32 @@ def handover(t: RequestTimeline, window: StepWindow, queued: float | None = None
     return queued - (t.arrival - window.wall_offset())
 
 
-def note_handover(t: RequestTimeline, window: StepWindow) -> None:
-    """Every finished request's hand-over, the ``frontend`` cause's baseline (after its own verdict)."""
+def output_delays(t: RequestTimeline, window: StepWindow) -> tuple[float | None, float | None]:
+    """From the engine's stamp of its first (last) token to its Python frontend's receipt of that output (wall
+    clock, converted with ``window.wall_offset``); None where no Python frontend received it or the token's
+    stamp is unknown."""
+    if not t.token_ts or not (t.first_output or t.last_output):
+        return None, None
+    offset = window.wall_offset()
+    first = t.first_output - offset - t.token_ts[0] if t.first_output else None
+    last = t.last_output - offset - t.token_ts[-1] if t.last_output else None
+    return first, last
+
+
+def note_frontend(t: RequestTimeline, window: StepWindow) -> None:
+    """Every finished request's hand-over and output delays, the ``frontend`` cause's baselines (after its own
+    verdict)."""
     found = handover(t, window)
     if found is not None:
         window.frontend.add(t.input_tokens, found, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
+    first, last = output_delays(t, window)
+    if first is not None:
+        window.outputs.add(FIRST, first)
+    if last is not None:
+        window.outputs.add(LAST, last)
+
+
+_FRONTEND_FLOOR = BY_NAME[sc.SLOW_FRONTEND].floor  # the least excess it is charged for (causes.py says why)
 
 
 def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledger: _Ledger) -> tuple[float, float]:
@@ -315,10 +348,10 @@ def _frontend(t: RequestTimeline, queued: float | None, window: StepWindow, ledg
     if took is None or took <= 0:
         return 0.0, 0.0
     usual = window.frontend.usual(t.input_tokens, sc.STRUCTURED_OUTPUT_BACKEND in t.request_attributes)
-    if usual is None or took <= 2 * usual[1]:  # no comparable requests, or within the usual jitter
-        return took, 0.0
-    ledger.add(sc.SLOW_FRONTEND, took - usual[0], queued)  # the excess over the lower quartile
-    return took, took - usual[0]
+    charged = excess(took, usual, _FRONTEND_FLOOR)  # over the lower quartile, when beyond jitter and the floor
+    if charged:
+        ledger.add(sc.SLOW_FRONTEND, charged, queued)
+    return took, charged
 
 
 def _dominant(seconds: dict[str, float], judged: float) -> str:

@@ -534,14 +534,17 @@ class VLLMWrappers:
         text = getattr(detok, "output_text", None)
         if not isinstance(text, str):
             text = None
+        first_output, last_output = output_receipts(st, reason, now_wall)
         if st is not None and t.steps_give_tokens and self.agent is not None and self.kv_receiver is None:
             # the engine's numbers as they are: the summary is made in the agent (core/finish_facts.py); its
             # token times come from the steps there (stamped ones travel in a FINISH)
             self.telemetry.finish_facts(FinishFacts(
                 t.request_id, reason, now_wall, t.events, t.cache_sources, getattr(state, "num_cached_tokens", None),
                 len(text) if text is not None else None, text if self.telemetry.config.capture_content else None,
-                t.model, t.operation, t.provider, t.input_tokens, t.arrival, engine_stats(st, self.reads())))
+                t.model, t.operation, t.provider, t.input_tokens, t.arrival, engine_stats(st, self.reads()),
+                first_output, last_output))
             return
+        t.first_output, t.last_output = first_output or None, last_output or None
         t.handoff = self.kv_book.pop(t.request_id)
         if t.steps_give_tokens and st is not None:
             token_window(t, engine_stats(st, self.reads()), getattr(state, "num_cached_tokens", None))
@@ -558,6 +561,17 @@ _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
 _STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
+
+
+def output_receipts(st: Any, reason: str, now_wall: float) -> tuple[float, float]:
+    """When this frontend received the request's first and last output (wall clock; 0.0: not received): vLLM's
+    own stamps, where its TTFT and e2e end (the output batch's ``iteration_timestamp``: the first as arrival +
+    ``first_token_latency``, the last as the finishing batch's, ``now_wall``). O(1) a request: read at finish.
+    An abort is no output, and an engine without statistics took no first receipt."""
+    first = 0.0
+    if st is not None and st.first_token_latency > 0 and st.arrival_time:
+        first = st.arrival_time + st.first_token_latency
+    return first, (now_wall if reason != "abort" and first else 0.0)
 
 
 def engine_stats(st: Any, reads: "FrontendReads") -> EngineStats:
