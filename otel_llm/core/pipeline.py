@@ -23,7 +23,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_handover
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
-from .diagnosis.engine_time import busy, engine_time, interference_caused
+from .diagnosis.engine_time import StepTime, busy, engine_time, interference_caused
 from .finish_facts import FinishFacts, settle
 from ..guard import Guard
 from .inter_token import gap_summary
@@ -150,7 +150,7 @@ class Pipeline:
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._last_end: dict[int, float] = {}  # engine -> its latest step's end: each step's busy time
-        self._busy: dict[int, float] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
+        self._busy: dict[int, StepTime] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
         # the steps' adapters as metrics, labelled with the request metrics' bounded labels (one cap for all)
         self.adapter_steps = AdapterStepMetrics(meter, self.adapters, self.metrics.adapters)
@@ -280,7 +280,7 @@ class Pipeline:
             if step.step_id in steps:  # a reused id: held in arrival order all the same
                 del steps[step.step_id]
             steps[step.step_id] = step
-            self._busy[step.step_id] = step_busy
+            self._busy[step.step_id] = StepTime(step_busy)
             while len(steps) > self.config.max_steps:
                 old = steps.popitem(last=False)[1]
                 self._busy.pop(old.step_id, None)
@@ -576,7 +576,7 @@ class Pipeline:
             with self._steps_lock:
                 seconds = [self._busy.get(step.step_id) for step in own]
             s.engine_time = engine_time(t.request_id, own, seconds, d.shape, d.peaks)
-            s.interference_caused = interference_caused(t.chunks, self.window) if t.chunks else 0.0
+            s.interference_caused = interference_caused(t.chunks, self.window, self._busy) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
             self.guard.failed("engine time", exc)
 
