@@ -618,12 +618,12 @@ class Pipeline:
             for step in reversed(self.steps.values()):
                 if step.seq < since:
                     break
-                ids = step.ids
-                if ids is last_ids and step.members is None:
-                    step.members = last_set
-                else:
-                    last_ids, last_set = ids, step.member_ids()
-                if rid in last_set:
+                members = step.members
+                if members is None:
+                    ids = step.ids
+                    members = step.members = last_set if ids is last_ids else set(ids)
+                    last_ids, last_set = ids, members
+                if rid in members:
                     out.append(step)
         out.reverse()
         if not t.steps and not t.steps_lost:

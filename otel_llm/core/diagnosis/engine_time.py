@@ -26,6 +26,7 @@ step by their prefill tokens; a request's interference caused is its part, summe
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
@@ -103,30 +104,25 @@ def engine_time(request_id: str, steps: Sequence[Any], busy_times: Sequence[Step
     Per step O(1) for this request: a plain decode batch without the roofline splits evenly (no lookup);
     any other step's split among its shares is worked out once and kept in its ``StepTime``."""
     total = 0.0
-    roofline = shape is not None and peaks is not None
-    for k, step in enumerate(steps):
-        held = busy_times[k] if busy_times is not None else None
+    even = shape is None or peaks is None  # no roofline: a step of one token a share splits evenly
+    for step, held in zip(steps, busy_times if busy_times is not None else repeat(None)):
         if held.__class__ is StepTime:
-            seconds = held.busy  # type: ignore[union-attr]
+            seconds = held.busy
         else:
             seconds, held = held, None
         if seconds is None:
-            seconds = max(0.0, step.end - step.start)
-        ids = step.ids
-        n = len(ids)
-        if n == 1:
-            if ids[0] == request_id:
-                total += seconds
-            continue
-        contexts = step.contexts
-        if step.tokens is None and not (roofline and contexts is not None and len(contexts) == n):
+            seconds = step.end - step.start
+            if seconds < 0.0:
+                seconds = 0.0
+        if even and step.tokens is None:  # a decode batch (most steps): no lookup but membership
             members = step.members
-            if request_id in (members if members is not None else step.member_ids()):  # equal work: an even split
-                total += seconds / n
+            if request_id in (members if members is not None else step.member_ids()):
+                total += seconds / len(step.ids)
             continue
         parts = held.parts if held is not None else None
         if parts is None:
-            parts = dict(zip(ids, work_shares(step.tokens, n, contexts, shape, peaks)))
+            ids = step.ids
+            parts = dict(zip(ids, work_shares(step.tokens, len(ids), step.contexts, shape, peaks)))
             if held is not None:
                 held.parts = parts
         part = parts.get(request_id)
