@@ -573,9 +573,7 @@ class Pipeline:
             return
         try:
             d = self.diagnosis
-            with self._steps_lock:
-                seconds = [self._busy.get(step.step_id) for step in own]
-            s.engine_time = engine_time(t.request_id, own, seconds, d.shape, d.peaks)
+            s.engine_time = engine_time(t.request_id, own, self._busy, d.shape, d.peaks)
             s.interference_caused = interference_caused(t.chunks, self.window, self._busy) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
             self.guard.failed("engine time", exc)

@@ -27,10 +27,13 @@ step by their prefill tokens; a request's interference caused is its part, summe
 from __future__ import annotations
 
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
 from .verdict import CONTEXT_STEPS, StepWindow, _Baselines
+
+_STEP_ID = attrgetter("step_id")
 
 
 def busy(start: float, end: float, previous_end: float | None) -> float:
@@ -95,16 +98,20 @@ class StepTime:
         self.loss: tuple[float, int] | None = None
 
 
-def engine_time(request_id: str, steps: Sequence[Any], busy_times: Sequence[StepTime | float | None] | None = None,
+def engine_time(request_id: str, steps: Sequence[Any],
+                busy_times: Sequence[StepTime | float | None] | Mapping[int, StepTime] | None = None,
                 shape: ModelShape | None = None, peaks: DevicePeaks | None = None) -> float:
     """A request's engine seconds over ``steps`` (records that served it); ``busy_times``: each step's busy
     time where the pipeline saw its engine's previous step (``busy``; a ``StepTime``, which also keeps the
-    step's split for the other requests it served), else (``None``) its whole duration.
+    step's split for the other requests it served), else (``None``) its whole duration; in a list parallel
+    to ``steps``, or the pipeline's ``StepTime`` by step id (a step it no longer holds: its duration).
 
     Per step O(1) for this request: a plain decode batch without the roofline splits evenly (no lookup);
     any other step's split among its shares is worked out once and kept in its ``StepTime``."""
     total = 0.0
     even = shape is None or peaks is None  # no roofline: a step of one token a share splits evenly
+    if isinstance(busy_times, Mapping):
+        busy_times = list(map(busy_times.get, map(_STEP_ID, steps)))
     for step, held in zip(steps, busy_times if busy_times is not None else repeat(None)):
         if held.__class__ is StepTime:
             seconds = held.busy
