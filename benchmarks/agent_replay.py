@@ -13,7 +13,8 @@ The workload is vLLM's scheduler in miniature: ``--concurrency`` clients each se
 their last one finished (closed loop: the API server under streaming clients), prompts of 16-72 tokens,
 ``--tokens`` output tokens each (``ignore_eos``); a step runs every running request's decode token, then
 prompt chunks within ``--budget`` tokens (chunked prefill). The agent takes a turn every ``--steps-per-turn``
-steps (its tick is 20 ms while busy: on this machine's CPU engine ~250 steps a second at batch 32, 5 a tick).
+steps (on this machine's CPU engine ~250 steps a second at batch 32: 5 a tick of 20 ms, 25 of 100 ms), and
+its materializer thread finishes its jobs before the next turn, as it does while the agent sleeps.
 Engine stamps are a virtual clock (a step's duration from its tokens); nothing waits.
 
 Measured: this process's CPU (every thread: the agent's loop, its materializer, the SDK's exporters;
@@ -23,7 +24,9 @@ round under ``cProfile`` with the materializer's jobs run on the loop's thread (
 its top functions printed. ``--device h100`` gives the step diagnosis a GPU's peaks (the roofline's split of
 a step's time by each request's predicted work, as on a GPU deployment).
 
-Run: ./run bench benchmarks/agent_cpu.py [--requests 2048] [--rounds 5] [--profile] [--device NAME]
+Run: ./run bench benchmarks/core_costs.py --only agent (the defaults), or on its own for its options:
+     .venv/bin/python benchmarks/agent_replay.py [--requests 2048] [--rounds 5] [--profile] [--device NAME]
+Writes benchmarks/results/agent_cpu.json.
 """
 
 from __future__ import annotations
@@ -206,6 +209,7 @@ class Replay:
     def replay(self, turns: list[list[tuple[str, Any]]], profile: cProfile.Profile | None = None) -> tuple[int, int]:
         """Every turn written then taken by the agent; (CPU ns of the agent's work, steps dropped)."""
         agent, write, sink = self.agent, self.messages.write, self.sink
+        materializer = agent.pipeline.materializer
         writes = 0  # the frontend's and the EngineCore's writes, on this thread: not the agent's CPU
         dropped = 0
         thread_ns = time.thread_time_ns
@@ -224,6 +228,9 @@ class Replay:
             agent.turn()
             if profile is not None:
                 profile.disable()
+            # the agent sleeps between its turns, and its materializer thread is done by the next (unpaced,
+            # it would fall behind: more held steps to scan, spans refused by its full queue)
+            materializer.flush(60.0)
         agent.turn(final=True)
         ok = agent.pipeline.flush(60.0)
         cpu = time.process_time_ns() - total0 - writes
@@ -248,18 +255,18 @@ def _tiny_shape() -> Any:
     return ModelShape(layers=2, hidden=128, heads=2, kv_heads=1, head_dim=64, intermediate=256, vocab=512)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=2048, help="requests a round")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens a request")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--budget", type=int, default=512, help="tokens a step (max_num_batched_tokens)")
-    ap.add_argument("--steps-per-turn", type=int, default=5)
+    ap.add_argument("--steps-per-turn", type=int, default=25, help="steps a turn (25: 100 ms at 250 steps a second)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default=None, help="the step diagnosis's device (its peaks: the roofline split)")
     ap.add_argument("--profile", action="store_true", help="one more round under cProfile; its top functions")
     ap.add_argument("--out", default="agent_cpu.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from vllm_overhead import start_sink
 
     sink, endpoint = start_sink()
@@ -318,7 +325,8 @@ def main() -> None:
         "cpu_us_per_token_spread": [round(min(per_token), 3), round(max(per_token), 3)],
         "cpu_us_per_step_median": round(statistics.median(r["cpu_us_per_step"] for r in rounds), 2),
         "cpu_us_per_request_median": round(statistics.median(r["cpu_us_per_request"] for r in rounds), 1),
-        "requests_kept": stats.get("requests_kept"), "steps_recorded": stats.get("steps_recorded"),
+        "requests_kept": stats.get("requests_kept"), "requests_spans_dropped": stats.get("requests_spans_dropped"),
+        "steps_recorded": stats.get("steps_recorded"),
         "token_times_unplaced": stats.get("token_times_unplaced"), "agent_errors": stats.get("agent_errors"),
         "load_average_1min_per_round": [round(x, 2) for x in load],
         "raw": rounds,
