@@ -572,7 +572,7 @@ class Pipeline:
         if not own or t.steps_lost:
             return
         try:
-            d = self.diagnosis
+            d = self.diagnosis  # (the held steps' times read one ``get`` each: no lock for that)
             s.engine_time = engine_time(t.request_id, own, self._busy, d.shape, d.peaks)
             s.interference_caused = interference_caused(t.chunks, self.window, self._busy) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
