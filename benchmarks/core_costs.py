@@ -1,4 +1,4 @@
-"""The core's costs, measured without an engine: three sections, each writing the file named by what it measures.
+"""The core's costs, measured without an engine: four sections, each writing the file named by what it measures.
 
 * ``metrics`` (results/metrics_record_cost.json): what one finished request's metrics cost on the
   OpenTelemetry SDK: the public API against the bound recorders of ``otel_llm/core/sdk_metrics.py`` (the
@@ -19,7 +19,10 @@
   rounds, thread CPU per step; medians and the spread between rounds, and the adapters' cost as the
   median of per-round differences to the base model's steps.
 
-Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics]
+* ``agent`` (results/agent_cpu.json): the agent process's CPU per token, its defaults replayed through the
+  agent's own code (``benchmarks/agent_replay.py``, which takes its options and ``--profile`` run on its own).
+
+Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics,agent]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -48,7 +52,7 @@ from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillC
 RESULTS = Path(__file__).parent / "results"
 TOKENS = 128
 ENGINE = 1 << 32
-SECTIONS = ("metrics", "verdict", "step_metrics")
+SECTIONS = ("metrics", "verdict", "step_metrics", "agent")
 
 
 # -- metrics: one finished request's metrics ----------------------------------------------------------
@@ -265,6 +269,13 @@ def step_metrics() -> None:
     (RESULTS / "step_metrics_cost.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
+def agent() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))  # its helper, beside it
+    import agent_replay
+
+    agent_replay.main([])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
@@ -275,7 +286,7 @@ def main() -> None:
         ap.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
     RESULTS.mkdir(exist_ok=True)
     for name in chosen:
-        {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics}[name]()
+        {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics, "agent": agent}[name]()
 
 
 if __name__ == "__main__":

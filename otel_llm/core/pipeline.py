@@ -23,7 +23,7 @@ from .clock import WallClock
 from .config import Config, Detail
 from .diagnosis.verdict import StepWindow, decide as slow_verdict, note_frontend
 from .diagnosis.anatomy import EngineFacts, StepDiagnosis
-from .diagnosis.engine_time import busy, engine_time, interference_caused
+from .diagnosis.engine_time import StepTime, busy, engine_time, interference_caused
 from .finish_facts import FinishFacts, settle
 from ..guard import Guard
 from .inter_token import gap_summary
@@ -150,7 +150,7 @@ class Pipeline:
         self._unsettled: dict[str, RequestTimeline] = {}
         self.window = StepWindow(config.max_steps)  # every step, compactly, for the slow-cause verdict
         self._last_end: dict[int, float] = {}  # engine -> its latest step's end: each step's busy time
-        self._busy: dict[int, float] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
+        self._busy: dict[int, StepTime] = {}  # held step id -> its busy time (core/diagnosis/engine_time.py)
         self.adapters = AdapterNames()  # LoRA adapter ids -> names, for step spans (adapters set max_loras)
         # the steps' adapters as metrics, labelled with the request metrics' bounded labels (one cap for all)
         self.adapter_steps = AdapterStepMetrics(meter, self.adapters, self.metrics.adapters)
@@ -287,7 +287,7 @@ class Pipeline:
             if step.step_id in steps:  # a reused id: held in arrival order all the same
                 del steps[step.step_id]
             steps[step.step_id] = step
-            self._busy[step.step_id] = step_busy
+            self._busy[step.step_id] = StepTime(step_busy)
             while len(steps) > self.config.max_steps:
                 old = steps.popitem(last=False)[1]
                 self._busy.pop(old.step_id, None)
@@ -579,11 +579,9 @@ class Pipeline:
         if not own or t.steps_lost:
             return
         try:
-            d = self.diagnosis
-            with self._steps_lock:
-                seconds = [self._busy.get(step.step_id) for step in own]
-            s.engine_time = engine_time(t.request_id, own, seconds, d.shape, d.peaks)
-            s.interference_caused = interference_caused(t.chunks, self.window) if t.chunks else 0.0
+            d = self.diagnosis  # (the held steps' times read one ``get`` each: no lock for that)
+            s.engine_time = engine_time(t.request_id, own, self._busy, d.shape, d.peaks)
+            s.interference_caused = interference_caused(t.chunks, self.window, self._busy) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
             self.guard.failed("engine time", exc)
 
@@ -625,12 +623,12 @@ class Pipeline:
             for step in reversed(self.steps.values()):
                 if step.seq < since:
                     break
-                ids = step.ids
-                if ids is last_ids and step.members is None:
-                    step.members = last_set
-                else:
-                    last_ids, last_set = ids, step.member_ids()
-                if rid in last_set:
+                members = step.members
+                if members is None:
+                    ids = step.ids
+                    members = step.members = last_set if ids is last_ids else set(ids)
+                    last_ids, last_set = ids, members
+                if rid in members:
                     out.append(step)
         out.reverse()
         if not t.steps and not t.steps_lost:

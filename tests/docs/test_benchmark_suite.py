@@ -30,7 +30,8 @@ def ab():
 
 def helpers() -> set[str]:
     """Modules that are parts of a benchmark (imported by it, or started by it), not benchmarks."""
-    return {"telemetry_modes.py", "serve_with_modes.py"}  # frontend_cpu.py's and vllm_overhead.py's
+    # frontend_cpu.py's and vllm_overhead.py's; core_costs.py's (its ``agent`` section)
+    return {"telemetry_modes.py", "serve_with_modes.py", "agent_replay.py"}
 
 
 def test_the_suite_is_every_script_but_the_harness():

@@ -26,10 +26,14 @@ step by their prefill tokens; a request's interference caused is its part, summe
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from itertools import repeat
+from operator import attrgetter
+from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
 from .verdict import CONTEXT_STEPS, StepWindow, _Baselines
+
+_STEP_ID = attrgetter("step_id")
 
 
 def busy(start: float, end: float, previous_end: float | None) -> float:
@@ -46,12 +50,7 @@ def work_shares(tokens: Sequence[int] | None, n: int, contexts: Sequence[int] | 
         return []
     counts = list(tokens) if tokens is not None else [1] * n
     if shape is not None and peaks is not None and contexts is not None and len(contexts) == n:
-        weights = step_cost(shape, ()).bytes  # the weights (and LM head) a step reads once, whoever it serves
-        times = []
-        for k, c in zip(counts, contexts):
-            cost = step_cost(shape, ((k, c),))
-            own_bytes = max(0.0, cost.bytes - weights) + weights / n
-            times.append(max(cost.flops / peaks.flops, own_bytes / peaks.bandwidth))
+        times = _roofline_times(counts, contexts, shape, peaks)
         total = sum(times)
         if total > 0:
             return [t / total for t in times]
@@ -61,47 +60,125 @@ def work_shares(tokens: Sequence[int] | None, n: int, contexts: Sequence[int] | 
     return [k / total_tokens for k in counts]
 
 
-def engine_time(request_id: str, steps: Sequence[Any], busy_times: Sequence[float | None] | None = None,
+def _roofline_times(counts: Sequence[int], contexts: Sequence[int], shape: ModelShape,
+                    peaks: DevicePeaks) -> list[float]:
+    """Each share's predicted time, ``max(FLOPs / peak FLOP/s, bytes / peak B/s)`` of its own tokens and KV
+    reads, the step's weight reads split evenly among its shares. A share's FLOPs and bytes are affine in its
+    context for a given token count (``step_cost``), so the roofline's own formula is asked twice per token
+    count in the step (a decode batch: once), not once per share."""
+    weights = step_cost(shape, ()).bytes  # the weights (and LM head) a step reads once, whoever it serves
+    shared = weights / len(counts)
+    flop_s, byte_s = peaks.flops, peaks.bandwidth
+    lines: dict[int, tuple[float, float, float, float]] = {}
+    times = []
+    for k, c in zip(counts, contexts):
+        line = lines.get(k)
+        if line is None:
+            at0, at1 = step_cost(shape, ((k, 0),)), step_cost(shape, ((k, 1),))
+            line = lines[k] = (at0.flops, at1.flops - at0.flops, at0.bytes - weights, at1.bytes - at0.bytes)
+        f0, f1, b0, b1 = line
+        own_bytes = b0 + b1 * c
+        own_bytes = (own_bytes if own_bytes > 0.0 else 0.0) + shared
+        flops_time, bytes_time = (f0 + f1 * c) / flop_s, own_bytes / byte_s
+        times.append(flops_time if flops_time > bytes_time else bytes_time)
+    return times
+
+
+class StepTime:
+    """A held step's busy time (``busy``); its shares' parts of the step's work by request id (``engine_time``)
+    and its prefill interference (``interference_caused``) once a request it served asked: worked out once a
+    step, not once for each request of its batch."""
+
+    __slots__ = ("busy", "parts", "loss")
+
+    def __init__(self, busy: float | None) -> None:
+        self.busy = busy
+        self.parts: dict[str, float] | None = None
+        # what its decoding requests lost to its prompt tokens, and those tokens (``interference_caused``)
+        self.loss: tuple[float, int] | None = None
+
+
+def engine_time(request_id: str, steps: Sequence[Any],
+                busy_times: Sequence[StepTime | float | None] | Mapping[int, StepTime] | None = None,
                 shape: ModelShape | None = None, peaks: DevicePeaks | None = None) -> float:
     """A request's engine seconds over ``steps`` (records that served it); ``busy_times``: each step's busy
-    time where the pipeline saw its engine's previous step (``busy``), else (``None``) its whole duration."""
+    time where the pipeline saw its engine's previous step (``busy``; a ``StepTime``, which also keeps the
+    step's split for the other requests it served), else (``None``) its whole duration; in a list parallel
+    to ``steps``, or the pipeline's ``StepTime`` by step id (a step it no longer holds: its duration).
+
+    Per step O(1) for this request: a plain decode batch without the roofline splits evenly (no lookup);
+    any other step's split among its shares is worked out once and kept in its ``StepTime``."""
     total = 0.0
-    for k, step in enumerate(steps):
-        ids = step.ids
-        try:
-            i = ids.index(request_id)
-        except ValueError:
-            continue
-        seconds = busy_times[k] if busy_times is not None else None
+    even = shape is None or peaks is None  # no roofline: a step of one token a share splits evenly
+    if isinstance(busy_times, Mapping):
+        busy_times = list(map(busy_times.get, map(_STEP_ID, steps)))
+    for step, held in zip(steps, busy_times if busy_times is not None else repeat(None)):
+        if held.__class__ is StepTime:
+            seconds = held.busy
+        else:
+            seconds, held = held, None
         if seconds is None:
-            seconds = max(0.0, step.end - step.start)
-        if len(ids) == 1:
-            total += seconds
+            seconds = step.end - step.start
+            if seconds < 0.0:
+                seconds = 0.0
+        if even and step.tokens is None:  # a decode batch (most steps): no lookup but membership
+            members = step.members
+            if request_id in (members if members is not None else step.member_ids()):
+                total += seconds / len(step.ids)
             continue
-        total += seconds * work_shares(step.tokens, len(ids), step.contexts, shape, peaks)[i]
+        parts = held.parts if held is not None else None
+        if parts is None:
+            ids = step.ids
+            parts = dict(zip(ids, work_shares(step.tokens, len(ids), step.contexts, shape, peaks)))
+            if held is not None:
+                held.parts = parts
+        part = parts.get(request_id)
+        if part is not None:
+            total += seconds * part
     return total
 
 
-def interference_caused(chunks: Sequence[Any], window: StepWindow) -> float:
+def interference_caused(chunks: Sequence[Any], window: StepWindow,
+                        held: Mapping[int, StepTime] | None = None) -> float:
     """Seconds of prefill interference a request's prompt cost the requests decoding beside it: ``chunks``
-    are its prefill chunks (``PrefillChunk``: step id and tokens), ``window`` the engine's recent steps."""
+    are its prefill chunks (``PrefillChunk``: step id and tokens), ``window`` the engine's recent steps.
+    ``held``: the pipeline's ``StepTime`` by step id: a prompt computed in one step (most are) reads the same
+    steps as every other prompt of that step, so the step's loss is worked out once and kept there."""
     if not chunks:
         return 0.0
     first, last = chunks[0].step_id, chunks[-1].step_id
+    kept = held.get(first) if held is not None and first == last else None
+    if kept is not None:
+        if kept.loss is None:
+            kept.loss = _losses(window, first, last, (first,))[0]
+        lost, prefill_tokens = kept.loss
+        return lost * min(1.0, chunks[0].tokens / prefill_tokens) if lost > 0 else 0.0
+    total = 0.0
+    for chunk, (lost, prefill_tokens) in zip(chunks, _losses(window, first, last, [c.step_id for c in chunks])):
+        if lost > 0:
+            total += lost * min(1.0, chunk.tokens / prefill_tokens)
+    return total
+
+
+def _losses(window: StepWindow, first: int, last: int, step_ids: Sequence[int]) -> list[tuple[float, int]]:
+    """Per step of ``step_ids`` (between ``first`` and ``last``), what its decoding requests lost to the prompt
+    tokens computed in it, and those tokens: the verdict's ``prefill_interference`` charge (its duration over
+    the median decode-only step of its decode batch, times that batch) read over the steps from
+    ``CONTEXT_STEPS`` before ``first`` through ``last``; (0.0, 0) where nothing is charged."""
     steps = window.around(first, last, float("inf"), CONTEXT_STEPS)
     by_id = {s.step_id: s for s in steps}
     base = None
-    total = 0.0
-    for chunk in chunks:
-        s = by_id.get(chunk.step_id)
+    out = []
+    for step_id in step_ids:
+        s = by_id.get(step_id)
         if s is None or not s.decode_requests or not s.prefill_tokens:
+            out.append((0.0, 0))
             continue
         if base is None:
             base = _Baselines(steps)
         usual = base.decode(s.decode_requests)
         if usual is None:  # no decode-only step of that batch size to compare with: nothing to charge
+            out.append((0.0, 0))
             continue
-        lost = (s.duration - usual) * s.decode_requests
-        if lost > 0:
-            total += lost * min(1.0, chunk.tokens / s.prefill_tokens)
-    return total
+        out.append(((s.duration - usual) * s.decode_requests, s.prefill_tokens))
+    return out
