@@ -81,7 +81,7 @@ def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_th
     assert not inst.is_instrumented_by_opentelemetry
     inst.instrument(engine_steps=False)
     try:
-        owned = inst.lifecycle
+        owned = inst.runtime.lifecycle
         assert TRACER_PROVIDER in owned and METER_PROVIDER in owned and "telemetry" in owned
         tracer_provider = owned._closers[TRACER_PROVIDER][1].provider
         meter_provider = owned._closers[METER_PROVIDER][1].provider

@@ -71,8 +71,8 @@ def agent_run():
             outputs = llm.generate(offline.PROMPTS, offline._params(), use_tqdm=False)
             assert otel_llm.flush(60)  # the agent's spans and metrics sent (60 s: a bound for a hang)
             stats = otel_llm.stats()
-            run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.step_receiver,
-                           inst.agent.pid if inst.agent is not None else 0, stats["errors"])
+            run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.runtime.step_receiver,
+                           inst.runtime.agent.pid if inst.runtime.agent is not None else 0, stats["errors"])
             run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
             processor = llm.llm_engine.output_processor
             run.passed = "process_outputs" in vars(processor)  # its output batches went straight to vLLM's

@@ -78,7 +78,7 @@ class VLLMWrappers:
                  receiver: StepReceiver | None = None, open_agent: Callable[[], Any] | None = None) -> None:
         self.telemetry = telemetry
         self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
-        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
+        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMRuntime.last_engine)
         self.receiver = receiver
         # KV hand-offs (disaggregated serving): records of requests still running, and the socket the
         # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
