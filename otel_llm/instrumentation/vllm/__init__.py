@@ -18,8 +18,9 @@ from typing import Any, Collection
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from ...core.config import Config
-from ...core.pipeline import Pipeline
+from ...core.pipeline import RequestPipeline
 from ...guard import GuardOwner
+from ...lifecycle import Lifecycle
 from ..gate import LibraryGate
 from ..wraps import first_installed
 from . import contract
@@ -39,8 +40,6 @@ class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
     ``instrumentation`` (None while not instrumented). ``guard``: the errors caught in both (and those its
     EngineCores relay), for the life of the process."""
 
-    instrumentation: VLLMInstrumentation | None = None  # (a default only: set on the instance)
-
     def instrumentation_dependencies(self) -> Collection[str]:
         # The dependency check looks distributions up by name: name the one that is installed.
         return (f"{installed_distribution() or 'vllm'} {contract.REQUIREMENT}",)
@@ -51,7 +50,18 @@ class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
         return VLLMRuntime(self.guard)
 
     @property
-    def telemetry(self) -> Pipeline | None:
+    def lifecycle(self) -> Lifecycle | None:
+        """What this process closes at exit (its runtime's); None before a runtime was made (nothing built)."""
+        runtime = self.__dict__.get("runtime")  # (not made by asking)
+        return runtime.lifecycle if runtime is not None else None
+
+    @property
+    def instrumentation(self) -> VLLMInstrumentation | None:
+        """The current ``instrument()``'s work; None while not instrumented."""
+        return self.__dict__.get("_instrumentation")
+
+    @property
+    def telemetry(self) -> RequestPipeline | None:
         """The current instrumentation's pipeline (what ``otel_llm.flush``/``stats`` read)."""
         inst = self.instrumentation
         return inst.telemetry if inst is not None else None
@@ -60,9 +70,9 @@ class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
         tracer_provider = kwargs.pop("tracer_provider", None)
         meter_provider = kwargs.pop("meter_provider", None)
         config = kwargs.pop("config", None) or Config.resolve(kwargs)
-        self.instrumentation = VLLMInstrumentation(self.runtime, config, tracer_provider, meter_provider)
+        self._instrumentation = VLLMInstrumentation(self.runtime, config, tracer_provider, meter_provider)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        inst, self.instrumentation = self.instrumentation, None
+        inst = self.__dict__.pop("_instrumentation", None)
         if inst is not None:
             inst.close()
