@@ -2,6 +2,13 @@
 
 Its options, the providers it built (or was given), its pipeline, its wrappers and the KV connectors'
 wrapper; the process's runtime (runtime.py) outlives it, and hands it the step sockets and the agent.
+
+Its pipeline (a ``core.pipeline.RequestPipeline``) is chosen once: the agent-backed one
+(``core.agent_pipeline.AgentPipeline``) where this process's agent takes the work, else the in-process
+``Pipeline``. The agent starts with the first engine client it fits (a spawned EngineCore whose token
+times come from its steps), so where it is not running at ``instrument()`` the choice is made there, before
+that engine's first request; it is never undone (a request the in-process pipeline holds still finishes
+there, and it is flushed and closed with the instrumentation).
 """
 
 from __future__ import annotations
@@ -11,8 +18,9 @@ from typing import Any
 
 import wrapt
 
+from ...core.agent_pipeline import AgentPipeline
 from ...core.config import Config
-from ...core.pipeline import Pipeline
+from ...core.pipeline import Pipeline, RequestPipeline
 from ...core.providers import METER_PROVIDER, TRACER_PROVIDER, providers_from
 from ...lifecycle import TELEMETRY
 from ...otlp.routes import Router
@@ -41,19 +49,26 @@ class VLLMInstrumentation:
         tp, mp = providers_from(tracer_provider, meter_provider, owned)
         tracer = tp.get_tracer("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
         meter = mp.get_meter("otel_llm.vllm", __version__, schema_url=SCHEMA_URL)
-        self.telemetry = telemetry = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=guard)
-        # at exit: build what is queued and send it, before the providers it goes through shut down
-        owned.add(_TELEMETRY, lambda: telemetry.flush(2.0), TELEMETRY)
         self.agent_config = self._agent_setup(config, tp, mp)
+        self._closed = False
+        # the in-process pipeline, where one was built: it stays until the instrumentation closes
+        self.local: Pipeline | None = None
+        agent = runtime.agent  # an engine built under an earlier instrumentation sends its steps to it
+        if agent is not None and self.agent_config is None:  # this one cannot use it: its steps come here again
+            runtime.close_agent()
+            runtime.open_receiver()
+            agent = None
+        if agent is not None:
+            agent.configure(self.agent_config)
+            self.telemetry: RequestPipeline = AgentPipeline(config, agent, guard, meter=meter)
+        else:
+            self.telemetry = self.local = Pipeline(config, tracer, meter, engine="vllm", router=Router, guard=guard)
+        # at exit: build what is queued and send it, before the providers it goes through shut down
+        owned.add(_TELEMETRY, lambda: self.flush(2.0), TELEMETRY)
         self.wrappers = w = VLLMWrappers(
-            telemetry, open_receiver=runtime.open_receiver, open_kv_receiver=runtime.open_kv_receiver,
+            self.telemetry, open_receiver=runtime.open_receiver, open_kv_receiver=runtime.open_kv_receiver,
             engine_built=runtime.engine_built, open_agent=self.open_agent if self.agent_config is not None else None)
-        if runtime.agent is not None:  # an engine built under an earlier instrumentation sends its steps to it
-            if self.agent_config is not None:
-                w.agent = self.open_agent()
-            else:  # this one cannot use it: its steps come here again
-                runtime.close_agent()
-                runtime.open_receiver()
+        w.agent = agent
         w.fence = runtime.fence
         self.kv_wrapper: kv_connector.ConnectorWrapper | None = None
         if not in_engine_process():  # a spawned EngineCore's connectors are the plugin's
@@ -62,10 +77,9 @@ class VLLMInstrumentation:
         engine = runtime.last_engine
         if engine is not None:  # an engine built under an earlier instrumentation (with an agent: the agent's)
             try:
-                telemetry.engine_built(engine)
+                self.telemetry.engine_built(engine)
             except Exception as exc:
                 guard.failed("vllm step diagnosis set-up", exc)
-        self._closed = False
         if config.engine_steps:
             # once vLLM is imported (now, if it is): nothing of vLLM's is imported for a process that
             # only has it installed
@@ -136,12 +150,19 @@ class VLLMInstrumentation:
 
     def open_agent(self) -> Any:
         """The process's agent (started at the first engine client an eligible instrumentation builds), handed
-        this instrumentation's work; None (warned) if it could not start."""
+        this instrumentation's work: from now on its pipeline is the agent-backed one. None (warned) if it
+        could not start (the in-process pipeline goes on)."""
         agent = self.runtime.open_agent(AGENT_MODULE)
-        if agent is not None and not self._closed and self.agent_config is not None:
-            agent.configure(self.agent_config)
-            self.telemetry.attach(agent)
+        if agent is None or self._closed or self.agent_config is None or isinstance(self.telemetry, AgentPipeline):
+            return agent
+        agent.configure(self.agent_config)
+        # the in-process pipeline's meter counts this instrumentation's errors already
+        self.telemetry = self.wrappers.telemetry = AgentPipeline(self.config, agent, self.guard)
         return agent
+
+    def flush(self, timeout: float) -> bool:
+        done = self.local.flush(timeout) if self.local is not None and self.local is not self.telemetry else True
+        return self.telemetry.flush(timeout) and done
 
     def close(self) -> None:
         """Undo this instrumentation: its wrappers, its hooks' target, its pipeline, its providers. The
@@ -153,10 +174,13 @@ class VLLMInstrumentation:
             self.kv_wrapper.disarm()
             self.kv_wrapper = None
         self.runtime.disarm_steps()
-        try:
-            self.telemetry.close()  # spans of requests already finished still go out
-        except Exception as exc:
-            self.guard.failed("vllm uninstrument", exc)
+        for pipeline in dict.fromkeys((self.telemetry, self.local)):
+            if pipeline is None:
+                continue
+            try:
+                pipeline.close()  # spans of requests already finished still go out
+            except Exception as exc:
+                self.guard.failed("vllm uninstrument", exc)
         owned = self.runtime.lifecycle
         owned.discard(_TELEMETRY)
         owned.close(TRACER_PROVIDER)
