@@ -140,3 +140,13 @@ def test_random_bytes_never_raise_anything_but_record_error():
                 control.engine_of(record)
         except RecordError:
             pass
+
+
+def test_a_length_past_the_end_is_refused_before_it_is_allocated():
+    """marshal allocates a list's slots before reading them: a changed length must not ask for gigabytes."""
+    import struct
+
+    for bomb in (b"[" + struct.pack("<i", 2**31 - 1), b"(" + struct.pack("<i", 10**9) + b"N",
+                 b")\x03NN", b"{" + b"z\x01a", b"c" + b"\x00" * 40, b"\xdb" + struct.pack("<i", 5) + b"ab"):
+        with pytest.raises(RecordError, match="unreadable"):
+            control.decode(marshal.dumps(protocol.CONFIG)[:0] + bomb)
