@@ -16,7 +16,7 @@ from . import self_metrics
 from .config import Config
 from .diagnosis.anatomy import EngineFacts
 from .finish_facts import FinishFacts
-from .pipeline import Counts
+from .pipeline import Counts, admit
 from .sampling import Decision, Verdict
 from .summary import RequestSummary
 from .timeline import RequestTimeline, StepRecord
@@ -53,12 +53,8 @@ class AgentPipeline:
             self_metrics.register_errors(meter, guard)
 
     def start(self, timeline: RequestTimeline) -> bool:
-        if len(self.requests) >= self.config.max_requests:
-            self.counts.requests_untracked += 1
-            if timeline.group is not None:  # its user request's trace is built without it
-                timeline.group.expected -= 1
+        if not admit(self, timeline):
             return False
-        self.requests[timeline.request_id] = timeline
         self.counts.requests_started += 1
         self.remote.request_started(timeline)
         return True

@@ -128,6 +128,18 @@ class RequestPipeline(Protocol):
     def close(self, timeout: float = 5.0) -> None: ...
 
 
+def admit(pipeline: RequestPipeline, timeline: RequestTimeline) -> bool:
+    """Hold ``timeline`` among ``pipeline``'s in-flight requests, unless ``max_requests`` are held (then it
+    gets metrics only: counted untracked, and its user request's trace is built without it)."""
+    if len(pipeline.requests) >= pipeline.config.max_requests:
+        pipeline.counts.requests_untracked += 1
+        if timeline.group is not None:
+            timeline.group.expected -= 1
+        return False
+    pipeline.requests[timeline.request_id] = timeline
+    return True
+
+
 class Pipeline:
     """One engine's request pipeline, in this process (a ``RequestPipeline``): a finished request is decided, measured, and (if kept) built into spans.
 
@@ -203,13 +215,9 @@ class Pipeline:
     # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
 
     def start(self, timeline: RequestTimeline) -> bool:
-        if len(self.requests) >= self.config.max_requests:
-            self.counts.requests_untracked += 1
-            if timeline.group is not None:  # its user request's trace is built without it
-                timeline.group.expected -= 1
+        if not admit(self, timeline):
             return False
         rid = timeline.request_id
-        self.requests[rid] = timeline
         if timeline.lora_id is not None:
             self.adapters.note(timeline.lora_id, timeline.lora_name)
         timeline.steps_from = self._seq + 1
