@@ -73,7 +73,9 @@ def agent_run():
             stats = otel_llm.stats()
             run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.runtime.step_receiver,
                            inst.runtime.agent.pid if inst.runtime.agent is not None else 0, stats["errors"])
-            run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+            # the frontend's half (core/agent_pipeline.py) holds the in-flight timelines and no step buffer at all
+            assert type(inst.telemetry).__name__ == "AgentPipeline" and not hasattr(inst.telemetry, "steps")
+            run.held = (len(inst.telemetry.requests), 0)
             processor = llm.llm_engine.output_processor
             run.passed = "process_outputs" in vars(processor)  # its output batches went straight to vLLM's
             otel_llm.uninstrument()
