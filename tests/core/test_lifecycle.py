@@ -115,6 +115,7 @@ def test_the_vllm_runtime_outlives_each_instrumentation_and_the_class_holds_no_s
         runtime, first, pipeline = inst.runtime, inst.instrumentation, inst.telemetry
         assert first.runtime is runtime and first.telemetry is pipeline and pipeline.config.sample_rate == 0.5
         assert "telemetry" in runtime.lifecycle
+        assert inst.agent is runtime.agent is None  # (otel_llm.stats() reads the agent's errors through it)
     finally:
         inst.uninstrument()
     assert inst.instrumentation is None and inst.telemetry is None and "telemetry" not in runtime.lifecycle

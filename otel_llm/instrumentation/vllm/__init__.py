@@ -56,6 +56,12 @@ class VLLMInstrumentor(LibraryGate, GuardOwner, BaseInstrumentor):
         return runtime.lifecycle if runtime is not None else None
 
     @property
+    def agent(self) -> Any:
+        """This process's agent link (``otel_llm.stats()`` adds the errors it caught), or None."""
+        runtime = self.__dict__.get("runtime")
+        return runtime.agent if runtime is not None else None
+
+    @property
     def instrumentation(self) -> VLLMInstrumentation | None:
         """The current ``instrument()``'s work; None while not instrumented."""
         return self.__dict__.get("_instrumentation")
