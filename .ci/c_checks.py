@@ -40,7 +40,7 @@ PACKAGES = [ROOT / "otel_llm", ROOT / "collector/otel_llm_collector"]
 # the differential suites (each C path against its Python twin) and the random-bytes ones
 TESTS = [
     "tests/vllm/test_step_fast.py", "tests/vllm/test_step_ring.py", "tests/vllm/test_step_random_bytes.py",
-    "tests/vllm/test_hooks_fast.py", "tests/vllm/test_step_sockets.py",
+    "tests/vllm/test_hooks_fast.py", "tests/vllm/test_step_sockets.py", "tests/vllm/test_c_layout.py",
     "tests/collector/test_wire_onepass.py", "tests/collector/test_wire_random_bytes.py",
     "tests/collector/test_fast_paths.py",
 ]

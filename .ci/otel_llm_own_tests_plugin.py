@@ -20,7 +20,7 @@ def pytest_unconfigure(config):
     from otel_llm.instrumentation.vllm import VLLMInstrumentor
 
     errors = dict(otel_llm.stats()["errors"])
-    if VLLMInstrumentor().step_hooks is None:  # the hooks never armed: the comparison would prove nothing
+    if VLLMInstrumentor().runtime.step_hooks is None:  # the hooks never armed: the comparison would prove nothing
         errors["step hooks not armed"] = 1
     with open(os.environ["OTEL_LLM_OWN_TESTS_ERRORS"], "w") as f:
         json.dump(errors, f)

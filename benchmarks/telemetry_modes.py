@@ -60,7 +60,7 @@ class ModeSwitch:
             otel_llm.instrument(tracer_provider=self.tp, meter_provider=self.mp, **options)
             # the EngineCore's step records kept coming while nothing read them (the uninstrumented modes):
             # drop that backlog before the clock starts, or this measurement pays for other measurements' steps
-            receiver = VLLMInstrumentor().step_receiver
+            receiver = VLLMInstrumentor().runtime.step_receiver
             if receiver is not None:
                 receiver.drain(lambda step: None)
         self.mode = mode

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import shm_ring
 from ..guard import Guard
-from . import protocol
+from . import control, protocol
 
 if TYPE_CHECKING:
     from ..core.diagnosis.anatomy import EngineFacts
@@ -79,7 +79,7 @@ class AgentLink:
         self._replies = threading.Lock()  # one request/reply exchange at a time
         self._tokens = itertools.count(1)
         self._config: bytes | None = None  # re-sent to a restarted agent
-        self._engines: list[bytes] = []
+        self._engines: list[EngineFacts] = []  # (each re-sent to a restarted agent)
         # the agent's ring (USE_RING), written under the lock: the hot path's thread, and control messages
         # from any thread (a ring has one writer at a time)
         self.ring: shm_ring.RingWriter | None = None
@@ -137,7 +137,8 @@ class AgentLink:
             self.max_packet = min(protocol.MAX_PACKET, ring.cap // 4)
         parent.setblocking(False)
         try:  # its options before any request (a restarted agent's too): what comes first is not discarded
-            for data in ([self._config] if self._config is not None else []) + self._engines:
+            engines = [control.engine_message(facts) for facts in self._engines]
+            for data in ([self._config] if self._config is not None else []) + engines:
                 self._put(parent, ring, data, time.monotonic() + CONTROL_S)
         except OSError as exc:
             return self._abandon(parent, proc, ring, exc)
@@ -201,21 +202,20 @@ class AgentLink:
     # -- messages ----------------------------------------------------------------------------------
 
     def configure(self, config: protocol.AgentConfig) -> None:
-        self._config = protocol.pack_object(protocol.CONFIG, config)
+        self._config = control.config_message(config.config, config.destinations)
         self._send(self._config)
 
     def release(self) -> None:
         """The instrumentation ended: the agent sends what it holds and drops its pipeline (and providers); it
         keeps reading the engine's steps, discarding them, until the next ``configure``."""
         self._config = None
-        self._send(protocol.pack((protocol.CONFIG, None)))
+        self._send(control.release_message())
 
     def engine(self, facts: EngineFacts) -> None:
         """An engine built in the frontend, for the agent's step diagnosis (kept: a restarted agent gets it too)."""
-        data = protocol.pack_object(protocol.ENGINE, facts)
-        if data not in self._engines:  # instrumenting again re-sends the last engine's
-            self._engines.append(data)
-        self._send(data)
+        if facts not in self._engines:  # instrumenting again re-sends the last engine's
+            self._engines.append(facts)
+        self._send(control.engine_message(facts))
 
     def send(self, data: bytes) -> None:
         """One message, never blocking (the hot path's: a start, a finish)."""

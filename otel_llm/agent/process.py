@@ -45,7 +45,7 @@ from ..core.pipeline import Pipeline
 from ..guard import Guard, total
 from ..semconv import SCHEMA_URL
 from ..version import __version__
-from . import destinations, protocol, records
+from . import control, destinations, protocol, records
 from .engine_requests import EngineRequests
 
 _REQUEST_RECORDS = (records.RequestStart, records.RequestFinish, records.SinkCounts)
@@ -227,12 +227,14 @@ class Agent:
         elif kind == protocol.FINISH or kind == protocol.FACTS:
             self.arrived.append(m)
         elif kind == protocol.CONFIG:
-            if m[1] is None:  # the instrumentation ended
+            record = control.read(m)
+            if record is None:  # the instrumentation ended
                 self.close_pipeline()
             else:
-                self.configure(protocol.unpack_object(m[1]))
+                config, found = control.setup_of(record)  # type: ignore[arg-type]
+                self.configure(protocol.AgentConfig(config, found))
         elif kind == protocol.ENGINE:
-            facts = protocol.unpack_object(m[1])
+            facts = control.engine_of(control.read(m))  # type: ignore[arg-type]
             if facts not in self.engines:
                 self.engines.append(facts)
             self.apply_engine(facts)

@@ -4,7 +4,8 @@ The two messages a request costs the frontend (a start, a finish) are plain tupl
 ``marshal``-ed: ~1–2 µs each, where pickling the ``RequestTimeline`` and ``RequestSummary`` themselves
 took ~10 µs. A finish is the engine's own numbers (``FACTS``, core/finish_facts.py) where the frontend has
 them: the summary is made in the agent; else (an engine without statistics) a summary (``FINISH``). Rare
-messages (the configuration, an engine's shape) are pickled. Every message is one packet, so a full
+messages (the configuration, an engine's shape) are declared records (control.py). Nothing is pickled.
+Every message is one packet, so a full
 socket refuses it whole (counted by the sender) and never leaves half a message.
 
 Replies go the other way only for ``FLUSH`` and ``STATS`` (and ``READY`` once), each carrying the
@@ -19,7 +20,6 @@ messages in the order they were sent.
 from __future__ import annotations
 
 import marshal
-import pickle
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -42,8 +42,8 @@ _KINDS = tuple(SpanKind)
 
 @dataclass
 class AgentConfig:
-    """What an instrumentation hands its agent (pickled, once per ``instrument()``): the options, and the
-    exporters to build (``destinations.Destinations``)."""
+    """What an instrumentation hands its agent (once per ``instrument()``, as a ``control.ConfigRecord``): the
+    options, and the exporters to build (``destinations.Destinations``)."""
 
     config: Any  # core.config.Config
     destinations: Any
@@ -53,19 +53,11 @@ def pack(message: tuple) -> bytes:
     return marshal.dumps(message)
 
 
-def pack_object(kind: int, obj: Any) -> bytes:
-    return marshal.dumps((kind, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
-
-
 def unpack(data: bytes) -> tuple:
     message = marshal.loads(data)
     if not isinstance(message, tuple) or not message or not isinstance(message[0], int):
         raise ValueError("not an agent message")
     return message
-
-
-def unpack_object(payload: bytes) -> Any:
-    return pickle.loads(payload)
 
 
 # -- a request's start and finish ---------------------------------------------------------------------

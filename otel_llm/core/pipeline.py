@@ -1,5 +1,9 @@
 """The cold path, shared by every engine adapter: finish -> decide -> spans -> metrics -> steps.
 
+``RequestPipeline`` is what adapters call; ``Pipeline`` (here) does the work in the process it runs in,
+``agent_pipeline.AgentPipeline`` hands each request's start and finish to an agent process that runs a
+``Pipeline`` of its own. Which one serves an instrumentation is chosen by its owner, once.
+
 Adapters keep a ``RequestTimeline`` per in-flight request (through ``start``), append
 engine stamps to it on the hot path, feed engine steps to ``add_step``, and call
 ``finish`` once with the engine's own numbers in a ``RequestSummary``. The pipeline registers no
@@ -40,18 +44,6 @@ from .spec_decode import add_to_requests
 from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
-
-
-class Remote(Protocol):
-    """An agent process that does a pipeline's work (otel_llm/agent/link.py's ``AgentLink``)."""
-
-    def request_started(self, t: RequestTimeline) -> None: ...
-    def request_finished(self, request_id: str, t: RequestTimeline | None, s: RequestSummary) -> None: ...
-    def request_settled(self, facts: FinishFacts) -> None: ...
-    def engine(self, facts: EngineFacts) -> None: ...
-    def flush(self, timeout: float) -> bool: ...
-    def stats(self, counts: "Counts") -> dict[str, int]: ...
-    def release(self) -> None: ...
 
 
 @dataclass
@@ -116,8 +108,40 @@ class ReadStepsJob:
 Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob | ReadStepsJob
 
 
+class RequestPipeline(Protocol):
+    """What an adapter hands a request's telemetry to: ``Pipeline`` (the work done in this process) or
+    ``agent_pipeline.AgentPipeline`` (done by an agent process). The adapters call nothing else."""
+
+    config: Config
+    engine: str
+    guard: Guard
+    counts: Counts
+    requests: dict[str, RequestTimeline]  # in-flight requests' timelines, by request id (the hot path's)
+
+    def start(self, timeline: RequestTimeline) -> bool: ...
+    def add_step(self, step: StepRecord) -> None: ...
+    def finish(self, request_id: str, s: RequestSummary) -> Decision: ...
+    def finish_facts(self, facts: FinishFacts) -> Decision: ...
+    def engine_built(self, facts: EngineFacts) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def flush(self, timeout: float | None = 10.0) -> bool: ...
+    def close(self, timeout: float = 5.0) -> None: ...
+
+
+def admit(pipeline: RequestPipeline, timeline: RequestTimeline) -> bool:
+    """Hold ``timeline`` among ``pipeline``'s in-flight requests, unless ``max_requests`` are held (then it
+    gets metrics only: counted untracked, and its user request's trace is built without it)."""
+    if len(pipeline.requests) >= pipeline.config.max_requests:
+        pipeline.counts.requests_untracked += 1
+        if timeline.group is not None:
+            timeline.group.expected -= 1
+        return False
+    pipeline.requests[timeline.request_id] = timeline
+    return True
+
+
 class Pipeline:
-    """One engine's request pipeline: a finished request is decided, measured, and (if kept) built into spans.
+    """One engine's request pipeline, in this process (a ``RequestPipeline``): a finished request is decided, measured, and (if kept) built into spans.
 
     Decisions and metrics run where a request finishes (cheap, O(1)); spans and engine-step
     settlement run on the materializer thread, in order, so the engine's thread never builds spans."""
@@ -168,34 +192,16 @@ class Pipeline:
         deferred = config.step_reading == "deferred"
         self.materializer = Materializer(self._materialize, guard, name=f"otel-llm-{engine}",
                                          idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
-        # where an agent process does this pipeline's work (otel_llm/agent): the frontend only hands it each
-        # request's start and finish; None: all of it here
-        self.remote: Remote | None = None
-        self_metrics.register(meter, engine, self._own_stats, guard)
-
-    def attach(self, remote: "Remote") -> None:
-        """From now on an agent process does the work: ``start`` and ``finish`` only hand it the request."""
-        self.remote = remote
+        self_metrics.register(meter, engine, self.stats, guard)
 
     def engine_built(self, facts: EngineFacts) -> None:
-        """An engine was built (or one built earlier is instrumented again): the step diagnosis set up for it,
-        here or, with an agent, in the agent (and its NVIDIA GPU sampler with it: never in the frontend)."""
-        if self.remote is not None:
-            self.remote.engine(facts)
-            return
+        """An engine was built (or one built earlier is instrumented again): the step diagnosis set up for it."""
         self.diagnosis.setup(facts.model, self.config, facts.on_cuda, facts.devices)
         self.window.max_loras = facts.max_loras
         self.diagnosis.kv_cache = facts.kv_cache
 
-    def _own_stats(self) -> dict[str, int]:
-        # with an agent, its pipeline's meter reports these numbers (its own self-metrics): not twice
-        return self.stats() if self.remote is None else {}
-
     def stats(self) -> dict[str, int]:
         """What happened to the telemetry so far: requests kept, spans sent and dropped (counts)."""
-        remote = self.remote
-        if remote is not None:
-            return remote.stats(self.counts)
         out = dict(vars(self.counts))
         out["lora_labels_collapsed"] = self.metrics.adapters.collapsed
         out["tenant_labels_collapsed"] = self.metrics.tenants.collapsed
@@ -209,17 +215,9 @@ class Pipeline:
     # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
 
     def start(self, timeline: RequestTimeline) -> bool:
-        if len(self.requests) >= self.config.max_requests:
-            self.counts.requests_untracked += 1
-            if timeline.group is not None:  # its user request's trace is built without it
-                timeline.group.expected -= 1
+        if not admit(self, timeline):
             return False
         rid = timeline.request_id
-        self.requests[rid] = timeline
-        if self.remote is not None:
-            self.counts.requests_started += 1
-            self.remote.request_started(timeline)
-            return True
         if timeline.lora_id is not None:
             self.adapters.note(timeline.lora_id, timeline.lora_name)
         timeline.steps_from = self._seq + 1
@@ -357,22 +355,14 @@ class Pipeline:
         return NOT_SAMPLED, Detail.REQUEST
 
     def finish_facts(self, facts: FinishFacts) -> Decision:
-        """Settle a finished request from the engine's own numbers (core/finish_facts.py): with an agent,
-        the facts go to it as they are (the summary is made there); else made here, then ``finish``."""
-        if self.remote is not None:
-            self.requests.pop(facts.request_id, None)
-            self.counts.requests_finished += 1
-            self.remote.request_settled(facts)
-            return _REMOTE
+        """Settle a finished request from the engine's own numbers (core/finish_facts.py): its summary made
+        here, then ``finish``."""
         return self.finish(facts.request_id, settle(self.requests.get(facts.request_id), facts))
 
     def finish(self, request_id: str, s: RequestSummary) -> Decision:
         """Settle a finished (or aborted, or failed) request; releases everything held for it."""
         t = self.requests.pop(request_id, None)
         self.counts.requests_finished += 1
-        if self.remote is not None:  # decided there
-            self.remote.request_finished(request_id, t, s)
-            return _REMOTE
         if t is None:  # untracked: metrics only (no token stamps: no inter-token latencies)
             self.metrics.record(s)
             return NOT_SAMPLED
@@ -415,8 +405,6 @@ class Pipeline:
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until every finished request's spans were handed to the span processors (and the
         decode steps we encode ourselves were sent)."""
-        if self.remote is not None:
-            return self.remote.flush(timeout if timeout is not None else 10.0)
         if self._step_source is not None:  # the steps waiting in the ring, and their metrics, count too
             self.materializer.submit(ReadStepsJob())
             self.materializer.flush(timeout)
@@ -425,10 +413,6 @@ class Pipeline:
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
-        if self.remote is not None:  # the agent outlives an instrumentation (its owner closes it at exit)
-            self.remote.flush(timeout)
-            self.remote.release()
-            self.remote = None
         if self._step_source is not None:
             self.materializer.submit(ReadStepsJob())
             self.materializer.flush(timeout)
@@ -705,6 +689,5 @@ _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 
 
-_REMOTE = Decision(Verdict.NOT_SAMPLED, "agent")  # decided in the agent process, not here
 _GROUP_PENDING = Decision(Verdict.NOT_SAMPLED, "group_pending")  # a sequence whose siblings are still running
 _HANDOFF_KEPT = Decision(Verdict.SAMPLED, sc.SAMPLING_REASON_DEFERRED)  # the prefill half of a disaggregated request

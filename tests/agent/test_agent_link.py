@@ -1,4 +1,4 @@
-"""A real agent process (``python -m otel_llm.agent``) behind a frontend ``Pipeline``, no engine.
+"""A real agent process (``python -m otel_llm.agent``) behind a frontend ``AgentPipeline``, no engine.
 
 The frontend hands each request's start and finish over an ``AgentLink``; the agent exports to an
 ``OTLPSink`` through providers it rebuilds from the ``OTEL_*`` variables it inherits. What it sends is
@@ -23,7 +23,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NoOpTracer
 
 from otel_llm import semconv as sc
 from otel_llm import shm_ring
@@ -33,7 +32,8 @@ from otel_llm.instrumentation.vllm import AGENT_MODULE
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.anatomy import EngineFacts
 from otel_llm.core.finish_facts import EngineStats, FinishFacts
-from otel_llm.core.pipeline import Pipeline
+from otel_llm.core.agent_pipeline import AgentPipeline
+from otel_llm.core.pipeline import Pipeline, RequestPipeline
 from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
@@ -60,13 +60,13 @@ def request(rid: str, tokens: int = 8, output_text: str | None = None) -> tuple[
     return t, s
 
 
-def feed(pipeline: Pipeline, rid: str, **kw) -> None:
+def feed(pipeline: RequestPipeline, rid: str, **kw) -> None:
     t, s = request(rid, **kw)
     pipeline.start(t)
     pipeline.finish(rid, s)
 
 
-def feed_facts(pipeline: Pipeline, rid: str, output_text: str | None = None) -> None:
+def feed_facts(pipeline: RequestPipeline, rid: str, output_text: str | None = None) -> None:
     """A request as the vLLM adapter hands it over with an agent: its start, then the engine's own numbers."""
     t, _ = request(rid)
     t.steps_give_tokens = True
@@ -178,8 +178,7 @@ class Frontend:
         self.link = AgentLink(Guard(), AGENT_MODULE)
         assert self.link.start()
         self.link.configure(setup)
-        self.pipeline = Pipeline(setup.config, NoOpTracer(), NoOpMeter("frontend"), engine="vllm")
-        self.pipeline.attach(self.link)
+        self.pipeline = AgentPipeline(setup.config, self.link, Guard(), meter=NoOpMeter("frontend"))
 
     def close(self) -> None:
         self.link.close()
@@ -446,8 +445,8 @@ def test_an_engine_is_set_up_in_the_agent_not_the_frontend(frontend: Frontend) -
     facts = EngineFacts(None, on_cuda=True, devices=2, max_loras=4, kv_cache={"llm.kv_cache.dtype": "fp8"})
     frontend.pipeline.engine_built(facts)
     frontend.pipeline.engine_built(facts)
-    assert frontend.pipeline.window.max_loras is None and frontend.pipeline.diagnosis.kv_cache == {}
-    assert frontend.pipeline.diagnosis.sampler is None
-    assert frontend.link._engines == [protocol.pack_object(protocol.ENGINE, facts)]
+    # the frontend's half holds no diagnosis, no step window, no sampler: nothing to set up
+    assert not hasattr(frontend.pipeline, "diagnosis") and not hasattr(frontend.pipeline, "window")
+    assert frontend.link._engines == [facts]  # kept once, re-sent to a restarted agent
     assert frontend.pipeline.flush(WAIT_S)  # the agent took it and serves on
     assert frontend.link.agent_errors() == {}

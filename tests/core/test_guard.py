@@ -144,21 +144,23 @@ def test_the_vllm_instrumentor_hands_its_guard_to_what_it_builds(monkeypatch, tm
     from otel_llm.instrumentation.vllm import VLLMInstrumentor, step_transport
 
     inst = VLLMInstrumentor()
-    if inst.is_instrumented_by_opentelemetry or inst.step_receiver is not None:
+    runtime = inst.runtime  # the process's: its sockets outlive every instrumentation
+    if inst.is_instrumented_by_opentelemetry or runtime.step_receiver is not None:
         pytest.skip("instrumented by another test")
     # a step directory of this test's (the process's own would be named in the environment)
-    monkeypatch.setattr(inst, "step_directory", step_transport.StepDir(str(tmp_path), made=False))
+    monkeypatch.setattr(runtime, "step_directory", step_transport.StepDir(str(tmp_path), made=False))
     inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(), engine_steps=False)
     try:
         guard = inst.guard
-        assert inst.telemetry.guard is guard and inst.fence.guard is guard and inst.lifecycle.guard is guard
-        assert inst._table.guard is guard and inst.telemetry.spans._router._guard is guard
-        if inst.kv_wrapper is not None:
-            assert inst.kv_wrapper.guard is guard
-        monkeypatch.setattr(inst, "step_receiver", None)  # put back as it was (none) afterwards
-        receiver = inst._open_receiver()  # as an engine client's build opens it
+        now = inst.instrumentation
+        assert inst.telemetry.guard is guard and runtime.fence.guard is guard and runtime.lifecycle.guard is guard
+        assert now.table.guard is guard and inst.telemetry.spans._router._guard is guard
+        if now.kv_wrapper is not None:
+            assert now.kv_wrapper.guard is guard
+        monkeypatch.setattr(runtime, "step_receiver", None)  # put back as it was (none) afterwards
+        receiver = runtime.open_receiver()  # as an engine client's build opens it
         assert receiver.guard is guard and receiver.engine_errors.guard is guard
-        inst.lifecycle.close("step receiver")
+        runtime.lifecycle.close("step receiver")
     finally:
         inst.uninstrument()
 

@@ -81,7 +81,7 @@ def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_th
     assert not inst.is_instrumented_by_opentelemetry
     inst.instrument(engine_steps=False)
     try:
-        owned = inst.lifecycle
+        owned = inst.runtime.lifecycle
         assert TRACER_PROVIDER in owned and METER_PROVIDER in owned and "telemetry" in owned
         tracer_provider = owned._closers[TRACER_PROVIDER][1].provider
         meter_provider = owned._closers[METER_PROVIDER][1].provider
@@ -93,3 +93,37 @@ def test_the_instrumentor_owns_the_providers_it_built_and_uninstrument_closes_th
     assert told.shut and meter_provider._shutdown
     # left for the exit hook: only what the process keeps across instrumentations (an earlier one's sockets)
     assert set(owned._closers) <= {"step directory", "step receiver", "kv hand-off receiver"}
+
+
+def test_the_vllm_runtime_outlives_each_instrumentation_and_the_class_holds_no_state(monkeypatch):
+    """Two objects of two lifetimes: the process's runtime (made once, kept across cycles) and one
+    instrumentation per instrument() (gone with uninstrument, its exit work with it); the instrumentor's
+    class holds methods and properties only."""
+    pytest.importorskip("vllm")
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
+
+    state = [name for name, value in vars(VLLMInstrumentor).items()
+             if not name.startswith("__") and not callable(value) and not hasattr(value, "__get__")]
+    assert set(state) <= {"_instance", "_abc_impl"}  # BaseInstrumentor's singleton, the ABC machinery
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    inst = VLLMInstrumentor()
+    if inst.is_instrumented_by_opentelemetry:
+        pytest.skip("instrumented by another test")
+    inst.instrument(engine_steps=False, sample_rate=0.5)
+    try:
+        runtime, first, pipeline = inst.runtime, inst.instrumentation, inst.telemetry
+        assert first.runtime is runtime and first.telemetry is pipeline and pipeline.config.sample_rate == 0.5
+        assert "telemetry" in runtime.lifecycle
+        assert inst.agent is runtime.agent is None  # (otel_llm.stats() reads the agent's errors through it)
+    finally:
+        inst.uninstrument()
+    assert inst.instrumentation is None and inst.telemetry is None and "telemetry" not in runtime.lifecycle
+    inst.instrument(engine_steps=False, sample_rate=0.25)
+    try:
+        assert inst.runtime is runtime and inst.instrumentation is not first
+        assert inst.telemetry is not pipeline and inst.telemetry.config.sample_rate == 0.25
+        assert inst.instrumentation.table.targets[0].wrapper.__self__ is inst.instrumentation.wrappers
+        assert inst.instrumentation.wrappers is not first.wrappers
+    finally:
+        inst.uninstrument()

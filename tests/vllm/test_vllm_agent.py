@@ -87,11 +87,13 @@ def agent_run():
             outputs = llm.generate(offline.PROMPTS, offline._params(), use_tqdm=False)
             assert otel_llm.flush(60)  # the agent's spans and metrics sent (60 s: a bound for a hang)
             stats = otel_llm.stats()
-            run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.step_receiver,
-                           inst.agent.pid if inst.agent is not None else 0, stats["errors"])
-            run.held = (len(inst.telemetry.requests), len(inst.telemetry.steps))
+            run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.runtime.step_receiver,
+                           inst.runtime.agent.pid if inst.runtime.agent is not None else 0, stats["errors"])
+            # the frontend's half (core/agent_pipeline.py) holds the in-flight timelines and no step buffer at all
+            assert type(inst.telemetry).__name__ == "AgentPipeline" and not hasattr(inst.telemetry, "steps")
+            run.held = (len(inst.telemetry.requests), 0)
             run.portable = sorted(os.listdir(marks))
-            run.agent_ring = inst.agent.ring if inst.agent is not None else "no agent"
+            run.agent_ring = inst.runtime.agent.ring if inst.runtime.agent is not None else "no agent"
             processor = llm.llm_engine.output_processor
             run.passed = "process_outputs" in vars(processor)  # its output batches went straight to vLLM's
             otel_llm.uninstrument()

@@ -70,7 +70,7 @@ def test_every_wrap_target_is_a_contract_entry():
     inst = VLLMInstrumentor()
     inst.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
     try:
-        tables = [inst._table, StepHooks()._table]
+        tables = [inst.instrumentation.table, StepHooks()._table]
     finally:
         inst.uninstrument()
     from otel_llm.instrumentation.vllm.kv_connector import ConnectorWrapper

@@ -29,13 +29,12 @@ def _tokens(llm) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def _targets():
+def _targets(table):
     import importlib
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    inst = VLLMInstrumentor()
-    for t in inst._table.targets:
+    for t in table.targets:
         try:
             yield _resolve(importlib.import_module(t.module), t.name)
         except (ImportError, AttributeError):
@@ -67,13 +66,14 @@ def test_instrument_is_idempotent_and_uninstrument_removes_every_patch(llm, otel
     first = VLLMInstrumentor().telemetry
     otel_llm.instrument(**providers, sample_rate=0.0)  # a second call changes nothing
     assert VLLMInstrumentor().telemetry is first
-    wrapped = [(o, a) for o, a in _targets() if is_wrapped(o, a)]
+    table = VLLMInstrumentor().instrumentation.table  # this instrumentation's (it goes with uninstrument)
+    wrapped = [(o, a) for o, a in _targets(table) if is_wrapped(o, a)]
     assert len(wrapped) >= 6
     for owner, attr in wrapped:  # wrapped once, not twice
         assert not is_ours(owner.__dict__[attr].__wrapped__)
     otel_llm.uninstrument()
     otel_llm.uninstrument()  # harmless when nothing is instrumented
-    assert [(o, a) for o, a in _targets() if is_wrapped(o, a)] == []
+    assert [(o, a) for o, a in _targets(table) if is_wrapped(o, a)] == []
     assert "vllm" not in otel_llm.instrumented()
     otel.spans.clear()
     assert _tokens(llm) == reference

@@ -53,7 +53,7 @@ def run(otel):
         mp.setattr(Scheduler, "schedule", schedule)
         mp.setattr(step_hooks.StepHooks, "scheduled", scheduled)
         with otel.instrumented(sample_rate=1.0, baseline_detail="steps", tail_quantile=0) as inst:
-            hooks = VLLMInstrumentor().step_hooks
+            hooks = VLLMInstrumentor().runtime.step_hooks
             to_pipeline = hooks.sink
 
             def sink(payload):

@@ -76,7 +76,7 @@ class EngineFacts:
     model shape, whether it runs on an NVIDIA GPU and how many devices one step spans, its LoRA slots (the
     LoRA-slot verdict) and its KV cache's format (``kv_cache_facts``). The instrumentor keeps the last engine's,
     so instrumenting again (new options) re-arms the diagnosis for an engine built earlier; an agent process
-    gets it whole (pickled: ``Pipeline.engine_built``)."""
+    gets it as a declared record (agent/control.py: ``EngineRecord``)."""
 
     model: ModelShape | None
     on_cuda: bool

@@ -22,7 +22,10 @@
 #endif
 
 enum { SCHEDULE = 0, UPDATE = 1 };
-enum { P_START, P_LEFT, P_IDLE, P_RUNNING, P_WAITING, P_PREEMPTED, P_KV, P_SHARES, P_BLOCKED, P_LORAS, P_SIZE };
+/* step_hooks.Pending's fields, in order (and P_SIZE their number); SHARES_SIZE: step_wire.Shares's.
+ * Checked against the Python declarations by tests/vllm/test_c_layout.py */
+enum { P_START, P_LEFT, P_IDLE_S, P_RUNNING, P_WAITING, P_PREEMPTED, P_KV_CACHE_USAGE, P_SHARES, P_QUEUE_BLOCKED,
+       P_LORAS, P_SIZE };
 #define SHARES_SIZE 7
 
 /* set once by setup(): step_hooks' helpers and constants */
@@ -347,9 +350,9 @@ static int send_step(PyObject *hooks, PyObject *sched_out, PyObject *model_out, 
         || (times[2] = PyFloat_FromDouble(end_d - entered_d)) == NULL) goto done;
     /* a StepPayload's fields as a plain tuple (step_wire.StepPayload; step_hooks.updated builds the same) */
     payload = PyTuple_Pack(14, step_id, PyTuple_GET_ITEM(p, P_START), end, PyTuple_GET_ITEM(p, P_RUNNING),
-                           PyTuple_GET_ITEM(p, P_WAITING), PyTuple_GET_ITEM(p, P_PREEMPTED), PyTuple_GET_ITEM(p, P_KV),
-                           shares, PyTuple_GET_ITEM(p, P_BLOCKED), times[0], times[1], times[2],
-                           PyTuple_GET_ITEM(p, P_IDLE), model ? model : Py_None);
+                           PyTuple_GET_ITEM(p, P_WAITING), PyTuple_GET_ITEM(p, P_PREEMPTED), PyTuple_GET_ITEM(p, P_KV_CACHE_USAGE),
+                           shares, PyTuple_GET_ITEM(p, P_QUEUE_BLOCKED), times[0], times[1], times[2],
+                           PyTuple_GET_ITEM(p, P_IDLE_S), model ? model : Py_None);
     if (payload == NULL) goto done;
     if (PyDict_DelItem(pending, key) < 0) goto done;
     if (model_from_dict && PyDict_DelItem(models, key) < 0) goto done;

@@ -18,6 +18,10 @@
 #include <limits.h>
 
 #define HEADER_SIZE 99 /* step_wire.HEADER "<BBqddIIIdBdddddIII": checked against it by setup() */
+/* the highest queue_blocked a reader takes: timeline.BLOCKED_STRUCTURED_OUTPUT (step_wire.BLOCKED_LAST);
+ * this file's layout (offsets, flags, slots, this) is checked against the Python declarations by
+ * tests/vllm/test_c_layout.py */
+#define BLOCKED_LAST 5
 #define F_IDLE 1
 #define F_MODEL 2
 #define F_ONE_EACH 4
@@ -571,7 +575,8 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     memcpy(&n, b + 87, 4);
     memcpy(&z, b + 91, 4);
     memcpy(&m, b + 95, 4);
-    if (n == 0 || z || m || (flags & ~F_KNOWN))  /* no shares, prefilling shares to derive, extras: Python */
+    if (n == 0 || z || m || (flags & ~F_KNOWN) || blocked > BLOCKED_LAST)  /* no shares, prefilling shares to
+                                            derive, extras, a queue_blocked it does not know: the Python path */
         return fallback(data, cache);
     Py_ssize_t k = (flags & F_ONE_EACH) ? 0 : (Py_ssize_t)n;
     Py_ssize_t at = HEADER_SIZE + 4 * (k + (Py_ssize_t)n);

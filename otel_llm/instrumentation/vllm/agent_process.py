@@ -3,7 +3,7 @@
 The engine-agnostic agent (otel_llm/agent/process.py) with vLLM's reader of engine steps: the
 frontend's step socket in the step directory (``OTEL_LLM_STEP_DIR``, inherited), bound here in the
 frontend's place, so that the EngineCore's sink hands this process the shared-memory ring of records.
-Started by the instrumentor (``VLLMInstrumentor._open_agent``) through ``otel_llm.agent.link.AgentLink``.
+Started by the instrumentor (``VLLMRuntime.open_agent``, runtime.py) through ``otel_llm.agent.link.AgentLink``.
 """
 
 from __future__ import annotations

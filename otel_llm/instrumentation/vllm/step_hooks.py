@@ -13,7 +13,7 @@ import itertools
 import os
 import time
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
@@ -39,10 +39,30 @@ from .worker_facts import WORKER_FACTS_ATTR
 
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 _STRUCTURED_MODULE = "vllm.v1.structured_output"
-_SHARES = 7  # in what schedule() keeps of a step (StepHooks.pending)
-# a pending entry's items: 10, or 11 with the step's grammar facts [seconds, requests, hit_at, miss_at] (a step
-# of 11 is the Python path's: the C method takes entries of 10 only)
-_ENTRY, _GRAMMAR = 10, 10
+
+
+class Pending(NamedTuple):
+    """What ``schedule()`` keeps of a step until its ``update_from_output`` (``StepHooks.pending``): the one
+    declaration of that entry. Kept as the plain tuple of these fields, in this order (a literal costs a
+    fraction of the NamedTuple's construction on the EngineCore's loop); the C hooks (_hooks_fast.c) index it
+    by an enum of these names (``P_`` and the name in capitals), which tests/vllm/test_c_layout.py checks."""
+
+    start: float  # schedule() entered
+    left: float  # schedule() left
+    idle_s: float | None  # before the step: no step in flight since the previous one ended (None: no step before)
+    running: int
+    waiting: int
+    preempted: int
+    kv_cache_usage: float
+    shares: Shares
+    queue_blocked: int  # timeline.BLOCKED_*
+    loras: Sequence[int] | None  # the LoRA adapters it runs (None: LoRA off)
+
+
+_SHARES = Pending._fields.index("shares")
+# a pending entry's items: the fields above, or one more with the step's grammar facts [seconds, requests,
+# hit_at, miss_at] (such an entry is the Python path's: the C method takes entries of the fields only)
+_ENTRY = _GRAMMAR = len(Pending._fields)
 _SCHEDULE, _UPDATE = 0, 1  # the two kinds of _hooks_fast.HookMethod
 _IDS = Shares._fields.index("ids")
 _NONE: tuple = ()  # no share without output / with a prompt entry (a steady decode batch): nothing allocated
@@ -80,8 +100,7 @@ class StepHooks:
         # told after an error was caught (a spawned EngineCore's plugin: engine_errors.ErrorReporter.changed)
         self.on_error: Callable[[], None] | None = None
         self.sink: Callable[[StepPayload], None] | None = None
-        # id(scheduler_output) -> what schedule() saw: (start, left, idle, running, waiting, preempted, kv cache
-        # usage, shares, queue_blocked), unpacked whole by update_from_output
+        # id(scheduler_output) -> what schedule() saw (a ``Pending``'s fields), unpacked whole by update_from_output
         self.pending: dict[int, tuple] = {}
         self.timer = ModelTimer(guard)
         self.model = self.timer.model  # the timer's times by step (the same dict: read once a step)

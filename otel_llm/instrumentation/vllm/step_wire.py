@@ -62,13 +62,31 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ...core.lora import LoRAEvent
 from ...core.spec_decode import SpecStep
-from ...core.timeline import StepGrammar, StepRecord, StepWorkerFacts
+from ...core.timeline import BLOCKED_NAMES, StepGrammar, StepRecord, StepWorkerFacts
 
 VERSION = 5
 _HAS_IDLE, _HAS_MODEL, _ONE_EACH, _SAME_IDS, _EXTRAS, _GRAMMAR = 1, 2, 4, 8, 16, 32
-HEADER = struct.Struct("<BBqddIIIdBdddddIII")
-_EXTRA_COUNTS = struct.Struct("<IIId")
+# The header, field by field: the one declaration of its layout. ``HEADER`` is made from it; the C
+# accelerator (_step_fast.c) reads and writes the same fields at the same offsets, which
+# tests/vllm/test_c_layout.py reads out of its source and compares with ``header_offsets()``.
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("version", "B"), ("flags", "B"), ("step_id", "q"), ("start", "d"), ("end", "d"), ("running", "I"),
+    ("waiting", "I"), ("preempted", "I"), ("kv_cache_usage", "d"), ("queue_blocked", "B"), ("schedule_s", "d"),
+    ("execute_s", "d"), ("output_s", "d"), ("idle_s", "d"), ("model_s", "d"), ("shares", "I"),
+    ("no_output", "I"), ("prompts", "I"))
+HEADER = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
+_EXTRA_COUNTS = struct.Struct("<IIId")  # the extras block's counts: spec, loras, events, draft_s
 _GRAMMAR_COUNTS = struct.Struct("<dIII")
+BLOCKED_LAST = len(BLOCKED_NAMES) - 1  # the highest queue_blocked a reader takes (timeline.BLOCKED_*)
+
+
+def header_offsets() -> dict[str, int]:
+    """Each header field's byte offset (no padding: ``<``)."""
+    out, at = {}, 0
+    for name, code in HEADER_FIELDS:
+        out[name] = at
+        at += struct.calcsize("<" + code)
+    return out
 # array("I") is the wire's u32 where it is 4 little-endian bytes (every platform vLLM runs on): then a
 # list of counts converts in one C call, cheaper than struct's argument unpacking (benchmarks/engine_step_hooks.py)
 _NATIVE_U32 = _array("I").itemsize == 4 and sys.byteorder == "little"
@@ -330,6 +348,8 @@ def decode_py(data: bytes, cache: list | None = None) -> StepRecord:
         raise WireError(f"step record of wire version {data[0]}, this otel-llm reads version {VERSION}")
     (_, flags, step_id, start, end, running, waiting, preempted, kv, blocked,
      schedule_s, execute_s, output_s, idle, model, n, z, m) = HEADER.unpack_from(data)
+    if blocked > BLOCKED_LAST:
+        raise WireError(f"step record of queue_blocked {blocked}, this otel-llm knows up to {BLOCKED_LAST}")
     _check_cache(cache)
     ids: list[str] = []
     tokens = None

@@ -36,7 +36,7 @@ from ...core.diagnosis.roofline import ModelShape
 from ...guard import Guard
 from ...core.finish_facts import ERROR_TYPES, EngineStats, FinishFacts, base_summary, summary_of, token_window
 from ...core.handoff import HandoffBook
-from ...core.pipeline import Pipeline
+from ...core.pipeline import RequestPipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
@@ -73,13 +73,13 @@ _DISAGG_ROLES = {"kv_producer": sc.DISAGG_ROLE_PREFILL, "kv_consumer": sc.DISAGG
 
 
 class VLLMWrappers:
-    def __init__(self, telemetry: Pipeline, open_receiver: Callable[[], StepReceiver],
+    def __init__(self, telemetry: RequestPipeline, open_receiver: Callable[[], StepReceiver],
                  open_kv_receiver: Callable[[], kv_channel.HandoffReceiver],
                  engine_built: Callable[[EngineFacts], None] | None = None,
                  receiver: StepReceiver | None = None, open_agent: Callable[[], Any] | None = None) -> None:
         self.telemetry = telemetry
         self.guard = telemetry.guard  # the instrumentor's, which its pipeline was built with
-        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMInstrumentor.last_engine)
+        self.engine_built = engine_built  # the owner keeps the engine's shape (VLLMRuntime.last_engine)
         self.receiver = receiver
         # KV hand-offs (disaggregated serving): records of requests still running, and the socket the
         # EngineCores of engines with a KV connector send them to (bound before such an engine spawns)
