@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "collector"))
 sys.path.insert(0, str(ROOT / "tests" / "collector"))
 
 from collector_testkit import export_request, loopback_config, request_attrs, span  # noqa: E402
-from peer_clients import ConnectionSquatter, Forwarder  # noqa: E402
+from peer_clients import ConnectionSquatter, Forwarder, keep_alive_clients  # noqa: E402
 from peer_clients import http_export as peer_export  # noqa: E402
 from otel_llm.otlp.json_codec import dumps  # noqa: E402
 from otel_llm_collector.fairness import GRACE_S, Peer  # noqa: E402
@@ -216,37 +216,7 @@ def _squatted(g: Gateway, token: str | None) -> dict:
 def _many_clients(port: int, clients: int = 100, rounds: int = 3) -> dict:
     """``clients`` keep-alive connections from one address (a host running many instrumented processes),
     opened together, ``rounds`` exports each: one peer, so it may use the whole receiver."""
-    results: list[int] = []
-    times: list[float] = []
-    lock = threading.Lock()
-    ready = threading.Barrier(clients)
-
-    def client() -> None:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(HONEST, 0))
-        ok, mine = 0, []
-        try:
-            ready.wait(60)
-            for _ in range(rounds):
-                t = time.perf_counter()
-                try:
-                    c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf"})
-                    r = c.getresponse()
-                    r.read()
-                    ok += r.status == 200
-                except (OSError, http.client.HTTPException):
-                    c.close()
-                mine.append(time.perf_counter() - t)
-        finally:
-            c.close()
-            with lock:
-                results.append(ok)
-                times.extend(mine)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t_ in threads:
-        t_.start()
-    for t_ in threads:
-        t_.join(120)
+    results, times = keep_alive_clients(port, GOOD, HONEST, clients, rounds)
     return {"clients": clients, "exports_each": rounds, "success_rate": round(sum(results) / (clients * rounds), 4),
             **pct(times)}
 
