@@ -1,7 +1,7 @@
 """Collector throughput, memory per buffered span, 10x overload behaviour, and the inter-token derivation.
 
     .venv/bin/python benchmarks/collector_throughput.py [--seconds 6]
-        [--only ingest,loopback,memory,overload,inter_token,persistence] [--root OTHER_CHECKOUT]
+        [--only ingest,loopback,memory,overload,inter_token,persistence,trace_join] [--root OTHER_CHECKOUT]
 
 Prints a table and writes benchmarks/results/collector_throughput.json (full runs of this checkout only),
 and benchmarks/results/collector_inter_token.json (the inter_token section, when it runs), and
@@ -36,6 +36,15 @@ benchmarks/results/collector_persistence.json (the persistence section, when it 
   and with ``fsync: true``. Each round runs the three in turn (rotated order) on fresh gateways and fresh
   directories; the ratios to memory-only are per round (CPU per span of this process, and wall time, which
   is where fsync's waiting shows), medians with their spread. ``--persistence-rounds`` (default 15).
+* trace_join: what joining server request traces without a caller to their client calls costs the receive
+  path (``trace_join``, on whenever tail sampling is). A mix as a gateway behind the Rust frontend sees it:
+  per pair of export requests, one from the serving side (50 server request traces without a parent, each a
+  request span with the response id, 4 phase/step children and an engine-step span linking to it in its own
+  trace; 60 ordinary shape-10 request traces) and one from the callers (50 openai CLIENT spans with the
+  matching response id under their caller's root span): 1000 spans, 40 % of them in joined traces. Each of
+  ``--join-rounds`` rounds ingests 20 pairs (the client request after its server request, a tick after each)
+  on fresh gateways with the join and without it (``gateway.trace_join = None``; everything else the
+  same), in rotated order; CPU per span of this process, medians with p25-p75 and the per-round ratio.
 * --paths one_pass,two_pass: measure the receive path both ways in one run (ingest: each round runs every
   path after one ceiling round; loopback: runs alternating between the paths; always on fresh gateways), by
   switching ``spans.ONE_PASS``: the C extension's one validating pass, or the full parse then
@@ -606,6 +615,120 @@ def bench_inter_token(rounds: int) -> dict:
             "added_share": med["with_counts"] / med["with_decode"] - 1, "all_rounds": each}
 
 
+JOIN_CALLS, JOIN_ORDINARY, JOIN_PAIRS = 50, 60, 20
+
+
+def build_join_mix(pairs: int = JOIN_PAIRS, seed: int = 5) -> list[bytes]:
+    """``pairs`` x (serving-side request, callers' request): see ``trace_join`` in the module docstring."""
+    rng = random.Random(seed)
+    t0 = time.time_ns()
+    out = []
+
+    def new_id(n: int) -> bytes:
+        return rng.getrandbits(8 * n).to_bytes(n, "big")
+
+    for _ in range(pairs):
+        server, client = ExportTraceServiceRequest(), ExportTraceServiceRequest()
+        rs = server.resource_spans.add()
+        rs.resource.attributes.append(kv("service.name", "vllm"))
+        ss = rs.scope_spans.add()
+        ss.scope.name = "otel_llm"
+        crs = client.resource_spans.add()
+        crs.resource.attributes.append(kv("service.name", "app"))
+        css = crs.scope_spans.add()
+        css.scope.name = "opentelemetry.instrumentation.openai"
+        for _ in range(JOIN_CALLS):
+            rid = f"cmpl-{rng.getrandbits(64):016x}"
+            tid, root = new_id(16), new_id(8)
+            ttft, e2e = rng.lognormvariate(-2.5, 0.8), rng.lognormvariate(0, 0.5)
+            s = ss.spans.add(trace_id=tid, span_id=root, name="text_completion llama", kind=2,
+                             start_time_unix_nano=t0, end_time_unix_nano=t0 + int(e2e * 1e9))
+            s.attributes.extend([kv(sc.OPERATION_NAME, "text_completion"), kv(sc.PROVIDER_NAME, "vllm"),
+                                 kv(sc.REQUEST_MODEL, "llama"), kv(sc.LATENCY_TTFT, ttft),
+                                 kv(sc.LATENCY_TPOT, 0.02), kv(sc.LATENCY_E2E, e2e),
+                                 kv(sc.USAGE_INPUT_TOKENS, 100), kv(sc.USAGE_OUTPUT_TOKENS, 200),
+                                 kv(sc.RESPONSE_ID, rid)])
+            for j, name in enumerate(("llm.queue", "llm.prefill", "llm.decode", "llm.decode.step")):
+                ss.spans.add(trace_id=tid, span_id=new_id(8), parent_span_id=root, name=name,
+                             start_time_unix_nano=t0 + j, end_time_unix_nano=t0 + j + 1)
+            step = ss.spans.add(trace_id=new_id(16), span_id=new_id(8), name="llm.engine.step",
+                                start_time_unix_nano=t0, end_time_unix_nano=t0 + 1)
+            step.links.add(trace_id=tid, span_id=root)
+            ctid, caller = new_id(16), new_id(8)
+            css.spans.add(trace_id=ctid, span_id=caller, name="POST /answer", kind=2,
+                          start_time_unix_nano=t0, end_time_unix_nano=t0 + int(e2e * 1e9) + 1000)
+            c = css.spans.add(trace_id=ctid, span_id=new_id(8), parent_span_id=caller, name="text_completion llama",
+                              kind=3, start_time_unix_nano=t0, end_time_unix_nano=t0 + int(e2e * 1e9))
+            c.attributes.extend([kv(sc.OPERATION_NAME, "text_completion"), kv(sc.REQUEST_MODEL, "llama"),
+                                 kv(sc.RESPONSE_ID, rid)])
+        ordinary = ExportTraceServiceRequest.FromString(build_requests(10, 1, seed=rng.getrandbits(32))[0])
+        ss.spans.extend(ordinary.resource_spans[0].scope_spans[0].spans[:JOIN_ORDINARY * 10])
+        out += [server.SerializeToString(), client.SerializeToString()]
+    return out
+
+
+def _join_round(payloads: list[bytes], join: bool) -> tuple[float, float, int, int, int]:
+    """(CPU s, wall s, spans, joined, kept spans) for ``payloads`` on a fresh gateway, with or without the join."""
+    g = Gateway(config(None), manual_ticks=True)
+    sink = NullExporter()
+    g.exporters = [sink]
+    if not join:
+        g.trace_join = None
+    spans = 0
+    c0, w0 = time.process_time(), time.perf_counter()
+    for p in payloads:
+        g.ingest(g.read_request(p), raw=p)
+        g.tick()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    spans = int(g.telemetry.total("receiver_accepted_spans"))
+    joined = int(g.telemetry.total("trace_join_joined"))
+    kept = sink.spans
+    g.exporters = []
+    g.shutdown()
+    return cpu, wall, spans, joined, kept
+
+
+def bench_trace_join(rounds: int) -> dict:
+    payloads = build_join_mix()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    variants = ("join", "no_join")
+    each: dict[str, dict] = {v: {"us": [], "wall_us": [], "joined": 0, "kept": 0, "spans": 0} for v in variants}
+    for r in range(rounds):
+        for v in variants[r % 2:] + variants[:r % 2]:
+            cpu, wall, spans, joined, kept = _join_round(payloads, v == "join")
+            e = each[v]
+            e["us"].append(cpu / spans * 1e6)
+            e["wall_us"].append(wall / spans * 1e6)
+            e["joined"], e["kept"], e["spans"] = e["joined"] + joined, e["kept"] + kept, e["spans"] + spans
+
+    def summary(xs: list[float], digits: int = 3) -> dict:
+        q = statistics.quantiles(xs, n=4) if len(xs) > 1 else xs * 3
+        return {"median": round(statistics.median(xs), digits), "p25": round(q[0], digits),
+                "p75": round(q[2], digits), "min": round(min(xs), digits), "max": round(max(xs), digits)}
+
+    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "unit": "us CPU per span (ingest + trace_join + tail sampling + export encoding), medians of rounds",
+                 "mix": {"spans_per_round": each["join"]["spans"] // rounds,
+                         "per_request_pair": f"{JOIN_CALLS} server request traces without a parent (6 spans each, "
+                                             f"an engine-step span linking in included) + {JOIN_CALLS} client calls "
+                                             f"(2 spans each) + {JOIN_ORDINARY} ordinary shape-10 traces",
+                         "joined_share_of_spans": round(JOIN_CALLS * 8 / (JOIN_CALLS * 8 + JOIN_ORDINARY * 10), 2)},
+                 "rounds": rounds, "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before},
+                 "note": "a shared 2-core machine with other work running: read the ratio (same round), "
+                         "not the absolute times"}
+    for v in variants:
+        e = each[v]
+        out[v] = {"cpu_us_per_span": summary(e["us"]), "wall_us_per_span": summary(e["wall_us"]),
+                  "spans_per_cpu_s": summary([1e6 / x for x in e["us"]], 0),
+                  "joined_per_round": e["joined"] // rounds, "kept_share": round(e["kept"] / e["spans"], 3)}
+    ratios = [a / b for a, b in zip(each["join"]["us"], each["no_join"]["us"])]
+    out["join_vs_no_join_cpu"] = summary(ratios)
+    out["added_us_per_span"] = round(out["join"]["cpu_us_per_span"]["median"]
+                                     - out["no_join"]["cpu_us_per_span"]["median"], 3)
+    out["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def _commit(root: Path) -> str:
     """The measured checkout, as its commit (a machine's path says nothing to a reader of the results)."""
     try:
@@ -618,7 +741,7 @@ def _commit(root: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--only", default="ingest,loopback,memory,overload,inter_token")
+    ap.add_argument("--only", default="ingest,loopback,memory,overload,inter_token,trace_join")
     ap.add_argument("--itl-rounds", type=int, default=7, help="rounds of the inter_token section")
     ap.add_argument("--root", default=None, help="measure the collector and core of another checkout")
     ap.add_argument("--runs", type=int, default=3, help="loopback runs per shape (the median is reported)")
@@ -626,6 +749,7 @@ def main() -> None:
     ap.add_argument("--paths", default=None, help="receive paths to compare in this run: one_pass,two_pass")
     ap.add_argument("--out", default=None, help="write the results here (any phases, shapes, paths)")
     ap.add_argument("--persistence-rounds", type=int, default=15, help="rounds of the persistence section")
+    ap.add_argument("--join-rounds", type=int, default=15, help="rounds of the trace_join section")
     args = ap.parse_args()
     paths = args.paths.split(",") if args.paths else [None]
     shapes = tuple(int(s) for s in args.shapes.split(","))
@@ -662,6 +786,7 @@ def main() -> None:
         sink_proc.terminate()
     inter_token = bench_inter_token(args.itl_rounds) if "inter_token" in phases else None
     persistence = bench_persistence(args.persistence_rounds) if "persistence" in phases else None
+    trace_join = bench_trace_join(args.join_rounds) if "trace_join" in phases else None
     results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
     print(f"{'phase':<24}{'shape':>6}{'spans':>10}{'spans/s/core':>14}{'us/span':>9}{'ceiling':>9}{'x ceil':>8}  spread")
@@ -708,6 +833,20 @@ def main() -> None:
             persistence["code"] = results["code"]
             out = Path(__file__).resolve().parent / "results" / "collector_persistence.json"
             out.write_text(json.dumps(persistence, indent=2) + "\n")
+            print(f"written {out}")
+    if trace_join is not None:
+        j, n = trace_join["join"], trace_join["no_join"]
+        print("trace_join, us CPU per span (median, p25-p75): "
+              + ", ".join(f"{k} {x['cpu_us_per_span']['median']:.2f} ({x['cpu_us_per_span']['p25']:.2f}-"
+                          f"{x['cpu_us_per_span']['p75']:.2f}), {x['spans_per_cpu_s']['median']:.0f} spans/s"
+                          for k, x in (("join", j), ("no_join", n)))
+              + f"; ratio {trace_join['join_vs_no_join_cpu']['median']:.3f} "
+              f"({trace_join['join_vs_no_join_cpu']['p25']:.3f}-{trace_join['join_vs_no_join_cpu']['p75']:.3f}), "
+              f"{j['joined_per_round']} joined per round")
+        if args.root is None:
+            trace_join["code"] = results["code"]
+            out = Path(__file__).resolve().parent / "results" / "collector_trace_join.json"
+            out.write_text(json.dumps(trace_join, indent=2) + "\n")
             print(f"written {out}")
     if args.out or (args.root is None and {"ingest", "loopback", "memory", "overload"} <= phases
                     and shapes == (1, 10, 200) and args.paths is None):

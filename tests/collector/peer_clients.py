@@ -1,5 +1,6 @@
 """Loopback clients with their own source addresses (127.0.0.2, 127.0.0.3, ...): a connection squatter, a
-gRPC call squatter's route (a forwarder whose upstream side is bound to an address), an honest exporter.
+gRPC call squatter's route (a forwarder whose upstream side is bound to an address), an honest exporter,
+many keep-alive exporters on one address.
 
 Every loop here is bounded in count and in time; everything stops on ``close()``. Used by
 tests/collector/test_fairness.py and benchmarks/gateway_hardening.py.
@@ -144,3 +145,42 @@ def http_export(port: int, body: bytes, source: str = "127.0.0.1", token: str | 
         return 0
     finally:
         conn.close()
+
+
+def keep_alive_clients(port: int, body: bytes, source: str, clients: int = 100, rounds: int = 3,
+                       timeout: float = 30.0) -> tuple[list[int], list[float]]:
+    """``clients`` keep-alive connections from ``source`` (a host running many instrumented processes), opened
+    together, ``rounds`` exports each: the exports each client got through (one entry a client that finished)
+    and every export's seconds."""
+    oks: list[int] = []
+    times: list[float] = []
+    lock = threading.Lock()
+    ready = threading.Barrier(clients)
+
+    def client() -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+        ok, mine = 0, []
+        try:
+            ready.wait(60)  # all connections are open together
+            for _ in range(rounds):
+                t = time.perf_counter()
+                try:
+                    c.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+                    r = c.getresponse()
+                    r.read()
+                    ok += r.status == 200
+                except (OSError, http.client.HTTPException):
+                    c.close()
+                mine.append(time.perf_counter() - t)
+        finally:
+            c.close()
+            with lock:
+                oks.append(ok)
+                times.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t_ in threads:
+        t_.start()
+    for t_ in threads:
+        t_.join(4 * timeout)
+    return oks, times

@@ -24,7 +24,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span, wait_for
-from peer_clients import METHOD, ConnectionSquatter, Forwarder, http_export
+from peer_clients import METHOD, ConnectionSquatter, Forwarder, http_export, keep_alive_clients
 from otel_llm.otlp.json_codec import dumps
 from otel_llm_collector.auth import BearerAuth
 from otel_llm_collector.config import CollectorConfig, ConfigError
@@ -122,36 +122,8 @@ def test_100_honest_keep_alive_clients_on_one_address_get_their_exports_through(
     whole receiver (the fixed shares refused a third of these exports)."""
     g = gateway(http={})
     clients, rounds = 100, 3
-    results: list[int] = []
-    lock = threading.Lock()
-    ready = threading.Barrier(clients)
-
-    def client() -> None:
-        import http.client
-
-        c = http.client.HTTPConnection("127.0.0.1", g.http.port, timeout=30, source_address=(HONEST, 0))
-        ok = 0
-        try:
-            ready.wait(60)  # all 100 connections are open together
-            for _ in range(rounds):
-                try:
-                    c.request("POST", "/v1/traces", body=GOOD, headers={"Content-Type": "application/x-protobuf"})
-                    r = c.getresponse()
-                    r.read()
-                    ok += r.status == 200
-                except (OSError, http.client.HTTPException):
-                    c.close()
-        finally:
-            c.close()
-            with lock:
-                results.append(ok)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        results, _ = keep_alive_clients(g.http.port, GOOD, HONEST, clients, rounds)
         sent = clients * rounds
         assert len(results) == clients and sum(results) >= 0.99 * sent, f"{sum(results)} of {sent} succeeded"
         for reason in ("peer_share", "too_many_connections", "evicted_idle", "evicted_slow", "busy"):
