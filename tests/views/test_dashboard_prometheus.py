@@ -351,10 +351,12 @@ class VictimStream:
     def wait(self, until: Callable[[list[int], list[bool]], bool], what: str, timeout: float = 300.0) -> list[int]:
         """Block until ``until(tokens, done)`` holds (the bound is for a hung server, not a speed)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self.error or until(self.tokens, self.done), timeout):
+            if not self._cond.wait_for(lambda: self.error or all(self.done) or until(self.tokens, self.done), timeout):
                 raise AssertionError(f"gave up waiting for {what}: victims' tokens {self.tokens}")
             if self.error is not None:
                 raise AssertionError(f"the victims' stream failed: {self.error!r}") from self.error
+            if not until(self.tokens, self.done):
+                raise AssertionError(f"the victims finished before {what}: their tokens {self.tokens}")
             return list(self.tokens)
 
     def join(self, timeout: float = 300.0) -> None:
