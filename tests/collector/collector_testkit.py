@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -77,11 +76,6 @@ def loopback_config(**over: Any) -> CollectorConfig:
     for k, v in over.items():
         raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
     return CollectorConfig.from_mapping(raw)
-
-
-def prometheus_binary() -> str | None:
-    path = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
-    return path if os.path.exists(path) and os.access(path, os.X_OK) else None
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:

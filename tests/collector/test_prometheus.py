@@ -3,20 +3,16 @@ TTFT histogram lands in the bucket that holds the true p99 (bucket resolution)."
 
 from __future__ import annotations
 
-import json
 import random
-import socket
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from collector_testkit import export_request, loopback_config, prometheus_binary, request_attrs, span
+from collector_testkit import export_request, loopback_config, request_attrs, span
 from otel_llm.core.metrics import TTFT_BUCKETS
 from otel_llm_collector.gateway import Gateway
+from support.prometheus import PromAPI, Prometheus, prometheus_binary
 
 PROM = prometheus_binary()
 pytestmark = pytest.mark.skipif(PROM is None, reason="Prometheus not installed (Debian package `prometheus`, "
@@ -24,16 +20,8 @@ pytestmark = pytest.mark.skipif(PROM is None, reason="Prometheus not installed (
 N = 2000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def query(port: int, expr: str) -> list:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)["data"]["result"]
+    return PromAPI(port).query(expr)
 
 
 def wait_for(predicate, what: str, timeout: float = 60.0):
@@ -62,39 +50,11 @@ def fed_gateway():
     g.shutdown()
 
 
-def start_prometheus(tmp_path: Path, target: str, *flags: str) -> tuple[subprocess.Popen, int]:
-    """Debian's Prometheus scraping ``target`` every second (``flags``: e.g. a feature to enable)."""
-    port = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
-  - job_name: otel-llm-collector
-    static_configs: [{{targets: ["{target}"]}}]
-""")
-    assert PROM is not None
-    proc = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return proc, port
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path, fed_gateway):
     g, _ = fed_gateway
-    proc, port = start_prometheus(tmp_path, g.prometheus_endpoint)
-    try:
-        yield port
-    finally:
-        stop(proc)
+    with Prometheus(tmp_path, {"otel-llm-collector": g.prometheus_endpoint}) as prom:
+        yield prom.port
 
 
 def test_prometheus_scrapes_and_p99_is_within_bucket_resolution(fed_gateway, prometheus) -> None:

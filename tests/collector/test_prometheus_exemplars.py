@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from collector_testkit import FakeClock, export_request, loopback_config, prometheus_binary, request_attrs, span
+from collector_testkit import FakeClock, export_request, loopback_config, request_attrs, span
 from otel_llm_collector.gateway import Gateway
-from test_prometheus import query, start_prometheus, stop, wait_for
+from support.prometheus import Prometheus, prometheus_binary
+from test_prometheus import query, wait_for
 
 PROM = prometheus_binary()
 pytestmark = pytest.mark.skipif(PROM is None, reason="Prometheus not installed (Debian package `prometheus`, "
@@ -57,8 +58,9 @@ def test_ttft_exemplars_on_prometheus_resolve_to_kept_traces_only(tmp_path, kept
     exported = {sp["traceId"] for line in (tmp_path / "kept.jsonl").read_text().splitlines()
                 for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]}
     assert exported == kept
-    proc, port = start_prometheus(tmp_path, g.prometheus_endpoint, "--enable-feature=exemplar-storage")
-    try:
+    with Prometheus(tmp_path, {"otel-llm-collector": g.prometheus_endpoint},
+                    flags=["--enable-feature=exemplar-storage"]) as prom:
+        port = prom.port
         data = wait_for(lambda: query_exemplars(port, TTFT), "exemplars scraped")
         ids = {e["labels"]["trace_id"] for series in data for e in series["exemplars"]}
         assert ids and ids <= kept, ids - kept
@@ -68,8 +70,6 @@ def test_ttft_exemplars_on_prometheus_resolve_to_kept_traces_only(tmp_path, kept
             le = float(series["seriesLabels"]["le"])
             for e in series["exemplars"]:
                 assert float(e["value"]) <= le
-    finally:
-        stop(proc)
 
 
 def test_sdk_metrics_sent_to_the_gateway_reach_prometheus(tmp_path, monkeypatch) -> None:
@@ -80,8 +80,8 @@ def test_sdk_metrics_sent_to_the_gateway_reach_prometheus(tmp_path, monkeypatch)
     with Gateway(loopback_config(processors={"tail_sampling": None}), manual_ticks=True) as g:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", g.http_endpoint)  # the standard variable, no path
         _sdk_metrics(OTLPMetricExporter())
-        proc, port = start_prometheus(tmp_path, g.prometheus_endpoint)
-        try:
+        with Prometheus(tmp_path, {"otel-llm-collector": g.prometheus_endpoint}) as prom:
+            port = prom.port
             got = wait_for(lambda: query(port, "orders_total"), "the SDK's counter scraped")
             assert float(got[0]["value"][1]) == 3
             assert got[0]["metric"]["exported_job"] == "shop" and got[0]["metric"]["region"] == "eu"
@@ -89,5 +89,3 @@ def test_sdk_metrics_sent_to_the_gateway_reach_prometheus(tmp_path, monkeypatch)
             assert float(count[0]["value"][1]) == 1
             accepted = query(port, "otelcol_receiver_accepted_metric_points_total")
             assert float(accepted[0]["value"][1]) == 3
-        finally:
-            stop(proc)

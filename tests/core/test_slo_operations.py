@@ -14,12 +14,12 @@ from otel_llm import semconv as sc
 from otel_llm.core.config import Config
 from otel_llm.core.diagnosis.engine_time import busy, engine_time, interference_caused, work_shares
 from otel_llm.core.diagnosis.roofline import DevicePeaks, ModelShape
-from otel_llm.core.diagnosis.verdict import StepWindow
+from otel_llm.core.diagnosis.verdict import SlowVerdict, StepWindow, decide
 from otel_llm.core.metrics import ServerMetrics
 from otel_llm.core.slo import SLO, SLOTable
 from otel_llm.core.summary import RequestSummary
 from otel_llm.core.tenant import MAX_LENGTH, TenantLabels, TenantSource, clean
-from otel_llm.core.timeline import PrefillChunk, StepRecord
+from otel_llm.core.timeline import QUEUED, PrefillChunk, RequestTimeline, StepRecord
 
 TENANT = sc.REQUEST_TENANT
 
@@ -341,3 +341,98 @@ def test_a_streamed_response_carries_the_handlers_tenant_to_the_streaming_task()
 
     assert asyncio.run(main()) == ["chunk"]
     assert seen == [("team-a", "m", True, ("127.0.0.1", 8000), "text_completion")]
+
+
+class Scenario:
+    """The two-tenant scenario's shape (tests/views/test_dashboard_prometheus.py) as step records, judged by the
+    verdict and the interference-caused rule: ``victims`` decoding 1 token a step (decode-only steps take
+    ``DECODE`` s), long prompts of ``LONG`` tokens prefilled beside them (a step with prefill takes ``PREFILL`` s)."""
+
+    DECODE, PREFILL, LONG, LENGTH = 0.010, 0.030, 440, 96
+
+    def __init__(self, victims: int = 8) -> None:
+        self.window = StepWindow()
+        self.engine = 9 << 32
+        self.next = 1
+        self.now = 100.0
+        self.victims = {f"v{i}": RequestTimeline(f"v{i}", 0.0, model="m", response_id=f"v{i}") for i in range(victims)}
+        self.chunks: dict[str, list[PrefillChunk]] = {}
+        for t in self.victims.values():
+            t.events.append((QUEUED, self.now))
+        self._step({r: 8 for r in self.victims}, {}, self.DECODE)  # their prompts, one step: the first tokens
+
+    def _step(self, prompts: dict[str, int], longs: dict[str, int], dur: float) -> None:
+        step_id = self.engine | self.next
+        start, end = self.now + 0.0005, self.now + 0.0005 + dur
+        decoding = [r for r in self.victims if r not in prompts and len(self.victims[r].token_ts) < self.LENGTH]
+        ids = [*prompts, *decoding, *longs]
+        tokens = [*prompts.values(), *(1 for _ in decoding), *longs.values()]
+        prefill_at = [*range(len(prompts)), *range(len(prompts) + len(decoding), len(ids))]
+        rec = step(step_id, start, end, ids, tokens, prefill_at)
+        self.window.add(rec, sum(prompts.values()) + sum(longs.values()), len(decoding))
+        for r in [*prompts, *decoding]:
+            self.victims[r].steps.append(step_id)
+            self.victims[r].token_ts.append(end)
+        for r, n in prompts.items():
+            self.victims[r].chunks.append(PrefillChunk(step_id, start, end, n))
+        for r, n in longs.items():
+            self.chunks.setdefault(r, []).append(PrefillChunk(step_id, start, end, n))
+        self.next += 1
+        self.now = end
+
+    def decode(self, n: int) -> None:
+        for _ in range(n):
+            self._step({}, {}, self.DECODE)
+
+    def burst(self, k: int, first: int) -> None:
+        """``k`` long prompts sent at once, prefilled 504 tokens a step (the 512-token budget less 8 decodes)."""
+        left = {f"long{first + j}": self.LONG for j in range(k)}
+        while left:
+            budget, longs = 504, {}
+            for r in list(left):
+                n = min(budget, left[r])
+                if n <= 0:
+                    break
+                longs[r], budget = n, budget - n
+                left[r] -= n
+                if not left[r]:
+                    del left[r]
+            self._step({}, longs, self.PREFILL)
+
+    def judged(self) -> dict[str, SlowVerdict]:
+        return {r: decide(t, self.window, ("tpot",)) for r, t in self.victims.items()}
+
+    def caused(self) -> float:
+        return sum(interference_caused(c, self.window) for c in self.chunks.values())
+
+
+def test_the_two_tenant_scenario_is_charged_only_with_decode_only_steps_to_compare() -> None:
+    """What the real-engine scenario's driver must guarantee, and why: with decode-only steps of the victims' batch
+    before and between the bursts, every victim's TPOT breach is prefill interference and the long prompts caused
+    what the victims lost; with long prompts in every step from their first decode, or only after they finished,
+    nothing can be charged (the verdict says unknown)."""
+    paced = Scenario()
+    paced.decode(4)  # the driver's BASELINE_STEPS
+    sent = 0
+    while len(paced.victims["v0"].token_ts) + 24 <= Scenario.LENGTH:  # its ROOM
+        paced.burst(4, sent)
+        sent += 4
+        paced.decode(4)  # its PAUSE_STEPS
+    paced.decode(Scenario.LENGTH - len(paced.victims["v0"].token_ts))
+    verdicts = paced.judged()
+    assert {v.cause for v in verdicts.values()} == {sc.SLOW_PREFILL_INTERFERENCE}
+    # each burst of 4 prompts (1,760 tokens) took 4 steps, each 20 ms longer than a decode-only one, for each victim
+    lost = sum(v.seconds[sc.SLOW_PREFILL_INTERFERENCE] for v in verdicts.values())
+    assert sent >= 12 and lost == pytest.approx(8 * sent * 0.020)
+    assert paced.caused() == pytest.approx(lost)
+
+    crowded = Scenario()  # a long prompt in every step from the victims' first decode on
+    while len(crowded.victims["v0"].token_ts) < Scenario.LENGTH:
+        crowded.burst(1, len(crowded.chunks))
+    assert {v.cause for v in crowded.judged().values()} == {sc.SLOW_UNKNOWN}
+    assert crowded.caused() == 0.0
+
+    late = Scenario()  # the long prompts arrive once the victims have finished
+    late.decode(Scenario.LENGTH - 1)
+    late.burst(4, 0)
+    assert {v.cause for v in late.judged().values()} == {sc.SLOW_UNKNOWN}

@@ -14,18 +14,12 @@ above 0.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shutil
-import socket
-import subprocess
+import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -42,6 +36,7 @@ from otel_llm import semconv as sc
 from otel_llm.core import metrics as m
 from otel_llm.core import self_metrics as sm
 from otel_llm.core.diagnosis.gpu import GpuSampler
+from otel_llm.core.diagnosis.verdict import MIN_SAMPLES
 from otel_llm.demo import scenario
 from otel_llm.core.slo import SLOTable
 from otel_llm.views import alerts, dashboard
@@ -50,8 +45,9 @@ from otel_llm_collector.config import CollectorConfig
 from otel_llm_collector.gateway import Gateway
 from otel_llm_collector.prometheus import OtelBridge
 from support.fake_nvml import FakeNVML
+from support.prometheus import PromAPI, Prometheus, prometheus_binary
 
-PROM = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+PROM = prometheus_binary()
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(PROM is None, reason="Prometheus not installed (Debian package `prometheus`)")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,12 +81,6 @@ def feature_queries() -> list[tuple[str, str]]:
 RANGE = "5m"  # for $__rate_interval: covers the whole load at query time
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(predicate, what: str, timeout: float = 120.0) -> Any:
     """Poll an external process until it has the answer; the bound is for a hung process, not a timing test."""
     deadline = time.monotonic() + timeout
@@ -104,25 +94,6 @@ def wait_for(predicate, what: str, timeout: float = 120.0) -> Any:
             last = exc
         time.sleep(0.5)
     raise AssertionError(f"gave up waiting for {what} (last: {last})")
-
-
-class PromAPI:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api/v1"
-
-    def get(self, path: str, **params: Any) -> Any:
-        url = f"{self.base}/{path}?" + urllib.parse.urlencode(params, doseq=True)
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                return json.load(r)["data"]
-        except urllib.error.HTTPError as exc:
-            if exc.code == 503:  # still starting (replaying its WAL): not an answer yet, wait_for retries
-                raise ConnectionError(f"Prometheus not ready: {exc}") from None
-            # a query that does not parse: Prometheus says why
-            raise AssertionError(f"{path} {params}: {exc.code} {exc.read().decode()[:300]}") from None
-
-    def query(self, expr: str) -> list:
-        return self.get("query", query=expr)["result"]
 
 
 @pytest.fixture(scope="module")
@@ -148,29 +119,15 @@ def stack(llm, tmp_path_factory) -> Iterator[dict]:
     registry.register(OtelBridge(reader))
     sdk_server, _ = start_http_server(0, "127.0.0.1", registry)  # prometheus_client's own exposition server
     sdk_port = sdk_server.server_address[1]
-    port = free_port()
-    cfg = tmp / "prometheus.yml"
     # the burn-rate rules `otel-llm alerts` writes for this SLO with a goodput target (the "Active alerts" panel)
     rules = alerts.write(SLOTable.parse(SLO + ",goodput=0.99"), tmp / "otel-llm.rules.yml")
-    cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{rules}"]
-scrape_configs:
-  - job_name: otel-llm-collector
-    static_configs: [{{targets: ["{gateway.prometheus_endpoint}"]}}]
-  - job_name: otel-llm-sdk
-    static_configs: [{{targets: ["127.0.0.1:{sdk_port}"]}}]
-""")
-    prom = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = PromAPI(port)
+    prom = Prometheus(tmp, {"otel-llm-collector": gateway.prometheus_endpoint,
+                            "otel-llm-sdk": f"127.0.0.1:{sdk_port}"}, rule_files=[rules])
     tracer_provider = TracerProvider(resource=Resource.create({"service.name": "otel-llm-demo"}))
     tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=gateway.grpc_endpoint,
                                                                            insecure=True)))
     try:
-        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=10).status == 200,
-                 "Prometheus ready")
+        api = prom.start().api
         try:
             wait_for(lambda: len([r for r in api.query("up") if r["value"][1] == "1"]) == 2, "both scrape targets up")
         except AssertionError:
@@ -222,11 +179,7 @@ scrape_configs:
         assert finished == REQUESTS
         yield {"api": api, "gateway": gateway, "kept": kept}
     finally:
-        prom.terminate()
-        try:
-            prom.wait(10)
-        except subprocess.TimeoutExpired:
-            prom.kill()
+        prom.stop()
         tracer_provider.shutdown()
         sdk_server.shutdown()
         sdk_server.server_close()
@@ -338,16 +291,107 @@ def test_report_from_the_collectors_file_exporter(stack, tmp_path: Path) -> None
 # token each: they never decode) are prefilled among them. Every SLO is 1 µs, in the SDK (which judges the
 # cause) and in the gateway (which counts the breaches): every decode breaches TPOT whatever the machine's
 # speed, and what is asserted is what our code charged, never a speed.
+#
+# The verdict charges a decode step that carried others' prefill its duration beyond the median decode-only
+# step of the same decode batch size (core/diagnosis/verdict.py), and so does the interference a prompt caused
+# (core/diagnosis/engine_time.py, over the steps before it); without three such steps in the window it reads,
+# it cannot tell and charges nothing. So the driver paces the long prompts by the engine steps it observes (the
+# victims' stream reports each one's token count, one token per step), never by sleeping: the first burst goes
+# only once every victim has had BASELINE_STEPS decode-only steps of the full batch, each burst is followed by
+# PAUSE_STEPS tokens of every victim without a long prompt, and no burst is sent unless the victims have the
+# room to decode beside it and its pause, so every prefill step has the full batch beside it.
 VICTIM, AGGRESSOR = "team-chat", "team-batch"
 TINY = "tpot=0.000001"
-VICTIMS, VICTIM_TOKENS = 8, 64
-LONG_TOKENS = 440  # near the session's 512-token context; one prompt per 512-token step
+VICTIMS, VICTIM_TOKENS = 8, 96
+LONG_TOKENS = 440  # near the session's 512-token context
+BURST = 4  # long prompts sent at once: a step prefills up to 504 tokens beside the 8 decodes (512-token budget)
+# the verdict's MIN_SAMPLES decode-only steps, and one to spare for a victim's chunk still on its way
+BASELINE_STEPS = PAUSE_STEPS = MIN_SAMPLES + 1
+ROOM = 24  # victim tokens a burst and its pause may take (steps between the driver's look and the prompts' arrival)
+
+
+class VictimStream:
+    """The victims, one request of VICTIMS prompts (vLLM adds them to the engine together, so they are admitted
+    within a step or two), streamed and read on a thread: each chunk carries one prompt's output tokens so far
+    (vLLM's ``continuous_usage_stats``), so the driver knows how many engine steps each victim has had."""
+
+    def __init__(self, client: Any, model: str, prompts: list[list[int]]) -> None:
+        self.tokens = [0] * len(prompts)
+        self.done = [False] * len(prompts)
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stream = client.completions.create(
+            model=model, prompt=prompts, max_tokens=VICTIM_TOKENS, user=VICTIM, stream=True, temperature=0.0,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True})
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for chunk in self._stream:
+                if not chunk.choices or chunk.usage is None:  # the closing usage chunk
+                    continue
+                with self._cond:
+                    for choice in chunk.choices:
+                        self.tokens[choice.index] = max(self.tokens[choice.index], chunk.usage.completion_tokens)
+                        self.done[choice.index] |= choice.finish_reason is not None
+                    self._cond.notify_all()
+        except BaseException as exc:  # reported by wait(): the driver must not wait on a dead stream
+            self.error = exc
+        finally:
+            with self._cond:
+                self.done = [True] * len(self.done)
+                self._cond.notify_all()
+
+    def snapshot(self) -> list[int]:
+        with self._cond:
+            return list(self.tokens)
+
+    def wait(self, until: Callable[[list[int], list[bool]], bool], what: str, timeout: float = 300.0) -> list[int]:
+        """Block until ``until(tokens, done)`` holds (the bound is for a hung server, not a speed)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.error or all(self.done) or until(self.tokens, self.done), timeout):
+                raise AssertionError(f"gave up waiting for {what}: victims' tokens {self.tokens}")
+            if self.error is not None:
+                raise AssertionError(f"the victims' stream failed: {self.error!r}") from self.error
+            if not until(self.tokens, self.done):
+                raise AssertionError(f"the victims finished before {what}: their tokens {self.tokens}")
+            return list(self.tokens)
+
+    def join(self, timeout: float = 300.0) -> None:
+        self.wait(lambda tokens, done: all(done), "the victims to finish", timeout)
+        self._thread.join(timeout)
+
+
+def two_tenant_load(client: Any, model: str) -> dict[str, Any]:
+    """The scenario (above) on a served engine with nothing else running; returns what it did: the long prompts
+    sent, and per burst the victims' fewest tokens when it was sent, when it was done and after its pause."""
+    def ids(i: int, n: int) -> list[int]:
+        return [5 + (i * 7 + j) % 400 for j in range(n)]
+
+    victims = VictimStream(client, model, [ids(i, 8) for i in range(VICTIMS)])
+    # every victim holds BASELINE_STEPS + 1 tokens after BASELINE_STEPS decode steps of its own, in each of which
+    # every victim decoded (none is near its end) and nothing else ran
+    victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
+    sent = 0
+    bursts: list[tuple[int, int, int]] = []
+    while max(before := victims.snapshot()) + ROOM <= VICTIM_TOKENS:
+        # one request of BURST long prompts, added to the engine together
+        client.completions.create(model=model, prompt=[ids(50 + sent + j, LONG_TOKENS) for j in range(BURST)],
+                                  max_tokens=1, user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
+        sent += BURST
+        after = victims.snapshot()
+        # every victim's next PAUSE_STEPS tokens come from steps without a long prompt (none is in flight)
+        paused = victims.wait(lambda tokens, done: all(d or t >= a + PAUSE_STEPS for t, d, a in zip(tokens, done, after)),
+                              "the decode-only steps after a burst")
+        bursts.append((min(before), min(after), min(paused)))
+    victims.join()
+    assert sent, f"no long prompt was sent: the victims decoded past their room before the first burst ({before})"
+    return {"long_prompts": sent, "bursts": bursts}
 
 
 @pytest.fixture(scope="module")
 def tenant_stack(tmp_path_factory) -> Iterator[dict]:
-    import threading
-
     from openai import OpenAI
     from support.server import VLLMServer
 
@@ -357,40 +401,19 @@ def tenant_stack(tmp_path_factory) -> Iterator[dict]:
         "processors": {"llm_metrics": {"slo": TINY}},
         "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
     })).start()
-    port = free_port()
-    cfg = tmp / "prometheus.yml"
-    cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
-  - job_name: otel-llm-collector
-    static_configs: [{{targets: ["{gateway.prometheus_endpoint}"]}}]
-""")
-    prom = subprocess.Popen([PROM, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = PromAPI(port)
+    prom = Prometheus(tmp, {"otel-llm-collector": gateway.prometheus_endpoint})
     server = VLLMServer(otlp_endpoint=gateway.http_endpoint, service_name="otel-llm-tenants",
                         env={"OTEL_LLM_TENANT": "user", "OTEL_LLM_SLO": TINY, "OTEL_LLM_TAIL_QUANTILE": "0"},
                         max_num_batched_tokens=512)
     try:
+        api = prom.start().api
         server.start()
         client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
         model = client.models.list().data[0].id
-
-        def ids(i: int, n: int) -> list[int]:
-            return [5 + (i * 7 + j) % 400 for j in range(n)]
-
-        def complete(user: str, prompt: list[int], tokens: int, started: threading.Event | None = None) -> None:
-            stream = client.completions.create(model=model, prompt=prompt, max_tokens=tokens, user=user, stream=True,
-                                               temperature=0.0, extra_body={"ignore_eos": True})
-            for _ in stream:
-                if started is not None:
-                    started.set()
-
         # priming: one single-token request per tenant (no TPOT, no decode beside it) makes every series the
         # assertions and panels read, scraped before the scenario, so the panels' rates are the scenario's
         for user in (VICTIM, AGGRESSOR):
-            complete(user, ids(100, 4), 1)
+            client.completions.create(model=model, prompt=[5, 6, 7, 8], max_tokens=1, user=user, temperature=0.0)
         requests_total = dashboard.counter(m.SERVER_METRICS.requests_spec)
         try:
             wait_for(lambda: {r["metric"].get(dashboard.TENANT) for r in api.query(requests_total)}
@@ -399,55 +422,37 @@ scrape_configs:
             names = sorted(r["metric"]["__name__"] for r in api.query('count by (__name__) ({__name__=~".+"})'))
             raise AssertionError(f"{requests_total}: {api.query(requests_total)}; scraped: {names}; "
                                  f"server log: {server.log_tail(30)}") from None
-        time.sleep(2)  # two more scrapes of the primed values
-        # the scenario: the victims start together (their short prompts prefill in one step), then, once every
-        # one of them is decoding, the long prompts arrive
-        started = [threading.Event() for _ in range(VICTIMS)]
-        victims = [threading.Thread(target=complete, args=(VICTIM, ids(i, 8), VICTIM_TOKENS, started[i]))
-                   for i in range(VICTIMS)]
-        for t in victims:
-            t.start()
-        for e in started:
-            assert e.wait(300), "a victim never got its first token"
-        # one long prompt after another for as long as any victim decodes: every victim decodes beside them,
-        # whatever this machine's speed, with decode-only steps (the verdict's baseline) between them
-        def flood() -> None:
-            for k in range(1000):
-                if not any(t.is_alive() for t in victims):
-                    return
-                complete(AGGRESSOR, ids(50 + k, LONG_TOKENS), 1)
-
-        aggressors = [threading.Thread(target=flood)]
-        for t in aggressors:
-            t.start()
-        for t in victims + aggressors:
-            t.join(300)
-        assert not any(t.is_alive() for t in victims + aggressors)
-        yield {"api": api, "server": server}
+        primed = time.time()  # two more scrapes of the primed values before the scenario
+        wait_for(lambda: all(float(r["value"][1]) > primed + 1 for r in api.query("timestamp(up)")),
+                 "two scrapes after the priming")
+        load = two_tenant_load(client, model)
+        print(f"two tenants: {load}")
+        yield {"api": api, "server": server, "load": load}
     finally:
         server.stop()
-        prom.terminate()
-        try:
-            prom.wait(10)
-        except subprocess.TimeoutExpired:
-            prom.kill()
+        prom.stop()
         gateway.shutdown()
+
+
+# Not yet reliable: a burst that takes many engine steps to go from the driver to the engine leaves the victims
+# decoding alone meanwhile, and on an idle machine the tiny model's 504-token prefill step costs little more than a
+# decode step, so the interference can fall under the verdict's MIN_SHARE of their decode time (all unknown).
+OPEN = pytest.mark.xfail(reason="open: the interference share of the victims' decode time depends on how fast the "
+                         "serving process hands each burst to the engine", strict=False)
 
 
 def _by(api: PromAPI, expr: str, label: str) -> dict[str, float]:
     return {r["metric"].get(label, ""): float(r["value"][1]) for r in api.query(expr)}
 
 
-@pytest.mark.xfail(reason="open: the scenario's timing decides it; the victims need decode-only steps between the "
-                   "long prompts as the verdict's baseline, and in one of four runs all 8 were judged unknown",
-                   strict=False)
+@OPEN
 def test_two_tenants_panels_and_the_victims_breaches(tenant_stack) -> None:
     """Issue acceptance: the per-tenant goodput, engine-time and interference panels return data for both
     tenants; >= 90 % of the victim tenant's TPOT breaches are charged to prefill_interference."""
     api: PromAPI = tenant_stack["api"]
     tenant, cause, objective = dashboard.TENANT, dashboard.label(sc.SLOW_CAUSE), dashboard.label(sc.SLO_OBJECTIVE)
     breaches = dashboard.counter(m.SERVER_METRICS.slo_breaches_spec)
-    # every victim's request reached the gateway and Prometheus (each breaches TPOT: it decodes 64 tokens)
+    # every victim's request reached the gateway and Prometheus (each breaches TPOT: it decodes)
     by_cause = wait_for(lambda: (lambda r: r if sum(r.values()) >= VICTIMS else None)(_by(
         api, f'sum by ({cause}) ({breaches}{{{tenant}="{VICTIM}", {objective}="tpot"}})', cause)),
         "the victims' TPOT breaches")
@@ -467,15 +472,17 @@ def test_two_tenants_panels_and_the_victims_breaches(tenant_stack) -> None:
             assert {VICTIM, AGGRESSOR} <= result
 
 
-@pytest.mark.xfail(reason="open: the scenario's timing decides it; the victims need decode-only steps between the "
-                   "long prompts as the verdict's baseline, and in one of four runs all 8 were judged unknown",
-                   strict=False)
+@OPEN
 def test_two_tenants_interference_is_charged_to_the_long_prompts_tenant(tenant_stack) -> None:
-    """Issue acceptance: >= 90 % of the interference seconds are charged, as interference_caused, to the tenant
-    that sent the long prompts."""
+    """Issue acceptance: of the interference seconds charged as interference_caused, >= 90 % are charged to the
+    tenant that sent the long prompts."""
     api: PromAPI = tenant_stack["api"]
     tenant = dashboard.TENANT
     caused = dashboard.histogram(m.SERVER_HISTOGRAM["interference_caused"].name) + "_sum"
+    count = dashboard.histogram(m.SERVER_HISTOGRAM["interference_caused"].name) + "_count"
+    # every long prompt's request reached Prometheus (and the priming one)
+    wait_for(lambda: _by(api, f"sum by ({tenant}) ({count})", tenant).get(AGGRESSOR, 0.0)
+             >= tenant_stack["load"]["long_prompts"] + 1, "every long prompt's interference caused")
     seconds = _by(api, f"sum by ({tenant}) ({caused})", tenant)
     engine = dashboard.histogram(m.SERVER_HISTOGRAM["engine_time"].name) + "_sum"
     print(f"interference seconds caused by tenant: {seconds}; engine seconds by tenant: "
