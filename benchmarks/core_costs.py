@@ -21,8 +21,14 @@
 
 * ``agent`` (results/agent_cpu.json): the agent process's CPU per token, its defaults replayed through the
   agent's own code (``benchmarks/agent_replay.py``, which takes its options and ``--profile`` run on its own).
+* ``exit`` (results/launcher_exit.json): how long a script under ``opentelemetry-instrument`` takes to exit
+  after its last line with nothing listening where our providers export (one refused openai call's span and
+  metrics unsent), against the same script with ``OTEL_{TRACES,METRICS}_EXPORTER=none``: the bounded
+  shutdown (``providers.SHUTDOWN_S``) plus what teardown adds. The clean venv of tests/core/test_launcher.py
+  (this checkout's wheel and openai, no engines); interleaved rounds, wall seconds; medians, spreads and the
+  median of per-round differences.
 
-Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics,agent]
+Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics,agent,exit]
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillC
 RESULTS = Path(__file__).parent / "results"
 TOKENS = 128
 ENGINE = 1 << 32
-SECTIONS = ("metrics", "verdict", "step_metrics", "agent")
+SECTIONS = ("metrics", "verdict", "step_metrics", "agent", "exit")
 
 
 # -- metrics: one finished request's metrics ----------------------------------------------------------
@@ -276,6 +282,42 @@ def agent() -> None:
     agent_replay.main([])
 
 
+def launcher_exit(rounds: int = 7) -> None:
+    import tempfile
+
+    from otel_llm.core.providers import SHUTDOWN_S
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: test helpers, not shipped
+    from support.launcher import launcher_venv, nothing_listens, run
+
+    if not nothing_listens(4318):
+        sys.exit("exit: something listens on localhost:4318, where the exports must be refused")
+    none = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    samples: dict[str, list[float]] = {"otlp, nothing listening": [], "exporters none": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        python = launcher_venv(Path(tmp) / "launcher")
+        for round_ in range(rounds):
+            order = list(samples)
+            if round_ % 2:
+                order.reverse()
+            for name in order:
+                _, after_last_line, _ = run(python, "launcher", Path(tmp), **({} if name.startswith("otlp") else none))
+                samples[name].append(after_last_line)
+    diffs = [a - b for a, b in zip(*samples.values())]
+
+    def spread(got: list[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(got), 3), "min": round(min(got), 3), "max": round(max(got), 3)}
+
+    out: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                 "python": platform.python_version(), "load_average_1m": round(os.getloadavg()[0], 1),
+                 "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": rounds, "shutdown_budget_s": SHUTDOWN_S,
+                 "resolution": "time.time() around a subprocess: milliseconds, the machine's load decides the rest",
+                 "exit_s_after_last_line": {name: spread(got) for name, got in samples.items()},
+                 "added_s": spread(diffs), "raw": {"added_s": [round(d, 3) for d in diffs]}}
+    print(json.dumps(out, indent=1))
+    (RESULTS / "launcher_exit.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
@@ -286,7 +328,8 @@ def main() -> None:
         ap.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
     RESULTS.mkdir(exist_ok=True)
     for name in chosen:
-        {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics, "agent": agent}[name]()
+        {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics, "agent": agent,
+         "exit": launcher_exit}[name]()
 
 
 if __name__ == "__main__":

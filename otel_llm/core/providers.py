@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -85,14 +85,15 @@ def meter_provider_from(given: MeterProvider | None, owner: Lifecycle, built: li
 
 
 class ExitBudget:
-    """Seconds that shutdowns sharing it may take together, counted from the first one's start."""
+    """Seconds that shutdowns sharing it may take together, counted from the first one's start on ``clock``."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds = seconds
+        self.clock = clock
         self._until: float | None = None
 
     def left(self) -> float:
-        now = time.monotonic()
+        now = self.clock()
         if self._until is None:
             self._until = now + self.seconds
         return max(self._until - now, 0.0)
@@ -100,15 +101,18 @@ class ExitBudget:
 
 class BoundedShutdown:
     """The closer of a provider we built: its ``shutdown()``, with its ``exporters`` shut down when the
-    ``budget`` is spent if that has not returned (an OTLP exporter's shutdown ends its retry back-off)."""
+    ``budget`` is spent if that has not returned (an OTLP exporter's shutdown ends its retry back-off).
+    ``timer`` makes the daemon timer that cuts (``threading.Timer``'s signature: seconds, function)."""
 
-    def __init__(self, provider: Any, exporters: list[Any], budget: ExitBudget) -> None:
+    def __init__(self, provider: Any, exporters: list[Any], budget: ExitBudget,
+                 timer: Callable[[float, Callable[[], None]], Any] = threading.Timer) -> None:
         self.provider = provider
         self.exporters = exporters
         self.budget = budget
+        self.timer = timer
 
     def __call__(self) -> None:
-        timer = threading.Timer(self.budget.left(), self._cut)
+        timer = self.timer(self.budget.left(), self._cut)
         timer.daemon = True
         timer.start()
         try:
