@@ -5,7 +5,9 @@ within what the client observed; the metrics count every request, as ``vllm-rs``
 ``vllm-rs`` forwards to the engine (``trace_headers``, ``external_req_id``) is what the docs say. Once with one
 EngineCore, once with two (``--data-parallel-size 2``). With one, the traces go through the real gateway
 (``otel-llm-collector``) with the callers' client spans for two of the requests: those two server traces end up
-in their caller's trace (``trace_join``, joined on the response id), the other two go on alone.
+in their caller's trace (``trace_join``, joined on the response id), the other two go on alone; after its
+prefill-interference scenario, three completions with JSON schemas (both forms ``vllm-rs`` forwards) carry
+their grammar's backend and cache hit, and the steps that sampled for them the bitmask's time.
 
 Needs the ``vllm-rs`` binary of the tested release: ``VLLM_RUST_FRONTEND_PATH``, else ``.cache/vllm-rs/vllm-rs``
 (scripts/setup.sh extracts it from the ``vllm`` wheel)."""
@@ -32,8 +34,10 @@ from otel_llm.core.metrics import SERVER_HISTOGRAMS
 from otel_llm.core.self_metrics import AGENT_LOST
 from otel_llm.instrumentation.vllm.step_transport import DROP_STARTS_AFTER_ENV
 from otel_llm.core.summary import ATTRIBUTE_OF_FIELD
+from otel_llm.instrumentation.vllm.grammar import CACHING_BACKENDS
 from support.gateway_process import GatewayProcess
 from support.otlp_sink import OTLPSink
+from support.schemas import large_json_schema
 from support.server import VLLMServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
@@ -54,11 +58,12 @@ def _metric(field: str) -> str:
 
 def _complete(base_url: str, model: str, prompt: list[int], stream: bool, traceparent: str | None = None,
               max_tokens: int = MAX_TOKENS, headers: dict[str, str] | None = None,
-              on_chunk: Callable[[], None] | None = None) -> dict:
+              on_chunk: Callable[[], None] | None = None, fields: dict | None = None) -> dict:
     """One ``/v1/completions`` over plain HTTP (the headers exactly as given), with what the client saw:
-    when it sent, its first and last chunk (wall clock). ``on_chunk``: called at each streamed chunk."""
+    when it sent, its first and last chunk (wall clock). ``on_chunk``: called at each streamed chunk;
+    ``fields``: more of the body (or in place of ours)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                       "stream": stream}).encode()
+                       "stream": stream, **(fields or {})}).encode()
     sent_headers = {"Content-Type": "application/json", **(headers or {})}
     if traceparent is not None:
         sent_headers["traceparent"] = traceparent
@@ -97,6 +102,52 @@ LONG_TOKENS = 3000
 SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
 TINY_SLO = 1e-6  # every decoder breaches TPOT and is judged; a long prompt (one token) has no TPOT
 DROPPED = 3  # requests after the scenario whose starts the EngineCore's sink drops (the test-only fault)
+SHAPED = 3  # requests with a JSON schema after the scenario (_structured)
+GRAMMAR_TOKENS = 6
+
+
+def _structured(base_url: str, model: str) -> list[dict]:
+    """Three completions with JSON schemas, one after the other, in both forms ``vllm-rs`` forwards to the engine:
+    schema A (``structured_outputs``), schema B (``response_format``), schema A again (compiled by then: a cache
+    hit where the backend keeps compiled grammars). Its JSON never completes in GRAMMAR_TOKENS tokens."""
+    a, b = large_json_schema("rs_a"), large_json_schema("rs_b")
+    forms = ({"structured_outputs": {"json": a}},
+             {"response_format": {"type": "json_schema", "json_schema": {"name": "rs_b", "schema": b}}},
+             {"structured_outputs": {"json": a}})
+    assert len(forms) == SHAPED
+    return [_complete(base_url, model, [11 + (i * 5 + j) % 400 for j in range(12)], False,
+                      max_tokens=GRAMMAR_TOKENS, fields={"ignore_eos": False, **form}) for i, form in enumerate(forms)]
+
+
+def _judge_grammars(spans: list, shaped: list[dict]) -> None:
+    """The schema requests' SERVER spans carry the grammar's backend and whether it was a cache hit (by the
+    backend's rule: grammar.CACHING_BACKENDS); the engine steps that sampled for them carry the bitmask's time,
+    no step that served only plain requests does; no plain request waited for a grammar."""
+    ids = [c["id"] for c in shaped]
+    servers = {x.attributes[sc.RESPONSE_ID]: x for x in spans if x.kind == "SERVER"}
+    steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
+    backends = {servers[rid].attributes.get(sc.STRUCTURED_OUTPUT_BACKEND) for rid in ids}
+    assert len(backends) == 1 and None not in backends and "auto" not in backends, backends
+    (backend,) = backends
+    hits = [servers[rid].attributes.get(sc.STRUCTURED_OUTPUT_CACHE_HIT) for rid in ids]
+    assert hits == [False, False, backend in CACHING_BACKENDS], (backend, hits)
+    keys = {(servers[rid].trace_id, servers[rid].span_id) for rid in ids}
+    for rid in ids:
+        x = servers[rid]
+        (decode,) = [y for y in spans if y.parent_span_id == x.span_id and y.name == sc.SPAN_DECODE]
+        during = [y for y in steps if (x.trace_id, x.span_id) in y.links
+                  and y.start_ns > decode.start_ns and y.end_ns <= decode.end_ns]
+        assert during, rid
+        for y in during:
+            assert y.attributes[sc.STEP_GRAMMAR_TIME] > 0 and y.attributes[sc.STEP_GRAMMAR_REQUESTS] == 1, y.attributes
+    plain_steps = [y for y in steps if not keys & set(y.links)]
+    assert plain_steps and all(sc.STEP_GRAMMAR_TIME not in y.attributes for y in plain_steps)
+    for rid, x in servers.items():
+        if rid not in ids:
+            assert sc.STRUCTURED_OUTPUT_BACKEND not in x.attributes, rid
+            assert sc.STRUCTURED_OUTPUT_CACHE_HIT not in x.attributes, rid
+            assert x.attributes.get(sc.SLOW_CAUSE) != sc.SLOW_QUEUE_STRUCTURED_OUTPUT, rid
+            assert not x.attributes.get(sc.SLOW_SECONDS[sc.SLOW_QUEUE_STRUCTURED_OUTPUT]), rid
 
 
 def _interference(base_url: str, model: str) -> tuple[list[dict], list[dict]]:
@@ -233,7 +284,7 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_pat
     engine = SCENARIO_ENGINE if scenario else {}
     if scenario:
         env["OTEL_LLM_SLO"] = f"tpot={TINY_SLO}"
-        env[DROP_STARTS_AFTER_ENV] = str(4 + VICTIMS + LONGS)  # the later starts are dropped
+        env[DROP_STARTS_AFTER_ENV] = str(4 + VICTIMS + LONGS + SHAPED)  # the later starts are dropped
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(OTLPSink())
         gateway = stack.enter_context(GatewayProcess(tmp_path, sink.endpoint)) if dp == 1 else None
@@ -250,12 +301,13 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_pat
         callers = {c["id"]: f"{i + 1:016x}" for i, c in enumerate(seen[:2])} if gateway is not None else {}
         if gateway is not None:
             assert gateway.export(_client_spans(list(enumerate(seen[:2])))) == 200
-        victims, longs, dropped = [], [], []
+        victims, longs, shaped, dropped = [], [], [], []
         if scenario:
             victims, longs = _interference(s.base_url, s.model)
+            shaped = _structured(s.base_url, s.model)  # after the scenario: its steps stay plain ones
             # the sink drops these requests' starts: their finishes alone reach the agent
             dropped = [_complete(s.base_url, s.model, [9 + j for j in range(20)], False) for _ in range(DROPPED)]
-        traced = len(seen) + len(victims) + len(longs)
+        traced = len(seen) + len(victims) + len(longs) + len(shaped)
         everyone = traced + len(dropped)
 
         def ready(spans):
@@ -278,7 +330,7 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_pat
     for x in servers:
         response_id = x.attributes[sc.RESPONSE_ID]
         # external_req_id under vllm-rs 0.32.0: exactly the id the client got (no prompt index appended)
-        match = [c for c in seen + victims + longs if response_id == c["id"]]
+        match = [c for c in seen + victims + longs + shaped if response_id == c["id"]]
         assert len(match) == 1, (response_id, [c["id"] for c in seen])
         by_id[match[0]["id"]] = x
     steps = [x for x in spans if x.name == sc.SPAN_ENGINE_STEP]
@@ -310,6 +362,7 @@ def test_rust_frontend_requests_are_traced_from_the_engine_core(dp: int, tmp_pat
         assert ours.sum <= theirs[name + "_sum"] + 0.001 * everyone, (name, ours.sum, theirs[name + "_sum"])
     if scenario:
         _judge_interference(spans, victims, longs)
+        _judge_grammars(spans, shaped)
         # the dropped starts: counted by the engine's sink, relayed to the agent; their finishes were orphans
         assert lost.get("orphans") == len(dropped) and lost.get("engine_requests_dropped") == len(dropped), lost
 
