@@ -9,7 +9,10 @@ that peer's idle keep-alive connections (idle for at least ``grace``), then its 
 ``grace`` and below ``min_rate`` bytes a second, as Apache's and nginx's request-rate limits do) - and only
 of a peer holding more than the newcomer, so the shares converge to max-min. A newcomer of the same peer
 may take that peer's own idle or slow slot: a slow or idle connection never outranks a live request from
-the same address. A live slot (a request being parsed or processed, a gRPC message being handled) is never
+the same address. The slot so taken passes its age on (``Slot.origin``): until the newcomer has served a
+request, its grace counts from where the replaced slot's did, so a peer that reopens each connection the
+moment it is cut cannot keep its slots younger than ``grace`` by cycling them through itself (a body's rate
+is still its own: bytes since it began). A live slot (a request being parsed or processed, a gRPC message being handled) is never
 taken. With nothing to take, the newcomer is refused: ``peer_share`` when it holds at least its fair share
 while other peers hold slots, else ``busy``. ``trusted_peers`` (the load-balancing tier) are held to the capacity only: they are never
 charged to a share, never taken from, and take from nobody.
@@ -101,6 +104,9 @@ class Slot:
     since: float
     on_evict: Callable[[str], None] | None = None
     received: int = 0  # body bytes since ``since`` (state RECEIVING)
+    # where the grace counts from when the slot replaced one of its own peer's, until it serves a request
+    # (LIVE, then IDLE again): without it a peer reopening each cut connection would keep its slots young
+    origin: float | None = None
     evicted: str | None = None  # the reason, once taken
     released: bool = field(default=False, repr=False)
 
@@ -139,6 +145,8 @@ class PeerSlots:
                     return Grant(None, PEER_SHARE if peers > 1 and mine >= self.capacity // peers else BUSY)
                 self._remove(victim)
             slot = Slot(peer, state, now, on_evict)
+            if victim is not None and victim.peer.key == peer.key:  # cycling its own slots refreshes nothing
+                slot.origin = min(now, victim.since if victim.origin is None else victim.origin)
             self._add(slot)
         if victim is not None and victim.on_evict is not None:
             victim.on_evict(victim.evicted or EVICTED_IDLE)
@@ -157,18 +165,26 @@ class PeerSlots:
         return None
 
     def _takeable(self, slots: dict[Slot, None] | None, now: float) -> Slot | None:
+        """An idle, else the slowest, slot past the grace on its own time; else one past it only by the age
+        it took over (a connection just opened in place of its peer's goes last: it may be an honest one that
+        has not sent its request yet)."""
         if not slots:
             return None
+        return self._scan(slots, now, False) or self._scan(slots, now, True)
+
+    def _scan(self, slots: dict[Slot, None], now: float, inherited: bool) -> Slot | None:
         slowest: Slot | None = None
         slowest_rate = self.min_rate
         for s in slots:  # oldest first
-            age = now - s.since
-            if age < self.grace:
+            if inherited and s.origin is None:
+                continue
+            if now - (s.origin if inherited else s.since) < self.grace:
                 continue
             if s.state == IDLE:
                 s.evicted = EVICTED_IDLE
                 return s
-            if s.state == RECEIVING and self.min_rate > 0:
+            age = now - s.since
+            if s.state == RECEIVING and self.min_rate > 0 and age > 0:  # a body with no time yet is not slow
                 rate = s.received / age
                 if rate < slowest_rate:
                     slowest, slowest_rate = s, rate
@@ -205,6 +221,8 @@ class PeerSlots:
         with self._lock:
             if slot.released:
                 return False
+            if state == IDLE and slot.state == LIVE:
+                slot.origin = None  # a request was served: the slot's grace starts afresh
             slot.state, slot.since, slot.received = state, self._clock(), 0
             return True
 

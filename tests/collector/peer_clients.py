@@ -13,17 +13,21 @@ import select
 import socket
 import threading
 import time
+from typing import Callable
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 class ConnectionSquatter:
     """Holds ``n`` idle TCP connections from ``source`` and reopens each one the server closes (at most
-    ``max_reopens`` in all, one round every ``pause`` s, for at most ``max_seconds``)."""
+    ``max_reopens`` in all, one round every ``pause`` s, for at most ``max_seconds``). ``before_reopen`` runs
+    before each reopen (a test advances its fake clock there: time passes as the squatter churns)."""
 
     def __init__(self, port: int, source: str, n: int = 300, max_reopens: int = 50_000, pause: float = 0.02,
-                 max_seconds: float = 120.0, send: bytes = b"") -> None:
+                 max_seconds: float = 120.0, send: bytes = b"",
+                 before_reopen: Callable[[], None] | None = None) -> None:
         self.port, self.source, self.n, self.send = port, source, n, send
+        self.before_reopen = before_reopen
         self.max_reopens, self.pause, self.max_seconds = max_reopens, pause, max_seconds
         self.opened = 0
         self.reopens = 0
@@ -60,6 +64,8 @@ class ConnectionSquatter:
                 s.close()
             while len(self._socks) < self.n and self.reopens < self.max_reopens and not self._stop.is_set():
                 self.reopens += 1
+                if self.before_reopen is not None:
+                    self.before_reopen()
                 self._open()
             self._stop.wait(self.pause)
 

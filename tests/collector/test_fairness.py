@@ -101,6 +101,75 @@ def test_an_honest_client_gets_its_exports_through_a_full_pool_of_idle_or_slow_c
         g.shutdown()
 
 
+CHURN_STEP_S = 0.01  # fake seconds that pass with each reconnect of the churning squatter
+
+
+def test_a_squatter_that_reopens_each_cut_connection_cannot_keep_its_slots_young() -> None:
+    """The squatter holds more connections than the pool and reopens each one the moment it is cut, while the
+    clock advances only with its reconnects (10 ms each): a reconnect that took the squatter's own idle slot used
+    to start that slot's idle time again, so its 16 slots cycled every ~160 ms, each younger than the grace, and
+    an honest client found nothing it may take. Here the honest exports interleave with the churn; the clock
+    never jumps for them. (From the squatter's own address the two are one peer: which of its connections
+    goes first is the unit test's below.)"""
+    clock = FakeClock()
+    g = gateway(http={"max_connections": SMALL_POOL}, clock=clock)
+    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=ATTACKERS, pause=0.005,
+                                  before_reopen=lambda: clock.advance(CHURN_STEP_S))
+    try:
+        pool = g.http.connection_slots
+        # churning: its surplus is refused until the first slots pass the grace (100 reconnects), then each
+        # reconnect takes one of its own
+        assert wait_for(lambda: bad(g, "http", "evicted_idle") >= 4 * SMALL_POOL), "the squatter is not churning"
+        ok = 0
+        for _ in range(HONEST_EXPORTS):
+            assert wait_for(lambda: pool.in_use >= pool.capacity), "the squatter did not fill the pool"
+            ok += http_export(g.http.port, GOOD, HONEST) == 200
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+        assert squatter.reopens > HONEST_EXPORTS  # it churned throughout, not only when the honest client came
+        assert pool.in_use <= pool.capacity and pool.peers <= 2
+    finally:
+        squatter.close()
+        g.shutdown()
+
+
+def test_a_slot_a_peer_takes_from_itself_keeps_the_age_of_the_one_it_replaced() -> None:
+    """Idle and slow alike: cycling its own slots leaves a peer's slots as old as they were, until one of
+    them serves a request; a slot taken from another peer starts fresh."""
+    now = [0.0]
+    slots = PeerSlots(2, min_rate=100, grace=1.0, clock=lambda: now[0])
+    a, b = Peer("10.0.0.1"), Peer("10.0.0.2")
+    held = [slots.acquire(a, IDLE).slot for _ in range(2)]
+    assert all(held) and slots.mark(held[1], RECEIVING)  # a body that sent nothing yet
+    for step in range(1, 400):  # a reconnects every 10 ms, each time taking its own oldest idle or slow slot
+        now[0] = step * 0.01
+        got = slots.acquire(a, IDLE)
+        assert got.slot is not None or now[0] < 1.0, f"refused at {now[0]:.2f} s: its slots were refreshed"
+        if got.slot is not None:
+            assert slots.mark(got.slot, IDLE if step % 2 else RECEIVING)  # its handler starts; half send a byte
+            held = [s for s in held if not s.released] + [got.slot]
+    assert slots.held_by(a) == len(held) == 2
+    assert all(s.origin is not None and now[0] - s.origin >= 1.0 for s in held)  # as old as those replaced
+    other = slots.acquire(b, IDLE)
+    assert other.slot is not None and other.evicted in ("evicted_idle", "evicted_slow")
+    assert other.slot.origin is None  # taken from another peer: its grace starts now
+    mine = next(s for s in held if not s.released)
+    for state in (LIVE, RECEIVING, LIVE):  # a request's headers, its body, its processing
+        assert slots.mark(mine, state)
+        assert mine.origin is not None and now[0] - mine.origin >= 1.0  # not served yet: as old as it was
+    now[0] += 0.5
+    assert slots.mark(mine, IDLE) and mine.since == now[0] and mine.origin is None  # served: idle from now
+    assert slots.acquire(a).refused == "peer_share"  # served: in its grace again
+    # within a peer, a slot old on its own time goes before one that is old only by the age it took over (a
+    # connection just opened in place of its peer's may be an honest one about to send its request)
+    own = PeerSlots(2, min_rate=100, grace=1.0, clock=lambda: now[0])
+    slow, idle = own.acquire(a, RECEIVING).slot, own.acquire(a, IDLE).slot
+    now[0] += 2.0
+    fresh = own.acquire(a, IDLE)  # takes the idle one, inheriting its age
+    assert fresh.evicted == "evicted_idle" and idle is not None and idle.released and fresh.slot is not None
+    assert own.acquire(a, IDLE).evicted == "evicted_slow" and slow is not None and slow.released
+    assert not fresh.slot.released
+
+
 def test_300_idle_connections_on_the_default_pool_leave_a_client_of_the_same_address_its_exports() -> None:
     """The squat the fixed shares were built for, at the default capacity (256 connections), from the honest
     client's own address: the fixed per-address share gave that client nothing."""
