@@ -3,14 +3,14 @@
 Every wrapper has one shape: the host's call runs unguarded (its exceptions pass through
 untouched), our bookkeeping before and after it is guarded.
 
-Per generated token, by default (``token_times=steps``), nothing: with an agent process (which reads the
+Per generated token, nothing: with an agent process (which reads the
 engine-step records itself) vLLM's output batches go straight to its own ``process_outputs``; without one,
 ``process_outputs`` only counts output batches (the engine-step records are read at the first finish of a
 batch, or every ``_DRAIN_EVERY`` batches). A request's finish comes from vLLM's own
 ``_update_stats_from_finished`` (once a request) and its engine events from
 ``IterationStats.update_from_events`` (only for the outputs that carry events); its token times are
 derived at finish, off this thread, from the steps that served it (core/step_tokens.py). Where the
-steps cannot give them (speculative decoding, KV connectors, no step records, ``token_times=stamps``)
+steps cannot give them (speculative decoding, KV connectors, no step records: chosen per engine, by itself)
 ``process_outputs`` stamps each output: one dict lookup and one list append.
 """
 
@@ -93,12 +93,9 @@ class VLLMWrappers:
         # reads the step records itself, so then this process has no receiver and reads no step
         self.open_agent = open_agent
         self.agent: Any = None
-        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
-        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
-        self._token_times_steps = telemetry.config.token_times == "steps"
         self._undrained = 0  # output batches since the step records were last read (token times from steps)
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
@@ -235,8 +232,8 @@ class VLLMWrappers:
 
     def _from_steps(self, processor: Any) -> bool:
         """Whether ``processor``'s requests take their token times from steps under this instrumentation:
-        the option asks for it, the engine allows it, and its steps reach this process (or its agent)."""
-        return (self._token_times_steps and self.steps_armed
+        the engine allows it, and its steps reach this process (or its agent)."""
+        return (self.steps_armed
                 and (self.receiver is not None or self.agent is not None)
                 and getattr(processor, _STEPS_CAN_GIVE_TOKENS, False))
 
@@ -251,7 +248,7 @@ class VLLMWrappers:
             if not b.get(args, kwargs, "multiprocess_mode", False):
                 return False
         vllm_config = b.get(args, kwargs, "vllm_config")
-        return self._token_times_steps and vllm_config is not None and self._steps_can_give_tokens(vllm_config)
+        return vllm_config is not None and self._steps_can_give_tokens(vllm_config)
 
     def _setup_diagnosis(self, vllm_config: Any) -> None:
         """The roofline's model shape and devices, from the engine's own configuration."""
@@ -404,16 +401,12 @@ class VLLMWrappers:
         return reads
 
     def _drain_steps(self) -> None:
-        """The step records that arrived, into the pipeline (or, with deferred reading, handed to its thread)."""
+        """The step records that arrived, into the pipeline."""
         self._undrained = 0
         receiver = self.receiver
-        if receiver is not None and receiver is not self._reading_deferred:
+        if receiver is not None:
             try:
-                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
-                    self._reading_deferred = receiver
-                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
-                else:
-                    receiver.drain(self.telemetry.add_step)
+                receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 self.guard.failed("step receiver", exc)
 
@@ -560,34 +553,6 @@ def engine_stats(st: Any, reads: "FrontendReads") -> EngineStats:
     """vLLM's ``RequestStateStats`` as the core's record of an engine's per-request statistics."""
     return EngineStats(st.arrival_time, st.queued_ts, st.scheduled_ts, st.first_token_ts, st.last_token_ts,
                        st.first_token_latency, st.num_generation_tokens, reads.num_preemptions(st))
-
-
-class CountingReader:
-    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
-    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
-    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
-    nothing read it: counted as ``steps_lost`` in ``stats()``."""
-
-    __slots__ = ("drain", "counts", "last")
-
-    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
-        self.drain = drain
-        self.counts = counts
-        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
-
-    def __call__(self, deliver: Callable[[Any], None]) -> None:
-        last, counts = self.last, self.counts
-
-        def take(step: Any) -> None:
-            sid = step.step_id
-            engine = sid >> 32
-            prev = last.get(engine)
-            if prev is not None and sid > prev + 1:
-                counts.steps_lost += sid - prev - 1
-            last[engine] = sid
-            deliver(step)
-
-        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
