@@ -1,8 +1,10 @@
 """The EngineCore's request hooks: each request's start and finish, as the engine saw them, for the agent.
 
-Armed by the plugin (plugin.py) in a spawned EngineCore only where no Python frontend holds the requests:
-the process that spawned it says so in ``ENGINE_REQUESTS_ENV`` (the Rust frontend's supervisor, a headless
-engine: ``wrappers.VLLMWrappers.launching_engines``). Three vLLM methods, O(1) a request, nothing per step:
+Armed by the plugin (plugin.py) in a spawned EngineCore where the process that spawned it says so in
+``ENGINE_REQUESTS_ENV`` (``wrappers.VLLMWrappers.launching_engines``): ``1`` where no Python frontend holds
+the requests (the Rust frontend's supervisor, a headless engine), ``enriched`` where a Python frontend with an
+agent does and adds what only it knows to each request (agent/records.RequestEnrichment): the records then
+say so, and the agent waits for that enrichment. Three vLLM methods, O(1) a request, nothing per step:
 
 * ``EngineCore.preprocess_add_request`` (the input thread): notes the ``EngineCoreRequest``'s external id,
   which vLLM's ``Request`` does not keep;
@@ -24,13 +26,14 @@ from ...core.request_params import sampling_attributes
 from ...guard import Guard
 from ..wraps import Target, WrapTable
 
-ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1": this EngineCore is its requests' source
+ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1" or "enriched": this EngineCore is its requests' source
+ENRICHED = "enriched"  # ... and a Python frontend enriches each of its requests
 ENGINE_MODEL_ENV = "OTEL_LLM_ENGINE_MODEL"  # the served model name, from the process that spawned it
 _MAX_NOTED = 4096  # external ids noted and not yet taken by add_request (a request vLLM refused): bounded
 
 
 def wanted() -> bool:
-    return os.environ.get(ENGINE_REQUESTS_ENV) == "1"
+    return os.environ.get(ENGINE_REQUESTS_ENV) in ("1", ENRICHED)
 
 
 class RequestHooks:
@@ -42,6 +45,7 @@ class RequestHooks:
         self.guard = guard if guard is not None else Guard()
         self.clock, self.wall = clock, wall
         self.model = os.environ.get(ENGINE_MODEL_ENV) or None
+        self.enriched = os.environ.get(ENGINE_REQUESTS_ENV) == ENRICHED
         self.external: dict[str, str | None] = {}  # request id -> external id, preprocess to add_request
         # request id -> (when the scheduler took it, its external id), until it is freed
         self.live: dict[str, tuple[float, str | None]] = {}
@@ -112,7 +116,7 @@ class RequestHooks:
             sampling=sampling_attributes(params) if params is not None else {},
             lora_name=getattr(lora, "lora_name", None) if lora is not None else None,
             lora_id=getattr(lora, "lora_int_id", None) if lora is not None else None,
-            client_index=int(request.client_index or 0))
+            client_index=int(request.client_index or 0), enriched=self.enriched)
         self.send(records.encode(record))
 
     def finished(self, request: Any) -> None:
@@ -125,5 +129,5 @@ class RequestHooks:
             arrival=float(request.arrival_time), queued=queued, end=end, end_wall=end_wall,
             prompt_tokens=int(request.num_prompt_tokens), output_tokens=int(request.num_output_tokens),
             preemptions=int(request.num_preemptions or 0),
-            external_id=external, model=self.model)
+            external_id=external, model=self.model, enriched=self.enriched)
         self.send(records.encode(record))
