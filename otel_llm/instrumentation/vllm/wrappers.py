@@ -40,8 +40,10 @@ from ...core.pipeline import Pipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
+from ...agent import records
 from ..wraps import Binders, is_ours
 from . import contract, kv_channel
+from .request_hooks import ONE_PATH_ENV
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -100,6 +102,11 @@ class VLLMWrappers:
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the one path (request_hooks.ONE_PATH_ENV): the engines launched here send their requests' records,
+        # and this frontend keeps each request's timeline only to send its enrichment when it lets it go
+        self._one_path = os.environ.get(ONE_PATH_ENV) == "1"
+        self._enriched_launch = False  # set by launching_engines for the engine client being built
+        self.enriching: dict[str, RequestTimeline] = {}
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -165,8 +172,12 @@ class VLLMWrappers:
             self.guard.failed("vllm step diagnosis set-up", exc)
         try:
             setattr(instance.output_processor, _STEPS_CAN_GIVE_TOKENS, self._steps_can_give_tokens(instance.vllm_config))
+            if self._enriched_launch:  # its EngineCores say its requests: this frontend enriches them
+                setattr(instance.output_processor, _ENRICHES, True)
         except Exception as exc:
             self.guard.failed("vllm token times from steps", exc)
+        finally:
+            self._enriched_launch = False
         return result
 
     def launching_engines(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -180,9 +191,35 @@ class VLLMWrappers:
             vllm_config = b.get(args, kwargs, "vllm_config")
             if self.building == 0 and _no_python_frontend(b.get(args, kwargs, "local_client", True)):
                 self._become_source(vllm_config)
+            elif self.building:
+                self._enrich_engines(vllm_config)
         except Exception as exc:
             self.guard.failed("vllm engine launch", exc)
         return wrapped(*args, **kwargs)
+
+    def _enrich_engines(self, vllm_config: Any) -> None:
+        """The one path (``ONE_PATH_ENV``): the EngineCores a Python engine client being built here launches
+        say their requests' starts and finishes to its agent, and this frontend enriches each request
+        (agent/records.RequestEnrichment). Only where the agent reads the steps and they give the token times
+        (no speculative decoding, no KV connector); elsewhere, and for every other launch, the frontend's hooks
+        stay the source and the EngineCores send nothing (the variable is cleared: inherited, it would count
+        the requests twice)."""
+        from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED
+
+        self._enriched_launch = (self._one_path and self.steps_armed and self.agent is not None
+                                 and vllm_config is not None and self._steps_can_give_tokens(vllm_config))
+        if self._enriched_launch:
+            os.environ[ENGINE_REQUESTS_ENV] = ENRICHED
+            os.environ[ENGINE_MODEL_ENV] = self._served_name(vllm_config)
+        else:
+            os.environ.pop(ENGINE_REQUESTS_ENV, None)
+
+    def _served_name(self, vllm_config: Any) -> str:
+        model_config = vllm_config.model_config
+        name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else model_config.model
+        return str(name)
 
     def _become_source(self, vllm_config: Any) -> None:
         from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV
@@ -206,13 +243,9 @@ class VLLMWrappers:
                                  "frontend or --headless): their request telemetry needs the agent process, which "
                                  "needs OTLP providers as OTEL_* configures them (or it did not start): none")
             return
-        model_config = vllm_config.model_config
-        name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
-        if isinstance(name, (list, tuple)):
-            name = name[0] if name else model_config.model
         self.agent.watch()  # nothing is sent to it per request here: a thread notices its death
         os.environ[ENGINE_REQUESTS_ENV] = "1"  # inherited by the EngineCores spawned next
-        os.environ[ENGINE_MODEL_ENV] = str(name)
+        os.environ[ENGINE_MODEL_ENV] = self._served_name(vllm_config)
         try:
             self._setup_diagnosis(vllm_config)  # the roofline's inputs, to the agent
         except Exception as exc:
@@ -334,7 +367,10 @@ class VLLMWrappers:
             if parent is not None:  # one of the n sequences vLLM fans a request with n > 1 out to
                 t.group = _group_of(parent)
                 t.choice_index = b.get(args, kwargs, "request_index")
-            self.telemetry.start(t)
+            if getattr(instance, _ENRICHES, False) and self.agent is not None:
+                self._hold(t)
+            else:
+                self.telemetry.start(t)
         except Exception as exc:
             self.guard.failed("OutputProcessor.add_request", exc)
         return result
@@ -472,6 +508,19 @@ class VLLMWrappers:
         """``OutputProcessor._update_stats_from_finished``: once per request vLLM lets go of, after it left
         ``request_states``, with the reason (a stop string the detokenizer found included)."""
         result = wrapped(*args, **kwargs)
+        if self.enriching:
+            try:
+                b = self.bind(wrapped)
+                state = b.get(args, kwargs, "req_state")
+                t = self.enriching.pop(state.request_id, None)
+                if t is not None:
+                    reason = b.get(args, kwargs, "finish_reason")
+                    stats = b.get(args, kwargs, "iteration_stats")
+                    now = stats.iteration_timestamp if stats is not None else time.time()
+                    self._enrich(t, str(reason) if reason is not None else "stop", now, state)
+                    return result
+            except Exception as exc:
+                self.guard.failed("OutputProcessor._update_stats_from_finished (enrichment)", exc)
         if self._from_steps(instance):
             try:
                 b = self.bind(wrapped)
@@ -506,13 +555,58 @@ class VLLMWrappers:
             if result and self._undrained:
                 self._drain_steps()  # (token times from steps: the records an output batch left unread)
             now = time.time()
+            enriching = self.enriching
             for rid in result or ():
                 t = self.telemetry.requests.get(rid)
                 if t is not None:
                     self._finish(t, "abort", now)
+                elif enriching and (t := enriching.pop(rid, None)) is not None:
+                    state, t.native = t.native, None
+                    self._enrich(t, "abort", now, state)
         except Exception as exc:
             self.guard.failed("OutputProcessor.abort_requests", exc)
         return result
+
+    def _hold(self, t: RequestTimeline) -> None:
+        """The one path's start: nothing is sent (the EngineCore says the request's start); the timeline is
+        held, with what this frontend read when the request came in, until it lets the request go."""
+        counts = self.telemetry.counts
+        if len(self.enriching) >= self.telemetry.config.max_requests:
+            counts.requests_untracked += 1  # its engine records still count it, in the agent
+            if t.group is not None:
+                t.group.expected -= 1
+            return
+        t.native = None  # vLLM's state comes with the finish
+        self.enriching[t.request_id] = t
+        counts.requests_started += 1
+
+    def _enrich(self, t: RequestTimeline, reason: str, now_wall: float, state: Any) -> None:
+        """The one path's finish: what only this frontend knows of ``t``, as one record to the agent."""
+        st = getattr(state, "stats", None)
+        detok = getattr(state, "detokenizer", None)
+        text = getattr(detok, "output_text", None)
+        if not isinstance(text, str):
+            text = None
+        first = 0.0  # when this frontend received the first output (vLLM's TTFT ends there), and the last
+        if st is not None and st.first_token_latency > 0 and st.arrival_time:
+            first = st.arrival_time + st.first_token_latency
+        parent: dict[str, str] = {}
+        if t.parent is not None:
+            _PROPAGATOR.inject(parent, context=t.parent)
+        group = t.group
+        content = self.telemetry.config.capture_content
+        record = records.RequestEnrichment(
+            request_id=t.request_id, operation=t.operation, server=t.kind is SpanKind.SERVER, parent=parent or None,
+            response_id=t.response_id, model=t.model, attributes=t.request_attributes, reason=reason,
+            output_tokens=int(st.num_generation_tokens) if st is not None else None,
+            output_characters=len(text) if text is not None else None, first_output=first,
+            last_output=now_wall if reason != "abort" and first else 0.0, end=now_wall,
+            prompt_text=t.prompt_text if content else None, output_text=text if content else None,
+            group_id=group.group_id if group is not None else None,
+            group_size=group.choice_count if group is not None else 0,
+            group_expected=group.expected if group is not None else 0, choice_index=t.choice_index)
+        self.telemetry.counts.requests_finished += 1
+        self.agent.send(records.encode(record))
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
@@ -547,6 +641,7 @@ _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
 _STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
+_ENRICHES = "_otel_llm_enriches"  # on an engine's output processor: its EngineCores say its requests
 
 
 def engine_stats(st: Any, reads: "FrontendReads") -> EngineStats:
