@@ -561,8 +561,7 @@ class VLLMWrappers:
                 if t is not None:
                     self._finish(t, "abort", now)
                 elif enriching and (t := enriching.pop(rid, None)) is not None:
-                    state, t.native = t.native, None
-                    self._enrich(t, "abort", now, state)
+                    self._enrich(t, "abort", now, None)  # (the engine's finish counts its tokens)
         except Exception as exc:
             self.guard.failed("OutputProcessor.abort_requests", exc)
         return result
