@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
-START, FINISH, ENRICH = 1, 2, 3  # the second byte: which record
+START, FINISH, ENRICH, BATCH = 1, 2, 3, 4  # the second byte: which record (BATCH: several, one datagram)
 MAX_RECORD = 128 << 10  # a longer one is refused by the reader (a start's headers are bounded below it)
 MAX_HEADERS = 16  # trace headers kept per request (traceparent, tracestate, baggage ...)
 MAX_TEXT = 4096  # characters kept of a header value or an id
@@ -135,6 +135,7 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                         "choice_index": _OPT_INT},
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
+MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
 
 
@@ -157,6 +158,29 @@ def encode(record: Record) -> bytes:
         values["prompt_text"] = values["output_text"] = None
         data = bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
     return data
+
+
+def batch(items: list[bytes]) -> bytes:
+    """Several encoded records as one datagram: a datagram socket queues at most ``net.unix.max_dgram_qlen``
+    datagrams (10 by default) however small, so a burst of requests sent one datagram each loses most."""
+    return bytes((TAG, BATCH)) + marshal.dumps(tuple(items))
+
+
+def unbatch(data: bytes) -> list[bytes]:
+    """The encoded records of a ``batch`` (each still to ``decode``); RecordError for anything else."""
+    if len(data) < 3 or data[0] != TAG or data[1] != BATCH:
+        raise RecordError("not a batch of request records")
+    if len(data) > MAX_BATCH:
+        raise RecordError(f"batch of request records of {len(data)} bytes")
+    raw = bytes(data[2:])
+    _check_marshal(raw)
+    try:
+        items = marshal.loads(raw)
+    except (EOFError, ValueError, TypeError) as exc:
+        raise RecordError(f"batch of request records unreadable: {exc}") from None
+    if not isinstance(items, tuple) or not all(isinstance(x, bytes) for x in items):
+        raise RecordError("batch of request records of another shape")
+    return list(items)
 
 
 def decode(data: bytes) -> Record:

@@ -109,3 +109,12 @@ def test_random_bytes_never_raise_anything_but_record_error(good):
             records.decode(data)
         except RecordError:
             pass
+
+
+def test_a_batch_holds_encoded_records_and_refuses_anything_else():
+    items = [records.encode(_start()), records.encode(_finish())]
+    assert [records.decode(x) for x in records.unbatch(records.batch(items))] == [_start(), _finish()]
+    for bad in (items[0], bytes((records.TAG, records.BATCH)) + marshal.dumps(("text",)),
+                bytes((records.TAG, records.BATCH)) + b"(" + (2 ** 31 - 1).to_bytes(4, "little")):
+        with pytest.raises(RecordError):
+            records.unbatch(bad)

@@ -65,16 +65,18 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
         sink = SocketSink(directory)
         sink.RING = False  # the socket either way: request records never take the ring
         try:
-            hooks = RequestHooks(sink.send_request)
+            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
             scheduler = SimpleNamespace(requests={})
-            hooks.add_request(lambda request: None, scheduler, (_request(),), {})  # first: the sink looks now
+            hooks.add_request(lambda request: None, scheduler, (_request(),), {})  # queued until a step or idle
+            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
             got: list = []
             receiver.drain(got.append)
             assert got == []  # a Python frontend's receiver skips them
             receiver.take_requests = True
-            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
+            hooks.add_request(lambda request: None, scheduler, (_request(),), {})
+            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})  # idle
             receiver.drain(got.append)
-            assert [type(x) for x in got] == [RequestFinish] and got[0].reason == "stop"
+            assert [type(x) for x in got] == [RequestStart, RequestFinish] and got[1].reason == "stop"
             receiver.sock.close()
             os.unlink(receiver.path)
             hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
@@ -91,8 +93,8 @@ def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
         sink = SocketSink(directory)
         sink.RING = False
         try:
-            hooks = RequestHooks(sink.send_request)
-            scheduler = SimpleNamespace(requests={})
+            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
+            scheduler = SimpleNamespace(requests={})  # idle after each finish: one datagram each
             sent = 0
             while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
                 hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
@@ -102,6 +104,35 @@ def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
             got: list = []
             receiver.drain(got.append)
             assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+        finally:
+            sink.close()
+            receiver.close()
+
+
+def test_a_burst_of_requests_goes_as_one_datagram_before_the_step_that_serves_them():
+    """A datagram socket queues 10 datagrams (net.unix.max_dgram_qlen's default): 40 requests added at once,
+    one datagram each, lost 30. Queued, they go with the next step's record, before it, in one datagram."""
+    from otel_llm.instrumentation.vllm import step_wire
+
+    with tempfile.TemporaryDirectory() as directory:
+        receiver = StepReceiver(directory)
+        receiver.take_requests = True
+        sink = SocketSink(directory)
+        sink.RING = False
+        try:
+            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
+            scheduler = SimpleNamespace(requests={"busy": object()})  # not idle: nothing flushes but the step
+            for i in range(40):
+                hooks.add_request(lambda request: None, scheduler, (_request(f"r{i}"),), {})
+            got: list = []
+            receiver.drain(got.append)
+            assert got == []  # queued
+            step = ((5 << 32) | 1, 1.0, 2.0, 3, 0, 0, 0.25, (["r0"], [16], [0], [], [0], [16], [0]), 0, 0.001,
+                    0.008, 0.001, None, 0.006)
+            sink(step)
+            receiver.drain(got.append)
+            assert [x.request_id for x in got[:40]] == [f"r{i}" for i in range(40)]  # all, first
+            assert len(got) == 41 and got[40].step_id == step[0] and sink.requests_dropped == 0
         finally:
             sink.close()
             receiver.close()

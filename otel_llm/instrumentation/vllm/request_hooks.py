@@ -11,8 +11,9 @@ say so, and the agent waits for that enrichment. Three vLLM methods, O(1) a requ
 * ``Scheduler.add_request`` (the engine thread, before any step can serve the request): ``RequestStart``;
 * ``Scheduler._free_request`` (the engine thread; every finish: stop, length, abort, error): ``RequestFinish``.
 
-The records (otel_llm/agent/records.py) go through ``send``: the step sink's ``send_request``, one datagram
-to each frontend socket of the step directory.
+The records (otel_llm/agent/records.py) go through ``send``: the step sink's ``send_request``, which queues
+them for one datagram to each frontend socket of the step directory (at the next step, or ``flush`` when the
+engine goes idle).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ class RequestHooks:
     """``send(bytes)``: where each record goes. ``clock``: the step hooks' clock (time.monotonic)."""
 
     def __init__(self, send: Callable[[bytes], None], guard: Guard | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 flush: Callable[[], None] | None = None) -> None:
         self.send = send
+        self.flush = flush  # sends what ``send`` queued (the sink's flush_requests): when the engine goes idle
         self.guard = guard if guard is not None else Guard()
         self.clock, self.wall = clock, wall
         self.model = os.environ.get(ENGINE_MODEL_ENV) or None
@@ -99,7 +102,13 @@ class RequestHooks:
             self.finished(request)
         except Exception as exc:
             self.guard.failed("vllm engine request finish", exc)
-        return wrapped(*args, **kwargs)
+        out = wrapped(*args, **kwargs)
+        if self.flush is not None and not instance.requests:  # idle now: no next step flushes the records
+            try:
+                self.flush()
+            except Exception as exc:
+                self.guard.failed("vllm engine request finish", exc)
+        return out
 
     # -- the records --------------------------------------------------------------------------------------
 
