@@ -172,12 +172,7 @@ def unbatch(data: bytes) -> list[bytes]:
         raise RecordError("not a batch of request records")
     if len(data) > MAX_BATCH:
         raise RecordError(f"batch of request records of {len(data)} bytes")
-    raw = bytes(data[2:])
-    _check_marshal(raw)
-    try:
-        items = marshal.loads(raw)
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"batch of request records unreadable: {exc}") from None
+    items = _loads(data)
     if not isinstance(items, tuple) or not all(isinstance(x, bytes) for x in items):
         raise RecordError("batch of request records of another shape")
     return list(items)
@@ -193,12 +188,7 @@ def decode(data: bytes) -> Record:
     cls = _KINDS.get(data[1])
     if cls is None:
         raise RecordError(f"request record of unknown kind {data[1]}")
-    raw = bytes(data[2:])
-    _check_marshal(raw)
-    try:
-        body = marshal.loads(raw)
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"request record unreadable: {exc}") from None
+    body = _loads(data)
     if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int) and isinstance(body[1], dict)):
         raise RecordError("request record of another shape")
     version, values = body
@@ -224,6 +214,16 @@ def decode(data: bytes) -> Record:
         return cls(**known)
     except TypeError as exc:  # a required field missing
         raise RecordError(f"{cls.__name__}: {exc}") from None
+
+
+def _loads(data: bytes) -> Any:
+    """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
+    raw = bytes(data[2:])
+    _check_marshal(raw)
+    try:
+        return marshal.loads(raw)
+    except (EOFError, ValueError, TypeError) as exc:
+        raise RecordError(f"request record unreadable: {exc}") from None
 
 
 def _headers(headers: dict | None) -> dict[str, str] | None:

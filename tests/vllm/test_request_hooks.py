@@ -3,6 +3,7 @@ socket to a receiver that takes them (the agent's), and not to one that does not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from types import SimpleNamespace
@@ -86,56 +87,51 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
             sink.close()
 
 
-def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
+@contextlib.contextmanager
+def _on_the_socket():
+    """A receiver that takes request records, a sink that sends on the socket only, request hooks on it."""
     with tempfile.TemporaryDirectory() as directory:
         receiver = StepReceiver(directory)
         receiver.take_requests = True
         sink = SocketSink(directory)
         sink.RING = False
         try:
-            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
-            scheduler = SimpleNamespace(requests={})  # idle after each finish: one datagram each
-            sent = 0
-            while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
-                hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
-                sent += 1
-            assert sink.requests_dropped == 1 and sent > 1
-            assert sink._targets  # a full socket is a lagging reader, not a gone one
-            got: list = []
-            receiver.drain(got.append)
-            assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+            yield receiver, sink, RequestHooks(sink.send_request, flush=sink.flush_requests)
         finally:
             sink.close()
             receiver.close()
+
+
+def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
+    with _on_the_socket() as (receiver, sink, hooks):
+        scheduler = SimpleNamespace(requests={})  # idle after each finish: one datagram each
+        sent = 0
+        while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
+            hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
+            sent += 1
+        assert sink.requests_dropped == 1 and sent > 1
+        assert sink._targets  # a full socket is a lagging reader, not a gone one
+        got: list = []
+        receiver.drain(got.append)
+        assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
 
 
 def test_a_burst_of_requests_goes_as_one_datagram_before_the_step_that_serves_them():
     """A datagram socket queues 10 datagrams (net.unix.max_dgram_qlen's default): 40 requests added at once,
-    one datagram each, lost 30. Queued, they go with the next step's record, before it, in one datagram."""
-    from otel_llm.instrumentation.vllm import step_wire
-
-    with tempfile.TemporaryDirectory() as directory:
-        receiver = StepReceiver(directory)
-        receiver.take_requests = True
-        sink = SocketSink(directory)
-        sink.RING = False
-        try:
-            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
-            scheduler = SimpleNamespace(requests={"busy": object()})  # not idle: nothing flushes but the step
-            for i in range(40):
-                hooks.add_request(lambda request: None, scheduler, (_request(f"r{i}"),), {})
-            got: list = []
-            receiver.drain(got.append)
-            assert got == []  # queued
-            step = ((5 << 32) | 1, 1.0, 2.0, 3, 0, 0, 0.25, (["r0"], [16], [0], [], [0], [16], [0]), 0, 0.001,
-                    0.008, 0.001, None, 0.006)
-            sink(step)
-            receiver.drain(got.append)
-            assert [x.request_id for x in got[:40]] == [f"r{i}" for i in range(40)]  # all, first
-            assert len(got) == 41 and got[40].step_id == step[0] and sink.requests_dropped == 0
-        finally:
-            sink.close()
-            receiver.close()
+    one datagram each, would mostly be lost. Queued, they go before the next step's record, in one datagram."""
+    with _on_the_socket() as (receiver, sink, hooks):
+        scheduler = SimpleNamespace(requests={"busy": object()})  # not idle: nothing flushes but the step
+        for i in range(40):
+            hooks.add_request(lambda request: None, scheduler, (_request(f"r{i}"),), {})
+        got: list = []
+        receiver.drain(got.append)
+        assert got == []  # queued
+        step = ((5 << 32) | 1, 1.0, 2.0, 3, 0, 0, 0.25, (["r0"], [16], [0], [], [0], [16], [0]), 0, 0.001,
+                0.008, 0.001, None, 0.006)
+        sink(step)
+        receiver.drain(got.append)
+        assert [x.request_id for x in got[:40]] == [f"r{i}" for i in range(40)]  # all, first
+        assert len(got) == 41 and got[40].step_id == step[0] and sink.requests_dropped == 0
 
 
 def _launch(building: int, local_client: bool, rust: str, monkeypatch, enriched: list | None = None) -> list:

@@ -356,41 +356,27 @@ class StepReceiver:
                 if data[0] == engine_errors.CONTROL:
                     self._control(data)
                 elif data[0] == records.TAG:
-                    if data[1:2] == _BATCH:
-                        self._requests_of(data, deliver)
-                    else:
-                        self._request(data, deliver)
+                    self._request(data, deliver)
                 else:
                     take(data, deliver)
 
-    def _requests_of(self, data: bytes, deliver: Callable[[Any], None]) -> None:
-        if not self.take_requests:
-            return
-        try:
-            items = records.unbatch(data)
-        except records.RecordError as exc:
-            self.malformed += 1
-            self.guard.failed("request record", exc)
-            return
-        for item in items:
-            self._request(item, deliver)
-
     def _request(self, data: bytes, deliver: Callable[[Any], None]) -> None:
-        """An EngineCore's request record: delivered where this receiver takes them (the agent's, whose
-        EngineCores are their requests' source), else skipped."""
+        """An EngineCore's request records (one, or a batch): delivered where this receiver takes them (the
+        agent's, whose EngineCores are their requests' source), else skipped."""
         if not self.take_requests:
             return
         try:
-            record = records.decode(data)
+            got = [records.decode(x) for x in (records.unbatch(data) if data[1:2] == _BATCH else (data,))]
         except records.RecordError as exc:
             self.malformed += 1
             self.guard.failed("request record", exc)
             return
-        try:
-            deliver(record)
-        except Exception as exc:
-            self.failed += 1
-            self.guard.failed("request record", exc)
+        for record in got:
+            try:
+                deliver(record)
+            except Exception as exc:
+                self.failed += 1
+                self.guard.failed("request record", exc)
 
     def _control(self, data: bytes) -> None:
         try:
