@@ -5,9 +5,6 @@
     full       every request kept at full detail (decode windows, engine-step spans)
     native     vLLM's own tracing, one span per request: what --otlp-traces-endpoint turns on (vLLM's global
                tracer provider, OutputProcessor.do_tracing), switched on for the same engine
-    stamps     default with token_times="stamps": a stamp per output batch on vLLM's output thread (the
-               default before token times came from the engine steps)
-    deferred, full_deferred   default and full with step_reading="deferred"
 
 One engine serves every mode (a second one's idle worker would steal CPU): it is built while instrumented
 (statistics on, the EngineCore's step hooks armed), and each measurement then enters one mode.
@@ -24,9 +21,6 @@ MODES: dict[str, Any] = {
     "default": {},
     "full": {"sample_rate": 1.0, "baseline_detail": "steps"},
     "native": "native",
-    "stamps": {"token_times": "stamps"},
-    "deferred": {"step_reading": "deferred"},
-    "full_deferred": {"sample_rate": 1.0, "baseline_detail": "steps", "step_reading": "deferred"},
 }
 
 

@@ -10,6 +10,15 @@ decision, the verdict and the spans are the pipeline's, unchanged.
 
 A finish whose start never arrived stands on its own: a stand-in timeline from its fields gives its
 metrics (end-to-end, token counts, outcome); its steps were not held, so no step-derived TTFT.
+
+Where a Python frontend serves the requests, the engine's records say so (``enriched``) and the frontend
+sends one ``RequestEnrichment`` a request when it lets it go: joined here on the engine's request id
+(``Enrichments``). The request is settled once, when both are in: the engine's finish usually comes first
+(it is sent before the last output leaves the engine) and waits for the enrichment at most ``HOLD_TURNS``
+turns of the agent, then settles without it (counted); a stop string the frontend found comes the other
+way (the frontend finishes the request, then aborts it in the engine), and the frontend's reason wins. What
+the enrichment says wins where both know: the operation, the parent, the finish reason, the tokens the
+frontend received, and TTFT and end-to-end as the frontend received the outputs (vLLM's own statistics).
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ..core.finish_facts import EngineStats, FinishFacts, settle
 from ..core.summary import RequestSummary
-from ..core.timeline import QUEUED, SCHEDULED, RequestTimeline, StepRecord
-from .records import RequestFinish, RequestStart
+from ..core.timeline import QUEUED, SCHEDULED, RequestGroup, RequestTimeline, StepRecord
+from .records import RequestEnrichment, RequestFinish, RequestStart
 
 OPERATION = "text_completion"  # what an engine does with a request: the endpoint is the frontend's to know
 _PROPAGATOR = TraceContextTextMapPropagator()
+HOLD_TURNS = 100  # agent turns an engine finish waits for its enrichment (2 s busy, 10 s idle)
+MAX_WAITING = 65536  # enrichments and engine finishes waiting for each other, each (then the oldest goes)
 
 
 class StepStamps(NamedTuple):
@@ -76,6 +87,7 @@ class EngineRequests:
         self.provider = provider
         self.starts = 0
         self.finishes = 0
+        self.enrichments = Enrichments()
 
     def timeline(self, r: RequestStart) -> RequestTimeline:
         self.starts += 1
@@ -88,27 +100,113 @@ class EngineRequests:
         t.events = [(QUEUED, r.queued)]
         return t
 
-    def facts(self, r: RequestFinish, steps: Sequence[StepRecord]) -> FinishFacts:
-        """The engine's statistics for ``r``, its per-request stamps read off ``steps`` (those that served it)."""
+    def facts(self, r: RequestFinish, steps: Sequence[StepRecord], e: RequestEnrichment | None = None) -> FinishFacts:
+        """The engine's statistics for ``r``, its per-request stamps read off ``steps`` (those that served it);
+        with ``e``, its frontend's enrichment, what the frontend saw where it saw it."""
         self.finishes += 1
-        s = stamps_from_steps(r.request_id, steps, r.prompt_tokens, r.output_tokens)
+        outputs = e.output_tokens if e is not None and e.output_tokens is not None else r.output_tokens
+        s = stamps_from_steps(r.request_id, steps, r.prompt_tokens, outputs)
         offset = r.end_wall - r.end  # wall minus monotonic, read together in the engine
-        first = s.first_token if s.tokens == r.output_tokens else 0.0  # lost steps: vLLM's stamps unknown
+        first = s.first_token if s.tokens == outputs else 0.0  # lost steps: vLLM's stamps unknown
+        latency = first + offset - r.arrival if first else 0.0
+        if first and e is not None and e.first_output:  # vLLM's own TTFT: when the frontend received it
+            latency = e.first_output - r.arrival
         stats = EngineStats(arrival=r.arrival, queued=r.queued, scheduled=s.scheduled, first_token=first,
-                            last_token=s.last_token if first else 0.0,
-                            first_token_latency=first + offset - r.arrival if first else 0.0,
-                            generation_tokens=r.output_tokens, preemptions=r.preemptions)
+                            last_token=s.last_token if first else 0.0, first_token_latency=latency,
+                            generation_tokens=outputs, preemptions=r.preemptions)
         events: list[tuple[int, float]] = [(QUEUED, r.queued)] if r.queued else []
         if s.scheduled:
             events.append((SCHEDULED, s.scheduled))
-        return FinishFacts(request_id=r.request_id, reason=r.reason, end=r.end_wall, events=events,
-                           cache_sources=None, cached_tokens=s.cached, output_characters=None, output_text=None,
-                           model=r.model, operation=OPERATION, provider=self.provider,
+        if e is None:
+            return FinishFacts(request_id=r.request_id, reason=r.reason, end=r.end_wall, events=events,
+                               cache_sources=None, cached_tokens=s.cached, output_characters=None, output_text=None,
+                               model=r.model, operation=OPERATION, provider=self.provider,
+                               input_tokens=r.prompt_tokens, arrival=r.arrival, stats=stats)
+        return FinishFacts(request_id=r.request_id, reason=e.reason or r.reason, end=e.end or r.end_wall,
+                           events=events, cache_sources=None, cached_tokens=s.cached,
+                           output_characters=e.output_characters, output_text=e.output_text,
+                           model=e.model or r.model, operation=e.operation, provider=self.provider,
                            input_tokens=r.prompt_tokens, arrival=r.arrival, stats=stats)
 
-    def settle(self, t: RequestTimeline | None, r: RequestFinish, steps: Sequence[StepRecord]) -> RequestSummary:
-        """The summary of ``r`` (fills ``t``, its timeline, where its start arrived)."""
-        return settle(t, self.facts(r, steps))
+    def settle(self, t: RequestTimeline | None, r: RequestFinish, steps: Sequence[StepRecord],
+               e: RequestEnrichment | None = None) -> RequestSummary:
+        """The summary of ``r`` (fills ``t``, its timeline, where its start arrived), with its enrichment."""
+        if e is not None and t is not None:
+            self.enrichments.apply(t, e)
+        return settle(t, self.facts(r, steps, e))
+
+
+class Enrichments:
+    """A Python frontend's enrichments and the engine's finishes, waiting for each other (module docstring).
+    ``ready(finishes)`` at each turn of the agent: the engine finishes to settle now, each with its enrichment
+    (or None: none is coming, or it waited too long)."""
+
+    def __init__(self, hold_turns: int = HOLD_TURNS, max_waiting: int = MAX_WAITING) -> None:
+        self.hold_turns, self.max_waiting = hold_turns, max_waiting
+        self.arrived: dict[str, RequestEnrichment] = {}  # by the engine's request id, until its finish comes
+        self.held: dict[str, list] = {}  # engine finishes waiting for their enrichment: [record, turns waited]
+        self.groups: dict[str, RequestGroup] = {}  # n > 1: the user requests whose sequences are settling
+        self.joined = 0  # requests settled with their enrichment
+        self.missing = 0  # engine finishes settled without the enrichment they waited for (lost, or late)
+        self.dropped = 0  # enrichments whose engine finish never came (over max_waiting)
+
+    def add(self, e: RequestEnrichment) -> None:
+        arrived = self.arrived
+        if len(arrived) >= self.max_waiting:
+            del arrived[next(iter(arrived))]
+            self.dropped += 1
+        arrived[e.request_id] = e
+
+    def ready(self, finishes: Sequence[RequestFinish],
+              force: bool = False) -> list[tuple[RequestFinish, RequestEnrichment | None]]:
+        """``force``: the held finishes go now, without their enrichment where it has not come (the agent's
+        pipeline is closing). A flush does not force them: the frontend sent its enrichments before it."""
+        out: list[tuple[RequestFinish, RequestEnrichment | None]] = []
+        arrived, held = self.arrived, self.held
+        for r in finishes:
+            e = arrived.pop(r.request_id, None)
+            if e is not None or not r.enriched:
+                out.append((r, e))
+                self.joined += e is not None
+            else:
+                if len(held) >= self.max_waiting:
+                    oldest = next(iter(held))
+                    out.append((held.pop(oldest)[0], None))
+                    self.missing += 1
+                held[r.request_id] = [r, -1]
+        for rid in list(held):
+            waiting = held[rid]
+            e = arrived.pop(rid, None)
+            waiting[1] += 1
+            if e is not None or force or waiting[1] >= self.hold_turns:
+                del held[rid]
+                out.append((waiting[0], e))
+                if e is None:
+                    self.missing += 1
+                else:
+                    self.joined += 1
+        return out
+
+    def apply(self, t: RequestTimeline, e: RequestEnrichment) -> None:
+        """What the frontend knows, onto the engine's timeline of the request."""
+        t.operation = e.operation
+        t.kind = SpanKind.SERVER if e.server else SpanKind.INTERNAL
+        parent = _parent(e.parent)
+        if parent is not None:
+            t.parent = parent
+        if e.response_id:
+            t.response_id = e.response_id
+        if e.model:
+            t.model = e.model
+        t.request_attributes.update(e.attributes)
+        t.prompt_text = e.prompt_text
+        if e.group_id is not None:
+            g = self.groups.get(e.group_id)
+            if g is None or g.complete:
+                g = self.groups[e.group_id] = RequestGroup(e.group_id, e.group_size, e.group_expected)
+            t.group, t.choice_index = g, e.choice_index
+            if len(g.finished) + 1 >= g.expected:  # its last sequence: the pipeline holds it from here
+                del self.groups[e.group_id]
 
 
 def _parent(headers: dict[str, str] | None) -> Any:

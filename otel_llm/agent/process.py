@@ -19,7 +19,8 @@ Where the EngineCore is its requests' source (vLLM's Rust frontend, headless eng
 engine_requests.py), its request records come with the steps: a start is applied at once (before the
 previous turn's steps: it was sent before any step that served its request was written, but the socket is
 read before the ring), a finish two reads later (it may be sent just before its request's last step is
-written).
+written). Where a Python frontend serves them, it sends each request's ``RequestEnrichment`` on this
+link (a declared record among its messages), and the engine's finish waits for it (engine_requests.py).
 
 It exits when the frontend's end closes (the frontend exited or died: the kernel closes it), or when its
 parent is no longer the frontend (it died while a process it forked still holds its end), after sending
@@ -144,6 +145,8 @@ class Agent:
     def close_pipeline(self) -> None:
         if self.pipeline is not None:
             self.turn(final=True)
+            for r, e in self.engine_requests.enrichments.ready((), force=True):  # what waits for an enrichment
+                self.engine_finish(self.pipeline, r, e)
             self.pipeline.close(5.0)
             self.pipeline = None
         if self.providers is not None:
@@ -213,6 +216,12 @@ class Agent:
 
     def take(self, data: Any) -> None:
         try:
+            if data[0] == records.TAG:  # a declared record (agent/records.py): the frontend's enrichment
+                record = records.decode(data)
+                if type(record) is not records.RequestEnrichment:
+                    raise records.RecordError(f"{type(record).__name__} from the frontend")
+                self.engine_requests.enrichments.add(record)
+                return
             self.handle(protocol.unpack(data))
         except Exception as exc:  # a message we cannot read costs that message
             self.malformed += 1
@@ -282,8 +291,8 @@ class Agent:
                 add(step)
             for m in finishes:
                 self.finish(p, m)
-            for r in engine_due:
-                self.engine_finish(p, r)
+            for r, e in self.engine_requests.enrichments.ready(engine_due):
+                self.engine_finish(p, r, e)
             self.starts.forget_complete()
 
     def _split(self, read: list[Any]) -> tuple[list[records.RequestStart], list[records.RequestFinish]]:
@@ -314,13 +323,13 @@ class Agent:
                 self.guard.failed("agent step receiver", exc)
         return out
 
-    def engine_finish(self, p: Pipeline, r: records.RequestFinish) -> None:
+    def engine_finish(self, p: Pipeline, r: records.RequestFinish, e: records.RequestEnrichment | None) -> None:
         try:
             t = p.requests.get(r.request_id)
             if t is None:
                 self.orphans += 1
             steps = p.steps_of(t) if t is not None else []
-            p.finish(r.request_id, self.engine_requests.settle(t, r, steps))
+            p.finish(r.request_id, self.engine_requests.settle(t, r, steps, e))
         except Exception as exc:
             self.guard.failed("agent engine finish", exc)
 
@@ -346,6 +355,9 @@ class Agent:
         lost = self.lost()
         out["engine_steps_dropped"] = lost["engine_steps_dropped"]
         out["engine_requests_dropped"] = lost["engine_requests_dropped"]
+        joins = self.engine_requests.enrichments
+        out["agent_enriched"] = joins.joined
+        out["agent_enrichments_missing"] = joins.missing + joins.dropped
         out["agent_rss_bytes"] = _rss_bytes()
         out["agent_errors"] = total([self.guard])
         return out

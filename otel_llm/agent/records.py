@@ -1,12 +1,13 @@
-"""The per-request records an engine process sends its agent, declared once, with named fields.
+"""The per-request records that cross to the agent, declared once, with named fields.
 
-Where no Python frontend holds the requests (vLLM's Rust frontend, ``vllm serve --headless``), the engine
-process itself says when each request started and how it finished: ``RequestStart`` when the engine took
-the request, ``RequestFinish`` when it let it go. They travel on the engine's step socket beside the step
-records (one datagram each, never the step ring: they are per request, not per step), and the agent joins
-them with the step records into request timelines (docs/design/enginecore-source.md). ``SinkCounts``
-travels the same way, wherever an agent reads the engine's steps: what the engine's sink could not deliver
-(the agent's ``stats()``: ``engine_steps_dropped``, ``engine_requests_dropped``).
+The engine process says when each request started and how it finished: ``RequestStart`` when the engine
+took the request, ``RequestFinish`` when it let it go. They travel on the engine's step socket beside the
+step records (one datagram each, never the step ring: they are per request, not per step), and the agent
+joins them with the step records into request timelines (docs/design/enginecore-source.md). Where a Python
+frontend serves the requests it adds, once a request, what only it knows: ``RequestEnrichment``, sent on
+its agent link when it lets the request go, joined on the engine's request id.
+``SinkCounts`` travels the same way, wherever an agent reads the engine's steps: what the engine's sink
+could not deliver (the agent's ``stats()``: ``engine_steps_dropped``, ``engine_requests_dropped``).
 
 The wire form: one tag byte (``TAG``), one kind byte, then ``marshal`` of ``(version, {field: value})``.
 Built-in values only (no pickle), read back by name (no positional unpacking); every value is checked
@@ -25,10 +26,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
-START, FINISH, SINK_COUNTS = 1, 2, 3  # the second byte: which record
+START, FINISH, SINK_COUNTS, ENRICH, BATCH = 1, 2, 3, 4, 5  # the second byte: which record (BATCH: several, one datagram)
 MAX_RECORD = 128 << 10  # a longer one is refused by the reader (a start's headers are bounded below it)
 MAX_HEADERS = 16  # trace headers kept per request (traceparent, tracestate, baggage ...)
 MAX_TEXT = 4096  # characters kept of a header value or an id
+MAX_ATTRIBUTES = 64  # request attributes kept of an enrichment
 
 _STR = (str,)
 _OPT_STR = (str, type(None))
@@ -36,6 +38,7 @@ _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
 _INT = (int,)
 _OPT_INT = (int, type(None))
+_BOOL = (bool,)
 _MAP = (dict,)
 _OPT_MAP = (dict, type(None))
 
@@ -61,6 +64,7 @@ class RequestStart:
     lora_name: str | None = None
     lora_id: int | None = None
     client_index: int = 0  # which API server sent it (vLLM's client_index)
+    enriched: bool = False  # a Python frontend sends this request's RequestEnrichment: the agent waits for it
 
 
 @dataclass(slots=True)
@@ -81,6 +85,7 @@ class RequestFinish:
     preemptions: int = 0
     external_id: str | None = None
     model: str | None = None
+    enriched: bool = False  # as in RequestStart (a finish whose start was lost still waits for it)
 
 
 @dataclass(slots=True)
@@ -96,33 +101,98 @@ class SinkCounts:
     requests_dropped: int = 0  # request records (starts, finishes) a full or closed socket refused
 
 
-_KINDS: dict[int, type] = {START: RequestStart, FINISH: RequestFinish, SINK_COUNTS: SinkCounts}
+@dataclass(slots=True)
+class RequestEnrichment:
+    """What only a Python frontend knows of a request, sent once when it lets the request go (vLLM:
+    ``OutputProcessor._update_stats_from_finished`` or an abort). Joined in the agent with the engine's
+    records of the same ``request_id``; nothing here is per token."""
+
+    VERSION: ClassVar[int] = 1
+
+    request_id: str  # the engine's id (vLLM's Python frontend: the external id plus "-" and 8 characters)
+    operation: str  # gen_ai.operation.name as the frontend served it (chat, text_completion, embeddings ...)
+    server: bool = False  # served over HTTP (a SERVER span); False: offline (INTERNAL)
+    parent: dict[str, str] | None = None  # the parent trace context, W3C headers (traceparent, tracestate)
+    response_id: str | None = None  # the id the client got
+    model: str | None = None  # the served model name, as the frontend names it
+    attributes: dict[str, Any] = field(default_factory=dict)  # request attributes only it knows (route,
+    # stream, requested model, server address and port, tenant, disaggregated role ...)
+    reason: str | None = None  # its finish reason (a stop string it found: "stop", where the engine saw an abort)
+    output_tokens: int | None = None  # tokens it received (vLLM's num_generation_tokens)
+    output_characters: int | None = None  # detokenized characters
+    first_output: float = 0.0  # wall clock: when it received the first output (0.0: none)
+    last_output: float = 0.0  # wall clock: when it received the last one (0.0: none, an abort)
+    end: float = 0.0  # wall clock: when it let the request go (where vLLM's e2e ends)
+    prompt_text: str | None = None  # captured content (capture_content only)
+    output_text: str | None = None
+    group_id: str | None = None  # n > 1: the user request this sequence belongs to
+    group_size: int = 0  # n, as the user asked
+    group_expected: int = 0  # sequences tracked (n, less those refused over max_requests)
+    choice_index: int | None = None
+
+
+_KINDS: dict[int, type] = {START: RequestStart, FINISH: RequestFinish, SINK_COUNTS: SinkCounts,
+                         ENRICH: RequestEnrichment}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 
 # each field's accepted types on the wire (checked before a record is made)
 _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
     RequestStart: {"request_id": _STR, "arrival": _NUM, "queued": _NUM, "prompt_tokens": _INT,
                    "external_id": _OPT_STR, "model": _OPT_STR, "trace_headers": _OPT_MAP, "sampling": _MAP,
-                   "lora_name": _OPT_STR, "lora_id": _OPT_INT, "client_index": _INT},
+                   "lora_name": _OPT_STR, "lora_id": _OPT_INT, "client_index": _INT, "enriched": _BOOL},
     RequestFinish: {"request_id": _STR, "reason": _STR, "arrival": _NUM, "queued": _NUM, "end": _NUM,
                     "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "preemptions": _INT,
-                    "external_id": _OPT_STR, "model": _OPT_STR},
+                    "external_id": _OPT_STR, "model": _OPT_STR, "enriched": _BOOL},
     SinkCounts: {"pid": _INT, "steps_dropped": _INT, "requests_dropped": _INT},
+    RequestEnrichment: {"request_id": _STR, "operation": _STR, "server": _BOOL, "parent": _OPT_MAP,
+                        "response_id": _OPT_STR, "model": _OPT_STR, "attributes": _MAP, "reason": _OPT_STR,
+                        "output_tokens": _OPT_INT, "output_characters": _OPT_INT, "first_output": _NUM,
+                        "last_output": _NUM, "end": _NUM, "prompt_text": _OPT_STR, "output_text": _OPT_STR,
+                        "group_id": _OPT_STR, "group_size": _INT, "group_expected": _INT,
+                        "choice_index": _OPT_INT},
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
+MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
 
 
-Record = RequestStart | RequestFinish | SinkCounts
+Record = RequestStart | RequestFinish | SinkCounts | RequestEnrichment
 
 
 def encode(record: Record) -> bytes:
+    """The wire form. An enrichment whose captured content would make it longer than ``MAX_RECORD`` goes
+    without the content (the request still counts; its spans lack the text)."""
     cls = type(record)
     kind = _KIND_OF[cls]
     values = {name: getattr(record, name) for name in _NAMES[cls]}
     if kind == START:  # bounded here too, so a request with huge headers still fits a record
         values["trace_headers"] = _headers(values["trace_headers"])
-    return bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
+    elif kind == ENRICH:
+        values["parent"] = _headers(values["parent"])
+        values["attributes"] = _attributes(values["attributes"])
+    data = bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
+    if kind == ENRICH and len(data) > MAX_RECORD:
+        values["prompt_text"] = values["output_text"] = None
+        data = bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
+    return data
+
+
+def batch(items: list[bytes]) -> bytes:
+    """Several encoded records as one datagram: a datagram socket queues at most ``net.unix.max_dgram_qlen``
+    datagrams (10 by default) however small, so a burst of requests sent one datagram each loses most."""
+    return bytes((TAG, BATCH)) + marshal.dumps(tuple(items))
+
+
+def unbatch(data: bytes) -> list[bytes]:
+    """The encoded records of a ``batch`` (each still to ``decode``); RecordError for anything else."""
+    if len(data) < 3 or data[0] != TAG or data[1] != BATCH:
+        raise RecordError("not a batch of request records")
+    if len(data) > MAX_BATCH:
+        raise RecordError(f"batch of request records of {len(data)} bytes")
+    items = _loads(data)
+    if not isinstance(items, tuple) or not all(isinstance(x, bytes) for x in items):
+        raise RecordError("batch of request records of another shape")
+    return list(items)
 
 
 def decode(data: bytes) -> Record:
@@ -135,10 +205,7 @@ def decode(data: bytes) -> Record:
     cls = _KINDS.get(data[1])
     if cls is None:
         raise RecordError(f"request record of unknown kind {data[1]}")
-    try:
-        body = marshal.loads(bytes(data[2:]))
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"request record unreadable: {exc}") from None
+    body = _loads(data)
     if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int) and isinstance(body[1], dict)):
         raise RecordError("request record of another shape")
     version, values = body
@@ -157,10 +224,23 @@ def decode(data: bytes) -> Record:
         known["trace_headers"] = _headers(known.get("trace_headers"))
         known["sampling"] = {str(k): v for k, v in list(known.get("sampling", {}).items())[:32]
                              if isinstance(v, _SAMPLING_VALUES)}
+    elif cls is RequestEnrichment:
+        known["parent"] = _headers(known.get("parent"))
+        known["attributes"] = _attributes(known.get("attributes", {}))
     try:
         return cls(**known)
     except TypeError as exc:  # a required field missing
         raise RecordError(f"{cls.__name__}: {exc}") from None
+
+
+def _loads(data: bytes) -> Any:
+    """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
+    raw = bytes(data[2:])
+    _check_marshal(raw)
+    try:
+        return marshal.loads(raw)
+    except (EOFError, ValueError, TypeError) as exc:
+        raise RecordError(f"request record unreadable: {exc}") from None
 
 
 def _headers(headers: dict | None) -> dict[str, str] | None:
@@ -171,3 +251,65 @@ def _headers(headers: dict | None) -> dict[str, str] | None:
         if isinstance(k, str) and isinstance(v, str):
             out[k[:MAX_TEXT].lower()] = v[:MAX_TEXT]
     return out or None
+
+
+def _attributes(attrs: dict) -> dict[str, Any]:
+    """Span attribute values only (str, bool, int, float, tuples of them), at most ``MAX_ATTRIBUTES``."""
+    out = {}
+    for k, v in list(attrs.items())[:MAX_ATTRIBUTES]:
+        if isinstance(k, str) and isinstance(v, _SAMPLING_VALUES):
+            out[k[:MAX_TEXT]] = v[:MAX_TEXT] if isinstance(v, str) else v
+    return out
+
+
+# marshal's value codes a record may hold (Python's marshal.c, format 4; the 0x80 bit marks a value it keeps
+# a reference to): how many bytes follow the code, or how a length is read
+_FIXED = {ord(c): size for c, size in (("0", 0), ("N", 0), ("F", 0), ("T", 0), ("i", 4), ("g", 8), ("r", 4))}
+_SIZED = {ord(c): 4 for c in "stuaA"} | {ord(c): 1 for c in "zZ"}  # a length of this many bytes, then the bytes
+_COUNTED = {ord(c): 4 for c in "([<>"} | {ord(")"): 1}  # a count of this many bytes, then the items
+_DICT, _LONG, _NULL = ord("{"), ord("l"), ord("0")
+
+
+def _check_marshal(raw: bytes) -> None:
+    """Refuses bytes that would make ``marshal.loads`` allocate more than they hold: marshal allocates a
+    tuple's or list's items, and a long's digits, by the count it reads, before reading them (a flipped byte
+    can ask for gigabytes). Each count is checked against the bytes left; only the codes a record's values
+    use are accepted. ``marshal.loads`` still checks everything else."""
+    end, i = len(raw), 0
+    open_: list[int] = [1]  # values still to read at each open level (-1: a dict's, until its NULL key)
+    while open_:
+        left = open_[-1]
+        if left == 0:
+            open_.pop()
+            continue
+        if i >= end:
+            raise RecordError("request record cut short")
+        code = raw[i] & 0x7F
+        i += 1
+        if left > 0:
+            open_[-1] = left - 1
+        elif code == _NULL:  # a dict's end
+            open_.pop()
+            continue
+        size = _FIXED.get(code)
+        if size is not None:
+            i += size
+            continue
+        width = _SIZED.get(code) or _COUNTED.get(code) or (4 if code == _LONG else 0)
+        if not width:
+            if code == _DICT:
+                open_.append(-1)
+                continue
+            raise RecordError(f"request record unreadable: a value of marshal type {chr(code)!r}")
+        if i + width > end:
+            raise RecordError("request record cut short")
+        count = int.from_bytes(raw[i:i + width], "little", signed=width == 4)
+        i += width
+        if code == _LONG:
+            count = abs(count) * 2  # 15-bit digits, two bytes each
+        if count < 0 or count > end - i:
+            raise RecordError(f"request record claims {count} items or bytes where {end - i} are left")
+        if code in _COUNTED:
+            open_.append(count)
+        else:
+            i += count

@@ -105,8 +105,6 @@ def _peak(raw: str | float) -> float:
     return value
 
 
-STEP_READINGS = ("drain", "deferred")
-TOKEN_TIMES = ("steps", "stamps")
 AGENT_MODES = ("auto", "off")
 
 
@@ -119,8 +117,6 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
-_step_reading = _one_of(STEP_READINGS)
-_token_times = _one_of(TOKEN_TIMES)
 _agent = _one_of(AGENT_MODES)
 
 
@@ -191,14 +187,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_steps", "OTEL_LLM_MAX_STEPS", _positive_int, 8192,
            "Engine-step records held while their requests run (oldest are settled early past this); also the "
            "recent steps each engine keeps, compactly, for the slow-cause verdict"),
-    Option("step_reading", "OTEL_LLM_STEP_READING", _step_reading, "drain",
-           "Where a spawned EngineCore's step records are read: `drain` (vLLM's output thread, every output "
-           "batch) or `deferred` (our background thread, in bulk, before each finished request and every "
-           "250 ms; experimental, see docs/design/off-process.md)"),
-    Option("token_times", "OTEL_LLM_TOKEN_TIMES", _token_times, "steps",
-           "Where vLLM requests' token times come from: `steps` (the engine-step records, read when a request "
-           "finishes: nothing per token on vLLM's output thread) or `stamps` (a stamp per output batch). "
-           "Speculative decoding, KV connectors and engines without step records always stamp"),
     Option("agent", "OTEL_LLM_AGENT", _agent, "auto",
            "Where a vLLM frontend's telemetry work runs: `auto` (an agent process it starts, when the engine is "
            "spawned, token times come from steps and the providers are OTLP as `OTEL_*` configures them: the "
@@ -249,8 +237,6 @@ class Config:
     capture_content: bool = _DEFAULTS["capture_content"]
     engine_steps: bool = _DEFAULTS["engine_steps"]
     max_steps: int = _DEFAULTS["max_steps"]
-    step_reading: str = _DEFAULTS["step_reading"]
-    token_times: str = _DEFAULTS["token_times"]
     agent: str = _DEFAULTS["agent"]
     max_spans_per_request: int = _DEFAULTS["max_spans_per_request"]
     engine_step_service: str = _DEFAULTS["engine_step_service"]
@@ -267,6 +253,7 @@ class Config:
         """Build from explicit arguments (``None`` means unset), then the environment, then defaults."""
         explicit = dict(explicit or {})
         env = os.environ if environ is None else environ
+        _retire(explicit, env)
         unknown = set(explicit) - {o.name for o in OPTIONS}
         if unknown:
             raise TypeError(unknown_options(unknown))
@@ -286,6 +273,39 @@ class Config:
                         raise ValueError(f"{name}: {exc}") from None
                     break
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class Retired:
+    """An option that no supported configuration needs any more, and what replaced it."""
+
+    name: str
+    env: str
+    replaced_by: str
+
+
+# Retired options (docs/changelog.md names each): set, they are ignored with a warning naming what replaced
+# them (an old deployment keeps serving: what they asked for is what the one path does, or it is gone)
+RETIRED: tuple[Retired, ...] = (
+    Retired("step_reading", "OTEL_LLM_STEP_READING",
+            "the engine-step records are read where the request telemetry is built (the agent process, or "
+            "vLLM's output thread at a request's finish without one); deferred reading on a background thread "
+            "is gone"),
+    Retired("token_times", "OTEL_LLM_TOKEN_TIMES",
+            "token times come from the engine-step records; the stamp per output batch is chosen by itself "
+            "where the steps cannot give them (speculative decoding, KV connectors, engines without step records)"),
+)
+
+
+def _retire(explicit: dict[str, Any], env: Mapping[str, str]) -> None:
+    """Drop retired options from ``explicit`` (in place), with a warning for each one set there or in ``env``
+    (``resolve`` runs once an ``instrument()``)."""
+    for r in RETIRED:
+        given = explicit.pop(r.name, None)
+        where = f"{r.name}={given!r}" if given is not None else (
+            f"{r.env}={env[r.env]}" if env.get(r.env, "").strip() else None)
+        if where is not None:
+            logger.warning("otel-llm: %s is a retired option and is ignored: %s", where, r.replaced_by)
 
 
 def unknown_options(names: Iterable[str]) -> str:

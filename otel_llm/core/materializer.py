@@ -22,14 +22,10 @@ from ..guard import Guard
 
 
 class Materializer:
-    def __init__(self, work: Callable[[Any], None], guard: Guard, max_jobs: int = 4096, name: str = "otel-llm-spans",
-                 idle: Callable[[], None] | None = None, idle_s: float = 0.05) -> None:
+    def __init__(self, work: Callable[[Any], None], guard: Guard, max_jobs: int = 4096,
+                 name: str = "otel-llm-spans") -> None:
         self._work = work
         self._guard = guard  # its owner's: a job that raises is counted there
-        # called on this thread after ``idle_s`` without a job (and only then): work that must happen now
-        # and then even while nothing is submitted (reading the engine's step ring before it fills)
-        self._idle = idle
-        self._idle_s = idle_s
         self._max = max_jobs
         self._name = name
         self._jobs: collections.deque[Any] = collections.deque()
@@ -73,29 +69,17 @@ class Materializer:
     def _run(self) -> None:
         clock = time.perf_counter
         since = clock()  # when this thread last let go of the GIL on purpose
-        job: Any = None
         while True:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()  # flush() waiters
-                if not self._jobs:  # waiting lets go of the GIL
-                    if self._idle is None:
-                        self._cv.wait_for(lambda: self._jobs or self._closed)
-                    elif not self._cv.wait_for(lambda: self._jobs or self._closed, self._idle_s):
-                        job = _IDLE
+                if not self._jobs:  # waiting lets go of the GIL (and costs nothing while nothing is submitted)
+                    self._cv.wait_for(lambda: self._jobs or self._closed)
                     since = clock()
-                if job is not _IDLE:
-                    if not self._jobs:
-                        return
-                    job = self._jobs.popleft()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
                 self._busy = True
-            if job is _IDLE:
-                try:
-                    self._idle()
-                except Exception as exc:  # a bug of ours costs this round of idle work, nothing more
-                    self._guard.failed("background idle work", exc)
-                job = None
-                continue
             try:
                 self._work(job)
             except Exception as exc:  # a bug of ours costs this request's spans, nothing more
@@ -108,5 +92,4 @@ class Materializer:
                 since = clock()
 
 
-_IDLE = object()  # the marker of a wait that timed out (the idle callback's turn)
 _YIELD_AFTER_S = 3e-4  # the work between offers of the GIL (as spans.yield_gil's ~0.3 ms)

@@ -16,7 +16,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
@@ -56,10 +56,7 @@ class Counts:
     steps_recorded: int = 0
     steps_emitted: int = 0
     steps_settled_early: int = 0
-    # engine steps the engine could not hand over (deferred step reading: its ring was full while this
-    # process read nothing), from the gaps in their ids; their requests' verdicts say unknown
-    steps_lost: int = 0
-    # stamp-free frontend (token_times=steps): finished requests whose steps did not add up to vLLM's token
+    # token times from the engine steps: finished requests whose steps did not add up to vLLM's token
     # count (a step record lost or settled early): they keep vLLM's TTFT/TPOT/e2e, not inter-token latencies
     token_times_unplaced: int = 0
 
@@ -100,12 +97,7 @@ class CloseJob:
     """``close()``: emit the steps still held."""
 
 
-@dataclass(slots=True, frozen=True)
-class ReadStepsJob:
-    """Read the engine's step records now (deferred step reading: see ``read_steps_from``)."""
-
-
-Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob | ReadStepsJob
+Job = RequestJob | GroupJob | StepMetricsJob | EarlyStepJob | CloseJob
 
 
 class RequestPipeline(Protocol):
@@ -183,15 +175,7 @@ class Pipeline:
         # per-step anatomy and roofline; the vLLM adapter configures the model and device when it builds
         self.diagnosis = StepDiagnosis(meter, guard)
         self._step_metrics: list[StepRecord] = []  # steps whose metrics this frontend records, in batches
-        # deferred step reading: where this thread reads the engine's step records (None: they are handed to
-        # add_step by the adapter, on the engine's output thread), and the requests a step may serve: with
-        # reading deferred a request may finish before its last steps are read, so the ones not settled yet
-        self._step_source: Callable[[Callable[[StepRecord], None]], None] | None = None
-        self._tracked: dict[str, RequestTimeline] = self.requests
-        # only deferred reading wakes the thread while nothing is submitted (each wake-up costs CPU)
-        deferred = config.step_reading == "deferred"
-        self.materializer = Materializer(self._materialize, guard, name=f"otel-llm-{engine}",
-                                         idle=self._read_steps if deferred else None, idle_s=_STEP_READ_S)
+        self.materializer = Materializer(self._materialize, guard, name=f"otel-llm-{engine}")
         self_metrics.register(meter, engine, self.stats, guard)
 
     def engine_built(self, facts: EngineFacts) -> None:
@@ -242,7 +226,7 @@ class Pipeline:
             if previous is None and len(self._last_end) >= 64:  # engines come and go (restarts)
                 self._last_end.clear()
             self._last_end[engine] = end
-        requests = self._tracked
+        requests = self.requests
         ids = step.ids
         prefill_at = step.prefill_at
         prefill_tokens = 0
@@ -298,25 +282,6 @@ class Pipeline:
                 self.materializer.submit(EarlyStepJob(old))  # emitted if linked
         if full:
             self._submit_step_metrics()
-
-    def read_steps_from(self, source: Callable[[Callable[[StepRecord], None]], None]) -> None:
-        """Deferred step reading: from now on the materializer thread calls ``source(add_step)`` (a step
-        receiver's ``drain``) to read the engine's step records, in bulk: before each finished request's job
-        (the EngineCore writes a step's record before its outputs leave, so by then every step of that
-        request is readable), at ``flush``/``close``, and every ``_STEP_READ_S`` when idle (so the ring the
-        records wait in cannot fill while no request finishes). The adapter then reads nothing itself."""
-        with self._steps_lock:
-            self._step_source = source
-            self._tracked = self._unsettled  # steps of finished requests still arrive: they are not settled yet
-        self.materializer.submit(ReadStepsJob())  # starts the thread, so the idle reads begin now
-
-    def _read_steps(self) -> None:
-        source = self._step_source
-        if source is not None:
-            try:
-                source(self.add_step)
-            except Exception as exc:  # a bug of ours costs steps (the verdict says unknown), nothing more
-                self.guard.failed("step receiver (deferred)", exc)
 
     def _lose(self, step: StepRecord) -> bool:
         """``step`` leaves the buffer (under the lock): the requests it served that are still to settle lose
@@ -405,17 +370,11 @@ class Pipeline:
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until every finished request's spans were handed to the span processors (and the
         decode steps we encode ourselves were sent)."""
-        if self._step_source is not None:  # the steps waiting in the ring, and their metrics, count too
-            self.materializer.submit(ReadStepsJob())
-            self.materializer.flush(timeout)
         self._submit_step_metrics()
         return self.materializer.flush(timeout) and self.spans.flush(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Emit what is held (steps serving kept requests) and stop the materializer."""
-        if self._step_source is not None:
-            self.materializer.submit(ReadStepsJob())
-            self.materializer.flush(timeout)
         self._submit_step_metrics()
         self.materializer.submit(CloseJob())
         self.materializer.close(timeout)
@@ -427,15 +386,9 @@ class Pipeline:
     def _materialize(self, job: Job) -> None:
         kind = job.__class__
         if kind is RequestJob:
-            if self._step_source is not None:
-                self._read_steps()
             self._materialize_request(job)
         elif kind is GroupJob:
-            if self._step_source is not None:
-                self._read_steps()
             self._materialize_group(job)
-        elif kind is ReadStepsJob:
-            self._read_steps()
         elif kind is StepMetricsJob:
             try:
                 self.diagnosis.record(job.steps, self.adapter_steps.step_label)
@@ -682,9 +635,6 @@ class Pipeline:
         self.guard.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)
 
 
-# deferred step reading: the longest wait between reads while no request finishes. A ring holds thousands of
-# records (seconds of steps at hundreds a second); each idle wake-up costs ~30-100 µs of CPU here
-_STEP_READ_S = 0.25
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 

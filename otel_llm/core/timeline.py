@@ -49,7 +49,7 @@ class RequestTimeline:
     events: list[tuple[int, float]] = field(default_factory=list)
     token_ts: list[float] = field(default_factory=list)
     multi_token_steps: dict[int, int] | None = None  # index in token_ts -> tokens, only when > 1 (spec decode)
-    # stamp-free frontend (token_times=steps): the hot path stamps nothing; at finish the adapter sets what
+    # stamp-free frontend (token times from steps): the hot path stamps nothing; at finish the adapter sets what
     # vLLM counted (core/step_tokens.TokenWindow) and the pipeline fills token_ts from the steps that served it
     steps_give_tokens: bool = False
     token_window: Any = None

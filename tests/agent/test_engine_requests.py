@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -22,7 +23,7 @@ from opentelemetry.trace import SpanKind
 from otel_llm import semconv as sc
 from otel_llm.agent.engine_requests import stamps_from_steps
 from otel_llm.agent.process import Agent
-from otel_llm.agent.records import RequestFinish, RequestStart, SinkCounts, decode, encode
+from otel_llm.agent.records import RequestEnrichment, RequestFinish, RequestStart, SinkCounts, decode, encode
 from otel_llm.core.config import Config
 from otel_llm.core.metrics import SERVER_HISTOGRAMS, TOKEN_USAGE
 from otel_llm.core.pipeline import Pipeline
@@ -188,3 +189,131 @@ def test_stamps_place_outputs_as_the_step_tokens_rule_does():
     assert got.cached == 0
     assert stamps_from_steps(a, own, PROMPTS[a], 3).last_token == own[3].end  # the engine's count bounds it
     assert stamps_from_steps(a, [], 40, 3).tokens == 0
+
+
+# -- a Python frontend's enrichment (agent/records.RequestEnrichment): one path for every frontend ------------
+
+PARENT = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _enriched(script: list[list]) -> list[list]:
+    """The same records as a Python frontend's engine sends them: each says an enrichment will come."""
+    return [[replace(x, enriched=True) if isinstance(x, (RequestStart, RequestFinish)) else x for x in batch]
+            for batch in script]
+
+
+def _enrichment(rid: str, wall: float, **kw) -> RequestEnrichment:
+    arrival = wall - 0.005
+    values = dict(operation="chat", server=True, parent={"traceparent": f"00-{PARENT}-00f067aa0ba902b7-01"},
+                  response_id="chatcmpl-" + rid, model="tiny", attributes={sc.REQUEST_MODEL: "my-alias"},
+                  reason="length", output_tokens=OUTPUTS, output_characters=21, first_output=arrival + 0.25,
+                  last_output=arrival + 0.5, end=arrival + 0.5)
+    values.update(kw)
+    return RequestEnrichment(rid, **values)
+
+
+def _server_spans(exporter: InMemorySpanExporter) -> dict[str, object]:
+    return {s.attributes["gen_ai.response.id"]: s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER}
+
+
+def test_an_enrichment_joins_the_engines_records_and_nothing_is_counted_twice():
+    """The engine's finish is read first and waits; the frontend's record (as it arrives on the link, wire
+    form) joins it: the request span takes the frontend's operation, parent, model asked for and reason,
+    its TTFT and e2e end where the frontend received the outputs (vLLM's own statistics), its phases and
+    steps stay the engine's. Each request is counted once, in every metric."""
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    agent, exporter, reader, _peer = _agent(_enriched(_script(base, wall)))
+    for _ in range(4):
+        agent.turn()
+    assert len(agent.engine_requests.enrichments.held) == 2  # the engine's finishes, waiting
+    assert agent.pipeline.counts.requests_finished == 0
+    for rid in PROMPTS:
+        agent.take(encode(_enrichment(rid, wall)))
+    agent.turn()
+    p = agent.pipeline
+    assert p.flush(10) and not p.requests
+    servers = _server_spans(exporter)
+    assert sorted(servers) == sorted("chatcmpl-" + rid for rid in PROMPTS)
+    a = servers["chatcmpl-" + next(iter(PROMPTS))]
+    assert format(a.context.trace_id, "032x") == PARENT  # the frontend's parent, not the engine's headers
+    assert a.attributes[sc.OPERATION_NAME] == "chat" and a.attributes[sc.REQUEST_MODEL] == "my-alias"
+    assert a.attributes[sc.RESPONSE_FINISH_REASONS] == ("length",)
+    children = sorted(s.name for s in exporter.get_finished_spans()
+                      if s.parent is not None and s.parent.span_id == a.context.span_id)
+    assert children == sorted([sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE])
+    ttft = _histogram(reader, _metric("ttft"))
+    e2e = _histogram(reader, _metric("e2e"))
+    assert ttft == (2, pytest.approx(0.5, abs=1e-6)) and e2e == (2, pytest.approx(1.0, abs=1e-6))
+    assert p.counts.requests_finished == 2 and p.counts.requests_started == 2
+    stats = agent.stats()
+    assert (stats["agent_enriched"], stats["agent_enrichments_missing"], stats["agent_orphans"]) == (2, 0, 0)
+    for _ in range(3):  # nothing is left to count again
+        agent.turn()
+    assert p.flush(10) and _histogram(reader, _metric("e2e"))[0] == 2
+
+
+def test_a_stop_string_the_frontend_found_wins_over_the_engines_abort():
+    """The frontend finishes the request (a stop string), then aborts it in the engine: its record comes
+    first, the engine's abort later, with tokens the frontend never took. The reason and the count are the
+    frontend's."""
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    script = _enriched(_script(base, wall))
+    script[1] = [replace(x, reason="abort", output_tokens=OUTPUTS) if isinstance(x, RequestFinish) else x
+                 for x in script[1]]
+    agent, exporter, reader, _peer = _agent(script)
+    agent.turn()  # the starts
+    for rid in PROMPTS:
+        agent.take(encode(_enrichment(rid, wall, reason="stop", output_tokens=5)))
+    for _ in range(4):
+        agent.turn()
+    p = agent.pipeline
+    assert p.flush(10) and not p.requests and not agent.engine_requests.enrichments.held
+    servers = _server_spans(exporter)
+    assert {s.attributes[sc.RESPONSE_FINISH_REASONS] for s in servers.values()} == {("stop",)}
+    assert {s.attributes[sc.USAGE_OUTPUT_TOKENS] for s in servers.values()} == {5}
+    assert _histogram(reader, _metric("e2e"))[0] == 2
+
+
+def test_a_lost_enrichment_waits_a_bounded_time_and_a_late_one_counts_nothing():
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    agent, exporter, reader, _peer = _agent(_enriched(_script(base, wall)))
+    agent.engine_requests.enrichments.hold_turns = 3
+    for _ in range(4):
+        agent.turn()
+    assert agent.pipeline.counts.requests_finished == 0
+    for _ in range(3):
+        agent.turn()
+    p = agent.pipeline
+    assert p.flush(10) and not p.requests
+    assert _histogram(reader, _metric("e2e"))[0] == 2  # the engine's own numbers, as under the Rust frontend
+    assert {s.attributes[sc.OPERATION_NAME] for s in _server_spans(exporter).values()} == {"text_completion"}
+    for rid in PROMPTS:  # too late: kept a bounded while, never counted
+        agent.take(encode(_enrichment(rid, wall)))
+    for _ in range(3):
+        agent.turn()
+    assert p.flush(10) and _histogram(reader, _metric("e2e"))[0] == 2
+    assert agent.stats()["agent_enrichments_missing"] == 2
+
+
+def test_the_sequences_of_a_request_with_n_choices_are_one_trace():
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    agent, exporter, _reader, _peer = _agent(_enriched(_script(base, wall)))
+    for _ in range(4):
+        agent.turn()
+    for i, rid in enumerate(PROMPTS):
+        agent.take(encode(_enrichment(rid, wall, group_id="cmpl-g-0", group_size=2, group_expected=2,
+                                      choice_index=i)))
+    agent.turn()
+    assert agent.pipeline.flush(10)
+    spans = exporter.get_finished_spans()
+    choices = [s for s in spans if s.name == sc.SPAN_CHOICE]
+    assert len(choices) == 2 and len({s.context.trace_id for s in choices}) == 1
+    assert not agent.engine_requests.enrichments.groups
+
+
+def test_an_engine_record_arriving_on_the_frontends_link_is_refused_and_counted():
+    agent, _exporter, _reader, _peer = _agent([])
+    agent.take(encode(RequestFinish(request_id="x", reason="stop", arrival=1.0, queued=1.0, end=2.0, end_wall=2.0,
+                                    prompt_tokens=1, output_tokens=1)))
+    agent.take(b"\xd0\x03garbage")
+    assert agent.malformed == 2 and not agent.engine_requests.enrichments.arrived

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from otel_llm.agent import records
-from otel_llm.agent.records import RecordError, RequestFinish, RequestStart
+from otel_llm.agent.records import RecordError, RequestEnrichment, RequestFinish, RequestStart
 
 
 def _start(**kw) -> RequestStart:
@@ -29,8 +29,20 @@ def _finish(**kw) -> RequestFinish:
     return RequestFinish(**base)
 
 
+def _enrichment(**kw) -> RequestEnrichment:
+    base = dict(request_id="cmpl-1-0-abcdefgh", operation="chat", server=True,
+                parent={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, response_id="chatcmpl-1",
+                model="tiny", attributes={"gen_ai.request.model": "alias", "gen_ai.request.stream": True},
+                reason="stop", output_tokens=5, output_characters=17, first_output=1700000000.75,
+                last_output=1700000001.5, end=1700000001.5, prompt_text="hi", output_text="there",
+                group_id="cmpl-1", group_size=2, group_expected=2, choice_index=1)
+    base.update(kw)
+    return RequestEnrichment(**base)
+
+
 def test_round_trip_by_name():
-    for record in (_start(), _finish(), _start(trace_headers=None, external_id=None, lora_name=None, lora_id=None)):
+    for record in (_start(), _finish(), _start(trace_headers=None, external_id=None, lora_name=None, lora_id=None),
+                   _start(enriched=True), _finish(enriched=True), _enrichment(), RequestEnrichment("r", "chat")):
         data = records.encode(record)
         assert data[0] == records.TAG
         assert records.decode(data) == record
@@ -60,6 +72,16 @@ def test_bad_bytes_are_refused_with_a_clear_error(data, says):
         records.decode(data)
 
 
+@pytest.mark.parametrize("body", [
+    b"(" + (2 ** 31 - 1).to_bytes(4, "little"),  # a tuple of two billion items: 16 GiB before reading one
+    b"\xa9\x02i\x01\x00\x00\x00[" + (2 ** 30).to_bytes(4, "little"),  # the same, nested in a list
+    b"l" + (-(2 ** 30)).to_bytes(4, "little", signed=True),  # a long of a billion digits
+])
+def test_a_count_beyond_the_bytes_is_refused_before_marshal_allocates_it(body):
+    with pytest.raises(RecordError, match="claims"):
+        records.decode(bytes((records.TAG, records.ENRICH)) + body)
+
+
 def test_headers_and_sampling_are_bounded_and_kept_plain():
     headers = {f"H{i}": "v" * 10_000 for i in range(40)}
     got = records.decode(records.encode(_start(trace_headers=headers, sampling={"a": 1, "b": {"nested": 1}})))
@@ -68,9 +90,16 @@ def test_headers_and_sampling_are_bounded_and_kept_plain():
     assert got.sampling == {"a": 1}
 
 
-def test_random_bytes_never_raise_anything_but_record_error():
+def test_an_enrichment_too_long_for_a_record_goes_without_its_content_and_keeps_plain_attributes():
+    got = records.decode(records.encode(_enrichment(output_text="x" * records.MAX_RECORD,
+                                                    attributes={"a": "v", "b": {"nested": 1}})))
+    assert (got.prompt_text, got.output_text) == (None, None)
+    assert got.output_characters == 17 and got.attributes == {"a": "v"}
+
+
+@pytest.mark.parametrize("good", [records.encode(_finish()), records.encode(_enrichment())])
+def test_random_bytes_never_raise_anything_but_record_error(good):
     rng = random.Random(43)
-    good = records.encode(_finish())
     for _ in range(3000):
         data = bytearray(good)
         for _ in range(rng.randint(1, 6)):
@@ -80,3 +109,12 @@ def test_random_bytes_never_raise_anything_but_record_error():
             records.decode(data)
         except RecordError:
             pass
+
+
+def test_a_batch_holds_encoded_records_and_refuses_anything_else():
+    items = [records.encode(_start()), records.encode(_finish())]
+    assert [records.decode(x) for x in records.unbatch(records.batch(items))] == [_start(), _finish()]
+    for bad in (items[0], bytes((records.TAG, records.BATCH)) + marshal.dumps(("text",)),
+                bytes((records.TAG, records.BATCH)) + b"(" + (2 ** 31 - 1).to_bytes(4, "little")):
+        with pytest.raises(RecordError):
+            records.unbatch(bad)

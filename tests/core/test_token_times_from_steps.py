@@ -1,6 +1,6 @@
-"""Token times from steps (``token_times="steps"``): a request finished with no token stamps, only vLLM's own
-first and last token stamps and count, is told what a stamped one is: the same inter-token latencies, the
-same spans. And one whose steps do not add up is counted, not guessed."""
+"""Token times from steps (wherever the steps can give them): a request finished with no token stamps, only
+vLLM's own first and last token stamps and count, is told what a stamped one is: the same inter-token
+latencies, the same spans. And one whose steps do not add up is counted, not guessed."""
 
 from __future__ import annotations
 

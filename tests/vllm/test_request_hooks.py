@@ -67,16 +67,18 @@ def test_records_reach_the_receiver_that_takes_them_on_the_step_socket():
         sink = SocketSink(directory)
         sink.RING = False  # the socket either way: request records never take the ring
         try:
-            hooks = RequestHooks(sink.send_request)
+            hooks = RequestHooks(sink.send_request, flush=sink.flush_requests)
             scheduler = SimpleNamespace(requests={})
-            hooks.add_request(lambda request: None, scheduler, (_request(),), {})  # first: the sink looks now
+            hooks.add_request(lambda request: None, scheduler, (_request(),), {})  # queued until a step or idle
+            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
             got: list = []
             receiver.drain(got.append)
             assert got == []  # a Python frontend's receiver skips them
             receiver.take_requests = True
-            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
+            hooks.add_request(lambda request: None, scheduler, (_request(),), {})
+            hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})  # idle
             receiver.drain(got.append)
-            assert [type(x) for x in got] == [RequestFinish] and got[0].reason == "stop"
+            assert [type(x) for x in got] == [RequestStart, RequestFinish] and got[1].reason == "stop"
             receiver.sock.close()
             os.unlink(receiver.path)
             hooks.free_request(lambda request: None, scheduler, (_request(output=3, reason="stop"),), {})
@@ -95,7 +97,7 @@ def _agents_channel() -> Iterator[tuple[StepReceiver, SocketSink, RequestHooks, 
         sink = SocketSink(directory)
         sink.RING = False
         try:
-            yield receiver, sink, RequestHooks(sink.send_request), SimpleNamespace(requests={})
+            yield receiver, sink, RequestHooks(sink.send_request, flush=sink.flush_requests), SimpleNamespace(requests={})
         finally:
             sink.close()
             receiver.close()
@@ -150,21 +152,42 @@ def test_without_the_fault_the_sink_sends_every_start(monkeypatch):
             sink.close()
 
 
-def _launch(building: int, local_client: bool, rust: str, monkeypatch) -> list:
-    """``VLLMWrappers.launching_engines`` on a stand-in: whether it made this launch's EngineCores the source."""
+def test_a_burst_of_requests_goes_as_one_datagram_before_the_step_that_serves_them():
+    """A datagram socket queues 10 datagrams (net.unix.max_dgram_qlen's default): 40 requests added at once,
+    one datagram each, would mostly be lost. Queued, they go before the next step's record, in one datagram."""
+    with _agents_channel() as (receiver, sink, hooks, _):
+        scheduler = SimpleNamespace(requests={"busy": object()})  # not idle: nothing flushes but the step
+        for i in range(40):
+            hooks.add_request(lambda request: None, scheduler, (_request(f"r{i}"),), {})
+        got: list = []
+        receiver.drain(got.append)
+        assert got == []  # queued
+        step = ((5 << 32) | 1, 1.0, 2.0, 3, 0, 0, 0.25, (["r0"], [16], [0], [], [0], [16], [0]), 0, 0.001,
+                0.008, 0.001, None, 0.006)
+        sink(step)
+        receiver.drain(got.append)
+        assert [x.request_id for x in got[:40]] == [f"r{i}" for i in range(40)]  # all, first
+        assert len(got) == 41 and got[40].step_id == step[0] and sink.requests_dropped == 0
+
+
+def _launch(building: int, local_client: bool, rust: str, monkeypatch, enriched: list | None = None) -> list:
+    """``VLLMWrappers.launching_engines`` on a stand-in: whether it made this launch's EngineCores the source
+    (``enriched``: the launches a Python engine client being built here asked to be enriched)."""
     from otel_llm.guard import Guard
     from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
     from otel_llm.instrumentation.wraps import Binders
 
     monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", rust)
     became: list = []
-    w = SimpleNamespace(bind=Binders(), building=building, guard=Guard(), _become_source=became.append)
+    w = SimpleNamespace(bind=Binders(), building=building, guard=Guard(), _become_source=became.append,
+                        _enrich_engines=(enriched if enriched is not None else []).append)
 
     def __init__(local_engine_count, start_index, local_start_index, vllm_config, local_client,
                  handshake_address, executor_class, log_stats):
         return "launched"
     assert VLLMWrappers.launching_engines(w, __init__, None, (1, 0, 0, "config", local_client, "addr", None, True),
                                           {}) == "launched"
+    assert not w.guard.errors
     return became
 
 
@@ -172,4 +195,66 @@ def test_only_engines_no_python_client_will_hold_become_their_requests_source(mo
     assert _launch(0, True, "1", monkeypatch) == ["config"]  # the Rust frontend's supervisor
     assert _launch(0, False, "0", monkeypatch) == ["config"]  # --headless
     assert _launch(0, True, "0", monkeypatch) == []  # several Python API servers: each its own source
-    assert _launch(1, True, "1", monkeypatch) == []  # an AsyncLLM / LLM being built here: its hooks are the source
+    enriched: list = []
+    assert _launch(1, True, "1", monkeypatch, enriched) == []  # an AsyncLLM / LLM being built here: its hooks
+    assert enriched == ["config"]  # ... or, on the one path, its enrichment of its EngineCores' records
+
+
+def _enrich_launch(monkeypatch, one_path: bool, gives_tokens: bool = True, agent: object = object()) -> str | None:
+    from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
+
+    monkeypatch.setenv(request_hooks.ENGINE_REQUESTS_ENV, "1")  # left over from another launch
+    w = SimpleNamespace(_one_path=one_path, steps_armed=True, agent=agent, _enriched_launch=False,
+                        _steps_can_give_tokens=lambda config: gives_tokens, _served_name=lambda config: "tiny")
+    VLLMWrappers._enrich_engines(w, "config")
+    assert w._enriched_launch == (os.environ.get(request_hooks.ENGINE_REQUESTS_ENV) == request_hooks.ENRICHED)
+    return os.environ.get(request_hooks.ENGINE_REQUESTS_ENV)
+
+
+def test_the_one_path_asks_a_python_clients_engines_for_their_records_only_where_it_holds(monkeypatch):
+    """On the one path (``OTEL_LLM_ONE_PATH=1``) the EngineCores of an engine client with an agent whose steps
+    give the token times say its requests, marked as enriched; everywhere else they send nothing (a value
+    inherited from an earlier launch is cleared: the frontend's own hooks would count the requests again)."""
+    assert _enrich_launch(monkeypatch, one_path=True) == request_hooks.ENRICHED
+    assert os.environ[request_hooks.ENGINE_MODEL_ENV] == "tiny"
+    assert _enrich_launch(monkeypatch, one_path=False) is None
+    assert _enrich_launch(monkeypatch, one_path=True, gives_tokens=False) is None  # speculative, KV connector
+    assert _enrich_launch(monkeypatch, one_path=True, agent=None) is None  # custom providers: in-process
+
+
+def test_the_frontends_enrichment_carries_what_only_it_knows(monkeypatch):
+    """``VLLMWrappers._enrich`` on a stand-in: one record, with vLLM's own receipt times (TTFT ends at
+    ``arrival + first_token_latency``, e2e at the finishing batch), the tokens and characters it received,
+    the parent as W3C headers, the n > 1 group; counted once, as a finish, in the frontend."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+    from otel_llm.agent.records import RequestEnrichment, decode
+    from otel_llm.core.pipeline import Counts
+    from otel_llm.core.timeline import RequestGroup, RequestTimeline
+    from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
+
+    sent: list = []
+    counts = Counts()
+    w = SimpleNamespace(telemetry=SimpleNamespace(counts=counts, config=SimpleNamespace(capture_content=True)),
+                        agent=SimpleNamespace(send=sent.append))
+    parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xA1, 0xB2, True, TraceFlags(1))))
+    t = RequestTimeline("chatcmpl-1-abcdefgh", 1700000000.0, model="tiny", operation="chat", kind=SpanKind.SERVER,
+                        parent=parent, response_id="chatcmpl-1", request_attributes={"gen_ai.request.model": "alias"})
+    t.group, t.choice_index, t.prompt_text = RequestGroup("chatcmpl-1", 2, 2), 1, "hi"
+    state = SimpleNamespace(stats=SimpleNamespace(first_token_latency=0.25, arrival_time=1700000000.0,
+                                                  num_generation_tokens=5),
+                            detokenizer=SimpleNamespace(output_text="hello"))
+    VLLMWrappers._enrich(w, t, "stop", 1700000001.5, state)
+    (record,) = map(decode, sent)
+    assert record == RequestEnrichment(
+        request_id="chatcmpl-1-abcdefgh", operation="chat", server=True,
+        parent={"traceparent": f"00-{0xA1:032x}-{0xB2:016x}-01"}, response_id="chatcmpl-1", model="tiny",
+        attributes={"gen_ai.request.model": "alias"}, reason="stop", output_tokens=5, output_characters=5,
+        first_output=1700000000.25, last_output=1700000001.5, end=1700000001.5, prompt_text="hi",
+        output_text="hello", group_id="chatcmpl-1", group_size=2, group_expected=2, choice_index=1)
+    assert counts.requests_finished == 1
+    sent.clear()
+    VLLMWrappers._enrich(w, t, "abort", 1700000002.0, SimpleNamespace(stats=None, detokenizer=None))
+    (aborted,) = map(decode, sent)
+    assert (aborted.first_output, aborted.last_output, aborted.output_tokens) == (0.0, 0.0, None)

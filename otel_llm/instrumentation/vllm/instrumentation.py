@@ -97,7 +97,7 @@ class VLLMInstrumentation:
             Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", w.process_outputs,
                    plain=True),
             Target("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", w.abort_requests, plain=True),
-            # the stamp-free frontend's finish and engine events (wrappers.py: token_times=steps)
+            # the stamp-free frontend's finish and engine events (wrappers.py: token times from steps)
             Target("vllm.v1.engine.output_processor", "OutputProcessor._update_stats_from_finished", w.finished,
                    plain=True),
             Target("vllm.v1.metrics.stats", "IterationStats.update_from_events", w.engine_events, plain=True),

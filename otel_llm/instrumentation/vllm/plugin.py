@@ -54,8 +54,9 @@ class EngineSide:
             hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
             hooks.arm(sink.__call__)
-            if request_hooks.wanted():  # no Python frontend holds the requests: this EngineCore says them
-                self.requests = request_hooks.RequestHooks(sink.send_request, self.guard, clock=hooks.clock)
+            if request_hooks.wanted():  # this EngineCore says its requests (request_hooks.py)
+                self.requests = request_hooks.RequestHooks(sink.send_request, self.guard, clock=hooks.clock,
+                                                           flush=sink.flush_requests)
                 self.requests.arm()
         except Exception as exc:
             self.guard.failed("vllm plugin", exc)

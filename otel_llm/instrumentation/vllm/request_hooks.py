@@ -1,16 +1,19 @@
 """The EngineCore's request hooks: each request's start and finish, as the engine saw them, for the agent.
 
-Armed by the plugin (plugin.py) in a spawned EngineCore only where no Python frontend holds the requests:
-the process that spawned it says so in ``ENGINE_REQUESTS_ENV`` (the Rust frontend's supervisor, a headless
-engine: ``wrappers.VLLMWrappers.launching_engines``). Three vLLM methods, O(1) a request, nothing per step:
+Armed by the plugin (plugin.py) in a spawned EngineCore where the process that spawned it says so in
+``ENGINE_REQUESTS_ENV`` (``wrappers.VLLMWrappers.launching_engines``): ``1`` where no Python frontend holds
+the requests (the Rust frontend's supervisor, a headless engine), ``enriched`` where a Python frontend with an
+agent does and adds what only it knows to each request (agent/records.RequestEnrichment): the records then
+say so, and the agent waits for that enrichment. Three vLLM methods, O(1) a request, nothing per step:
 
 * ``EngineCore.preprocess_add_request`` (the input thread): notes the ``EngineCoreRequest``'s external id,
   which vLLM's ``Request`` does not keep;
 * ``Scheduler.add_request`` (the engine thread, before any step can serve the request): ``RequestStart``;
 * ``Scheduler._free_request`` (the engine thread; every finish: stop, length, abort, error): ``RequestFinish``.
 
-The records (otel_llm/agent/records.py) go through ``send``: the step sink's ``send_request``, one datagram
-to each frontend socket of the step directory.
+The records (otel_llm/agent/records.py) go through ``send``: the step sink's ``send_request``, which queues
+them for one datagram to each frontend socket of the step directory (at the next step, or ``flush`` when the
+engine goes idle).
 """
 
 from __future__ import annotations
@@ -27,24 +30,32 @@ from ..wraps import Target, WrapTable
 from . import contract
 from .grammar import backend_attribute
 
-ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1": this EngineCore is its requests' source
+ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1" or "enriched": this EngineCore is its requests' source
+ENRICHED = "enriched"  # ... and a Python frontend enriches each of its requests
+# "1": the EngineCores a Python engine client launches say its requests too, and the frontend only enriches
+# them (the one path, docs/design/enginecore-source.md). Off by default until the Python frontend's contract
+# tests pass on it; then it becomes the only path and this switch goes
+ONE_PATH_ENV = "OTEL_LLM_ONE_PATH"
 ENGINE_MODEL_ENV = "OTEL_LLM_ENGINE_MODEL"  # the served model name, from the process that spawned it
 _MAX_NOTED = 4096  # external ids noted and not yet taken by add_request (a request vLLM refused): bounded
 
 
 def wanted() -> bool:
-    return os.environ.get(ENGINE_REQUESTS_ENV) == "1"
+    return os.environ.get(ENGINE_REQUESTS_ENV) in ("1", ENRICHED)
 
 
 class RequestHooks:
     """``send(bytes)``: where each record goes. ``clock``: the step hooks' clock (time.monotonic)."""
 
     def __init__(self, send: Callable[[bytes], None], guard: Guard | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 flush: Callable[[], None] | None = None) -> None:
         self.send = send
+        self.flush = flush  # sends what ``send`` queued (the sink's flush_requests): when the engine goes idle
         self.guard = guard if guard is not None else Guard()
         self.clock, self.wall = clock, wall
         self.model = os.environ.get(ENGINE_MODEL_ENV) or None
+        self.enriched = os.environ.get(ENGINE_REQUESTS_ENV) == ENRICHED
         self.external: dict[str, str | None] = {}  # request id -> external id, preprocess to add_request
         # request id -> (when the scheduler took it, its external id), until it is freed
         self.live: dict[str, tuple[float, str | None]] = {}
@@ -95,7 +106,13 @@ class RequestHooks:
             self.finished(request)
         except Exception as exc:
             self.guard.failed("vllm engine request finish", exc)
-        return wrapped(*args, **kwargs)
+        out = wrapped(*args, **kwargs)
+        if self.flush is not None and not instance.requests:  # idle now: no next step flushes the records
+            try:
+                self.flush()
+            except Exception as exc:
+                self.guard.failed("vllm engine request finish", exc)
+        return out
 
     # -- the records --------------------------------------------------------------------------------------
 
@@ -128,7 +145,7 @@ class RequestHooks:
             sampling=self.sampling(params),
             lora_name=getattr(lora, "lora_name", None) if lora is not None else None,
             lora_id=getattr(lora, "lora_int_id", None) if lora is not None else None,
-            client_index=int(request.client_index or 0))
+            client_index=int(request.client_index or 0), enriched=self.enriched)
         self.send(records.encode(record))
 
     def finished(self, request: Any) -> None:
@@ -141,5 +158,5 @@ class RequestHooks:
             arrival=float(request.arrival_time), queued=queued, end=end, end_wall=end_wall,
             prompt_tokens=int(request.num_prompt_tokens), output_tokens=int(request.num_output_tokens),
             preemptions=int(request.num_preemptions or 0),
-            external_id=external, model=self.model)
+            external_id=external, model=self.model, enriched=self.enriched)
         self.send(records.encode(record))

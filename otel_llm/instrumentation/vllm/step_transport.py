@@ -42,6 +42,7 @@ STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 # socket would, counted in ``requests_dropped`` (tests/vllm/test_vllm_rust_frontend.py).
 DROP_STARTS_AFTER_ENV = "OTEL_LLM_TEST_DROP_STARTS_AFTER"
 _START = step_wire.START
+_BATCH = bytes((records.BATCH,))
 
 
 class SocketSink:
@@ -54,6 +55,7 @@ class SocketSink:
     path lookup a ``sendto`` makes in the kernel every step)."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
+    MAX_BATCH = 64  # request records a datagram at most
     RING = shm_ring.AVAILABLE
     RING_CAPACITY = shm_ring.CAPACITY
 
@@ -62,6 +64,8 @@ class SocketSink:
         self.guard = guard if guard is not None else Guard()  # the plugin's EngineSide's
         self.dropped = 0
         self.requests_dropped = 0  # request records a frontend's socket refused (send_request)
+        self._requests: list[bytes] = []  # request records queued for the next datagram (flush_requests)
+        self._requests_size = 0
         # the last step's request ids, their encoding, and the step id of the last record that every
         # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
         # None after anything that may have kept a record from a frontend
@@ -92,9 +96,24 @@ class SocketSink:
                 self.dropped += 1
 
     def send_request(self, data: bytes, now: float | None = None) -> None:
-        """A request's record (otel_llm/agent/records.py) to every frontend, on its socket (never a ring: the
-        ring is the step records'). Sent from the EngineCore's thread, as the steps are; a request may arrive
-        before any step has looked for the frontends, so this looks too when the last look is stale."""
+        """A request's record (otel_llm/agent/records.py), queued: the records of one moment go to every
+        frontend as one datagram (``flush_requests``), at the next step's record (before it: a start before
+        any step that serves its request), when the engine goes idle, or once a batch is full. One datagram a
+        record lost most of a burst: a datagram socket queues 10 of them by default (net.unix.max_dgram_qlen)."""
+        self._requests.append(data)
+        self._requests_size += len(data)
+        if len(self._requests) >= self.MAX_BATCH or self._requests_size >= records.MAX_BATCH // 4:
+            self.flush_requests(now)
+
+    def flush_requests(self, now: float | None = None) -> None:
+        """The queued request records to every frontend, on its socket (never a ring: the ring is the step
+        records'). Sent from the EngineCore's thread, as the steps are; a request may arrive before any step
+        has looked for the frontends, so this looks too when the last look is stale."""
+        queued = self._requests
+        if not queued:
+            return
+        self._requests, self._requests_size = [], 0
+        data = queued[0] if len(queued) == 1 else records.batch(queued)
         now = time.monotonic() if now is None else now
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
@@ -103,7 +122,7 @@ class SocketSink:
             try:
                 sock.send(data)
             except OSError as exc:
-                self.requests_dropped += 1  # the agent lags (its buffer is full) or is gone
+                self.requests_dropped += len(queued)  # the agent lags (its buffer is full) or is gone
                 if exc.errno in _GONE:
                     self._forget(path)
         if self.requests_dropped == dropped and self._reported[1] != dropped:
@@ -129,6 +148,8 @@ class SocketSink:
     def __call__(self, payload: step_wire.StepPayload) -> None:
         # the step's start is the hooks' clock, time.monotonic: no clock read of our own
         start = payload[_START]
+        if self._requests:  # the request records of this moment first: the agent reads them before the steps
+            self.flush_requests(start)
         if start - self._scanned > self.RESCAN_S:
             self._rescan(start)
         into_rings = self._into_rings
@@ -386,21 +407,22 @@ class StepReceiver:
                     take(data, deliver)
 
     def _request(self, data: bytes, deliver: Callable[[Any], None]) -> None:
-        """An EngineCore's request record: delivered where this receiver takes them (the agent's, whose
-        EngineCores are their requests' source), else skipped."""
+        """An EngineCore's request records (one, or a batch): delivered where this receiver takes them (the
+        agent's, whose EngineCores are their requests' source), else skipped."""
         if not self.take_requests:
             return
         try:
-            record = records.decode(data)
+            got = [records.decode(x) for x in (records.unbatch(data) if data[1:2] == _BATCH else (data,))]
         except records.RecordError as exc:
             self.malformed += 1
             self.guard.failed("request record", exc)
             return
-        try:
-            deliver(record)
-        except Exception as exc:
-            self.failed += 1
-            self.guard.failed("request record", exc)
+        for record in got:
+            try:
+                deliver(record)
+            except Exception as exc:
+                self.failed += 1
+                self.guard.failed("request record", exc)
 
     def _control(self, data: bytes) -> None:
         try:

@@ -3,14 +3,14 @@
 Every wrapper has one shape: the host's call runs unguarded (its exceptions pass through
 untouched), our bookkeeping before and after it is guarded.
 
-Per generated token, by default (``token_times=steps``), nothing: with an agent process (which reads the
+Per generated token, nothing: with an agent process (which reads the
 engine-step records itself) vLLM's output batches go straight to its own ``process_outputs``; without one,
 ``process_outputs`` only counts output batches (the engine-step records are read at the first finish of a
 batch, or every ``_DRAIN_EVERY`` batches). A request's finish comes from vLLM's own
 ``_update_stats_from_finished`` (once a request) and its engine events from
 ``IterationStats.update_from_events`` (only for the outputs that carry events); its token times are
 derived at finish, off this thread, from the steps that served it (core/step_tokens.py). Where the
-steps cannot give them (speculative decoding, KV connectors, no step records, ``token_times=stamps``)
+steps cannot give them (speculative decoding, KV connectors, no step records: chosen per engine, by itself)
 ``process_outputs`` stamps each output: one dict lookup and one list append.
 """
 
@@ -40,9 +40,11 @@ from ...core.pipeline import RequestPipeline
 from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
+from ...agent import records
 from ..wraps import Binders, is_ours
 from . import contract, kv_channel
 from .grammar import backend_attribute
+from .request_hooks import ONE_PATH_ENV
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -94,16 +96,18 @@ class VLLMWrappers:
         # reads the step records itself, so then this process has no receiver and reads no step
         self.open_agent = open_agent
         self.agent: Any = None
-        # the receiver whose records the pipeline's background thread reads (step_reading=deferred), once handed
-        self._reading_deferred: StepReceiver | None = None
         self.bind = Binders()
         self._told_log_stats = False
         self.fence: contract.Contract | None = None  # the instrumentor's (contract.py)
-        self._token_times_steps = telemetry.config.token_times == "steps"
         self._undrained = 0  # output batches since the step records were last read (token times from steps)
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the one path (request_hooks.ONE_PATH_ENV): the engines launched here send their requests' records,
+        # and this frontend keeps each request's timeline only to send its enrichment when it lets it go
+        self._one_path = os.environ.get(ONE_PATH_ENV) == "1"
+        self._enriched_launch = False  # set by launching_engines for the engine client being built
+        self.enriching: dict[str, RequestTimeline] = {}
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -169,8 +173,12 @@ class VLLMWrappers:
             self.guard.failed("vllm step diagnosis set-up", exc)
         try:
             setattr(instance.output_processor, _STEPS_CAN_GIVE_TOKENS, self._steps_can_give_tokens(instance.vllm_config))
+            if self._enriched_launch:  # its EngineCores say its requests: this frontend enriches them
+                setattr(instance.output_processor, _ENRICHES, True)
         except Exception as exc:
             self.guard.failed("vllm token times from steps", exc)
+        finally:
+            self._enriched_launch = False
         return result
 
     def launching_engines(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -184,9 +192,35 @@ class VLLMWrappers:
             vllm_config = b.get(args, kwargs, "vllm_config")
             if self.building == 0 and _no_python_frontend(b.get(args, kwargs, "local_client", True)):
                 self._become_source(vllm_config)
+            elif self.building:
+                self._enrich_engines(vllm_config)
         except Exception as exc:
             self.guard.failed("vllm engine launch", exc)
         return wrapped(*args, **kwargs)
+
+    def _enrich_engines(self, vllm_config: Any) -> None:
+        """The one path (``ONE_PATH_ENV``): the EngineCores a Python engine client being built here launches
+        say their requests' starts and finishes to its agent, and this frontend enriches each request
+        (agent/records.RequestEnrichment). Only where the agent reads the steps and they give the token times
+        (no speculative decoding, no KV connector); elsewhere, and for every other launch, the frontend's hooks
+        stay the source and the EngineCores send nothing (the variable is cleared: inherited, it would count
+        the requests twice)."""
+        from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED
+
+        self._enriched_launch = (self._one_path and self.steps_armed and self.agent is not None
+                                 and vllm_config is not None and self._steps_can_give_tokens(vllm_config))
+        if self._enriched_launch:
+            os.environ[ENGINE_REQUESTS_ENV] = ENRICHED
+            os.environ[ENGINE_MODEL_ENV] = self._served_name(vllm_config)
+        else:
+            os.environ.pop(ENGINE_REQUESTS_ENV, None)
+
+    def _served_name(self, vllm_config: Any) -> str:
+        model_config = vllm_config.model_config
+        name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else model_config.model
+        return str(name)
 
     def _become_source(self, vllm_config: Any) -> None:
         from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV
@@ -210,13 +244,9 @@ class VLLMWrappers:
                                  "frontend or --headless): their request telemetry needs the agent process, which "
                                  "needs OTLP providers as OTEL_* configures them (or it did not start): none")
             return
-        model_config = vllm_config.model_config
-        name = self._fence().read(model_config, "ModelConfig.served_model_name") or model_config.model
-        if isinstance(name, (list, tuple)):
-            name = name[0] if name else model_config.model
         self.agent.watch()  # nothing is sent to it per request here: a thread notices its death
         os.environ[ENGINE_REQUESTS_ENV] = "1"  # inherited by the EngineCores spawned next
-        os.environ[ENGINE_MODEL_ENV] = str(name)
+        os.environ[ENGINE_MODEL_ENV] = self._served_name(vllm_config)
         try:
             self._setup_diagnosis(vllm_config)  # the roofline's inputs, to the agent
         except Exception as exc:
@@ -236,8 +266,8 @@ class VLLMWrappers:
 
     def _from_steps(self, processor: Any) -> bool:
         """Whether ``processor``'s requests take their token times from steps under this instrumentation:
-        the option asks for it, the engine allows it, and its steps reach this process (or its agent)."""
-        return (self._token_times_steps and self.steps_armed
+        the engine allows it, and its steps reach this process (or its agent)."""
+        return (self.steps_armed
                 and (self.receiver is not None or self.agent is not None)
                 and getattr(processor, _STEPS_CAN_GIVE_TOKENS, False))
 
@@ -252,7 +282,7 @@ class VLLMWrappers:
             if not b.get(args, kwargs, "multiprocess_mode", False):
                 return False
         vllm_config = b.get(args, kwargs, "vllm_config")
-        return self._token_times_steps and vllm_config is not None and self._steps_can_give_tokens(vllm_config)
+        return vllm_config is not None and self._steps_can_give_tokens(vllm_config)
 
     def _setup_diagnosis(self, vllm_config: Any) -> None:
         """The roofline's model shape and devices, from the engine's own configuration."""
@@ -338,7 +368,10 @@ class VLLMWrappers:
             if parent is not None:  # one of the n sequences vLLM fans a request with n > 1 out to
                 t.group = _group_of(parent)
                 t.choice_index = b.get(args, kwargs, "request_index")
-            self.telemetry.start(t)
+            if getattr(instance, _ENRICHES, False) and self.agent is not None:
+                self._hold(t)
+            else:
+                self.telemetry.start(t)
         except Exception as exc:
             self.guard.failed("OutputProcessor.add_request", exc)
         return result
@@ -408,16 +441,12 @@ class VLLMWrappers:
         return reads
 
     def _drain_steps(self) -> None:
-        """The step records that arrived, into the pipeline (or, with deferred reading, handed to its thread)."""
+        """The step records that arrived, into the pipeline."""
         self._undrained = 0
         receiver = self.receiver
-        if receiver is not None and receiver is not self._reading_deferred:
+        if receiver is not None:
             try:
-                if self.telemetry.config.step_reading == "deferred":  # our background thread reads from now on
-                    self._reading_deferred = receiver
-                    self.telemetry.read_steps_from(CountingReader(receiver.drain, self.telemetry.counts))
-                else:
-                    receiver.drain(self.telemetry.add_step)
+                receiver.drain(self.telemetry.add_step)
             except Exception as exc:
                 self.guard.failed("step receiver", exc)
 
@@ -483,6 +512,19 @@ class VLLMWrappers:
         """``OutputProcessor._update_stats_from_finished``: once per request vLLM lets go of, after it left
         ``request_states``, with the reason (a stop string the detokenizer found included)."""
         result = wrapped(*args, **kwargs)
+        if self.enriching:
+            try:
+                b = self.bind(wrapped)
+                state = b.get(args, kwargs, "req_state")
+                t = self.enriching.pop(state.request_id, None)
+                if t is not None:
+                    reason = b.get(args, kwargs, "finish_reason")
+                    stats = b.get(args, kwargs, "iteration_stats")
+                    now = stats.iteration_timestamp if stats is not None else time.time()
+                    self._enrich(t, str(reason) if reason is not None else "stop", now, state)
+                    return result
+            except Exception as exc:
+                self.guard.failed("OutputProcessor._update_stats_from_finished (enrichment)", exc)
         if self._from_steps(instance):
             try:
                 b = self.bind(wrapped)
@@ -517,13 +559,55 @@ class VLLMWrappers:
             if result and self._undrained:
                 self._drain_steps()  # (token times from steps: the records an output batch left unread)
             now = time.time()
+            enriching = self.enriching
             for rid in result or ():
                 t = self.telemetry.requests.get(rid)
                 if t is not None:
                     self._finish(t, "abort", now)
+                elif enriching and (t := enriching.pop(rid, None)) is not None:
+                    self._enrich(t, "abort", now, None)  # (the engine's finish counts its tokens)
         except Exception as exc:
             self.guard.failed("OutputProcessor.abort_requests", exc)
         return result
+
+    def _hold(self, t: RequestTimeline) -> None:
+        """The one path's start: nothing is sent (the EngineCore says the request's start); the timeline is
+        held, with what this frontend read when the request came in, until it lets the request go."""
+        counts = self.telemetry.counts
+        if len(self.enriching) >= self.telemetry.config.max_requests:
+            counts.requests_untracked += 1  # its engine records still count it, in the agent
+            if t.group is not None:
+                t.group.expected -= 1
+            return
+        t.native = None  # vLLM's state comes with the finish
+        self.enriching[t.request_id] = t
+        counts.requests_started += 1
+
+    def _enrich(self, t: RequestTimeline, reason: str, now_wall: float, state: Any) -> None:
+        """The one path's finish: what only this frontend knows of ``t``, as one record to the agent."""
+        st = getattr(state, "stats", None)
+        detok = getattr(state, "detokenizer", None)
+        text = getattr(detok, "output_text", None)
+        if not isinstance(text, str):
+            text = None
+        first, last = output_receipts(st, reason, now_wall)  # when this frontend received the first and last output
+        parent: dict[str, str] = {}
+        if t.parent is not None:
+            _PROPAGATOR.inject(parent, context=t.parent)
+        group = t.group
+        content = self.telemetry.config.capture_content
+        record = records.RequestEnrichment(
+            request_id=t.request_id, operation=t.operation, server=t.kind is SpanKind.SERVER, parent=parent or None,
+            response_id=t.response_id, model=t.model, attributes=t.request_attributes, reason=reason,
+            output_tokens=int(st.num_generation_tokens) if st is not None else None,
+            output_characters=len(text) if text is not None else None, first_output=first,
+            last_output=last, end=now_wall,
+            prompt_text=t.prompt_text if content else None, output_text=text if content else None,
+            group_id=group.group_id if group is not None else None,
+            group_size=group.choice_count if group is not None else 0,
+            group_expected=group.expected if group is not None else 0, choice_index=t.choice_index)
+        self.telemetry.counts.requests_finished += 1
+        self.agent.send(records.encode(record))
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
@@ -561,6 +645,7 @@ _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a
 # vLLM's hooks the stamp-free frontend needs (contract.py entries), and whether an engine allows it
 _STEPS_CAN_GIVE_TOKENS = "_otel_llm_steps_give_tokens"
 _STEP_TOKEN_HOOKS = ("OutputProcessor._update_stats_from_finished", "IterationStats.update_from_events")
+_ENRICHES = "_otel_llm_enriches"  # on an engine's output processor: its EngineCores say its requests
 
 
 def output_receipts(st: Any, reason: str, now_wall: float) -> tuple[float, float]:
@@ -578,34 +663,6 @@ def engine_stats(st: Any, reads: "FrontendReads") -> EngineStats:
     """vLLM's ``RequestStateStats`` as the core's record of an engine's per-request statistics."""
     return EngineStats(st.arrival_time, st.queued_ts, st.scheduled_ts, st.first_token_ts, st.last_token_ts,
                        st.first_token_latency, st.num_generation_tokens, reads.num_preemptions(st))
-
-
-class CountingReader:
-    """A step receiver's ``drain`` for deferred reading, counting the records an EngineCore could not hand
-    over. Its step ids are ``pid << 32 | n`` with ``n`` consecutive per EngineCore, and the sink takes an id
-    for every record it writes or drops (step_hooks.StepHooks), so a gap is records lost to a full ring while
-    nothing read it: counted as ``steps_lost`` in ``stats()``."""
-
-    __slots__ = ("drain", "counts", "last")
-
-    def __init__(self, drain: Callable[[Callable[[Any], None]], None], counts: Any) -> None:
-        self.drain = drain
-        self.counts = counts
-        self.last: dict[int, int] = {}  # EngineCore (the id's high half) -> the last id read from it
-
-    def __call__(self, deliver: Callable[[Any], None]) -> None:
-        last, counts = self.last, self.counts
-
-        def take(step: Any) -> None:
-            sid = step.step_id
-            engine = sid >> 32
-            prev = last.get(engine)
-            if prev is not None and sid > prev + 1:
-                counts.steps_lost += sid - prev - 1
-            last[engine] = sid
-            deliver(step)
-
-        self.drain(take)
 
 
 def _group_of(parent: Any) -> RequestGroup:
