@@ -169,7 +169,9 @@ class Agent:
         busy_until = busy_since = 0.0
         while True:
             now = clock()
-            sleep(IDLE_S if now >= busy_until else BUSY_S if now - busy_since < SUSTAINED_AFTER_S else SUSTAINED_S)
+            # (the longer sustained tick only where the steps come through a ring: a datagram socket queues 10)
+            sleep(IDLE_S if now >= busy_until else BUSY_S if now - busy_since < SUSTAINED_AFTER_S
+                  or not self._ring_fed() else SUSTAINED_S)
             got = self.receive()
             if got is None or parent() != frontend:
                 break  # the frontend is gone (its end closed; or it died while a child it forked holds its end)
@@ -180,6 +182,11 @@ class Agent:
                 busy_until = now + 1.0
             self.turn()
         self.close_pipeline()
+
+    def _ring_fed(self) -> bool:
+        """Whether every engine's steps come through a ring (the non-x86 channels' datagrams do not)."""
+        receiver = self.receiver
+        return receiver is not None and bool(getattr(receiver, "rings", None))
 
     def receive(self) -> int | None:
         """Every message waiting (how many); None when the frontend's end closed."""
