@@ -10,14 +10,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .server import free_port
+from .server import free_port, wait_ready
 
 
 def prometheus_binary() -> str | None:
@@ -85,20 +84,11 @@ scrape_configs:{jobs}
                                       f"--web.listen-address=127.0.0.1:{self.port}", *self.flags],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._api = PromAPI(self.port)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode} (config {self.config})")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=10) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"Prometheus not ready after {timeout:.0f} s")
-            time.sleep(0.25)
+        if wait_ready(self.proc, f"http://127.0.0.1:{self.port}/-/ready", timeout,
+                      lambda: f"prometheus exited with {self.proc.returncode} (config {self.config})"):
+            return self
+        self.stop()
+        raise AssertionError(f"Prometheus not ready after {timeout:.0f} s")
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -35,6 +35,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float, exited: Any) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``timeout`` seconds pass (False; the caller stops ``proc``
+    and says why); RuntimeError(``exited()``) if ``proc`` exits first. The bound is for a hung process, not a
+    speed: the tests start servers on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(exited())
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 class VLLMServer:
     """``with VLLMServer(otlp_endpoint=sink.endpoint) as server: OpenAI(base_url=server.base_url)``."""
 
@@ -79,17 +97,9 @@ class VLLMServer:
                                      start_new_session=True)  # its own group: stop() ends the EngineCore too
         if "--headless" in self.command:
             return self
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.5)
+        if wait_ready(self.proc, f"{self.base_url}/models", timeout,
+                      lambda: f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}"):
+            return self
         self.stop()
         raise TimeoutError(f"vllm serve not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
