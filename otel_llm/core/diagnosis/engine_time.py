@@ -66,7 +66,7 @@ def _roofline_times(counts: Sequence[int], contexts: Sequence[int], shape: Model
     """Each share's predicted time, ``max(FLOPs / peak FLOP/s, bytes / peak B/s)`` of its own tokens and KV
     reads, the step's weight reads split evenly among its shares. A share's FLOPs and bytes are affine in its
     context for a given token count (``step_cost``), so the roofline's own formula is asked twice per token
-    count in the step (a decode batch: once), not once per share."""
+    count (``_line``, kept for the process: it depends on the shape and the count only), not once per share."""
     weights = _weights(shape)  # the weights (and LM head) a step reads once, whoever it serves
     shared = weights / len(counts)
     flop_s, byte_s = peaks.flops, peaks.bandwidth
