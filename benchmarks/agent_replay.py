@@ -73,6 +73,7 @@ class Workload:
     def __init__(self, requests: int, concurrency: int, tokens: int, budget: int, seed: int) -> None:
         self.requests, self.concurrency, self.tokens, self.budget = requests, concurrency, tokens, budget
         self.rng = random.Random(seed)
+        self.clock_end = 0.0  # the last step's end (engine monotonic seconds) of the events made so far
 
     def events(self, clock0: float, wall0: float, first_id: int) -> list[tuple[str, Any]]:
         from otel_llm.agent import protocol
@@ -153,6 +154,7 @@ class Workload:
                 out.append(("finish", protocol.facts_message(facts)))
                 if sent < self.requests:
                     arrive()
+        self.clock_end = now
         return out
 
 
@@ -278,7 +280,11 @@ def main(argv: list[str] | None = None) -> None:
         rounds: list[dict[str, Any]] = []
         step_base = 0
         for r in range(args.rounds + 1 + args.profile):
-            events = workload.events(time.monotonic(), time.time(), step_base)
+            # the engine's clock runs on from the last round's last step (a round's virtual time outruns the
+            # real clock): a monotonic clock that went back would make each round's first requests read the
+            # previous round's steps as steps they waited through
+            clock0 = max(time.monotonic(), workload.clock_end + 0.01)
+            events = workload.events(clock0, time.time() + (clock0 - time.monotonic()), step_base)
             steps = sum(kind == "step" for kind, _ in events)
             step_base += steps
             turns = replay.encode(events, args.steps_per_turn)

@@ -74,6 +74,21 @@ def batch(seed: int, steps: int = 60) -> tuple[list[StepRecord], list[float]]:
     return out, busy
 
 
+@pytest.mark.parametrize("shape", [SHAPE, MOE])
+def test_a_batch_of_equal_shares_splits_as_the_formula_reads(shape: ModelShape) -> None:
+    # a decode batch (and any step of equal shares) bytes-bound at both ends of its contexts takes each share's
+    # time in one expression; one near the crossover, or compute-bound, takes the loop: the same split either way
+    rng = random.Random(5)
+    for k in (None, 1, 4, 64, 512, 4096):
+        for _ in range(20):
+            n = rng.randint(1, 48)
+            top = rng.choice((10, 2_000, 100_000))
+            contexts = [rng.randint(0, top) for _ in range(n)]
+            tokens = None if k is None else [k] * n
+            assert work_shares(tokens, n, contexts, shape, PEAKS) == pytest.approx(
+                reference_shares(tokens, n, contexts, shape, PEAKS), rel=1e-12)
+
+
 @pytest.mark.parametrize("shape, peaks", [(None, None), (SHAPE, PEAKS)])
 def test_a_steps_split_kept_for_its_requests_gives_each_what_it_gets_alone(shape, peaks) -> None:
     steps, busy = batch(1)

@@ -26,6 +26,7 @@ step by their prefill tokens; a request's interference caused is its part, summe
 
 from __future__ import annotations
 
+import functools
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Mapping, Sequence
@@ -65,23 +66,47 @@ def _roofline_times(counts: Sequence[int], contexts: Sequence[int], shape: Model
     """Each share's predicted time, ``max(FLOPs / peak FLOP/s, bytes / peak B/s)`` of its own tokens and KV
     reads, the step's weight reads split evenly among its shares. A share's FLOPs and bytes are affine in its
     context for a given token count (``step_cost``), so the roofline's own formula is asked twice per token
-    count in the step (a decode batch: once), not once per share."""
-    weights = step_cost(shape, ()).bytes  # the weights (and LM head) a step reads once, whoever it serves
+    count (``_line``, kept for the process: it depends on the shape and the count only), not once per share."""
+    weights = _weights(shape)  # the weights (and LM head) a step reads once, whoever it serves
     shared = weights / len(counts)
     flop_s, byte_s = peaks.flops, peaks.bandwidth
+    k = counts[0]
+    if len(counts) > 2 and counts.count(k) == len(counts):  # shares of one size (a decode batch: most steps)
+        f0, f1, b0, b1 = _line(shape, k)
+        lo, hi = min(contexts), max(contexts)
+        # bytes-bound at both ends of its contexts, by a margin rounding cannot cross: then at every context
+        # between (the two times are affine in it), and each share's time is the loop's own bytes expression
+        if b0 + b1 * lo > 0.0 and b0 + b1 * hi > 0.0 and all(
+                ((b0 + b1 * c) + shared) / byte_s > (f0 + f1 * c) / flop_s * (1.0 + 1e-9) for c in (lo, hi)):
+            return [((b0 + b1 * c) + shared) / byte_s for c in contexts]
     lines: dict[int, tuple[float, float, float, float]] = {}
     times = []
     for k, c in zip(counts, contexts):
         line = lines.get(k)
         if line is None:
-            at0, at1 = step_cost(shape, ((k, 0),)), step_cost(shape, ((k, 1),))
-            line = lines[k] = (at0.flops, at1.flops - at0.flops, at0.bytes - weights, at1.bytes - at0.bytes)
+            line = lines[k] = _line(shape, k)
         f0, f1, b0, b1 = line
         own_bytes = b0 + b1 * c
         own_bytes = (own_bytes if own_bytes > 0.0 else 0.0) + shared
         flops_time, bytes_time = (f0 + f1 * c) / flop_s, own_bytes / byte_s
         times.append(flops_time if flops_time > bytes_time else bytes_time)
     return times
+
+
+# A model's step costs depend on its shape and a share's tokens only: worked out once for all steps (a
+# process serves a model or a few; token counts are few: 1 for decode, the chunk sizes for prefill).
+@functools.lru_cache(maxsize=8)
+def _weights(shape: ModelShape) -> float:
+    """The bytes a step reads once, whoever it serves (the weights and the LM head)."""
+    return step_cost(shape, ()).bytes
+
+
+@functools.lru_cache(maxsize=1024)
+def _line(shape: ModelShape, k: int) -> tuple[float, float, float, float]:
+    """A share of ``k`` tokens: its FLOPs at context 0 and per context token, its own bytes (the weights left
+    out) the same."""
+    at0, at1 = step_cost(shape, ((k, 0),)), step_cost(shape, ((k, 1),))
+    return at0.flops, at1.flops - at0.flops, at0.bytes - _weights(shape), at1.bytes - at0.bytes
 
 
 class StepTime:
