@@ -179,7 +179,9 @@ def encode(record: Record) -> bytes:
 
 def batch(items: list[bytes]) -> bytes:
     """Several encoded records as one datagram: a datagram socket queues at most ``net.unix.max_dgram_qlen``
-    datagrams (10 by default) however small, so a burst of requests sent one datagram each loses most."""
+    datagrams (10 by default) however small, so a burst of requests sent one datagram each loses most. Where
+    steps go as datagrams (no ring), a batch may also hold the step records a full socket held back, in the
+    order sent (step_transport.SocketSink._put; the reader tells the two apart by their first byte)."""
     return bytes((TAG, BATCH)) + marshal.dumps(tuple(items))
 
 

@@ -109,11 +109,16 @@ def test_a_receiver_that_stopped_reading_costs_counted_records_never_a_wait():
         while sink.requests_dropped == 0 and sent < 200_000:  # nobody reads: the socket's buffer fills
             hooks.free_request(lambda request: None, scheduler, (_request(f"r{sent}", 3, "stop"),), {})
             sent += 1
-        assert sink.requests_dropped == 1 and sent > 1
+        # the socket's queue full, the sink held what it refused, up to its backlog's bound, then dropped
+        assert sink.requests_dropped == 1 and sink.held == SocketSink.MAX_BACKLOG and sent > SocketSink.MAX_BACKLOG
         assert sink._targets  # a full socket is a lagging reader, not a gone one
         got: list = []
         receiver.drain(got.append)
-        assert len(got) == sent - 1 and all(isinstance(x, RequestFinish) for x in got)
+        assert len(got) == sent - 1 - SocketSink.MAX_BACKLOG and all(isinstance(x, RequestFinish) for x in got)
+        sink.flush_requests()  # read: what it held goes as one datagram
+        receiver.drain(got.append)
+        assert len(got) == sent - 1 and sink.held == 0 and sink.requests_dropped == 1
+        assert [x.request_id for x in got] == [f"r{i}" for i in range(sent - 1)]
 
 
 def test_the_sinks_drop_counts_follow_the_next_record_that_gets_through(monkeypatch):

@@ -6,12 +6,14 @@ import os
 import socket
 import struct
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 
 from otel_llm.guard import Guard
 from otel_llm import shm_ring
-from otel_llm.instrumentation.vllm import step_hooks, step_transport, step_wire
+from otel_llm.agent import records
+from otel_llm.instrumentation.vllm import engine_errors, step_hooks, step_transport, step_wire
 
 
 def record(step_id: int) -> step_wire.StepPayload:
@@ -340,3 +342,133 @@ def test_an_encoding_failure_or_datagram_frontends_make_every_record_list_its_id
         assert receiver.malformed == 0 and sink.dropped == 0
         receiver.close()
         sink.close()
+
+
+def _qlen() -> int:
+    """The datagrams a Unix socket queues (net.unix.max_dgram_qlen; 10 by default)."""
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 10
+
+
+@pytest.fixture
+def datagrams(monkeypatch):
+    """A frontend's receiver and an EngineCore's sink on datagrams (no ring): the non-x86 channel."""
+    monkeypatch.setattr(step_transport.SocketSink, "RING", False)
+    with tempfile.TemporaryDirectory() as d:
+        receiver = step_transport.StepReceiver(d)
+        sink = step_transport.SocketSink(d)
+        try:
+            yield receiver, sink
+        finally:
+            sink.close()
+            receiver.close()
+
+
+def test_a_burst_beyond_the_datagram_queue_is_held_and_goes_as_one_batch_in_order(datagrams):
+    """A datagram socket queues max_dgram_qlen datagrams however small: a tiny model's steps outrun an agent
+    that reads every 20 ms. What the socket refuses is held and goes with the next record, as one datagram."""
+    receiver, sink = datagrams
+    burst = _qlen() + 20
+    for step_id in range(1, burst + 1):  # nobody reads
+        sink(record(step_id))
+    assert sink.dropped == 0 and burst - _qlen() - 1 <= sink.held < burst  # Linux queues one past its limit
+    queued = burst - sink.held
+    got = drained(receiver)
+    assert [s.step_id for s in got] == list(range(1, queued + 1))  # what the socket queued
+    sink(record(burst + 1))  # room again: what was held, and this one, in one datagram
+    assert sink.held == 0
+    raw: list = []
+    take = receiver._take
+    receiver._take = lambda data, deliver, ids=None: (raw.append(data), take(data, deliver, ids))
+    got += drained(receiver)  # one read gets them all, in order
+    assert [s.step_id for s in got] == list(range(1, burst + 2)) and len(raw) == burst + 1 - queued
+    assert sink.dropped == 0 and receiver.malformed == receiver.failed == 0
+
+
+def test_the_backlog_is_bounded_and_what_does_not_fit_is_counted(datagrams, monkeypatch):
+    receiver, sink = datagrams
+    monkeypatch.setattr(sink, "MAX_BACKLOG", 5)
+    burst = _qlen() + 20
+    for step_id in range(1, burst + 1):
+        sink(record(step_id))
+    assert sink.held == 5
+    queued = burst - 5 - sink.dropped
+    assert sink.dropped == burst - queued - 5 > 0
+    got = drained(receiver)
+    sink(record(burst + 1))
+    got += drained(receiver)
+    # the newest of the burst went: what was held kept its order, before the next record
+    assert [s.step_id for s in got] == list(range(1, queued + 6)) + [burst + 1]
+    monkeypatch.setattr(sink, "MAX_BACKLOG_BYTES", 10)  # no record fits: a refused one is dropped, counted
+    before = sink.dropped
+    for step_id in range(burst + 2, 2 * burst + 2):
+        sink(record(step_id))
+    # every record the socket refused is counted: none held, none lost uncounted
+    assert sink.held == 0 and sink.dropped - before == burst - len(drained(receiver)) > 0
+
+
+def test_requests_sent_while_steps_are_held_keep_their_place(datagrams):
+    """The agent's order rule: a request's finish follows the steps that served it. A request record sent while
+    steps are held goes after them, in the same batch."""
+    receiver, sink = datagrams
+    receiver.take_requests = True
+    for step_id in range(1, _qlen() + 3):
+        sink(record(step_id))
+    held = sink.held
+    assert held >= 1
+    finish = records.encode(records.RequestFinish(request_id="req-a", reason="stop", arrival=1.0, queued=1.0, end=2.5,
+                                                  end_wall=2.5, prompt_tokens=16, output_tokens=3))
+    sink.send_request(finish)
+    sink.flush_requests()  # still full: held after the steps
+    assert sink.held == held + 1 and sink.requests_dropped == sink.dropped == 0
+    got = drained(receiver)
+    sink.flush_requests()  # read: the steps, then the finish
+    got += drained(receiver)
+    kinds = [type(x).__name__ for x in got]
+    assert kinds == ["StepRecord"] * (_qlen() + 2) + ["RequestFinish"]
+    assert [s.step_id for s in got[:-1]] == list(range(1, _qlen() + 3))
+
+
+def test_an_idle_engine_waits_a_bounded_moment_then_counts_what_it_still_holds(datagrams, monkeypatch):
+    receiver, sink = datagrams
+    hooks = step_hooks.StepHooks()
+    hooks.sink, hooks.on_idle = sink, sink.idle
+    for step_id in range(1, _qlen() + 6):
+        sink(record(step_id))
+    held = sink.held
+    assert held >= 1
+    monkeypatch.setattr(sink, "IDLE_WAIT_S", 0.0)  # nobody reads: nothing to wait for in a test
+    waited = []
+    monkeypatch.setattr(step_transport.select, "poll", lambda: SimpleNamespace(
+        register=lambda fd, ev: None, poll=lambda ms: waited.append(ms) or []))
+    busy = SimpleNamespace(requests={"r": object()})
+    hooks.update_from_output(lambda *a: {}, busy, (None, None), {})  # a next step is coming: no idle
+    assert sink.held == held and waited == []
+    idle = SimpleNamespace(requests={})
+    hooks.update_from_output(lambda *a: {}, idle, (None, None), {})  # idle: it goes, or is counted
+    assert waited == [0] and sink.held == 0 and sink.dropped == held
+    monkeypatch.undo()
+    got = drained(receiver)
+    assert [s.step_id for s in got] == list(range(1, _qlen() + 6 - held))
+    # read in time: an idle engine sends what it holds
+    for step_id in range(100, 100 + _qlen() + 3):
+        sink(record(step_id))
+    assert sink.held
+    drained(receiver)
+    sink.idle()
+    assert sink.held == 0 and [s.step_id for s in drained(receiver)][-1] == 100 + _qlen() + 2
+
+
+def test_a_batch_holding_anything_but_records_is_refused_and_counted(datagrams):
+    """Every byte of a batch is untrusted: records.unbatch bounds it, and each item is a step or a request
+    record; an empty item, a batch inside it, a control record, a step of another wire are each counted."""
+    receiver, _ = datagrams
+    for items in ([b""], [records.batch([b"x"])], [bytes((engine_errors.CONTROL,)) * 8], [b"\x7f" * 8]):
+        before = receiver.malformed
+        receiver._batch(records.batch(items), lambda x: None)
+        assert receiver.malformed == before + 1
+    receiver._batch(bytes((records.TAG, records.BATCH)) + b"\xff" * 10, lambda x: None)  # not a batch's shape
+    assert receiver.malformed == 5 and receiver.failed == 0

@@ -54,6 +54,7 @@ class EngineSide:
             hooks.on_error = sink.on_rescan = reporter.changed
             # the bound method: calling it skips the instance-call slot lookup, once a step
             hooks.arm(sink.__call__)
+            hooks.on_idle = sink.idle  # what a full datagram socket held back goes before the engine waits
             if request_hooks.wanted():  # this EngineCore says its requests (request_hooks.py)
                 self.requests = request_hooks.RequestHooks(sink.send_request, self.guard, clock=hooks.clock,
                                                            flush=sink.flush_requests)

@@ -81,7 +81,7 @@ class StepHooks:
 
     __slots__ = ("sink", "pending", "model", "timer", "counter", "prefix", "last_end", "clock", "recompute",
                  "_table", "contract", "prompt_len", "prefill_token_ids", "preempted_ids", "max_active", "spec_on",
-                 "spec_readers", "lora_on", "on_error", "guard", "grammars")
+                 "spec_readers", "lora_on", "on_error", "guard", "grammars", "on_idle")
 
     def __init__(self, fence: contract.Contract | None = None, guard: Guard | None = None) -> None:
         # the owner's (the instrumentor's, or the plugin's EngineSide): the hooks' errors are counted there
@@ -100,6 +100,9 @@ class StepHooks:
         # told after an error was caught (a spawned EngineCore's plugin: engine_errors.ErrorReporter.changed)
         self.on_error: Callable[[], None] | None = None
         self.sink: Callable[[StepPayload], None] | None = None
+        # told when a step leaves the scheduler with no request (the engine goes idle): a spawned EngineCore's
+        # sink sends what a full datagram socket held back (step_transport.SocketSink.idle); None: nothing
+        self.on_idle: Callable[[], None] | None = None
         # id(scheduler_output) -> what schedule() saw (a ``Pending``'s fields), unpacked whole by update_from_output
         self.pending: dict[int, tuple] = {}
         self.timer = ModelTimer(guard)
@@ -333,6 +336,12 @@ class StepHooks:
         entered = clock()
         result = wrapped(*args, **kwargs)
         self.updated(scheduler_output, model_output, result, entered, clock(), spec)
+        on_idle = self.on_idle
+        if on_idle is not None and not instance.requests:  # no next step sends what the sink holds
+            try:
+                on_idle()
+            except Exception as exc:
+                self.failed("scheduler.update_from_output hook (idle)", exc)
         return result
 
     def updated(self, scheduler_output: Any, model_output: Any, result: Any, entered: float, left: float,

@@ -9,8 +9,13 @@ The scheduler lives in the EngineCore process (its own process by default, or th
   first frontend created and named in ``OTEL_LLM_STEP_DIR`` before the engine was spawned.
   Every frontend process that builds an engine client binds ``<dir>/<pid>.sock`` there:
   with ``vllm serve --api-server-count N`` the N API server processes share one EngineCore
-  and each gets every step (each keeps the shares of its own requests). Sends never block:
-  if a frontend lags and its socket buffer is full, the record is dropped and counted.
+  and each gets every step (each keeps the shares of its own requests). Sends never block while
+  the engine works: a Unix datagram socket queues at most ``net.unix.max_dgram_qlen`` datagrams
+  (10 by default) however small, fewer than a tiny model's steps between two reads of a busy agent,
+  so records a socket refuses wait in a small bounded backlog that goes, with the next record, as
+  one batch datagram (agent/records.batch); it is sent again at each step, and when the engine goes
+  idle the sink waits a bounded moment for the reader (no next step would send it). What still
+  cannot go is dropped and counted.
 
 The datagram is sent before the step's outputs leave the EngineCore, so the frontend
 always holds a step's record before it sees the step's tokens.
@@ -43,6 +48,7 @@ STEP_DIR_ENV = "OTEL_LLM_STEP_DIR"
 DROP_STARTS_AFTER_ENV = "OTEL_LLM_TEST_DROP_STARTS_AFTER"
 _START = step_wire.START
 _BATCH = bytes((records.BATCH,))
+_TAG = bytes((records.TAG,))
 
 
 class SocketSink:
@@ -56,6 +62,13 @@ class SocketSink:
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
     MAX_BATCH = 64  # request records a datagram at most
+    # records (steps and requests) held for a frontend whose socket is full, and their bytes: a batch
+    # datagram stays well within what the reader takes (records.MAX_BATCH)
+    MAX_BACKLOG = 128
+    MAX_BACKLOG_BYTES = records.MAX_BATCH // 2
+    # when the engine goes idle with a backlog: how long it waits for the frontend to read (an agent reads
+    # at least every agent.process.IDLE_S); what is still held then is dropped, counted
+    IDLE_WAIT_S = 0.25
     RING = shm_ring.AVAILABLE
     RING_CAPACITY = shm_ring.CAPACITY
 
@@ -66,6 +79,9 @@ class SocketSink:
         self.requests_dropped = 0  # request records a frontend's socket refused (send_request)
         self._requests: list[bytes] = []  # request records queued for the next datagram (flush_requests)
         self._requests_size = 0
+        # a frontend's socket path -> [records its socket refused, their bytes]: sent, in order, before
+        # anything newer to that frontend (_put)
+        self._backlogs: dict[str, list] = {}
         # the last step's request ids, their encoding, and the step id of the last record that every
         # frontend got (step_wire.encode: the next record leaves the ids out when they are the same):
         # None after anything that may have kept a record from a frontend
@@ -111,22 +127,116 @@ class SocketSink:
         has looked for the frontends, so this looks too when the last look is stale."""
         queued = self._requests
         if not queued:
+            if self._backlogs:
+                self._retry()
             return
         self._requests, self._requests_size = [], 0
-        data = queued[0] if len(queued) == 1 else records.batch(queued)
         now = time.monotonic() if now is None else now
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
         dropped = self.requests_dropped
         for path, sock, _ in self._targets:
-            try:
-                sock.send(data)
-            except OSError as exc:
-                self.requests_dropped += len(queued)  # the agent lags (its buffer is full) or is gone
-                if exc.errno in _GONE:
-                    self._forget(path)
+            self._put(path, sock, queued)  # after what that frontend's backlog holds, in one datagram
         if self.requests_dropped == dropped and self._reported[1] != dropped:
             self.report_counts()  # this one got through: so may the count of those that did not
+
+    def idle(self) -> None:
+        """The engine went idle (step_hooks: its scheduler holds no request after a step): what is queued or
+        held goes now, since no next step will send it. For a frontend whose socket is still full this waits
+        up to ``IDLE_WAIT_S`` for it to read (the engine has nothing to do meanwhile), then drops what it
+        still holds, counted: records that late would reach it after the finishes they precede."""
+        self.flush_requests()
+        if not self._backlogs:
+            return
+        deadline = time.monotonic() + self.IDLE_WAIT_S
+        for path, sock, _ in list(self._targets):
+            if path not in self._backlogs:
+                continue
+            try:
+                waiter = select.poll()
+                waiter.register(sock.fileno(), select.POLLOUT)
+                # writable once the frontend read: a connected datagram socket polls its peer's queue
+                waiter.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+            except (OSError, ValueError):
+                pass
+            self._put(path, sock, ())
+        for path in list(self._backlogs):
+            self._drop_backlog(path)
+
+    def _put(self, path: str, sock: socket.socket, items: Any) -> None:
+        """``items`` (encoded records, steps or requests, in order) to one frontend's socket, after what is
+        held for it: one datagram (a batch where several go). A full socket (EAGAIN) keeps them, within the
+        backlog's bounds (what does not fit is dropped, counted); any other refusal drops everything held
+        for it, counted, and a frontend that is gone is forgotten. O(backlog) at most: bounded."""
+        backlog = self._backlogs.get(path)
+        if backlog is None:
+            queue = items
+        elif not items:
+            queue = backlog[0]
+        elif backlog[1] + sum(len(x) for x in items) > self.MAX_BACKLOG_BYTES + records.MAX_BATCH // 4:
+            self._put(path, sock, ())  # too much for one datagram the reader takes: what is held first
+            if path in self._backlogs:
+                self._hold(self._backlogs[path], items)
+                return
+            backlog, queue = None, items
+        else:
+            queue = backlog[0] + list(items)
+        if not queue:
+            return
+        data = queue[0] if len(queue) == 1 else records.batch(list(queue))
+        try:
+            sock.send(data)
+        except BlockingIOError:  # the frontend lags: its socket holds max_dgram_qlen datagrams already
+            if backlog is None:
+                backlog = [[], 0]
+                self._hold(backlog, items)
+                if backlog[0]:
+                    self._backlogs[path] = backlog
+            else:
+                self._hold(backlog, items)
+            return
+        except OSError as exc:
+            for item in items:
+                self._count_dropped(item)
+            self._drop_backlog(path)
+            if exc.errno in _GONE:  # that frontend is gone: forget it (and its stale socket file)
+                self._forget(path)
+            return
+        if backlog is not None:
+            del self._backlogs[path]
+
+    def _hold(self, backlog: list, items: Any) -> None:
+        held, size = backlog
+        for item in items:
+            if len(held) >= self.MAX_BACKLOG or size + len(item) > self.MAX_BACKLOG_BYTES:
+                self._count_dropped(item)  # the newest goes: what is held keeps its order
+            else:
+                held.append(item)
+                size += len(item)
+        backlog[1] = size
+
+    def _retry(self) -> None:
+        """Every backlog sent again, each as one datagram."""
+        for path, sock, _ in list(self._targets):
+            if path in self._backlogs:
+                self._put(path, sock, ())
+
+    def _count_dropped(self, item: bytes) -> None:
+        if item[:1] == _TAG:
+            self.requests_dropped += 1
+        else:
+            self.dropped += 1
+
+    def _drop_backlog(self, path: str) -> None:
+        backlog = self._backlogs.pop(path, None)
+        if backlog is not None:
+            for item in backlog[0]:
+                self._count_dropped(item)
+
+    @property
+    def held(self) -> int:
+        """Records held in backlogs now, over all frontends."""
+        return sum(len(b[0]) for b in self._backlogs.values())
 
     def report_counts(self) -> None:
         """What this sink could not deliver (a ``SinkCounts`` record, cumulative) to every frontend, on its
@@ -176,16 +286,22 @@ class SocketSink:
                     self.dropped += 1  # that frontend lags: its ring is full
                     self._resync()  # it missed this record: the next one lists its ids
             return
+        backlogs = self._backlogs
         for path, sock, ring in self._targets:
             if ring is not None:
                 if not ring.write(data):
                     self.dropped += 1  # that frontend lags: its ring is full
                     self._resync()  # it missed this record: the next one lists its ids
                 continue
+            if backlogs:
+                self._put(path, sock, (data,))  # after what is held for it, in one datagram
+                continue
             try:
                 sock.send(data)
+            except BlockingIOError:  # that frontend lags: held, and sent with the next record (_put)
+                self._put(path, sock, (data,))
             except OSError as exc:
-                self.dropped += 1  # lagging (buffer full) or unreachable: telemetry is what we lose
+                self.dropped += 1  # unreachable: telemetry is what we lose
                 if exc.errno in _GONE:  # that frontend is gone: forget it (and its stale socket file)
                     self._forget(path)
 
@@ -214,9 +330,10 @@ class SocketSink:
                 if target is None:
                     continue
             targets.append((path, *target))
-        for sock, ring in known.values():  # their files are gone (the frontend closed)
+        for path, (sock, ring) in known.items():  # their files are gone (the frontend closed)
             if ring is not None:
                 self.dropped += ring.unread()
+            self._drop_backlog(path)
             self._close(sock, ring)
         self._targets = targets
         self._resync()  # a new frontend has read nothing yet (once a second: one record with its ids)
@@ -261,6 +378,7 @@ class SocketSink:
                 continue
             if ring is not None:
                 self.dropped += ring.unread()
+            self._drop_backlog(path)
             self._close(sock, ring)
             target = self._connect(path, forget_stale=False)
             if target is not None:
@@ -286,7 +404,8 @@ class SocketSink:
             ring.close()
 
     def close(self) -> None:
-        for _, sock, ring in self._targets:
+        for path, sock, ring in self._targets:
+            self._drop_backlog(path)
             self._close(sock, ring)
         self._targets = []
         self._writes = ()
@@ -402,17 +521,44 @@ class StepReceiver:
                 if data[0] == engine_errors.CONTROL:
                     self._control(data)
                 elif data[0] == records.TAG:
-                    self._request(data, deliver)
+                    if data[1:2] == _BATCH:
+                        self._batch(data, deliver)
+                    else:
+                        self._request(data, deliver)
                 else:
                     take(data, deliver)
 
+    def _batch(self, data: bytes, deliver: Callable[[Any], None]) -> None:
+        """A batch datagram (records.unbatch: bounded): request records, and step records a full socket held
+        back (SocketSink._put), each taken in the order sent. Anything else in it (a batch, a control record)
+        is refused, counted."""
+        try:
+            items = records.unbatch(data)
+        except records.RecordError as exc:
+            self.malformed += 1
+            self.guard.failed("request record", exc)
+            return
+        for item in items:
+            head = item[:1]
+            if head == _TAG:
+                if item[1:2] == _BATCH:
+                    self.malformed += 1
+                    self.guard.failed("request record", records.RecordError("a batch inside a batch"))
+                else:
+                    self._request(item, deliver)
+            elif not item or item[0] == engine_errors.CONTROL:
+                self.malformed += 1
+                self.guard.failed("step record wire", step_wire.WireError("an empty or control record in a batch"))
+            else:
+                self._take(item, deliver)
+
     def _request(self, data: bytes, deliver: Callable[[Any], None]) -> None:
-        """An EngineCore's request records (one, or a batch): delivered where this receiver takes them (the
-        agent's, whose EngineCores are their requests' source), else skipped."""
+        """An EngineCore's request record (those of a batch come through ``_batch``): delivered where this
+        receiver takes them (the agent's, whose EngineCores are their requests' source), else skipped."""
         if not self.take_requests:
             return
         try:
-            got = [records.decode(x) for x in (records.unbatch(data) if data[1:2] == _BATCH else (data,))]
+            got = [records.decode(data)]
         except records.RecordError as exc:
             self.malformed += 1
             self.guard.failed("request record", exc)
