@@ -303,11 +303,15 @@ def test_report_from_the_collectors_file_exporter(stack, tmp_path: Path) -> None
 VICTIM, AGGRESSOR = "team-chat", "team-batch"
 TINY = "tpot=0.000001"
 VICTIMS, VICTIM_TOKENS = 8, 96
-LONG_TOKENS = 440  # near the session's 512-token context
-BURST = 4  # long prompts sent at once: a step prefills up to 504 tokens beside the 8 decodes (512-token budget)
+# The scenario's server takes long prompts whole: a step prefills up to 4088 tokens beside the 8 decodes, many
+# decode steps' worth whatever the machine's speed (a prompt's attention grows with its square, a decode step's
+# cost with the batch), so the interference is most of the victims' decode time, never near MIN_SHARE of it
+SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
+LONG_TOKENS = 4000  # near the scenario's 4096-token context
+BURST = 6  # long prompts sent at once, in one request: six steps of prefill beside the 8 decodes (14 <= max_num_seqs)
 # the verdict's MIN_SAMPLES decode-only steps, and one to spare for a victim's chunk still on its way
 BASELINE_STEPS = PAUSE_STEPS = MIN_SAMPLES + 1
-ROOM = 24  # victim tokens a burst and its pause may take (steps between the driver's look and the prompts' arrival)
+ROOM = 32  # victim tokens a burst and its pause may take (steps between the driver's look and the prompts' arrival)
 
 
 class VictimStream:
@@ -404,7 +408,7 @@ def tenant_stack(tmp_path_factory) -> Iterator[dict]:
     prom = Prometheus(tmp, {"otel-llm-collector": gateway.prometheus_endpoint})
     server = VLLMServer(otlp_endpoint=gateway.http_endpoint, service_name="otel-llm-tenants",
                         env={"OTEL_LLM_TENANT": "user", "OTEL_LLM_SLO": TINY, "OTEL_LLM_TAIL_QUANTILE": "0"},
-                        max_num_batched_tokens=512)
+                        **SCENARIO_ENGINE)
     try:
         api = prom.start().api
         server.start()
