@@ -36,7 +36,7 @@ from otel_llm import semconv as sc
 from otel_llm.core import metrics as m
 from otel_llm.core import self_metrics as sm
 from otel_llm.core.diagnosis.gpu import GpuSampler
-from otel_llm.core.diagnosis.verdict import MIN_SAMPLES
+from otel_llm.core.diagnosis.verdict import CONTEXT_STEPS, MIN_SAMPLES
 from otel_llm.demo import scenario
 from otel_llm.core.slo import SLOTable
 from otel_llm.views import alerts, dashboard
@@ -293,25 +293,27 @@ def test_report_from_the_collectors_file_exporter(stack, tmp_path: Path) -> None
 # speed, and what is asserted is what our code charged, never a speed.
 #
 # The verdict charges a decode step that carried others' prefill its duration beyond the median decode-only
-# step of the same decode batch size (core/diagnosis/verdict.py), and so does the interference a prompt caused
-# (core/diagnosis/engine_time.py, over the steps before it); without three such steps in the window it reads,
-# it cannot tell and charges nothing. So the driver paces the long prompts by the engine steps it observes (the
-# victims' stream reports each one's token count, one token per step), never by sleeping: the first burst goes
-# only once every victim has had BASELINE_STEPS decode-only steps of the full batch, each burst is followed by
-# PAUSE_STEPS tokens of every victim without a long prompt, and no burst is sent unless the victims have the
-# room to decode beside it and its pause, so every prefill step has the full batch beside it.
+# step of the same decode batch size among the steps before it (``prefill_loss`` in core/diagnosis/verdict.py),
+# and the interference a prompt caused is the same charge (core/diagnosis/engine_time.py); without three such
+# steps before it, it cannot tell and charges nothing. So the driver paces by the engine steps it observes (the
+# victims' stream reports each one's token count, one token per step), never by sleeping: the long prompts go,
+# as one request, once every victim has had BASELINE_STEPS decode-only steps of the full batch.
+#
+# The scenario's server takes a long prompt whole: a step prefills up to 4088 tokens beside the 8 decodes, several
+# decode steps' worth (attention grows with the prompt's square), and the budget prefills the prompts one after the
+# other, so the victims' decode is LONGS such steps among VICTIM_TOKENS: the interference is a large share of it,
+# however long the request takes from the driver to the engine (the victims' decode-only steps meanwhile are part
+# of VICTIM_TOKENS), as long as it gets there before they finish (VICTIM_TOKENS leaves it that room).
 VICTIM, AGGRESSOR = "team-chat", "team-batch"
 TINY = "tpot=0.000001"
-VICTIMS, VICTIM_TOKENS = 8, 96
-# The scenario's server takes long prompts whole: a step prefills up to 4088 tokens beside the 8 decodes, many
-# decode steps' worth whatever the machine's speed (a prompt's attention grows with its square, a decode step's
-# cost with the batch), so the interference is most of the victims' decode time, never near MIN_SHARE of it
 SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
-LONG_TOKENS = 4000  # near the scenario's 4096-token context
-BURST = 6  # long prompts sent at once, in one request: six steps of prefill beside the 8 decodes (14 <= max_num_seqs)
+VICTIMS, VICTIM_TOKENS = 8, 256
+LONG_TOKENS = 4000  # near the scenario's 4096-token context: one prompt a step
+# the long prompts, in one request: each prefill step then has decode-only steps among the CONTEXT_STEPS before it
+LONGS = 48
 # the verdict's MIN_SAMPLES decode-only steps, and one to spare for a victim's chunk still on its way
-BASELINE_STEPS = PAUSE_STEPS = MIN_SAMPLES + 1
-ROOM = 32  # victim tokens a burst and its pause may take (steps between the driver's look and the prompts' arrival)
+BASELINE_STEPS = MIN_SAMPLES + 1
+assert BASELINE_STEPS + LONGS + MIN_SAMPLES < CONTEXT_STEPS
 
 
 class VictimStream:
@@ -369,29 +371,19 @@ class VictimStream:
 
 def two_tenant_load(client: Any, model: str) -> dict[str, Any]:
     """The scenario (above) on a served engine with nothing else running; returns what it did: the long prompts
-    sent, and per burst the victims' fewest tokens when it was sent, when it was done and after its pause."""
+    sent, and the victims' fewest tokens when they were sent and when they were done."""
     def ids(i: int, n: int) -> list[int]:
         return [5 + (i * 7 + j) % 400 for j in range(n)]
 
     victims = VictimStream(client, model, [ids(i, 8) for i in range(VICTIMS)])
     # every victim holds BASELINE_STEPS + 1 tokens after BASELINE_STEPS decode steps of its own, in each of which
     # every victim decoded (none is near its end) and nothing else ran
-    victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
-    sent = 0
-    bursts: list[tuple[int, int, int]] = []
-    while max(before := victims.snapshot()) + ROOM <= VICTIM_TOKENS:
-        # one request of BURST long prompts, added to the engine together
-        client.completions.create(model=model, prompt=[ids(50 + sent + j, LONG_TOKENS) for j in range(BURST)],
-                                  max_tokens=1, user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
-        sent += BURST
-        after = victims.snapshot()
-        # every victim's next PAUSE_STEPS tokens come from steps without a long prompt (none is in flight)
-        paused = victims.wait(lambda tokens, done: all(d or t >= a + PAUSE_STEPS for t, d, a in zip(tokens, done, after)),
-                              "the decode-only steps after a burst")
-        bursts.append((min(before), min(after), min(paused)))
+    before = victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
+    client.completions.create(model=model, prompt=[ids(50 + j, LONG_TOKENS) for j in range(LONGS)], max_tokens=1,
+                              user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
+    after = victims.snapshot()
     victims.join()
-    assert sent, f"no long prompt was sent: the victims decoded past their room before the first burst ({before})"
-    return {"long_prompts": sent, "bursts": bursts}
+    return {"long_prompts": LONGS, "victim_tokens": (min(before), min(after))}
 
 
 @pytest.fixture(scope="module")
