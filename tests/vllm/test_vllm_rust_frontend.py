@@ -98,9 +98,9 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
 # the prompt's square), and enough of them that their interference stays far above the verdict's MIN_SHARE of
 # a decoder's decode time even when they reach the engine late.
 VICTIMS = 6
-VICTIM_TOKENS = 48
+VICTIM_TOKENS = 64  # room for the long prompts' way to the engine, short beside their prefill steps
 GATE_CHUNKS = 4
-LONGS = 8  # VICTIMS + LONGS within the engine's max_num_seqs: all admitted at once
+LONGS = 12  # the token budget prefills them one a step, each several decode steps' worth
 LONG_TOKENS = 4000  # near the scenario's context, one prompt per prefill step
 SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
 TINY_SLO = 1e-6  # every decoder breaches TPOT and is judged; a long prompt (one token) has no TPOT
