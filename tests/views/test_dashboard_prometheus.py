@@ -18,6 +18,7 @@ import math
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -298,20 +299,21 @@ def test_report_from_the_collectors_file_exporter(stack, tmp_path: Path) -> None
 # and the interference a prompt caused is the same charge (core/diagnosis/engine_time.py); without three such
 # steps before it, it cannot tell and charges nothing. So the driver paces by the engine steps it observes (the
 # victims' stream reports each one's token count, one token per step), never by sleeping: the long prompts go,
-# as one request, once every victim has had BASELINE_STEPS decode-only steps of the full batch.
+# once every victim has had BASELINE_STEPS decode-only steps of the full batch.
 #
 # The scenario's server takes a long prompt whole: a step prefills up to 4088 tokens beside the 8 decodes, several
 # decode steps' worth (attention grows with the prompt's square), and the budget prefills the prompts one after the
-# other, so the victims' decode is LONGS such steps among VICTIM_TOKENS: the interference is a large share of it,
-# however long the request takes from the driver to the engine (the victims' decode-only steps meanwhile are part
-# of VICTIM_TOKENS), as long as it gets there before they finish (VICTIM_TOKENS leaves it that room).
+# other, so the victims' decode is LONGS such steps among VICTIM_TOKENS: the interference is a large share of it
+# whatever the machine's speed. The prompts go one a request, IN_FLIGHT at a time: the serving process's time to
+# hand a request to the engine grows with its prompts, so the first reaches the engine soon, and the others while
+# those before them are prefilled (the engine is the slower of the two): no decode-only steps between them.
 VICTIM, AGGRESSOR = "team-chat", "team-batch"
 TINY = "tpot=0.000001"
 SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
-VICTIMS, VICTIM_TOKENS = 8, 256
+VICTIMS, VICTIM_TOKENS = 8, 192
 LONG_TOKENS = 4000  # near the scenario's 4096-token context: one prompt a step
-# the long prompts, in one request: each prefill step then has decode-only steps among the CONTEXT_STEPS before it
-LONGS = 48
+# back to back: each prefill step then has decode-only steps among the CONTEXT_STEPS before it
+LONGS, IN_FLIGHT = 48, 4
 # the verdict's MIN_SAMPLES decode-only steps, and one to spare for a victim's chunk still on its way
 BASELINE_STEPS = MIN_SAMPLES + 1
 assert BASELINE_STEPS + LONGS + MIN_SAMPLES < CONTEXT_STEPS
@@ -380,8 +382,11 @@ def two_tenant_load(client: Any, model: str) -> dict[str, Any]:
     # every victim holds BASELINE_STEPS + 1 tokens after BASELINE_STEPS decode steps of its own, in each of which
     # every victim decoded (none is near its end) and nothing else ran
     before = victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
-    client.completions.create(model=model, prompt=[ids(50 + j, LONG_TOKENS) for j in range(LONGS)], max_tokens=1,
-                              user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        for done in [pool.submit(client.completions.create, model=model, prompt=[ids(50 + j, LONG_TOKENS)],
+                                 max_tokens=1, user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
+                     for j in range(LONGS)]:
+            done.result()
     after = victims.snapshot()
     victims.join()
     return {"long_prompts": LONGS, "victim_tokens": (min(before), min(after))}
