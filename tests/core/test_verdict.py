@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm import semconv as sc
 from otel_llm.core.config import Config
+from otel_llm.core.diagnosis.engine_time import interference_caused
 from otel_llm.core.diagnosis.verdict import StepWindow, decide
 from otel_llm.core.metrics import SERVER_METRICS, ServerMetrics
 from otel_llm.core.pipeline import Pipeline
@@ -143,6 +144,28 @@ def test_decode_steps_that_carry_another_prompt_are_prefill_interference():
     assert v.cause == sc.SLOW_OWN_PREFILL
     assert v.seconds[sc.SLOW_OWN_PREFILL] == pytest.approx(10 * 0.030 + 9 * STEP, abs=1e-6)
     assert v.seconds[sc.SLOW_PREFILL_INTERFERENCE] == 0
+
+
+def test_the_interference_prompts_caused_is_what_their_victims_were_charged():
+    """One baseline for both sides (verdict.prefill_loss): a prefill step's loss is read against the decode-only
+    steps before it, so the seconds the long prompts are charged as caused equal the victims' charged seconds,
+    even when the decode steps after the prompts cost more than those before them."""
+    sim = Sim()
+    decoders = ["d0", "d1", "d2", "d3"]
+    start_decoding(sim, decoders)
+    decodes = [(d, 1, "d") for d in decoders]
+    sim.decode(decoders, 10, dur=0.010)
+    sim.arrive("long0", "long1")
+    sim.step(decodes + [("long0", 300, "P")], dur=0.050)  # 40 ms beyond the 10 ms decode step, per decoder
+    sim.decode(decoders, 5, dur=0.012)
+    sim.step(decodes + [("long1", 100, "p")], dur=0.030)  # the median before it is still 10 ms: 20 ms lost
+    sim.step(decodes + [("long1", 200, "P")], dur=0.040)  # 30 ms lost
+    sim.decode(decoders, 30, dur=0.020)  # slower afterwards: no baseline of the steps before a prompt
+    charged = [sim.verdict(d, "tpot").seconds[sc.SLOW_PREFILL_INTERFERENCE] for d in decoders]
+    assert charged == pytest.approx([0.040 + 0.020 + 0.030] * len(decoders), abs=1e-9)
+    caused = {rid: interference_caused(sim.timelines[rid].chunks, sim.window) for rid in ("long0", "long1")}
+    assert caused == pytest.approx({"long0": 0.040 * 4, "long1": (0.020 + 0.030) * 4}, abs=1e-9)
+    assert sum(caused.values()) == pytest.approx(sum(charged), abs=1e-9)
 
 
 def test_steps_that_skip_a_running_request_for_others_prefill_count_whole():

@@ -18,6 +18,7 @@ import math
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,7 +37,7 @@ from otel_llm import semconv as sc
 from otel_llm.core import metrics as m
 from otel_llm.core import self_metrics as sm
 from otel_llm.core.diagnosis.gpu import GpuSampler
-from otel_llm.core.diagnosis.verdict import MIN_SAMPLES
+from otel_llm.core.diagnosis.verdict import CONTEXT_STEPS, MIN_SAMPLES
 from otel_llm.demo import scenario
 from otel_llm.core.slo import SLOTable
 from otel_llm.views import alerts, dashboard
@@ -293,21 +294,28 @@ def test_report_from_the_collectors_file_exporter(stack, tmp_path: Path) -> None
 # speed, and what is asserted is what our code charged, never a speed.
 #
 # The verdict charges a decode step that carried others' prefill its duration beyond the median decode-only
-# step of the same decode batch size (core/diagnosis/verdict.py), and so does the interference a prompt caused
-# (core/diagnosis/engine_time.py, over the steps before it); without three such steps in the window it reads,
-# it cannot tell and charges nothing. So the driver paces the long prompts by the engine steps it observes (the
-# victims' stream reports each one's token count, one token per step), never by sleeping: the first burst goes
-# only once every victim has had BASELINE_STEPS decode-only steps of the full batch, each burst is followed by
-# PAUSE_STEPS tokens of every victim without a long prompt, and no burst is sent unless the victims have the
-# room to decode beside it and its pause, so every prefill step has the full batch beside it.
+# step of the same decode batch size among the steps before it (``prefill_loss`` in core/diagnosis/verdict.py),
+# and the interference a prompt caused is the same charge (core/diagnosis/engine_time.py); without three such
+# steps before it, it cannot tell and charges nothing. So the driver paces by the engine steps it observes (the
+# victims' stream reports each one's token count, one token per step), never by sleeping: the long prompts go,
+# once every victim has had BASELINE_STEPS decode-only steps of the full batch.
+#
+# The scenario's server takes a long prompt whole: a step prefills up to 4088 tokens beside the 8 decodes, several
+# decode steps' worth (attention grows with the prompt's square), and the budget prefills the prompts one after the
+# other, so the victims' decode is LONGS such steps among VICTIM_TOKENS: the interference is a large share of it
+# whatever the machine's speed. The prompts go one a request, IN_FLIGHT at a time: the serving process's time to
+# hand a request to the engine grows with its prompts, so the first reaches the engine soon, and the others while
+# those before them are prefilled (the engine is the slower of the two): no decode-only steps between them.
 VICTIM, AGGRESSOR = "team-chat", "team-batch"
 TINY = "tpot=0.000001"
-VICTIMS, VICTIM_TOKENS = 8, 96
-LONG_TOKENS = 440  # near the session's 512-token context
-BURST = 4  # long prompts sent at once: a step prefills up to 504 tokens beside the 8 decodes (512-token budget)
+SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
+VICTIMS, VICTIM_TOKENS = 8, 192
+LONG_TOKENS = 4000  # near the scenario's 4096-token context: one prompt a step
+# back to back: each prefill step then has decode-only steps among the CONTEXT_STEPS before it
+LONGS, IN_FLIGHT = 48, 4
 # the verdict's MIN_SAMPLES decode-only steps, and one to spare for a victim's chunk still on its way
-BASELINE_STEPS = PAUSE_STEPS = MIN_SAMPLES + 1
-ROOM = 24  # victim tokens a burst and its pause may take (steps between the driver's look and the prompts' arrival)
+BASELINE_STEPS = MIN_SAMPLES + 1
+assert BASELINE_STEPS + LONGS + MIN_SAMPLES < CONTEXT_STEPS
 
 
 class VictimStream:
@@ -365,29 +373,22 @@ class VictimStream:
 
 def two_tenant_load(client: Any, model: str) -> dict[str, Any]:
     """The scenario (above) on a served engine with nothing else running; returns what it did: the long prompts
-    sent, and per burst the victims' fewest tokens when it was sent, when it was done and after its pause."""
+    sent, and the victims' fewest tokens when they were sent and when they were done."""
     def ids(i: int, n: int) -> list[int]:
         return [5 + (i * 7 + j) % 400 for j in range(n)]
 
     victims = VictimStream(client, model, [ids(i, 8) for i in range(VICTIMS)])
     # every victim holds BASELINE_STEPS + 1 tokens after BASELINE_STEPS decode steps of its own, in each of which
     # every victim decoded (none is near its end) and nothing else ran
-    victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
-    sent = 0
-    bursts: list[tuple[int, int, int]] = []
-    while max(before := victims.snapshot()) + ROOM <= VICTIM_TOKENS:
-        # one request of BURST long prompts, added to the engine together
-        client.completions.create(model=model, prompt=[ids(50 + sent + j, LONG_TOKENS) for j in range(BURST)],
-                                  max_tokens=1, user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
-        sent += BURST
-        after = victims.snapshot()
-        # every victim's next PAUSE_STEPS tokens come from steps without a long prompt (none is in flight)
-        paused = victims.wait(lambda tokens, done: all(d or t >= a + PAUSE_STEPS for t, d, a in zip(tokens, done, after)),
-                              "the decode-only steps after a burst")
-        bursts.append((min(before), min(after), min(paused)))
+    before = victims.wait(lambda tokens, done: min(tokens) > BASELINE_STEPS, "the baseline's decode-only steps")
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        for done in [pool.submit(client.completions.create, model=model, prompt=[ids(50 + j, LONG_TOKENS)],
+                                 max_tokens=1, user=AGGRESSOR, temperature=0.0, extra_body={"ignore_eos": True})
+                     for j in range(LONGS)]:
+            done.result()
+    after = victims.snapshot()
     victims.join()
-    assert sent, f"no long prompt was sent: the victims decoded past their room before the first burst ({before})"
-    return {"long_prompts": sent, "bursts": bursts}
+    return {"long_prompts": LONGS, "victim_tokens": (min(before), min(after))}
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +405,7 @@ def tenant_stack(tmp_path_factory) -> Iterator[dict]:
     prom = Prometheus(tmp, {"otel-llm-collector": gateway.prometheus_endpoint})
     server = VLLMServer(otlp_endpoint=gateway.http_endpoint, service_name="otel-llm-tenants",
                         env={"OTEL_LLM_TENANT": "user", "OTEL_LLM_SLO": TINY, "OTEL_LLM_TAIL_QUANTILE": "0"},
-                        max_num_batched_tokens=512)
+                        **SCENARIO_ENGINE)
     try:
         api = prom.start().api
         server.start()
@@ -434,18 +435,10 @@ def tenant_stack(tmp_path_factory) -> Iterator[dict]:
         gateway.shutdown()
 
 
-# Not yet reliable: a burst that takes many engine steps to go from the driver to the engine leaves the victims
-# decoding alone meanwhile, and on an idle machine the tiny model's 504-token prefill step costs little more than a
-# decode step, so the interference can fall under the verdict's MIN_SHARE of their decode time (all unknown).
-OPEN = pytest.mark.xfail(reason="open: the interference share of the victims' decode time depends on how fast the "
-                         "serving process hands each burst to the engine", strict=False)
-
-
 def _by(api: PromAPI, expr: str, label: str) -> dict[str, float]:
     return {r["metric"].get(label, ""): float(r["value"][1]) for r in api.query(expr)}
 
 
-@OPEN
 def test_two_tenants_panels_and_the_victims_breaches(tenant_stack) -> None:
     """Issue acceptance: the per-tenant goodput, engine-time and interference panels return data for both
     tenants; >= 90 % of the victim tenant's TPOT breaches are charged to prefill_interference."""
@@ -472,7 +465,6 @@ def test_two_tenants_panels_and_the_victims_breaches(tenant_stack) -> None:
             assert {VICTIM, AGGRESSOR} <= result
 
 
-@OPEN
 def test_two_tenants_interference_is_charged_to_the_long_prompts_tenant(tenant_stack) -> None:
     """Issue acceptance: of the interference seconds charged as interference_caused, >= 90 % are charged to the
     tenant that sent the long prompts."""

@@ -93,12 +93,15 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
 # Decoders stream side by side; once every one of them has streamed GATE_CHUNKS tokens after the last one's
 # first (so the engine has run decode-only steps at their batch size: the verdict's baseline), long prompts
 # arrive, each prefilled in one or two steps beside the decodes (max_num_batched_tokens holds a whole one);
-# the decoders go on decoding alone afterwards. Driven by the chunks the client sees, not by sleeps.
+# the decoders go on decoding alone afterwards. Driven by the chunks the client sees, not by sleeps. The long
+# prompts' prefill steps are many decode steps' worth each whatever the machine's speed (attention grows with
+# the prompt's square), and enough of them that their interference stays far above the verdict's MIN_SHARE of
+# a decoder's decode time even when they reach the engine late.
 VICTIMS = 6
-VICTIM_TOKENS = 48
+VICTIM_TOKENS = 64  # room for the long prompts' way to the engine, short beside their prefill steps
 GATE_CHUNKS = 4
-LONGS = 4
-LONG_TOKENS = 3000
+LONGS = 12  # the token budget prefills them one a step, each several decode steps' worth
+LONG_TOKENS = 4000  # near the scenario's context, one prompt per prefill step
 SCENARIO_ENGINE = {"max_model_len": 4096, "max_num_batched_tokens": 4096}
 TINY_SLO = 1e-6  # every decoder breaches TPOT and is judged; a long prompt (one token) has no TPOT
 DROPPED = 3  # requests after the scenario whose starts the EngineCore's sink drops (the test-only fault)

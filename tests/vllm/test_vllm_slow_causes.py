@@ -133,8 +133,8 @@ def test_the_long_prompt_is_charged_the_interference_it_caused(long_prompt_run):
     """Who caused it (core/diagnosis/engine_time.py): the decoders' loss in the long prompt's step, by the
     verdict's own rule (the step's time minus the median decode-only step of its decode batch size, per
     decoder), all goes to the one request whose prefill ran there; no other request caused any, and the
-    decoders' verdicts charged that step to prefill_interference. (Their totals differ by the baselines'
-    windows: the long prompt finishes before the decoders' later steps, which their verdicts also read.)"""
+    decoders' verdicts charged that step to prefill_interference: together, what the long prompt caused (one
+    baseline for both, the decode-only steps before the step: verdict.prefill_loss)."""
     judgements, steps = judged(long_prompt_run)
     trees = request_trees(long_prompt_run)
     caused = {rid: t.attributes[sc.REQUEST_INTERFERENCE_CAUSED] for rid, t in trees.items()}
@@ -149,6 +149,8 @@ def test_the_long_prompt_is_charged_the_interference_it_caused(long_prompt_run):
                    and x.attributes[sc.STEP_NUM_DECODE_REQS] == victims)
     assert caused["long"] == pytest.approx(victims * (seconds[at] - usual), rel=1e-3, abs=1e-5)
     assert caused["long"] > 0 and all(judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] > 0 for rid in DECODERS)
+    lost = sum(judgements[rid].seconds[sc.SLOW_PREFILL_INTERFERENCE] for rid in DECODERS)
+    assert lost == pytest.approx(caused["long"], rel=1e-3, abs=1e-5)
     # each request's engine time: the long prompt's share of its one step is most of the engine's time
     engine = {rid: t.attributes[sc.REQUEST_ENGINE_TIME] for rid, t in trees.items()}
     assert engine["long"] == pytest.approx(seconds[at] * LONG / (LONG + victims), rel=1e-3)

@@ -19,7 +19,8 @@ devices one step spans, times the price, over 3600) for its cost in money: see d
 
 **Interference caused** (``llm.request.interference_caused``). In a step that computed prompt tokens, every
 decoding request lost what the slow-cause verdict charges it there: the step's duration minus the median
-decode-only step of the same decode batch size (core/diagnosis/verdict.py, ``prefill_interference``). The
+decode-only step of the same decode batch size before it (core/diagnosis/verdict.py, ``prefill_loss``, the
+baseline of ``prefill_interference``), so what prompts caused equals what their victims were charged. The
 step's total, that loss times its decoding requests, is shared among the requests whose prefill ran in the
 step by their prefill tokens; a request's interference caused is its part, summed over its prefill chunks.
 """
@@ -32,7 +33,7 @@ from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
-from .verdict import CONTEXT_STEPS, StepWindow, _Baselines
+from .verdict import CONTEXT_STEPS, StepWindow, prefill_loss
 
 _STEP_ID = attrgetter("step_id")
 
@@ -187,23 +188,20 @@ def interference_caused(chunks: Sequence[Any], window: StepWindow,
 
 def _losses(window: StepWindow, first: int, last: int, step_ids: Sequence[int]) -> list[tuple[float, int]]:
     """Per step of ``step_ids`` (between ``first`` and ``last``), what its decoding requests lost to the prompt
-    tokens computed in it, and those tokens: the verdict's ``prefill_interference`` charge (its duration over
-    the median decode-only step of its decode batch, times that batch) read over the steps from
-    ``CONTEXT_STEPS`` before ``first`` through ``last``; (0.0, 0) where nothing is charged."""
+    tokens computed in it, and those tokens: the verdict's ``prefill_interference`` charge per decoding request
+    (``prefill_loss``) times its decode batch; (0.0, 0) where nothing is charged."""
     steps = window.around(first, last, float("inf"), CONTEXT_STEPS)
-    by_id = {s.step_id: s for s in steps}
-    base = None
+    index = {s.step_id: i for i, s in enumerate(steps)}
     out = []
     for step_id in step_ids:
-        s = by_id.get(step_id)
+        i = index.get(step_id)
+        s = steps[i] if i is not None else None
         if s is None or not s.decode_requests or not s.prefill_tokens:
             out.append((0.0, 0))
             continue
-        if base is None:
-            base = _Baselines(steps)
-        usual = base.decode(s.decode_requests)
-        if usual is None:  # no decode-only step of that batch size to compare with: nothing to charge
+        lost = prefill_loss(steps, i)
+        if lost is None:  # no decode-only step of that batch size to compare with: nothing to charge
             out.append((0.0, 0))
             continue
-        out.append(((s.duration - usual) * s.decode_requests, s.prefill_tokens))
+        out.append((lost * s.decode_requests, s.prefill_tokens))
     return out

@@ -13,7 +13,7 @@ the request above what a comparable step costs, summed over the breached measure
   step ran ``max_loras`` of them (vLLM's scheduler skips such a request whatever else happens, so the
   limit alone kept it waiting; decided per request, not from the step-wide reason);
 * prefill interference: its decode steps that carried other requests' prefill tokens, minus the
-  median of decode-only steps of the same decode batch size; steps that skipped it while it ran and
+  median of decode-only steps of the same decode batch size before each (``prefill_loss``); steps that skipped it while it ran and
   carried prefill count whole;
 * grammar interference: its decode steps (without prefill) in which the engine computed a grammar bitmask,
   beyond a comparable step without one, at most the bitmask's time, for the part of the mask that was
@@ -227,6 +227,18 @@ class _Baselines:
         return _nearest(self._plain, batch)
 
 
+def prefill_loss(steps: list[StepFacts], index: int) -> float | None:
+    """What each decoding request of ``steps[index]`` (a step that computed prompt tokens) lost to them: the
+    step's duration beyond the median decode-only step of its decode batch size among the ``CONTEXT_STEPS``
+    steps before it; ``None`` when there is none to compare with. The one baseline of both the verdict's
+    ``prefill_interference`` and the interference a prompt caused (engine_time.py): it reads only steps before
+    the prefill step, which both the victims and the prompt's own request have seen, so the seconds a prompt
+    is charged as caused are those its victims are charged as lost."""
+    s = steps[index]
+    usual = _Baselines(steps[max(0, index - CONTEXT_STEPS):index]).decode(s.decode_requests)
+    return None if usual is None else s.duration - usual
+
+
 def _nearest(medians: dict[int, float], batch: int) -> float | None:
     found = medians.get(batch)
     if found is not None:
@@ -429,6 +441,7 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
     (a decode-only step), its decode steps against decode-only steps of the same batch size, steps that
     skipped it, and the gaps between steps. ``own_prefill``: the steps that computed its prompt, with
     how many of its prompt tokens each computed."""
+    index = {s.step_id: i for i, s in enumerate(steps)}
     span = [s for s in steps if admit.step_id <= s.step_id <= last.step_id]
     first_chunk = min(own_prefill, default=None)
     first_decode = next((s for s in span if s.step_id in own and s.step_id not in own_prefill), None)
@@ -457,14 +470,16 @@ def _running(steps: list[StepFacts], admit: StepFacts, last: StepFacts, own: set
                 beyond = s.duration - usual if s.step_id == first_chunk else s.duration
                 ledger.add(sc.SLOW_OWN_PREFILL, beyond * share, s.end)
             continue
+        if s.prefill_tokens:
+            lost = prefill_loss(steps, index[s.step_id])
+            if lost is None:  # how much of it was the others' prefill cannot be told
+                ledger.add_span(sc.SLOW_UNKNOWN, s.start, s.end)
+                continue
+            ledger.add(sc.SLOW_PREFILL_INTERFERENCE, lost, s.end)
         usual = base.decode(s.decode_requests)
         if usual is None:
-            if s.prefill_tokens:  # how much of it was the others' prefill cannot be told
-                ledger.add_span(sc.SLOW_UNKNOWN, s.start, s.end)
             continue
-        if s.prefill_tokens:
-            ledger.add(sc.SLOW_PREFILL_INTERFERENCE, s.duration - usual, s.end)
-        elif s.grammar_s:
+        if not s.prefill_tokens and s.grammar_s:
             ledger.add(sc.SLOW_GRAMMAR_INTERFERENCE, grammar_wait(s, base.plain(s.decode_requests), grammar), s.end)
         if start_batch is not None and s.decode_requests > first_decode.decode_requests:  # the batch grew
             ledger.add(sc.SLOW_BATCH_GROWTH, usual - start_batch, s.end)
