@@ -57,21 +57,29 @@ class ConnectionSquatter:
         end = time.monotonic() + self.max_seconds
         while not self._stop.is_set() and time.monotonic() < end:
             readable = select.select(self._socks, [], [], self.pause)[0] if self._socks else []
-            for s in readable:  # the server answered (a 503) or closed it: close ours and reopen
-                try:
-                    data = s.recv(4096)
-                except OSError:
-                    data = b""
-                if data and not data.startswith(b"HTTP/1.1 503"):
-                    continue
-                self._socks.remove(s)
-                s.close()
+            for s in readable:
+                self._drop_if_cut(s)
             while len(self._socks) < self.n and self.reopens < self.max_reopens and not self._stop.is_set():
-                self.reopens += 1
-                if self.before_reopen is not None:
-                    self.before_reopen()
-                self._open()
+                self._reopen()
             self._stop.wait(self.pause)
+
+    def _drop_if_cut(self, s: socket.socket) -> bool:
+        """A readable connection the server answered (a 503) or closed: close ours, True."""
+        try:
+            data = s.recv(4096)
+        except OSError:
+            data = b""
+        if data and not data.startswith(b"HTTP/1.1 503"):
+            return False
+        self._socks.remove(s)
+        s.close()
+        return True
+
+    def _reopen(self) -> None:
+        self.reopens += 1
+        if self.before_reopen is not None:
+            self.before_reopen()
+        self._open()
 
     def reopen_one(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout`` s) for one connection the server cut (a 503, or closed), close it, run
@@ -79,19 +87,9 @@ class ConnectionSquatter:
         end = time.monotonic() + timeout
         while self._socks and time.monotonic() < end:
             for s in select.select(self._socks, [], [], min(0.05, max(0.0, end - time.monotonic())))[0]:
-                try:
-                    data = s.recv(4096)
-                except OSError:
-                    data = b""
-                if data and not data.startswith(b"HTTP/1.1 503"):
-                    continue
-                self._socks.remove(s)
-                s.close()
-                self.reopens += 1
-                if self.before_reopen is not None:
-                    self.before_reopen()
-                self._open()
-                return True
+                if self._drop_if_cut(s):
+                    self._reopen()
+                    return True
         return False
 
     def close(self) -> None:
