@@ -21,11 +21,13 @@ METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 class ConnectionSquatter:
     """Holds ``n`` idle TCP connections from ``source`` and reopens each one the server closes (at most
     ``max_reopens`` in all, one round every ``pause`` s, for at most ``max_seconds``). ``before_reopen`` runs
-    before each reopen (a test advances its fake clock there: time passes as the squatter churns)."""
+    before each reopen (a test advances its fake clock there: time passes as the squatter churns). With
+    ``run=False`` no thread churns: the caller reopens one cut connection at a time (``reopen_one``), so the
+    churn interleaves with its own requests in the order it chooses."""
 
     def __init__(self, port: int, source: str, n: int = 300, max_reopens: int = 50_000, pause: float = 0.02,
                  max_seconds: float = 120.0, send: bytes = b"",
-                 before_reopen: Callable[[], None] | None = None) -> None:
+                 before_reopen: Callable[[], None] | None = None, run: bool = True) -> None:
         self.port, self.source, self.n, self.send = port, source, n, send
         self.before_reopen = before_reopen
         self.max_reopens, self.pause, self.max_seconds = max_reopens, pause, max_seconds
@@ -35,8 +37,10 @@ class ConnectionSquatter:
         self._stop = threading.Event()
         for _ in range(n):
             self._open()
-        self._thread = threading.Thread(target=self._run, name="squatter", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if run:
+            self._thread = threading.Thread(target=self._run, name="squatter", daemon=True)
+            self._thread.start()
 
     def _open(self) -> None:
         try:
@@ -53,25 +57,45 @@ class ConnectionSquatter:
         end = time.monotonic() + self.max_seconds
         while not self._stop.is_set() and time.monotonic() < end:
             readable = select.select(self._socks, [], [], self.pause)[0] if self._socks else []
-            for s in readable:  # the server answered (a 503) or closed it: close ours and reopen
-                try:
-                    data = s.recv(4096)
-                except OSError:
-                    data = b""
-                if data and not data.startswith(b"HTTP/1.1 503"):
-                    continue
-                self._socks.remove(s)
-                s.close()
+            for s in readable:
+                self._drop_if_cut(s)
             while len(self._socks) < self.n and self.reopens < self.max_reopens and not self._stop.is_set():
-                self.reopens += 1
-                if self.before_reopen is not None:
-                    self.before_reopen()
-                self._open()
+                self._reopen()
             self._stop.wait(self.pause)
+
+    def _drop_if_cut(self, s: socket.socket) -> bool:
+        """A readable connection the server answered (a 503) or closed: close ours, True."""
+        try:
+            data = s.recv(4096)
+        except OSError:
+            data = b""
+        if data and not data.startswith(b"HTTP/1.1 503"):
+            return False
+        self._socks.remove(s)
+        s.close()
+        return True
+
+    def _reopen(self) -> None:
+        self.reopens += 1
+        if self.before_reopen is not None:
+            self.before_reopen()
+        self._open()
+
+    def reopen_one(self, timeout: float = 10.0) -> bool:
+        """Wait (at most ``timeout`` s) for one connection the server cut (a 503, or closed), close it, run
+        ``before_reopen`` and open a new one; False when none was cut in time."""
+        end = time.monotonic() + timeout
+        while self._socks and time.monotonic() < end:
+            for s in select.select(self._socks, [], [], min(0.05, max(0.0, end - time.monotonic())))[0]:
+                if self._drop_if_cut(s):
+                    self._reopen()
+                    return True
+        return False
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread is not None:
+            self._thread.join(10)
         for s in self._socks:
             s.close()
         self._socks.clear()

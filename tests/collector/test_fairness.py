@@ -104,27 +104,58 @@ def test_an_honest_client_gets_its_exports_through_a_full_pool_of_idle_or_slow_c
 CHURN_STEP_S = 0.01  # fake seconds that pass with each reconnect of the churning squatter
 
 
+def _decisions(g: Gateway) -> float:
+    """Connections the HTTP receiver has decided on so far, less those given back: each new one either took a
+    free slot (``in_use`` grows), took a held one or was refused (a counter grows)."""
+    return g.http.connection_slots.in_use + sum(
+        bad(g, "http", r) for r in ("evicted_idle", "evicted_slow", "peer_share", "too_many_connections"))
+
+
+def _until(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """``wait_for`` polled finely: the lockstep churn below waits on the gateway a thousand times."""
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.001)
+    return cond()
+
+
 def test_a_squatter_that_reopens_each_cut_connection_cannot_keep_its_slots_young() -> None:
     """The squatter holds more connections than the pool and reopens each one the moment it is cut, while the
     clock advances only with its reconnects (10 ms each): a reconnect that took the squatter's own idle slot used
     to start that slot's idle time again, so its 16 slots cycled every ~160 ms, each younger than the grace, and
     an honest client found nothing it may take. Here the honest exports interleave with the churn; the clock
-    never jumps for them. (From the squatter's own address the two are one peer: which of its connections
-    goes first is the unit test's below.)"""
+    never jumps for them. The test thread drives both in lockstep (each reconnect decided by the gateway before
+    the next; after each export, one reconnect of every cut connection), so what is old is what the gateway's
+    own rule made old, not how the machine scheduled a thread. (From the squatter's own address the two are one
+    peer: which of its connections goes first is the unit test's below.)"""
     clock = FakeClock()
     g = gateway(http={"max_connections": SMALL_POOL}, clock=clock)
-    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=ATTACKERS, pause=0.005,
+    squatter = ConnectionSquatter(g.http.port, SQUATTER, n=ATTACKERS, run=False,
                                   before_reopen=lambda: clock.advance(CHURN_STEP_S))
+    pool = g.http.connection_slots
+    honest = Peer(HONEST)
+
+    def reopen() -> None:
+        decided = _decisions(g)
+        assert squatter.reopen_one(), "no squatter connection was cut"
+        assert _until(lambda: _decisions(g) > decided), "the gateway did not decide on a reconnect"
+
     try:
-        pool = g.http.connection_slots
+        assert wait_for(lambda: _decisions(g) >= ATTACKERS), "the squatter's connections were not decided"
         # churning: its surplus is refused until the first slots pass the grace (100 reconnects), then each
         # reconnect takes one of its own
-        assert wait_for(lambda: bad(g, "http", "evicted_idle") >= 4 * SMALL_POOL), "the squatter is not churning"
+        while bad(g, "http", "evicted_idle") < 4 * SMALL_POOL:
+            assert squatter.reopens < 1000, "the squatter is not churning"
+            reopen()
         ok = 0
         for _ in range(HONEST_EXPORTS):
-            assert wait_for(lambda: pool.in_use >= pool.capacity), "the squatter did not fill the pool"
+            assert pool.in_use >= pool.capacity, "the squatter did not fill the pool"
             ok += http_export(g.http.port, GOOD, HONEST) == 200
-        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded"
+            assert _until(lambda: pool.held_by(honest) == 0), "the honest connection was not given back"
+            for _ in range(ATTACKERS - SMALL_POOL + 1):  # every cut connection once: the free slot, the surplus
+                reopen()
+        refusals = {r: bad(g, "http", r) for r in ("evicted_idle", "peer_share", "too_many_connections")}
+        assert ok >= 0.99 * HONEST_EXPORTS, f"{ok} of {HONEST_EXPORTS} honest exports succeeded ({refusals})"
         assert squatter.reopens > HONEST_EXPORTS  # it churned throughout, not only when the honest client came
         assert pool.in_use <= pool.capacity and pool.peers <= 2
     finally:
