@@ -82,8 +82,10 @@ CAUSES: tuple[Cause, ...] = (
           "decode-only step of that decode batch size (else the shortest such median): a short prompt takes one "
           "step, the further chunks of a long one are its own"),
     Cause(sc.SLOW_PREFILL_INTERFERENCE, _AFTER, "its decode steps also computed other requests' prompts",
-          "Σ over those steps (step duration − median duration of decode-only steps with the same number of "
-          "decoding requests); a step that left it out while it was running and carried prefill counts whole"),
+          "Σ over those steps (step duration − median duration of the decode-only steps with the same number of "
+          "decoding requests among the 64 steps before it: the baseline `llm.request.interference_caused` charges "
+          "the prompts with, so what they caused equals what was charged); a step that left it out while it was "
+          "running and carried prefill counts whole"),
     Cause(sc.SLOW_GRAMMAR_INTERFERENCE, _AFTER,
           "its decode steps waited for the grammar bitmask of other requests' structured outputs",
           "Σ over its decode steps without prefill in which the engine computed a grammar bitmask (g seconds, "
