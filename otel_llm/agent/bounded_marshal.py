@@ -2,83 +2,75 @@
 
 ``marshal`` reads a list's or tuple's length and allocates it before it reads the items: four changed
 bytes make it ask for billions of slots (gigabytes, or the kernel's OOM killer), and Python's documentation
-says it is not meant for untrusted data. ``loads`` first walks the bytes with the grammar of the values our
-records hold (None, booleans, ints, floats, strings, bytes, tuples, lists, dicts, back-references), checks
-that every declared length is there, in full, and that nesting stays shallow; only then does it hand them
-to ``marshal``. Anything else (code objects, sets, complex numbers, a length past the end) is a
-``ValueError`` before a byte is allocated for it.
+says it is not meant for untrusted data. ``check`` first walks the bytes with the grammar of the values our
+records hold (None, booleans, ints, floats, strings, bytes, tuples, lists, sets, dicts, back-references),
+without recursion, and checks every declared count against the bytes left; only then does ``loads`` hand
+them to ``marshal``. Anything else (code objects, complex numbers, a count past the end) is a
+``ValueError`` before a byte is allocated for it. One walker for every record that crosses to the agent
+(request records, control records).
 """
 
 from __future__ import annotations
 
 import marshal
-import struct
 from typing import Any
-
-MAX_DEPTH = 32
-_I32 = struct.Struct("<i")
-_FLAG_REF = 0x80
-_FIXED = {ord("N"): 0, ord("F"): 0, ord("T"): 0, ord("i"): 4, ord("g"): 8, ord("r"): 4}
-_SIZED = {ord(c) for c in "stuaA"}  # int32 length, then that many bytes
-_SHORT = {ord("z"), ord("Z")}  # one-byte length, then that many bytes
-_SEQUENCES = {ord("("), ord("[")}  # int32 count, then that many values
-_SMALL_TUPLE = ord(")")  # one-byte count
-_DICT, _NULL, _LONG = ord("{"), ord("0"), ord("l")
 
 
 def loads(data: bytes) -> Any:
-    """The value in ``data``; ValueError for bytes that are not one value of the grammar above, whole."""
+    """The value in ``data``; ValueError for bytes that ``check`` refuses or marshal cannot read."""
     data = bytes(data)
-    end = _walk(data, 0, 0)
-    if end != len(data):
-        raise ValueError(f"marshal data with {len(data) - end} bytes after its value")
+    check(data)
     return marshal.loads(data)
 
 
-def _walk(b: bytes, at: int, depth: int) -> int:
-    """The offset after the value at ``at``."""
-    if depth > MAX_DEPTH:
-        raise ValueError("marshal data nested too deep")
-    if at >= len(b):
-        raise ValueError("marshal data ends inside a value")
-    code = b[at] & ~_FLAG_REF
-    at += 1
-    fixed = _FIXED.get(code)
-    if fixed is not None:
-        return _need(b, at, fixed)
-    if code in _SHORT:
-        n = b[_need(b, at, 1) - 1]
-        return _need(b, at + 1, n)
-    if code in _SIZED or code == _LONG:
-        n = _I32.unpack_from(b, _need(b, at, 4) - 4)[0]
+# marshal's value codes a record may hold (Python's marshal.c, format 4; the 0x80 bit marks a value it keeps
+# a reference to): how many bytes follow the code, or how a length is read
+_FIXED = {ord(c): size for c, size in (("0", 0), ("N", 0), ("F", 0), ("T", 0), ("i", 4), ("g", 8), ("r", 4))}
+_SIZED = {ord(c): 4 for c in "stuaA"} | {ord(c): 1 for c in "zZ"}  # a length of this many bytes, then the bytes
+_COUNTED = {ord(c): 4 for c in "([<>"} | {ord(")"): 1}  # a count of this many bytes, then the items
+_DICT, _LONG, _NULL = ord("{"), ord("l"), ord("0")
+
+
+def check(raw: bytes) -> None:
+    """Refuses bytes that would make ``marshal.loads`` allocate more than they hold: marshal allocates a
+    tuple's or list's items, and a long's digits, by the count it reads, before reading them (a flipped byte
+    can ask for gigabytes). Each count is checked against the bytes left; only the codes a record's values
+    use are accepted. ``marshal.loads`` still checks everything else."""
+    end, i = len(raw), 0
+    open_: list[int] = [1]  # values still to read at each open level (-1: a dict's, until its NULL key)
+    while open_:
+        left = open_[-1]
+        if left == 0:
+            open_.pop()
+            continue
+        if i >= end:
+            raise ValueError("marshal data cut short")
+        code = raw[i] & 0x7F
+        i += 1
+        if left > 0:
+            open_[-1] = left - 1
+        elif code == _NULL:  # a dict's end
+            open_.pop()
+            continue
+        size = _FIXED.get(code)
+        if size is not None:
+            i += size
+            continue
+        width = _SIZED.get(code) or _COUNTED.get(code) or (4 if code == _LONG else 0)
+        if not width:
+            if code == _DICT:
+                open_.append(-1)
+                continue
+            raise ValueError(f"marshal data of type {chr(code)!r}")
+        if i + width > end:
+            raise ValueError("marshal data cut short")
+        count = int.from_bytes(raw[i:i + width], "little", signed=width == 4)
+        i += width
         if code == _LONG:
-            n = 2 * abs(n)  # digits of 15 bits, two bytes each
-        elif n < 0:
-            raise ValueError("marshal data with a negative length")
-        return _need(b, at + 4, n)
-    if code in _SEQUENCES or code == _SMALL_TUPLE:
-        if code == _SMALL_TUPLE:
-            n = b[_need(b, at, 1) - 1]
-            at += 1
+            count = abs(count) * 2  # 15-bit digits, two bytes each
+        if count < 0 or count > end - i:
+            raise ValueError(f"marshal data claims {count} items or bytes where {end - i} are left")
+        if code in _COUNTED:
+            open_.append(count)
         else:
-            n = _I32.unpack_from(b, _need(b, at, 4) - 4)[0]
-            at += 4
-        if n < 0 or n > len(b) - at:  # each value takes a byte at least
-            raise ValueError(f"marshal data declaring {n} values where {len(b) - at} bytes are left")
-        for _ in range(n):
-            at = _walk(b, at, depth + 1)
-        return at
-    if code == _DICT:
-        while True:
-            if at >= len(b):
-                raise ValueError("marshal data ends inside a dict")
-            if b[at] == _NULL:
-                return at + 1
-            at = _walk(b, _walk(b, at, depth + 1), depth + 1)
-    raise ValueError(f"marshal data of type {chr(code)!r}, which no record holds")
-
-
-def _need(b: bytes, at: int, n: int) -> int:
-    if at + n > len(b):
-        raise ValueError("marshal data ends inside a value")
-    return at + n
+            i += count

@@ -25,6 +25,8 @@ import marshal
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from . import bounded_marshal
+
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
 START, FINISH, SINK_COUNTS, ENRICH, BATCH = 1, 2, 3, 4, 5  # the second byte: which record (BATCH: several, one datagram)
 MAX_RECORD = 128 << 10  # a longer one is refused by the reader (a start's headers are bounded below it)
@@ -238,9 +240,8 @@ def decode(data: bytes) -> Record:
 def _loads(data: bytes) -> Any:
     """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
     raw = bytes(data[2:])
-    _check_marshal(raw)
     try:
-        return marshal.loads(raw)
+        return bounded_marshal.loads(raw)  # (counts checked against the bytes before marshal allocates)
     except (EOFError, ValueError, TypeError) as exc:
         raise RecordError(f"request record unreadable: {exc}") from None
 
@@ -264,54 +265,3 @@ def _attributes(attrs: dict) -> dict[str, Any]:
     return out
 
 
-# marshal's value codes a record may hold (Python's marshal.c, format 4; the 0x80 bit marks a value it keeps
-# a reference to): how many bytes follow the code, or how a length is read
-_FIXED = {ord(c): size for c, size in (("0", 0), ("N", 0), ("F", 0), ("T", 0), ("i", 4), ("g", 8), ("r", 4))}
-_SIZED = {ord(c): 4 for c in "stuaA"} | {ord(c): 1 for c in "zZ"}  # a length of this many bytes, then the bytes
-_COUNTED = {ord(c): 4 for c in "([<>"} | {ord(")"): 1}  # a count of this many bytes, then the items
-_DICT, _LONG, _NULL = ord("{"), ord("l"), ord("0")
-
-
-def _check_marshal(raw: bytes) -> None:
-    """Refuses bytes that would make ``marshal.loads`` allocate more than they hold: marshal allocates a
-    tuple's or list's items, and a long's digits, by the count it reads, before reading them (a flipped byte
-    can ask for gigabytes). Each count is checked against the bytes left; only the codes a record's values
-    use are accepted. ``marshal.loads`` still checks everything else."""
-    end, i = len(raw), 0
-    open_: list[int] = [1]  # values still to read at each open level (-1: a dict's, until its NULL key)
-    while open_:
-        left = open_[-1]
-        if left == 0:
-            open_.pop()
-            continue
-        if i >= end:
-            raise RecordError("request record cut short")
-        code = raw[i] & 0x7F
-        i += 1
-        if left > 0:
-            open_[-1] = left - 1
-        elif code == _NULL:  # a dict's end
-            open_.pop()
-            continue
-        size = _FIXED.get(code)
-        if size is not None:
-            i += size
-            continue
-        width = _SIZED.get(code) or _COUNTED.get(code) or (4 if code == _LONG else 0)
-        if not width:
-            if code == _DICT:
-                open_.append(-1)
-                continue
-            raise RecordError(f"request record unreadable: a value of marshal type {chr(code)!r}")
-        if i + width > end:
-            raise RecordError("request record cut short")
-        count = int.from_bytes(raw[i:i + width], "little", signed=width == 4)
-        i += width
-        if code == _LONG:
-            count = abs(count) * 2  # 15-bit digits, two bytes each
-        if count < 0 or count > end - i:
-            raise RecordError(f"request record claims {count} items or bytes where {end - i} are left")
-        if code in _COUNTED:
-            open_.append(count)
-        else:
-            i += count
