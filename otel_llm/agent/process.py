@@ -13,7 +13,9 @@ step was written. So each turn reads the frontend's messages (from its shared-me
 where it has none: starts go in at once, finishes wait), then reads the engine (its step socket, then its
 step ring), then hands the pipeline the steps read at the *previous* turn (every request they served had
 started by now, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
-written before they were sent, so read by then).
+written before they were sent, so read by then). Written is not sent where the steps come as datagrams:
+the EngineCore's sink holds those a full socket refused, so a finish also waits until the step that
+produced its request's last output has been added (``STEP_WAIT_TURNS``; at a flush ``FLUSH_STEP_WAIT_S``).
 
 Where the EngineCore is its requests' source (vLLM's Rust frontend, headless engines: agent/records.py,
 engine_requests.py), its request records come with the steps: a start is applied at once (before the
@@ -60,6 +62,15 @@ BUSY_S = 0.02  # the tick within a second of the last message (a flush is answer
 # spent under steady load besides its requests (a flush then waits for at most this)
 SUSTAINED_S = 0.1
 SUSTAINED_AFTER_S = 1.0
+# A frontend's finish whose last output came from a step not read yet waits for that step: where the steps
+# come as datagrams, the EngineCore's sink holds those a full socket refused and sends them with its next
+# step (instrumentation/vllm/step_transport.SocketSink), after that step's outputs reached the frontend. It
+# waits at most this many turns (then settles: the step was dropped, counted; its token times unplaced) ...
+STEP_WAIT_TURNS = 50
+# ... and, at a flush, this long: a sink whose engine went idle waits up to SocketSink.IDLE_WAIT_S for the
+# reader before it drops what it holds
+FLUSH_STEP_WAIT_S = 0.5
+FLUSH_STEP_POLL_S = 0.01
 
 
 class Agent:
@@ -78,6 +89,8 @@ class Agent:
         self.pending_steps: list[Any] = []  # read at the last turn, handed to the pipeline at the next
         self.arrived: list[tuple] = []  # finishes received since the last turn
         self.due: list[tuple] = []  # finishes received before the last turn's ring read: settled this turn
+        self.behind: list[tuple[tuple, int]] = []  # due finishes waiting for their last output's step, turns left
+        self.clock, self.sleep = time.monotonic, time.sleep  # (a flush's wait for steps; tests inject both)
         self.engines: list[EngineFacts] = []
         self.malformed = 0
         # one receive buffer for the agent's life: ``recv(MAX_PACKET)`` allocated (and, above malloc's mmap
@@ -175,7 +188,7 @@ class Agent:
             got = self.receive()
             if got is None or parent() != frontend:
                 break  # the frontend is gone (its end closed; or it died while a child it forked holds its end)
-            if got or self.pending_steps or self.due or self.engine_arrived or self.engine_due:
+            if got or self.pending_steps or self.due or self.behind or self.engine_arrived or self.engine_due:
                 now = clock()
                 if now >= busy_until:  # traffic again after a pause
                     busy_since = now
@@ -296,11 +309,57 @@ class Agent:
             add = p.add_step
             for step in steps:
                 add(step)
-            for m in finishes:
+            if final and self.receiver is not None:
+                engine_due += self._catch_up(p, finishes)
+            for m in self._caught_up(p, finishes, final):
                 self.finish(p, m)
             for r, e in self.engine_requests.enrichments.ready(engine_due):
                 self.engine_finish(p, r, e)
             self.starts.forget_complete()
+
+    def _caught_up(self, p: Pipeline, finishes: list[tuple], final: bool) -> list[tuple]:
+        """The finishes to settle now, in order: those whose last output's step the pipeline has (or that have
+        none, or waited ``STEP_WAIT_TURNS``); the others wait in ``behind``. All of them at a final turn."""
+        behind = self.behind
+        if not behind and not finishes:
+            return finishes
+        latest = p.latest_step_end()
+        ready: list[tuple] = []
+        waiting: list[tuple[tuple, int]] = []
+        for m, left in behind + [(m, STEP_WAIT_TURNS) for m in finishes]:
+            last = protocol.last_output_stamp(m)
+            if final or left <= 0 or latest is None or last is None or last <= latest:
+                ready.append(m)
+            else:
+                waiting.append((m, left - 1))
+        self.behind = waiting
+        return ready
+
+    def _catch_up(self, p: Pipeline, finishes: list[tuple]) -> list[records.RequestFinish]:
+        """A flush: reads the engine's steps for up to ``FLUSH_STEP_WAIT_S`` more while a finish's last output
+        came from a step not read yet (the sink of an engine gone idle sends what it held once the reader
+        made room), adding them to the pipeline; the engine's own finishes read meanwhile are returned."""
+        def behind() -> bool:
+            latest = p.latest_step_end()
+            if latest is None:
+                return False
+            stamps = (protocol.last_output_stamp(m) for m in [m for m, _ in self.behind] + finishes)
+            return any(last is not None and last > latest for last in stamps)
+        engine_finishes: list[records.RequestFinish] = []
+        deadline = self.clock() + FLUSH_STEP_WAIT_S
+        while behind():
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            self.sleep(min(FLUSH_STEP_POLL_S, left))
+            read = self.read_steps()
+            starts, ends = self._split(read)
+            for r in starts:
+                p.start(self.engine_requests.timeline(r))
+            engine_finishes += ends
+            for step in read:
+                p.add_step(step)
+        return engine_finishes
 
     def _split(self, read: list[Any]) -> tuple[list[records.RequestStart], list[records.RequestFinish]]:
         """Takes the request records out of ``read`` (in place), keeping the steps."""

@@ -128,6 +128,17 @@ def facts_of(m: tuple) -> FinishFacts:
     return FinishFacts(*m[1:14], EngineStats(*m[14]), *m[15:17])
 
 
+def last_output_stamp(m: tuple) -> float | None:
+    """A ``FINISH``'s or ``FACTS``' last output stamp (the engine's monotonic clock: its output batch's, which
+    is the end of the step that produced it), or None where it has none."""
+    if m[0] == FACTS:
+        last = m[14][4]  # EngineStats.last_token
+    else:
+        window, token_ts = m[7], m[5]
+        last = window[1] if window is not None else token_ts[-1] if token_ts else None
+    return last or None
+
+
 def finish_into(t: RequestTimeline | None, m: tuple) -> tuple[str, RequestSummary]:
     """The request id and summary of a ``FINISH``; fills ``t`` (the started timeline, if known)."""
     (_, rid, reason, error_type, events, token_ts, multi, window, cache_sources, output_text, spec, values,

@@ -196,6 +196,10 @@ class Pipeline:
             out["direct_requests_failed"] = wire.counts.requests_failed
         return out
 
+    def latest_step_end(self) -> float | None:
+        """The latest end of a step added so far, over its engines (their monotonic clock); None before any."""
+        return max(self._last_end.values(), default=None)
+
     # -- hot-path bookkeeping (adapters call these; O(1)) ------------------------------------
 
     def start(self, timeline: RequestTimeline) -> bool:

@@ -472,3 +472,59 @@ def test_a_batch_holding_anything_but_records_is_refused_and_counted(datagrams):
         assert receiver.malformed == before + 1
     receiver._batch(bytes((records.TAG, records.BATCH)) + b"\xff" * 10, lambda x: None)  # not a batch's shape
     assert receiver.malformed == 5 and receiver.failed == 0
+
+
+def test_request_records_go_into_the_ring_in_order_with_the_steps(monkeypatch):
+    """Where a frontend reads a ring, an EngineCore's request records go into it too: its socket queues
+    max_dgram_qlen datagrams, and a start held back there while the ring carried its request's first steps
+    would reach the agent after them (its steps then served no request it knew)."""
+    if not shm_ring.AVAILABLE:
+        pytest.skip("no step rings on this platform")
+    monkeypatch.setattr(step_transport.SocketSink, "RING", True)
+    with tempfile.TemporaryDirectory() as d:
+        receiver = step_transport.StepReceiver(d)
+        receiver.take_requests = True
+        sink = step_transport.SocketSink(d)
+        try:
+            n = _qlen() + 5  # more moments than the socket would queue, nobody reading
+            for i in range(1, n + 1):
+                start = records.encode(records.RequestStart(request_id=f"req-{i}", arrival=1.0, queued=1.0,
+                                                            prompt_tokens=16))
+                sink.send_request(start)
+                if i % 2:  # two records of one moment go as one batch
+                    sink.send_request(start)
+                sink(record(i))
+            got = drained(receiver)
+        finally:
+            sink.close()
+            receiver.close()
+    order = [(type(x).__name__, getattr(x, "request_id", getattr(x, "step_id", None))) for x in got]
+    expected = []
+    for i in range(1, n + 1):
+        expected += [("RequestStart", f"req-{i}")] * (2 if i % 2 else 1) + [("StepRecord", i)]
+    assert order == expected
+    assert sink.requests_dropped == sink.dropped == sink.held == 0
+    assert receiver.malformed == receiver.failed == 0
+
+
+def test_a_frontend_that_takes_no_request_records_skips_them_in_its_ring(monkeypatch):
+    if not shm_ring.AVAILABLE:
+        pytest.skip("no step rings on this platform")
+    monkeypatch.setattr(step_transport.SocketSink, "RING", True)
+    with tempfile.TemporaryDirectory() as d:
+        receiver = step_transport.StepReceiver(d)  # a Python frontend's own receiver: take_requests False
+        sink = step_transport.SocketSink(d)
+        try:
+            for i in range(1, 4):
+                finish = records.encode(records.RequestFinish(request_id=f"req-{i}", reason="stop", arrival=1.0,
+                                                              queued=1.0, end=2.5, end_wall=2.5, prompt_tokens=16,
+                                                              output_tokens=3))
+                sink.send_request(finish)
+                sink.send_request(finish)
+                sink(record(i))
+            got = drained(receiver)
+        finally:
+            sink.close()
+            receiver.close()
+    assert [x.step_id for x in got] == [1, 2, 3]
+    assert receiver.malformed == receiver.failed == 0

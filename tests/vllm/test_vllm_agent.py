@@ -122,7 +122,7 @@ def test_an_agent_did_the_work_and_the_frontend_read_no_step(agent_run):
     assert agent_run.agent_pid and s["agent_pid"] == agent_run.agent_pid != os.getpid()
     assert agent_run.receiver is None, "the agent binds the step socket, not the frontend"
     assert s["requests_finished"] == len(offline.PROMPTS) and s["requests_kept"] == len(offline.PROMPTS)
-    assert s["steps_recorded"] > 0 and s["token_times_unplaced"] == 0
+    assert s["steps_recorded"] > 0 and s["token_times_unplaced"] == 0, s
     assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
     if os.environ.get("OTEL_LLM_ONE_PATH") == "1":  # the one path: the engine's records, each enriched once
         assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == len(offline.PROMPTS)

@@ -56,8 +56,8 @@ class SocketSink:
 
     One socket per frontend, connected once (at the rescan that found it). Where the platform allows
     (shm_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
-    record is then copied with no syscall; the socket is probed once per rescan to notice a frontend
-    that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
+    record is then copied with no syscall (the EngineCore's request records too, in order with the steps);
+    the socket is probed once per rescan to notice a frontend that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
     path lookup a ``sendto`` makes in the kernel every step)."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
@@ -122,9 +122,11 @@ class SocketSink:
             self.flush_requests(now)
 
     def flush_requests(self, now: float | None = None) -> None:
-        """The queued request records to every frontend, on its socket (never a ring: the ring is the step
-        records'). Sent from the EngineCore's thread, as the steps are; a request may arrive before any step
-        has looked for the frontends, so this looks too when the last look is stale."""
+        """The queued request records to every frontend: into its ring where it has one, in order with the
+        step records (its socket queues ``max_dgram_qlen`` datagrams: a start held back there while the ring
+        carried its request's first steps would reach the agent after them), else on its socket. Sent from
+        the EngineCore's thread, as the steps are; a request may arrive before any step has looked for the
+        frontends, so this looks too when the last look is stale."""
         queued = self._requests
         if not queued:
             if self._backlogs:
@@ -135,8 +137,15 @@ class SocketSink:
         if now - self._scanned > self.RESCAN_S:
             self._rescan(now)
         dropped = self.requests_dropped
-        for path, sock, _ in self._targets:
-            self._put(path, sock, queued)  # after what that frontend's backlog holds, in one datagram
+        in_ring: bytes | None = None
+        for path, sock, ring in self._targets:
+            if ring is None:
+                self._put(path, sock, queued)  # after what that frontend's backlog holds, in one datagram
+                continue
+            if in_ring is None:
+                in_ring = queued[0] if len(queued) == 1 else records.batch(queued)
+            if not ring.write(in_ring):
+                self.requests_dropped += len(queued)  # that frontend lags: its ring is full
         if self.requests_dropped == dropped and self._reported[1] != dropped:
             self.report_counts()  # this one got through: so may the count of those that did not
 
@@ -504,7 +513,13 @@ class StepReceiver:
                 records = exc.args[1]
             ids = ring.ids
             for data in records:
-                self._take(data, deliver, ids)
+                if data[:1] == _TAG:  # an EngineCore's request records, in order with its steps
+                    if data[1:2] == _BATCH:
+                        self._batch(data, deliver)
+                    else:
+                        self._request(data, deliver)
+                else:
+                    self._take(data, deliver, ids)
 
     def _receive(self, deliver: Callable[[StepRecord], None]) -> None:
         """The socket's datagrams: records (where no ring is), ring announcements, the sink's empty probes."""
