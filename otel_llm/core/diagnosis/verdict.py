@@ -235,8 +235,32 @@ def prefill_loss(steps: list[StepFacts], index: int) -> float | None:
     the prefill step, which both the victims and the prompt's own request have seen, so the seconds a prompt
     is charged as caused are those its victims are charged as lost."""
     s = steps[index]
-    usual = _Baselines(steps[max(0, index - CONTEXT_STEPS):index]).decode(s.decode_requests)
+    usual = _decode_median(steps, max(0, index - CONTEXT_STEPS), index, s.decode_requests)
     return None if usual is None else s.duration - usual
+
+
+def _decode_median(steps: list[StepFacts], lo: int, hi: int, batch: int) -> float | None:
+    """``_Baselines(steps[lo:hi]).decode(batch)``, reading only the batch sizes ``_nearest`` may choose (a
+    prefill step's baseline is asked once per step and per judged request: no median of the sizes it skips)."""
+    reach = max(1, batch // 4)
+    durations: dict[int, list[float]] = {}
+    for i in range(lo, hi):
+        s = steps[i]
+        b = s.decode_requests
+        if b and -reach <= b - batch <= reach and s.prefill_tokens == 0 and s.preempted == 0:
+            found = durations.get(b)
+            if found is None:
+                durations[b] = found = []
+            found.append(s.end - s.start)
+    if not durations:
+        return None
+    found = durations.get(batch)
+    if found is not None and len(found) >= MIN_SAMPLES:
+        return median(found)
+    near = [b for b, d in durations.items() if len(d) >= MIN_SAMPLES]
+    if not near:
+        return None
+    return median(durations[min(near, key=lambda b: (abs(b - batch), b))])
 
 
 def _nearest(medians: dict[int, float], batch: int) -> float | None:
