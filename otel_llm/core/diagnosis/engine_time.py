@@ -33,9 +33,11 @@ from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
-from .verdict import CONTEXT_STEPS, StepWindow, prefill_loss
+from .verdict import CONTEXT_STEPS, StepFacts, StepWindow, prefill_loss
 
 _STEP_ID = attrgetter("step_id")
+_PREFILL_TOKENS = StepFacts._fields.index("prefill_tokens")  # the window's plain tuples, read by position
+_DECODE_REQUESTS = StepFacts._fields.index("decode_requests")
 
 
 def busy(start: float, end: float, previous_end: float | None) -> float:
@@ -113,8 +115,9 @@ def _line(shape: ModelShape, k: int) -> tuple[float, float, float, float]:
 class StepTime:
     """A held step's busy time (``busy``); its shares' parts of the step's work by request id (``engine_time``)
     and its prefill interference (``interference_caused``) once a request it served asked: worked out once a
-    step, not once for each request of its batch. ``shares``: its number of shares, where each is one token
-    (a plain decode batch): ``even`` is then a share's part of the busy time without the roofline."""
+    step, not once for each request of its batch. ``shares``: its number of shares, given where each is one
+    token (a plain decode batch, and only there): ``even`` is then a share's part of the busy time without
+    the roofline (None elsewhere)."""
 
     __slots__ = ("busy", "parts", "loss", "even")
 
@@ -203,18 +206,18 @@ def _losses(window: StepWindow, first: int, last: int, step_ids: Sequence[int]) 
     """Per step of ``step_ids`` (between ``first`` and ``last``), what its decoding requests lost to the prompt
     tokens computed in it, and those tokens: the verdict's ``prefill_interference`` charge per decoding request
     (``prefill_loss``) times its decode batch; (0.0, 0) where nothing is charged."""
-    steps = window.around(first, last, float("inf"), CONTEXT_STEPS)
-    index = {s.step_id: i for i, s in enumerate(steps)}
+    steps = window.around(first, last, float("inf"), CONTEXT_STEPS, facts=False)  # StepFacts' fields by position
+    index = {s[0]: i for i, s in enumerate(steps)}
     out = []
     for step_id in step_ids:
         i = index.get(step_id)
         s = steps[i] if i is not None else None
-        if s is None or not s.decode_requests or not s.prefill_tokens:
+        if s is None or not s[_DECODE_REQUESTS] or not s[_PREFILL_TOKENS]:
             out.append((0.0, 0))
             continue
         lost = prefill_loss(steps, i)
         if lost is None:  # no decode-only step of that batch size to compare with: nothing to charge
             out.append((0.0, 0))
             continue
-        out.append((lost * s.decode_requests, s.prefill_tokens))
+        out.append((lost * s[_DECODE_REQUESTS], s[_PREFILL_TOKENS]))
     return out
