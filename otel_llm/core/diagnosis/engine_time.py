@@ -146,9 +146,10 @@ def engine_time(request_id: str, steps: Sequence[Any],
     even = shape is None or peaks is None  # no roofline: a step of one token a share splits evenly
     if isinstance(busy_times, Mapping):
         busy_times = list(map(busy_times.get, map(_STEP_ID, steps)))
+    fast = even and served  # a StepTime's even part, where it has one, is then this request's part
     for step, held in zip(steps, busy_times if busy_times is not None else repeat(None)):
         if held.__class__ is StepTime:
-            if even and served and step.tokens is None:
+            if fast:
                 part = held.even
                 if part is not None:  # a decode batch (most steps): its even part, worked out once
                     total += part
