@@ -16,6 +16,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -563,7 +564,7 @@ class Pipeline:
         with self._steps_lock:
             out = self._runs.served(t.request_id, t.steps_from)
         if not t.steps and not t.steps_lost:
-            t.steps = [step.step_id for step in out]
+            t.steps = list(map(_STEP_ID, out))
         return out
 
     def _settle_steps(self, t: RequestTimeline, kept: Materialized | None) -> None:
@@ -630,6 +631,7 @@ class Pipeline:
         self.guard.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)
 
 
+_STEP_ID = attrgetter("step_id")
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 
