@@ -21,11 +21,13 @@ Measured: this process's CPU (every thread: the agent's loop, its materializer, 
 ``CLOCK_PROCESS_CPUTIME_ID``) over the replay and a closing flush, per token, in ``--rounds`` rounds on one
 agent after a warm-up round; the median, the spread (min-max) and the load average. ``--profile``: one more
 round under ``cProfile`` with the materializer's jobs run on the loop's thread (so the profile sees them),
-its top functions printed. ``--device h100`` gives the step diagnosis a GPU's peaks (the roofline's split of
+its top functions printed. ``--split``: the thread CPU spent inside each of the agent's main functions (``SPLIT``,
+nested ones counted in each, their threads' own clocks around each call: no profiler's cost per small call),
+per token, each round and their median. ``--device h100`` gives the step diagnosis a GPU's peaks (the roofline's split of
 a step's time by each request's predicted work, as on a GPU deployment).
 
 Run: ./run bench benchmarks/core_costs.py --only agent (the defaults), or on its own for its options:
-     .venv/bin/python benchmarks/agent_replay.py [--requests 2048] [--rounds 5] [--profile] [--device NAME]
+     .venv/bin/python benchmarks/agent_replay.py [--requests 2048] [--rounds 5] [--profile] [--split] [--device NAME]
 Writes benchmarks/results/agent_cpu.json.
 """
 
@@ -250,6 +252,61 @@ class Replay:
         remove_if_empty(self.step_dir)
 
 
+# the agent's main functions, for --split: (module, class or None, function)
+SPLIT = (
+    ("otel_llm.agent.process", "Agent", "receive"), ("otel_llm.agent.process", "Agent", "read_steps"),
+    ("otel_llm.core.pipeline", "Pipeline", "add_step"), ("otel_llm.core.pipeline", "Pipeline", "finish"),
+    ("otel_llm.core.pipeline", "Pipeline", "decide"), ("otel_llm.core.pipeline", "Pipeline", "_materialize"),
+    ("otel_llm.core.pipeline", "Pipeline", "_materialize_request"), ("otel_llm.core.pipeline", "Pipeline", "_own_steps"),
+    ("otel_llm.core.pipeline", None, "token_times"), ("otel_llm.core.pipeline", None, "engine_time"),
+    ("otel_llm.core.pipeline", None, "interference_caused"), ("otel_llm.core.pipeline", "Pipeline", "_add_gaps"),
+    ("otel_llm.core.pipeline", "Pipeline", "_explain"), ("otel_llm.core.pipeline", "Pipeline", "_settle_steps"),
+    ("otel_llm.core.metrics", "RequestMetrics", "record"), ("otel_llm.core.spans", "SpanBuilder", "request"),
+    ("otel_llm.core.diagnosis.anatomy", "StepDiagnosis", "record"),
+)
+
+
+class Split:
+    """Thread CPU inside each of ``SPLIT``'s functions, while installed."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        import importlib
+
+        for module, cls, name in SPLIT:
+            owner = getattr(importlib.import_module(module), cls) if cls else importlib.import_module(module)
+            original = getattr(owner, name)
+            self._undo.append((owner, name, original))
+            setattr(owner, name, self._timed(f"{cls + '.' if cls else ''}{name}", original))
+
+    def _timed(self, label: str, function: Any) -> Any:
+        ns, clock = self.ns, time.thread_time_ns
+        ns[label] = 0
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                ns[label] += clock() - t0
+        return timed
+
+    def take(self, tokens: int) -> dict[str, float]:
+        """µs a token in each since the last take."""
+        out = {label: n / 1e3 / tokens for label, n in self.ns.items()}
+        for label in self.ns:
+            self.ns[label] = 0
+        return out
+
+    def remove(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+
 def _tiny_shape() -> Any:
     """The test model's shape (tests/support/tiny_model.py's Llama), as the vLLM adapter reads it."""
     from otel_llm.core.diagnosis.roofline import ModelShape
@@ -267,13 +324,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default=None, help="the step diagnosis's device (its peaks: the roofline split)")
     ap.add_argument("--profile", action="store_true", help="one more round under cProfile; its top functions")
+    ap.add_argument("--split", action="store_true", help="the thread CPU inside each of the agent's main functions")
     ap.add_argument("--out", default="agent_cpu.json")
     args = ap.parse_args(argv)
     from vllm_overhead import start_sink
 
     sink, endpoint = start_sink()
     replay = None
+    split = Split() if args.split else None
+    splits: list[dict[str, float]] = []
     try:
+        if split is not None:  # before the agent's pipeline is built: its materializer keeps the bound method
+            split.install()
         replay = Replay(endpoint, args.device)
         workload = Workload(args.requests, args.concurrency, args.tokens, args.budget, seed=1)
         load = [os.getloadavg()[0]]
@@ -302,6 +364,11 @@ def main(argv: list[str] | None = None) -> None:
                 stats.sort_stats("cumulative").print_stats(30)
                 continue
             tokens = args.requests * args.tokens
+            if split is not None:
+                parts = split.take(tokens)
+                if r > 0:
+                    splits.append(parts)
+                    print("  " + "  ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])))
             row = {"cpu_us_per_token": cpu / 1e3 / tokens, "cpu_us_per_step": cpu / 1e3 / steps,
                    "cpu_us_per_request": cpu / 1e3 / args.requests, "steps": steps, "tokens": tokens,
                    "dropped": dropped}
@@ -314,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{row['cpu_us_per_request']:.0f} us/request ({steps} steps, dropped {dropped})", flush=True)
         stats = replay.agent.stats()
     finally:
+        if split is not None:
+            split.remove()
         if replay is not None:
             replay.close()
         sink.terminate()
@@ -338,8 +407,13 @@ def main(argv: list[str] | None = None) -> None:
         "raw": rounds,
     }
     print(json.dumps({k: v for k, v in out.items() if k != "raw"}, indent=1))
-    if args.profile:
-        return  # a profiled run's figures include the profiler: not written
+    if splits:
+        medians = {k: statistics.median(p[k] for p in splits) for k in splits[0]}
+        print("thread CPU inside each function, µs a token (median of the rounds; nested ones counted in each):")
+        for k, v in sorted(medians.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:32s} {v:.3f}")
+    if args.profile or args.split:
+        return  # a profiled or split run's figures include the profiler's or the wrappers' cost: not written
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {RESULTS / args.out}")

@@ -498,7 +498,6 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str, pinning
         def measure(mode: str) -> dict:
             control.ask(mode=mode)
             stats0 = control.ask(stats=True)
-            steps0 = stats0.get("steps_recorded")
             agent.update(stats0)
             # the engine, the sink and the agent away from the server; this process (the clients) on the server's
             # CPU (--serve-clients frontend: the engine's worker busy-polls the other one) or with the engine
@@ -515,7 +514,6 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str, pinning
             h1 = control.ask(hooks=True)["ns"]
             a1 = agent.threads_ns()
             reply = control.ask(stats=True)
-            steps1 = reply.get("steps_recorded")
             split = split_cpu(c0, c1, proc.pid, set(control.ask(threads=True)["ours"]))
             expected = args.requests * OUTPUT_TOKENS
             if tokens != expected:
@@ -524,8 +522,7 @@ def run_serve(args: argparse.Namespace, modes: list[str], endpoint: str, pinning
                     "main_us_per_token": split["main"] / 1e3 / tokens, "ours_us_per_token": split["ours"] / 1e3 / tokens,
                     "engine_us_per_token": (e1 - e0) / 1e3 / tokens, "hooks_us_per_token": (h1 - h0) / 1e3 / tokens,
                     "tokens_per_s": tokens / wall, "tokens": tokens,
-                    "engine_steps": steps1 - steps0 if steps0 is not None and steps1 is not None else None,
-                    "steps_lost": reply.get("steps_lost"), **agent_figures(agent, a0, a1, tokens), **pinned}
+                    **step_counts(stats0, reply), **agent_figures(agent, a0, a1, tokens), **pinned}
 
         return interleave("serve", modes, measure, args.rounds)
     finally:
@@ -570,8 +567,8 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
     def measure(mode: str) -> dict:
         switch.enter(mode)
         telemetry = VLLMInstrumentor().telemetry
-        steps0 = telemetry.counts.steps_recorded if telemetry is not None else None
-        agent.update(dict(telemetry.stats()) if telemetry is not None else {})
+        stats0 = dict(telemetry.stats()) if telemetry is not None else {}
+        agent.update(stats0)
         # this process (the frontend, our threads) on its own; the engine, the sink and the agent elsewhere
         engine = [p for p in engine_pids if p not in agent.tree()]
         pinned = pinning.apply(os.getpid(), [*SINK_PIDS, *children_of(os.getpid()), *agent.tree()], engine)
@@ -587,7 +584,7 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
             c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter() - t0
             a1 = agent.threads_ns()
             split = split_cpu(threads0, threads1, os.getpid(), our_threads())
-            steps1 = telemetry.counts.steps_recorded if telemetry is not None else None
+            stats1 = dict(telemetry.stats()) if telemetry is not None else {}  # (the agent's, where one runs)
         finally:
             switch.leave()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -598,8 +595,7 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
                 "gc_us_per_token": (g1 - g0) / 1e3 / tokens, "gc_collections": [b - a for a, b in zip(n0, n1)],
                 # the measurement's closing flush (counted in it: the frontend's own exports' CPU)
                 "flush_us_per_token": flush_ns / 1e3 / tokens,
-                "engine_steps": steps1 - steps0 if steps0 is not None else None,
-                **agent_figures(agent, a0, a1, tokens), **pinned}
+                **step_counts(stats0, stats1), **agent_figures(agent, a0, a1, tokens), **pinned}
 
     collector = CollectorTime()
     try:
@@ -633,6 +629,20 @@ class CollectorTime:
             gc.callbacks.remove(self._callback)
 
 
+# the telemetry's stats() counts of steps (the agent's pipeline's where an agent runs), per measurement
+STEP_COUNTS = {"engine_steps": "steps_recorded", "engine_steps_dropped": "engine_steps_dropped",
+               "token_times_unplaced": "token_times_unplaced"}
+
+
+def step_counts(before: dict, after: dict) -> dict:
+    """What ``STEP_COUNTS`` grew by between two ``stats()``: ``None`` where either lacks it (mode ``none``)."""
+    out = {}
+    for name, key in STEP_COUNTS.items():
+        a, b = before.get(key), after.get(key)
+        out[name] = b - a if isinstance(a, int) and isinstance(b, int) else None
+    return out
+
+
 def agent_figures(agent: Agent, before: dict, after: dict, tokens: int) -> dict:
     """The agent's CPU in one measurement, or ``None`` where there was no agent at its end."""
     return {"agent_pid": agent.pid or None,
@@ -661,6 +671,9 @@ def interleave(name: str, modes: list[str], measure, rounds: int) -> dict:
     summary = summarize(results, modes)
     steps = [r["engine_steps"] for m in modes for r in results[m] if r.get("engine_steps")]
     summary["engine_steps_per_measurement_median"] = statistics.median(steps) if steps else None
+    for name in ("engine_steps_dropped", "token_times_unplaced"):  # over every measured round: 0 where all is well
+        counted = [r[name] for m in modes for r in results[m] if r.get(name) is not None]
+        summary[name] = sum(counted) if counted else None
     summary["load_average_1min_per_round"] = load
     summary["raw"] = results
     return summary

@@ -16,6 +16,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -41,6 +42,7 @@ from .span_routes import RouterFactory
 from .spans import (Materialized, SpanBuilder, attribution_attributes, choice_attributes, group_attributes,
                     request_attributes, yield_gil)
 from .spec_decode import add_to_requests
+from .step_runs import StepRuns
 from .step_tokens import token_times
 from .summary import RequestSummary
 from .timeline import PrefillChunk, RequestGroup, RequestTimeline, StepRecord
@@ -160,6 +162,7 @@ class Pipeline:
         # held engine steps, in the order they arrived (StepRecord.seq): a step that served a tracked request
         # stays until no request that may be in it is left to settle (see _settle_steps), or max_steps push it out
         self.steps: OrderedDict[int, StepRecord] = OrderedDict()
+        self._runs = StepRuns()  # the same steps as runs of an unchanged batch: a request's own steps found per run
         self._seq = 0  # steps held so far: a request started at seq s is only in steps of seq > s
         # tracked requests not settled yet (finished ones too, until the materializer is done with them), in
         # the order they started: the first one's ``steps_from`` is the oldest step that may still be theirs
@@ -270,12 +273,18 @@ class Pipeline:
                 batch.append(step)
                 full = len(batch) >= _STEP_BATCH or step.end - batch[0].end > _STEP_BATCH_S
             steps = self.steps
+            runs = self._runs
             if step.step_id in steps:  # a reused id: held in arrival order all the same
                 del steps[step.step_id]
-            steps[step.step_id] = step
-            self._busy[step.step_id] = StepTime(step_busy)
+                steps[step.step_id] = step
+                runs.rebuild(steps.values())
+            else:
+                steps[step.step_id] = step
+                runs.add(step)
+            self._busy[step.step_id] = StepTime(step_busy, len(ids) if step.tokens is None else None)
             while len(steps) > self.config.max_steps:
                 old = steps.popitem(last=False)[1]
+                runs.drop_oldest()
                 self._busy.pop(old.step_id, None)
                 lost = self._lose(old)
                 if lost or old.links:
@@ -405,6 +414,7 @@ class Pipeline:
             with self._steps_lock:
                 held = list(self.steps.values())
                 self.steps.clear()
+                self._runs.clear()
                 self._busy.clear()
             for step in held:
                 self._emit_step(step)
@@ -521,7 +531,7 @@ class Pipeline:
             return
         try:
             d = self.diagnosis  # (the held steps' times read one ``get`` each: no lock for that)
-            s.engine_time = engine_time(t.request_id, own, self._busy, d.shape, d.peaks)
+            s.engine_time = engine_time(t.request_id, own, self._busy, d.shape, d.peaks, served=True)
             s.interference_caused = interference_caused(t.chunks, self.window, self._busy) if t.chunks else 0.0
         except Exception as exc:  # a bug of ours costs the attribution only
             self.guard.failed("engine time", exc)
@@ -553,27 +563,12 @@ class Pipeline:
     def _own_steps(self, t: RequestTimeline) -> list[StepRecord]:
         """The held engine steps that served ``t`` (all of them, unless it outlived ``max_steps`` steps),
         in order; also fills ``t.steps`` with their ids for the verdict (empty if one was lost: its verdict
-        cannot place it). A scan of the steps held since it started, a set lookup each (a step's id set
-        is built once, and shared by the steps of an unchanged batch: their records share the id list)."""
-        rid = t.request_id
-        since = t.steps_from
-        out = []
-        last_ids: Any = None
-        last_set: Any = None
+        cannot place it). A scan of the steps held since it started, one set lookup per run of an unchanged
+        batch (core/step_runs.py)."""
         with self._steps_lock:
-            for step in reversed(self.steps.values()):
-                if step.seq < since:
-                    break
-                members = step.members
-                if members is None:
-                    ids = step.ids
-                    members = step.members = last_set if ids is last_ids else set(ids)
-                    last_ids, last_set = ids, members
-                if rid in members:
-                    out.append(step)
-        out.reverse()
+            out = self._runs.served(t.request_id, t.steps_from)
         if not t.steps and not t.steps_lost:
-            t.steps = [step.step_id for step in out]
+            t.steps = list(map(_STEP_ID, out))
         return out
 
     def _settle_steps(self, t: RequestTimeline, kept: Materialized | None) -> None:
@@ -599,6 +594,7 @@ class Pipeline:
                 if floor is not None and step.seq >= floor:
                     break
                 steps.popitem(last=False)
+                self._runs.drop_oldest()
                 self._busy.pop(step.step_id, None)
                 done.append(step)
         for step in done:
@@ -639,6 +635,7 @@ class Pipeline:
         self.guard.failed(f"policy {getattr(policy, 'name', policy)!s}", exc)
 
 
+_STEP_ID = attrgetter("step_id")
 _STEP_BATCH = 32  # steps per metrics job
 _STEP_BATCH_S = 1.0  # ... or fewer, once the oldest waited this long (engine monotonic seconds)
 

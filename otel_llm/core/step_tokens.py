@@ -48,14 +48,18 @@ def token_times(rid: str, steps: Sequence[StepRecord], window: TokenWindow) -> l
         if end > last:
             break
         prefill_at = step.prefill_at
-        if prefill_at:  # a step with prompt chunks (few): is ours one, and does it complete?
+        if prefill_at:  # a step with prompt chunks (few): is ours one (its few shares read, not the batch's ids)?
             ids = step.ids
-            i = ids.index(rid)
-            if i in prefill_at:
-                n = step.tokens[i] if step.tokens is not None else 1
-                contexts = step.contexts
-                if contexts is not None and contexts[i] + n < prompt + len(out):
-                    continue  # a chunk that leaves prompt (or recomputed outputs) to compute: no output
+            chunk_only = False
+            for i in prefill_at:
+                if ids[i] == rid:  # ours: does it complete?
+                    n = step.tokens[i] if step.tokens is not None else 1
+                    contexts = step.contexts
+                    # a chunk that leaves prompt (or recomputed outputs) to compute: no output
+                    chunk_only = contexts is not None and contexts[i] + n < prompt + len(out)
+                    break
+            if chunk_only:
+                continue
         append(end)
     if len(out) != window.tokens or not out or out[0] != first:
         return None

@@ -105,6 +105,24 @@ def test_a_steps_split_kept_for_its_requests_gives_each_what_it_gets_alone(shape
     assert engine_time("nobody", steps, held, shape, peaks) == 0.0
 
 
+@pytest.mark.parametrize("shape, peaks", [(None, None), (SHAPE, PEAKS)])
+def test_a_requests_own_steps_read_without_membership_give_what_the_membership_test_gives(shape, peaks) -> None:
+    # the pipeline's StepTimes keep a plain decode batch's even part (its shares given: one token each)
+    steps, busy = batch(1)
+    held = {s.step_id: StepTime(b, len(s.ids) if s.tokens is None else None) for s, b in zip(steps, busy)}
+    assert any(h.even is not None for h in held.values()) and any(h.even is None for h in held.values())
+    for rid in sorted({rid for s in steps for rid in s.ids}):
+        own = [s for s in steps if rid in s.ids]
+        reference = engine_time(rid, own, [b for s, b in zip(steps, busy) if rid in s.ids], shape, peaks)
+        assert engine_time(rid, own, held, shape, peaks, served=True) == pytest.approx(reference, rel=1e-12)
+    # a step held without its StepTime counts its duration, as without ``served``
+    rid = steps[0].ids[0]
+    own = [s for s in steps if rid in s.ids]
+    partial = {k: v for k, v in held.items() if k != own[-1].step_id}
+    assert engine_time(rid, own, partial, shape, peaks, served=True) == pytest.approx(
+        engine_time(rid, own, partial, shape, peaks), rel=1e-12)
+
+
 def test_a_steps_prefill_loss_kept_for_its_prompts_gives_each_what_it_gets_alone() -> None:
     window = StepWindow(256)
     engine = 3 << 32

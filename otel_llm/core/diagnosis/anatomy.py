@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from ... import semconv as sc
@@ -45,7 +46,7 @@ def anatomy(step: StepRecord) -> dict[str, float]:
 # ``anatomy``'s parts in its order, with the StepRecord field each is read from ("total": end - start)
 _PARTS = (("total", ""), ("schedule", "schedule_s"), ("execute", "execute_s"), ("model", "model_s"),
           ("output", "output_s"), ("idle", "idle_s"))
-_OPTIONAL_PARTS = tuple((i, attr) for i, (_, attr) in enumerate(_PARTS) if attr)  # (index, field) but total
+_PART_GETTERS = tuple((part, attrgetter(attr)) for part, attr in _PARTS if attr)  # each field but total's
 _INF = float("inf")
 _UNSEEN: Any = object()
 
@@ -193,11 +194,9 @@ class StepDiagnosis:
         if self._meter is None:
             return
         rec = self._recorder
-        values: dict[tuple[str, str | None], list[list[float]]] = {}  # (phase, adapter) -> values per part
-        counted: dict[tuple[str, str, str | None], int] = {}
+        groups: dict[tuple[str, str | None], list[StepRecord]] = {}  # (phase, adapter) -> its steps, in order
         labels: dict[tuple[int, ...], str | None] = {}  # a batch's steps mostly repeat their adapter sets
         for step in steps:
-            phase = step.phase
             loras = step.loras
             if loras and adapter is not None:
                 lora = labels.get(loras, _UNSEEN)
@@ -205,24 +204,32 @@ class StepDiagnosis:
                     lora = labels[loras] = adapter(step)
             else:
                 lora = None
-            by_part = values.get((phase, lora))
-            if by_part is None:
-                by_part = values[phase, lora] = [[] for _ in _PARTS]
-            by_part[0].append(step.end - step.start)
-            for i, attr in _OPTIONAL_PARTS:
-                value = getattr(step, attr)
-                if value is not None:
-                    by_part[i].append(value)
-            r = self.roofline(step)
-            bound = r.bound if r is not None else "unknown"
-            counted[phase, bound, lora] = counted.get((phase, bound, lora), 0) + 1
-            if r is not None and r.mfu is not None:
-                rec(self._mfu, phase, None, bound, lora)(r.mfu, None)
-                rec(self._mbu, phase, None, bound, lora)(r.mbu, None)
-        for (phase, lora), by_part in values.items():
-            for (part, _), got in zip(_PARTS, by_part):
+            key = (step.phase, lora)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [step]
+            else:
+                group.append(step)
+        counted: dict[tuple[str, str, str | None], int] = {}
+        for (phase, lora), group in groups.items():
+            # each part's values of the group's steps, in step order (a part a step lacks: not counted)
+            got = [step.end - step.start for step in group]
+            self._add_durations(phase, _PARTS[0][0], got, lora)
+            for part, of in _PART_GETTERS:
+                got = [v for v in map(of, group) if v is not None]
                 if got:
                     self._add_durations(phase, part, got, lora)
+            if self.shape is None or self.peaks is None:  # no roofline: every step's bound unknown
+                unknown = (phase, "unknown", lora)
+                counted[unknown] = counted.get(unknown, 0) + len(group)
+                continue
+            for step in group:
+                r = self.roofline(step)
+                bound = r.bound if r is not None else "unknown"
+                counted[phase, bound, lora] = counted.get((phase, bound, lora), 0) + 1
+                if r is not None and r.mfu is not None:
+                    rec(self._mfu, phase, None, bound, lora)(r.mfu, None)
+                    rec(self._mbu, phase, None, bound, lora)(r.mbu, None)
         for (phase, bound, lora), n in counted.items():
             rec(self._steps, phase, None, bound, lora)(n, None)
         self._record_positions(steps)

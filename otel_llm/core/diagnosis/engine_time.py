@@ -33,9 +33,11 @@ from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
-from .verdict import CONTEXT_STEPS, StepWindow, prefill_loss
+from .verdict import CONTEXT_STEPS, StepFacts, StepWindow, prefill_loss
 
 _STEP_ID = attrgetter("step_id")
+_PREFILL_TOKENS = StepFacts._fields.index("prefill_tokens")  # the window's plain tuples, read by position
+_DECODE_REQUESTS = StepFacts._fields.index("decode_requests")
 
 
 def busy(start: float, end: float, previous_end: float | None) -> float:
@@ -113,33 +115,45 @@ def _line(shape: ModelShape, k: int) -> tuple[float, float, float, float]:
 class StepTime:
     """A held step's busy time (``busy``); its shares' parts of the step's work by request id (``engine_time``)
     and its prefill interference (``interference_caused``) once a request it served asked: worked out once a
-    step, not once for each request of its batch."""
+    step, not once for each request of its batch. ``shares``: its number of shares, given where each is one
+    token (a plain decode batch, and only there): ``even`` is then a share's part of the busy time without
+    the roofline (None elsewhere)."""
 
-    __slots__ = ("busy", "parts", "loss")
+    __slots__ = ("busy", "parts", "loss", "even")
 
-    def __init__(self, busy: float | None) -> None:
+    def __init__(self, busy: float | None, shares: int | None = None) -> None:
         self.busy = busy
         self.parts: dict[str, float] | None = None
         # what its decoding requests lost to its prompt tokens, and those tokens (``interference_caused``)
         self.loss: tuple[float, int] | None = None
+        self.even = busy / shares if busy is not None and shares else None
 
 
 def engine_time(request_id: str, steps: Sequence[Any],
                 busy_times: Sequence[StepTime | float | None] | Mapping[int, StepTime] | None = None,
-                shape: ModelShape | None = None, peaks: DevicePeaks | None = None) -> float:
+                shape: ModelShape | None = None, peaks: DevicePeaks | None = None, served: bool = False) -> float:
     """A request's engine seconds over ``steps`` (records that served it); ``busy_times``: each step's busy
     time where the pipeline saw its engine's previous step (``busy``; a ``StepTime``, which also keeps the
     step's split for the other requests it served), else (``None``) its whole duration; in a list parallel
     to ``steps``, or the pipeline's ``StepTime`` by step id (a step it no longer holds: its duration).
+    ``served``: every step of ``steps`` is known to have served ``request_id`` (the pipeline's own steps of a
+    request): no membership test; otherwise a step it is not in adds nothing.
 
-    Per step O(1) for this request: a plain decode batch without the roofline splits evenly (no lookup);
-    any other step's split among its shares is worked out once and kept in its ``StepTime``."""
+    Per step O(1) for this request: a plain decode batch without the roofline splits evenly (no lookup; its
+    ``StepTime`` keeps the even part); any other step's split among its shares is worked out once and kept
+    in its ``StepTime``."""
     total = 0.0
     even = shape is None or peaks is None  # no roofline: a step of one token a share splits evenly
     if isinstance(busy_times, Mapping):
         busy_times = list(map(busy_times.get, map(_STEP_ID, steps)))
+    fast = even and served  # a StepTime's even part, where it has one, is then this request's part
     for step, held in zip(steps, busy_times if busy_times is not None else repeat(None)):
         if held.__class__ is StepTime:
+            if fast:
+                part = held.even
+                if part is not None:  # a decode batch (most steps): its even part, worked out once
+                    total += part
+                    continue
             seconds = held.busy
         else:
             seconds, held = held, None
@@ -147,7 +161,10 @@ def engine_time(request_id: str, steps: Sequence[Any],
             seconds = step.end - step.start
             if seconds < 0.0:
                 seconds = 0.0
-        if even and step.tokens is None:  # a decode batch (most steps): no lookup but membership
+        if even and step.tokens is None:  # a decode batch: no lookup but membership
+            if served:
+                total += seconds / len(step.ids)
+                continue
             members = step.members
             if request_id in (members if members is not None else step.member_ids()):
                 total += seconds / len(step.ids)
@@ -190,18 +207,18 @@ def _losses(window: StepWindow, first: int, last: int, step_ids: Sequence[int]) 
     """Per step of ``step_ids`` (between ``first`` and ``last``), what its decoding requests lost to the prompt
     tokens computed in it, and those tokens: the verdict's ``prefill_interference`` charge per decoding request
     (``prefill_loss``) times its decode batch; (0.0, 0) where nothing is charged."""
-    steps = window.around(first, last, float("inf"), CONTEXT_STEPS)
-    index = {s.step_id: i for i, s in enumerate(steps)}
+    steps = window.around(first, last, float("inf"), CONTEXT_STEPS, facts=False)  # StepFacts' fields by position
+    index = {s[0]: i for i, s in enumerate(steps)}
     out = []
     for step_id in step_ids:
         i = index.get(step_id)
         s = steps[i] if i is not None else None
-        if s is None or not s.decode_requests or not s.prefill_tokens:
+        if s is None or not s[_DECODE_REQUESTS] or not s[_PREFILL_TOKENS]:
             out.append((0.0, 0))
             continue
         lost = prefill_loss(steps, i)
         if lost is None:  # no decode-only step of that batch size to compare with: nothing to charge
             out.append((0.0, 0))
             continue
-        out.append((lost * s.decode_requests, s.prefill_tokens))
+        out.append((lost * s[_DECODE_REQUESTS], s[_PREFILL_TOKENS]))
     return out

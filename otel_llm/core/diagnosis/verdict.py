@@ -123,9 +123,11 @@ class StepWindow:
         steps = self._engines[engine] = deque(maxlen=self.size)
         return steps
 
-    def around(self, first_id: int, last_id: int, since: float, context: int = CONTEXT_STEPS) -> list[StepFacts]:
+    def around(self, first_id: int, last_id: int, since: float, context: int = CONTEXT_STEPS,
+               facts: bool = True) -> list[StepFacts]:
         """The engine's steps from ``context`` steps before the earliest one that began at or after
-        ``since`` (or ``first_id``, if earlier) through ``last_id``, in order."""
+        ``since`` (or ``first_id``, if earlier) through ``last_id``, in order. ``facts=False``: as the plain
+        tuples the window keeps (``StepFacts``' fields, read by position: no record built per step)."""
         with self._lock:
             steps = self._engines.get(engine_of(first_id))
             if not steps:
@@ -136,6 +138,8 @@ class StepWindow:
             while lo > 0 and steps[lo - 1][1] >= since:  # [1]: start
                 lo -= 1
             lo = max(0, lo - context)
+            if not facts:
+                return [steps[i] for i in range(lo, hi)]
             return [StepFacts._make(steps[i]) for i in range(lo, hi)]
 
 
@@ -227,7 +231,7 @@ class _Baselines:
         return _nearest(self._plain, batch)
 
 
-def prefill_loss(steps: list[StepFacts], index: int) -> float | None:
+def prefill_loss(steps: list[StepFacts] | list[tuple], index: int) -> float | None:
     """What each decoding request of ``steps[index]`` (a step that computed prompt tokens) lost to them: the
     step's duration beyond the median decode-only step of its decode batch size among the ``CONTEXT_STEPS``
     steps before it; ``None`` when there is none to compare with. The one baseline of both the verdict's
@@ -235,8 +239,38 @@ def prefill_loss(steps: list[StepFacts], index: int) -> float | None:
     the prefill step, which both the victims and the prompt's own request have seen, so the seconds a prompt
     is charged as caused are those its victims are charged as lost."""
     s = steps[index]
-    usual = _Baselines(steps[max(0, index - CONTEXT_STEPS):index]).decode(s.decode_requests)
-    return None if usual is None else s.duration - usual
+    usual = _decode_median(steps, max(0, index - CONTEXT_STEPS), index, s[_DECODE_REQUESTS])
+    return None if usual is None else (s[_END] - s[_START]) - usual
+
+
+# StepFacts' fields by position (the window keeps plain tuples of them)
+_START, _END, _PREEMPTED, _PREFILL_TOKENS, _DECODE_REQUESTS = (
+    StepFacts._fields.index(f) for f in ("start", "end", "preempted", "prefill_tokens", "decode_requests"))
+
+
+def _decode_median(steps: list[StepFacts], lo: int, hi: int, batch: int) -> float | None:
+    """``_Baselines(steps[lo:hi]).decode(batch)``, reading only the batch sizes ``_nearest`` may choose (a
+    prefill step's baseline is asked once per step and per judged request: no median of the sizes it skips).
+    The steps' fields are read by position (``StepFacts`` or the window's plain tuples)."""
+    reach = max(1, batch // 4)
+    durations: dict[int, list[float]] = {}
+    for i in range(lo, hi):
+        s = steps[i]
+        b = s[_DECODE_REQUESTS]
+        if b and -reach <= b - batch <= reach and s[_PREFILL_TOKENS] == 0 and s[_PREEMPTED] == 0:
+            found = durations.get(b)
+            if found is None:
+                durations[b] = found = []
+            found.append(s[_END] - s[_START])
+    if not durations:
+        return None
+    found = durations.get(batch)
+    if found is not None and len(found) >= MIN_SAMPLES:
+        return median(found)
+    near = [b for b, d in durations.items() if len(d) >= MIN_SAMPLES]
+    if not near:
+        return None
+    return median(durations[min(near, key=lambda b: (abs(b - batch), b))])
 
 
 def _nearest(medians: dict[int, float], batch: int) -> float | None:
