@@ -158,5 +158,6 @@ class RequestHooks:
             arrival=float(request.arrival_time), queued=queued, end=end, end_wall=end_wall,
             prompt_tokens=int(request.num_prompt_tokens), output_tokens=int(request.num_output_tokens),
             preemptions=int(request.num_preemptions or 0),
-            external_id=external, model=self.model, enriched=self.enriched)
+            external_id=external, model=self.model, enriched=self.enriched,
+            client_index=int(request.client_index or 0))
         self.send(records.encode(record))
