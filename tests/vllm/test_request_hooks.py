@@ -211,11 +211,12 @@ def test_only_engines_no_python_client_will_hold_become_their_requests_source(mo
     assert enriched == ["config"]  # ... or, on the one path, its enrichment of its EngineCores' records
 
 
-def _enrich_launch(monkeypatch, one_path: bool, gives_tokens: bool = True, agent: object = object()) -> str | None:
+def _enrich_launch(monkeypatch, gives_tokens: bool = True, agent: object = object(),
+                   steps: bool = True) -> str | None:
     from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
 
     monkeypatch.setenv(request_hooks.ENGINE_REQUESTS_ENV, "1")  # left over from another launch
-    w = SimpleNamespace(_one_path=one_path, steps_armed=True, agent=agent, _enriched_launch=False,
+    w = SimpleNamespace(steps_armed=steps, agent=agent, _enriched_launch=False,
                         _steps_can_give_tokens=lambda config: gives_tokens, _served_name=lambda config: "tiny")
     w._enriches = lambda config: VLLMWrappers._enriches(w, config)
     w._launch_enriched = lambda enriched, config: VLLMWrappers._launch_enriched(w, enriched, config)
@@ -225,14 +226,14 @@ def _enrich_launch(monkeypatch, one_path: bool, gives_tokens: bool = True, agent
 
 
 def test_the_one_path_asks_a_python_clients_engines_for_their_records_only_where_it_holds(monkeypatch):
-    """On the one path (``OTEL_LLM_ONE_PATH=1``) the EngineCores of an engine client with an agent whose steps
-    give the token times say its requests, marked as enriched; everywhere else they send nothing (a value
-    inherited from an earlier launch is cleared: the frontend's own hooks would count the requests again)."""
-    assert _enrich_launch(monkeypatch, one_path=True) == request_hooks.ENRICHED
+    """The one path: the EngineCores of an engine client with an agent whose steps give the token times say
+    its requests, marked as enriched; everywhere else they send nothing (a value inherited from an earlier
+    launch is cleared: the frontend's own hooks would count the requests again)."""
+    assert _enrich_launch(monkeypatch) == request_hooks.ENRICHED
     assert os.environ[request_hooks.ENGINE_MODEL_ENV] == "tiny"
-    assert _enrich_launch(monkeypatch, one_path=False) is None
-    assert _enrich_launch(monkeypatch, one_path=True, gives_tokens=False) is None  # speculative, KV connector
-    assert _enrich_launch(monkeypatch, one_path=True, agent=None) is None  # custom providers: in-process
+    assert _enrich_launch(monkeypatch, steps=False) is None  # engine_steps=False: no step records at all
+    assert _enrich_launch(monkeypatch, gives_tokens=False) is None  # speculative, KV connector
+    assert _enrich_launch(monkeypatch, agent=None) is None  # custom providers: in-process
 
 
 def test_an_api_server_of_several_enriches_where_its_supervisors_launch_asked_for_it(monkeypatch):
@@ -246,7 +247,7 @@ def test_an_api_server_of_several_enriches_where_its_supervisors_launch_asked_fo
             monkeypatch.delenv(request_hooks.ENGINE_REQUESTS_ENV, raising=False)
         else:
             monkeypatch.setenv(request_hooks.ENGINE_REQUESTS_ENV, env)
-        w = SimpleNamespace(_one_path=True, steps_armed=True, agent=agent,
+        w = SimpleNamespace(steps_armed=True, agent=agent,
                             _steps_can_give_tokens=lambda config: True)
         w._enriches = lambda config: VLLMWrappers._enriches(w, config)
         return VLLMWrappers._launched_enriched(w, "config")

@@ -73,8 +73,11 @@ def run():
         mp_ = MeterProvider(metric_readers=[
             PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=86_400_000)])
         otel_llm.uninstrument()
-        otel_llm.instrument(tracer_provider=tp, meter_provider=mp_, sample_rate=1.0, tail_quantile=0)
         inst = VLLMInstrumentor()
+        # an agent lives as long as its process, and exports where the variables pointed when it started: one
+        # an earlier module started (another receiver) goes, and this engine's starts its own
+        inst.runtime.close_agent()
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp_, sample_rate=1.0, tail_quantile=0)
         try:
             engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))
             try:
@@ -87,6 +90,7 @@ def run():
             held = set(inst.telemetry.requests) | set(inst.instrumentation.wrappers.enriching)
         finally:
             otel_llm.uninstrument()
+            inst.runtime.close_agent()  # (its receiver goes with this module)
             tp.shutdown()
             mp_.shutdown()
         spans = [x.readable() for x in sink.spans()]
@@ -101,10 +105,10 @@ def test_an_agent_did_the_work(run):
     s = stats["vllm"]
     assert agent is not None and s["agent_pid"] == agent.pid != os.getpid()
     assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
-    if os.environ.get("OTEL_LLM_ONE_PATH") == "1":  # the one path: the engine's records, each enriched once
-        # complete-1, abort-1 (its enrichment sent at the abort) and the two sequences of parallel-1
-        assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == 4
-        assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
+    # the one path: the engine's records, each enriched once: complete-1, abort-1 (its enrichment sent at the
+    # abort) and the two sequences of parallel-1
+    assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == 4
+    assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
     assert stats["errors"] == {}
 
 

@@ -261,5 +261,4 @@ def test_serve_with_several_api_servers_reports_steps_to_each():
     assert frontends <= sockets, f"requests served by {frontends}, step sockets of {sockets}"
     # the one path: the engines' records, enriched, reach both agents; each keeps its own API server's
     # requests (each request above counted once: neither agent took the other's, nor its frontend's twice)
-    if os.environ.get("OTEL_LLM_ONE_PATH") == "1":
-        assert agents == [("enriched", "0"), ("enriched", "1")], agents
+    assert agents == [("enriched", "0"), ("enriched", "1")], agents

@@ -45,7 +45,7 @@ from ...agent.link import CLIENT_ENV
 from ..wraps import Binders, is_ours
 from . import contract, kv_channel
 from .grammar import backend_attribute
-from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED, ONE_PATH_ENV
+from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -104,9 +104,9 @@ class VLLMWrappers:
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
-        # the one path (request_hooks.ONE_PATH_ENV): the engines launched here send their requests' records,
-        # and this frontend keeps each request's timeline only to send its enrichment when it lets it go
-        self._one_path = os.environ.get(ONE_PATH_ENV) == "1"
+        # the one path (docs/design/enginecore-source.md): the engines launched for an engine client with an
+        # agent send their requests' records, and this frontend keeps each request's timeline only to send its
+        # enrichment when it lets it go
         self._enriched_launch = False  # set by launching_engines for the engine client being built
         self.enriching: dict[str, RequestTimeline] = {}
 
@@ -211,7 +211,7 @@ class VLLMWrappers:
         return wrapped(*args, **kwargs)
 
     def _enrich_engines(self, vllm_config: Any) -> None:
-        """The one path (``ONE_PATH_ENV``): the EngineCores a Python engine client being built here launches
+        """The one path: the EngineCores a Python engine client being built here launches
         say their requests' starts and finishes to its agent, and this frontend enriches each request
         (agent/records.RequestEnrichment). Only where the agent reads the steps and they give the token times
         (no speculative decoding, no KV connector); elsewhere, and for every other launch, the frontend's hooks
@@ -240,8 +240,7 @@ class VLLMWrappers:
     def _enriches(self, vllm_config: Any) -> bool:
         """Whether the one path applies to an engine of ``vllm_config`` (an agent aside): its steps reach an
         agent and give the token times (no speculative decoding, no KV connector)."""
-        return (self._one_path and self.steps_armed and vllm_config is not None
-                and self._steps_can_give_tokens(vllm_config))
+        return self.steps_armed and vllm_config is not None and self._steps_can_give_tokens(vllm_config)
 
     def _launch_enriched(self, enriched: bool, vllm_config: Any) -> None:
         if enriched:
