@@ -98,7 +98,10 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
 # the prompt's square), and enough of them that their interference stays far above the verdict's MIN_SHARE of
 # a decoder's decode time even when they reach the engine late.
 VICTIMS = 6
-VICTIM_TOKENS = 64  # room for the long prompts' way to the engine, short beside their prefill steps
+# room for the long prompts' way to the engine, and for decoders that reach it a while apart on a loaded host
+# (their first tokens are the gate's start: one that came late found the others done at 64), while the long
+# prompts' prefill steps stay far above MIN_SHARE of a decoder's decode time
+VICTIM_TOKENS = 320
 GATE_CHUNKS = 4
 LONGS = 12  # the token budget prefills them one a step, each several decode steps' worth
 LONG_TOKENS = 4000  # near the scenario's context, one prompt per prefill step
@@ -165,13 +168,20 @@ def _interference(base_url: str, model: str) -> tuple[list[dict], list[dict]]:
                 cond.notify_all()
         return on_chunk
 
+    def gate(ready: Callable[[], bool]) -> None:
+        """Waits for ``ready``; a decoder that finished first means the scenario cannot run as built: said now,
+        not after the wait's bound (its last chunk is the stream's VICTIM_TOKENS + 1-th)."""
+        done = lambda: any(n > VICTIM_TOKENS for n in chunks)  # noqa: E731
+        assert cond.wait_for(lambda: ready() or done(), timeout=300), chunks
+        assert ready(), f"the scenario did not run as built: a decoder finished before the gate: {chunks}"
+
     with ThreadPoolExecutor(VICTIMS + LONGS) as pool:
         victims = [pool.submit(_complete, base_url, model, [5 + (i * 11 + j) % 400 for j in range(16)], True,
                                max_tokens=VICTIM_TOKENS, on_chunk=counted(i)) for i in range(VICTIMS)]
         with cond:  # every decoder decoding ...
-            assert cond.wait_for(lambda: all(chunks), timeout=300), chunks
+            gate(lambda: all(chunks))
             floor = list(chunks)  # ... then GATE_CHUNKS more tokens each: steps with all of them in the batch
-            assert cond.wait_for(lambda: all(n >= f + GATE_CHUNKS for n, f in zip(chunks, floor)), timeout=300), chunks
+            gate(lambda: all(n >= f + GATE_CHUNKS for n, f in zip(chunks, floor)))
         longs = [pool.submit(_complete, base_url, model, [7 + (k * 13 + j) % 400 for j in range(LONG_TOKENS)], False,
                              max_tokens=1) for k in range(LONGS)]
         return [f.result() for f in victims], [f.result() for f in longs]
