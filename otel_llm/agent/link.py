@@ -50,6 +50,10 @@ _GONE = frozenset((errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF)) 
 READY_S = 60.0  # an agent's start on a loaded machine: the interpreter, the SDK and the exporters' imports
 SEND_BUFFER = 4 << 20
 AGENT_ENV = "OTEL_LLM_AGENT"
+# the engine client (vLLM's ``client_index``: one per API server) this agent serves, set by the frontend before it
+# starts its agent: where several API servers share the engines, every engine record reaches every agent, and
+# each keeps the enriched requests of its own (agent/process.py)
+CLIENT_ENV = "OTEL_LLM_AGENT_CLIENT"
 _KERNEL_PACKET_SLACK = 64  # af_unix refuses a packet longer than the send buffer less 32 bytes: a margin on it
 USE_RING = shm_ring.AVAILABLE  # messages through a shared-memory ring (its capacity: SEND_BUFFER), else packets
 CHECK_S = 1.0  # the longest a ring's writes go on without asking whether the agent lives

@@ -51,6 +51,7 @@ from ..semconv import SCHEMA_URL
 from ..version import __version__
 from . import control, destinations, protocol, records
 from .engine_requests import EngineRequests
+from .link import CLIENT_ENV
 
 _REQUEST_RECORDS = (records.RequestStart, records.RequestFinish, records.SinkCounts)
 MAX_SINKS = 16  # engine processes whose sink counts are kept (EngineCores that came and went: the oldest goes)
@@ -104,6 +105,10 @@ class Agent:
         self.engine_arrived: list[records.RequestFinish] = []  # finishes read at this turn's engine read
         self.engine_due: list[records.RequestFinish] = []  # ... at the previous one: settled next turn
         self.sinks: dict[int, records.SinkCounts] = {}  # engine pid -> what its sink last said it dropped
+        # the API server this agent serves (link.CLIENT_ENV): the enriched request records of the others are
+        # theirs (each API server's agent reads every record of the engines they share)
+        self.client_index = _client_index(os.environ.get(CLIENT_ENV))
+        self.others = 0  # request records of another API server's requests, skipped
 
     def open_ring(self, m: tuple, fds: list[int]) -> None:
         """The frontend's first message (``RING``): the ring it writes every later message into, or None
@@ -376,8 +381,11 @@ class Agent:
         """Takes the request records out of ``read`` (in place), keeping the steps."""
         if not any(type(x) in _REQUEST_RECORDS for x in read):
             return [], []
-        starts = [x for x in read if type(x) is records.RequestStart]
-        finishes = [x for x in read if type(x) is records.RequestFinish]
+        mine = self.client_index
+        starts = [x for x in read if type(x) is records.RequestStart and (x.client_index == mine or not x.enriched)]
+        finishes = [x for x in read if type(x) is records.RequestFinish and (x.client_index == mine or not x.enriched)]
+        self.others += sum(type(x) in (records.RequestStart, records.RequestFinish) for x in read) \
+            - len(starts) - len(finishes)
         for x in read:
             if type(x) is records.SinkCounts:
                 self.sink_counts(x)
@@ -429,6 +437,7 @@ class Agent:
         out["agent_orphans"] = self.orphans
         out["agent_engine_starts"] = self.engine_requests.starts
         out["agent_engine_finishes"] = self.engine_requests.finishes
+        out["agent_engine_others"] = self.others  # (several API servers: their requests, skipped here)
         lost = self.lost()
         out["engine_steps_dropped"] = lost["engine_steps_dropped"]
         out["engine_requests_dropped"] = lost["engine_requests_dropped"]
@@ -462,6 +471,13 @@ def _rss_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize()
     except OSError:
+        return 0
+
+
+def _client_index(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
         return 0
 
 

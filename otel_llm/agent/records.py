@@ -88,6 +88,7 @@ class RequestFinish:
     external_id: str | None = None
     model: str | None = None
     enriched: bool = False  # as in RequestStart (a finish whose start was lost still waits for it)
+    client_index: int = 0  # as in RequestStart: an agent keeps the enriched records of its own API server
 
 
 @dataclass(slots=True)
@@ -144,7 +145,8 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                    "lora_name": _OPT_STR, "lora_id": _OPT_INT, "client_index": _INT, "enriched": _BOOL},
     RequestFinish: {"request_id": _STR, "reason": _STR, "arrival": _NUM, "queued": _NUM, "end": _NUM,
                     "end_wall": _NUM, "prompt_tokens": _INT, "output_tokens": _INT, "preemptions": _INT,
-                    "external_id": _OPT_STR, "model": _OPT_STR, "enriched": _BOOL},
+                    "external_id": _OPT_STR, "model": _OPT_STR, "enriched": _BOOL,
+                    "client_index": _INT},
     SinkCounts: {"pid": _INT, "steps_dropped": _INT, "requests_dropped": _INT},
     RequestEnrichment: {"request_id": _STR, "operation": _STR, "server": _BOOL, "parent": _OPT_MAP,
                         "response_id": _OPT_STR, "model": _OPT_STR, "attributes": _MAP, "reason": _OPT_STR,

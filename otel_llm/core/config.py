@@ -294,6 +294,10 @@ RETIRED: tuple[Retired, ...] = (
     Retired("token_times", "OTEL_LLM_TOKEN_TIMES",
             "token times come from the engine-step records; the stamp per output batch is chosen by itself "
             "where the steps cannot give them (speculative decoding, KV connectors, engines without step records)"),
+    Retired("one_path", "OTEL_LLM_ONE_PATH",
+            "vLLM's EngineCore says every request's start and finish wherever an agent reads its steps, and the "
+            "Python frontend enriches each request once; the frontend stays its requests' source elsewhere "
+            "(speculative decoding, KV connectors, custom providers)"),
 )
 
 

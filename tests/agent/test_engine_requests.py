@@ -252,6 +252,40 @@ def test_an_enrichment_joins_the_engines_records_and_nothing_is_counted_twice():
     assert p.flush(10) and _histogram(reader, _metric("e2e"))[0] == 2
 
 
+def test_each_api_servers_agent_keeps_only_its_own_requests(monkeypatch):
+    """Several Python API servers share the engines, and each one's agent reads every engine record: the
+    agent of API server 1 (``link.CLIENT_ENV``) settles the requests whose records carry its ``client_index``,
+    skips (and counts) the other's, and never waits for an enrichment the other API server sends its own
+    agent. Records of no Python frontend (not enriched: the Rust frontend, headless) are every agent's."""
+    from otel_llm.agent.link import CLIENT_ENV
+
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    mine, other = PROMPTS
+    script = [[replace(x, enriched=True, client_index=1 if x.request_id == mine else 0)
+               if isinstance(x, (RequestStart, RequestFinish)) else x for x in batch]
+              for batch in _script(base, wall)]
+    monkeypatch.setenv(CLIENT_ENV, "1")
+    agent, exporter, reader, _peer = _agent(script)
+    for _ in range(4):
+        agent.turn()
+    assert list(agent.engine_requests.enrichments.held) == [mine]  # not the other's
+    agent.take(encode(_enrichment(mine, wall)))
+    agent.turn()
+    p = agent.pipeline
+    assert p.flush(10) and not p.requests
+    assert sorted(_server_spans(exporter)) == ["chatcmpl-" + mine]
+    assert _histogram(reader, _metric("e2e"))[0] == 1
+    stats = agent.stats()
+    assert (stats["agent_engine_starts"], stats["agent_engine_finishes"], stats["agent_engine_others"]) == (1, 1, 2)
+    assert (stats["agent_enriched"], stats["agent_enrichments_missing"], stats["agent_orphans"]) == (1, 0, 0)
+
+    monkeypatch.setenv(CLIENT_ENV, "1")  # the engine's own requests (no Python frontend): whatever the index
+    agent, exporter, reader, _peer = _agent(_script(base, wall))
+    for _ in range(5):
+        agent.turn()
+    assert agent.pipeline.flush(10) and len(_server_spans(exporter)) == 2 and agent.others == 0
+
+
 def test_a_stop_string_the_frontend_found_wins_over_the_engines_abort():
     """The frontend finishes the request (a stop string), then aborts it in the engine: its record comes
     first, the engine's abort later, with tokens the frontend never took. The reason and the count are the

@@ -28,6 +28,7 @@ def test_an_unknown_option_is_a_clear_error_naming_the_closest_one():
 @pytest.mark.parametrize("name,env,value,replaced", [
     ("token_times", "OTEL_LLM_TOKEN_TIMES", "stamps", "token times come from the engine-step records"),
     ("step_reading", "OTEL_LLM_STEP_READING", "deferred", "deferred reading on a background thread is gone"),
+    ("one_path", "OTEL_LLM_ONE_PATH", "1", "the Python frontend enriches each request once"),
 ])
 def test_a_retired_option_is_ignored_with_a_warning_naming_what_replaced_it(caplog, name, env, value, replaced):
     """An old deployment's variable or keyword keeps it serving (the option has no effect any more): the

@@ -189,7 +189,8 @@ def _launch(building: int, local_client: bool, rust: str, monkeypatch, enriched:
     monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", rust)
     became: list = []
     w = SimpleNamespace(bind=Binders(), building=building, guard=Guard(), _become_source=became.append,
-                        _enrich_engines=(enriched if enriched is not None else []).append)
+                        _enrich_engines=(enriched if enriched is not None else []).append,
+                        _enrich_api_servers=lambda config: became.append(("api servers", config)))
 
     def __init__(local_engine_count, start_index, local_start_index, vllm_config, local_client,
                  handshake_address, executor_class, log_stats):
@@ -203,32 +204,57 @@ def _launch(building: int, local_client: bool, rust: str, monkeypatch, enriched:
 def test_only_engines_no_python_client_will_hold_become_their_requests_source(monkeypatch):
     assert _launch(0, True, "1", monkeypatch) == ["config"]  # the Rust frontend's supervisor
     assert _launch(0, False, "0", monkeypatch) == ["config"]  # --headless
-    assert _launch(0, True, "0", monkeypatch) == []  # several Python API servers: each its own source
+    # several Python API servers: each enriches its own requests (their agents keep their client_index's)
+    assert _launch(0, True, "0", monkeypatch) == [("api servers", "config")]
     enriched: list = []
     assert _launch(1, True, "1", monkeypatch, enriched) == []  # an AsyncLLM / LLM being built here: its hooks
     assert enriched == ["config"]  # ... or, on the one path, its enrichment of its EngineCores' records
 
 
-def _enrich_launch(monkeypatch, one_path: bool, gives_tokens: bool = True, agent: object = object()) -> str | None:
+def _enrich_launch(monkeypatch, gives_tokens: bool = True, agent: object = object(),
+                   steps: bool = True) -> str | None:
     from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
 
     monkeypatch.setenv(request_hooks.ENGINE_REQUESTS_ENV, "1")  # left over from another launch
-    w = SimpleNamespace(_one_path=one_path, steps_armed=True, agent=agent, _enriched_launch=False,
+    w = SimpleNamespace(steps_armed=steps, agent=agent, _enriched_launch=False,
                         _steps_can_give_tokens=lambda config: gives_tokens, _served_name=lambda config: "tiny")
+    w._enriches = lambda config: VLLMWrappers._enriches(w, config)
+    w._launch_enriched = lambda enriched, config: VLLMWrappers._launch_enriched(w, enriched, config)
     VLLMWrappers._enrich_engines(w, "config")
     assert w._enriched_launch == (os.environ.get(request_hooks.ENGINE_REQUESTS_ENV) == request_hooks.ENRICHED)
     return os.environ.get(request_hooks.ENGINE_REQUESTS_ENV)
 
 
 def test_the_one_path_asks_a_python_clients_engines_for_their_records_only_where_it_holds(monkeypatch):
-    """On the one path (``OTEL_LLM_ONE_PATH=1``) the EngineCores of an engine client with an agent whose steps
-    give the token times say its requests, marked as enriched; everywhere else they send nothing (a value
-    inherited from an earlier launch is cleared: the frontend's own hooks would count the requests again)."""
-    assert _enrich_launch(monkeypatch, one_path=True) == request_hooks.ENRICHED
+    """The one path: the EngineCores of an engine client with an agent whose steps give the token times say
+    its requests, marked as enriched; everywhere else they send nothing (a value inherited from an earlier
+    launch is cleared: the frontend's own hooks would count the requests again)."""
+    assert _enrich_launch(monkeypatch) == request_hooks.ENRICHED
     assert os.environ[request_hooks.ENGINE_MODEL_ENV] == "tiny"
-    assert _enrich_launch(monkeypatch, one_path=False) is None
-    assert _enrich_launch(monkeypatch, one_path=True, gives_tokens=False) is None  # speculative, KV connector
-    assert _enrich_launch(monkeypatch, one_path=True, agent=None) is None  # custom providers: in-process
+    assert _enrich_launch(monkeypatch, steps=False) is None  # engine_steps=False: no step records at all
+    assert _enrich_launch(monkeypatch, gives_tokens=False) is None  # speculative, KV connector
+    assert _enrich_launch(monkeypatch, agent=None) is None  # custom providers: in-process
+
+
+def test_an_api_server_of_several_enriches_where_its_supervisors_launch_asked_for_it(monkeypatch):
+    """``--api-server-count N``: the supervisor launches the engines (the variable, inherited by the API
+    servers it spawns next); an API server whose agent reads the steps enriches its requests, one without an
+    agent stays their source (no process of it takes the engines' request records)."""
+    from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
+
+    def launched(env: str | None, agent: object = object()) -> bool:
+        if env is None:
+            monkeypatch.delenv(request_hooks.ENGINE_REQUESTS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(request_hooks.ENGINE_REQUESTS_ENV, env)
+        w = SimpleNamespace(steps_armed=True, agent=agent,
+                            _steps_can_give_tokens=lambda config: True)
+        w._enriches = lambda config: VLLMWrappers._enriches(w, config)
+        return VLLMWrappers._launched_enriched(w, "config")
+
+    assert launched(request_hooks.ENRICHED)
+    assert not launched(request_hooks.ENRICHED, agent=None)  # custom providers: the in-process pipeline
+    assert not launched(None) and not launched("1")  # the supervisor asked for nothing (or for no frontend)
 
 
 def test_the_frontends_enrichment_carries_what_only_it_knows(monkeypatch):

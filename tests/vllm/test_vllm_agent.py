@@ -124,11 +124,9 @@ def test_an_agent_did_the_work_and_the_frontend_read_no_step(agent_run):
     assert s["requests_finished"] == len(offline.PROMPTS) and s["requests_kept"] == len(offline.PROMPTS)
     assert s["steps_recorded"] > 0 and s["token_times_unplaced"] == 0, s
     assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
-    if os.environ.get("OTEL_LLM_ONE_PATH") == "1":  # the one path: the engine's records, each enriched once
-        assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == len(offline.PROMPTS)
-        assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
-    else:  # the frontend's own messages: the EngineCore sends no request records
-        assert s["agent_engine_starts"] == s["agent_engine_finishes"] == 0
+    # the one path: the engine's records, each enriched once
+    assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == len(offline.PROMPTS)
+    assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
     assert s["direct_spans_sent"] == len(agent_run.spans)
     assert agent_run.errors == {}
     assert agent_run.passed and agent_run.restored, "output batches straight to vLLM's, hooked again at uninstrument"

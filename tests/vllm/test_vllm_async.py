@@ -1,13 +1,20 @@
-"""AsyncLLM streaming, and an abort mid-stream, on the real engine."""
+"""AsyncLLM streaming, an abort mid-stream and parallel sampling, on the real engine, with the agent.
+
+The engine is built while instrumented with providers as ``OTEL_*`` configures them (OTLP/HTTP exporters whose
+endpoint comes from the variables), as ``vllm serve`` under ``opentelemetry-instrument`` is: an agent process
+does the work, and the assertions read what it exported to a real OTLP receiver."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from opentelemetry.trace import StatusCode
 
+import otel_llm
 from otel_llm import semconv as sc
+from support.otlp_sink import OTLPSink
 from support.traces import request_trees
 
 pytestmark = pytest.mark.engine
@@ -45,26 +52,68 @@ async def _drive(engine):
 
 
 @pytest.fixture(scope="module")
-def run(otel):
+def run():
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from otel_llm.instrumentation.vllm import VLLMInstrumentor
     from support.engine import engine_args
 
-    with otel.instrumented(sample_rate=1.0, tail_quantile=0) as inst:
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))
+    with OTLPSink() as sink, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)  # the agent inherits the variables
+        tp = TracerProvider()
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        # a day's interval: the points come with flush(), not with the machine's timing
+        mp_ = MeterProvider(metric_readers=[
+            PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=86_400_000)])
+        otel_llm.uninstrument()
+        inst = VLLMInstrumentor()
+        # an agent lives as long as its process, and exports where the variables pointed when it started: one
+        # an earlier module started (another receiver) goes, and this engine's starts its own
+        inst.runtime.close_agent()
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp_, sample_rate=1.0, tail_quantile=0)
         try:
-            streamed, parallel = asyncio.run(_drive(engine))
+            engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args()))
+            try:
+                streamed, parallel = asyncio.run(_drive(engine))
+            finally:
+                engine.shutdown()
+            assert otel_llm.flush(60)  # the agent's spans and metrics sent (60 s: a bound for a hang)
+            stats = otel_llm.stats()
+            agent = inst.runtime.agent
+            held = set(inst.telemetry.requests) | set(inst.instrumentation.wrappers.enriching)
         finally:
-            engine.shutdown()
-        spans = otel.finished()
-        held = set(inst.telemetry.requests)
-        requests = otel.counter("llm.server.requests")
-    return (streamed, parallel), spans, held, requests
+            otel_llm.uninstrument()
+            inst.runtime.close_agent()  # (its receiver goes with this module)
+            tp.shutdown()
+            mp_.shutdown()
+        spans = [x.readable() for x in sink.spans()]
+        points = sink.metric_points("llm.server.requests")
+        last = max((p.time_ns for p in points), default=0)  # cumulative: the last export holds every request
+        requests = sum(p.value for p in points if p.time_ns == last)
+    return (streamed, parallel), spans, held, requests, stats, agent
+
+
+def test_an_agent_did_the_work(run):
+    *_, stats, agent = run
+    s = stats["vllm"]
+    assert agent is not None and s["agent_pid"] == agent.pid != os.getpid()
+    assert s["agent_dropped"] == s["agent_lost"] == s["agent_unreachable"] == 0
+    # the one path: the engine's records, each enriched once: complete-1, abort-1 (its enrichment sent at the
+    # abort) and the two sequences of parallel-1
+    assert s["agent_engine_starts"] == s["agent_engine_finishes"] == s["agent_enriched"] == 4
+    assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
+    assert stats["errors"] == {}
 
 
 def test_streamed_request_is_traced(run):
-    (streamed, _), spans, _, _ = run
+    (streamed, _), spans, *_ = run
     t = request_trees(spans)["complete-1"]
     assert streamed == 16 == t.attributes[sc.USAGE_OUTPUT_TOKENS]
     assert t.span.status.status_code != StatusCode.ERROR
@@ -73,7 +122,7 @@ def test_streamed_request_is_traced(run):
 
 
 def test_abort_mid_stream_ends_in_error_and_releases_state(run):
-    _, spans, held, requests = run
+    _, spans, held, requests, *_ = run
     t = request_trees(spans)["abort-1"]
     assert t.span.status.status_code == StatusCode.ERROR
     assert t.attributes[sc.RESPONSE_FINISH_REASONS] == ("abort",)
@@ -85,7 +134,7 @@ def test_abort_mid_stream_ends_in_error_and_releases_state(run):
 
 
 def test_parallel_sampling_is_one_trace_with_a_choice_per_sequence(run):
-    (_, parallel), spans, _, _ = run
+    (_, parallel), spans, *_ = run
     t = request_trees(spans)["parallel-1"]
     assert t.attributes[sc.REQUEST_CHOICE_COUNT] == 2
     choices = sorted(t.children[sc.SPAN_CHOICE], key=lambda c: c.attributes[sc.CHOICE_INDEX])

@@ -180,6 +180,28 @@ def _frontend_of(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid (the field after the state)
 
 
+def _agents_asked_for(server: VLLMServer, since: float) -> list[tuple[str | None, str | None]]:
+    """What each agent of ``server``'s API servers inherited: the engine records asked for (the one path:
+    ``enriched``) and the API server whose records it keeps (its ``client_index``)."""
+    import glob
+    import tempfile
+
+    found = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "otel-llm-steps-*", "*.sock")):
+        try:
+            pid = int(os.path.basename(path).split(".")[0])
+            if server.proc is None or os.getsid(pid) != server.proc.pid or os.stat(path).st_mtime < since \
+                    or _frontend_of(pid) == pid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except (ValueError, OSError):
+            continue
+        found.append(tuple(v.decode() if v is not None else None for v in (
+            env.get(b"OTEL_LLM_ENGINE_REQUESTS"), env.get(b"OTEL_LLM_AGENT_CLIENT"))))
+    return sorted(found, key=str)
+
+
 def _step_sockets_of(server: VLLMServer, since: float) -> set[int]:
     """The frontends (by pid) of the processes of ``server``'s session that bound a socket in a step directory since
     ``since`` (wall clock). A socket file a killed process of an earlier run left behind is older: its
@@ -228,6 +250,7 @@ def test_serve_with_several_api_servers_reports_steps_to_each():
         deadline = time.monotonic() + 30
         while len(sockets := _step_sockets_of(s, started)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
+        agents = _agents_asked_for(s, started)
     requests = [x for x in spans if x.kind == "SERVER"]
     linked = {link for x in spans if x.name == sc.SPAN_ENGINE_STEP for link in x.links}
     unlinked = [r for r in requests if (r.trace_id, r.span_id) not in linked]
@@ -236,3 +259,6 @@ def test_serve_with_several_api_servers_reports_steps_to_each():
     # every request's engine steps came from the frontend that served it (its resource's pid)
     frontends = {x.resource.get("process.pid") for x in requests}
     assert frontends <= sockets, f"requests served by {frontends}, step sockets of {sockets}"
+    # the one path: the engines' records, enriched, reach both agents; each keeps its own API server's
+    # requests (each request above counted once: neither agent took the other's, nor its frontend's twice)
+    assert agents == [("enriched", "0"), ("enriched", "1")], agents

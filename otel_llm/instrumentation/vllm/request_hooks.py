@@ -32,10 +32,6 @@ from .grammar import backend_attribute
 
 ENGINE_REQUESTS_ENV = "OTEL_LLM_ENGINE_REQUESTS"  # "1" or "enriched": this EngineCore is its requests' source
 ENRICHED = "enriched"  # ... and a Python frontend enriches each of its requests
-# "1": the EngineCores a Python engine client launches say its requests too, and the frontend only enriches
-# them (the one path, docs/design/enginecore-source.md). Off by default until the Python frontend's contract
-# tests pass on it; then it becomes the only path and this switch goes
-ONE_PATH_ENV = "OTEL_LLM_ONE_PATH"
 ENGINE_MODEL_ENV = "OTEL_LLM_ENGINE_MODEL"  # the served model name, from the process that spawned it
 _MAX_NOTED = 4096  # external ids noted and not yet taken by add_request (a request vLLM refused): bounded
 
@@ -158,5 +154,6 @@ class RequestHooks:
             arrival=float(request.arrival_time), queued=queued, end=end, end_wall=end_wall,
             prompt_tokens=int(request.num_prompt_tokens), output_tokens=int(request.num_output_tokens),
             preemptions=int(request.num_preemptions or 0),
-            external_id=external, model=self.model, enriched=self.enriched)
+            external_id=external, model=self.model, enriched=self.enriched,
+            client_index=int(request.client_index or 0))
         self.send(records.encode(record))

@@ -41,10 +41,11 @@ from ...core.summary import RequestSummary
 from ...core.timeline import PREEMPTED, QUEUED, RequestGroup, RequestTimeline
 from ...core.request_params import sampling_attributes
 from ...agent import records
+from ...agent.link import CLIENT_ENV
 from ..wraps import Binders, is_ours
 from . import contract, kv_channel
 from .grammar import backend_attribute
-from .request_hooks import ONE_PATH_ENV
+from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED
 from .step_transport import StepReceiver
 
 logger = logging.getLogger("otel_llm")
@@ -103,9 +104,9 @@ class VLLMWrappers:
         self._reads: FrontendReads | None = None  # vLLM's symbols through the fence, resolved at the first request
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
-        # the one path (request_hooks.ONE_PATH_ENV): the engines launched here send their requests' records,
-        # and this frontend keeps each request's timeline only to send its enrichment when it lets it go
-        self._one_path = os.environ.get(ONE_PATH_ENV) == "1"
+        # the one path (docs/design/enginecore-source.md): the engines launched for an engine client with an
+        # agent send their requests' records, and this frontend keeps each request's timeline only to send its
+        # enrichment when it lets it go
         self._enriched_launch = False  # set by launching_engines for the engine client being built
         self.enriching: dict[str, RequestTimeline] = {}
 
@@ -134,6 +135,9 @@ class VLLMWrappers:
         if self.steps_armed and self.agent is None and self.open_agent is not None:
             try:  # before the EngineCore starts sending: the agent binds the step socket (in place of ours)
                 if self._agent_fits(wrapped, args, kwargs):
+                    # which API server this is (AsyncLLM's ``client_index``; 0 elsewhere): its agent keeps
+                    # the engine records of this one's requests
+                    os.environ[CLIENT_ENV] = str(int(self.bind(wrapped).get(args, kwargs, "client_index", 0) or 0))
                     self.agent = self.open_agent()
                     if self.agent is not None:
                         self.receiver = None
@@ -156,6 +160,12 @@ class VLLMWrappers:
             result = wrapped(*args, **kwargs)
         finally:
             self.building -= 1
+        try:  # an engine client of engines launched elsewhere (one of several API servers): as they were launched
+            b = self.bind(wrapped)
+            if not self._enriched_launch and b.get(args, kwargs, "client_addresses") is not None:
+                self._enriched_launch = self._launched_enriched(b.get(args, kwargs, "vllm_config"))
+        except Exception as exc:
+            self.guard.failed("vllm engine __init__ (after)", exc)
         try:
             fence = self._fence()
             model_config = instance.vllm_config.model_config
@@ -194,22 +204,46 @@ class VLLMWrappers:
                 self._become_source(vllm_config)
             elif self.building:
                 self._enrich_engines(vllm_config)
+            else:  # the supervisor of several Python API servers: they enrich, each its own requests
+                self._enrich_api_servers(vllm_config)
         except Exception as exc:
             self.guard.failed("vllm engine launch", exc)
         return wrapped(*args, **kwargs)
 
     def _enrich_engines(self, vllm_config: Any) -> None:
-        """The one path (``ONE_PATH_ENV``): the EngineCores a Python engine client being built here launches
+        """The one path: the EngineCores a Python engine client being built here launches
         say their requests' starts and finishes to its agent, and this frontend enriches each request
         (agent/records.RequestEnrichment). Only where the agent reads the steps and they give the token times
         (no speculative decoding, no KV connector); elsewhere, and for every other launch, the frontend's hooks
         stay the source and the EngineCores send nothing (the variable is cleared: inherited, it would count
         the requests twice)."""
-        from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV, ENRICHED
+        self._enriched_launch = self.agent is not None and self._enriches(vllm_config)
+        self._launch_enriched(self._enriched_launch, vllm_config)
 
-        self._enriched_launch = (self._one_path and self.steps_armed and self.agent is not None
-                                 and vllm_config is not None and self._steps_can_give_tokens(vllm_config))
-        if self._enriched_launch:
+    def _enrich_api_servers(self, vllm_config: Any) -> None:
+        """``vllm serve --api-server-count N``: the engines launched here serve N Python API servers, spawned
+        after them (they inherit the variables set now). Each API server whose agent reads the steps enriches
+        its own requests (``engine_init``), and its agent keeps the engine records of its ``client_index``
+        only (agent/process.py): every engine record reaches every API server's agent. The supervisor has no
+        agent of its own; an API server without one takes no request record (its receiver reads steps only)
+        and stays its requests' source."""
+        self._launch_enriched(self._enriches(vllm_config), vllm_config)
+
+    def _launched_enriched(self, vllm_config: Any) -> bool:
+        """An engine client of engines launched by another process (an API server of several, its
+        supervisor's): whether this frontend enriches its requests. Where the launch asked the engines for
+        enriched records (``_enrich_api_servers``: the variable, inherited) and this one's agent reads them;
+        otherwise its hooks are the source (without an agent, no process takes the engines' request records)."""
+        return (self.agent is not None and os.environ.get(ENGINE_REQUESTS_ENV) == ENRICHED
+                and self._enriches(vllm_config))
+
+    def _enriches(self, vllm_config: Any) -> bool:
+        """Whether the one path applies to an engine of ``vllm_config`` (an agent aside): its steps reach an
+        agent and give the token times (no speculative decoding, no KV connector)."""
+        return self.steps_armed and vllm_config is not None and self._steps_can_give_tokens(vllm_config)
+
+    def _launch_enriched(self, enriched: bool, vllm_config: Any) -> None:
+        if enriched:
             os.environ[ENGINE_REQUESTS_ENV] = ENRICHED
             os.environ[ENGINE_MODEL_ENV] = self._served_name(vllm_config)
         else:
@@ -223,8 +257,6 @@ class VLLMWrappers:
         return str(name)
 
     def _become_source(self, vllm_config: Any) -> None:
-        from .request_hooks import ENGINE_MODEL_ENV, ENGINE_REQUESTS_ENV
-
         if vllm_config is None:
             return
         if not self.steps_armed:
