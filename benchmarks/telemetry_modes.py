@@ -54,7 +54,9 @@ class ModeSwitch:
             otel_llm.instrument(tracer_provider=self.tp, meter_provider=self.mp, **options)
             # the EngineCore's step records kept coming while nothing read them (the uninstrumented modes):
             # drop that backlog before the clock starts, or this measurement pays for other measurements' steps
-            receiver = VLLMInstrumentor().runtime.step_receiver
+            inst = VLLMInstrumentor()
+            # (the per-process runtime holds the receiver; an older tree under benchmarks/ab.py: the instrumentor)
+            receiver = getattr(getattr(inst, "runtime", inst), "step_receiver", None)
             if receiver is not None:
                 receiver.drain(lambda step: None)
         self.mode = mode

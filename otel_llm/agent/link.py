@@ -328,8 +328,8 @@ class AgentLink:
                 return None
 
     def _put(self, sock: socket.socket, ring: shm_ring.RingWriter | None, data: bytes, deadline: float) -> None:
-        """A control message through the agent's channel (its ``ring``, else ``sock``), waiting until
-        ``deadline`` for room (raises ``BlockingIOError`` if there was none in time)."""
+        """A control message through the agent's channel (its ``ring``, then a ``DOORBELL`` on ``sock``; else
+        ``sock``), waiting until ``deadline`` for room (raises ``BlockingIOError`` if there was none in time)."""
         if ring is None:
             self._send_by(sock, data, deadline)
             return
@@ -338,10 +338,14 @@ class AgentLink:
                 if ring.mm.closed:  # dropped meanwhile: the agent is gone
                     raise BrokenPipeError(errno.EPIPE, "the agent's ring was dropped")
                 if ring.write(data):
-                    return
+                    break
             if time.monotonic() >= deadline:
                 raise BlockingIOError(errno.EAGAIN, "the agent's ring stayed full")
             time.sleep(_ROOM_S)
+        try:  # the agent waits on its socket between ticks: woken, it answers now (a full socket wakes it too)
+            sock.send(protocol.DOORBELL)
+        except OSError:
+            pass
 
     @staticmethod
     def _send_by(sock: socket.socket, data: bytes, deadline: float) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -178,18 +179,26 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------------
 
     def run(self) -> None:
-        # A tick, not a wait on the socket: a waiting reader is woken by every packet, and on a busy host
+        # A tick, not a wait for each message: a waiting reader is woken by every packet, and on a busy host
         # the kernel then often runs it at once in place of the sender, vLLM's output thread (a send measured
         # ~0.1-0.7 ms of the frontend's wall time so, against ~2 µs with nobody to wake). At a tick the
-        # socket holds what came meanwhile (SEND_BUFFER: thousands of requests' messages).
+        # socket, or the ring, holds what came meanwhile (SEND_BUFFER: thousands of requests' messages).
+        # Where both the frontend's messages and the engine's steps come through rings, the socket carries
+        # only a DOORBELL after a control message: the tick is a wait on it, SUSTAINED_S long from the start
+        # (a flush is answered when it rings, not at the next tick). Elsewhere the first second of traffic
+        # ticks at BUSY_S: a flush waits for a tick, and a datagram socket queues 10 steps.
         sleep, clock, parent = time.sleep, time.monotonic, os.getppid
+        bell = select.poll()
+        bell.register(self.sock.fileno(), select.POLLIN)
         frontend = self.frontend
         busy_until = busy_since = 0.0
         while True:
             now = clock()
-            # (the longer sustained tick only where the steps come through a ring: a datagram socket queues 10)
-            sleep(IDLE_S if now >= busy_until else BUSY_S if now - busy_since < SUSTAINED_AFTER_S
-                  or not self._ring_fed() else SUSTAINED_S)
+            if self.ring is not None and self._ring_fed():
+                bell.poll((IDLE_S if now >= busy_until else SUSTAINED_S) * 1e3)
+            else:
+                sleep(IDLE_S if now >= busy_until else BUSY_S if now - busy_since < SUSTAINED_AFTER_S
+                      or not self._ring_fed() else SUSTAINED_S)
             got = self.receive()
             if got is None or parent() != frontend:
                 break  # the frontend is gone (its end closed; or it died while a child it forked holds its end)
@@ -222,6 +231,8 @@ class Agent:
             if not size:
                 closed = True
                 break
+            if size == 1 and view[0] == 0:  # a DOORBELL: what it rang for is in the ring
+                continue
             n += 1
             self.take(view[:size])
         # the ring after the socket, and after its end-of-file too: what the frontend wrote before it closed

@@ -33,6 +33,9 @@ from ..core.timeline import RequestGroup, RequestTimeline
 
 # message kinds (the first item of every message)
 START, FINISH, CONFIG, ENGINE, FLUSH, STATS, READY, REPLY, FACTS, RING = range(1, 11)
+# one byte on the socket where the frontend's messages go through a ring: a control message (a flush, stats,
+# options) was written there, read it now (no marshal value is this one byte)
+DOORBELL = b"\x00"
 MAX_PACKET = 1 << 20  # a longer message (captured content) is refused by the sender, counted
 
 _SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary))

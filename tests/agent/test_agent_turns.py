@@ -184,3 +184,38 @@ def test_a_flush_waits_no_longer_than_its_bound_for_a_step_that_never_comes():
     assert fake.slept <= process.FLUSH_STEP_WAIT_S + 1e-9
     assert agent.pipeline.flush(10)
     assert agent.stats()["token_times_unplaced"] == 1
+
+
+def test_a_control_message_through_the_ring_rings_the_agents_socket_and_the_bell_is_not_a_message():
+    """Where the frontend's messages go through a ring, the agent waits on its socket between ticks: a control
+    message (a flush, stats, options) rings it once, so it is answered at once, not at the next tick. The
+    hot path's starts and finishes ring nothing. The agent skips the bell: nothing counted malformed."""
+    from otel_llm import shm_ring
+    from otel_llm.agent.link import AgentLink
+    from otel_llm.guard import Guard
+
+    if not shm_ring.AVAILABLE:
+        import pytest
+        pytest.skip("no rings on this platform")
+    frontend_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    frontend_end.setblocking(False)
+    agent_end.setblocking(False)
+    ring = shm_ring.RingWriter(1 << 16, name="otel-llm-agent-test")
+    link = AgentLink(Guard(), "unused")
+    link.sock, link.ring = frontend_end, ring
+    link.alive = lambda: True  # (no agent process behind this link)
+    link._put(frontend_end, ring, protocol.pack((protocol.STATS, 1)), time.monotonic() + 1)
+    assert ring.written == 1 and agent_end.recv(16) == protocol.DOORBELL
+    link.send(_start(time.time()))  # a start: into the ring, no bell
+    assert ring.written == 2
+    try:
+        agent_end.recv(16)
+        rang = True
+    except BlockingIOError:
+        rang = False
+    assert not rang
+    agent, _exporter, peer = _agent([])
+    peer.send(protocol.DOORBELL)
+    assert agent.receive() == 0 and agent.malformed == 0
+    for s in (frontend_end, agent_end):
+        s.close()
