@@ -17,12 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -58,10 +56,9 @@ def _metric(field: str) -> str:
 
 def _complete(base_url: str, model: str, prompt: list[int], stream: bool, traceparent: str | None = None,
               max_tokens: int = MAX_TOKENS, headers: dict[str, str] | None = None,
-              on_chunk: Callable[[], None] | None = None, fields: dict | None = None) -> dict:
+              fields: dict | None = None) -> dict:
     """One ``/v1/completions`` over plain HTTP (the headers exactly as given), with what the client saw:
-    when it sent, its first and last chunk (wall clock). ``on_chunk``: called at each streamed chunk;
-    ``fields``: more of the body (or in place of ours)."""
+    when it sent, its first and last chunk (wall clock); ``fields``: more of the body (or in place of ours)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                        "stream": stream, **(fields or {})}).encode()
     sent_headers = {"Content-Type": "application/json", **(headers or {})}
@@ -80,8 +77,6 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
                 if first is None:
                     first = time.time()
                 ids.add(json.loads(line[5:])["id"])
-                if on_chunk is not None:
-                    on_chunk()
         else:
             ids.add(json.loads(r.read())["id"])
     last = time.time()
@@ -90,17 +85,16 @@ def _complete(base_url: str, model: str, prompt: list[int], stream: bool, tracep
 
 
 # -- the scripted prefill-interference scenario ----------------------------------------------------------
-# Decoders stream side by side; once every one of them has streamed GATE_CHUNKS tokens after the last one's
-# first (so the engine has run decode-only steps at their batch size: the verdict's baseline), long prompts
-# arrive, each prefilled in one or two steps beside the decodes (max_num_batched_tokens holds a whole one);
-# the decoders go on decoding alone afterwards. Driven by the chunks the client sees, not by sleeps. The long
+# Decoders stream side by side; once the server counts all of them running and GATE_CHUNKS tokens each beyond
+# their first (so the engine has run decode-only steps at their batch size: the verdict's baseline), long
+# prompts arrive, each prefilled in one or two steps beside the decodes (max_num_batched_tokens holds a whole
+# one); the decoders go on decoding alone afterwards. Driven by the server's counters, not by sleeps. The long
 # prompts' prefill steps are many decode steps' worth each whatever the machine's speed (attention grows with
 # the prompt's square), and enough of them that their interference stays far above the verdict's MIN_SHARE of
 # a decoder's decode time even when they reach the engine late.
 VICTIMS = 6
-# room for the long prompts' way to the engine, and for decoders that reach it a while apart on a loaded host
-# (their first tokens are the gate's start: one that came late found the others done at 64), while the long
-# prompts' prefill steps stay far above MIN_SHARE of a decoder's decode time
+# room for the long prompts' way to the engine on a loaded host, while their prefill steps stay far above
+# MIN_SHARE of a decoder's decode time
 VICTIM_TOKENS = 320
 GATE_CHUNKS = 4
 LONGS = 12  # the token budget prefills them one a step, each several decode steps' worth
@@ -157,31 +151,32 @@ def _judge_grammars(spans: list, shaped: list[dict]) -> None:
 
 
 def _interference(base_url: str, model: str) -> tuple[list[dict], list[dict]]:
-    """The scenario: (the decoders' calls, the long prompts' calls)."""
-    chunks = [0] * VICTIMS
-    cond = threading.Condition()
+    """The scenario: (the decoders' calls, the long prompts' calls). Gated on the server's own counters
+    (``vllm-rs``'s ``/metrics``: requests running, tokens generated), not on the chunks the client has read: on
+    a loaded host the client's reader threads lag the engine by hundreds of tokens (a gate on them once found
+    the decoders done before it opened)."""
+    metrics = base_url.rsplit("/v1", 1)[0] + "/metrics"
 
-    def counted(i: int) -> Callable[[], None]:
-        def on_chunk() -> None:
-            with cond:
-                chunks[i] += 1
-                cond.notify_all()
-        return on_chunk
+    def generated() -> tuple[float, float]:
+        page = _prometheus(metrics)
+        return page.get("vllm:num_requests_running", 0.0), page.get("vllm:generation_tokens_total", 0.0)
 
-    def gate(ready: Callable[[], bool]) -> None:
-        """Waits for ``ready``; a decoder that finished first means the scenario cannot run as built: said now,
-        not after the wait's bound (its last chunk is the stream's VICTIM_TOKENS + 1-th)."""
-        done = lambda: any(n > VICTIM_TOKENS for n in chunks)  # noqa: E731
-        assert cond.wait_for(lambda: ready() or done(), timeout=300), chunks
-        assert ready(), f"the scenario did not run as built: a decoder finished before the gate: {chunks}"
-
+    _, before = generated()
     with ThreadPoolExecutor(VICTIMS + LONGS) as pool:
         victims = [pool.submit(_complete, base_url, model, [5 + (i * 11 + j) % 400 for j in range(16)], True,
-                               max_tokens=VICTIM_TOKENS, on_chunk=counted(i)) for i in range(VICTIMS)]
-        with cond:  # every decoder decoding ...
-            gate(lambda: all(chunks))
-            floor = list(chunks)  # ... then GATE_CHUNKS more tokens each: steps with all of them in the batch
-            gate(lambda: all(n >= f + GATE_CHUNKS for n, f in zip(chunks, floor)))
+                               max_tokens=VICTIM_TOKENS) for i in range(VICTIMS)]
+        # every decoder running, and GATE_CHUNKS decode steps of them all (their first tokens aside): the
+        # verdict's baseline of decode-only steps at their batch size; far from their end
+        deadline = time.monotonic() + 300
+        while True:
+            running, tokens = generated()
+            if running >= VICTIMS and tokens - before >= VICTIMS * (1 + GATE_CHUNKS):
+                break
+            assert tokens - before < VICTIMS * VICTIM_TOKENS // 2, \
+                f"the scenario did not run as built: {tokens - before} tokens generated, {running} running"
+            assert time.monotonic() < deadline, (running, tokens - before)
+            time.sleep(0.005)
+        assert tokens - before < VICTIMS * VICTIM_TOKENS // 2, f"the gate opened late: {tokens - before} tokens"
         longs = [pool.submit(_complete, base_url, model, [7 + (k * 13 + j) % 400 for j in range(LONG_TOKENS)], False,
                              max_tokens=1) for k in range(LONGS)]
         return [f.result() for f in victims], [f.result() for f in longs]
