@@ -53,6 +53,7 @@ from . import control, destinations, protocol, records
 from .engine_requests import EngineRequests
 from .link import CLIENT_ENV
 
+_DOORBELL = protocol.DOORBELL[0]
 _REQUEST_RECORDS = (records.RequestStart, records.RequestFinish, records.SinkCounts)
 MAX_SINKS = 16  # engine processes whose sink counts are kept (EngineCores that came and went: the oldest goes)
 
@@ -231,7 +232,7 @@ class Agent:
             if not size:
                 closed = True
                 break
-            if size == 1 and view[0] == 0:  # a DOORBELL: what it rang for is in the ring
+            if size == 1 and view[0] == _DOORBELL:  # what it rang for is in the ring
                 continue
             n += 1
             self.take(view[:size])
@@ -343,8 +344,7 @@ class Agent:
         ready: list[tuple] = []
         waiting: list[tuple[tuple, int]] = []
         for m, left in behind + [(m, STEP_WAIT_TURNS) for m in finishes]:
-            last = protocol.last_output_stamp(m)
-            if final or left <= 0 or latest is None or last is None or last <= latest:
+            if final or left <= 0 or not _ahead(m, latest):
                 ready.append(m)
             else:
                 waiting.append((m, left - 1))
@@ -355,15 +355,10 @@ class Agent:
         """A flush: reads the engine's steps for up to ``FLUSH_STEP_WAIT_S`` more while a finish's last output
         came from a step not read yet (the sink of an engine gone idle sends what it held once the reader
         made room), adding them to the pipeline; the engine's own finishes read meanwhile are returned."""
-        def behind() -> bool:
-            latest = p.latest_step_end()
-            if latest is None:
-                return False
-            stamps = (protocol.last_output_stamp(m) for m in [m for m, _ in self.behind] + finishes)
-            return any(last is not None and last > latest for last in stamps)
+        waiting = [m for m, _ in self.behind] + finishes
         engine_finishes: list[records.RequestFinish] = []
         deadline = self.clock() + FLUSH_STEP_WAIT_S
-        while behind():
+        while any(_ahead(m, p.latest_step_end()) for m in waiting):
             left = deadline - self.clock()
             if left <= 0:
                 break
@@ -472,6 +467,13 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
+
+
+def _ahead(m: tuple, latest: float | None) -> bool:
+    """Whether finish ``m``'s last output came after the latest step added (``latest``; None: no step yet,
+    nothing to wait for)."""
+    last = protocol.last_output_stamp(m)
+    return latest is not None and last is not None and last > latest
 
 
 def _client_index(value: str | None) -> int:

@@ -33,11 +33,9 @@ from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from .roofline import DevicePeaks, ModelShape, step_cost
-from .verdict import CONTEXT_STEPS, StepFacts, StepWindow, prefill_loss
+from .verdict import CONTEXT_STEPS, DECODE_REQUESTS_AT, PREFILL_TOKENS_AT, StepWindow, prefill_loss
 
 _STEP_ID = attrgetter("step_id")
-_PREFILL_TOKENS = StepFacts._fields.index("prefill_tokens")  # the window's plain tuples, read by position
-_DECODE_REQUESTS = StepFacts._fields.index("decode_requests")
 
 
 def busy(start: float, end: float, previous_end: float | None) -> float:
@@ -213,12 +211,12 @@ def _losses(window: StepWindow, first: int, last: int, step_ids: Sequence[int]) 
     for step_id in step_ids:
         i = index.get(step_id)
         s = steps[i] if i is not None else None
-        if s is None or not s[_DECODE_REQUESTS] or not s[_PREFILL_TOKENS]:
+        if s is None or not s[DECODE_REQUESTS_AT] or not s[PREFILL_TOKENS_AT]:
             out.append((0.0, 0))
             continue
         lost = prefill_loss(steps, i)
         if lost is None:  # no decode-only step of that batch size to compare with: nothing to charge
             out.append((0.0, 0))
             continue
-        out.append((lost * s[_DECODE_REQUESTS], s[_PREFILL_TOKENS]))
+        out.append((lost * s[DECODE_REQUESTS_AT], s[PREFILL_TOKENS_AT]))
     return out

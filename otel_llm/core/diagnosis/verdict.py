@@ -239,38 +239,30 @@ def prefill_loss(steps: list[StepFacts] | list[tuple], index: int) -> float | No
     the prefill step, which both the victims and the prompt's own request have seen, so the seconds a prompt
     is charged as caused are those its victims are charged as lost."""
     s = steps[index]
-    usual = _decode_median(steps, max(0, index - CONTEXT_STEPS), index, s[_DECODE_REQUESTS])
-    return None if usual is None else (s[_END] - s[_START]) - usual
+    usual = _decode_median(steps, max(0, index - CONTEXT_STEPS), index, s[DECODE_REQUESTS_AT])
+    return None if usual is None else (s[_END_AT] - s[_START_AT]) - usual
 
 
-# StepFacts' fields by position (the window keeps plain tuples of them)
-_START, _END, _PREEMPTED, _PREFILL_TOKENS, _DECODE_REQUESTS = (
+# StepFacts' fields by position (the window keeps plain tuples of them: StepWindow.around(facts=False))
+_START_AT, _END_AT, _PREEMPTED_AT, PREFILL_TOKENS_AT, DECODE_REQUESTS_AT = (
     StepFacts._fields.index(f) for f in ("start", "end", "preempted", "prefill_tokens", "decode_requests"))
 
 
 def _decode_median(steps: list[StepFacts], lo: int, hi: int, batch: int) -> float | None:
-    """``_Baselines(steps[lo:hi]).decode(batch)``, reading only the batch sizes ``_nearest`` may choose (a
-    prefill step's baseline is asked once per step and per judged request: no median of the sizes it skips).
-    The steps' fields are read by position (``StepFacts`` or the window's plain tuples)."""
+    """``_Baselines(steps[lo:hi]).decode(batch)``, with medians of only the batch sizes ``_nearest`` may choose
+    (a prefill step's baseline is asked once per step and per judged request: no median of the sizes it
+    skips). The steps' fields are read by position (``StepFacts`` or the window's plain tuples)."""
     reach = max(1, batch // 4)
     durations: dict[int, list[float]] = {}
     for i in range(lo, hi):
         s = steps[i]
-        b = s[_DECODE_REQUESTS]
-        if b and -reach <= b - batch <= reach and s[_PREFILL_TOKENS] == 0 and s[_PREEMPTED] == 0:
+        b = s[DECODE_REQUESTS_AT]
+        if b and -reach <= b - batch <= reach and s[PREFILL_TOKENS_AT] == 0 and s[_PREEMPTED_AT] == 0:
             found = durations.get(b)
             if found is None:
                 durations[b] = found = []
-            found.append(s[_END] - s[_START])
-    if not durations:
-        return None
-    found = durations.get(batch)
-    if found is not None and len(found) >= MIN_SAMPLES:
-        return median(found)
-    near = [b for b, d in durations.items() if len(d) >= MIN_SAMPLES]
-    if not near:
-        return None
-    return median(durations[min(near, key=lambda b: (abs(b - batch), b))])
+            found.append(s[_END_AT] - s[_START_AT])
+    return _nearest({b: median(d) for b, d in durations.items() if len(d) >= MIN_SAMPLES}, batch)
 
 
 def _nearest(medians: dict[int, float], batch: int) -> float | None:

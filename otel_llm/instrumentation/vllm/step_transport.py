@@ -57,8 +57,9 @@ class SocketSink:
     One socket per frontend, connected once (at the rescan that found it). Where the platform allows
     (shm_ring.AVAILABLE), the socket only hands the frontend a shared-memory ring, into which every
     record is then copied with no syscall (the EngineCore's request records too, in order with the steps);
-    the socket is probed once per rescan to notice a frontend that died. Elsewhere one non-blocking datagram a step (a ``send`` on a connected socket skips the
-    path lookup a ``sendto`` makes in the kernel every step)."""
+    the socket is probed once per rescan to notice a frontend that died. Elsewhere one non-blocking
+    datagram a step (a ``send`` on a connected socket skips the path lookup a ``sendto`` makes in the
+    kernel every step)."""
 
     RESCAN_S = 1.0  # API servers start after the engine: look for new frontends this often
     MAX_BATCH = 64  # request records a datagram at most
