@@ -16,7 +16,8 @@ sends one ``RequestEnrichment`` a request when it lets it go: joined here on the
 (``Enrichments``). The request is settled once, when both are in: the engine's finish usually comes first
 (it is sent before the last output leaves the engine) and waits for the enrichment at most ``HOLD_TURNS``
 turns of the agent, then settles without it (counted); a stop string the frontend found comes the other
-way (the frontend finishes the request, then aborts it in the engine), and the frontend's reason wins. What
+way (the frontend finishes the request, then aborts it in the engine), and the frontend's reason wins: a
+flush right after waits a bounded while for such an engine finish (agent/process.py, ``FLUSH_STEP_WAIT_S``). What
 the enrichment says wins where both know: the operation, the parent, the finish reason, the tokens the
 frontend received, and TTFT and end-to-end as the frontend received the outputs (vLLM's own statistics).
 """
@@ -144,6 +145,9 @@ class Enrichments:
     def __init__(self, hold_turns: int = HOLD_TURNS, max_waiting: int = MAX_WAITING) -> None:
         self.hold_turns, self.max_waiting = hold_turns, max_waiting
         self.arrived: dict[str, RequestEnrichment] = {}  # by the engine's request id, until its finish comes
+        # arrived since the last flush: a flush waits a bounded while for their engine finishes (a stop string:
+        # the frontend lets the request go first, the engine's abort follows), once each
+        self.fresh: set[str] = set()
         self.held: dict[str, list] = {}  # engine finishes waiting for their enrichment: [record, turns waited]
         self.groups: dict[str, RequestGroup] = {}  # n > 1: the user requests whose sequences are settling
         self.joined = 0  # requests settled with their enrichment
@@ -153,9 +157,25 @@ class Enrichments:
     def add(self, e: RequestEnrichment) -> None:
         arrived = self.arrived
         if len(arrived) >= self.max_waiting:
-            del arrived[next(iter(arrived))]
+            oldest = next(iter(arrived))
+            del arrived[oldest]
+            self.fresh.discard(oldest)
             self.dropped += 1
         arrived[e.request_id] = e
+        self.fresh.add(e.request_id)
+
+    def unfinished(self, finishes: Sequence[RequestFinish]) -> set[str]:
+        """The enrichments arrived since the last flush whose engine finish is neither in ``finishes`` nor
+        held: what a flush waits for (and then not again: ``flushed``)."""
+        fresh = self.fresh
+        if not fresh:
+            return set()
+        have = {r.request_id for r in finishes}
+        arrived, held = self.arrived, self.held
+        return {rid for rid in fresh if rid in arrived and rid not in have and rid not in held}
+
+    def flushed(self) -> None:
+        self.fresh.clear()
 
     def ready(self, finishes: Sequence[RequestFinish],
               force: bool = False) -> list[tuple[RequestFinish, RequestEnrichment | None]]:
@@ -165,6 +185,8 @@ class Enrichments:
         arrived, held = self.arrived, self.held
         for r in finishes:
             e = arrived.pop(r.request_id, None)
+            if e is not None:
+                self.fresh.discard(r.request_id)
             if e is not None or not r.enriched:
                 out.append((r, e))
                 self.joined += e is not None
@@ -177,6 +199,8 @@ class Enrichments:
         for rid in list(held):
             waiting = held[rid]
             e = arrived.pop(rid, None)
+            if e is not None:
+                self.fresh.discard(rid)
             waiting[1] += 1
             if e is not None or force or waiting[1] >= self.hold_turns:
                 del held[rid]

@@ -327,7 +327,7 @@ class Agent:
             for step in steps:
                 add(step)
             if final and self.receiver is not None:
-                engine_due += self._catch_up(p, finishes)
+                engine_due += self._catch_up(p, finishes, engine_due)
             for m in self._caught_up(p, finishes, final):
                 self.finish(p, m)
             for r, e in self.engine_requests.enrichments.ready(engine_due):
@@ -351,14 +351,22 @@ class Agent:
         self.behind = waiting
         return ready
 
-    def _catch_up(self, p: Pipeline, finishes: list[tuple]) -> list[records.RequestFinish]:
-        """A flush: reads the engine's steps for up to ``FLUSH_STEP_WAIT_S`` more while a finish's last output
-        came from a step not read yet (the sink of an engine gone idle sends what it held once the reader
-        made room), adding them to the pipeline; the engine's own finishes read meanwhile are returned."""
+    def _catch_up(self, p: Pipeline, finishes: list[tuple],
+                  engine_due: list[records.RequestFinish]) -> list[records.RequestFinish]:
+        """A flush: reads the engine for up to ``FLUSH_STEP_WAIT_S`` more while a finish's last output came from
+        a step not read yet (the sink of an engine gone idle sends what it held once the reader made room), or
+        an enrichment that came since the last flush waits for its engine finish (a stop string: the frontend
+        let the request go, then aborted it in the engine; the abort's finish follows), adding the steps to
+        the pipeline; the engine's own finishes read meanwhile are returned. After the last awaited finish one
+        more read: a finish is sent just before its step is written."""
         waiting = [m for m, _ in self.behind] + finishes
+        enrichments = self.engine_requests.enrichments
+        expected = enrichments.unfinished(engine_due)
+        enrichments.flushed()
         engine_finishes: list[records.RequestFinish] = []
         deadline = self.clock() + FLUSH_STEP_WAIT_S
-        while any(_ahead(m, p.latest_step_end()) for m in waiting):
+        once_more = False
+        while expected or once_more or any(_ahead(m, p.latest_step_end()) for m in waiting):
             left = deadline - self.clock()
             if left <= 0:
                 break
@@ -370,6 +378,10 @@ class Agent:
             engine_finishes += ends
             for step in read:
                 p.add_step(step)
+            once_more = False
+            if ends and expected:
+                expected.difference_update(r.request_id for r in ends)
+                once_more = not expected
         return engine_finishes
 
     def _split(self, read: list[Any]) -> tuple[list[records.RequestStart], list[records.RequestFinish]]:

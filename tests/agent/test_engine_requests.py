@@ -308,6 +308,54 @@ def test_a_stop_string_the_frontend_found_wins_over_the_engines_abort():
     assert _histogram(reader, _metric("e2e"))[0] == 2
 
 
+class _FakeTime:
+    def __init__(self) -> None:
+        self.now, self.slept = 1000.0, 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+        self.slept += s
+
+
+@pytest.mark.parametrize("comes", [True, False], ids=["the abort comes", "it never does"])
+def test_a_flush_right_after_a_stop_string_waits_a_bounded_while_for_the_engines_abort(comes: bool):
+    """The frontend found a stop string: its enrichment is sent and the flush follows at once, while the
+    engine's abort (the request's finish) is still on its way. The flush reads the engine for it (it comes two
+    polls later) and settles the request with the frontend's reason; one that never comes costs that flush
+    ``FLUSH_STEP_WAIT_S`` and no later flush anything, and the request stays held for its engine finish."""
+    from otel_llm.agent import process
+
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    script = _enriched(_script(base, wall))
+    steps = [x for x in script[1] if isinstance(x, StepRecord)] + script[2]
+    aborts = [replace(x, reason="abort") for x in script[1] if isinstance(x, RequestFinish)]
+    later = [[], [], aborts] if comes else []
+    agent, exporter, _reader, _peer = _agent([script[0], steps] + later)
+    fake = _FakeTime()
+    agent.clock, agent.sleep = fake.clock, fake.sleep
+    agent.turn()  # the starts
+    agent.turn()  # the steps
+    for rid in PROMPTS:
+        agent.take(encode(_enrichment(rid, wall, reason="stop", output_tokens=5)))
+    agent.turn(final=True)  # the flush
+    p = agent.pipeline
+    assert p.flush(10)
+    if comes:
+        assert 0 < fake.slept < process.FLUSH_STEP_WAIT_S
+        assert not p.requests and not agent.engine_requests.enrichments.arrived
+        servers = _server_spans(exporter)
+        assert {s.attributes[sc.RESPONSE_FINISH_REASONS] for s in servers.values()} == {("stop",)}
+        assert len(servers) == 2
+    else:
+        assert fake.slept == pytest.approx(process.FLUSH_STEP_WAIT_S)
+        assert len(p.requests) == 2 and len(agent.engine_requests.enrichments.arrived) == 2
+        agent.turn(final=True)  # waited for once
+        assert fake.slept == pytest.approx(process.FLUSH_STEP_WAIT_S)
+
+
 def test_a_lost_enrichment_waits_a_bounded_time_and_a_late_one_counts_nothing():
     base, wall = time.monotonic() - 5.0, time.time() - 5.0
     agent, exporter, reader, _peer = _agent(_enriched(_script(base, wall)))

@@ -89,6 +89,8 @@ def agent_run():
             stats = otel_llm.stats()
             run = AgentRun(outputs, [s.readable() for s in sink.spans()], sink, stats["vllm"], inst.runtime.step_receiver,
                            inst.runtime.agent.pid if inst.runtime.agent is not None else 0, stats["errors"])
+            run.sink_spans, run.points = sink.spans(), sink.metric_points()  # (before the stop-string request)
+            run.stop = _stop_string_run(llm, sink)
             # the frontend's half (core/agent_pipeline.py) holds the in-flight timelines and no step buffer at all
             assert type(inst.telemetry).__name__ == "AgentPipeline" and not hasattr(inst.telemetry, "steps")
             run.held = (len(inst.telemetry.requests), 0)
@@ -108,11 +110,31 @@ def agent_run():
     shutil.rmtree(marks, ignore_errors=True)
 
 
+def _stop_string_run(llm: Any, sink: OTLPSink) -> dict[str, Any]:
+    """One greedy request, then the same one with a stop string from the middle of its text, and a flush at
+    once: the frontend lets the request go at the stop string and aborts it in the engine, whose finish
+    reaches the agent after the frontend's enrichment, perhaps after the flush too."""
+    from vllm import SamplingParams
+
+    prompt = offline.PROMPTS[3]
+    greedy = SamplingParams(max_tokens=offline.MAX_TOKENS, ignore_eos=True, temperature=0.0)
+    (ref,) = llm.generate([prompt], greedy, use_tqdm=False)
+    ids = ref.outputs[0].token_ids
+    tokenizer = llm.get_tokenizer()
+    head = len(tokenizer.decode(ids[:4]))
+    stop = ref.outputs[0].text[head:head + 3]
+    greedy = SamplingParams(max_tokens=offline.MAX_TOKENS, ignore_eos=True, temperature=0.0, stop=[stop])
+    (out,) = llm.generate([prompt], greedy, use_tqdm=False)
+    assert otel_llm.flush(60)
+    spans = [s for s in sink.spans() if s.attributes.get("gen_ai.response.id") == out.request_id]
+    return {"stop": stop, "out": out, "spans": spans, "stats": otel_llm.stats()["vllm"]}
+
+
 @pytest.fixture(scope="module")
 def full_run(agent_run):
     """The offline contract's fixture, as the agent exported it: outputs, spans, what the frontend held, and
     the time-to-first-token histogram's points (the engine-time sums are the offline module's own test)."""
-    points = agent_run.sink.metric_points("gen_ai.server.time_to_first_token")
+    points = [p for p in agent_run.points if p.name == "gen_ai.server.time_to_first_token"]
     last = max(p.time_ns for p in points)  # cumulative: the last export holds every request
     return agent_run.outputs, agent_run.spans, agent_run.held, [p for p in points if p.time_ns == last], None
 
@@ -141,15 +163,30 @@ def test_the_engine_and_the_agent_ran_the_portable_channels(agent_run):
 
 
 def test_the_agent_exports_under_the_frontends_resource(agent_run):
-    spans = agent_run.sink.spans()
+    spans = agent_run.sink_spans
     assert {s.resource.get("service.name") for s in spans} == {"agent-contract", "agent-contract-engine-steps"}
     assert {s.resource.get("process.pid") for s in spans} == {os.getpid()}, "the frontend's resource, not the agent's"
 
 
 def test_every_request_metric_is_exported_once(agent_run):
-    points = agent_run.sink.metric_points("gen_ai.server.request.duration")
+    points = [p for p in agent_run.points if p.name == "gen_ai.server.request.duration"]
     last = max(p.time_ns for p in points)
     assert sum(p.count for p in points if p.time_ns == last) == len(offline.PROMPTS)
-    gaps = agent_run.sink.metric_points("llm.server.inter_token.latency")
+    gaps = [p for p in agent_run.points if p.name == "llm.server.inter_token.latency"]
     last = max(p.time_ns for p in gaps)
     assert sum(p.count for p in gaps if p.time_ns == last) == len(offline.PROMPTS) * (offline.MAX_TOKENS - 1)
+
+
+def test_a_flush_right_after_a_stop_string_has_the_request_as_the_frontend_finished_it(agent_run):
+    """The frontend found the stop string and aborted the request in the engine; the flush that followed at
+    once exported its request span with the frontend's reason and token count, joined with the engine's
+    records (nothing missing, nothing held)."""
+    run = agent_run.stop
+    out = run["out"].outputs[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) < offline.MAX_TOKENS, (run["stop"], out)
+    (span,) = run["spans"]
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert span.attributes["gen_ai.usage.output_tokens"] == len(out.token_ids)
+    s = run["stats"]
+    assert s["agent_enriched"] == s["agent_engine_finishes"] == len(offline.PROMPTS) + 2
+    assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
