@@ -38,6 +38,9 @@ from .records import RequestEnrichment, RequestFinish, RequestStart
 OPERATION = "text_completion"  # what an engine does with a request: the endpoint is the frontend's to know
 _PROPAGATOR = TraceContextTextMapPropagator()
 HOLD_TURNS = 100  # agent turns an engine finish waits for its enrichment (2 s busy, 10 s idle)
+# ... and an enrichment for its engine finish (a stop string's abort follows at once; a request another
+# process's engine ran, e.g. a --headless rank under a Python head, never reaches this agent: not kept for ever)
+ENRICHMENT_TURNS = 4 * HOLD_TURNS
 MAX_WAITING = 65536  # enrichments and engine finishes waiting for each other, each (then the oldest goes)
 
 
@@ -142,9 +145,12 @@ class Enrichments:
     ``ready(finishes)`` at each turn of the agent: the engine finishes to settle now, each with its enrichment
     (or None: none is coming, or it waited too long)."""
 
-    def __init__(self, hold_turns: int = HOLD_TURNS, max_waiting: int = MAX_WAITING) -> None:
-        self.hold_turns, self.max_waiting = hold_turns, max_waiting
+    def __init__(self, hold_turns: int = HOLD_TURNS, max_waiting: int = MAX_WAITING,
+                 enrichment_turns: int = ENRICHMENT_TURNS) -> None:
+        self.hold_turns, self.max_waiting, self.enrichment_turns = hold_turns, max_waiting, enrichment_turns
         self.arrived: dict[str, RequestEnrichment] = {}  # by the engine's request id, until its finish comes
+        self.came: dict[str, int] = {}  # ... and the turn it came at (in the same order)
+        self.turns = 0
         # arrived since the last flush: a flush waits a bounded while for their engine finishes (a stop string:
         # the frontend lets the request go first, the engine's abort follows), once each
         self.fresh: set[str] = set()
@@ -152,17 +158,30 @@ class Enrichments:
         self.groups: dict[str, RequestGroup] = {}  # n > 1: the user requests whose sequences are settling
         self.joined = 0  # requests settled with their enrichment
         self.missing = 0  # engine finishes settled without the enrichment they waited for (lost, or late)
-        self.dropped = 0  # enrichments whose engine finish never came (over max_waiting)
+        self.dropped = 0  # enrichments whose engine finish never came (over max_waiting, or ENRICHMENT_TURNS)
 
     def add(self, e: RequestEnrichment) -> None:
         arrived = self.arrived
         if len(arrived) >= self.max_waiting:
-            oldest = next(iter(arrived))
-            del arrived[oldest]
-            self.fresh.discard(oldest)
-            self.dropped += 1
-        arrived[e.request_id] = e
-        self.fresh.add(e.request_id)
+            self._drop(next(iter(arrived)))
+        rid = e.request_id
+        if rid in arrived:  # (a repeated id: its turn is the latest)
+            del arrived[rid], self.came[rid]
+        arrived[rid] = e
+        self.came[rid] = self.turns
+        self.fresh.add(rid)
+
+    def _drop(self, rid: str) -> None:
+        del self.arrived[rid], self.came[rid]
+        self.fresh.discard(rid)
+        self.dropped += 1
+
+    def _take(self, rid: str) -> RequestEnrichment | None:
+        e = self.arrived.pop(rid, None)
+        if e is not None:
+            del self.came[rid]
+            self.fresh.discard(rid)
+        return e
 
     def unfinished(self, finishes: Sequence[RequestFinish]) -> set[str]:
         """The enrichments arrived since the last flush whose engine finish is neither in ``finishes`` nor
@@ -182,11 +201,9 @@ class Enrichments:
         """``force``: the held finishes go now, without their enrichment where it has not come (the agent's
         pipeline is closing). A flush does not force them: the frontend sent its enrichments before it."""
         out: list[tuple[RequestFinish, RequestEnrichment | None]] = []
-        arrived, held = self.arrived, self.held
+        held, take = self.held, self._take
         for r in finishes:
-            e = arrived.pop(r.request_id, None)
-            if e is not None:
-                self.fresh.discard(r.request_id)
+            e = take(r.request_id)
             if e is not None or not r.enriched:
                 out.append((r, e))
                 self.joined += e is not None
@@ -198,9 +215,7 @@ class Enrichments:
                 held[r.request_id] = [r, -1]
         for rid in list(held):
             waiting = held[rid]
-            e = arrived.pop(rid, None)
-            if e is not None:
-                self.fresh.discard(rid)
+            e = take(rid)
             waiting[1] += 1
             if e is not None or force or waiting[1] >= self.hold_turns:
                 del held[rid]
@@ -209,6 +224,10 @@ class Enrichments:
                     self.missing += 1
                 else:
                     self.joined += 1
+        self.turns += 1
+        came, gone = self.came, self.turns - self.enrichment_turns  # came at ``gone`` or before: waited enough
+        while came and came[next(iter(came))] <= gone:  # (in arrival order: the oldest first)
+            self._drop(next(iter(came)))
         return out
 
     def apply(self, t: RequestTimeline, e: RequestEnrichment) -> None:

@@ -399,3 +399,25 @@ def test_an_engine_record_arriving_on_the_frontends_link_is_refused_and_counted(
                                     prompt_tokens=1, output_tokens=1)))
     agent.take(b"\xd0\x03garbage")
     assert agent.malformed == 2 and not agent.engine_requests.enrichments.arrived
+
+
+def test_an_enrichment_whose_engine_finish_never_comes_is_dropped_after_a_bounded_wait_and_counted():
+    """A request another process's engine ran (a ``--headless`` rank under a Python head) sends this agent
+    its enrichment and never an engine finish: it is kept ``enrichment_turns`` turns, then dropped (counted
+    in ``agent_enrichments_missing``); one whose finish comes within them joins it."""
+    base, wall = time.monotonic() - 5.0, time.time() - 5.0
+    agent, exporter, _reader, _peer = _agent([])
+    joins = agent.engine_requests.enrichments
+    joins.enrichment_turns = 5
+    agent.take(encode(_enrichment("elsewhere-1", wall)))
+    for _ in range(4):
+        agent.turn()
+    assert "elsewhere-1" in joins.arrived
+    agent.take(encode(_enrichment("elsewhere-2", wall)))
+    agent.turn()
+    assert list(joins.arrived) == ["elsewhere-2"] and list(joins.came) == ["elsewhere-2"]
+    assert agent.stats()["agent_enrichments_missing"] == 1
+    for _ in range(5):
+        agent.turn()
+    assert not joins.arrived and not joins.came and not joins.fresh
+    assert agent.stats()["agent_enrichments_missing"] == 2
