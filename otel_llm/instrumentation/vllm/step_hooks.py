@@ -358,8 +358,12 @@ class StepHooks:
             if model is None and self.model:
                 model = self.model.pop(key, None)
             if pending is not None and pending[_SHARES][_IDS]:
-                grammar = pending[_GRAMMAR] if len(pending) > _ENTRY else None
-                start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending[:_ENTRY]
+                if len(pending) == _ENTRY:  # (no slice for the usual entry: a tuple fewer a step)
+                    grammar = None
+                    start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending
+                else:
+                    grammar = pending[_GRAMMAR]
+                    start, scheduled, idle, running, waiting, preempted, kv, shares, blocked, loras = pending[:_ENTRY]
                 end = None
                 for o in result.values() if result else ():  # the outputs' stamp: any client's, the same
                     end = o.timestamp
