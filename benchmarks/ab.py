@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for side in (base, this):
             install_method(side.tree)
             print(f"{side.name}: {side.ref}: {build(side.tree)}", flush=True)
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         load_start = os.getloadavg()
         for r in range(args.rounds):
             order = (base, this) if r % 2 == 0 else (this, base)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = report(base, this, keys)
         if args.out:
             Path(args.out).write_text(json.dumps({
-                "base": base.ref, "this": this.ref, "benchmarks": args.bench, "rounds": args.rounds,
+                "date": date, "base": base.ref, "this": this.ref, "benchmarks": args.bench, "rounds": args.rounds,
                 "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load_start, "loadavg_at_end": load_end},
                 "rows": rows}, indent=2) + "\n")
     finally:
