@@ -241,9 +241,8 @@ def decode(data: bytes) -> Record:
 
 def _loads(data: bytes) -> Any:
     """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
-    raw = bytes(data[2:])
     try:
-        return bounded_marshal.loads(raw)  # (counts checked against the bytes before marshal allocates)
+        return bounded_marshal.loads(data, 2)  # (counts checked against the bytes before marshal allocates)
     except (EOFError, ValueError, TypeError) as exc:
         raise RecordError(f"request record unreadable: {exc}") from None
 
