@@ -28,6 +28,8 @@ def loads_py(data: bytes, start: int = 0) -> Any:
     """The value in ``data[start:]``; ValueError for bytes that ``check`` refuses, and marshal's own errors
     (EOFError, ValueError, TypeError) for what it cannot read. With the Python walker: ``loads`` is this or
     the C twin (the same answers, without the copy of ``data[start:]``)."""
+    if not 0 <= start <= len(data):
+        raise ValueError(f"start {start} outside {len(data)} bytes")
     raw = bytes(data[start:]) if start else bytes(data)
     check_py(raw)
     return marshal.loads(raw)
