@@ -25,7 +25,7 @@
   served request's start, finish and enrichment as the vLLM hooks build them, and a sink count), with the C
   walker (``bounded_marshal.FAST``) and with the Python one, and ``--against REV``'s ``records.py`` and
   ``bounded_marshal.py`` (read from git) on the same bytes; the walk alone (``check``) per kind, C and Python.
-  Interleaved rounds of ``timeit``; medians and the spread between rounds, µs per record.
+  Interleaved rounds of ``timeit`` on thread CPU time; medians and the spread between rounds, µs per record.
 * ``exit`` (results/launcher_exit.json): how long a script under ``opentelemetry-instrument`` takes to exit
   after its last line with nothing listening where our providers export (one refused openai call's span and
   metrics unsent), against the same script with ``OTEL_{TRACES,METRICS}_EXPORTER=none``: the bounded
@@ -293,7 +293,8 @@ def served_records() -> dict[str, bytes]:
     """A served chat request's records as the vLLM hooks build them (request_hooks.py, wrappers.py)."""
     from otel_llm.agent import records
 
-    rid, parent = "chatcmpl-7f3a9c2e5b1d4e8f9a0b1c2d3e4f5a6b-0-a1b2c3d4", {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
+    rid = "chatcmpl-7f3a9c2e5b1d4e8f9a0b1c2d3e4f5a6b-0-a1b2c3d4"
+    parent = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
     sampling = {"gen_ai.request.max_tokens": 128, "gen_ai.request.temperature": 0.7, "gen_ai.request.top_p": 0.95,
                 "gen_ai.request.seed": 7, "gen_ai.request.choice.count": 1}
     attributes = {"gen_ai.request.model": "tiny", "gen_ai.request.stream": True, "server.address": "127.0.0.1",
@@ -341,13 +342,14 @@ def record_decode(against: str | None, rounds: int = 15, number: int = 2000) -> 
     for kind, raw in data.items():  # the same records on every path
         assert records.decode(raw) == records.decode(raw)
 
+    def per_record(call, arg) -> float:  # thread CPU seconds a call
+        return timeit.Timer(lambda: call(arg), timer=time.thread_time).timeit(number) / number
+
     def decode_with(loads):
-        def run(raw: bytes, _decode=records.decode) -> None:
-            saved = bounded_marshal.loads
-            bounded_marshal.loads = loads
+        def run(raw: bytes) -> float:
+            saved, bounded_marshal.loads = bounded_marshal.loads, loads
             try:
-                timer = timeit.Timer(lambda: _decode(raw))
-                return timer.timeit(number) / number
+                return per_record(records.decode, raw)
             finally:
                 bounded_marshal.loads = saved
         return run
@@ -358,12 +360,12 @@ def record_decode(against: str | None, rounds: int = 15, number: int = 2000) -> 
         del paths["decode, C walker"]
     if against:
         base = _baseline_records(against)
-        paths[f"decode at {against}"] = lambda raw: timeit.Timer(lambda: base.decode(raw)).timeit(number) / number
+        paths[f"decode at {against}"] = lambda raw: per_record(base.decode, raw)
     walks = {"check, Python": bounded_marshal.check_py}
     if bounded_marshal.FAST:
         walks["check, C"] = bounded_marshal.check
     for name, check in walks.items():
-        paths[name] = lambda raw, check=check: timeit.Timer(lambda body=raw[2:]: check(body)).timeit(number) / number
+        paths[name] = lambda raw, check=check: per_record(check, raw[2:])
     samples = {(path, kind): [] for path in paths for kind in data}
     for round_ in range(rounds):
         order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
@@ -379,7 +381,7 @@ def record_decode(against: str | None, rounds: int = 15, number: int = 2000) -> 
                  "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": rounds, "records_per_sample": number,
                  "against": against, "c_walker": bounded_marshal.REASON or "built",
                  "bytes": {kind: len(raw) for kind, raw in data.items()},
-                 "resolution": f"timeit over {number} records a sample: ~0.01 µs; the machine's load sets the spread",
+                 "resolution": f"thread CPU over {number} records a sample: ~0.01 µs; the load sets the spread",
                  "us_per_record": {path: {kind: spread(samples[path, kind]) for kind in data} for path in paths}}
     print(json.dumps(out, indent=1))
     (RESULTS / "record_decode_cost.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -26,8 +26,8 @@ MAX_DEPTH = 64  # open containers at once (a record nests a few); _bounded_fast.
 
 def loads_py(data: bytes, start: int = 0) -> Any:
     """The value in ``data[start:]``; ValueError for bytes that ``check`` refuses, and marshal's own errors
-    (EOFError, ValueError, TypeError) for what it cannot read. With the Python walker: ``loads`` is this or
-    the C twin (the same answers, without the copy of ``data[start:]``)."""
+    (EOFError, ValueError, TypeError) for what it cannot read. ``loads`` is this, or its C twin where it was
+    built (the same answers, without a copy of ``data[start:]``)."""
     if not 0 <= start <= len(data):
         raise ValueError(f"start {start} outside {len(data)} bytes")
     raw = bytes(data[start:]) if start else bytes(data)
@@ -46,8 +46,9 @@ _DICT, _LONG, _NULL = ord("{"), ord("l"), ord("0")
 def check_py(raw: bytes) -> None:
     """Refuses bytes that would make ``marshal.loads`` allocate more than they hold: marshal allocates a
     tuple's or list's items, and a long's digits, by the count it reads, before reading them (a flipped byte
-    can ask for gigabytes). Each count is checked against the bytes left; only the codes a record's values
-    use are accepted. ``marshal.loads`` still checks everything else."""
+    can ask for gigabytes). Each count, and each fixed-size value, is checked against the bytes left; only
+    the codes a record's values use are accepted, nested at most ``MAX_DEPTH`` deep. ``marshal.loads`` still
+    checks everything else. The reference: ``check`` is this, or the C walker, which answers alike."""
     end, i = len(raw), 0
     open_: list[int] = [1]  # values still to read at each open level (-1: a dict's, until its NULL key)
     while open_:
@@ -100,7 +101,7 @@ def _choose() -> tuple[Any, Any, str | None]:
     except ImportError as exc:
         return loads_py, check_py, f"the C walker is not importable ({exc}): the Python walker"
     if _bounded_fast.MAX_DEPTH != MAX_DEPTH:
-        return loads_py, check_py, f"the C walker's depth {_bounded_fast.MAX_DEPTH} is not {MAX_DEPTH}: the Python walker"
+        return loads_py, check_py, f"the C walker's depth is {_bounded_fast.MAX_DEPTH}, not {MAX_DEPTH}: the Python one"
     return _bounded_fast.loads, _bounded_fast.check, None
 
 

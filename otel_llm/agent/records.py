@@ -162,6 +162,7 @@ _MAX_SAMPLING = 32  # sampling parameters kept of a start
 # type here: refused where only numbers are declared); anything else goes through the per-field check
 _SAMPLING_TYPES = frozenset(_SAMPLING_VALUES)
 _STR_ONLY = frozenset(_STR)
+_BYTES_ONLY = frozenset((bytes,))
 _ACCEPTS = {cls: frozenset((name, t) for name, accepted in types.items() for t in accepted)
             for cls, types in _TYPES.items()}
 MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
@@ -204,7 +205,7 @@ def unbatch(data: bytes) -> list[bytes]:
     if len(data) > MAX_BATCH:
         raise RecordError(f"batch of request records of {len(data)} bytes")
     items = _loads(data)
-    if not isinstance(items, tuple) or not all(isinstance(x, bytes) for x in items):
+    if not isinstance(items, tuple) or not _BYTES_ONLY.issuperset(map(type, items)):
         raise RecordError("batch of request records of another shape")
     return list(items)
 
