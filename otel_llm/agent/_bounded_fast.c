@@ -32,6 +32,11 @@ static void set_codes(const char *which, unsigned char kind, unsigned char width
         codes[(unsigned char)*which] = (code_t){kind, width};
 }
 
+static int cut_short(void) {
+    PyErr_SetString(PyExc_ValueError, "marshal data cut short");
+    return -1;
+}
+
 /* 0: the bytes pass (every count fits the bytes left); -1: ValueError set */
 static int walk(const unsigned char *raw, Py_ssize_t end) {
     int64_t open_[MAX_DEPTH]; /* values still to read at each open level (DICT_OPEN: a dict's) */
@@ -44,10 +49,8 @@ static int walk(const unsigned char *raw, Py_ssize_t end) {
             depth--;
             continue;
         }
-        if (i >= end) {
-            PyErr_SetString(PyExc_ValueError, "marshal data cut short");
-            return -1;
-        }
+        if (i >= end)
+            return cut_short();
         unsigned char code = raw[i] & 0x7F;
         i++;
         if (left > 0)
@@ -58,10 +61,8 @@ static int walk(const unsigned char *raw, Py_ssize_t end) {
         }
         code_t c = codes[code];
         if (c.kind == FIXED) {
-            if (c.width > end - i) {
-                PyErr_SetString(PyExc_ValueError, "marshal data cut short");
-                return -1;
-            }
+            if (c.width > end - i)
+                return cut_short();
             i += c.width;
             continue;
         }
@@ -73,43 +74,35 @@ static int walk(const unsigned char *raw, Py_ssize_t end) {
             }
             return -1;
         }
-        if (c.kind == DICT) {
-            if (depth >= MAX_DEPTH) {
-                PyErr_Format(PyExc_ValueError, "marshal data nested deeper than %d", MAX_DEPTH);
+        int64_t count = DICT_OPEN; /* a dict's level, or the count read below */
+        if (c.kind != DICT) {
+            if (c.width > end - i)
+                return cut_short();
+            if (c.width == 1) {
+                count = raw[i];
+            } else { /* four bytes, little-endian, signed */
+                uint32_t u = (uint32_t)raw[i] | (uint32_t)raw[i + 1] << 8 | (uint32_t)raw[i + 2] << 16
+                    | (uint32_t)raw[i + 3] << 24;
+                count = u >= 0x80000000u ? (int64_t)u - ((int64_t)1 << 32) : (int64_t)u;
+            }
+            i += c.width;
+            if (c.kind == LONG)
+                count = (count < 0 ? -count : count) * 2; /* 15-bit digits, two bytes each */
+            if (count < 0 || count > (int64_t)(end - i)) {
+                PyErr_Format(PyExc_ValueError, "marshal data claims %lld items or bytes where %zd are left",
+                             (long long)count, end - i);
                 return -1;
             }
-            open_[depth++] = DICT_OPEN;
-            continue;
-        }
-        if (c.width > end - i) {
-            PyErr_SetString(PyExc_ValueError, "marshal data cut short");
-            return -1;
-        }
-        int64_t count;
-        if (c.width == 1) {
-            count = raw[i];
-        } else { /* four bytes, little-endian, signed */
-            uint32_t u = (uint32_t)raw[i] | (uint32_t)raw[i + 1] << 8 | (uint32_t)raw[i + 2] << 16
-                | (uint32_t)raw[i + 3] << 24;
-            count = u >= 0x80000000u ? (int64_t)u - ((int64_t)1 << 32) : (int64_t)u;
-        }
-        i += c.width;
-        if (c.kind == LONG)
-            count = (count < 0 ? -count : count) * 2; /* 15-bit digits, two bytes each */
-        if (count < 0 || count > (int64_t)(end - i)) {
-            PyErr_Format(PyExc_ValueError, "marshal data claims %lld items or bytes where %zd are left",
-                         (long long)count, end - i);
-            return -1;
-        }
-        if (c.kind == COUNTED) {
-            if (depth >= MAX_DEPTH) {
-                PyErr_Format(PyExc_ValueError, "marshal data nested deeper than %d", MAX_DEPTH);
-                return -1;
+            if (c.kind != COUNTED) { /* a string's or a long's bytes */
+                i += (Py_ssize_t)count;
+                continue;
             }
-            open_[depth++] = count;
-        } else {
-            i += (Py_ssize_t)count;
         }
+        if (depth >= MAX_DEPTH) {
+            PyErr_Format(PyExc_ValueError, "marshal data nested deeper than %d", MAX_DEPTH);
+            return -1;
+        }
+        open_[depth++] = count;
     }
     return 0;
 }
