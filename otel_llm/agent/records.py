@@ -221,10 +221,7 @@ def decode(data: bytes) -> Record:
     cls = _KINDS.get(data[1])
     if cls is None:
         raise RecordError(f"request record of unknown kind {data[1]}")
-    try:
-        body = bounded_marshal.loads(data, 2)  # (counts checked against the bytes before marshal allocates)
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"request record unreadable: {exc}") from None
+    body = _loads(data)
     if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int) and isinstance(body[1], dict)):
         raise RecordError("request record of another shape")
     version, values = body  # (marshal made this dict for this call: it becomes the record's fields, no copy)
@@ -271,7 +268,7 @@ def _plain(values: dict, most: int) -> bool:
 
 
 def _loads(data: bytes) -> Any:
-    """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
+    """What follows the tag and kind bytes, read by ``marshal`` in place once its counts were checked."""
     try:
         return bounded_marshal.loads(data, 2)  # (counts checked against the bytes before marshal allocates)
     except (EOFError, ValueError, TypeError) as exc:
