@@ -4,10 +4,13 @@ truncations, flipped bits, replaced bytes and random bytes: the same bytes taken
 message, and ``loads`` the same value or the same error. Deterministic seeds; thousands of cases a kind.
 
 CI also runs this file against a build with AddressSanitizer and UndefinedBehaviorSanitizer (.ci/c_checks.py):
-the inputs here are heap bytes (Python's allocator switched to ``malloc`` there), so a read past one is reported."""
+the C walker also reads each input from a heap buffer of exactly its size (``_exact``: Python's allocator is
+``malloc`` there), so a read one byte past the end is reported (a ``bytes`` object has a NUL byte after its
+end)."""
 
 from __future__ import annotations
 
+import ctypes
 import marshal
 import random
 import struct
@@ -58,12 +61,18 @@ def _loaded(loads, data: bytes, start: int = 0) -> tuple:
         return (type(exc).__name__, str(exc))
 
 
+def _exact(data: bytes):
+    """``data`` in a buffer of exactly its size (ctypes allocates one for more than 16 bytes)."""
+    return (ctypes.c_char * len(data)).from_buffer_copy(data)
+
+
 def _same(data: bytes) -> str | None:
     """The walkers' common answer on ``data`` (each asserted equal), and ``loads``' too."""
     got = _checked(bounded_marshal.check_py, data)
-    assert _checked(bounded_marshal.check, data) == got, data
+    exact = _exact(data)
+    assert _checked(bounded_marshal.check, data) == got == _checked(bounded_marshal.check, exact), data
     value = _loaded(bounded_marshal.loads_py, data)
-    assert _loaded(bounded_marshal.loads, data) == value, data
+    assert _loaded(bounded_marshal.loads, data) == value == _loaded(bounded_marshal.loads, exact), data
     if got is not None:  # refused by the walk: marshal never saw it
         assert value == ("ValueError", got)
     return got
