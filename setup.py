@@ -1,8 +1,9 @@
 """The optional C extensions of the EngineCore's per-step path, everything else is in pyproject.toml:
 ``otel_llm.instrumentation.vllm._step_fast`` (the step record's encode and ring write in one call) and
-``._hooks_fast`` (the scheduler hooks' steady step). Without a compiler or Python headers their build fails, the
+``._hooks_fast`` (the scheduler hooks' steady step); and the agent's ``otel_llm.agent._bounded_fast`` (the walk that
+bounds the records it reads before ``marshal`` does). Without a compiler or Python headers their build fails, the
 package installs without them and the step hooks use the pure-Python paths, which produce the same records
-(``step_wire.REASON`` and ``step_hooks.FAST_REASON`` say why)."""
+(``step_wire.REASON``, ``step_hooks.FAST_REASON`` and ``bounded_marshal.REASON`` say why)."""
 
 import re
 import sys
@@ -24,5 +25,7 @@ setup(long_description=long_description(_ROOT / "README.md", _VERSION),
     Extension("otel_llm.instrumentation.vllm._step_fast", [f"{_HERE}/_step_fast.c"], extra_compile_args=_FLAGS,
               optional=True),
     Extension("otel_llm.instrumentation.vllm._hooks_fast", [f"{_HERE}/_hooks_fast.c"], extra_compile_args=_FLAGS,
+              optional=True),
+    Extension("otel_llm.agent._bounded_fast", ["otel_llm/agent/_bounded_fast.c"], extra_compile_args=_FLAGS,
               optional=True),
 ])

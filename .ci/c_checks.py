@@ -35,6 +35,7 @@ EXTENSIONS = [
     ("otel_llm.instrumentation.vllm._step_fast", ROOT / "otel_llm/instrumentation/vllm/_step_fast.c"),
     ("otel_llm.instrumentation.vllm._hooks_fast", ROOT / "otel_llm/instrumentation/vllm/_hooks_fast.c"),
     ("otel_llm_collector.fast._wire", ROOT / "collector/otel_llm_collector/fast/_wire.c"),
+    ("otel_llm.agent._bounded_fast", ROOT / "otel_llm/agent/_bounded_fast.c"),
 ]
 PACKAGES = [ROOT / "otel_llm", ROOT / "collector/otel_llm_collector"]
 # the differential suites (each C path against its Python twin) and the random-bytes ones
@@ -42,7 +43,7 @@ TESTS = [
     "tests/vllm/test_step_fast.py", "tests/vllm/test_step_ring.py", "tests/vllm/test_step_random_bytes.py",
     "tests/vllm/test_hooks_fast.py", "tests/vllm/test_step_sockets.py", "tests/vllm/test_c_layout.py",
     "tests/collector/test_wire_onepass.py", "tests/collector/test_wire_random_bytes.py",
-    "tests/collector/test_fast_paths.py",
+    "tests/collector/test_fast_paths.py", "tests/agent/test_bounded_marshal.py",
 ]
 BUILD_ENV = "OTEL_LLM_C_CHECKS_BUILD"  # tells the plugin where the extensions must come from
 STRICT = ["-O2", "-std=c99", "-Wall", "-Wextra", "-Werror"]
@@ -72,7 +73,7 @@ def main(pytest_args: list[str]) -> int:
             shutil.copytree(package, copy / package.name, ignore=_ignore)
         builds = [(STRICT, source, strict / f"{module.rpartition('.')[2]}{suffix}") for module, source in EXTENSIONS]
         builds += [(SANITIZE, source, copy / (module.replace(".", "/") + suffix)) for module, source in EXTENSIONS]
-        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:  # the six compilers side by side
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:  # the compilers side by side
             failed = [exc for exc in (f.exception() for f in [pool.submit(_compile, cc, *b) for b in builds]) if exc]
         if failed:  # a warning (-Werror) or an error: the compiler printed it
             print(f"c-checks: FAILED: {len(failed)} of {len(builds)} builds ({failed[0]})", file=sys.stderr)

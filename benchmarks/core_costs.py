@@ -21,6 +21,11 @@
 
 * ``agent`` (results/agent_cpu.json): the agent process's CPU per token, its defaults replayed through the
   agent's own code (``benchmarks/agent_replay.py``, which takes its options and ``--profile`` run on its own).
+* ``records`` (results/record_decode_cost.json): what the agent's ``records.decode`` costs per record kind (a
+  served request's start, finish and enrichment as the vLLM hooks build them, and a sink count), with the C
+  walker (``bounded_marshal.FAST``) and with the Python one, and ``--against REV``'s ``records.py`` and
+  ``bounded_marshal.py`` (read from git) on the same bytes; the walk alone (``check``) per kind, C and Python.
+  Interleaved rounds of ``timeit`` on thread CPU time; medians and the spread between rounds, µs per record.
 * ``exit`` (results/launcher_exit.json): how long a script under ``opentelemetry-instrument`` takes to exit
   after its last line with nothing listening where our providers export (one refused openai call's span and
   metrics unsent), against the same script with ``OTEL_{TRACES,METRICS}_EXPORTER=none``: the bounded
@@ -28,7 +33,7 @@
   (this checkout's wheel and openai, no engines); interleaved rounds, wall seconds; medians, spreads and the
   median of per-round differences.
 
-Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics,agent,exit]
+Run: ./run bench benchmarks/core_costs.py [--only metrics,verdict,step_metrics,agent,records,exit] [--against REV]
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from otel_llm.core.timeline import BLOCKED_MAX_SEQS, QUEUED, SCHEDULED, PrefillC
 RESULTS = Path(__file__).parent / "results"
 TOKENS = 128
 ENGINE = 1 << 32
-SECTIONS = ("metrics", "verdict", "step_metrics", "agent", "exit")
+SECTIONS = ("metrics", "verdict", "step_metrics", "agent", "records", "exit")
 
 
 # -- metrics: one finished request's metrics ----------------------------------------------------------
@@ -282,6 +287,106 @@ def agent() -> None:
     agent_replay.main([])
 
 
+# -- records: the agent's decode of a request's records -------------------------------------------------------
+
+def served_records() -> dict[str, bytes]:
+    """A served chat request's records as the vLLM hooks build them (request_hooks.py, wrappers.py)."""
+    from otel_llm.agent import records
+
+    rid = "chatcmpl-7f3a9c2e5b1d4e8f9a0b1c2d3e4f5a6b-0-a1b2c3d4"
+    parent = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
+    sampling = {"gen_ai.request.max_tokens": 128, "gen_ai.request.temperature": 0.7, "gen_ai.request.top_p": 0.95,
+                "gen_ai.request.seed": 7, "gen_ai.request.choice.count": 1}
+    attributes = {"gen_ai.request.model": "tiny", "gen_ai.request.stream": True, "server.address": "127.0.0.1",
+                  "server.port": 8000, "http.route": "/v1/chat/completions", "gen_ai.output.type": "text"}
+    return {
+        "start": records.encode(records.RequestStart(
+            request_id=rid, arrival=1765000000.25, queued=5123.5, prompt_tokens=412, external_id=rid[:-9],
+            model="tiny", trace_headers=parent, sampling=sampling, client_index=0, enriched=True)),
+        "finish": records.encode(records.RequestFinish(
+            request_id=rid, reason="length", arrival=1765000000.25, queued=5123.5, end=5125.75,
+            end_wall=1765000002.5, prompt_tokens=412, output_tokens=128, external_id=rid[:-9], model="tiny",
+            enriched=True)),
+        "enrichment": records.encode(records.RequestEnrichment(
+            request_id=rid, operation="chat", server=True, parent=parent, response_id=rid[:-11], model="tiny",
+            attributes=attributes, reason="length", output_tokens=128, output_characters=612,
+            first_output=1765000000.5, last_output=1765000002.5, end=1765000002.5)),
+        "sink_counts": records.encode(records.SinkCounts(pid=4242, steps_dropped=3, requests_dropped=1)),
+    }
+
+
+def _baseline_records(rev: str):
+    """``records.py`` and ``bounded_marshal.py`` of git revision ``rev``, imported as a package of their own."""
+    import importlib
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    package = Path(tempfile.mkdtemp(prefix="record-decode-")) / "baseline_agent"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("records.py", "bounded_marshal.py"):
+        text = subprocess.run(["git", "show", f"{rev}:otel_llm/agent/{name}"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout
+        (package / name).write_text(text)
+    sys.path.insert(0, str(package.parent))
+    return importlib.import_module("baseline_agent.records")
+
+
+def record_decode(against: str | None, rounds: int = 15, number: int = 2000) -> None:
+    import timeit
+
+    from otel_llm.agent import bounded_marshal, records
+
+    data = served_records()
+    for kind, raw in data.items():  # the same records on every path
+        assert records.decode(raw) == records.decode(raw)
+
+    def per_record(call, arg) -> float:  # thread CPU seconds a call
+        return timeit.Timer(lambda: call(arg), timer=time.thread_time).timeit(number) / number
+
+    def decode_with(loads):
+        def run(raw: bytes) -> float:
+            saved, bounded_marshal.loads = bounded_marshal.loads, loads
+            try:
+                return per_record(records.decode, raw)
+            finally:
+                bounded_marshal.loads = saved
+        return run
+
+    paths = {"decode, C walker": decode_with(bounded_marshal.loads),
+             "decode, Python walker": decode_with(bounded_marshal.loads_py)}
+    if not bounded_marshal.FAST:
+        del paths["decode, C walker"]
+    if against:
+        base = _baseline_records(against)
+        paths[f"decode at {against}"] = lambda raw: per_record(base.decode, raw)
+    walks = {"check, Python": bounded_marshal.check_py}
+    if bounded_marshal.FAST:
+        walks["check, C"] = bounded_marshal.check
+    for name, check in walks.items():
+        paths[name] = lambda raw, check=check: per_record(check, raw[2:])
+    samples = {(path, kind): [] for path in paths for kind in data}
+    for round_ in range(rounds):
+        order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
+        for path in order:
+            for kind, raw in data.items():
+                samples[path, kind].append(paths[path](raw) * 1e6)
+
+    def spread(got: list[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(got), 2), "min": round(min(got), 2), "max": round(max(got), 2)}
+
+    out: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                 "python": platform.python_version(), "load_average_1m": round(os.getloadavg()[0], 1),
+                 "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": rounds, "records_per_sample": number,
+                 "against": against, "c_walker": bounded_marshal.REASON or "built",
+                 "bytes": {kind: len(raw) for kind, raw in data.items()},
+                 "resolution": f"thread CPU over {number} records a sample: ~0.01 µs; the load sets the spread",
+                 "us_per_record": {path: {kind: spread(samples[path, kind]) for kind in data} for path in paths}}
+    print(json.dumps(out, indent=1))
+    (RESULTS / "record_decode_cost.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
 def launcher_exit(rounds: int = 7) -> None:
     import tempfile
 
@@ -321,6 +426,7 @@ def launcher_exit(rounds: int = 7) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
+    ap.add_argument("--against", default=None, help="records: a git revision whose decode to time beside this one")
     args = ap.parse_args()
     chosen = args.only.split(",")
     unknown = set(chosen) - set(SECTIONS)
@@ -328,6 +434,9 @@ def main() -> None:
         ap.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
     RESULTS.mkdir(exist_ok=True)
     for name in chosen:
+        if name == "records":
+            record_decode(args.against)
+            continue
         {"metrics": metrics, "verdict": verdict, "step_metrics": step_metrics, "agent": agent,
          "exit": launcher_exit}[name]()
 

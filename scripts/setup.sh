@@ -26,7 +26,7 @@ drop_vision() {
 drop_vision $V
 if ! $V -c "import otel_llm, pytest, hypothesis, wrapt, openai, pynvml, grafana_foundation_sdk, jsonschema, websockets, mkdocs, opentelemetry.instrumentation.requests" 2>/dev/null \
    || ! $V -c "from importlib.metadata import entry_points as e; assert any(p.name=='otel_llm_steps' for p in e(group='vllm.general_plugins')) and any(p.name=='otel_llm_openai' for p in e(group='opentelemetry_instrumentor'))" 2>/dev/null \
-   || { [ "$(uname -m)" = x86_64 ] && command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm.instrumentation.vllm._step_fast, otel_llm.instrumentation.vllm._hooks_fast" 2>/dev/null; } \
+   || { [ "$(uname -m)" = x86_64 ] && command -v "${CC:-cc}" >/dev/null 2>&1 && ! $V -c "import otel_llm.instrumentation.vllm._step_fast, otel_llm.instrumentation.vllm._hooks_fast, otel_llm.agent._bounded_fast" 2>/dev/null; } \
    || [ ! -x .venv/bin/otel-llm ]; then
   $V -m pip install -q -e ".[test,openai,views]"
 fi

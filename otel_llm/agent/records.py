@@ -156,6 +156,15 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                         "choice_index": _OPT_INT},
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
+_MAX_SAMPLING = 32  # sampling parameters kept of a start
+# the same as exact types, and each field's (name, type) pairs: marshal makes the built-in types themselves,
+# never a subclass, so a record's fields pass when each (name, type(value)) is one of these (bool is its own
+# type here: refused where only numbers are declared); anything else goes through the per-field check
+_SAMPLING_TYPES = frozenset(_SAMPLING_VALUES)
+_STR_ONLY = frozenset(_STR)
+_BYTES_ONLY = frozenset((bytes,))
+_ACCEPTS = {cls: frozenset((name, t) for name, accepted in types.items() for t in accepted)
+            for cls, types in _TYPES.items()}
 MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
 
@@ -196,14 +205,15 @@ def unbatch(data: bytes) -> list[bytes]:
     if len(data) > MAX_BATCH:
         raise RecordError(f"batch of request records of {len(data)} bytes")
     items = _loads(data)
-    if not isinstance(items, tuple) or not all(isinstance(x, bytes) for x in items):
+    if not isinstance(items, tuple) or not _BYTES_ONLY.issuperset(map(type, items)):
         raise RecordError("batch of request records of another shape")
     return list(items)
 
 
 def decode(data: bytes) -> Record:
     """The record in ``data``; RecordError for anything else (another tag, kind, version, a field of the
-    wrong type, a missing required field). Fields this reader does not know are ignored."""
+    wrong type, a missing required field). Fields this reader does not know are ignored; the headers, sampling
+    parameters and attributes are bounded as ``encode`` bounds them."""
     if len(data) < 3 or data[0] != TAG:
         raise RecordError("not a request record")
     if len(data) > MAX_RECORD:
@@ -214,9 +224,30 @@ def decode(data: bytes) -> Record:
     body = _loads(data)
     if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int) and isinstance(body[1], dict)):
         raise RecordError("request record of another shape")
-    version, values = body
+    version, values = body  # (marshal made this dict for this call: it becomes the record's fields, no copy)
     if version > cls.VERSION or version < 1:
         raise RecordError(f"{cls.__name__} version {version}, this reader knows up to {cls.VERSION}")
+    if not _ACCEPTS[cls].issuperset(zip(values, map(type, values.values()))):
+        values = _known(cls, values)  # a field this reader does not know, or one of the wrong type
+    if cls is RequestStart:
+        values["trace_headers"] = _headers(values.get("trace_headers"))
+        sampling = values.get("sampling")
+        if sampling and not _plain(sampling, _MAX_SAMPLING):
+            values["sampling"] = {str(k): v for k, v in list(sampling.items())[:_MAX_SAMPLING]
+                                  if isinstance(v, _SAMPLING_VALUES)}
+    elif cls is RequestEnrichment:
+        values["parent"] = _headers(values.get("parent"))
+        attributes = values.get("attributes")  # (a record of at most MAX_TEXT bytes has no longer string)
+        if attributes and not (len(data) <= MAX_TEXT and _plain(attributes, MAX_ATTRIBUTES)):
+            values["attributes"] = _attributes(attributes)
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field missing
+        raise RecordError(f"{cls.__name__}: {exc}") from None
+
+
+def _known(cls: type, values: dict) -> dict:
+    """The fields of ``values`` this reader knows, each checked against its declared types."""
     types = _TYPES[cls]
     known = {}
     for name, value in values.items():
@@ -226,24 +257,20 @@ def decode(data: bytes) -> Record:
         if not isinstance(value, accepted) or isinstance(value, bool) and bool not in accepted:
             raise RecordError(f"{cls.__name__}.{name}: {type(value).__name__}")
         known[name] = value
-    if cls is RequestStart:
-        known["trace_headers"] = _headers(known.get("trace_headers"))
-        known["sampling"] = {str(k): v for k, v in list(known.get("sampling", {}).items())[:32]
-                             if isinstance(v, _SAMPLING_VALUES)}
-    elif cls is RequestEnrichment:
-        known["parent"] = _headers(known.get("parent"))
-        known["attributes"] = _attributes(known.get("attributes", {}))
-    try:
-        return cls(**known)
-    except TypeError as exc:  # a required field missing
-        raise RecordError(f"{cls.__name__}: {exc}") from None
+    return known
+
+
+def _plain(values: dict, most: int) -> bool:
+    """``values`` is already what the sampling's filter (and ``_attributes``, where none of its strings is
+    longer than ``MAX_TEXT``) would make of it: at most ``most`` items, string keys, span attribute values."""
+    return (len(values) <= most and _STR_ONLY.issuperset(map(type, values))
+            and _SAMPLING_TYPES.issuperset(map(type, values.values())))
 
 
 def _loads(data: bytes) -> Any:
-    """What follows the tag and kind bytes, read by ``marshal`` once its counts were checked."""
-    raw = bytes(data[2:])
+    """What follows the tag and kind bytes, read by ``marshal`` in place once its counts were checked."""
     try:
-        return bounded_marshal.loads(raw)  # (counts checked against the bytes before marshal allocates)
+        return bounded_marshal.loads(data, 2)  # (counts checked against the bytes before marshal allocates)
     except (EOFError, ValueError, TypeError) as exc:
         raise RecordError(f"request record unreadable: {exc}") from None
 
