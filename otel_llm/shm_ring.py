@@ -9,10 +9,10 @@ in an announcement datagram); from then on each step's record is copied into the
 ``send``. The frontend (``StepReceiver.drain``) reads its rings right after its socket, before the
 outputs it is about to process: the EngineCore wrote a step's record before that step's outputs left
 it over ZMQ (a syscall and locks after the copy), so the record is in the ring when the outputs
-arrive. (benchmarks/engine_step_hooks.py, batch 64: 2.4 µs a step for the copy against 3.2 µs for a
-``send``; the frontend saves ~1.3 µs a record; and a datagram socket queues at most
-``net.unix.max_dgram_qlen`` records, 10 by default, where a ring holds ~700 records that list their ids,
-~5,800 of a steady batch that leave them out.)
+arrive. (Why not a datagram a step: the copy costs the EngineCore's loop less than a ``send``, and
+the frontend less than a receive (benchmarks/engine_step_hooks.py, modes ``hooks`` and ``hooks_dgram``);
+and a datagram socket queues at most ``net.unix.max_dgram_qlen`` records, 10 by default, where a ring
+holds the records of a frontend that falls behind for many steps.)
 
 One writer and one reader per ring, so no record is ever overwritten before it is read: the writer
 publishes ``head`` (bytes written) after copying a record, the reader publishes ``tail`` (bytes read)
@@ -45,7 +45,7 @@ import sys
 
 MAGIC = b"otelring"
 LAYOUT = 1
-CAPACITY = 2 << 20  # bytes of records in flight per pair, at batch 64: ~5,800 steps of a steady batch (ids left out), ~700 with ids
+CAPACITY = 2 << 20  # bytes of records in flight per pair: room for many steps' records while a reader is busy elsewhere
 META = struct.Struct("<8sII")  # at 0: magic, layout, capacity (written once, before the announcement)
 ANNOUNCE = struct.Struct("<8sIIQ")  # the datagram that carries the descriptor: magic, layout, capacity, writer pid
 # byte offsets in the mapping (the C accelerator is configured with these, step_wire.accelerator): the data,
@@ -62,7 +62,7 @@ FDS_SPACE = socket.CMSG_SPACE(4) if hasattr(socket, "CMSG_SPACE") else 0  # one 
 def _views(mm: mmap.mmap) -> tuple[memoryview, memoryview, memoryview]:
     """The header's 8-byte words, the data bytes, the data as 4-byte words (record sizes). Native
     memoryview items: an aligned 8-byte position is stored and loaded with one instruction (a struct
-    "<Q" would write it byte by byte: a reader could see half of it), and they cost a third of
+    "<Q" would write it byte by byte: a reader could see half of it), and they cost less than
     ``pack_into``. (Native byte order: both ends are the same machine.)"""
     whole = memoryview(mm)
     return whole[:_DATA].cast("Q"), whole[_DATA:], whole[_DATA:].cast("I")
@@ -115,7 +115,7 @@ class RingWriter:
             self._fd = -1
 
     def write(self, data: bytes) -> bool:
-        # once a step in the EngineCore's loop: kept to the fewest interpreter steps (each ~35 ns there)
+        # once a step in the EngineCore's loop, vLLM's critical path: kept to the fewest interpreter steps
         size = len(data)
         head = self.head
         end = head + ((size + 7) & ~3)  # the size word, then the record padded to 4 bytes

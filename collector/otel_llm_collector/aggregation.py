@@ -2,13 +2,14 @@
 
 The core's ``ServerMetrics`` builds its instruments from its table (names, units, bucket
 boundaries) with ``meter.create_histogram`` / ``meter.create_counter`` and records into
-them; it does not care who aggregates. The OpenTelemetry SDK's instruments cost ~6 us per
+them; it does not care who aggregates. The OpenTelemetry SDK's instruments do much on every
 call (attribute cleaning, hashing, a ``Measurement`` object, exemplar filters, locks),
-which at one request span per trace was ~80% of the gateway's receive path. These do the
+which at one request span per trace was most of the gateway's receive path
+(benchmarks/collector_throughput.py, ingest). These do the
 same arithmetic - explicit-bucket histograms (``bisect_left``: a value equal to a bound
 falls in that bound's bucket; count, sum, min, max), monotonic sums, negative and
-non-finite values ignored, the SDK's cardinality limit with its overflow series - in a few
-hundred nanoseconds, and hand out the SDK's own point types, so ``get_metrics_data()``
+non-finite values ignored, the SDK's cardinality limit with its overflow series - without that
+per-call work, and hand out the SDK's own point types, so ``get_metrics_data()``
 reads like an ``InMemoryMetricReader`` with cumulative temporality and the Prometheus
 bridge renders both identically (tested against the SDK on the same inputs).
 
@@ -170,7 +171,7 @@ class FastHistogram(_Instrument):
         """A recorder of lists of values for one label set (the collector's ``fast.metrics`` binds each label
         set once): the series ``record`` would use, the same arithmetic, values in order, without the lookup.
         ``caller_holds_lock``: whoever binds promises to call the recorder only while holding the backend's
-        ``lock`` (skipping it is ~40% of a record); ``fast.metrics.BatchMetrics`` binds so and keeps it."""
+        ``lock`` (taking it is a large share of a record); ``fast.metrics.BatchMetrics`` binds so and keeps it."""
         return _bound_histogram_many(self, attributes, not caller_holds_lock)
 
     def bind_counts(self, attributes: Mapping[str, Any] | None, caller_holds_lock: bool = False) -> Any:

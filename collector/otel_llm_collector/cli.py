@@ -60,8 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 def tune_process() -> None:
     """Once the gateway is up, move everything allocated so far (imported modules, config, the pipeline's
     objects) out of the cyclic garbage collector's reach: it never becomes garbage, yet every full
-    collection walked it again (~30 ms each, ~7% of the receive path under load). Spans in flight stay
-    collectable. The process is the gateway's own; the library never does this to its host."""
+    collection walked it again, a pause on the receive path that grows with what was imported
+    (benchmarks/collector_throughput.py runs the gateway tuned so). Spans in flight stay collectable. The process is the gateway's own; the library never does this to its host."""
     gc.collect()
     gc.freeze()
 

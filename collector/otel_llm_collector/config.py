@@ -250,7 +250,7 @@ class HttpReceiverConfig:
     max_body_bytes: int = 4 << 20
     max_concurrent_requests: int = 64  # bodies being processed at once (taken once a body is in)
     tls: TLSServerConfig | None = None
-    max_json_body_bytes: int = 1 << 20  # OTLP/JSON costs ~10x protobuf to parse: a smaller cap
+    max_json_body_bytes: int = 1 << 20  # OTLP/JSON costs many times protobuf to parse: a smaller cap
     max_connections: int = 256
     max_header_bytes: int = 64 << 10
     read_header_timeout: float = 10.0  # from connection (or previous response) to the end of the headers

@@ -8,8 +8,8 @@ class DecisionCache:
 
     Two generations of plain sets: ids go into the current one, and when it holds ``size`` it
     becomes the previous one (the older previous is dropped whole). An exact LRU (an ``OrderedDict``
-    evicting one id per decision) cost ~0.7 us per decision at the default 100,000, mostly cache
-    misses on the evicted entry; a set insert costs a tenth of that. Late spans come within seconds
+    evicting one id per decision) pays a cache miss on the evicted entry at every decision, at the
+    default 100,000; a set insert touches only the new id. Late spans come within seconds
     of their trace's decision, so "the last ``size``" is what matters, not exactly which older ones.
     """
 

@@ -155,8 +155,8 @@ class Gateway:
         self.own_telemetry: PrometheusEndpoint | None = None  # service.telemetry.metrics.address, when set
         # The pipeline runs on one thread at a time: receivers parse and ingest under this lock and the
         # ticker decides under it. Python threads cannot run it in parallel anyway (the GIL), and letting
-        # 4 handler threads interleave parsing and processing of different requests cost ~18% of the
-        # receive path (caches), a separate deciding thread another ~10% (measured in the loopback benchmark).
+        # handler threads interleave parsing and processing of different requests cost the receive path
+        # its caches, and a separate deciding thread cost more (benchmarks/collector_throughput.py, loopback).
         self.serial = threading.RLock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None

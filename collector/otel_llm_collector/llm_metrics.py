@@ -4,7 +4,7 @@ Runs on every received request span before sampling. The derivation is the core'
 (``RequestSummary.from_attributes`` + ``ServerMetrics``), so the collector's histograms
 are the SDK's, bucket for bucket; here they are labelled by ``service.name`` as well. The
 instruments are the core's too; the gateway hands them a light aggregation backend
-(``aggregation.py``) instead of the OpenTelemetry SDK, which would cost ~80% of the receive path.
+(``aggregation.py``) instead of the OpenTelemetry SDK, whose per-call work would dominate the receive path.
 
 Label values come from clients, so what they can cost is bounded (``LabelLimits``): every label
 value (service, model, operation, provider, error type, LoRA adapter, request tenant: cleaned as the SDK cleans

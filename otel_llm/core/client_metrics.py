@@ -9,8 +9,8 @@ every SLO of its model at once, and a streamed call needs a first chunk to be go
 The conventions' ``time_per_output_chunk`` is one value per chunk after the first, as they define it.
 The hot path only stamps each chunk's arrival; when the stream ends its gaps become bucket counts
 (``core/inter_token.py``) added to the histogram in one call (``core/sdk_metrics.bind_counts``), as the
-server's inter-token latency is: one SDK ``record`` per chunk would cost 5-20 µs of CPU each, several
-times the 2 µs per-chunk budget. The per-stream mean stays on the span (``llm.client.time_per_output_chunk``).
+server's inter-token latency is: one SDK ``record`` per chunk would cost several times the 2 µs
+per-chunk budget (benchmarks/core_costs.py, section ``metrics``, measures the public call). The per-stream mean stays on the span (``llm.client.time_per_output_chunk``).
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ request by it: intervals stay exactly the engine's, and the absolute position is
 offset's error plus its drift since the stamp (NTP slews the wall clock by at most 500 ppm,
 i.e. < 0.5 ms over a 1 s request).
 
-The offset's error is the time between the two reads: ~100 ns, unless the thread is
-descheduled between them, which on a loaded machine costs a whole time slice (a 12.8 ms
-error was seen at load 19). So the wall read is bracketed by two monotonic reads and the
-tightest of a few brackets wins.
+The offset's error is the time between the two reads: negligible, unless the thread is
+descheduled between them, which on a loaded machine costs a whole time slice (an error of
+milliseconds, seen under heavy load). So the wall read is bracketed by two monotonic reads
+and the tightest of a few brackets wins.
 """
 
 from __future__ import annotations

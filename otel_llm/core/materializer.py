@@ -1,10 +1,11 @@
 """A background thread that turns finished requests into spans, off the engine's output path.
 
-Building a kept request's spans takes ~10 µs a span; at full detail a 1,000-token answer is
-1,000 spans, i.e. ~10 ms in one go. Done where the request finished, that stalls the
-engine's output processing for every other request (a p99 inter-token spike caused by the
-telemetry measuring it). Here it runs on its own thread: the GIL still shares the CPU, but
-the engine's thread gets it back every switch interval (5 ms) instead of after the burst.
+A kept request's spans cost in proportion to its length: at full detail a long answer is a span
+per token, built in one go (benchmarks/decode_detail.py measures it by length). Done where the
+request finished, that stalls the engine's output processing for every other request (a p99
+inter-token spike caused by the telemetry measuring it). Here it runs on its own thread: the GIL
+still shares the CPU, but the engine's thread gets it back every switch interval
+(``sys.getswitchinterval()``) instead of after the burst.
 The queue is bounded: a full queue refuses work, and the caller falls back to what is
 cheap (metrics) and counts the spans it dropped. Never blocks the caller. What is queued at exit
 is built by the owner's flush (the pipeline's, run by its instrumentor's ``Lifecycle``).
@@ -84,12 +85,12 @@ class Materializer:
                 self._work(job)
             except Exception as exc:  # a bug of ours costs this request's spans, nothing more
                 self._guard.failed("span materializer", exc)
-            # Between jobs, the engine's thread gets the GIL back (see spans.yield_gil) once ~0.3 ms of work
-            # ran since the last offer: offering it after every job (most take tens of µs) cost two thread
+            # Between jobs, the engine's thread gets the GIL back (see spans.yield_gil) once a slice of work
+            # ran since the last offer: offering it after every job (most are small) cost two thread
             # switches a finished request when the engine's thread was busy, more CPU than the job itself
             if clock() - since >= _YIELD_AFTER_S:
                 time.sleep(0)
                 since = clock()
 
 
-_YIELD_AFTER_S = 3e-4  # the work between offers of the GIL (as spans.yield_gil's ~0.3 ms)
+_YIELD_AFTER_S = 3e-4  # the work between offers of the GIL: short against the switch interval (as spans._YIELD_EVERY)

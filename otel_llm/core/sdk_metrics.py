@@ -1,9 +1,10 @@
 """The OpenTelemetry metrics SDK's recording path, without the per-call machinery (one fenced module).
 
-A request's metrics are about fifteen ``record``/``add`` calls, and the SDK's public call costs
-8-20 µs each on this project's 2-core test machine (a ``Measurement`` whose attributes are
+A request's metrics are about fifteen ``record``/``add`` calls, and the SDK's public call does
+per call what could be done once per label set (a ``Measurement`` whose attributes are
 cleaned, the current context, the exemplar filter, an attribute hash per reader): together
-more than vLLM's own frontend spends on a 128-token request. And the inter-token latency
+more than vLLM's own frontend spends on a short request (benchmarks/core_costs.py, section
+``metrics``, compares the two paths). And the inter-token latency
 histogram has one value per output token, while the API has no call that adds counts. So:
 
 * ``bind_value(instrument, attributes)``: a recorder for one label set that hands the value

@@ -514,7 +514,7 @@ class SpanBuilder:
 
 
 _ROOT = trace.set_span_in_context(trace.INVALID_SPAN)
-_YIELD_EVERY = 32  # decode-step spans built between offers of the GIL (~0.3 ms of work)
+_YIELD_EVERY = 32  # decode-step spans built between offers of the GIL: a slice short against the switch interval
 _SAME_OUTPUT_S = 5e-4  # a token's stamp and its step's end: equal, or µs apart (one output batch per client)
 
 
@@ -541,8 +541,8 @@ def _window_drafted(by_token: dict[int, StepRecord], request_id: str, a: int, b:
 
 def yield_gil() -> None:
     """Offer the GIL to the engine's thread. Spans are built on a background thread, but a busy
-    Python thread keeps the GIL for up to the switch interval (5 ms) each time the engine's
-    thread wants it back; short slices keep the engine's waits short."""
+    Python thread keeps the GIL for up to the switch interval (``sys.getswitchinterval()``) each
+    time the engine's thread wants it back; short slices keep the engine's waits short."""
     time.sleep(0)
 
 

@@ -21,10 +21,10 @@ class Target:
     name: str  # "Class.method" or "function"
     wrapper: Callable[..., Any]
     # A plain function in wrapt's place, for a method on an engine's per-step hot path (vLLM's
-    # EngineCore scheduler, called twice a step): calling a method through wrapt's FunctionWrapper
-    # (a bound wrapper built per call) measured ~0.8 µs against ~0.2 µs for a plain function in
-    # the step hooks' benchmark harness (both wrappers around one stand-in). Same wrapper signature, same
-    # unwrap; only a plain function defined on a class qualifies, anything else is wrapped by wrapt.
+    # EngineCore scheduler, called twice a step): wrapt's FunctionWrapper builds a bound wrapper on every
+    # call, several times a plain function's cost, on vLLM's critical path (compare the two around one
+    # stand-in in benchmarks/engine_step_hooks.py's harness). Same wrapper signature, same unwrap; only a
+    # plain function defined on a class qualifies, anything else is wrapped by wrapt.
     plain: bool = False
     # For a plain target: makes the class attribute itself from (original function, this table), in place of
     # the plain Python function; it returns None where it cannot (the step hooks' C methods, _hooks_fast.c,

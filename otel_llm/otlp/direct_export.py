@@ -1,10 +1,10 @@
 """Sends spans we encoded ourselves (otlp_wire, wire_tracer) to the OTLP endpoints the tracer provider exports to.
 
-Full detail is one span per generated token. Through the SDK each costs ~25 µs of the
-serving process's CPU (a ReadableSpan, the batch queue, the SDK's Python protobuf
-encoder); written as wire bytes it costs ~2 µs, and an engine step's 64 links cost
-~0.5 µs each instead of ~10. Spans built here are retroactive and complete when written,
-so nothing is lost by skipping the SDK's live-span machinery.
+Full detail is one span per generated token, and an engine step links every request it served.
+Through the SDK each span pays for a ReadableSpan, the batch queue and the SDK's Python protobuf
+encoder, all on the serving process's CPU; written as wire bytes it pays for little more than
+the bytes (benchmarks/decode_detail.py compares the two paths). Spans built here are retroactive
+and complete when written, so nothing is lost by skipping the SDK's live-span machinery.
 
 It is used only when what the provider would do with those spans is known exactly (sdk_bridge): every
 span processor is the SDK's ``BatchSpanProcessor`` or ``SimpleSpanProcessor`` around the

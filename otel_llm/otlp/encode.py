@@ -2,8 +2,9 @@
 
 A decode-step span differs from its siblings only in its span id, its two timestamps and
 two small integers. Building it as an SDK ``ReadableSpan`` and letting the SDK's Python
-encoder turn it into protobuf objects costs ~20 µs a span (benchmarks/vllm_overhead.py);
-writing its wire bytes from a per-request template costs ~1.5 µs. The bytes parse to the
+encoder turn it into protobuf objects repeats, span after span, the work that is the same for
+all of them; writing its wire bytes from a per-request template pays only for what differs
+(benchmarks/decode_detail.py, benchmarks/vllm_overhead.py). The bytes parse to the
 same ``Span`` message the SDK's encoder makes from the same span (tests/otlp/test_otlp_wire.py).
 
 Wire format reference: opentelemetry-proto ``trace/v1/trace.proto``, ``common/v1/common.proto``.
@@ -92,7 +93,7 @@ def _key(k: str) -> tuple[bytes, bytes, bytes]:
 
 def attributes(attrs: Mapping[str, Any]) -> bytes:
     """``key_value`` for each attribute, byte for byte; the common types (exactly str, int, float, and arrays
-    of them) and the encoded names written inline: full detail writes ~7 attributes on every span and ~25 on
+    of them) and the encoded names written inline: full detail writes attributes on every span and many on
     a request's, and the generic path's calls were most of their cost."""
     out: list[bytes] = []
     append = out.append

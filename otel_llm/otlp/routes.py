@@ -3,7 +3,8 @@
     wire  every processor is the SDK's batch/simple processor around its OTLP exporter (``sdk_bridge``)
           and the tracer's span limits cut nothing we write: spans are written as OTLP bytes
           (``wire_tracer``; decode rows through ``encode.SiblingSpans``) and sent with those exporters
-          (``direct_export``): ~2 µs a span instead of ~25.
+          (``direct_export``): the cheap route, where the SDK's machinery would do nothing more
+          (benchmarks/decode_detail.py compares it with ``sdk``).
     sdk   the SDK's own Tracer, anything else behind it: every span through the tracer, so each processor
           sees ``on_start`` then ``on_end`` as for any span (processors we do not know get what the SDK
           gives them).

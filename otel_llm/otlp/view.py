@@ -2,8 +2,8 @@
 
 The receive path needs, per span, its encoded bytes (that is what is buffered and exported), a
 few scalar fields, and - for request spans only - some attribute values. Reading those through
-the full OTLP classes costs a Python wrapper per ``KeyValue`` and ``AnyValue`` (~0.6 us per
-attribute) plus re-encoding every span. These messages are wire-compatible stand-ins built at
+the full OTLP classes costs a Python wrapper per ``KeyValue`` and ``AnyValue`` (for every
+attribute, read or not) plus re-encoding every span (benchmarks/collector_throughput.py, ingest). These messages are wire-compatible stand-ins built at
 import time (no generated code): ``ScopeSpans.spans`` is ``repeated bytes`` (each span's bytes as
 received), ``Span`` declares only the fields read here (the rest stays unknown, untouched), and
 ``Span.attributes`` is ``map<string, bytes>``: a ``KeyValue`` {1: key, 2: AnyValue} is exactly a
@@ -209,8 +209,8 @@ def int_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
 def counts_of(convert: Callable[[Any], Any]) -> Callable[[bytes], Any]:
     """An array of small non-negative ints (a request's inter-token bucket counts) read off the bytes: an
     ``array_value`` (field 5) of ``AnyValue``s that each hold only ``int_value`` (field 3) below 16384.
-    Anything else, or a count that needs more bytes, goes through the full class (~11 µs; these paths ~1 µs
-    when every count is below 128, ~5 µs otherwise).
+    Anything else, or a count that needs more bytes, goes through the full class, which builds a Python object
+    per element and costs many times these paths (benchmarks/collector_throughput.py, inter_token).
     The bytes were validated by the receive path's full parse, so a varint's length says its range; such
     a tuple is what ``convert`` returns for it (non-negative ints), so the fast paths return it as is."""
     # width -> the bytes an array of one-byte counts has at offsets 0, 1, 2 of each 4-byte element

@@ -101,7 +101,8 @@ class WireTracer(trace.Tracer):
         for ln in kept:
             c = ln.context
             # SpanContext itself is unhashable (its TraceState): (trace_id, span_id, is_remote), read as one slice
-            # of the tuple it is where that holds (_SLICE_KEY: ~0.35 µs a link less; an engine step has ~64)
+            # of the tuple it is where that holds (_SLICE_KEY: one slice, not three attribute reads, for each
+            # link of an engine step, which links every request it served)
             key = c[:3] if _SLICE_KEY else (c.trace_id, c.span_id, c.is_remote)
             b = cache.get(key)
             if b is None:

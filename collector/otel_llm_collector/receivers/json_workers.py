@@ -1,8 +1,8 @@
 """OTLP/JSON bodies parsed in worker processes, so that a large one does not stall other clients.
 
 Parsing OTLP/JSON (``json.loads`` and ``json_format``) holds the interpreter's lock for its whole
-length - up to ~0.9 s for a 1 MiB body on a loaded 2-core machine - and every other receiving thread,
-gRPC's event loop included, waits for it. Here the body goes to a worker process (``forkserver``: a
+length - long for a body near the cap (benchmarks/gateway_hardening.py, section ``json_vs_grpc``) - and
+every other receiving thread, gRPC's event loop included, waits for it. Here the body goes to a worker process (``forkserver``: a
 clean process, not a fork of this multi-threaded one) which parses it and sends the request back as
 protobuf bytes; the handler thread waits without holding the lock, and the gateway reads the bytes
 like any protobuf body. At most ``4 x workers`` bodies wait or run at once (beyond:

@@ -167,8 +167,8 @@ class OpenAIWrappers:
             token = None if borrowed else otel_context.attach(ctx)
             # The clock starts at the call, with the span: every later time is placed from this one
             # pairing of wall and monotonic clocks, so the span covers the call as the caller saw it
-            # (a clock started after the set-up above made the span end early by the set-up's time,
-            # 10 ms on a cold first call under load, and the server's span stuck out of the client's).
+            # (a clock started after the set-up above made the span end early by the set-up's time, long
+            # on a cold first call under load, and the server's span stuck out of the client's).
             rec.start = anchor
             return rec, kwargs, token
         except Exception as exc:

@@ -237,9 +237,9 @@ class IterationLedger:
         self._by_first: dict[int, list[str]] = {}  # first iteration -> waiting requests the sweep has not reached
         self._open: set[str] = set()  # waiting requests whose range the sweep is in
         self._swept = -1
-        # The work runs on its own thread (background=True): reading a pull of stats costs ~1 µs per
-        # request an iteration served, and trtllm-serve pulls from its event loop (/metrics). The
-        # caller only queues. A full queue drops stats (counted) and runs a finish where it is.
+        # The work runs on its own thread (background=True): reading a pull of stats costs in proportion
+        # to the requests each iteration served (benchmarks/trtllm_overhead.py, the ledger), and
+        # trtllm-serve pulls from its event loop (/metrics), which must not stall on it. The caller only queues. A full queue drops stats (counted) and runs a finish where it is.
         self.stats_dropped = 0
         # guard: the instrumentor's, which counts the worker's errors (its own where built alone, as in tests)
         self._worker = Materializer(self._run, guard if guard is not None else Guard(), max_jobs=max_steps + 4096,

@@ -2,8 +2,9 @@
  * each replaced on the class by a HookMethod that times the call and keeps (schedule) or sends
  * (update_from_output) the step exactly as step_hooks.StepHooks.scheduled / .updated would.
  *
- * Why: in Python the two hooks cost the EngineCore ~4-6 us a step, most of it Python frames (the wrappers,
- * the hook bodies, their attribute reads); the EngineCore's loop is vLLM's critical path. This takes the
+ * Why: in Python most of the two hooks' cost to the EngineCore is Python frames (the wrappers, the hook
+ * bodies, their attribute reads), paid every step on vLLM's critical path, the EngineCore's loop
+ * (benchmarks/engine_step_hooks.py, modes hooks and hooks_pymethods). This takes the
  * step that dominates a serving engine (a decode or chunked-prefill batch of already-running requests, no
  * speculative drafts, no LoRA adapters, no new or resumed request) and hands every other step to the
  * Python methods, the reference: on any doubt (an attribute missing, a type it does not expect) it has

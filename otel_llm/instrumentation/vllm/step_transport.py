@@ -486,10 +486,10 @@ class StepReceiver:
         self._into = [self._view]
         # Whether anything waits on the socket, asked before reading it: once a ring is attached the socket
         # is empty at nearly every drain, and an empty ``recvmsg_into`` raises BlockingIOError (the
-        # exception's errno and message built each time); ``poll(0)`` answers with an empty list.
-        # (a probe of the drain's parts: on the real engine, whose output thread runs cache-cold after each
-        # wait, the raising receive was ~35 µs of a ~110 µs drain.) A plain poll object: no kernel state,
-        # nothing to close, and it works the same after a fork.
+        # exception's errno and message built each time); ``poll(0)`` answers with an empty list. On the
+        # real engine the output thread runs cache-cold after each wait, where that raise was a large part
+        # of an empty drain. A plain poll object: no kernel state, nothing to close, and it works the same
+        # after a fork.
         self._poll = select.poll()
         self._poll.register(self.sock.fileno(), select.POLLIN)
 

@@ -39,7 +39,7 @@ a cache hit or was compiled anew (``core.timeline.StepGrammar``). The payload ca
 
 ``flags`` says which optional seconds are present (idle, model), whether every share is one token, and
 whether the ids are left out (``SAME_IDS``): a steady batch lists the same requests step after step, and
-their ids are ~2.6 KB of a 3 KB record at batch 64. A record with SAME_IDS carries no id bytes; its ids are
+their ids are most of a record's bytes. A record with SAME_IDS carries no id bytes; its ids are
 those of the record numbered ``step_id - 1`` (the EngineCore numbers its records one by one), which the
 reader must have read last from the same sender: a reader that missed that record (lost, refused, or a
 reader that came later) refuses this one as a ``WireError`` (counted) and never reuses older ids. The
@@ -444,8 +444,8 @@ def accelerator() -> Accelerator:
     one), and produces the same bytes: any input it does not take whole it hands to ``encode_py``. Its decoder
     takes the valid records with no prefilling share (every steady decode batch) and hands any other record
     whole to ``decode_py``: the same StepRecord slots and the same reader cache afterwards, the same errors
-    (tests/vllm/test_step_fast.py). Measured on the real engine, where vLLM's output thread runs cache-cold
-    after each wait: decode was ~30 µs of a ~80 µs drain in Python (a thread-CPU probe of the drain's parts).
+    (tests/vllm/test_step_fast.py). Why in C: on the real engine vLLM's output thread runs cache-cold after
+    each wait, and the Python decode was most of a drain (benchmarks/engine_step_hooks.py, per record).
     Its ring read returns the same records and leaves the reader and the ring's positions as
     ``RingReader.read`` does, or None when the positions or a size make no sense (then ``RingReader.read``
     reads and raises)."""
