@@ -8,15 +8,16 @@ bound here instead (the EngineCore's sink hands it the shared-memory ring). It r
 providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 
 Order, where the frontend is its requests' source (an engine off the one path; its messages are declared
-records, agent/protocol.py): a step that served a request was written after the request's ``START`` was
-sent (the frontend sends it before vLLM hands the request to the EngineCore), and a request's finish
-(``FACTS`` or ``FINISH``) after its last step was written. So each turn reads the frontend's messages (from
-its shared-memory ring, or the socket where it has none: starts go in at once, finishes wait), then reads
-the engine (its step socket, then its step ring), then hands the pipeline the steps read at the *previous* turn (every request they served had
-started by now, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
-written before they were sent, so read by then). Written is not sent where the steps come as datagrams:
-the EngineCore's sink holds those a full socket refused, so a finish also waits until the step that
-produced its request's last output has been added (``STEP_WAIT_TURNS``; at a flush ``FLUSH_STEP_WAIT_S``).
+records, agent/protocol.py): a step that served a request was written after the request's ``START`` was sent
+(the frontend sends it before vLLM hands the request to the EngineCore), and a request's finish (``FACTS``
+or ``FINISH``) after its last step was written. So each turn reads the frontend's messages (from its
+shared-memory ring, or the socket where it has none: starts go in at once, finishes wait), then reads the
+engine (its step socket, then its step ring), then hands the pipeline the steps read at the *previous* turn
+(every request they served had started by now, so its ``START`` is in), then settles the finishes of the
+previous turn (their steps were written before they were sent, so read by then). Written is not sent where
+the steps come as datagrams: the EngineCore's sink holds those a full socket refused, so a finish also waits
+until the step that produced its request's last output has been added (``STEP_WAIT_TURNS``; at a flush
+``FLUSH_STEP_WAIT_S``).
 
 Where the EngineCore is its requests' source (vLLM's Rust frontend, headless engines: agent/records.py,
 engine_requests.py), its request records come with the steps: a start is applied at once (before the
