@@ -1,10 +1,10 @@
 """The frontend's side of its agent: start it, send it a request's start and finish, ask it to flush.
 
 What the frontend pays a request with the agent: framing two small records (agent/protocol.py) and copying
-each into a shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL is never
-let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket, which
-the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread, and
-lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
+each into a shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL
+is never let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket,
+which the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread,
+and lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
 
 Never hurts the host:
 
