@@ -44,7 +44,7 @@ from .records import RecordError
 # one byte on the socket where the frontend's messages go through a ring: a control message (a flush, stats,
 # options) was written there, read it now (no record is this one byte)
 DOORBELL = b"\x00"
-MAX_PACKET = 1 << 20  # a longer message (captured content) is refused by the sender, counted
+MAX_PACKET = control.MAX_CONTROL  # the reader's bound: a longer message (captured content) is refused by the sender
 
 _SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary) if f.name != "gaps")  # gaps: made in the agent
 _SUMMARY_TYPES = {name: control.accepted(hint) for name, hint in typing.get_type_hints(RequestSummary).items()
