@@ -202,7 +202,10 @@ class FlushRecord:
     VERSION: ClassVar[int] = 1
 
     token: int
-    timeout: float
+    timeout: float  # seconds, at most MAX_FLUSH_S
+
+
+MAX_FLUSH_S = 3600.0  # the longest flush a frontend asks for (a longer timeout is cut to it; the agent refuses one)
 
 
 @dataclass(slots=True)

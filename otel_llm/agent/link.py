@@ -366,7 +366,8 @@ class AgentLink:
                 room.poll(min(left, 0.05) * 1e3)  # re-tried at least every 50 ms: a missed wake-up costs no more
 
     def flush(self, timeout: float) -> bool:
-        reply = self.ask(lambda token: control.FlushRecord(token, float(timeout)), timeout)
+        bound = max(0.0, min(float(timeout), control.MAX_FLUSH_S))
+        reply = self.ask(lambda token: control.FlushRecord(token, bound), timeout)
         return reply is not None and reply.ok
 
     # -- the pipeline's remote (core/pipeline.Remote) ----------------------------------------------------

@@ -291,9 +291,11 @@ class Agent:
                 self.engines.append(facts)
             self.apply_engine(facts)
         elif kind is control.FlushRecord:
+            timeout = r.timeout  # type: ignore[union-attr]
+            if not 0.0 <= timeout <= control.MAX_FLUSH_S:  # (a NaN too: no flush waits without end)
+                raise records.RecordError(f"FlushRecord.timeout: {timeout}")
             self.turn(final=True)
             ok = True
-            timeout = r.timeout  # type: ignore[union-attr]
             if p is not None:
                 ok = p.flush(timeout)
             if self.providers is not None:

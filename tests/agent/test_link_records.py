@@ -306,6 +306,15 @@ def test_the_agent_answers_a_flush_and_stats_by_token():
     agent.sock.close()
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, float("inf")])
+def test_a_flush_without_a_bound_is_refused(timeout):
+    agent, peer = _agent()
+    agent.take(control.encode(FlushRecord(43, timeout)))
+    assert agent.malformed == 1
+    peer.close()
+    agent.sock.close()
+
+
 def test_the_first_message_must_be_a_ring():
     agent, peer = _agent()
     agent.open_ring(control.encode(RingRecord(None)), [])
