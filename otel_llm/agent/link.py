@@ -1,10 +1,10 @@
 """The frontend's side of its agent: start it, send it a request's start and finish, ask it to flush.
 
-What the frontend pays a request with the agent: building two small tuples and copying each into a
-shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL is never
-let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket, which
-the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread, and
-lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
+What the frontend pays a request with the agent: framing two small records (agent/protocol.py) and copying
+each into a shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL
+is never let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket,
+which the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread,
+and lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
 
 Never hurts the host:
 
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import shm_ring
 from ..guard import Guard
@@ -123,18 +123,18 @@ class AgentLink:
         child.close()
         parent.settimeout(READY_S)
         try:
-            ready = protocol.unpack(parent.recv(protocol.MAX_PACKET))
-            if ready[0] != protocol.READY:
-                raise ValueError(f"agent said {ready[0]} first")
+            ready = control.decode(parent.recv(protocol.MAX_PACKET))
+            if type(ready) is not control.ReadyRecord:
+                raise ValueError(f"agent said {type(ready).__name__} first")
         except Exception as exc:
             return self._abandon(parent, proc, None, exc)
         ring = None
         try:  # the channel every later message takes: a ring, or the socket itself (RING None)
             if USE_RING:
                 ring = shm_ring.RingWriter(SEND_BUFFER, name="otel-llm-agent")
-                ring.announce(parent, protocol.pack((protocol.RING, ring.announcement())))
+                ring.announce(parent, control.encode(control.RingRecord(ring.announcement())))
             else:
-                parent.send(protocol.pack((protocol.RING, None)))
+                parent.send(control.encode(control.RingRecord(None)))
         except OSError as exc:
             return self._abandon(parent, proc, ring, exc)
         if ring is not None:  # a message must fit the ring with room for others (the agent reads at a tick)
@@ -298,8 +298,10 @@ class AgentLink:
         finally:
             self._restarting = False
 
-    def ask(self, kind: int, timeout: float, *args: Any) -> Any:
-        """A request the agent answers (FLUSH, STATS); None if it did not answer within ``timeout``."""
+    def ask(self, question: Callable[[int], control.FlushRecord | control.StatsRecord],
+            timeout: float) -> control.ReplyRecord | None:
+        """A request the agent answers (``question(token)``: a flush, stats); None if it did not answer within
+        ``timeout``."""
         with self._replies:
             sock = self.sock
             if sock is None or not self.alive():
@@ -312,7 +314,7 @@ class AgentLink:
             poll = select.poll()
             poll.register(sock.fileno(), select.POLLIN)
             try:
-                self._put(sock, self.ring, protocol.pack((kind, token, *args)), deadline)
+                self._put(sock, self.ring, control.encode(question(token)), deadline)
                 while True:
                     left = deadline - time.monotonic()
                     if left <= 0 or not poll.poll(left * 1e3):
@@ -320,11 +322,11 @@ class AgentLink:
                     data = sock.recv(protocol.MAX_PACKET)
                     if not data:
                         return None
-                    reply = protocol.unpack(data)
-                    if reply[0] == protocol.REPLY and reply[1] == token:
-                        return reply[2]
+                    reply = control.decode(data)
+                    if type(reply) is control.ReplyRecord and reply.token == token:
+                        return reply
                     # an answer to an earlier request that timed out: skip it
-            except (OSError, ValueError, EOFError):
+            except (OSError, ValueError, EOFError):  # (RecordError is a ValueError)
                 return None
 
     def _put(self, sock: socket.socket, ring: shm_ring.RingWriter | None, data: bytes, deadline: float) -> None:
@@ -364,7 +366,9 @@ class AgentLink:
                 room.poll(min(left, 0.05) * 1e3)  # re-tried at least every 50 ms: a missed wake-up costs no more
 
     def flush(self, timeout: float) -> bool:
-        return bool(self.ask(protocol.FLUSH, timeout, float(timeout)))
+        bound = max(0.0, min(float(timeout), control.MAX_FLUSH_S))
+        reply = self.ask(lambda token: control.FlushRecord(token, bound), timeout)
+        return reply is not None and reply.ok
 
     # -- the pipeline's remote (core/pipeline.Remote) ----------------------------------------------------
 
@@ -391,7 +395,7 @@ class AgentLink:
 
     def stats(self, counts: Any, timeout: float = 2.0) -> dict[str, Any]:
         """The agent's pipeline's counts (what users read), the frontend's own requests, and the link's."""
-        remote = self.ask(protocol.STATS, timeout)
+        remote = self._stats(timeout)
         self._last_stats = (time.monotonic(), remote)
         out: dict[str, Any] = dict(remote) if isinstance(remote, dict) else dict(vars(counts))
         out.pop("agent_errors", None)
@@ -407,8 +411,12 @@ class AgentLink:
         ``stats`` just got (``otel_llm.stats()`` asks for both), else asked for."""
         at, remote = self._last_stats
         if time.monotonic() - at > 1.0:
-            remote = self.ask(protocol.STATS, timeout)
+            remote = self._stats(timeout)
         return dict(remote.get("agent_errors") or {}) if isinstance(remote, dict) else {}
+
+    def _stats(self, timeout: float) -> dict[str, Any] | None:
+        reply = self.ask(control.StatsRecord, timeout)
+        return reply.stats if reply is not None else None
 
     def counts(self) -> dict[str, int]:
         return {"agent_pid": self.pid if self.alive() else 0, "agent_dropped": self.dropped,

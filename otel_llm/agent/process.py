@@ -7,15 +7,17 @@ bound here instead (the EngineCore's sink hands it the shared-memory ring). It r
 ``Pipeline`` as the frontend would (tail decision, verdict, metrics, spans) and exports through
 providers rebuilt from the ``OTEL_*`` variables (destinations.py).
 
-Order: a step that served a request was written after the request's ``START`` was sent (the frontend
-sends it before vLLM hands the request to the EngineCore), and a request's ``FINISH`` after its last
-step was written. So each turn reads the frontend's messages (from its shared-memory ring, or the socket
-where it has none: starts go in at once, finishes wait), then reads the engine (its step socket, then its
-step ring), then hands the pipeline the steps read at the *previous* turn (every request they served had
-started by now, so its ``START`` is in), then settles the finishes of the previous turn (their steps were
-written before they were sent, so read by then). Written is not sent where the steps come as datagrams:
-the EngineCore's sink holds those a full socket refused, so a finish also waits until the step that
-produced its request's last output has been added (``STEP_WAIT_TURNS``; at a flush ``FLUSH_STEP_WAIT_S``).
+Order, where the frontend is its requests' source (an engine off the one path; its messages are declared
+records, agent/protocol.py): a step that served a request was written after the request's ``START`` was sent
+(the frontend sends it before vLLM hands the request to the EngineCore), and a request's finish (``FACTS``
+or ``FINISH``) after its last step was written. So each turn reads the frontend's messages (from its
+shared-memory ring, or the socket where it has none: starts go in at once, finishes wait), then reads the
+engine (its step socket, then its step ring), then hands the pipeline the steps read at the *previous* turn
+(every request they served had started by now, so its ``START`` is in), then settles the finishes of the
+previous turn (their steps were written before they were sent, so read by then). Written is not sent where
+the steps come as datagrams: the EngineCore's sink holds those a full socket refused, so a finish also waits
+until the step that produced its request's last output has been added (``STEP_WAIT_TURNS``; at a flush
+``FLUSH_STEP_WAIT_S``).
 
 Where the EngineCore is its requests' source (vLLM's Rust frontend, headless engines: agent/records.py,
 engine_requests.py), its request records come with the steps: a start is applied at once (before the
@@ -43,7 +45,7 @@ from typing import Any, Callable
 
 from .. import shm_ring
 from ..core.diagnosis.anatomy import EngineFacts
-from ..core.finish_facts import settle
+from ..core.finish_facts import FinishFacts, settle
 from ..core import self_metrics
 from ..core.pipeline import Pipeline
 from ..guard import Guard, total
@@ -54,6 +56,7 @@ from .engine_requests import EngineRequests
 from .link import CLIENT_ENV
 
 _DOORBELL = protocol.DOORBELL[0]
+Finish = FinishFacts | control.FinishRecord  # the frontend's finish: the engine's numbers, or its summary
 _REQUEST_RECORDS = (records.RequestStart, records.RequestFinish, records.SinkCounts)
 MAX_SINKS = 16  # engine processes whose sink counts are kept (EngineCores that came and went: the oldest goes)
 
@@ -90,9 +93,9 @@ class Agent:
         self.receiver: Any = None
         self.starts = protocol.Starts()
         self.pending_steps: list[Any] = []  # read at the last turn, handed to the pipeline at the next
-        self.arrived: list[tuple] = []  # finishes received since the last turn
-        self.due: list[tuple] = []  # finishes received before the last turn's ring read: settled this turn
-        self.behind: list[tuple[tuple, int]] = []  # due finishes waiting for their last output's step, turns left
+        self.arrived: list[Finish] = []  # the frontend's finishes received since the last turn
+        self.due: list[Finish] = []  # finishes received before the last turn's ring read: settled this turn
+        self.behind: list[tuple[Finish, int]] = []  # due finishes waiting for their last output's step, turns left
         self.clock, self.sleep = time.monotonic, time.sleep  # (a flush's wait for steps; tests inject both)
         self.engines: list[EngineFacts] = []
         self.malformed = 0
@@ -111,16 +114,17 @@ class Agent:
         self.client_index = _client_index(os.environ.get(CLIENT_ENV))
         self.others = 0  # request records of another API server's requests, skipped
 
-    def open_ring(self, m: tuple, fds: list[int]) -> None:
-        """The frontend's first message (``RING``): the ring it writes every later message into, or None
+    def open_ring(self, data: bytes, fds: list[int]) -> None:
+        """The frontend's first message (``RingRecord``): the ring it writes every later message into, or None
         (every message a packet)."""
         try:
-            if m[0] != protocol.RING:
-                raise ValueError(f"the frontend's first message is of kind {m[0]}, not RING")
-            if m[1] is not None:
+            first = control.decode(data)
+            if type(first) is not control.RingRecord:
+                raise records.RecordError(f"the frontend's first message is a {type(first).__name__}, not RING")
+            if first.announcement is not None:
                 if len(fds) != 1:
                     raise shm_ring.RingError(f"ring announcement with {len(fds)} descriptors")
-                self.ring = shm_ring.RingReader(m[1], fds[0])
+                self.ring = shm_ring.RingReader(first.announcement, fds[0])
         except Exception as exc:  # no ring: nothing the frontend sends reaches the pipeline; counted
             self.malformed += 1
             self.guard.failed("agent ring", exc)
@@ -252,52 +256,57 @@ class Agent:
         return None if closed else n
 
     def take(self, data: Any) -> None:
+        """One message from the frontend: a declared record of the agent link (control.py) or its enrichment
+        (records.py); anything else (another record, a positional tuple) is refused, counted malformed."""
         try:
-            if data[0] == records.TAG:  # a declared record (agent/records.py): the frontend's enrichment
+            if data[0] == records.TAG:  # a request record (agent/records.py): the frontend's enrichment
                 record = records.decode(data)
                 if type(record) is not records.RequestEnrichment:
                     raise records.RecordError(f"{type(record).__name__} from the frontend")
                 self.engine_requests.enrichments.add(record)
                 return
-            self.handle(protocol.unpack(data))
+            self.handle(control.decode(data))
         except Exception as exc:  # a message we cannot read costs that message
             self.malformed += 1
             self.guard.failed("agent message", exc)
 
-    def handle(self, m: tuple) -> None:
-        kind = m[0]
+    def handle(self, r: control.Record) -> None:
+        kind = type(r)
         p = self.pipeline
-        if kind == protocol.START:
+        if kind is control.StartRecord:
             if p is not None:
-                p.start(self.starts.timeline(m))
-        elif kind == protocol.FINISH or kind == protocol.FACTS:
-            self.arrived.append(m)
-        elif kind == protocol.CONFIG:
-            record = control.read(m)
-            if record is None:  # the instrumentation ended
-                self.close_pipeline()
-            else:
-                config, found = control.setup_of(record)  # type: ignore[arg-type]
-                self.configure(protocol.AgentConfig(config, found))
-        elif kind == protocol.ENGINE:
-            facts = control.engine_of(control.read(m))  # type: ignore[arg-type]
+                p.start(self.starts.timeline(r))  # type: ignore[arg-type]
+        elif kind is control.FactsRecord:
+            self.arrived.append(protocol.facts_of(r))  # type: ignore[arg-type]
+        elif kind is control.FinishRecord:
+            self.arrived.append(protocol.checked(r))  # type: ignore[arg-type]
+        elif kind is control.ConfigRecord:
+            config, found = control.setup_of(r)  # type: ignore[arg-type]
+            self.configure(protocol.AgentConfig(config, found))
+        elif kind is control.ReleaseRecord:  # the instrumentation ended
+            self.close_pipeline()
+        elif kind is control.EngineRecord:
+            facts = control.engine_of(r)  # type: ignore[arg-type]
             if facts not in self.engines:
                 self.engines.append(facts)
             self.apply_engine(facts)
-        elif kind == protocol.FLUSH:
+        elif kind is control.FlushRecord:
+            timeout = r.timeout  # type: ignore[union-attr]
+            if not 0.0 <= timeout <= control.MAX_FLUSH_S:  # (a NaN too: no flush waits without end)
+                raise records.RecordError(f"FlushRecord.timeout: {timeout}")
             self.turn(final=True)
             ok = True
             if p is not None:
-                ok = p.flush(m[2])
+                ok = p.flush(timeout)
             if self.providers is not None:
                 tp, mp = self.providers
-                ok = tp.force_flush(int(m[2] * 1e3)) and ok
-                ok = mp.force_flush(int(m[2] * 1e3)) and ok
-            self.reply(m[1], ok)
-        elif kind == protocol.STATS:
-            self.reply(m[1], self.stats())
-        else:
-            raise ValueError(f"unknown agent message kind {kind}")
+                ok = tp.force_flush(int(timeout * 1e3)) and ok
+                ok = mp.force_flush(int(timeout * 1e3)) and ok
+            self.reply(control.ReplyRecord(r.token, ok=bool(ok)))  # type: ignore[union-attr]
+        elif kind is control.StatsRecord:
+            self.reply(control.ReplyRecord(r.token, stats=self.stats()))  # type: ignore[union-attr]
+        else:  # a record the agent sends (READY, REPLY), or RING after the first message
+            raise records.RecordError(f"{kind.__name__} from the frontend")
 
     def turn(self, final: bool = False) -> None:
         """This turn's read of the engine, then its starts, last turn's steps, last turn's finishes (see the
@@ -328,30 +337,30 @@ class Agent:
                 add(step)
             if final and self.receiver is not None:
                 engine_due += self._catch_up(p, finishes, engine_due)
-            for m in self._caught_up(p, finishes, final):
-                self.finish(p, m)
+            for f in self._caught_up(p, finishes, final):
+                self.finish(p, f)
             for r, e in self.engine_requests.enrichments.ready(engine_due):
                 self.engine_finish(p, r, e)
             self.starts.forget_complete()
 
-    def _caught_up(self, p: Pipeline, finishes: list[tuple], final: bool) -> list[tuple]:
+    def _caught_up(self, p: Pipeline, finishes: list[Finish], final: bool) -> list[Finish]:
         """The finishes to settle now, in order: those whose last output's step the pipeline has (or that have
         none, or waited ``STEP_WAIT_TURNS``); the others wait in ``behind``. All of them at a final turn."""
         behind = self.behind
         if not behind and not finishes:
             return finishes
         latest = p.latest_step_end()
-        ready: list[tuple] = []
-        waiting: list[tuple[tuple, int]] = []
-        for m, left in behind + [(m, STEP_WAIT_TURNS) for m in finishes]:
-            if final or left <= 0 or not _ahead(m, latest):
-                ready.append(m)
+        ready: list[Finish] = []
+        waiting: list[tuple[Finish, int]] = []
+        for f, left in behind + [(f, STEP_WAIT_TURNS) for f in finishes]:
+            if final or left <= 0 or not _ahead(f, latest):
+                ready.append(f)
             else:
-                waiting.append((m, left - 1))
+                waiting.append((f, left - 1))
         self.behind = waiting
         return ready
 
-    def _catch_up(self, p: Pipeline, finishes: list[tuple],
+    def _catch_up(self, p: Pipeline, finishes: list[Finish],
                   engine_due: list[records.RequestFinish]) -> list[records.RequestFinish]:
         """A flush: reads the engine for up to ``FLUSH_STEP_WAIT_S`` more while a finish's last output came from
         a step not read yet (the sink of an engine gone idle sends what it held once the reader made room), or
@@ -359,14 +368,14 @@ class Agent:
         let the request go, then aborted it in the engine; the abort's finish follows), adding the steps to
         the pipeline; the engine's own finishes read meanwhile are returned. After the last awaited finish one
         more read: a finish is sent just before its step is written."""
-        waiting = [m for m, _ in self.behind] + finishes
+        waiting = [f for f, _ in self.behind] + finishes
         enrichments = self.engine_requests.enrichments
         expected = enrichments.unfinished(engine_due)
         enrichments.flushed()
         engine_finishes: list[records.RequestFinish] = []
         deadline = self.clock() + FLUSH_STEP_WAIT_S
         once_more = False
-        while expected or once_more or any(_ahead(m, p.latest_step_end()) for m in waiting):
+        while expected or once_more or any(_ahead(f, p.latest_step_end()) for f in waiting):
             left = deadline - self.clock()
             if left <= 0:
                 break
@@ -425,15 +434,16 @@ class Agent:
         except Exception as exc:
             self.guard.failed("agent engine finish", exc)
 
-    def finish(self, p: Pipeline, m: tuple) -> None:
+    def finish(self, p: Pipeline, f: Finish) -> None:
+        """The frontend's finish (its facts, or its summary), settled."""
         try:
-            t = p.requests.get(m[1])
+            t = p.requests.get(f.request_id)
             if t is None:
                 self.orphans += 1
-            if m[0] == protocol.FACTS:
-                rid, summary = m[1], settle(t, protocol.facts_of(m))
+            if type(f) is FinishFacts:
+                rid, summary = f.request_id, settle(t, f)
             else:
-                rid, summary = protocol.finish_into(t, m)
+                rid, summary = protocol.finish_into(t, f)  # type: ignore[arg-type]
             p.finish(rid, summary)
         except Exception as exc:
             self.guard.failed("agent finish", exc)
@@ -463,10 +473,10 @@ class Agent:
                 "engine_requests_dropped": sum(max(0, c.requests_dropped) for c in sinks),
                 "orphans": self.orphans}
 
-    def reply(self, token: int, payload: Any) -> None:
+    def reply(self, answer: control.ReplyRecord) -> None:
         try:
             self.sock.settimeout(5.0)
-            self.sock.send(protocol.pack((protocol.REPLY, token, payload)))
+            self.sock.send(control.encode(answer))
         except OSError:
             pass  # the frontend gave up waiting, or is gone
         finally:
@@ -481,10 +491,10 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _ahead(m: tuple, latest: float | None) -> bool:
-    """Whether finish ``m``'s last output came after the latest step added (``latest``; None: no step yet,
+def _ahead(f: Finish, latest: float | None) -> bool:
+    """Whether finish ``f``'s last output came after the latest step added (``latest``; None: no step yet,
     nothing to wait for)."""
-    last = protocol.last_output_stamp(m)
+    last = protocol.last_output_stamp(f)
     return latest is not None and last is not None and last > latest
 
 
@@ -505,7 +515,7 @@ def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> i
         # the step socket first: bound before the frontend builds its engine, so its EngineCore's sink finds
         # it at its first scan
         agent.open_receiver()
-        sock.send(protocol.pack((protocol.READY, 0, os.getpid())))
+        sock.send(control.encode(control.ReadyRecord(os.getpid())))
         sock.settimeout(FIRST_S)
         try:
             data, fds, _, _ = socket.recv_fds(sock, protocol.MAX_PACKET, 1)
@@ -514,12 +524,7 @@ def main(argv: list[str], open_steps: Callable[[Guard], Any] | None = None) -> i
         sock.settimeout(None)
         if not data:
             return 0
-        try:
-            first = protocol.unpack(data)
-        except Exception as exc:
-            first = (None,)
-            agent.guard.failed("agent ring", exc)
-        agent.open_ring(first, fds)
+        agent.open_ring(data, fds)
         agent.run()
     finally:
         try:

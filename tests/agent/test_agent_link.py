@@ -411,10 +411,14 @@ def test_malformed_messages_are_counted_and_the_agent_serves_on(frontend: Fronte
     frontend.link.send(b"xx")  # not marshal data
     frontend.link.send(marshal.dumps([1, 2]))  # not a message
     frontend.link.send(marshal.dumps((99, 1)))  # an unknown kind
+    # an earlier release's positional START and FLUSH: refused (no request started, no flush answered)
+    frontend.link.send(marshal.dumps((1, "positional", time.time(), "m", "text_completion", None, 0, None, None,
+                                      {}, 100, None, None, False, None, None, None)))
+    frontend.link.send(marshal.dumps((5, 1, 1.0)))
     feed(frontend.pipeline, "after-garbage")
     assert frontend.pipeline.flush(WAIT_S)
     stats = frontend.pipeline.stats()
-    assert stats["agent_malformed"] == 3
+    assert stats["agent_malformed"] == 5 and stats["requests_kept"] == 1
     assert stats["agent_unreachable"] == 0 and stats["requests_kept"] == 1
     assert request_spans(sink.wait_for(lambda s: request_spans(s, "after-garbage")), "after-garbage")
 

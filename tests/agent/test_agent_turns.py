@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv as sc
-from otel_llm.agent import process, protocol
+from otel_llm.agent import control, process, protocol
 from otel_llm.agent.process import Agent
 from otel_llm.core.config import Config
 from otel_llm.core.finish_facts import EngineStats, FinishFacts
@@ -190,7 +190,7 @@ def test_a_control_message_through_the_ring_rings_the_agents_socket_and_the_bell
     link = AgentLink(Guard(), "unused")
     link.sock, link.ring = frontend_end, ring
     link.alive = lambda: True  # (no agent process behind this link)
-    link._put(frontend_end, ring, protocol.pack((protocol.STATS, 1)), time.monotonic() + 1)
+    link._put(frontend_end, ring, control.encode(control.StatsRecord(1)), time.monotonic() + 1)
     assert ring.written == 1 and agent_end.recv(16) == protocol.DOORBELL
     link.send(_start(time.time()))  # a start: into the ring, no bell
     assert ring.written == 2

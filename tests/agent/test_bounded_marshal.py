@@ -30,9 +30,9 @@ def _bodies() -> dict[str, bytes]:
         ("start", _start()), ("finish", _finish()), ("enrichment", _enrichment()),
         ("sink_counts", records.SinkCounts(pid=7, steps_dropped=3, requests_dropped=1)))}
     out["batch"] = records.batch([records.encode(_start()), records.encode(_finish())])[2:]
-    out["config"] = control.config_message(_config(), _destinations())
-    out["engine"] = control.engine_message(_engine())
-    out["release"] = control.release_message()
+    out["config"] = control.config_message(_config(), _destinations())[2:]  # (after its tag and kind bytes)
+    out["engine"] = control.engine_message(_engine())[2:]
+    out["release"] = control.release_message()[2:]
     # every code the walker takes, in one value: sets, frozensets, longs, bytes, interned and ASCII strings,
     # short tuples, references
     shared = "shared-string"

@@ -1,4 +1,4 @@
-"""The frontend's control messages to its agent (otel_llm/agent/control.py): the options and an engine's
+"""The frontend's control records to its agent (otel_llm/agent/control.py): the options and an engine's
 shape as declared records (named fields, a version, no pickle), untrusted bytes refused with a clear error."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from otel_llm.agent import control, protocol
-from otel_llm.agent.control import ConfigRecord, EngineRecord
+from otel_llm.agent import control
+from otel_llm.agent.control import ConfigRecord, EngineRecord, ReleaseRecord
 from otel_llm.agent.destinations import Destinations
 from otel_llm.agent.records import RecordError
 from otel_llm.core.config import Config, Detail
@@ -47,41 +47,49 @@ def test_an_engine_round_trips_with_and_without_a_model_shape():
         assert control.engine_of(control.decode(control.engine_message(facts))) == facts
 
 
-def test_the_end_of_an_instrumentation_is_a_config_without_fields():
-    assert control.decode(control.release_message()) is None
+def test_the_end_of_an_instrumentation_is_a_record_of_its_own():
+    assert control.decode(control.release_message()) == ReleaseRecord()
+
+
+def _raw(kind: int, version: int, values) -> bytes:
+    """A message as a writer would frame it, whatever its values."""
+    return bytes((control.TAG, kind)) + marshal.dumps((version, values))
 
 
 def test_no_pickle_on_the_wire():
-    for data in (control.config_message(_config(), _destinations()), control.engine_message(_engine())):
-        message = marshal.loads(data)  # built-in values only
-        assert message[0] in (protocol.CONFIG, protocol.ENGINE) and isinstance(message[2], dict)
-        assert b"\x80\x04" not in data[:2]
+    for kind, data in ((control.CONFIG, control.config_message(_config(), _destinations())),
+                       (control.ENGINE, control.engine_message(_engine()))):
+        assert data[:2] == bytes((control.TAG, kind))
+        version, values = marshal.loads(data[2:])  # built-in values only
+        assert version == 1 and isinstance(values, dict)
 
 
 def test_a_field_a_newer_writer_added_is_ignored_and_a_missing_optional_one_defaults():
-    data = marshal.dumps((protocol.ENGINE, 1, {"on_cuda": False, "npu": "yes"}))
+    data = _raw(control.ENGINE, 1, {"on_cuda": False, "npu": "yes"})
     assert control.engine_of(control.decode(data)) == EngineFacts(None, on_cuda=False)
     options = {"sample_rate": 0.5, "a_newer_option": 7}
-    data = marshal.dumps((protocol.CONFIG, 1, {"options": options, "spans": [], "metrics": []}))
+    data = _raw(control.CONFIG, 1, {"options": options, "spans": [], "metrics": []})
     config, dest = control.setup_of(control.decode(data))
     assert config == Config(sample_rate=0.5) and dest == Destinations()
 
 
-@pytest.mark.parametrize("message, says", [
-    ((protocol.CONFIG, 2, {}), "version 2"),
-    ((protocol.ENGINE, 0, {}), "version 0"),
-    ((99, 1, {}), "unknown kind"),
-    ((protocol.ENGINE, 1, [1]), "another shape"),
-    ((protocol.ENGINE, 1), "another shape"),
-    ((protocol.ENGINE, True, {}), "another shape"),
-    ((protocol.ENGINE, 1, {"devices": 2}), "EngineRecord"),
-    ((protocol.ENGINE, 1, {"on_cuda": 1}), "on_cuda: int"),
-    ((protocol.ENGINE, 1, {"on_cuda": False, "devices": True}), "devices: bool"),
-    ((protocol.CONFIG, 1, {"options": {}, "spans": [], "metrics": [], "schema_url": 5}), "schema_url: int"),
+@pytest.mark.parametrize("data, says", [
+    (_raw(control.CONFIG, 2, {}), "version 2"),
+    (_raw(control.ENGINE, 0, {}), "version 0"),
+    (_raw(99, 1, {}), "unknown kind"),
+    (_raw(control.ENGINE, 1, [1]), "another shape"),
+    (bytes((control.TAG, control.ENGINE)) + marshal.dumps((1,)), "another shape"),
+    (_raw(control.ENGINE, True, {}), "another shape"),
+    (_raw(control.ENGINE, 1, {"devices": 2}), "EngineRecord"),
+    (_raw(control.ENGINE, 1, {"on_cuda": 1}), "on_cuda: int"),
+    (_raw(control.ENGINE, 1, {"on_cuda": False, "devices": True}), "devices: bool"),
+    (_raw(control.CONFIG, 1, {"options": {}, "spans": [], "metrics": [], "schema_url": 5}), "schema_url: int"),
+    # the positional control messages of earlier releases: (kind, version, fields)
+    (marshal.dumps((control.ENGINE, 1, {"on_cuda": False})), "not a record of the agent link"),
 ])
-def test_bad_messages_are_refused_with_a_clear_error(message, says):
+def test_bad_messages_are_refused_with_a_clear_error(data, says):
     with pytest.raises(RecordError, match=says):
-        control.decode(marshal.dumps(message))
+        control.decode(data)
 
 
 @pytest.mark.parametrize("options, says", [
@@ -98,7 +106,7 @@ def test_bad_messages_are_refused_with_a_clear_error(message, says):
     ({"slo": {"per_model_tenant": [("m", 2, (None,) * 4)]}}, "not a \\(model, tenant, SLO\\)"),
 ])
 def test_bad_options_are_refused_as_the_options_parser_would(options, says):
-    data = marshal.dumps((protocol.CONFIG, 1, {"options": options, "spans": [], "metrics": []}))
+    data = _raw(control.CONFIG, 1, {"options": options, "spans": [], "metrics": []})
     with pytest.raises(RecordError, match=says):
         control.setup_of(control.decode(data))
 
@@ -112,15 +120,15 @@ def test_bad_options_are_refused_as_the_options_parser_would(options, says):
 def test_bad_destinations_are_refused(field, value, says):
     values = {"options": {}, "spans": [], "metrics": [], field: value}
     with pytest.raises(RecordError, match=says):
-        control.setup_of(control.decode(marshal.dumps((protocol.CONFIG, 1, values))))
+        control.setup_of(control.decode(_raw(control.CONFIG, 1, values)))
 
 
 def test_a_model_shape_of_the_wrong_types_is_refused():
     model = {"layers": 2, "hidden": "64"}
     with pytest.raises(RecordError, match="model.hidden: str"):
-        control.engine_of(control.decode(marshal.dumps((protocol.ENGINE, 1, {"on_cuda": False, "model": model}))))
+        control.engine_of(control.decode(_raw(control.ENGINE, 1, {"on_cuda": False, "model": model})))
     with pytest.raises(RecordError, match="EngineRecord.model"):
-        control.engine_of(control.decode(marshal.dumps((protocol.ENGINE, 1, {"on_cuda": False, "model": {}}))))
+        control.engine_of(control.decode(_raw(control.ENGINE, 1, {"on_cuda": False, "model": {}})))
 
 
 def test_random_bytes_never_raise_anything_but_record_error():
@@ -149,4 +157,4 @@ def test_a_length_past_the_end_is_refused_before_it_is_allocated():
     for bomb in (b"[" + struct.pack("<i", 2**31 - 1), b"(" + struct.pack("<i", 10**9) + b"N",
                  b")\x03NN", b"{" + b"z\x01a", b"c" + b"\x00" * 40, b"\xdb" + struct.pack("<i", 5) + b"ab"):
         with pytest.raises(RecordError, match="unreadable"):
-            control.decode(marshal.dumps(protocol.CONFIG)[:0] + bomb)
+            control.decode(bytes((control.TAG, control.CONFIG)) + bomb)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from otel_llm.agent import protocol
+from otel_llm.agent import control, protocol
 from otel_llm.core.finish_facts import EngineStats, FinishFacts, settle
 from otel_llm.core.step_tokens import TokenWindow
 from otel_llm.core.timeline import PREEMPTED, QUEUED, SCHEDULED, RequestTimeline
@@ -88,11 +88,11 @@ def test_the_python_frontend_reads_its_receipts_off_vllms_own_stamps() -> None:
 
 def test_the_message_carries_every_fact() -> None:
     f = facts(first_output=999.875, last_output=1003.5)
-    m = protocol.unpack(protocol.facts_message(f))
-    assert m[0] == protocol.FACTS
-    got = protocol.facts_of(m)
+    r = control.decode(protocol.facts_message(f))
+    assert type(r) is control.FactsRecord
+    got = protocol.facts_of(r)
     assert got == f._replace(events=[tuple(e) for e in f.events])
-    assert protocol.facts_of(protocol.unpack(protocol.facts_message(f, content=False))).output_text is None
+    assert protocol.facts_of(control.decode(protocol.facts_message(f, content=False))).output_text is None
 
 
 def test_a_finish_with_its_summary_carries_the_receipts_too() -> None:
@@ -100,7 +100,8 @@ def test_a_finish_with_its_summary_carries_the_receipts_too() -> None:
     t = started()
     s = settle(t, facts(first_output=999.875, last_output=1003.5))
     got = started()
-    protocol.finish_into(got, protocol.unpack(protocol.finish_message("r1", t, s)))
+    protocol.finish_into(got, protocol.checked(control.decode(protocol.finish_message("r1", t, s))))
     assert (got.first_output, got.last_output) == (999.875, 1003.5)
-    rid, untracked = protocol.finish_into(None, protocol.unpack(protocol.finish_message("r1", None, s)))
+    untracked_finish = protocol.checked(control.decode(protocol.finish_message("r1", None, s)))
+    rid, untracked = protocol.finish_into(None, untracked_finish)
     assert rid == "r1" and untracked.ttft == s.ttft

@@ -10,6 +10,9 @@ It runs on the paths of a machine that is not x86-64 Linux (e.g. ARM GH200), whi
 here does not take: no shared-memory rings (the EngineCore's step records as datagrams, the frontend's messages
 to the agent as packets) and no C extension, in the frontend (``link.USE_RING``), the spawned EngineCore and the
 agent (support/portable_site/sitecustomize.py on their PYTHONPATH).
+
+Then a later engine in the same process, off the one path (n-gram speculative decoding), whose requests the
+frontend hands the same agent as its own start and finish records (agent/control.py), on the same channels.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any
 import pytest
 
 import otel_llm
+from otel_llm import semconv as sc
 from support.otlp_sink import OTLPSink
+from support.traces import row_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -190,3 +195,75 @@ def test_a_flush_right_after_a_stop_string_has_the_request_as_the_frontend_finis
     s = run["stats"]
     assert s["agent_enriched"] == s["agent_engine_finishes"] == len(offline.PROMPTS) + 2
     assert s["agent_enrichments_missing"] == s["agent_orphans"] == 0
+
+
+# -- a later engine off the one path: the frontend's own start and finish records ---------------------------
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+LATER, LATER_TOKENS = 2, 16
+
+
+@pytest.fixture(scope="module")
+def later_run(agent_run):
+    """A later engine in the same process, off the one path (n-gram speculative decoding: its token times are
+    stamped in the frontend), whose requests the frontend hands the agent the first engine opened: each one's
+    ``StartRecord`` and ``FinishRecord`` (agent/control.py), as packets (the portable channel)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from vllm import SamplingParams
+
+    from otel_llm.agent import link
+    from support.engine import make_llm
+    from support.traces import request_trees
+
+    sink = agent_run.sink
+    sink.clear()  # (the first engine's spans were read by the tests above)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint)
+        mp.setattr(link, "USE_RING", False)
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(PORTABLE_SITE), os.environ.get("PYTHONPATH", "")]))
+        resource = Resource.create({"service.name": "agent-contract", "process.pid": os.getpid()})
+        tp = TracerProvider(resource=resource)
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        mp_ = MeterProvider(resource=resource, metric_readers=[
+            PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=86_400_000)])
+        otel_llm.instrument(tracer_provider=tp, meter_provider=mp_, sample_rate=1.0, baseline_detail="steps",
+                            tail_quantile=0)
+        try:
+            llm = make_llm(speculative_config=SPEC)
+            prompts = [{"prompt_token_ids": [20 + i] + [7, 8, 9, 10, 11, 12] * 8} for i in range(LATER)]
+            outputs = llm.generate(prompts, SamplingParams(max_tokens=LATER_TOKENS, ignore_eos=True, temperature=0.0),
+                                   use_tqdm=False)
+            assert otel_llm.flush(60)
+            stats = otel_llm.stats()
+            trees = request_trees([s.readable() for s in sink.spans()])
+            del llm
+        finally:
+            otel_llm.uninstrument()
+            tp.shutdown()
+            mp_.shutdown()
+    return outputs, trees, stats["vllm"], stats["errors"]
+
+
+def test_a_later_engines_requests_reach_the_agent_as_the_frontends_records(agent_run, later_run):
+    outputs, trees, s, errors = later_run
+    assert s["agent_pid"] == agent_run.agent_pid  # the agent the first engine opened
+    assert s["requests_finished"] == LATER  # this instrumentation's: started and finished by the frontend
+    # not the engine's records: its EngineCore is not on the one path; every record read, each start before
+    # its finish
+    assert s["agent_engine_starts"] == agent_run.stop["stats"]["agent_engine_starts"]
+    assert s["agent_malformed"] == s["agent_orphans"] == 0
+    assert s["agent_dropped"] == s["agent_lost"] == s["agent_oversized"] == 0
+    assert errors == {}
+    for o in outputs:
+        t = trees[o.request_id]  # its start (the response id) and finish (the summary) joined
+        assert t.attributes[sc.USAGE_OUTPUT_TOKENS] == LATER_TOKENS == len(o.outputs[0].token_ids)
+        assert t.attributes[sc.SPEC_DRAFT_TOKENS] > 0  # the agent's steps joined to the request its start opened
+        t.one(sc.SPAN_DECODE)
+        # the stamped token times (several tokens a step where drafts were accepted) placed every token
+        assert sum(row_tokens(r) for r in t.decode_rows()) == LATER_TOKENS - 1
