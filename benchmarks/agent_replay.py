@@ -289,6 +289,9 @@ SPLIT = (
     ("otel_llm.agent.process", "Agent", "finish"), ("otel_llm.agent.engine_requests", "EngineRequests", "timeline"),
     ("otel_llm.agent.engine_requests", "EngineRequests", "facts"),
     ("otel_llm.agent.engine_requests", "Enrichments", "ready"),
+    ("otel_llm.agent.engine_requests", "EngineRequests", "settle"),
+    ("otel_llm.agent.engine_requests", None, "stamps_from_steps"), ("otel_llm.agent.engine_requests", None, "settle"),
+    ("otel_llm.agent.records", None, "decode"), ("otel_llm.instrumentation.vllm.step_wire", None, "decode"),
     ("otel_llm.core.pipeline", "Pipeline", "add_step"), ("otel_llm.core.pipeline", "Pipeline", "finish"),
     ("otel_llm.core.pipeline", "Pipeline", "decide"), ("otel_llm.core.pipeline", "Pipeline", "_materialize"),
     ("otel_llm.core.pipeline", "Pipeline", "_materialize_request"), ("otel_llm.core.pipeline", "Pipeline", "_own_steps"),
@@ -316,7 +319,8 @@ class Split:
             if original is None:  # (a function another version of the agent does not have)
                 continue
             self._undo.append((owner, name, original))
-            setattr(owner, name, self._timed(f"{cls + '.' if cls else ''}{name}", original))
+            label = f"{cls}.{name}" if cls else f"{module.rsplit('.', 1)[-1]}.{name}"
+            setattr(owner, name, self._timed(label, original))
 
     def _timed(self, label: str, function: Any) -> Any:
         ns, clock = self.ns, time.thread_time_ns

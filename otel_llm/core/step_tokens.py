@@ -50,36 +50,30 @@ class OutputTimes(NamedTuple):
 def output_times(rid: str, steps: Sequence[StepRecord], prompt: int, outputs: int) -> OutputTimes:
     """The ``end`` of each of ``steps`` (ascending, those that served ``rid``) in which its share produced an
     output, the first ``outputs`` of them; and the prompt tokens its first step found cached (None: the first
-    step computed no prompt chunk of it, or the step says no contexts)."""
-    out: list[float] = []
-    append = out.append
+    step computed no prompt chunk of it, or the step says no contexts). Every step's end is taken at once
+    (a request's steps are mostly decodes, an output each), then the steps with prompt chunks, fewer, are
+    read, and those in which its own chunk left prompt (or recomputed outputs) to compute are taken out."""
+    ends = [step.end for step in steps]
     cached = None
-    n = 0
-    for k, step in enumerate(steps):
+    skipped = 0
+    for k in [k for k, step in enumerate(steps) if step.prefill_at]:  # the steps that computed prompt chunks
+        n = k - skipped  # its outputs before this step
         if n >= outputs:
             break
-        prefill_at = step.prefill_at
-        if prefill_at:
-            ids = step.ids
-            for i in prefill_at:
-                if ids[i] == rid:  # ours: does it complete?
-                    contexts = step.contexts
-                    if contexts is not None:
-                        if not k:
-                            cached = contexts[i]
-                        chunk = step.tokens[i] if step.tokens is not None else 1
-                        if contexts[i] + chunk < prompt + n:
-                            break  # a chunk that leaves prompt (or recomputed outputs) to compute: no output
-                    append(step.end)
-                    n += 1
-                    break
-            else:
-                append(step.end)
-                n += 1
-            continue
-        append(step.end)
-        n += 1
-    return OutputTimes(out, cached)
+        step = steps[k]
+        ids = step.ids
+        for i in step.prefill_at:
+            if ids[i] == rid:  # ours: does it complete?
+                contexts = step.contexts
+                if contexts is not None:
+                    if not k:
+                        cached = contexts[i]
+                    if contexts[i] + (step.tokens[i] if step.tokens is not None else 1) < prompt + n:
+                        del ends[n]  # a chunk that leaves prompt (or recomputed outputs) to compute: no output
+                        skipped += 1
+                break
+    del ends[outputs:]
+    return OutputTimes(ends, cached)
 
 
 def token_times(rid: str, steps: Sequence[StepRecord], window: TokenWindow) -> list[float] | None:
