@@ -4,8 +4,10 @@ Where the engine process is its requests' source (vLLM's Rust frontend, headless
 ``RequestStart`` becomes a request timeline, and a ``RequestFinish`` becomes the engine's statistics for
 it, with the stamps the engine does not keep per request read off the steps that served it: scheduled (the
 first step's start), the first and last token (the ``end`` of each step in which its share produced an
-output, as core/step_tokens.py places them), the prompt's cached tokens (the first step's context). Then
-the summary is made with the formulas every path uses (core/finish_facts.settle), so the metrics, the tail
+output, as core/step_tokens.py places them), the prompt's cached tokens (the first step's context). Its
+steps are joined once (``Pipeline.steps_of``, kept on its timeline for the pipeline) and its outputs placed
+on them once: the same placement is its token times, which the pipeline takes as they are. Then the
+summary is made with the formulas every path uses (core/finish_facts.settle), so the metrics, the tail
 decision, the verdict and the spans are the pipeline's, unchanged.
 
 A finish whose start never arrived stands on its own: a stand-in timeline from its fields gives its
