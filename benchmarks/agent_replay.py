@@ -196,6 +196,7 @@ class Replay:
         from otel_llm.core.config import Config
         from otel_llm.core.diagnosis.anatomy import EngineFacts
         from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
+        from otel_llm.instrumentation.vllm.agent_process import tune_gc
         from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver, open_step_dir
 
         tp, mp = _sdk_tracer_provider(), _sdk_meter_provider()  # as otel-llm builds them from OTEL_*
@@ -217,6 +218,7 @@ class Replay:
         self.agent.engines.append(EngineFacts(shape, False))  # as the frontend's ENGINE message gives it
         self.agent.apply_engine(self.agent.engines[-1])
         self.sink = SocketSink(self.step_dir)
+        tune_gc()  # as the agent process does at its start
 
     def encode(self, events: list[tuple[str, Any]], steps_per_turn: int) -> list[list[tuple[str, Any]]]:
         """The events cut into turns: each turn's messages and records encoded, its steps as they are
