@@ -1,13 +1,16 @@
 """The agent's CPU per token, engine-free: a continuous-batching workload replayed through the agent's own code.
 
 What runs is the agent process's code, in this process: ``otel_llm.agent.process.Agent`` with vLLM's step
-receiver (``StepReceiver``, handed the shared-memory ring by the EngineCore's own ``SocketSink``), the
-frontend's messages (a request's ``START`` and its finish as the engine's numbers, ``FACTS``) written into the
-agent's message ring as ``AgentLink`` writes them, and the default options, exporting over OTLP/HTTP to a sink
-process that discards. This process plays the EngineCore and the frontend too, but only their writes are
-made here (the step records are encoded before the measurement; a message is a ``marshal`` of a tuple): the
-CPU measured is the agent's work: reading the rings, decoding the records, joining steps to requests, the
-tail decision, token times, engine time, the verdict, metrics for every request, spans for the kept ones.
+receiver (``StepReceiver``, handed the shared-memory ring by the EngineCore's own ``SocketSink``), the default
+options, exporting over OTLP/HTTP to a sink process that discards. ``--path one`` (the default, vLLM's Python
+frontend on the one path): the EngineCore's ``RequestStart`` and ``RequestFinish`` records go through the
+sink with the steps (a finish queued before its request's last step, as ``update_from_output`` sends it),
+and the frontend's ``RequestEnrichment`` of each request into the agent's message ring once the last output
+reached it. ``--path messages``: the frontend's positional ``START`` and ``FACTS`` messages into the message
+ring instead, as ``AgentLink`` writes them. This process plays the EngineCore and the frontend too, but only
+their writes are made here (the records are encoded before the measurement): the CPU measured is the
+agent's work: reading the rings, decoding the records, joining steps to requests, the tail decision, token
+times, engine time, the verdict, metrics for every request, spans for the kept ones.
 
 The workload is vLLM's scheduler in miniature: ``--concurrency`` clients each send a request as soon as
 their last one finished (closed loop: the API server under streaming clients), prompts of 16-72 tokens,
@@ -69,21 +72,23 @@ class Running:
 
 
 class Workload:
-    """The scheduler in miniature: ``events()`` yields, in order, what the agent receives: ``("start",
-    message)``, ``("step", payload)``, ``("finish", message)``."""
+    """The scheduler in miniature: ``events()`` yields, in order, what the agent receives: ``("message",
+    bytes)`` (the frontend's, into the message ring), ``("engine", bytes)`` (an EngineCore's request record,
+    through the sink), ``("step", payload)``. ``one``: the one path's records; else the frontend's messages."""
 
-    def __init__(self, requests: int, concurrency: int, tokens: int, budget: int, seed: int) -> None:
+    def __init__(self, requests: int, concurrency: int, tokens: int, budget: int, seed: int, one: bool = True) -> None:
         self.requests, self.concurrency, self.tokens, self.budget = requests, concurrency, tokens, budget
+        self.one = one
         self.rng = random.Random(seed)
         self.clock_end = 0.0  # the last step's end (engine monotonic seconds) of the events made so far
 
     def events(self, clock0: float, wall0: float, first_id: int) -> list[tuple[str, Any]]:
-        from otel_llm.agent import protocol
+        from otel_llm.agent import protocol, records
         from otel_llm.core.finish_facts import EngineStats, FinishFacts
         from otel_llm.core.timeline import QUEUED, SCHEDULED, RequestTimeline
         from otel_llm.instrumentation.vllm.step_wire import Shares, StepPayload
 
-        rng, out = self.rng, []
+        rng, out, one = self.rng, [], self.one
         now = clock0
         sent = 0
         waiting: list[Running] = []
@@ -95,9 +100,14 @@ class Workload:
             nonlocal sent
             rid = f"cmpl-{rng.getrandbits(64):016x}-0"
             r = Running(rid, rng.randint(*PROMPTS), wall0 + (now - clock0), now)
-            t = RequestTimeline(rid, r.arrival_wall, model="tiny", response_id=rid, input_tokens=r.prompt)
-            t.steps_give_tokens = True
-            out.append(("start", protocol.start_message(t)))
+            if one:
+                out.append(("engine", records.encode(records.RequestStart(
+                    request_id=rid, arrival=r.arrival_wall, queued=now, prompt_tokens=r.prompt, external_id=rid,
+                    model="tiny", sampling={"gen_ai.request.max_tokens": self.tokens}, enriched=True))))
+            else:
+                t = RequestTimeline(rid, r.arrival_wall, model="tiny", response_id=rid, input_tokens=r.prompt)
+                t.steps_give_tokens = True
+                out.append(("message", protocol.start_message(t)))
             waiting.append(r)
             sent += 1
 
@@ -136,7 +146,6 @@ class Workload:
                                   0, 1e-5, duration, 1e-5, (start - last_end) if last_end is not None else None,
                                   duration)
             last_end = end
-            out.append(("step", payload))
             done = []
             for r, n in shares:
                 r.computed += n
@@ -146,14 +155,28 @@ class Workload:
                         r.first = end
                     if r.outputs >= self.tokens:
                         done.append(r)
+            wall_end = wall0 + (end - clock0)
+            if one:  # the engine's finish is sent in update_from_output: before its last step's record
+                for r in done:
+                    out.append(("engine", records.encode(records.RequestFinish(
+                        request_id=r.rid, reason="length", arrival=r.arrival_wall, queued=r.queued, end=end,
+                        end_wall=wall_end, prompt_tokens=r.prompt, output_tokens=r.outputs, external_id=r.rid,
+                        model="tiny", enriched=True))))
+            out.append(("step", payload))
             for r in done:
                 running.remove(r)
-                stats = EngineStats(r.arrival_wall, r.queued, r.scheduled, r.first, end, r.first - r.queued,
-                                    r.outputs, 0)
-                facts = FinishFacts(r.rid, "length", wall0 + (end - clock0), [(QUEUED, r.queued), (SCHEDULED, r.scheduled)],
-                                    None, 0, 4 * r.outputs, None, "tiny", "text_completion", "vllm", r.prompt,
-                                    r.arrival_wall, stats)
-                out.append(("finish", protocol.facts_message(facts)))
+                if one:  # the frontend's, once the last output reached it
+                    out.append(("message", records.encode(records.RequestEnrichment(
+                        request_id=r.rid, operation="text_completion", response_id=r.rid, model="tiny",
+                        reason="length", output_tokens=r.outputs, output_characters=4 * r.outputs,
+                        first_output=wall0 + (r.first - clock0), last_output=wall_end, end=wall_end))))
+                else:
+                    stats = EngineStats(r.arrival_wall, r.queued, r.scheduled, r.first, end, r.first - r.queued,
+                                        r.outputs, 0)
+                    facts = FinishFacts(r.rid, "length", wall_end, [(QUEUED, r.queued), (SCHEDULED, r.scheduled)],
+                                        None, 0, 4 * r.outputs, None, "tiny", "text_completion", "vllm", r.prompt,
+                                        r.arrival_wall, stats)
+                    out.append(("message", protocol.facts_message(facts)))
                 if sent < self.requests:
                     arrive()
         self.clock_end = now
@@ -173,6 +196,7 @@ class Replay:
         from otel_llm.core.config import Config
         from otel_llm.core.diagnosis.anatomy import EngineFacts
         from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
+        from otel_llm.instrumentation.vllm.agent_process import tune_gc
         from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver, open_step_dir
 
         tp, mp = _sdk_tracer_provider(), _sdk_meter_provider()  # as otel-llm builds them from OTEL_*
@@ -194,9 +218,10 @@ class Replay:
         self.agent.engines.append(EngineFacts(shape, False))  # as the frontend's ENGINE message gives it
         self.agent.apply_engine(self.agent.engines[-1])
         self.sink = SocketSink(self.step_dir)
+        tune_gc()  # as the agent process does at its start
 
     def encode(self, events: list[tuple[str, Any]], steps_per_turn: int) -> list[list[tuple[str, Any]]]:
-        """The events cut into turns: each turn's starts and finishes as messages, its steps as they are
+        """The events cut into turns: each turn's messages and records encoded, its steps as they are
         (written to the EngineCore's ring when the turn is replayed: the sink's encoding is the engine's)."""
         turns, current, steps = [], [], 0
         for kind, value in events:
@@ -223,6 +248,8 @@ class Replay:
             for kind, value in turn:
                 if kind == "step":
                     sink(value)
+                elif kind == "engine":
+                    sink.send_request(value)
                 elif not write(value):
                     dropped += 1
             writes += thread_ns() - w0
@@ -235,12 +262,17 @@ class Replay:
             # the agent sleeps between its turns, and its materializer thread is done by the next (unpaced,
             # it would fall behind: more held steps to scan, spans refused by its full queue)
             materializer.flush(60.0)
+        w0 = thread_ns()
+        sink.flush_requests()  # the engine went idle: what it queued goes
+        writes += thread_ns() - w0
+        agent.receive()
         agent.turn(final=True)
+        # the finishes held for an enrichment that comes, all of them, at the turns just taken (none is late)
         ok = agent.pipeline.flush(60.0)
         cpu = time.process_time_ns() - total0 - writes
         if not ok:
             raise SystemExit("the agent's pipeline did not flush")
-        return cpu, dropped + sink.dropped
+        return cpu, dropped + sink.dropped + sink.requests_dropped
 
     def close(self) -> None:
         from otel_llm.instrumentation.vllm.step_transport import remove_if_empty
@@ -255,6 +287,13 @@ class Replay:
 # the agent's main functions, for --split: (module, class or None, function)
 SPLIT = (
     ("otel_llm.agent.process", "Agent", "receive"), ("otel_llm.agent.process", "Agent", "read_steps"),
+    ("otel_llm.agent.process", "Agent", "take"), ("otel_llm.agent.process", "Agent", "engine_finish"),
+    ("otel_llm.agent.process", "Agent", "finish"), ("otel_llm.agent.engine_requests", "EngineRequests", "timeline"),
+    ("otel_llm.agent.engine_requests", "EngineRequests", "facts"),
+    ("otel_llm.agent.engine_requests", "Enrichments", "ready"),
+    ("otel_llm.agent.engine_requests", "EngineRequests", "settle"),
+    ("otel_llm.agent.engine_requests", None, "stamps_from_steps"), ("otel_llm.agent.engine_requests", None, "settle"),
+    ("otel_llm.agent.records", None, "decode"), ("otel_llm.instrumentation.vllm.step_wire", None, "decode"),
     ("otel_llm.core.pipeline", "Pipeline", "add_step"), ("otel_llm.core.pipeline", "Pipeline", "finish"),
     ("otel_llm.core.pipeline", "Pipeline", "decide"), ("otel_llm.core.pipeline", "Pipeline", "_materialize"),
     ("otel_llm.core.pipeline", "Pipeline", "_materialize_request"), ("otel_llm.core.pipeline", "Pipeline", "_own_steps"),
@@ -278,9 +317,12 @@ class Split:
 
         for module, cls, name in SPLIT:
             owner = getattr(importlib.import_module(module), cls) if cls else importlib.import_module(module)
-            original = getattr(owner, name)
+            original = getattr(owner, name, None)
+            if original is None:  # (a function another version of the agent does not have)
+                continue
             self._undo.append((owner, name, original))
-            setattr(owner, name, self._timed(f"{cls + '.' if cls else ''}{name}", original))
+            label = f"{cls}.{name}" if cls else f"{module.rsplit('.', 1)[-1]}.{name}"
+            setattr(owner, name, self._timed(label, original))
 
     def _timed(self, label: str, function: Any) -> Any:
         ns, clock = self.ns, time.thread_time_ns
@@ -325,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="the step diagnosis's device (its peaks: the roofline split)")
     ap.add_argument("--profile", action="store_true", help="one more round under cProfile; its top functions")
     ap.add_argument("--split", action="store_true", help="the thread CPU inside each of the agent's main functions")
+    ap.add_argument("--path", choices=("one", "messages"), default="one",
+                    help="one: the EngineCore's request records and the frontend's enrichment (the default path); "
+                         "messages: the frontend's START and FACTS messages")
     ap.add_argument("--out", default="agent_cpu.json")
     args = ap.parse_args(argv)
     from vllm_overhead import start_sink
@@ -337,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         if split is not None:  # before the agent's pipeline is built: its materializer keeps the bound method
             split.install()
         replay = Replay(endpoint, args.device)
-        workload = Workload(args.requests, args.concurrency, args.tokens, args.budget, seed=1)
+        workload = Workload(args.requests, args.concurrency, args.tokens, args.budget, seed=1, one=args.path == "one")
         load = [os.getloadavg()[0]]
         rounds: list[dict[str, Any]] = []
         step_base = 0
@@ -391,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {
         "workload": f"{args.requests} requests a round x {args.tokens} output tokens, prompts {PROMPTS[0]}-{PROMPTS[1]} "
                     f"tokens, {args.concurrency} clients (closed loop), {args.budget} tokens a step, a turn every "
-                    f"{args.steps_per_turn} steps, default options"
+                    f"{args.steps_per_turn} steps, default options, path {args.path}"
                     + (f", device {args.device}" if args.device else "") + "; the agent's code in one process",
         "machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -403,6 +448,8 @@ def main(argv: list[str] | None = None) -> None:
         "requests_kept": stats.get("requests_kept"), "requests_spans_dropped": stats.get("requests_spans_dropped"),
         "steps_recorded": stats.get("steps_recorded"),
         "token_times_unplaced": stats.get("token_times_unplaced"), "agent_errors": stats.get("agent_errors"),
+        "agent_enriched": stats.get("agent_enriched"), "agent_enrichments_missing": stats.get("agent_enrichments_missing"),
+        "agent_engine_finishes": stats.get("agent_engine_finishes"), "agent_orphans": stats.get("agent_orphans"),
         "load_average_1min_per_round": [round(x, 2) for x in load],
         "raw": rounds,
     }

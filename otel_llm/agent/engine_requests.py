@@ -4,8 +4,10 @@ Where the engine process is its requests' source (vLLM's Rust frontend, headless
 ``RequestStart`` becomes a request timeline, and a ``RequestFinish`` becomes the engine's statistics for
 it, with the stamps the engine does not keep per request read off the steps that served it: scheduled (the
 first step's start), the first and last token (the ``end`` of each step in which its share produced an
-output, as core/step_tokens.py places them), the prompt's cached tokens (the first step's context). Then
-the summary is made with the formulas every path uses (core/finish_facts.settle), so the metrics, the tail
+output, as core/step_tokens.py places them), the prompt's cached tokens (the first step's context). Its
+steps are joined once (``Pipeline.steps_of``, kept on its timeline for the pipeline) and its outputs placed
+on them once: the same placement is its token times, which the pipeline takes as they are. Then the
+summary is made with the formulas every path uses (core/finish_facts.settle), so the metrics, the tail
 decision, the verdict and the spans are the pipeline's, unchanged.
 
 A finish whose start never arrived stands on its own: a stand-in timeline from its fields gives its
@@ -31,6 +33,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..core.finish_facts import EngineStats, FinishFacts, settle
+from ..core.step_tokens import output_times
 from ..core.summary import RequestSummary
 from ..core.timeline import QUEUED, SCHEDULED, RequestGroup, RequestTimeline, StepRecord
 from .records import RequestEnrichment, RequestFinish, RequestStart
@@ -52,36 +55,18 @@ class StepStamps(NamedTuple):
     last_token: float
     tokens: int  # outputs placed (at most the engine's count)
     cached: int | None  # the context of its first prefill share: the prompt tokens it did not compute
+    times: list[float]  # the outputs' times (core/step_tokens.output_times): its token times where complete
 
 
 def stamps_from_steps(rid: str, steps: Sequence[StepRecord], prompt: int, outputs: int) -> StepStamps:
-    """``steps``: those that served ``rid``, in order. A share produced an output when it decodes, or when
-    its prompt chunk completes what the request must compute (``context + tokens >= prompt + outputs so
-    far``: a recompute after a preemption included). The first ``outputs`` count (async scheduling may
-    schedule one step past the finish)."""
+    """``steps``: those that served ``rid``, in order. Its outputs placed once (core/step_tokens.py's rule,
+    the first ``outputs`` of them): their first and last are its token stamps."""
     if not steps:
-        return StepStamps(0.0, 0.0, 0.0, 0, None)
-    cached = None
-    first = last = 0.0
-    n = 0
-    for k, step in enumerate(steps):
-        if n >= outputs:
-            break
-        prefill_at = step.prefill_at
-        if prefill_at:
-            i = step.ids.index(rid)
-            if i in prefill_at:
-                chunk = step.tokens[i] if step.tokens is not None else 1
-                contexts = step.contexts
-                if k == 0 and contexts is not None:
-                    cached = contexts[i]
-                if contexts is not None and contexts[i] + chunk < prompt + n:
-                    continue
-        if not n:
-            first = step.end
-        last = step.end
-        n += 1
-    return StepStamps(steps[0].start, first, last, n, cached)
+        return StepStamps(0.0, 0.0, 0.0, 0, None, [])
+    times, cached = output_times(rid, steps, prompt, outputs)
+    if not times:
+        return StepStamps(steps[0].start, 0.0, 0.0, 0, cached, times)
+    return StepStamps(steps[0].start, times[0], times[-1], len(times), cached, times)
 
 
 class EngineRequests:
@@ -104,12 +89,12 @@ class EngineRequests:
         t.events = [(QUEUED, r.queued)]
         return t
 
-    def facts(self, r: RequestFinish, steps: Sequence[StepRecord], e: RequestEnrichment | None = None) -> FinishFacts:
-        """The engine's statistics for ``r``, its per-request stamps read off ``steps`` (those that served it);
-        with ``e``, its frontend's enrichment, what the frontend saw where it saw it."""
+    def facts(self, r: RequestFinish, s: StepStamps, outputs: int,
+              e: RequestEnrichment | None = None) -> FinishFacts:
+        """The engine's statistics for ``r``, its per-request stamps ``s`` (read off the steps that served it,
+        ``outputs`` of them placed at most); with ``e``, its frontend's enrichment, what the frontend saw where
+        it saw it."""
         self.finishes += 1
-        outputs = e.output_tokens if e is not None and e.output_tokens is not None else r.output_tokens
-        s = stamps_from_steps(r.request_id, steps, r.prompt_tokens, outputs)
         offset = r.end_wall - r.end  # wall minus monotonic, read together in the engine
         first = s.first_token if s.tokens == outputs else 0.0  # lost steps: vLLM's stamps unknown
         latency = first + offset - r.arrival if first else 0.0
@@ -134,10 +119,19 @@ class EngineRequests:
 
     def settle(self, t: RequestTimeline | None, r: RequestFinish, steps: Sequence[StepRecord],
                e: RequestEnrichment | None = None) -> RequestSummary:
-        """The summary of ``r`` (fills ``t``, its timeline, where its start arrived), with its enrichment."""
+        """The summary of ``r`` (fills ``t``, its timeline, where its start arrived), with its enrichment.
+        ``steps``: those that served it (the pipeline's one join, ``Pipeline.steps_of``). Its outputs are
+        placed on them once: their stamps make its statistics, and, where they add up to its count (the
+        engine's stamps are then known) and no step of it was lost, they are its token times, which the
+        pipeline then takes as they are."""
         if e is not None and t is not None:
             self.enrichments.apply(t, e)
-        return settle(t, self.facts(r, steps, e))
+        outputs = e.output_tokens if e is not None and e.output_tokens is not None else r.output_tokens
+        s = stamps_from_steps(r.request_id, steps, r.prompt_tokens, outputs)
+        summary = settle(t, self.facts(r, s, outputs, e))
+        if t is not None and t.token_window is not None and not t.steps_lost:
+            t.token_ts = s.times
+        return summary
 
 
 class Enrichments:

@@ -538,13 +538,20 @@ class Pipeline:
 
     def _tokens_from_steps(self, t: RequestTimeline) -> list[StepRecord] | None:
         """Stamp-free frontend: ``t``'s token times from the held steps that served it (core/step_tokens.py),
-        and those steps (None: ``t`` was stamped on the hot path, nothing read here)."""
+        and those steps (None: ``t`` was stamped on the hot path, nothing read here). Where its finish joined
+        its steps and placed its outputs on them (``steps_of``: agent/engine_requests.py), the times it placed
+        are taken as they are; where they did not add up (or a step of it was lost), it has none."""
         window = t.token_window
-        if window is None or t.token_ts:
+        if window is None:
+            return None
+        placed = t.served is not None
+        if t.token_ts and not placed:
             return None
         own = self._own_steps(t)
+        if t.token_ts:
+            return own
         try:
-            times = token_times(t.request_id, own, window) if not t.steps_lost else None
+            times = token_times(t.request_id, own, window) if not (placed or t.steps_lost) else None
         except Exception as exc:  # a bug of ours costs this request's inter-token latencies only
             self.guard.failed("token times from steps", exc)
             times = None
@@ -556,15 +563,20 @@ class Pipeline:
         return own
 
     def steps_of(self, t: RequestTimeline) -> list[StepRecord]:
-        """The held engine steps that served ``t``, in order (an agent whose engine is its requests' source
-        reads its stamps off them before the summary: agent/engine_requests.py)."""
-        return self._own_steps(t)
+        """The held engine steps that served ``t``, in order, joined once for both its finish and the
+        pipeline (kept on ``t``): an agent whose engine is its requests' source reads its stamps and places its
+        token times off them before the summary (agent/engine_requests.py)."""
+        out = t.served = self._own_steps(t)
+        return out
 
     def _own_steps(self, t: RequestTimeline) -> list[StepRecord]:
         """The held engine steps that served ``t`` (all of them, unless it outlived ``max_steps`` steps),
         in order; also fills ``t.steps`` with their ids for the verdict (empty if one was lost: its verdict
         cannot place it). A scan of the steps held since it started, one set lookup per run of an unchanged
-        batch (core/step_runs.py)."""
+        batch (core/step_runs.py), unless its finish joined them already (``steps_of``)."""
+        out = t.served
+        if out is not None:
+            return out
         with self._steps_lock:
             out = self._runs.served(t.request_id, t.steps_from)
         if not t.steps and not t.steps_lost:

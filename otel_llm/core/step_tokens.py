@@ -17,6 +17,11 @@ Only steps within vLLM's own first and last token stamps count (``RequestStateSt
 detokenizer found, async scheduling's step in flight) produced no output it saw. The count must equal
 vLLM's ``num_generation_tokens``; a request whose steps do not add up (a step record lost or
 overwritten) gets no token times, and the caller counts it.
+
+Where the engine process is the requests' source (agent/engine_requests.py) there are no frontend stamps to
+bound them: ``output_times`` places the first ``outputs`` (the engine's count; async scheduling may schedule
+one step past the finish) by the same rule, once, when the request finishes; its first and last are the
+request's first and last token stamps, and the list its token times.
 """
 
 from __future__ import annotations
@@ -33,6 +38,42 @@ class TokenWindow(NamedTuple):
     last: float  # vLLM's last_token_ts
     tokens: int  # vLLM's num_generation_tokens (one a step: no speculative decoding)
     prompt: int  # prompt tokens
+
+
+class OutputTimes(NamedTuple):
+    """A request's outputs placed on the steps that served it (``output_times``)."""
+
+    times: list[float]  # the end of each step in which its share produced an output (at most ``outputs``)
+    cached: int | None  # the context of its first step's prefill share: the prompt tokens it did not compute
+
+
+def output_times(rid: str, steps: Sequence[StepRecord], prompt: int, outputs: int) -> OutputTimes:
+    """The ``end`` of each of ``steps`` (ascending, those that served ``rid``) in which its share produced an
+    output, the first ``outputs`` of them; and the prompt tokens its first step found cached (None: the first
+    step computed no prompt chunk of it, or the step says no contexts). Every step's end is taken at once
+    (a request's steps are mostly decodes, an output each), then the steps with prompt chunks, fewer, are
+    read, and those in which its own chunk left prompt (or recomputed outputs) to compute are taken out."""
+    ends = [step.end for step in steps]
+    cached = None
+    skipped = 0
+    for k in [k for k, step in enumerate(steps) if step.prefill_at]:  # the steps that computed prompt chunks
+        n = k - skipped  # its outputs before this step
+        if n >= outputs:
+            break
+        step = steps[k]
+        ids = step.ids
+        for i in step.prefill_at:
+            if ids[i] == rid:  # ours: does it complete?
+                contexts = step.contexts
+                if contexts is not None:
+                    if not k:
+                        cached = contexts[i]
+                    if contexts[i] + (step.tokens[i] if step.tokens is not None else 1) < prompt + n:
+                        del ends[n]  # a chunk that leaves prompt (or recomputed outputs) to compute: no output
+                        skipped += 1
+                break
+    del ends[outputs:]
+    return OutputTimes(ends, cached)
 
 
 def token_times(rid: str, steps: Sequence[StepRecord], window: TokenWindow) -> list[float] | None:

@@ -65,6 +65,9 @@ class RequestTimeline:
     steps: list[int] = field(default_factory=list)
     steps_from: int = 0  # the pipeline's step sequence number when it started: its steps come at or after
     steps_lost: bool = False  # a held step that served it was evicted (max_steps) before it finished
+    # the held steps that served it, where its finish joined them already (an agent whose engine is its
+    # requests' source: Pipeline.steps_of); the pipeline reads these, not the held steps again
+    served: list[Any] | None = None
     chunks: list[PrefillChunk] = field(default_factory=list)
     # filled at finish
     handoff: Any = None  # its KV hand-off (core/handoff.KVHandoff), where a KV connector moved its cache

@@ -1,6 +1,6 @@
 """Token times from engine steps (core/step_tokens.py): which of a request's steps produced an output."""
 
-from otel_llm.core.step_tokens import TokenWindow, token_times
+from otel_llm.core.step_tokens import TokenWindow, output_times, token_times
 from otel_llm.core.timeline import StepRecord
 
 
@@ -44,3 +44,49 @@ def test_steps_that_do_not_add_up_to_vllms_count_give_nothing():
     steps = [_step(1, 1.0, ["a"], [4], (0,), [0]), _step(3, 3.0, ["a"], contexts=[5])]  # step 2 lost
     assert token_times("a", steps, TokenWindow(1.0, 3.0, 3, 4)) is None
     assert token_times("a", [], TokenWindow(1.0, 1.0, 1, 4)) is None
+
+
+def _served(rng, rid: str, prompt: int, outputs: int) -> list[StepRecord]:
+    """A request's steps as a scheduler makes them: prompt chunks (from a cached context), decodes, now and
+    then a preemption that recomputes the prompt and its outputs, and a step past its last output."""
+    steps, end, context, made = [], 1.0, rng.choice((0, 0, 16)), 0
+    while made < outputs + 1:
+        end += rng.uniform(0.01, 0.03)
+        others = [f"x{k}" for k in range(rng.randint(0, 3))]
+        ids = others[:1] + [rid] + others[1:]
+        i = ids.index(rid)
+        tokens = [1] * len(ids)
+        if context < prompt + made:  # a prompt chunk (or a recompute's)
+            tokens[i] = chunk = min(rng.randint(1, 24), prompt + made - context)
+            step = _step(len(steps) + 1, end, ids, tokens, (i,), [7] * len(ids))
+            step.contexts[i] = context
+            context += chunk
+            made += context >= prompt + made
+        else:
+            step = _step(len(steps) + 1, end, ids, None, (), [7] * len(ids))
+            step.contexts[i] = context
+            context += 1
+            made += 1
+        steps.append(step)
+        if made and made < outputs and rng.random() < 0.05:  # preempted: everything computed again
+            context = 0
+    return steps
+
+
+def test_outputs_placed_once_are_what_the_window_rule_places():
+    """The one placement (``output_times``: the engine's count bounds it) gives, for every request, the token
+    times the frontend's window rule gives over the window its own first, last and count make: the agent
+    places an engine-sourced request's outputs once and the pipeline takes them as they are."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(500):
+        prompt, outputs = rng.randint(1, 60), rng.randint(1, 12)
+        steps = _served(rng, "r", prompt, outputs)
+        times, cached = output_times("r", steps, prompt, outputs)
+        assert len(times) == outputs
+        assert cached == (steps[0].contexts[steps[0].ids.index("r")] if steps[0].prefill_at else None)
+        assert token_times("r", steps, TokenWindow(times[0], times[-1], outputs, prompt)) == times
+        fewer = rng.randint(1, outputs)  # the frontend's count, where a stop string ended it early
+        assert output_times("r", steps, prompt, fewer).times == times[:fewer]
+    assert output_times("r", [], 4, 3) == ([], None)
