@@ -29,7 +29,6 @@ are not built-in values (the SLO table, the tenant source, a detail level) have 
 
 from __future__ import annotations
 
-import marshal
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -39,9 +38,8 @@ from ..core.diagnosis.anatomy import EngineFacts
 from ..core.diagnosis.roofline import ModelShape
 from ..core.slo import SLO, SLOTable
 from ..core.tenant import TenantSource
-from . import bounded_marshal
 from .destinations import Destinations
-from .records import RecordError
+from .declared import Codec, RecordError
 
 TAG = 0xC1  # the first byte (records.py's request records start with 0xD0, the doorbell is one 0x00 byte)
 # the second byte: which record
@@ -243,7 +241,6 @@ Record = (StartRecord | FactsRecord | FinishRecord | ConfigRecord | ReleaseRecor
 _KINDS: dict[int, type] = {START: StartRecord, FACTS: FactsRecord, FINISH: FinishRecord, CONFIG: ConfigRecord,
                            RELEASE: ReleaseRecord, ENGINE: EngineRecord, RING: RingRecord, FLUSH: FlushRecord,
                            STATS: StatsRecord, READY: ReadyRecord, REPLY: ReplyRecord}
-_KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 # each field's accepted types on the wire (checked before a record is made; nested values where the record is
 # turned into what it carries)
 _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
@@ -274,7 +271,8 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
     ReadyRecord: {"pid": _INT},
     ReplyRecord: {"token": _INT, "ok": _BOOL, "stats": (dict, _NONE)},
 }
-_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
+CODEC = Codec(TAG, _KINDS, _TYPES, MAX_CONTROL, "agent link record",
+              "not a record of the agent link (a message of another form)")
 _ATTRIBUTE_VALUES = (str, bool, int, float)
 
 
@@ -462,14 +460,11 @@ def _slo_table_from(where: str, value: Any) -> SLOTable:
 
 # -- the wire ----------------------------------------------------------------------------------------------
 
-_HEADS = {kind: bytes((TAG, kind)) for kind in _KINDS}
-
-
 def encode(record: Record) -> bytes:
     """The wire form of ``record``; RecordError where it is longer than ``MAX_CONTROL`` (a per-request one,
     built by ``frame``, is shortened by its sender instead: agent/link.py)."""
     cls = type(record)
-    data = frame(_KIND_OF[cls], cls.VERSION, {name: getattr(record, name) for name in _NAMES[cls]})
+    data = CODEC.frame(CODEC.kind_of[cls], cls.VERSION, CODEC.fields_of(record))
     if len(data) > MAX_CONTROL:
         raise RecordError(f"{cls.__name__} of {len(data)} bytes")
     return data
@@ -479,42 +474,14 @@ def frame(kind: int, version: int, values: dict[str, Any]) -> bytes:
     """The wire form of a record of ``kind`` whose fields are ``values`` by name. A request's start and finish
     are framed straight from what the frontend holds, without making the record first (per request; the
     names are the record's, tests/agent/test_link_records.py holds them to it)."""
-    return _HEADS[kind] + marshal.dumps((version, values))
+    return CODEC.frame(kind, version, values)
 
 
 def decode(data: bytes) -> Record:
     """The record in ``data``; RecordError for anything else: another tag (a positional tuple of an older
     frontend included), kind, version, a field of the wrong type, a missing required field. Fields this
-    reader does not know are ignored."""
-    if len(data) > MAX_CONTROL:
-        raise RecordError(f"agent message of {len(data)} bytes")
-    if len(data) < 3 or data[0] != TAG:
-        raise RecordError("not a record of the agent link (a message of another form)")
-    cls = _KINDS.get(data[1])
-    if cls is None:
-        raise RecordError(f"agent link record of unknown kind {data[1]}")
-    try:
-        body = bounded_marshal.loads(data, 2)  # (a length past the end is refused before it is allocated)
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"agent link record unreadable: {exc}") from None
-    if not (isinstance(body, tuple) and len(body) == 2 and type(body[0]) is int and isinstance(body[1], dict)):
-        raise RecordError(f"{cls.__name__} of another shape")
-    version, values = body
-    if version > cls.VERSION or version < 1:
-        raise RecordError(f"{cls.__name__} version {version}, this reader knows up to {cls.VERSION}")
-    types = _TYPES[cls]
-    known = {}
-    for name, value in values.items():
-        accepted = types.get(name) if type(name) is str else None
-        if accepted is None:
-            continue  # a field a newer writer added
-        if not isinstance(value, accepted) or (value is True or value is False) and bool not in accepted:
-            raise RecordError(f"{cls.__name__}.{name}: {type(value).__name__}")
-        known[name] = value
-    try:
-        return cls(**known)
-    except TypeError as exc:  # a required field missing
-        raise RecordError(f"{cls.__name__}: {exc}") from None
+    reader does not know are ignored (agent/declared.py)."""
+    return CODEC.decode(data)
 
 
 def _check(where: str, value: Any, accepted: tuple[type, ...]) -> None:

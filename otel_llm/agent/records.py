@@ -9,7 +9,8 @@ its agent link when it lets the request go, joined on the engine's request id.
 ``SinkCounts`` travels the same way, wherever an agent reads the engine's steps: what the engine's sink
 could not deliver (the agent's ``stats()``: ``engine_steps_dropped``, ``engine_requests_dropped``).
 
-The wire form: one tag byte (``TAG``), one kind byte, then ``marshal`` of ``(version, {field: value})``.
+The wire form: one tag byte (``TAG``), one kind byte, then ``marshal`` of ``(version, {field: value})``,
+read by the one reader of every record that crosses to the agent (declared.py).
 Built-in values only (no pickle), read back by name (no positional unpacking); every value is checked
 against its field's declared types before a record is made, since the bytes come from another process.
 
@@ -25,7 +26,7 @@ import marshal
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from . import bounded_marshal
+from .declared import Codec, RecordError
 
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
 START, FINISH, SINK_COUNTS, ENRICH, BATCH = 1, 2, 3, 4, 5  # the second byte: which record (BATCH: several, one datagram)
@@ -43,10 +44,6 @@ _OPT_INT = (int, type(None))
 _BOOL = (bool,)
 _MAP = (dict,)
 _OPT_MAP = (dict, type(None))
-
-
-class RecordError(ValueError):
-    """Bytes that are not a request record of a version this reader knows."""
 
 
 @dataclass(slots=True)
@@ -157,16 +154,12 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
 }
 _SAMPLING_VALUES = (str, int, float, bool, tuple)
 _MAX_SAMPLING = 32  # sampling parameters kept of a start
-# the same as exact types, and each field's (name, type) pairs: marshal makes the built-in types themselves,
-# never a subclass, so a record's fields pass when each (name, type(value)) is one of these (bool is its own
-# type here: refused where only numbers are declared); anything else goes through the per-field check
 _SAMPLING_TYPES = frozenset(_SAMPLING_VALUES)
 _STR_ONLY = frozenset(_STR)
 _BYTES_ONLY = frozenset((bytes,))
-_ACCEPTS = {cls: frozenset((name, t) for name, accepted in types.items() for t in accepted)
-            for cls, types in _TYPES.items()}
 MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
+CODEC = Codec(TAG, _KINDS, _TYPES, MAX_RECORD, "request record", "not a request record")
 
 
 Record = RequestStart | RequestFinish | SinkCounts | RequestEnrichment
@@ -204,7 +197,7 @@ def unbatch(data: bytes) -> list[bytes]:
         raise RecordError("not a batch of request records")
     if len(data) > MAX_BATCH:
         raise RecordError(f"batch of request records of {len(data)} bytes")
-    items = _loads(data)
+    items = CODEC.loads(data)
     if not isinstance(items, tuple) or not _BYTES_ONLY.issuperset(map(type, items)):
         raise RecordError("batch of request records of another shape")
     return list(items)
@@ -214,21 +207,7 @@ def decode(data: bytes) -> Record:
     """The record in ``data``; RecordError for anything else (another tag, kind, version, a field of the
     wrong type, a missing required field). Fields this reader does not know are ignored; the headers, sampling
     parameters and attributes are bounded as ``encode`` bounds them."""
-    if len(data) < 3 or data[0] != TAG:
-        raise RecordError("not a request record")
-    if len(data) > MAX_RECORD:
-        raise RecordError(f"request record of {len(data)} bytes")
-    cls = _KINDS.get(data[1])
-    if cls is None:
-        raise RecordError(f"request record of unknown kind {data[1]}")
-    body = _loads(data)
-    if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int) and isinstance(body[1], dict)):
-        raise RecordError("request record of another shape")
-    version, values = body  # (marshal made this dict for this call: it becomes the record's fields, no copy)
-    if version > cls.VERSION or version < 1:
-        raise RecordError(f"{cls.__name__} version {version}, this reader knows up to {cls.VERSION}")
-    if not _ACCEPTS[cls].issuperset(zip(values, map(type, values.values()))):
-        values = _known(cls, values)  # a field this reader does not know, or one of the wrong type
+    cls, values = CODEC.read(data)  # (the dict marshal made for this call: it becomes the record's fields)
     if cls is RequestStart:
         values["trace_headers"] = _headers(values.get("trace_headers"))
         sampling = values.get("sampling")
@@ -240,24 +219,7 @@ def decode(data: bytes) -> Record:
         attributes = values.get("attributes")  # (a record of at most MAX_TEXT bytes has no longer string)
         if attributes and not (len(data) <= MAX_TEXT and _plain(attributes, MAX_ATTRIBUTES)):
             values["attributes"] = _attributes(attributes)
-    try:
-        return cls(**values)
-    except TypeError as exc:  # a required field missing
-        raise RecordError(f"{cls.__name__}: {exc}") from None
-
-
-def _known(cls: type, values: dict) -> dict:
-    """The fields of ``values`` this reader knows, each checked against its declared types."""
-    types = _TYPES[cls]
-    known = {}
-    for name, value in values.items():
-        accepted = types.get(name)
-        if accepted is None:
-            continue  # a field a newer writer added
-        if not isinstance(value, accepted) or isinstance(value, bool) and bool not in accepted:
-            raise RecordError(f"{cls.__name__}.{name}: {type(value).__name__}")
-        known[name] = value
-    return known
+    return CODEC.make(cls, values)
 
 
 def _plain(values: dict, most: int) -> bool:
@@ -265,14 +227,6 @@ def _plain(values: dict, most: int) -> bool:
     longer than ``MAX_TEXT``) would make of it: at most ``most`` items, string keys, span attribute values."""
     return (len(values) <= most and _STR_ONLY.issuperset(map(type, values))
             and _SAMPLING_TYPES.issuperset(map(type, values.values())))
-
-
-def _loads(data: bytes) -> Any:
-    """What follows the tag and kind bytes, read by ``marshal`` in place once its counts were checked."""
-    try:
-        return bounded_marshal.loads(data, 2)  # (counts checked against the bytes before marshal allocates)
-    except (EOFError, ValueError, TypeError) as exc:
-        raise RecordError(f"request record unreadable: {exc}") from None
 
 
 def _headers(headers: dict | None) -> dict[str, str] | None:
