@@ -36,6 +36,11 @@ How it is made to resolve a few per cent on a shared, noisy machine:
   after each step (vLLM's shared-memory queue), on the other CPUs with the clients under serve;
   ``--engine-nice`` lowers the worker's priority there. The results say which pinning was used
   (``pinning``).
+* our code inside the frontend (``hooks_us_per_token``; with our threads' CPU ``ours_in_frontend_us_per_token``):
+  the thread CPU inside our wrappers less vLLM's calls in them, every call timed within each measurement
+  (``telemetry_modes.HookProbe``: collections that start inside a hook and the probe's own clock reads left
+  out), with its spread between measurements (``hooks_spread_range_pct``, ``hooks_spread_mad_pct``) and its
+  split by hooked method (``hooks_us_per_token_by_method``).
 * ``resolves_5pct`` per frontend: whether the run could tell a 5 % share from none at all: the default
   mode's resolution under 2.5 points and ``none``'s MAD under 2.5 %.
 * the share at equal wall time (``share_at_equal_wall_pct``, ``at_equal_wall``): vLLM's frontend CPU per

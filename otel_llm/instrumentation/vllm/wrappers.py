@@ -105,8 +105,8 @@ class VLLMWrappers:
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
         # the one path (docs/design/enginecore-source.md): the engines launched for an engine client with an
-        # agent send their requests' records, and this frontend keeps each request's timeline only to send its
-        # enrichment when it lets it go
+        # agent send their requests' records, and this frontend holds what it read of each request only to send
+        # its enrichment when it lets it go
         self._enriched_launch = False  # set by launching_engines for the engine client being built
         self.enriching: dict[str, HeldRequest] = {}
 
@@ -590,10 +590,10 @@ class VLLMWrappers:
         """``IterationStats.update_from_events``: the engine events (queued, scheduled, preempted) of an
         output that carries some; vLLM calls it for those outputs only."""
         result = wrapped(*args, **kwargs)
-        requests = self.telemetry.requests
-        if not requests:  # (the one path: the engine's records carry its events)
-            return result
         try:
+            requests = self.telemetry.requests
+            if not requests:  # (none on the one path: the engine's records carry its events)
+                return result
             b = self.bind(wrapped)
             t = requests.get(b.get(args, kwargs, "req_id"))
             if t is not None and t.steps_give_tokens:  # (stamped requests take them in record_outputs)
@@ -636,8 +636,7 @@ class VLLMWrappers:
             if group is not None:
                 group.expected -= 1
             return
-        lora_name = self._lora(request)[0] if telemetry.config.tenant.kind == "lora" else None
-        operation, kind, attrs = self._served(processor, request, lora_name)
+        operation, kind, attrs = self._served(processor, request, self._lora(request)[0])
         fields: dict[str, Any] = {
             "request_id": rid, "operation": operation, "server": kind is SpanKind.SERVER,
             "response_id": self.reads().external_req_id(request) or rid,
