@@ -354,7 +354,7 @@ def test_an_offline_enrichment_leaves_out_what_it_does_not_know_and_an_abort_say
         output_tokens=5, output_characters=5, first_output=1700000000.25, last_output=1700000001.5,
         end=1700000001.5)
     assert (aborted.reason, aborted.first_output, aborted.last_output, aborted.output_tokens) == ("abort", 0.0, 0.0, None)
-    assert b"secret" not in sent[0] and b"parent" not in sent[0] and b"group_id" not in sent[0]
+    assert not any(name in sent[0] for name in (b"secret", b"parent", b"group_id", b"attributes", b"server"))
 
 
 def test_the_frontend_holds_at_most_max_requests_and_a_refused_sequence_lowers_its_groups_expectation():

@@ -637,10 +637,13 @@ class VLLMWrappers:
                 group.expected -= 1
             return
         operation, kind, attrs = self._served(processor, request, self._lora(request)[0])
-        fields: dict[str, Any] = {
-            "request_id": rid, "operation": operation, "server": kind is SpanKind.SERVER,
-            "response_id": self.reads().external_req_id(request) or rid,
-            "model": getattr(processor, "_otel_llm_model", None), "attributes": attrs}
+        fields: dict[str, Any] = {"request_id": rid, "operation": operation,
+                                  "response_id": self.reads().external_req_id(request) or rid,
+                                  "model": getattr(processor, "_otel_llm_model", None)}
+        if kind is SpanKind.SERVER:  # (the defaults, offline: INTERNAL, no attributes)
+            fields["server"] = True
+        if attrs:
+            fields["attributes"] = attrs
         context = _parent_context(request)
         if context is not None:  # (W3C headers: injected only where there is a parent)
             headers: dict[str, str] = {}
