@@ -40,7 +40,10 @@ How it is made to resolve a few per cent on a shared, noisy machine:
   the thread CPU inside our wrappers less vLLM's calls in them, every call timed within each measurement
   (``telemetry_modes.HookProbe``: collections that start inside a hook and the probe's own clock reads left
   out), with its spread between measurements (``hooks_spread_range_pct``, ``hooks_spread_mad_pct``) and its
-  split by hooked method (``hooks_us_per_token_by_method``).
+  split by hooked method (``hooks_us_per_token_by_method``). Its µs follow the machine's speed in that
+  measurement as vLLM's own CPU per token does (a frontend core slowed by a neighbour slows both alike): between
+  two runs (``ab.py``) the figure that resolves 10 % is ``ours_share_within_pct``, ours over the rest of the
+  frontend's CPU in the same measurement (vLLM's code, the same on both sides, is the gauge of that speed).
 * ``resolves_5pct`` per frontend: whether the run could tell a 5 % share from none at all: the default
   mode's resolution under 2.5 points and ``none``'s MAD under 2.5 %.
 * the share at equal wall time (``share_at_equal_wall_pct``, ``at_equal_wall``): vLLM's frontend CPU per
