@@ -36,6 +36,14 @@ How it is made to resolve a few per cent on a shared, noisy machine:
   after each step (vLLM's shared-memory queue), on the other CPUs with the clients under serve;
   ``--engine-nice`` lowers the worker's priority there. The results say which pinning was used
   (``pinning``).
+* our code inside the frontend (``hooks_us_per_token``; with our threads' CPU ``ours_in_frontend_us_per_token``):
+  the thread CPU inside our wrappers less vLLM's calls in them, every call timed within each measurement
+  (``telemetry_modes.HookProbe``: collections that start inside a hook and the probe's own clock reads left
+  out), with its spread between measurements (``hooks_spread_range_pct``, ``hooks_spread_mad_pct``) and its
+  split by hooked method (``hooks_us_per_token_by_method``). Its µs follow the machine's speed in that
+  measurement as vLLM's own CPU per token does (a frontend core slowed by a neighbour slows both alike): between
+  two runs (``ab.py``) the figure that resolves 10 % is ``ours_share_within_pct``, ours over the rest of the
+  frontend's CPU in the same measurement (vLLM's code, the same on both sides, is the gauge of that speed).
 * ``resolves_5pct`` per frontend: whether the run could tell a 5 % share from none at all: the default
   mode's resolution under 2.5 points and ``none``'s MAD under 2.5 %.
 * the share at equal wall time (``share_at_equal_wall_pct``, ``at_equal_wall``): vLLM's frontend CPU per
@@ -338,7 +346,8 @@ def summarize(results: dict[str, list[dict]], modes: list[str], key: str = "cpu_
         ours_share = [o / (a["cpu_us_per_token"] - o) for o, a in zip(ours_all, results[mode])]
         out["modes"][mode] = {
             "share_of_vllm_frontend_pct": round(100 * statistics.median(shares), 2),
-            "hooks_us_per_token": median_or_none(a.get("hooks_us_per_token") for a in results[mode]),
+            "hooks_us_per_token": median_or_none((a.get("hooks_us_per_token") for a in results[mode]), 3),
+            **hooks_figures(results[mode]),
             "ours_in_frontend_us_per_token": round(statistics.median(ours_all), 3) if ours_all else None,
             "ours_share_within_pct": round(100 * statistics.median(ours_share), 2) if ours_share else None,
             "ours_share_within_resolution_pct": round(100 * bootstrap_halfwidth(ours_share), 2) if ours_share else None,
@@ -371,9 +380,25 @@ DEFAULT_MODE = "default"  # the mode whose share the 5 % target is about
 RESOLVE_POINTS = 2.5  # half of the 5 % target, in points
 
 
-def median_or_none(values) -> float | None:
+def median_or_none(values, digits: int = 2) -> float | None:
     known = [v for v in values if v is not None]
-    return round(statistics.median(known), 2) if known else None
+    return round(statistics.median(known), digits) if known else None
+
+
+def hooks_figures(mode: list[dict]) -> dict:
+    """Our hooks' CPU (telemetry_modes.HookProbe) per measurement, its spread between them (range and MAD over
+    the median, %: what a difference between two runs must exceed), and its median per hooked method."""
+    hooks = [a["hooks_us_per_token"] for a in mode if a.get("hooks_us_per_token")]
+    if not hooks:
+        return {}
+    med = statistics.median(hooks)
+    methods = sorted({k for a in mode for k in a.get("hooks_us_per_token_by_method", {})})
+    return {"hooks_spread_range_pct": round(100 * (max(hooks) - min(hooks)) / med, 1),
+            "hooks_spread_mad_pct": round(100 * statistics.median(abs(h - med) for h in hooks) / med, 1),
+            "hooks_gc_us_per_token": median_or_none((a.get("hooks_gc_us_per_token") for a in mode), 3),
+            "hooks_us_per_token_by_method": {
+                k: round(statistics.median(a.get("hooks_us_per_token_by_method", {}).get(k, 0.0) for a in mode), 3)
+                for k in methods}}
 
 
 def with_agent(mode: list[dict], none: list[dict], key: str) -> dict:
@@ -576,11 +601,13 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
             a0 = agent.threads_ns()
             c0, e0, t0 = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter()
             threads0, h0, g0, n0 = thread_cpu_ns(os.getpid()), hooks.ns, collector.ns, collector.collections()
+            m0, hg0 = dict(hooks.by_method), hooks.gc_ns
             outs = llm.generate(prompts, params, use_tqdm=False)
             f0 = time.thread_time_ns()
             switch.flush()
             flush_ns = time.thread_time_ns() - f0
             threads1, h1, g1, n1 = thread_cpu_ns(os.getpid()), hooks.ns, collector.ns, collector.collections()
+            m1, hg1 = dict(hooks.by_method), hooks.gc_ns
             c1, e1, wall = time.process_time_ns(), tree_cpu_ns(engine), time.perf_counter() - t0
             a1 = agent.threads_ns()
             split = split_cpu(threads0, threads1, os.getpid(), our_threads())
@@ -592,6 +619,9 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
         return {"cpu_us_per_token": (c1 - c0) / 1e3 / tokens, "main_us_per_token": split["main"] / 1e3 / tokens,
                 "ours_us_per_token": split["ours"] / 1e3 / tokens, "engine_us_per_token": (e1 - e0) / 1e3 / tokens,
                 "hooks_us_per_token": (h1 - h0) / 1e3 / tokens, "tokens_per_s": tokens / wall, "tokens": tokens,
+                "hooks_us_per_token_by_method": {k: (v - m0.get(k, 0)) / 1e3 / tokens for k, v in m1.items() if v != m0.get(k, 0)},
+                # collections that started inside a hook (left out of hooks_us_per_token; in gc_us_per_token)
+                "hooks_gc_us_per_token": (hg1 - hg0) / 1e3 / tokens,
                 "gc_us_per_token": (g1 - g0) / 1e3 / tokens, "gc_collections": [b - a for a, b in zip(n0, n1)],
                 # the measurement's closing flush (counted in it: the frontend's own exports' CPU)
                 "flush_us_per_token": flush_ns / 1e3 / tokens,
@@ -599,9 +629,11 @@ def run_offline(args: argparse.Namespace, modes: list[str], endpoint: str, pinni
 
     collector = CollectorTime()
     try:
-        return interleave("offline", modes, measure, args.rounds)
+        out = interleave("offline", modes, measure, args.rounds)
     finally:
         collector.close()
+    out["hook_probe_floor_ns"] = hooks.floor_ns  # the probe's own CPU taken off each timed call
+    return out
 
 
 class CollectorTime:

@@ -104,38 +104,66 @@ class HookProbe:
     but what our threads do (the SDK's idle exporters), so it is the steadier, paired figure: our CPU over
     the rest of the frontend's in the same measurement.
 
-    Sampled: one hooked call in ``every``, drawn at random, is timed and counts ``every`` times (``ns`` is
-    the estimate; ``timed`` the calls timed). The thread clock is a system call (~0.8 µs on the 2-vCPU VM),
-    four a timed call, and timing every call put ~30 µs a request of the probe's own CPU, and its system
-    calls' disturbance, into the whole-process figure it sits beside; sampled, an eighth of it. Its own
-    clock reads are partly inside what it counts: an upper bound. Installed before ``instrument()``; the
-    wrappers an instrumentation builds are then the probed ones. Not counted: the engine's construction
-    (once), and the few instructions of the coroutines ``async_add_request`` and the serving handlers
-    return."""
+    What keeps it from reading vLLM's time, or chance, as ours:
+
+    * every call is timed (``every`` 1, the default; on the one path a request makes ~3 hooked calls, so the
+      probe's own CPU is a few µs a request beside the ~2 ms of vLLM's frontend): a sample of one call in
+      eight, drawn at random, counted eight times, moved the figure by a third between measurements with the
+      count of the few costly calls it happened to draw. With ``every`` above 1 the sample is systematic per
+      method (its every-th call), so each method's count is exact and only its per-call cost is sampled;
+    * a garbage collection that starts inside a hook is not counted: the allocation that triggers one is
+      anybody's, and its work is every young object's, most of them vLLM's (``gc_ns``: what was left out;
+      the benchmarks report the collector's CPU on its own);
+    * the probe's own clock reads inside the span it counts (~2 of its 4 reads, ~0.6 µs each on a 2-vCPU
+      VM, a thread clock being a system call) are measured at ``install`` on an empty hook (``floor_ns``)
+      and taken off each timed call.
+
+    Installed before ``instrument()``; the wrappers an instrumentation builds are then the probed ones.
+    Not counted: the engine's construction (once), and the few instructions of the coroutines
+    ``async_add_request`` and the serving handlers return. ``by_method``: ns per hooked method."""
 
     METHODS = ("add_request", "async_add_request", "process_outputs", "finished", "engine_events", "abort_requests")
-    DEFAULT_EVERY = 8
+    DEFAULT_EVERY = 1
 
-    def __init__(self, every: int = DEFAULT_EVERY, seed: int = 0) -> None:
-        import random
+    def __init__(self, every: int = DEFAULT_EVERY) -> None:
+        import threading
 
         self.ns = 0
         self.calls = 0
         self.timed = 0
-        self.every = every
-        self._draw = random.Random(seed).random
+        self.every = max(1, int(every))
+        self.by_method: dict[str, int] = {}
+        self.gc_ns = 0  # collections that started inside a timed hook, left out of ``ns``
+        self.floor_ns = 0  # the probe's own CPU inside a timed call, taken off each (``calibrate``)
+        self._gc: dict[int, int] = {}  # thread id -> CPU in collections on it (gc.callbacks)
+        self._gc_started: dict[int, int] = {}
+        self._ident = threading.get_ident
 
-    def _timed(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        tid = self._ident()
+        if phase == "start":
+            self._gc_started[tid] = time.thread_time_ns()
+        else:
+            started = self._gc_started.pop(tid, None)
+            if started is not None:
+                self._gc[tid] = self._gc.get(tid, 0) + time.thread_time_ns() - started
+
+    def _timed(self, hook: Callable[..., Any], name: str) -> Callable[..., Any]:
         """``hook(*lead, wrapped, instance, args, kwargs)`` (a wrapper method, ``lead`` its self; or a
-        serving closure), counting its CPU less the wrapped call's, for one call in ``every``."""
+        serving closure), counting its CPU less the wrapped call's (and less a collection inside it)."""
         clock = time.thread_time_ns
         probe = self
-        p = 1.0 / self.every
-        draw = self._draw
+        every = self.every
+        seen = 0
+        gc_of = self._gc
+        ident = self._ident
+        self.by_method.setdefault(name, 0)
 
         def timed(*lead_and_call: Any) -> Any:
+            nonlocal seen
             probe.calls += 1
-            if draw() >= p:
+            seen += 1
+            if seen % every:
                 return hook(*lead_and_call)
             *lead, wrapped, instance, args, kwargs = lead_and_call
             inner = 0
@@ -149,21 +177,59 @@ class HookProbe:
                     inner += clock() - s
 
             call.__func__ = getattr(wrapped, "__func__", wrapped)  # the wrappers' argument binders key on it
+            tid = ident()
+            g0 = gc_of.get(tid, 0)
             t0 = clock()
             try:
                 return hook(*lead, call, instance, args, kwargs)
             finally:
-                probe.ns += (clock() - t0 - inner) * probe.every
+                spent = clock() - t0 - inner
+                collected = gc_of.get(tid, 0) - g0  # (a collection inside the wrapped call is in ``inner``)
+                ours = max(0, spent - collected - probe.floor_ns) * every
+                probe.ns += ours
+                probe.by_method[name] += ours
+                probe.gc_ns += collected * every
                 probe.timed += 1
         return timed
 
+    def calibrate(self, n: int = 4000) -> int:
+        """``floor_ns``: the median CPU the probe counts for an empty hook around an empty call."""
+        import gc
+
+        def empty(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            return wrapped(*args, **kwargs)
+
+        def nothing() -> None:
+            return None
+
+        every, self.every, self.floor_ns = self.every, 1, 0
+        saved = self.ns, self.calls, self.timed, self.gc_ns, dict(self.by_method)
+        timed = self._timed(empty, "_calibration")
+        samples = []
+        gc.disable()
+        try:
+            for _ in range(n):
+                before = self.ns
+                timed(nothing, None, (), {})
+                samples.append(self.ns - before)
+        finally:
+            gc.enable()
+        self.ns, self.calls, self.timed, self.gc_ns, self.by_method = saved
+        self.every = every
+        self.floor_ns = int(sorted(samples)[n // 2])
+        return self.floor_ns
+
     def install(self) -> None:
+        import gc
+
         from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
 
+        gc.callbacks.append(self._gc_callback)
+        self.calibrate()
         for name in self.METHODS:
-            setattr(VLLMWrappers, name, self._timed(getattr(VLLMWrappers, name)))
+            setattr(VLLMWrappers, name, self._timed(getattr(VLLMWrappers, name), name))
         serving, probe = VLLMWrappers.serving, self
 
         def timed_serving(self_: Any, operation: str) -> Callable[..., Any]:
-            return probe._timed(serving(self_, operation))
+            return probe._timed(serving(self_, operation), f"serving.{operation}")
         VLLMWrappers.serving = timed_serving

@@ -23,7 +23,7 @@ agent. A reader that does not know a field ignores it; a record without a field 
 from __future__ import annotations
 
 import marshal
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .declared import Codec, RecordError
@@ -133,7 +133,6 @@ class RequestEnrichment:
 
 _KINDS: dict[int, type] = {START: RequestStart, FINISH: RequestFinish, SINK_COUNTS: SinkCounts,
                          ENRICH: RequestEnrichment}
-_KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 
 # each field's accepted types on the wire (checked before a record is made)
 _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
@@ -158,7 +157,6 @@ _SAMPLING_TYPES = frozenset(_SAMPLING_VALUES)
 _STR_ONLY = frozenset(_STR)
 _BYTES_ONLY = frozenset((bytes,))
 MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
-_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}  # read once, not per record
 CODEC = Codec(TAG, _KINDS, _TYPES, MAX_RECORD, "request record", "not a request record")
 
 
@@ -168,18 +166,27 @@ Record = RequestStart | RequestFinish | SinkCounts | RequestEnrichment
 def encode(record: Record) -> bytes:
     """The wire form. An enrichment whose captured content would make it longer than ``MAX_RECORD`` goes
     without the content (the request still counts; its spans lack the text)."""
-    cls = type(record)
-    kind = _KIND_OF[cls]
-    values = {name: getattr(record, name) for name in _NAMES[cls]}
+    kind = CODEC.kind_of[type(record)]
+    values = CODEC.fields_of(record)
     if kind == START:  # bounded here too, so a request with huge headers still fits a record
         values["trace_headers"] = _headers(values["trace_headers"])
     elif kind == ENRICH:
         values["parent"] = _headers(values["parent"])
         values["attributes"] = _attributes(values["attributes"])
-    data = bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
-    if kind == ENRICH and len(data) > MAX_RECORD:
-        values["prompt_text"] = values["output_text"] = None
-        data = bytes((TAG, kind)) + marshal.dumps((record.VERSION, values))
+        return encode_enrichment(values)
+    return CODEC.frame(kind, record.VERSION, values)
+
+
+def encode_enrichment(values: dict[str, Any]) -> bytes:
+    """``encode`` of a ``RequestEnrichment`` given as its fields' values by name, for a Python frontend's
+    hot path (once a request): no dataclass, no pass over the fields. A field at its default may be left out
+    (the reader fills it in). The caller bounds what ``encode`` bounds: ``parent`` by ``bound_headers``,
+    ``attributes`` to at most ``MAX_ATTRIBUTES`` span attribute values with keys and strings of at most
+    ``MAX_TEXT`` characters. Longer than ``MAX_RECORD`` with its captured content: sent without it."""
+    data = CODEC.frame(ENRICH, RequestEnrichment.VERSION, values)
+    if len(data) > MAX_RECORD:
+        values = {**values, "prompt_text": None, "output_text": None}
+        data = CODEC.frame(ENRICH, RequestEnrichment.VERSION, values)
     return data
 
 
@@ -237,6 +244,9 @@ def _headers(headers: dict | None) -> dict[str, str] | None:
         if isinstance(k, str) and isinstance(v, str):
             out[k[:MAX_TEXT].lower()] = v[:MAX_TEXT]
     return out or None
+
+
+bound_headers = _headers  # W3C headers as a record carries them (at most MAX_HEADERS, MAX_TEXT characters)
 
 
 def _attributes(attrs: dict) -> dict[str, Any]:

@@ -257,39 +257,112 @@ def test_an_api_server_of_several_enriches_where_its_supervisors_launch_asked_fo
     assert not launched(None) and not launched("1")  # the supervisor asked for nothing (or for no frontend)
 
 
-def test_the_frontends_enrichment_carries_what_only_it_knows(monkeypatch):
-    """``VLLMWrappers._enrich`` on a stand-in: one record, with vLLM's own receipt times (TTFT ends at
-    ``arrival + first_token_latency``, e2e at the finishing batch), the tokens and characters it received,
-    the parent as W3C headers, the n > 1 group; counted once, as a finish, in the frontend."""
+def _enriching_wrappers(capture_content: bool = True, max_requests: int = 1000):
+    """A ``VLLMWrappers`` on the one path with a stand-in pipeline and agent link (what it sends: ``sent``)."""
+    from otel_llm.core.config import Config
+    from otel_llm.core.pipeline import Counts
+    from otel_llm.guard import Guard
+    from otel_llm.instrumentation.vllm.wrappers import PRESENT, VLLMWrappers
+
+    sent: list = []
+    telemetry = SimpleNamespace(guard=Guard(), counts=Counts(), requests={},
+                                config=Config(capture_content=capture_content, max_requests=max_requests))
+    w = VLLMWrappers(telemetry, open_receiver=lambda: None, open_kv_receiver=lambda: None)
+    w.agent, w._reads = SimpleNamespace(send=sent.append), PRESENT
+    processor = SimpleNamespace(_otel_llm_model="tiny", _otel_llm_enriches=True, request_states={})
+    return w, processor, sent
+
+
+# vLLM's OutputProcessor.add_request and _update_stats_from_finished, as the wrappers bind their arguments
+def _vllm_add_request(request, prompt, parent_req=None, request_index=0, queue=None):
+    return None
+
+
+def _vllm_finished(req_state, finish_reason, iteration_stats):
+    return None
+
+
+def test_the_frontends_enrichment_carries_what_only_it_knows():
+    """The one path through ``VLLMWrappers.add_request`` and ``finished`` (vLLM's ``_update_stats_from_finished``)
+    on stand-ins: one record, with what the serving layer read (operation, stream, requested model, server),
+    the parent as W3C headers, vLLM's own receipt times (TTFT ends at ``arrival + first_token_latency``, e2e at
+    the finishing batch), the tokens and characters it received, the n > 1 group; no sampling attributes (the
+    engine's start carries them); counted once as a start and once as a finish in the frontend."""
+    import contextvars
+
+    from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
     from otel_llm.agent.records import RequestEnrichment, decode
-    from otel_llm.core.pipeline import Counts
-    from otel_llm.core.timeline import RequestGroup, RequestTimeline
-    from otel_llm.instrumentation.vllm.wrappers import VLLMWrappers
+    from otel_llm.instrumentation.vllm import wrappers
 
-    sent: list = []
-    counts = Counts()
-    w = SimpleNamespace(telemetry=SimpleNamespace(counts=counts, config=SimpleNamespace(capture_content=True)),
-                        agent=SimpleNamespace(send=sent.append))
+    w, processor, sent = _enriching_wrappers()
     parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xA1, 0xB2, True, TraceFlags(1))))
-    t = RequestTimeline("chatcmpl-1-abcdefgh", 1700000000.0, model="tiny", operation="chat", kind=SpanKind.SERVER,
-                        parent=parent, response_id="chatcmpl-1", request_attributes={"gen_ai.request.model": "alias"})
-    t.group, t.choice_index, t.prompt_text = RequestGroup("chatcmpl-1", 2, 2), 1, "hi"
-    state = SimpleNamespace(stats=SimpleNamespace(first_token_latency=0.25, arrival_time=1700000000.0,
-                                                  num_generation_tokens=5),
-                            detokenizer=SimpleNamespace(output_text="hello"))
-    VLLMWrappers._enrich(w, t, "stop", 1700000001.5, state)
+    fanned = SimpleNamespace(request_id="chatcmpl-1", n=2)
+    request = SimpleNamespace(request_id="chatcmpl-1-abcdefgh", external_req_id="chatcmpl-1", sampling_params=Params(),
+                              lora_request=None, trace_headers=None)
+
+    def serve() -> None:
+        wrappers._OPERATION.set(("chat", SpanKind.SERVER))
+        wrappers._STREAM.set(True)
+        wrappers._MODEL.set("alias")
+        wrappers._SERVER.set(("127.0.0.1", 8000))
+        token = otel_context.attach(parent)
+        try:
+            w.add_request(_vllm_add_request, processor, (request, "hi", fanned, 1), {})
+            w.add_request(_vllm_add_request, processor, (request, "hi", fanned, 1), {})  # a streaming continuation
+        finally:
+            otel_context.detach(token)
+    contextvars.copy_context().run(serve)
+    assert sent == [] and list(w.enriching) == ["chatcmpl-1-abcdefgh"]
+    state = SimpleNamespace(request_id="chatcmpl-1-abcdefgh", detokenizer=SimpleNamespace(output_text="hello"),
+                            stats=SimpleNamespace(first_token_latency=0.25, arrival_time=1700000000.0,
+                                                  num_generation_tokens=5))
+    w.finished(_vllm_finished, processor, (state, "stop", SimpleNamespace(iteration_timestamp=1700000001.5)), {})
     (record,) = map(decode, sent)
     assert record == RequestEnrichment(
         request_id="chatcmpl-1-abcdefgh", operation="chat", server=True,
         parent={"traceparent": f"00-{0xA1:032x}-{0xB2:016x}-01"}, response_id="chatcmpl-1", model="tiny",
-        attributes={"gen_ai.request.model": "alias"}, reason="stop", output_tokens=5, output_characters=5,
-        first_output=1700000000.25, last_output=1700000001.5, end=1700000001.5, prompt_text="hi",
-        output_text="hello", group_id="chatcmpl-1", group_size=2, group_expected=2, choice_index=1)
-    assert counts.requests_finished == 1
-    sent.clear()
-    VLLMWrappers._enrich(w, t, "abort", 1700000002.0, SimpleNamespace(stats=None, detokenizer=None))
-    (aborted,) = map(decode, sent)
-    assert (aborted.first_output, aborted.last_output, aborted.output_tokens) == (0.0, 0.0, None)
+        attributes={"gen_ai.request.stream": True, "gen_ai.request.model": "alias", "server.address": "127.0.0.1",
+                    "server.port": 8000},
+        reason="stop", output_tokens=5, output_characters=5, first_output=1700000000.25, last_output=1700000001.5,
+        end=1700000001.5, prompt_text="hi", output_text="hello", group_id="chatcmpl-1", group_size=2,
+        group_expected=2, choice_index=1)
+    assert (w.telemetry.counts.requests_started, w.telemetry.counts.requests_finished) == (1, 1)
+    assert w.enriching == {}
+
+
+def test_an_offline_enrichment_leaves_out_what_it_does_not_know_and_an_abort_says_no_output():
+    """Offline, without a parent, content or a group: those fields stay at their defaults (and off the wire);
+    an abort (vLLM's ``abort_requests``) is no output received."""
+    from otel_llm.agent.records import RequestEnrichment, decode
+
+    w, processor, sent = _enriching_wrappers(capture_content=False)
+    for rid in ("a-1", "b-1"):
+        request = SimpleNamespace(request_id=rid, external_req_id=None, sampling_params=Params(), lora_request=None,
+                                  trace_headers=None)
+        w.add_request(_vllm_add_request, processor, (request, "secret"), {})
+    state = SimpleNamespace(request_id="a-1", detokenizer=SimpleNamespace(output_text="hello"),
+                            stats=SimpleNamespace(first_token_latency=0.25, arrival_time=1700000000.0,
+                                                  num_generation_tokens=5))
+    w.finished(_vllm_finished, processor, (state, "length", SimpleNamespace(iteration_timestamp=1700000001.5)), {})
+    w.abort_requests(lambda request_ids, internal=False: list(request_ids), processor, (["b-1"],), {})
+    finished, aborted = map(decode, sent)
+    assert finished == RequestEnrichment(
+        request_id="a-1", operation="text_completion", response_id="a-1", model="tiny", reason="length",
+        output_tokens=5, output_characters=5, first_output=1700000000.25, last_output=1700000001.5,
+        end=1700000001.5)
+    assert (aborted.reason, aborted.first_output, aborted.last_output, aborted.output_tokens) == ("abort", 0.0, 0.0, None)
+    assert not any(name in sent[0] for name in (b"secret", b"parent", b"group_id", b"attributes", b"server"))
+
+
+def test_the_frontend_holds_at_most_max_requests_and_a_refused_sequence_lowers_its_groups_expectation():
+    w, processor, sent = _enriching_wrappers(max_requests=1)
+    fanned = SimpleNamespace(request_id="g", n=2)
+    for i in range(2):
+        request = SimpleNamespace(request_id=f"{i}_g-1", external_req_id="g", sampling_params=Params(),
+                                  lora_request=None, trace_headers=None)
+        w.add_request(_vllm_add_request, processor, (request, None, fanned, i), {})
+    assert list(w.enriching) == ["0_g-1"]
+    assert w.telemetry.counts.requests_untracked == 1 and w.enriching["0_g-1"].group.expected == 1

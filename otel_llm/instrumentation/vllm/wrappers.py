@@ -105,10 +105,10 @@ class VLLMWrappers:
         # output processors whose process_outputs goes straight to vLLM's (an agent's engines), until restore()
         self._passed: weakref.WeakSet[Any] = weakref.WeakSet()
         # the one path (docs/design/enginecore-source.md): the engines launched for an engine client with an
-        # agent send their requests' records, and this frontend keeps each request's timeline only to send its
-        # enrichment when it lets it go
+        # agent send their requests' records, and this frontend holds what it read of each request only to send
+        # its enrichment when it lets it go
         self._enriched_launch = False  # set by launching_engines for the engine client being built
-        self.enriching: dict[str, RequestTimeline] = {}
+        self.enriching: dict[str, HeldRequest] = {}
 
     # -- engine construction -----------------------------------------------------------------
 
@@ -351,7 +351,7 @@ class VLLMWrappers:
                 _MODEL.set(model[:MAX_MODEL_NAME] if isinstance(model, str) and model else None)
                 raw_request = b.get(args, kwargs, "raw_request")
                 server = getattr(raw_request, "scope", {}).get("server")
-                _SERVER.set((str(server[0]), int(server[1])) if server and len(server) == 2 else None)
+                _SERVER.set((str(server[0])[:records.MAX_TEXT], int(server[1])) if server and len(server) == 2 else None)
                 tenants = self.telemetry.config.tenant
                 if tenants.reads_request:
                     _TENANT.set(tenants.from_request(getattr(raw_request, "headers", None),
@@ -392,6 +392,9 @@ class VLLMWrappers:
         try:
             b = self.bind(wrapped)
             request = b.get(args, kwargs, "request")
+            if self.agent is not None and getattr(instance, _ENRICHES, False):
+                self._hold(instance, request, b, args, kwargs)
+                return result
             rid = request.request_id
             if rid in self.telemetry.requests:  # a streaming-input continuation of a known request
                 return result
@@ -400,33 +403,51 @@ class VLLMWrappers:
             if parent is not None:  # one of the n sequences vLLM fans a request with n > 1 out to
                 t.group = _group_of(parent)
                 t.choice_index = b.get(args, kwargs, "request_index")
-            if getattr(instance, _ENRICHES, False) and self.agent is not None:
-                self._hold(t)
-            else:
-                self.telemetry.start(t)
+            self.telemetry.start(t)
         except Exception as exc:
             self.guard.failed("OutputProcessor.add_request", exc)
         return result
 
-    def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
-        reads = self.reads()
+    def _served(self, processor: Any, request: Any, lora_name: str | None) -> tuple[str, SpanKind, dict[str, Any]]:
+        """What the serving layer knows of ``request``: its operation, span kind and attributes (stream,
+        requested model, server, disaggregated role, tenant). Each value bounded where it is read (the
+        requested model here, the server in ``serving``, the tenant by core/tenant.clean), at most six."""
         operation, kind = _OPERATION.get() or (None, SpanKind.INTERNAL)
-        params = request.sampling_params
         if operation is None:  # offline generate/encode: what the request itself says it is
-            pooling = params is None and getattr(request, "pooling_params", None) is not None
+            pooling = request.sampling_params is None and getattr(request, "pooling_params", None) is not None
             operation = "embeddings" if pooling else "text_completion"
         attrs: dict[str, Any] = {}
-        if kind is SpanKind.SERVER and _STREAM.get():  # as the client side: set only when streaming
-            attrs[sc.REQUEST_STREAM] = True
-        asked = _MODEL.get() if kind is SpanKind.SERVER else None
-        if asked is not None:  # what the client asked for (the served model or adapter: gen_ai.response.model)
-            attrs[sc.REQUEST_MODEL] = asked
-        server = _SERVER.get() if kind is SpanKind.SERVER else None
-        if server is not None:  # which instance served it (disaggregated serving: P or D)
-            attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = server
+        server = kind is SpanKind.SERVER
+        if server:
+            if _STREAM.get():  # as the client side: set only when streaming
+                attrs[sc.REQUEST_STREAM] = True
+            asked = _MODEL.get()
+            if asked is not None:  # what the client asked for (the served model or adapter: gen_ai.response.model)
+                attrs[sc.REQUEST_MODEL] = asked
+            address = _SERVER.get()
+            if address is not None:  # which instance served it (disaggregated serving: P or D)
+                attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT] = address
         role = getattr(processor, "_otel_llm_disagg_role", None)
         if role is not None:
             attrs[sc.DISAGG_ROLE] = role
+        tenant = self.telemetry.config.tenant.resolve(_TENANT.get() if server else None, lora_name)
+        if tenant is not None:  # cleaned (core/tenant.py): on the request span, and its metrics' label
+            attrs[sc.REQUEST_TENANT] = tenant
+        return operation, kind, attrs
+
+    def _lora(self, request: Any) -> tuple[str | None, int | None]:
+        """The LoRA adapter of ``request`` (vLLM's LoRARequest): its name and integer id, or (None, None)."""
+        reads = self.reads()
+        lora = request.lora_request if reads.lora else None
+        if lora is None:
+            return None, None
+        return str(reads.lora_name(lora) or lora.lora_int_id), int(lora.lora_int_id)
+
+    def _timeline(self, processor: Any, request: Any, prompt: str | None) -> RequestTimeline:
+        reads = self.reads()
+        lora_name, lora_id = self._lora(request)
+        operation, kind, attrs = self._served(processor, request, lora_name)
+        params = request.sampling_params
         if params is not None:
             attrs.update(sampling_attributes(params))
             backend = backend_attribute(params, self._fence())  # a grammar to compile: queue_structured_output
@@ -445,14 +466,7 @@ class VLLMWrappers:
             request_attributes=attrs,
             input_tokens=len(ids) if ids is not None else None,
         )
-        lora = request.lora_request if reads.lora else None
-        if lora is not None:  # vLLM's LoRARequest: the adapter's name and integer id
-            t.lora_name = str(reads.lora_name(lora) or lora.lora_int_id)
-            t.lora_id = int(lora.lora_int_id)
-        tenant = self.telemetry.config.tenant.resolve(_TENANT.get() if kind is SpanKind.SERVER else None,
-                                                      t.lora_name)
-        if tenant is not None:  # cleaned (core/tenant.py): on the request span, and its metrics' label
-            attrs[sc.REQUEST_TENANT] = tenant
+        t.lora_name, t.lora_id = lora_name, lora_id
         t.native = processor.request_states.get(request.request_id)
         t.steps_give_tokens = self._from_steps(processor)
         if self.telemetry.config.capture_content:
@@ -548,12 +562,12 @@ class VLLMWrappers:
             try:
                 b = self.bind(wrapped)
                 state = b.get(args, kwargs, "req_state")
-                t = self.enriching.pop(state.request_id, None)
-                if t is not None:
+                held = self.enriching.pop(state.request_id, None)
+                if held is not None:
                     reason = b.get(args, kwargs, "finish_reason")
                     stats = b.get(args, kwargs, "iteration_stats")
                     now = stats.iteration_timestamp if stats is not None else time.time()
-                    self._enrich(t, str(reason) if reason is not None else "stop", now, state)
+                    self._enrich(held, str(reason) if reason is not None else "stop", now, state)
                     return result
             except Exception as exc:
                 self.guard.failed("OutputProcessor._update_stats_from_finished (enrichment)", exc)
@@ -577,8 +591,11 @@ class VLLMWrappers:
         output that carries some; vLLM calls it for those outputs only."""
         result = wrapped(*args, **kwargs)
         try:
+            requests = self.telemetry.requests
+            if not requests:  # (none on the one path: the engine's records carry its events)
+                return result
             b = self.bind(wrapped)
-            t = self.telemetry.requests.get(b.get(args, kwargs, "req_id"))
+            t = requests.get(b.get(args, kwargs, "req_id"))
             if t is not None and t.steps_give_tokens:  # (stamped requests take them in record_outputs)
                 t.events += [(int(e.type), e.timestamp) for e in b.get(args, kwargs, "events")]
         except Exception as exc:
@@ -596,50 +613,69 @@ class VLLMWrappers:
                 t = self.telemetry.requests.get(rid)
                 if t is not None:
                     self._finish(t, "abort", now)
-                elif enriching and (t := enriching.pop(rid, None)) is not None:
-                    self._enrich(t, "abort", now, None)  # (the engine's finish counts its tokens)
+                elif enriching and (held := enriching.pop(rid, None)) is not None:
+                    self._enrich(held, "abort", now, None)  # (the engine's finish counts its tokens)
         except Exception as exc:
             self.guard.failed("OutputProcessor.abort_requests", exc)
         return result
 
-    def _hold(self, t: RequestTimeline) -> None:
-        """The one path's start: nothing is sent (the EngineCore says the request's start); the timeline is
-        held, with what this frontend read when the request came in, until it lets the request go."""
-        counts = self.telemetry.counts
-        if len(self.enriching) >= self.telemetry.config.max_requests:
-            counts.requests_untracked += 1  # its engine records still count it, in the agent
-            if t.group is not None:
-                t.group.expected -= 1
+    def _hold(self, processor: Any, request: Any, b: Any, args: tuple, kwargs: dict) -> None:
+        """The one path's start: nothing is sent (the EngineCore says the request's start, with its sampling
+        parameters, prompt length, adapter and trace headers); what only this frontend reads as the request
+        comes in is held, as its enrichment's fields, until it lets the request go. No timeline: nothing of
+        it but those fields would ever be read."""
+        enriching = self.enriching
+        rid = request.request_id
+        if rid in enriching:  # a streaming-input continuation of a held request
             return
-        t.native = None  # vLLM's state comes with the finish
-        self.enriching[t.request_id] = t
-        counts.requests_started += 1
+        parent_req = b.get(args, kwargs, "parent_req")
+        group = _group_of(parent_req) if parent_req is not None else None  # one of the n sequences of n > 1
+        telemetry = self.telemetry
+        if len(enriching) >= telemetry.config.max_requests:
+            telemetry.counts.requests_untracked += 1  # its engine records still count it, in the agent
+            if group is not None:
+                group.expected -= 1
+            return
+        operation, kind, attrs = self._served(processor, request, self._lora(request)[0])
+        fields: dict[str, Any] = {"request_id": rid, "operation": operation,
+                                  "response_id": self.reads().external_req_id(request) or rid,
+                                  "model": getattr(processor, "_otel_llm_model", None)}
+        if kind is SpanKind.SERVER:  # (the defaults, offline: INTERNAL, no attributes)
+            fields["server"] = True
+        if attrs:
+            fields["attributes"] = attrs
+        context = _parent_context(request)
+        if context is not None:  # (W3C headers: injected only where there is a parent)
+            headers: dict[str, str] = {}
+            _PROPAGATOR.inject(headers, context=context)
+            fields["parent"] = records.bound_headers(headers)
+        if telemetry.config.capture_content:
+            fields["prompt_text"] = b.get(args, kwargs, "prompt")
+        enriching[rid] = HeldRequest(fields, group, b.get(args, kwargs, "request_index") if group is not None else None)
+        telemetry.counts.requests_started += 1
 
-    def _enrich(self, t: RequestTimeline, reason: str, now_wall: float, state: Any) -> None:
-        """The one path's finish: what only this frontend knows of ``t``, as one record to the agent."""
+    def _enrich(self, held: "HeldRequest", reason: str, now_wall: float, state: Any) -> None:
+        """The one path's finish: what only this frontend knows of the request, as one record to the agent
+        (records.RequestEnrichment, its fields at their defaults left out)."""
+        values = held.fields
+        values["reason"] = reason
+        values["end"] = now_wall
         st = getattr(state, "stats", None)
-        detok = getattr(state, "detokenizer", None)
-        text = getattr(detok, "output_text", None)
-        if not isinstance(text, str):
-            text = None
-        first, last = output_receipts(st, reason, now_wall)  # when this frontend received the first and last output
-        parent: dict[str, str] = {}
-        if t.parent is not None:
-            _PROPAGATOR.inject(parent, context=t.parent)
-        group = t.group
-        content = self.telemetry.config.capture_content
-        record = records.RequestEnrichment(
-            request_id=t.request_id, operation=t.operation, server=t.kind is SpanKind.SERVER, parent=parent or None,
-            response_id=t.response_id, model=t.model, attributes=t.request_attributes, reason=reason,
-            output_tokens=int(st.num_generation_tokens) if st is not None else None,
-            output_characters=len(text) if text is not None else None, first_output=first,
-            last_output=last, end=now_wall,
-            prompt_text=t.prompt_text if content else None, output_text=text if content else None,
-            group_id=group.group_id if group is not None else None,
-            group_size=group.choice_count if group is not None else 0,
-            group_expected=group.expected if group is not None else 0, choice_index=t.choice_index)
+        if st is not None:
+            values["output_tokens"] = int(st.num_generation_tokens)
+            # when this frontend received the first and last output
+            values["first_output"], values["last_output"] = output_receipts(st, reason, now_wall)
+        text = getattr(getattr(state, "detokenizer", None), "output_text", None)
+        if isinstance(text, str):
+            values["output_characters"] = len(text)
+            if self.telemetry.config.capture_content:
+                values["output_text"] = text
+        group = held.group
+        if group is not None:
+            values["group_id"], values["group_size"] = group.group_id, group.choice_count
+            values["group_expected"], values["choice_index"] = group.expected, held.choice_index
         self.telemetry.counts.requests_finished += 1
-        self.agent.send(records.encode(record))
+        self.agent.send(records.encode_enrichment(values))
 
     def _finish(self, t: RequestTimeline, reason: str, now_wall: float) -> None:
         t.finish_reason = reason
@@ -671,6 +707,18 @@ class VLLMWrappers:
             if self.telemetry.config.capture_content:
                 t.output_text = text
         self.telemetry.finish(t.request_id, summary)
+
+
+class HeldRequest:
+    """A request this frontend enriches (the one path), from its start until it lets it go: its
+    enrichment's fields read at the start (agent/records.RequestEnrichment's, by name, bounded as
+    ``records.encode`` bounds them), and its n > 1 group, read at the finish (a later sibling refused over
+    ``max_requests`` lowers what the group expects)."""
+
+    __slots__ = ("fields", "group", "choice_index")
+
+    def __init__(self, fields: dict[str, Any], group: RequestGroup | None, choice_index: int | None) -> None:
+        self.fields, self.group, self.choice_index = fields, group, choice_index
 
 
 _DRAIN_EVERY = 32  # output batches at most between reads of the step records (a ring holds hundreds of steps)
@@ -872,7 +920,7 @@ def _no_python_frontend(local_client: Any) -> bool:
 def _parent_context(request: Any) -> otel_context.Context | None:
     """The current span if there is one, else the W3C headers the request came with."""
     current = otel_context.get_current()
-    if trace.get_current_span(current).get_span_context().is_valid:
+    if current and trace.get_current_span(current).get_span_context().is_valid:  # (empty: no span, offline)
         return current
     headers = getattr(request, "trace_headers", None) or _HEADERS.get()
     if headers:
