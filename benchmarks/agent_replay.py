@@ -196,7 +196,7 @@ class Replay:
         from otel_llm.core.config import Config
         from otel_llm.core.diagnosis.anatomy import EngineFacts
         from otel_llm.core.providers import _sdk_meter_provider, _sdk_tracer_provider
-        from otel_llm.instrumentation.vllm.agent_process import tune_gc
+        from otel_llm.agent.process import tune_gc
         from otel_llm.instrumentation.vllm.step_transport import SocketSink, StepReceiver, open_step_dir
 
         tp, mp = _sdk_tracer_provider(), _sdk_meter_provider()  # as otel-llm builds them from OTEL_*

@@ -240,6 +240,7 @@ def test_agent_exports_what_the_frontend_would(frontend: Frontend, sink: OTLPSin
     assert stats["agent_pid"] == frontend.link.pid != 0
     assert stats["agent_unreachable"] == 0
     assert stats["agent_dropped"] == stats["agent_lost"] == stats["agent_oversized"] == 0
+    assert stats["agent_gc_frozen"] > 0  # its collector tuned at its start (agent/process.tune_gc)
     if frontend.link.ring is not None:  # every message went through the ring: its options, two a request,
         assert frontend.link.ring.written == 1 + 2 * len(ids) + 2  # the flush and the stats asked for
 
