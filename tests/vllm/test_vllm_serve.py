@@ -112,8 +112,8 @@ def test_a_frontend_busy_tokenizing_is_judged_the_frontend(served):
     same short text sent one at a time while the frontend was idle, come first: the baseline they are
     compared with (their own prompt's size class; the long texts' is another). Which short requests the
     burst affected is read from their spans (arrival → QUEUED is at least half their TTFT), not from the
-    verdict; ≥ 90 % of them get ``frontend``, no control does. Every request of the judged model breaches
-    its TTFT objective, so each is judged."""
+    verdict; ≥ 90 % of them get ``frontend``, no control that went straight to the engine does. Every request
+    of the judged model breaches its TTFT objective, so each is judged."""
     import concurrent.futures
 
     import openai
@@ -166,8 +166,11 @@ def test_a_frontend_busy_tokenizing_is_judged_the_frontend(served):
     for rid in right:  # charged what it waited beyond the controls' usual hand-over
         a = request(rid).attributes
         assert a[sc.SLOW_SECONDS[sc.SLOW_FRONTEND]] > 0.5 * handover(request(rid)), a
+    # no control that went straight to the engine is blamed (one the loaded machine kept in the frontend
+    # itself, its hand-over half its TTFT or more like the burst's, may be: that is what it met)
     for rid in controls:
-        assert causes[rid] != sc.SLOW_FRONTEND, (rid, request(rid).attributes)
+        if handover(request(rid)) < 0.5 * request(rid).attributes[sc.LATENCY_TTFT]:
+            assert causes[rid] != sc.SLOW_FRONTEND, (rid, request(rid).attributes)
 
 
 def _frontend_of(pid: int) -> int:
