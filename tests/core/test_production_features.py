@@ -176,7 +176,7 @@ def test_worker_facts_hooks_count_loads_and_evictions():
     """The worker hooks on a stand-in adapter manager with vLLM's LRU behaviour: a load is an add_adapter in
     which _load_adapter ran, its evictions what the cache lost meanwhile; a cached adapter is no event."""
     from otel_llm.core.lora import LORA_EVICTED, LORA_LOADED
-    from otel_llm.instrumentation.vllm.worker_facts import WorkerFacts
+    from otel_llm.instrumentation.vllm.worker_facts import WorkerFacts, read_plain
 
     facts = WorkerFacts()
     ticks = iter(range(100))
@@ -207,7 +207,44 @@ def test_worker_facts_hooks_count_loads_and_evictions():
     facts.remove_adapter(lambda i: True, m, (2,), {})
     assert [(e.kind, e.lora_id) for e in facts.take().lora_events] == [(LORA_EVICTED, 2)]
     facts.propose(lambda: None, type("Runner", (), {"device": None})(), (), {})
-    assert facts.take_plain() == ((), 1.0)
+    plain = facts.take_plain()
+    assert plain == {"version": 1, "lora_events": [], "draft_s": 1.0} and read_plain(plain) == ((), 1.0)
+
+
+@pytest.mark.parametrize("value, says", [
+    (((), 0.01), "of type tuple"),  # an earlier release's positional pair
+    ({"lora_events": [], "draft_s": 0.01}, "version None"),
+    ({"version": 2, "draft_s": 0.01}, "version 2"),
+    ({"version": 1, "draft_s": "0.01"}, "draft_s: str"),
+    ({"version": 1, "lora_events": [(1, 2, 1.0, 0.5)]}, "event of type tuple"),
+    ({"version": 1, "lora_events": [{"kind": 1, "lora_id": 2, "at": 1.0}]}, "seconds: NoneType"),
+    ({"version": 1, "lora_events": [{"kind": True, "lora_id": 2, "at": 1.0, "seconds": 0.5}]}, "kind: bool"),
+    ({"version": 1, "lora_events": [{}] * 300}, "at most"),
+])
+def test_worker_facts_from_another_process_are_read_by_name_and_bad_ones_refused(value, says):
+    """The facts a worker hangs on its output travel inside vLLM's output to the EngineCore: read back by
+    name, with a version; another form is refused with a clear error (the step hooks count it and keep the
+    step's record), and a field this reader does not know is ignored."""
+    from otel_llm.core.lora import LORA_LOADED, LoRAEvent
+    from otel_llm.core.timeline import StepWorkerFacts
+    from otel_llm.instrumentation.vllm.worker_facts import plain, read_plain
+
+    facts = StepWorkerFacts((LoRAEvent(LORA_LOADED, 3, 1.5, 0.25),), 0.004)
+    sent = {**plain(facts), "later_field": 1}
+    assert read_plain(sent) == (((LORA_LOADED, 3, 1.5, 0.25),), 0.004)
+    with pytest.raises(ValueError, match=says):
+        read_plain(value)
+
+
+def test_worker_facts_of_another_form_cost_their_facts_not_the_step():
+    import types
+
+    from otel_llm.instrumentation.vllm.step_extras import worker_facts
+    from otel_llm.instrumentation.vllm.worker_facts import WORKER_FACTS_ATTR, WorkerFacts
+
+    local = WorkerFacts()
+    assert worker_facts(types.SimpleNamespace(**{WORKER_FACTS_ATTR: ((), 0.01)}), local) is None
+    assert dict(local.guard.errors) == {"worker facts": 1}
 
 
 # -- the roofline: verification tokens and an fp8 KV cache --------------------------------------

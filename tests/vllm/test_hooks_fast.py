@@ -252,7 +252,7 @@ def test_model_times_worker_facts_and_stamps_match():
         out = e.output(ids, [5] * 3, [1] * 3)
         e.hooks.model[id(out) + 1] = 0.5  # another step's: stays
         e.step(out)
-        e.step(e.output(ids, [5] * 3, [1] * 3), model_output=types.SimpleNamespace(**{WORKER_FACTS_ATTR: ((), 0.01)}))
+        e.step(e.output(ids, [5] * 3, [1] * 3), model_output=types.SimpleNamespace(**{WORKER_FACTS_ATTR: {"version": 1, "draft_s": 0.01}}))
         for result in (None, {}, {0: types.SimpleNamespace(timestamp=0.0)}, {0: types.SimpleNamespace(timestamp=0.1)}):
             e.step(e.output(ids, [5] * 3, [1] * 3), result=result)
         e.hooks.model.clear()

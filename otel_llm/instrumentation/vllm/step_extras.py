@@ -25,7 +25,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, NamedTuple, Sequence
 
-from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts
+from .worker_facts import WORKER_FACTS_ATTR, WorkerFacts, read_plain
 
 
 def common_counts(drafts: dict, sampled: Any, index: dict, scheduled: Any
@@ -139,8 +139,18 @@ def active_loras(scheduler: Any, ids: Sequence[str]) -> tuple[int, ...] | None:
 
 def worker_facts(model_output: Any, local: WorkerFacts) -> tuple | None:
     """(LoRA events as tuples, drafter seconds or None) of the step, or None: from the model runner's output
-    (a worker process hung them there: model_timing.ModelTimer), else from ``local``, this process's own."""
+    (a worker process hung them there: model_timing.ModelTimer; read by name, ``worker_facts.read_plain``),
+    else from ``local``, this process's own. Facts of another form are counted on ``local``'s guard and left
+    out: the step keeps its record."""
     facts = getattr(model_output, WORKER_FACTS_ATTR, None)
-    if facts is None and local.pending:
-        facts = local.take_plain()
-    return facts
+    if facts is not None:
+        try:
+            return read_plain(facts)
+        except ValueError as exc:
+            local.guard.failed("worker facts", exc)
+            return None
+    if local.pending:
+        taken = local.take()
+        if taken is not None:
+            return tuple(map(tuple, taken.lora_events)), taken.draft_s
+    return None

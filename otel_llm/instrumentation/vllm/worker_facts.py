@@ -15,7 +15,8 @@ model: their forward passes; n-gram: its lookup on the CPU); its time is that ca
 wall time on CPU). It proposes the drafts the next step verifies.
 
 The facts wait here until the step's ``ModelRunnerOutput`` leaves the model runner: model_timing.ModelTimer
-hangs them on it (``WORKER_FACTS_ATTR``, plain tuples: they travel with the output to the EngineCore), or,
+hangs them on it (``WORKER_FACTS_ATTR``: ``plain``, the facts by name with a version, built-in values only:
+they travel inside vLLM's output to the EngineCore, which reads them back with ``read_plain``), or,
 where the model runner runs in the EngineCore's own thread, the step hooks take them directly. Work in a
 step without a load: one clock read around each ``add_adapter`` call (one per adapter of the batch).
 """
@@ -31,6 +32,9 @@ from ...guard import Guard
 from ..wraps import Target, WrapTable
 
 WORKER_FACTS_ATTR = "_otel_llm_worker_facts"
+VERSION = 1  # of ``plain``: bumped when a field's meaning changes or a field goes (a reader refuses newer ones)
+_EVENT_FIELDS = LoRAEvent._fields
+_EVENT_TYPES = (int, int, (int, float), (int, float))  # LoRAEvent's fields, in its order
 MAX_EVENTS = 256  # held between two outputs at most (loads outside steps that no step takes: bounded)
 
 _LORA_MODULE = "vllm.lora.worker_manager"
@@ -77,12 +81,10 @@ class WorkerFacts:
             self.draft_events = []
         return StepWorkerFacts(tuple(events), draft)
 
-    def take_plain(self) -> tuple | None:
-        """``take`` as builtins only (tuples, ints, floats), for the output pickled to the EngineCore."""
+    def take_plain(self) -> dict[str, Any] | None:
+        """``take`` as ``plain``, for the output that travels to the EngineCore."""
         facts = self.take()
-        if facts is None:
-            return None
-        return tuple(map(tuple, facts.lora_events)), facts.draft_s
+        return plain(facts) if facts is not None else None
 
     # -- LoRA adapters -------------------------------------------------------------------------
 
@@ -172,3 +174,37 @@ def _cuda_seconds(pairs: list) -> float | None:
             return None
         total += begin.elapsed_time(finish) / 1e3
     return total
+
+
+def plain(facts: StepWorkerFacts) -> dict[str, Any]:
+    """The facts by ``StepWorkerFacts``' field names (each LoRA event by ``LoRAEvent``'s), with ``VERSION``:
+    built-in values only, read back by name (``read_plain``)."""
+    return {"version": VERSION, "lora_events": [dict(zip(_EVENT_FIELDS, e)) for e in facts.lora_events],
+            "draft_s": facts.draft_s}
+
+
+def read_plain(value: Any) -> tuple[tuple, float | None]:
+    """``plain``'s value as the step record's (LoRA events as ``LoRAEvent``-shaped tuples, drafter seconds or
+    None); ValueError for anything else (another version, a missing field, a value of another type). Fields
+    this reader does not know are ignored."""
+    if type(value) is not dict:
+        raise ValueError(f"worker facts of type {type(value).__name__}")
+    version = value.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
+        raise ValueError(f"worker facts version {version!r}, this reader knows up to {VERSION}")
+    draft = value.get("draft_s")
+    if draft is not None and type(draft) not in (int, float):
+        raise ValueError(f"worker facts draft_s: {type(draft).__name__}")
+    events = value.get("lora_events", ())
+    if type(events) not in (list, tuple) or len(events) > MAX_EVENTS:
+        raise ValueError("worker facts lora_events: not a list of at most MAX_EVENTS")
+    out = []
+    for event in events:
+        if type(event) is not dict:
+            raise ValueError(f"worker facts LoRA event of type {type(event).__name__}")
+        fields = tuple(event.get(name) for name in _EVENT_FIELDS)
+        for name, item, accepted in zip(_EVENT_FIELDS, fields, _EVENT_TYPES):
+            if type(item) not in (accepted if type(accepted) is tuple else (accepted,)):
+                raise ValueError(f"worker facts LoRA event {name}: {type(item).__name__}")
+        out.append(fields)
+    return tuple(out), draft
