@@ -39,7 +39,7 @@ from ..core.diagnosis.roofline import ModelShape
 from ..core.slo import SLO, SLOTable
 from ..core.tenant import TenantSource
 from .destinations import Destinations
-from .declared import Codec, RecordError
+from .declared import ATTRIBUTE_VALUES, Codec, RecordError, attribute_value
 
 TAG = 0xC1  # the first byte (records.py's request records start with 0xD0, the doorbell is one 0x00 byte)
 # the second byte: which record
@@ -273,7 +273,6 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
 }
 CODEC = Codec(TAG, _KINDS, _TYPES, MAX_CONTROL, "agent link record",
               "not a record of the agent link (a message of another form)")
-_ATTRIBUTE_VALUES = (str, bool, int, float)
 
 
 # -- the messages ----------------------------------------------------------------------------------------
@@ -314,13 +313,10 @@ def setup_of(r: ConfigRecord) -> tuple[Config, Destinations]:
     for k, v in r.resource.items():
         if not isinstance(k, str):
             raise RecordError("ConfigRecord.resource: a key that is not a string")
-        if isinstance(v, (list, tuple)):
-            if not all(isinstance(x, _ATTRIBUTE_VALUES) for x in v):
-                raise RecordError(f"ConfigRecord.resource[{k!r:.40}]: not attribute values")
-            v = tuple(v)
-        elif not isinstance(v, _ATTRIBUTE_VALUES):
+        a = attribute_value(v)
+        if a is None:
             raise RecordError(f"ConfigRecord.resource[{k!r:.40}]: {type(v).__name__}")
-        resource[k] = v
+        resource[k] = a
     return config_from(r.options), Destinations(spans, metrics, resource, r.schema_url)
 
 
@@ -340,7 +336,7 @@ def engine_of(r: EngineRecord) -> EngineFacts:
             raise RecordError(f"EngineRecord.model: {exc}") from None
     kv_cache = {}
     for k, v in r.kv_cache.items():
-        if not isinstance(k, str) or not isinstance(v, _ATTRIBUTE_VALUES):
+        if not isinstance(k, str) or not isinstance(v, ATTRIBUTE_VALUES):
             raise RecordError("EngineRecord.kv_cache: not an attribute")
         kv_cache[k] = v
     return EngineFacts(model, r.on_cuda, r.devices, r.max_loras, kv_cache)

@@ -19,6 +19,20 @@ from typing import Any
 from . import bounded_marshal
 
 
+ATTRIBUTE_VALUES = (str, bool, int, float)  # a span attribute's value (or a sequence of them), as records carry it
+
+
+def attribute_value(value: Any) -> Any:
+    """``value`` as a span attribute takes it (a sequence as a tuple), or None where it is none: a value of
+    another type, or a sequence holding one (every record's attributes, sampling parameters and resource
+    are read by this one rule)."""
+    if isinstance(value, ATTRIBUTE_VALUES):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(x, ATTRIBUTE_VALUES) for x in value):
+        return tuple(value)
+    return None
+
+
 class RecordError(ValueError):
     """Bytes that are not a record of a kind and version this reader knows."""
 

@@ -39,7 +39,7 @@ from ..core.summary import RequestSummary
 from ..core.timeline import RequestGroup, RequestTimeline
 from . import control
 from .control import FACTS, FINISH, START, FactsRecord, FinishRecord, StartRecord
-from .records import RecordError
+from .declared import RecordError, attribute_value
 
 # one byte on the socket where the frontend's messages go through a ring: a control message (a flush, stats,
 # options) was written there, read it now (no record is this one byte)
@@ -50,7 +50,6 @@ _SUMMARY_FIELDS = tuple(f.name for f in fields(RequestSummary) if f.name != "gap
 _SUMMARY_TYPES = {name: control.accepted(hint) for name, hint in typing.get_type_hints(RequestSummary).items()
                   if name in _SUMMARY_FIELDS}  # the built-in types each field takes on the wire
 _WINDOW_FIELDS = TokenWindow._fields
-_ATTRIBUTE_VALUES = (str, bool, int, float)
 _NUMBER = (int, float)
 
 
@@ -245,15 +244,8 @@ def _pair(where: str, value: Any) -> tuple[int, int] | None:
 
 
 def _attributes(attrs: dict) -> dict[str, Any]:
-    """Span attribute values only (str, bool, int, float, sequences of them): another is left out."""
-    out = {}
-    for k, v in attrs.items():
-        if type(k) is str:
-            if isinstance(v, _ATTRIBUTE_VALUES):
-                out[k] = v
-            elif isinstance(v, (tuple, list)) and all(isinstance(x, _ATTRIBUTE_VALUES) for x in v):
-                out[k] = tuple(v)
-    return out
+    """Span attribute values only (declared.attribute_value): another is left out."""
+    return {k: a for k, v in attrs.items() if type(k) is str and (a := attribute_value(v)) is not None}
 
 
 def _context(r: StartRecord) -> Any:

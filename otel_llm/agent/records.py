@@ -26,7 +26,7 @@ import marshal
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .declared import Codec, RecordError
+from .declared import ATTRIBUTE_VALUES, Codec, RecordError, attribute_value
 
 TAG = 0xD0  # the first byte (step records start with step_wire.VERSION, control records with 0xC0)
 START, FINISH, SINK_COUNTS, ENRICH, BATCH = 1, 2, 3, 4, 5  # the second byte: which record (BATCH: several, one datagram)
@@ -151,9 +151,8 @@ _TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                         "group_id": _OPT_STR, "group_size": _INT, "group_expected": _INT,
                         "choice_index": _OPT_INT},
 }
-_SAMPLING_VALUES = (str, int, float, bool, tuple)
 _MAX_SAMPLING = 32  # sampling parameters kept of a start
-_SAMPLING_TYPES = frozenset(_SAMPLING_VALUES)
+_SCALAR_TYPES = frozenset(ATTRIBUTE_VALUES)
 _STR_ONLY = frozenset(_STR)
 _BYTES_ONLY = frozenset((bytes,))
 MAX_BATCH = 4 * MAX_RECORD  # a batch's bytes (its sender cuts batches at a quarter of this, or one record)
@@ -219,8 +218,8 @@ def decode(data: bytes) -> Record:
         values["trace_headers"] = _headers(values.get("trace_headers"))
         sampling = values.get("sampling")
         if sampling and not _plain(sampling, _MAX_SAMPLING):
-            values["sampling"] = {str(k): v for k, v in list(sampling.items())[:_MAX_SAMPLING]
-                                  if isinstance(v, _SAMPLING_VALUES)}
+            values["sampling"] = {str(k): a for k, v in list(sampling.items())[:_MAX_SAMPLING]
+                                  if (a := attribute_value(v)) is not None}
     elif cls is RequestEnrichment:
         values["parent"] = _headers(values.get("parent"))
         attributes = values.get("attributes")  # (a record of at most MAX_TEXT bytes has no longer string)
@@ -231,9 +230,15 @@ def decode(data: bytes) -> Record:
 
 def _plain(values: dict, most: int) -> bool:
     """``values`` is already what the sampling's filter (and ``_attributes``, where none of its strings is
-    longer than ``MAX_TEXT``) would make of it: at most ``most`` items, string keys, span attribute values."""
-    return (len(values) <= most and _STR_ONLY.issuperset(map(type, values))
-            and _SAMPLING_TYPES.issuperset(map(type, values.values())))
+    longer than ``MAX_TEXT``) would make of it: at most ``most`` items, string keys, span attribute values
+    (declared.attribute_value: a tuple of scalars only)."""
+    if len(values) > most or not _STR_ONLY.issuperset(map(type, values)):
+        return False
+    found = values.values()
+    if _SCALAR_TYPES.issuperset(map(type, found)):
+        return True
+    return all(type(v) in _SCALAR_TYPES or type(v) is tuple and _SCALAR_TYPES.issuperset(map(type, v))
+               for v in found)
 
 
 def _headers(headers: dict | None) -> dict[str, str] | None:
@@ -250,11 +255,11 @@ bound_headers = _headers  # W3C headers as a record carries them (at most MAX_HE
 
 
 def _attributes(attrs: dict) -> dict[str, Any]:
-    """Span attribute values only (str, bool, int, float, tuples of them), at most ``MAX_ATTRIBUTES``."""
+    """Span attribute values only (declared.attribute_value), at most ``MAX_ATTRIBUTES``."""
     out = {}
     for k, v in list(attrs.items())[:MAX_ATTRIBUTES]:
-        if isinstance(k, str) and isinstance(v, _SAMPLING_VALUES):
-            out[k[:MAX_TEXT]] = v[:MAX_TEXT] if isinstance(v, str) else v
+        if isinstance(k, str) and (a := attribute_value(v)) is not None:
+            out[k[:MAX_TEXT]] = a[:MAX_TEXT] if isinstance(a, str) else a
     return out
 
 

@@ -174,3 +174,23 @@ def test_the_quick_field_checks_decide_as_the_per_field_ones(monkeypatch):
     assert quick == slow
     taken = sum(not o.startswith("RecordError") for o in quick)
     assert len(variants) > 2000 and 500 < taken < len(variants) - 500  # both outcomes, many times
+
+
+def test_every_record_reads_attribute_values_by_one_rule():
+    """Sampling parameters, an enrichment's attributes, a frontend start's attributes and the agent's resource
+    keep span attribute values only (declared.attribute_value): a sequence of scalars as a tuple; a sequence
+    holding anything else is left out, on the quick path as on the per-field one."""
+    from otel_llm.agent import control, protocol
+    from otel_llm.agent.declared import attribute_value
+
+    assert attribute_value(["a", 1]) == ("a", 1) and attribute_value(("a", {"x": 1})) is None
+    assert attribute_value(None) is None and attribute_value(2.5) == 2.5
+    odd = {"ok": ("zz", "yy"), "listed": ["a", "b"], "nested": ("a", {"x": 1}), "n": 3}
+    start = records.decode(bytes((records.TAG, records.START)) + marshal.dumps(
+        (1, {"request_id": "r", "arrival": 1.0, "queued": 2.0, "prompt_tokens": 3, "sampling": odd})))
+    enrichment = records.decode(bytes((records.TAG, records.ENRICH)) + marshal.dumps(
+        (1, {"request_id": "r", "operation": "chat", "attributes": odd})))
+    frontend = protocol.Starts().timeline(control.StartRecord("r", 1.0, attributes=dict(odd)))
+    kept = {"ok": ("zz", "yy"), "listed": ("a", "b"), "n": 3}
+    assert start.sampling == enrichment.attributes == frontend.request_attributes == kept
+    assert records.decode(records.encode(_start(sampling={"ok": ("zz",)}))).sampling == {"ok": ("zz",)}
