@@ -3,8 +3,9 @@
 What the frontend pays a request with the agent: framing two small records (agent/protocol.py) and copying
 each into a shared-memory ring the agent reads at a tick (otel_llm/shm_ring.py): no system call, and the GIL
 is never let go, so vLLM's other threads are not switched in. (A ``send`` on the ``SOCK_SEQPACKET`` socket,
-which the platforms without the ring still use, measured ~10 µs a message in place on vLLM's output thread,
-and lets the GIL go.) Nothing per token, nothing per step: the agent reads the engine's step ring itself.
+which the platforms without the ring still use, is a system call on vLLM's output thread that lets the GIL
+go: benchmarks/engine_step_hooks.py measures the two channels.) Nothing per token, nothing per step: the
+agent reads the engine's step ring itself.
 
 Never hurts the host:
 

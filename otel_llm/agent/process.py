@@ -65,8 +65,8 @@ IDLE_S = 0.1  # the tick with nothing going on: the ring is read at least this o
 FIRST_S = 60.0  # the frontend's first message (RING) follows READY at once: a bound for a frontend that hung
 BUSY_S = 0.02  # the tick within a second of the last message (a flush is answered within it)...
 # ... once traffic began after a pause; traffic that went on for a second without one ticks at SUSTAINED_S: a
-# tick costs ~0.1 ms of CPU on a loaded host whatever it finds, and 50 a second were most of what the agent
-# spent under steady load besides its requests (a flush then waits for at most this)
+# tick costs CPU whatever it finds, and 50 a second were most of what the agent spent under steady load
+# besides its requests (benchmarks/frontend_cpu.py; a flush then waits for at most this)
 SUSTAINED_S = 0.1
 SUSTAINED_AFTER_S = 1.0
 # A frontend's finish whose last output came from a step not read yet waits for that step: where the steps
@@ -117,7 +117,7 @@ class Agent:
         self.engines: list[EngineFacts] = []
         self.malformed = 0
         # one receive buffer for the agent's life: ``recv(MAX_PACKET)`` allocated (and, above malloc's mmap
-        # threshold, mapped and unmapped) a megabyte a message, ~25 µs each
+        # threshold, mapped and unmapped) a megabyte for every message
         self._view = memoryview(bytearray(protocol.MAX_PACKET))
         self.orphans = 0  # finishes whose start never arrived (dropped by a full socket, or a restart)
         self.ring: shm_ring.RingReader | None = None  # the frontend's messages, where it sends them so (RING)
@@ -202,8 +202,8 @@ class Agent:
 
     def run(self) -> None:
         # A tick, not a wait for each message: a waiting reader is woken by every packet, and on a busy host
-        # the kernel then often runs it at once in place of the sender, vLLM's output thread (a send measured
-        # ~0.1-0.7 ms of the frontend's wall time so, against ~2 µs with nobody to wake). At a tick the
+        # the kernel then often runs it at once in place of the sender, vLLM's output thread (whose send then
+        # waits for the reader's time slice, where with nobody to wake it returns at once). At a tick the
         # socket, or the ring, holds what came meanwhile (SEND_BUFFER: thousands of requests' messages).
         # Where both the frontend's messages and the engine's steps come through rings, the socket carries
         # only a DOORBELL after a control message: the tick is a wait on it, SUSTAINED_S long from the start
